@@ -1,0 +1,477 @@
+//! Running the commands: startup checks, the mount's life cycle, signals, reloads.
+
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::mpsc::{Receiver, Sender, channel};
+use std::time::{Duration, Instant};
+
+use fuser::{Config, INodeNo, MountOption, Notifier, Session, SessionACL, SessionUnmounter};
+use nix::sys::signal::{SigSet, Signal};
+
+use crate::audit::{Audit, Target};
+use crate::cli::{Command, ExplainArgs, MountArgs};
+use crate::fs::FenceFs;
+use crate::fs::ops::{Settings, Shared};
+use crate::host::handle::Handles;
+use crate::host::inode::Inodes;
+use crate::host::sys;
+use crate::policy::{By, Caller, Need, Policy, PolicyError, Special};
+use crate::reload::{self, PolicyStore};
+
+/// Exit code for runtime and policy errors.
+pub const EXIT_ERR: i32 = 1;
+
+/// Runs a parsed command; returns the exit code.
+pub fn run(cmd: Command) -> i32 {
+    match cmd {
+        Command::Mount(a) => match mount(a) {
+            Ok(()) => 0,
+            Err(msg) => {
+                eprintln!("fencefs: {msg}");
+                EXIT_ERR
+            }
+        },
+        Command::Check { policy } => check(&policy),
+        Command::Explain(a) => explain(a),
+    }
+}
+
+fn print_errors(errs: &[PolicyError]) {
+    for e in errs {
+        eprintln!("{e}");
+    }
+}
+
+fn check(path: &Path) -> i32 {
+    match crate::policy::load(path) {
+        Ok(p) => {
+            println!("ok: {} rules", p.rules().len());
+            0
+        }
+        Err(errs) => {
+            print_errors(&errs);
+            EXIT_ERR
+        }
+    }
+}
+
+/// Normalizes a user-given workspace path: `./a//b/` → `a/b`; `..` is refused.
+pub fn normalize(path: &str) -> Result<Vec<u8>, String> {
+    let mut out: Vec<u8> = Vec::new();
+    for comp in path.as_bytes().split(|&b| b == b'/') {
+        match comp {
+            b"" | b"." => {}
+            b".." => return Err(format!("path '{path}' must not contain '..'")),
+            c => {
+                if !out.is_empty() {
+                    out.push(b'/');
+                }
+                out.extend_from_slice(c);
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn describe_by(p: &Policy, by: By, file: &str) -> String {
+    match by {
+        By::Rule(i) => {
+            let r = p.rule(i);
+            format!(
+                "rule #{} path = \"{}\" access = {} ({}:{})",
+                i + 1,
+                r.pattern,
+                r.access,
+                file,
+                r.line
+            )
+        }
+        By::Visibility(i) => {
+            let r = p.rule(i);
+            format!(
+                "visibility: rule #{} path = \"{}\" ({}:{}) grants access below, so the directory stays listable",
+                i + 1,
+                r.pattern,
+                file,
+                r.line
+            )
+        }
+        By::Default => format!("default = {}", p.default_access()),
+        By::Mode => format!("mode {} (ceiling)", p.mode()),
+    }
+}
+
+fn explain(a: ExplainArgs) -> i32 {
+    let policy = match reload::load(a.policy.as_ref(), a.mode) {
+        Ok(p) => p,
+        Err(errs) => {
+            print_errors(&errs);
+            return EXIT_ERR;
+        }
+    };
+    let path = match normalize(&a.path) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("fencefs: {e}");
+            return 2;
+        }
+    };
+    let file = a
+        .policy
+        .as_ref()
+        .map(|p| p.display().to_string())
+        .unwrap_or_else(|| "<built-in>".into());
+    let caller = Caller {
+        uid: a.uid,
+        gid: a.gid,
+    };
+    let v = policy.verdict(&path, caller);
+    let shown = if path.is_empty() {
+        ".".to_string()
+    } else {
+        String::from_utf8_lossy(&path).into_owned()
+    };
+    println!("path: {shown}");
+    println!("access: {}", v.effective);
+    println!("decided by: {}", describe_by(&policy, v.by, &file));
+    if v.by == By::Mode {
+        println!(
+            "grant: {} by {}",
+            v.grant,
+            describe_by(&policy, v.grant_by, &file)
+        );
+    }
+    println!("mode: {}", policy.mode());
+    if let Some(op) = a.op {
+        let need = match op.as_str() {
+            "read" => Need::Read,
+            "list" => Need::List,
+            "create" => Need::Create,
+            _ => Need::Write,
+        };
+        match policy.check(&path, caller, need, Special::default()) {
+            Ok(_) => println!("{op}: allow"),
+            Err(d) => println!(
+                "{op}: deny {} (by {})",
+                crate::audit::errno_name(d.errno),
+                describe_by(&policy, d.by, &file)
+            ),
+        }
+    }
+    0
+}
+
+fn is_mount_point(path: &Path) -> bool {
+    let Ok(canon) = path.canonicalize() else {
+        return false;
+    };
+    let Ok(info) = std::fs::read("/proc/self/mountinfo") else {
+        return false;
+    };
+    let target = canon.as_os_str().as_bytes();
+    info.split(|&b| b == b'\n').any(|line| {
+        line.split(|&b| b == b' ')
+            .nth(4)
+            .is_some_and(|mp| unescape(mp) == target)
+    })
+}
+
+fn unescape(s: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(s.len());
+    let mut i = 0;
+    while i < s.len() {
+        if s[i] == b'\\'
+            && i + 3 < s.len() + 0
+            && s[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
+        {
+            let v = (s[i + 1] - b'0') * 64 + (s[i + 2] - b'0') * 8 + (s[i + 3] - b'0');
+            out.push(v);
+            i += 4;
+        } else {
+            out.push(s[i]);
+            i += 1;
+        }
+    }
+    out
+}
+
+fn find_in_path(bin: &str) -> bool {
+    if let Some(p) = std::env::var_os("FUSERMOUNT_PATH") {
+        return Path::new(&p).exists();
+    }
+    std::env::var_os("PATH")
+        .map(|paths| std::env::split_paths(&paths).any(|d| d.join(bin).is_file()))
+        .unwrap_or(false)
+}
+
+fn startup_checks(a: &MountArgs) -> Result<(PathBuf, PathBuf), String> {
+    let src = &a.source;
+    let md = std::fs::metadata(src).map_err(|e| format!("source '{}': {e}", src.display()))?;
+    if !md.is_dir() {
+        return Err(format!("source '{}' is not a directory", src.display()));
+    }
+    let mnt = &a.mountpoint;
+    let mm = std::fs::metadata(mnt).map_err(|e| format!("mount point '{}': {e}", mnt.display()))?;
+    if !mm.is_dir() {
+        return Err(format!(
+            "mount point '{}' is not a directory",
+            mnt.display()
+        ));
+    }
+    if is_mount_point(mnt) {
+        return Err(format!(
+            "mount point '{}' is busy: something is already mounted there",
+            mnt.display()
+        ));
+    }
+    let src = src
+        .canonicalize()
+        .map_err(|e| format!("source '{}': {e}", src.display()))?;
+    let mnt_c = mnt
+        .canonicalize()
+        .map_err(|e| format!("mount point '{}': {e}", mnt.display()))?;
+    if mnt_c.starts_with(&src) {
+        return Err(format!(
+            "mount point '{}' lies inside the source '{}'",
+            mnt_c.display(),
+            src.display()
+        ));
+    }
+    if !Path::new("/dev/fuse").exists() {
+        return Err("/dev/fuse is missing: load the fuse module or pass --device /dev/fuse".into());
+    }
+    if !find_in_path("fusermount3") {
+        return Err("fusermount3 not found in PATH: install the fuse3 package".into());
+    }
+    if a.allow_other && sys::geteuid() != 0 {
+        let conf = std::fs::read_to_string("/etc/fuse.conf").unwrap_or_default();
+        if !conf.lines().any(|l| l.trim() == "user_allow_other") {
+            return Err(
+                "--allow-other needs 'user_allow_other' in /etc/fuse.conf when not run as root"
+                    .into(),
+            );
+        }
+    }
+    if !a.cache_ttl.is_finite() || a.cache_ttl < 0.0 || a.cache_ttl > 3600.0 {
+        return Err("--cache-ttl must be between 0 and 3600 seconds".into());
+    }
+    Ok((src, mnt_c))
+}
+
+fn mount(a: MountArgs) -> Result<(), String> {
+    let (src, mnt) = startup_checks(&a)?;
+    let policy = reload::load(a.policy.as_ref(), a.mode).map_err(|errs| {
+        let mut s = String::from("invalid policy:");
+        for e in &errs {
+            s.push_str("\n  ");
+            s.push_str(&e.to_string());
+        }
+        s
+    })?;
+    let policy_file = match &a.policy {
+        Some(p) => Some(
+            p.canonicalize()
+                .map_err(|e| format!("policy '{}': {e}", p.display()))?,
+        ),
+        None => None,
+    };
+    let audit = match &a.audit {
+        None => None,
+        Some(t) => {
+            let target = if t == "-" {
+                Target::Stderr
+            } else {
+                Target::File(PathBuf::from(t))
+            };
+            Some(
+                Audit::start(target, a.audit_allowed)
+                    .map_err(|e| format!("audit file '{t}': {e}"))?,
+            )
+        }
+    };
+    let nofile = sys::raise_nofile_limit();
+    sys::set_umask(0);
+    let root_fd = sys::open_root(&src).map_err(|e| format!("source '{}': {e}", src.display()))?;
+    let fd_cap = (nofile / 3).clamp(64, 16_384) as usize;
+    let inodes = Inodes::new(root_fd, fd_cap).map_err(|e| format!("source: {e}"))?;
+    let rules = policy.rules().len();
+    let mode = policy.mode();
+    let shared = Arc::new(Shared {
+        inodes,
+        handles: Handles::default(),
+        policy: PolicyStore::new(policy, policy_file, a.mode),
+        audit,
+        settings: Settings {
+            revoke: a.revoke,
+            ttl: Duration::from_secs_f64(a.cache_ttl),
+        },
+        as_root: sys::geteuid() == 0,
+    });
+
+    // Block the signals before any thread exists: only the signal thread receives them.
+    let mut sigs = SigSet::empty();
+    for s in [Signal::SIGHUP, Signal::SIGINT, Signal::SIGTERM] {
+        sigs.add(s);
+    }
+    sigs.thread_block()
+        .map_err(|e| format!("cannot block signals: {e}"))?;
+
+    let threads = a.threads.map(usize::from).unwrap_or_else(|| {
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)
+    });
+    let mut opts = vec![
+        MountOption::FSName("fencefs".into()),
+        MountOption::Subtype("fencefs".into()),
+        MountOption::NoSuid,
+        MountOption::NoDev,
+    ];
+    if a.allow_other {
+        opts.push(MountOption::DefaultPermissions);
+    }
+    let mut config = Config::default();
+    config.mount_options = opts;
+    config.acl = if a.allow_other {
+        SessionACL::All
+    } else {
+        SessionACL::Owner
+    };
+    config.n_threads = Some(threads);
+    config.clone_fd = true;
+
+    let fs = FenceFs {
+        shared: shared.clone(),
+    };
+    let mut session = Session::new(fs, &mnt, &config)
+        .map_err(|e| format!("cannot mount at '{}': {e}", mnt.display()))?;
+    let notifier = session.notifier();
+    let unmounter = session.unmount_callable();
+    let (tx, rx) = channel::<Inval>();
+    std::thread::Builder::new()
+        .name("fencefs-notify".into())
+        .spawn(move || notify_loop(notifier, rx))
+        .map_err(|e| e.to_string())?;
+    let s2 = shared.clone();
+    let mnt2 = mnt.clone();
+    std::thread::Builder::new()
+        .name("fencefs-signals".into())
+        .spawn(move || signal_loop(sigs, s2, tx, unmounter, mnt2))
+        .map_err(|e| e.to_string())?;
+    log::info!(
+        "mounted {} at {} (mode {mode}, {rules} rules, {threads} threads{})",
+        src.display(),
+        mnt.display(),
+        if a.revoke { ", revoke" } else { "" }
+    );
+    session.run().map_err(|e| format!("session ended: {e}"))?;
+    log::info!("unmounted {}", mnt.display());
+    Ok(())
+}
+
+/// Names and inodes whose kernel cache entries must go.
+struct Inval {
+    entries: Vec<(u64, Vec<u8>)>,
+    inodes: Vec<u64>,
+    started: Instant,
+}
+
+fn notify_loop(n: Notifier, rx: Receiver<Inval>) {
+    while let Ok(mut job) = rx.recv() {
+        // Coalesce bursts of reloads into the newest snapshot's work.
+        while let Ok(newer) = rx.try_recv() {
+            job = newer;
+        }
+        for (parent, name) in &job.entries {
+            let _ = n.inval_entry(INodeNo(*parent), OsStr::from_bytes(name));
+        }
+        for ino in &job.inodes {
+            let _ = n.inval_inode(INodeNo(*ino), -1, 0);
+        }
+        log::info!(
+            "kernel caches invalidated: {} names, {} inodes in {:?}",
+            job.entries.len(),
+            job.inodes.len(),
+            job.started.elapsed()
+        );
+    }
+}
+
+fn signal_loop(
+    sigs: SigSet,
+    shared: Arc<Shared>,
+    tx: Sender<Inval>,
+    mut unmounter: SessionUnmounter,
+    mnt: PathBuf,
+) {
+    loop {
+        let sig = match sigs.wait() {
+            Ok(s) => s,
+            Err(e) => {
+                log::error!("sigwait: {e}");
+                return;
+            }
+        };
+        match sig {
+            Signal::SIGHUP => {
+                let started = Instant::now();
+                if let Some(a) = &shared.audit {
+                    a.reopen();
+                }
+                match shared.policy.reload() {
+                    Ok(snap) => {
+                        log::info!(
+                            "policy reloaded: generation {}, {} rules, mode {}",
+                            snap.generation,
+                            snap.policy.rules().len(),
+                            snap.policy.mode()
+                        );
+                        let (entries, inodes) = shared.inodes.snapshot();
+                        let _ = tx.send(Inval {
+                            entries,
+                            inodes,
+                            started,
+                        });
+                    }
+                    Err(errs) => {
+                        for e in errs {
+                            log::error!("reload refused, old policy stays in force: {e}");
+                        }
+                    }
+                }
+            }
+            _ => {
+                log::info!("{sig:?}: unmounting {}", mnt.display());
+                if let Err(e) = unmounter.unmount() {
+                    log::warn!("unmount failed ({e}); detaching lazily");
+                    let _ = std::process::Command::new("fusermount3")
+                        .arg("-u")
+                        .arg("-z")
+                        .arg(&mnt)
+                        .status();
+                }
+                return;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn explain_paths_are_normalized() {
+        assert_eq!(normalize("./a//b/").unwrap(), b"a/b");
+        assert_eq!(normalize("/").unwrap(), b"");
+        assert!(normalize("a/../b").is_err());
+    }
+
+    #[test]
+    fn mountinfo_escapes_are_decoded() {
+        assert_eq!(unescape(b"/tmp/a\\040b"), b"/tmp/a b");
+        assert_eq!(unescape(b"/x"), b"/x");
+    }
+}

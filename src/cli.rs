@@ -1,0 +1,89 @@
+//! The command line (clap): `mount`, `check`, `explain`. Parsing only; no I/O.
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+
+use crate::policy::Mode;
+
+/// fencefs: a FUSE mirror of a workspace where a policy decides every operation.
+#[derive(Parser, Debug)]
+#[command(name = "fencefs", version, about, long_about = None)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Subcommands.
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Mount SOURCE at MOUNTPOINT and serve it until unmounted or SIGINT/SIGTERM.
+    Mount(MountArgs),
+    /// Validate a policy: `ok: N rules` (exit 0) or every error with file:line:column (exit 1).
+    Check {
+        /// The policy file.
+        policy: PathBuf,
+    },
+    /// Print the access PATH gets and what decided it; with OP also allow/deny and the errno.
+    Explain(ExplainArgs),
+}
+
+/// `fencefs mount`.
+#[derive(clap::Args, Debug)]
+pub struct MountArgs {
+    /// Policy file (TOML). Without it: mode read-only, default access read.
+    #[arg(short, long, value_name = "FILE")]
+    pub policy: Option<PathBuf>,
+    /// read-only | workspace-write | danger. Overrides the file's mode, also after reloads.
+    #[arg(short, long, value_name = "MODE", value_parser = parse_mode)]
+    pub mode: Option<Mode>,
+    /// Append audit events as JSON lines to FILE ('-' = stderr).
+    #[arg(long, value_name = "FILE|-")]
+    pub audit: Option<String>,
+    /// Log allowed operations too (default: refusals only).
+    #[arg(long)]
+    pub audit_allowed: bool,
+    /// Let other uids (container users) use the mount; the kernel checks Unix permissions.
+    #[arg(long)]
+    pub allow_other: bool,
+    /// FUSE worker threads (default: number of CPUs).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=256))]
+    pub threads: Option<u16>,
+    /// Re-check every read and write against the policy in force (slower).
+    #[arg(long)]
+    pub revoke: bool,
+    /// Seconds the kernel may cache names and attributes (default 1; 0 disables caching).
+    #[arg(long, value_name = "SECONDS", default_value_t = 1.0)]
+    pub cache_ttl: f64,
+    /// The host directory to mirror.
+    pub source: PathBuf,
+    /// Where to mount it.
+    pub mountpoint: PathBuf,
+}
+
+/// `fencefs explain`.
+#[derive(clap::Args, Debug)]
+pub struct ExplainArgs {
+    /// Policy file (default: the built-in read-only policy).
+    #[arg(short, long, value_name = "FILE")]
+    pub policy: Option<PathBuf>,
+    /// Mode override.
+    #[arg(short, long, value_name = "MODE", value_parser = parse_mode)]
+    pub mode: Option<Mode>,
+    /// Caller uid (default 0).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub uid: u32,
+    /// Caller gid (default 0).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub gid: u32,
+    /// Workspace-relative path.
+    pub path: String,
+    /// read | write | create | delete | rename | list
+    #[arg(value_parser = ["read", "write", "create", "delete", "rename", "list"])]
+    pub op: Option<String>,
+}
+
+fn parse_mode(s: &str) -> Result<Mode, String> {
+    s.parse()
+}

@@ -1,0 +1,146 @@
+//! Conversions between host `stat`, FUSE attributes and open flags.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use fuser::{FileAttr, FileType, INodeNo};
+
+use crate::policy::Need;
+
+/// FUSE's marker for an exec-open (`FMODE_EXEC`) in the open flags.
+pub const FMODE_EXEC: i32 = 0x20;
+
+/// `S_IFMT` bits → FUSE file type.
+pub fn kind(mode: u32) -> FileType {
+    match mode & libc::S_IFMT {
+        libc::S_IFDIR => FileType::Directory,
+        libc::S_IFLNK => FileType::Symlink,
+        libc::S_IFIFO => FileType::NamedPipe,
+        libc::S_IFCHR => FileType::CharDevice,
+        libc::S_IFBLK => FileType::BlockDevice,
+        libc::S_IFSOCK => FileType::Socket,
+        _ => FileType::RegularFile,
+    }
+}
+
+/// `DT_*` → `S_IFMT` bits (0 when unknown).
+pub fn dtype_to_mode(d: u8) -> u32 {
+    match d {
+        libc::DT_DIR => libc::S_IFDIR,
+        libc::DT_LNK => libc::S_IFLNK,
+        libc::DT_FIFO => libc::S_IFIFO,
+        libc::DT_CHR => libc::S_IFCHR,
+        libc::DT_BLK => libc::S_IFBLK,
+        libc::DT_SOCK => libc::S_IFSOCK,
+        libc::DT_REG => libc::S_IFREG,
+        _ => 0,
+    }
+}
+
+fn time(sec: i64, nsec: i64) -> SystemTime {
+    if sec >= 0 {
+        UNIX_EPOCH + Duration::new(sec as u64, nsec.clamp(0, 999_999_999) as u32)
+    } else {
+        UNIX_EPOCH - Duration::new(sec.unsigned_abs(), 0) + Duration::new(0, nsec as u32)
+    }
+}
+
+/// Host `stat` → FUSE attributes for node `ino`.
+pub fn to_attr(ino: u64, st: &libc::stat) -> FileAttr {
+    FileAttr {
+        ino: INodeNo(ino),
+        size: st.st_size as u64,
+        blocks: st.st_blocks as u64,
+        atime: time(st.st_atime, st.st_atime_nsec),
+        mtime: time(st.st_mtime, st.st_mtime_nsec),
+        ctime: time(st.st_ctime, st.st_ctime_nsec),
+        crtime: UNIX_EPOCH,
+        kind: kind(st.st_mode),
+        perm: (st.st_mode & 0o7777) as u16,
+        nlink: st.st_nlink as u32,
+        uid: st.st_uid,
+        gid: st.st_gid,
+        rdev: st.st_rdev as u32,
+        blksize: st.st_blksize as u32,
+        flags: 0,
+    }
+}
+
+/// What an `open` with these flags asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OpenIntent {
+    /// Reads will be made.
+    pub read: bool,
+    /// Writes will be made (write access mode, `O_TRUNC`).
+    pub write: bool,
+    /// The policy level needed.
+    pub need: Need,
+}
+
+/// Classifies open flags completely: `O_ACCMODE` (3 = both), `O_TRUNC` and `O_CREAT` /
+/// `O_TMPFILE` need write; exec (`FMODE_EXEC`) and plain reads need read. `O_APPEND` only
+/// shapes writes that the access mode already allows; `O_EXCL` only matters with `O_CREAT`.
+pub fn classify(flags: i32) -> OpenIntent {
+    let acc = flags & libc::O_ACCMODE;
+    let mut read = acc == libc::O_RDONLY || acc == libc::O_RDWR || acc == libc::O_ACCMODE;
+    let mut write = acc == libc::O_WRONLY || acc == libc::O_RDWR || acc == libc::O_ACCMODE;
+    if flags & libc::O_TRUNC != 0 {
+        write = true;
+    }
+    if flags & libc::O_TMPFILE == libc::O_TMPFILE || flags & libc::O_CREAT != 0 {
+        write = true;
+    }
+    if flags & FMODE_EXEC != 0 {
+        read = true;
+    }
+    let need = if write { Need::Write } else { Need::Read };
+    OpenIntent { read, write, need }
+}
+
+/// Flags for reopening the host file: what the caller asked, minus what only makes sense
+/// for path resolution (the handle is already resolved).
+pub fn host_open_flags(flags: i32) -> i32 {
+    flags
+        & !(libc::O_CREAT
+            | libc::O_EXCL
+            | libc::O_NOCTTY
+            | libc::O_NOFOLLOW
+            | libc::O_TMPFILE
+            | FMODE_EXEC)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn open_flags_are_classified_completely() {
+        let cases = [
+            (libc::O_RDONLY, true, false, Need::Read),
+            (libc::O_WRONLY, false, true, Need::Write),
+            (libc::O_RDWR, true, true, Need::Write),
+            (libc::O_RDONLY | libc::O_TRUNC, true, true, Need::Write),
+            (libc::O_WRONLY | libc::O_APPEND, false, true, Need::Write),
+            (libc::O_RDONLY | libc::O_APPEND, true, false, Need::Read),
+            (libc::O_RDONLY | libc::O_CREAT, true, true, Need::Write),
+            (
+                libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL,
+                false,
+                true,
+                Need::Write,
+            ),
+            (libc::O_TMPFILE | libc::O_RDWR, true, true, Need::Write),
+            (libc::O_RDONLY | FMODE_EXEC, true, false, Need::Read),
+            (libc::O_ACCMODE, true, true, Need::Write),
+        ];
+        for (flags, r, w, need) in cases {
+            let i = classify(flags);
+            assert_eq!((i.read, i.write, i.need), (r, w, need), "flags {flags:#o}");
+        }
+    }
+
+    #[test]
+    fn host_flags_drop_resolution_bits() {
+        let f = host_open_flags(libc::O_RDWR | libc::O_CREAT | libc::O_NOFOLLOW | libc::O_APPEND);
+        assert_eq!(f, libc::O_RDWR | libc::O_APPEND);
+    }
+}

@@ -1,0 +1,865 @@
+//! The operations: take one policy snapshot, decide, audit, then touch the host through
+//! handles. Each `do_*` returns `Result<T, Error>`; the glue in `mod.rs` only replies.
+
+use std::io;
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::Arc;
+use std::time::{Duration, UNIX_EPOCH};
+
+use fuser::{FileAttr, TimeOrNow};
+
+use super::attr::{self, to_attr};
+use crate::audit::{Audit, Event, errno_name};
+use crate::host::handle::{Handle, Handles, ListEntry};
+use crate::host::inode::{Inodes, ROOT};
+use crate::host::sys::{self, Name, SetTime};
+use crate::policy::{Access, By, Caller, Need, Special, Verdict};
+use crate::reload::{PolicyStore, Snapshot};
+
+/// An errno for the kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Error(pub i32);
+
+impl From<io::Error> for Error {
+    fn from(e: io::Error) -> Error {
+        match e.raw_os_error() {
+            Some(n) => Error(n),
+            None => {
+                log::warn!("host error without errno: {e}");
+                Error(libc::EIO)
+            }
+        }
+    }
+}
+
+/// Result of an operation.
+pub type Res<T> = Result<T, Error>;
+
+/// Who asks, and the policy snapshot the whole request is decided against.
+pub struct Ctx {
+    /// uid/gid of the caller.
+    pub caller: Caller,
+    /// pid of the caller.
+    pub pid: u32,
+    /// The policy in force when the request arrived.
+    pub snap: Arc<Snapshot>,
+}
+
+/// Cache lifetimes for one reply.
+#[derive(Clone, Copy)]
+pub struct Ttl {
+    /// Entry (name → inode) lifetime.
+    pub entry: Duration,
+    /// Attribute lifetime.
+    pub attr: Duration,
+}
+
+/// Daemon-wide settings.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Re-check every read and write against the policy in force.
+    pub revoke: bool,
+    /// Kernel cache lifetime for names and attributes when no rule depends on the caller.
+    pub ttl: Duration,
+}
+
+/// Everything the operations share.
+pub struct Shared {
+    /// Inode table.
+    pub inodes: Inodes,
+    /// Open handles.
+    pub handles: Handles,
+    /// Policy in force.
+    pub policy: PolicyStore,
+    /// Audit writer.
+    pub audit: Option<Audit>,
+    /// Settings.
+    pub settings: Settings,
+    /// The daemon runs as root: created files are chowned to the caller.
+    pub as_root: bool,
+}
+
+fn join(parent: &[u8], name: &[u8]) -> Vec<u8> {
+    let mut p = Vec::with_capacity(parent.len() + 1 + name.len());
+    p.extend_from_slice(parent);
+    if !parent.is_empty() {
+        p.push(b'/');
+    }
+    p.extend_from_slice(name);
+    p
+}
+
+fn by_word(by: By) -> &'static str {
+    match by {
+        By::Rule(_) | By::Visibility(_) => "rule",
+        By::Default => "default",
+        By::Mode => "mode",
+    }
+}
+
+fn set_time(t: TimeOrNow) -> SetTime {
+    match t {
+        TimeOrNow::Now => SetTime::Now,
+        TimeOrNow::SpecificTime(st) => match st.duration_since(UNIX_EPOCH) {
+            Ok(d) => SetTime::At(d.as_secs() as i64, d.subsec_nanos() as i64),
+            Err(e) => {
+                let d = e.duration();
+                let mut s = -(d.as_secs() as i64);
+                let mut n = d.subsec_nanos() as i64;
+                if n > 0 {
+                    s -= 1;
+                    n = 1_000_000_000 - n;
+                }
+                SetTime::At(s, n)
+            }
+        },
+    }
+}
+
+impl Shared {
+    /// Builds the request context (one policy snapshot).
+    pub fn ctx(&self, uid: u32, gid: u32, pid: u32) -> Ctx {
+        Ctx {
+            caller: Caller { uid, gid },
+            pid,
+            snap: self.policy.get(),
+        }
+    }
+
+    /// Cache lifetimes under this snapshot: zero when rules depend on the caller, so a
+    /// name or attribute cached for one caller never serves another.
+    pub fn ttl(&self, ctx: &Ctx) -> Ttl {
+        if ctx.snap.policy.has_id_rules() {
+            Ttl {
+                entry: Duration::ZERO,
+                attr: Duration::ZERO,
+            }
+        } else {
+            Ttl {
+                entry: self.settings.ttl,
+                attr: self.settings.ttl,
+            }
+        }
+    }
+
+    fn audit(
+        &self,
+        ctx: &Ctx,
+        op: &'static str,
+        path: &[u8],
+        v: &Verdict,
+        by: By,
+        err: Option<i32>,
+    ) {
+        let Some(a) = &self.audit else { return };
+        if err.is_none() && !a.allowed {
+            return;
+        }
+        let rule = match by {
+            By::Rule(i) | By::Visibility(i) => {
+                let r = ctx.snap.policy.rule(i);
+                Some((r.pattern.clone(), r.line))
+            }
+            _ => None,
+        };
+        a.log(Event {
+            op,
+            path: path.to_vec(),
+            uid: ctx.caller.uid,
+            gid: ctx.caller.gid,
+            pid: ctx.pid,
+            allowed: err.is_none(),
+            errno: err.map(errno_name),
+            access: v.effective.as_str(),
+            by: by_word(by),
+            rule,
+            mode: ctx.snap.policy.mode().as_str(),
+            generation: ctx.snap.generation,
+        });
+    }
+
+    /// Decides `need` on one path; audits; refusals become the spec's errno.
+    fn allow(
+        &self,
+        ctx: &Ctx,
+        op: &'static str,
+        path: &[u8],
+        need: Need,
+        sp: Special,
+    ) -> Res<Verdict> {
+        match ctx.snap.policy.check(path, ctx.caller, need, sp) {
+            Ok(v) => {
+                self.audit(ctx, op, path, &v, v.by, None);
+                Ok(v)
+            }
+            Err(d) => {
+                self.audit(ctx, op, path, &d.verdict, d.by, Some(d.errno));
+                Err(Error(d.errno))
+            }
+        }
+    }
+
+    /// Decides `need` on every path a node is known under (a hard link never widens
+    /// access). A node unlinked through the mount has no path: only `unlinked_ok` needs
+    /// pass (stat of an open file).
+    fn allow_ino(
+        &self,
+        ctx: &Ctx,
+        op: &'static str,
+        ino: u64,
+        need: Need,
+        sp: Special,
+    ) -> Res<Vec<u8>> {
+        let paths = self.inodes.paths(ino)?;
+        if paths.is_empty() {
+            return match need {
+                Need::List => Ok(Vec::new()),
+                _ => Err(Error(libc::ENOENT)),
+            };
+        }
+        let mut first = None;
+        for p in paths {
+            self.allow(ctx, op, &p, need, sp)?;
+            if first.is_none() {
+                first = Some(p);
+            }
+        }
+        Ok(first.unwrap_or_default())
+    }
+
+    fn child_path(&self, parent: u64, name: &Name) -> Res<Vec<u8>> {
+        let pp = self.inodes.path(parent)?;
+        Ok(join(&pp, name.bytes()))
+    }
+
+    fn stat_ino(&self, ino: u64) -> Res<libc::stat> {
+        let fd = self.inodes.fd(ino)?;
+        Ok(sys::fstat(fd.as_fd())?)
+    }
+
+    /// Gives a file created through the mount to the caller, as a local disk would
+    /// (group from a set-group-ID parent directory).
+    fn own(&self, ctx: &Ctx, parent_fd: &OwnedFd, fd: &OwnedFd, st: &mut libc::stat) -> Res<()> {
+        if !self.as_root {
+            return Ok(());
+        }
+        let pst = sys::fstat(parent_fd.as_fd())?;
+        let gid = if pst.st_mode & libc::S_ISGID != 0 {
+            pst.st_gid
+        } else {
+            ctx.caller.gid
+        };
+        if st.st_uid != ctx.caller.uid || st.st_gid != gid {
+            sys::fchown_fd(fd.as_fd(), ctx.caller.uid, gid)?;
+            *st = sys::fstat(fd.as_fd())?;
+        }
+        Ok(())
+    }
+
+    // ---- names -------------------------------------------------------------------------
+
+    /// lookup: `list` on the child path, then one `openat(O_PATH|O_NOFOLLOW)` step.
+    pub fn do_lookup(&self, ctx: &Ctx, parent: u64, name: &Name) -> Res<FileAttr> {
+        let path = self.child_path(parent, name)?;
+        self.allow(ctx, "lookup", &path, Need::List, Special::default())?;
+        let f = self.inodes.lookup(parent, name, true)?;
+        Ok(to_attr(f.ino, &f.st))
+    }
+
+    /// forget.
+    pub fn do_forget(&self, ino: u64, n: u64) {
+        self.inodes.forget(ino, n);
+    }
+
+    /// getattr (through the open handle when the kernel names one).
+    pub fn do_getattr(&self, ctx: &Ctx, ino: u64, fh: Option<u64>) -> Res<FileAttr> {
+        self.allow_ino(ctx, "getattr", ino, Need::List, Special::default())?;
+        if let Some(h) = fh.and_then(|fh| self.handles.get(fh)) {
+            return Ok(to_attr(ino, &sys::fstat(h.file.as_fd())?));
+        }
+        Ok(to_attr(ino, &self.stat_ino(ino)?))
+    }
+
+    /// setattr: chmod, chown, truncate, utimens — all need `write`; setting set-ID bits
+    /// needs `allow_setid`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn do_setattr(
+        &self,
+        ctx: &Ctx,
+        ino: u64,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        fh: Option<u64>,
+    ) -> Res<FileAttr> {
+        let st = self.stat_ino(ino)?;
+        let mut sp = Special::default();
+        if let Some(m) = mode {
+            let setid = libc::S_ISUID | libc::S_ISGID;
+            // Only turning a set-ID bit on is "setting" it.
+            sp.setid = (m & setid) & !(st.st_mode & setid) != 0;
+        }
+        let path = self.allow_ino(ctx, "setattr", ino, Need::Write, sp)?;
+        let kind = st.st_mode & libc::S_IFMT;
+        let fd = self.inodes.fd(ino)?;
+        let handle = fh.and_then(|fh| self.handles.get(fh));
+        if let Some(m) = mode {
+            if kind == libc::S_IFLNK {
+                return Err(Error(libc::EOPNOTSUPP));
+            }
+            sys::fchmod_fd(self.inodes.proc_fd.as_fd(), fd.as_fd(), m & 0o7777)?;
+        }
+        if uid.is_some() || gid.is_some() {
+            sys::fchown_fd(fd.as_fd(), uid.unwrap_or(u32::MAX), gid.unwrap_or(u32::MAX))?;
+        }
+        if let Some(sz) = size {
+            match &handle {
+                Some(h) if h.write => sys::ftruncate(h.file.as_fd(), sz)?,
+                _ => {
+                    if kind == libc::S_IFDIR {
+                        return Err(Error(libc::EISDIR));
+                    }
+                    if kind != libc::S_IFREG {
+                        return Err(Error(libc::EINVAL));
+                    }
+                    let f = sys::reopen(self.inodes.proc_fd.as_fd(), fd.as_fd(), libc::O_WRONLY)?;
+                    sys::ftruncate(f.as_fd(), sz)?;
+                }
+            }
+        }
+        if atime.is_some() || mtime.is_some() {
+            let a = atime.map(set_time).unwrap_or(SetTime::Omit);
+            let m = mtime.map(set_time).unwrap_or(SetTime::Omit);
+            if kind == libc::S_IFLNK {
+                let (parent, name) = self.parent_of(ino, &path)?;
+                let pfd = self.inodes.fd(parent)?;
+                sys::utimens_nofollow(pfd.as_fd(), &name, a, m)?;
+            } else {
+                sys::utimens_fd(self.inodes.proc_fd.as_fd(), fd.as_fd(), a, m)?;
+            }
+        }
+        Ok(to_attr(ino, &sys::fstat(fd.as_fd())?))
+    }
+
+    fn parent_of(&self, _ino: u64, path: &[u8]) -> Res<(u64, Name)> {
+        // Walk the logical path from the root through the table.
+        let (dir, name) = match path.iter().rposition(|&b| b == b'/') {
+            Some(i) => (&path[..i], &path[i + 1..]),
+            None => (&path[..0], path),
+        };
+        let mut cur = ROOT;
+        if !dir.is_empty() {
+            for comp in dir.split(|&b| b == b'/') {
+                cur = self.inodes.child(cur, comp).ok_or(Error(libc::ESTALE))?;
+            }
+        }
+        Ok((cur, Name::new(name)?))
+    }
+
+    /// readlink: `list`; the stored target unchanged.
+    pub fn do_readlink(&self, ctx: &Ctx, ino: u64) -> Res<Vec<u8>> {
+        self.allow_ino(ctx, "readlink", ino, Need::List, Special::default())?;
+        let fd = self.inodes.fd(ino)?;
+        Ok(sys::readlink_fd(fd.as_fd())?)
+    }
+
+    fn finish_create(&self, ctx: &Ctx, parent: u64, name: &Name) -> Res<FileAttr> {
+        let pfd = self.inodes.fd(parent)?;
+        let f = self.inodes.lookup(parent, name, true)?;
+        let mut st = f.st;
+        self.own(ctx, &pfd, &f.fd, &mut st)?;
+        Ok(to_attr(f.ino, &st))
+    }
+
+    /// mknod: `write` on the new path; device nodes need `allow_devices`.
+    pub fn do_mknod(
+        &self,
+        ctx: &Ctx,
+        parent: u64,
+        name: &Name,
+        mode: u32,
+        rdev: u32,
+    ) -> Res<FileAttr> {
+        let path = self.child_path(parent, name)?;
+        let fmt = mode & libc::S_IFMT;
+        let sp = Special {
+            device: fmt == libc::S_IFCHR || fmt == libc::S_IFBLK,
+            setid: mode & (libc::S_ISUID | libc::S_ISGID) != 0,
+        };
+        self.allow(ctx, "mknod", &path, Need::Create, sp)?;
+        let pfd = self.inodes.fd(parent)?;
+        sys::mknodat(pfd.as_fd(), name, mode, rdev as u64)?;
+        self.finish_create(ctx, parent, name)
+    }
+
+    /// mkdir.
+    pub fn do_mkdir(&self, ctx: &Ctx, parent: u64, name: &Name, mode: u32) -> Res<FileAttr> {
+        let path = self.child_path(parent, name)?;
+        let sp = Special {
+            device: false,
+            setid: mode & (libc::S_ISUID | libc::S_ISGID) != 0,
+        };
+        self.allow(ctx, "mkdir", &path, Need::Create, sp)?;
+        let pfd = self.inodes.fd(parent)?;
+        sys::mkdirat(pfd.as_fd(), name, mode & 0o7777)?;
+        self.finish_create(ctx, parent, name)
+    }
+
+    /// symlink: the target is stored as given; the caller's kernel resolves it later.
+    pub fn do_symlink(&self, ctx: &Ctx, parent: u64, name: &Name, target: &[u8]) -> Res<FileAttr> {
+        let path = self.child_path(parent, name)?;
+        self.allow(ctx, "symlink", &path, Need::Create, Special::default())?;
+        let pfd = self.inodes.fd(parent)?;
+        sys::symlinkat(target, pfd.as_fd(), name)?;
+        self.finish_create(ctx, parent, name)
+    }
+
+    /// unlink / rmdir: `write` on the path.
+    pub fn do_remove(&self, ctx: &Ctx, parent: u64, name: &Name, dir: bool) -> Res<()> {
+        let path = self.child_path(parent, name)?;
+        let op = if dir { "rmdir" } else { "unlink" };
+        self.allow(ctx, op, &path, Need::Write, Special::default())?;
+        let pfd = self.inodes.fd(parent)?;
+        let known = self.inodes.child(parent, name.bytes());
+        let pin = known.and_then(|i| self.inodes.fd(i).ok());
+        let flags = if dir { libc::AT_REMOVEDIR } else { 0 };
+        sys::unlinkat(pfd.as_fd(), name, flags)?;
+        self.inodes.remove_alias(parent, name.bytes(), pin);
+        Ok(())
+    }
+
+    /// rename (with `RENAME_NOREPLACE` / `RENAME_EXCHANGE`): `write` on both names; a
+    /// directory moves only when no rule could give a path below either name a different
+    /// access (a rename never changes a path's policy).
+    pub fn do_rename(
+        &self,
+        ctx: &Ctx,
+        parent: u64,
+        name: &Name,
+        newparent: u64,
+        newname: &Name,
+        flags: u32,
+    ) -> Res<()> {
+        let old = self.child_path(parent, name)?;
+        let new = self.child_path(newparent, newname)?;
+        let exchange = flags & libc::RENAME_EXCHANGE != 0;
+        self.allow(ctx, "rename", &old, Need::Write, Special::default())?;
+        let new_need = if exchange { Need::Write } else { Need::Create };
+        self.allow(ctx, "rename", &new, new_need, Special::default())?;
+        let pfd = self.inodes.fd(parent)?;
+        let npfd = self.inodes.fd(newparent)?;
+        let src_st = sys::fstat(sys::open_path(pfd.as_fd(), name)?.as_fd())?;
+        let dst_st = sys::open_path(npfd.as_fd(), newname)
+            .and_then(|fd| sys::fstat(fd.as_fd()))
+            .ok();
+        let is_dir = |st: &libc::stat| st.st_mode & libc::S_IFMT == libc::S_IFDIR;
+        let moves_dir = is_dir(&src_st) || (exchange && dst_st.as_ref().is_some_and(is_dir));
+        if moves_dir && !ctx.snap.policy.dir_rename_allowed(&old, &new) {
+            let v = ctx.snap.policy.verdict(&old, ctx.caller);
+            self.audit(ctx, "rename", &old, &v, v.grant_by, Some(libc::EACCES));
+            return Err(Error(libc::EACCES));
+        }
+        let src = self.inodes.child(parent, name.bytes());
+        let dst = self.inodes.child(newparent, newname.bytes());
+        let dst_pin = dst.and_then(|i| self.inodes.fd(i).ok());
+        sys::renameat2(pfd.as_fd(), name, npfd.as_fd(), newname, flags)?;
+        if exchange {
+            self.inodes
+                .exchange_alias((parent, name.bytes()), (newparent, newname.bytes()));
+        } else {
+            if dst.is_some() {
+                self.inodes
+                    .remove_alias(newparent, newname.bytes(), dst_pin);
+            }
+            match src {
+                Some(ino) => {
+                    self.inodes
+                        .rename_alias(ino, parent, name.bytes(), newparent, newname.bytes())
+                }
+                None => self.inodes.remove_alias(parent, name.bytes(), None),
+            }
+        }
+        Ok(())
+    }
+
+    /// link: `write` on the existing file (every name it is known under) and on the new name.
+    pub fn do_link(&self, ctx: &Ctx, ino: u64, newparent: u64, newname: &Name) -> Res<FileAttr> {
+        self.allow_ino(ctx, "link", ino, Need::Write, Special::default())?;
+        let new = self.child_path(newparent, newname)?;
+        self.allow(ctx, "link", &new, Need::Create, Special::default())?;
+        let fd = self.inodes.fd(ino)?;
+        let npfd = self.inodes.fd(newparent)?;
+        sys::linkat_fd(
+            self.inodes.proc_fd.as_fd(),
+            fd.as_fd(),
+            npfd.as_fd(),
+            newname,
+        )?;
+        let f = self.inodes.lookup(newparent, newname, true)?;
+        Ok(to_attr(f.ino, &f.st))
+    }
+
+    // ---- files -------------------------------------------------------------------------
+
+    /// open: the flags decide the level needed; the handle keeps what was granted.
+    pub fn do_open(&self, ctx: &Ctx, ino: u64, flags: i32) -> Res<u64> {
+        let intent = attr::classify(flags);
+        self.allow_ino(ctx, "open", ino, intent.need, Special::default())?;
+        let fd = self.inodes.fd(ino)?;
+        let st = sys::fstat(fd.as_fd())?;
+        match st.st_mode & libc::S_IFMT {
+            libc::S_IFREG => {}
+            libc::S_IFDIR => {
+                if intent.write {
+                    return Err(Error(libc::EISDIR));
+                }
+            }
+            _ => return Err(Error(libc::EINVAL)),
+        }
+        let file = sys::reopen(
+            self.inodes.proc_fd.as_fd(),
+            fd.as_fd(),
+            attr::host_open_flags(flags),
+        )?;
+        Ok(self.handles.insert(Handle {
+            ino,
+            file,
+            read: intent.read,
+            write: intent.write,
+            entries: None,
+        }))
+    }
+
+    /// create: `write` on the new path (EACCES if hidden, host untouched); set-ID bits
+    /// need `allow_setid`. Returns attributes and the handle.
+    pub fn do_create(
+        &self,
+        ctx: &Ctx,
+        parent: u64,
+        name: &Name,
+        mode: u32,
+        flags: i32,
+    ) -> Res<(FileAttr, u64)> {
+        let path = self.child_path(parent, name)?;
+        let sp = Special {
+            device: false,
+            setid: mode & (libc::S_ISUID | libc::S_ISGID) != 0,
+        };
+        self.allow(ctx, "create", &path, Need::Create, sp)?;
+        let intent = attr::classify(flags);
+        let pfd = self.inodes.fd(parent)?;
+        let oflags = attr::host_open_flags(flags) | libc::O_CREAT | (flags & libc::O_EXCL);
+        let file = sys::openat(pfd.as_fd(), name, oflags, mode & 0o7777)?;
+        let fst = sys::fstat(file.as_fd())?;
+        if fst.st_mode & libc::S_IFMT != libc::S_IFREG {
+            return Err(Error(libc::EINVAL));
+        }
+        let f = self.inodes.lookup(parent, name, true)?;
+        if (f.st.st_dev, f.st.st_ino) != (fst.st_dev, fst.st_ino) {
+            // Swapped on the host between the two steps.
+            self.inodes.forget(f.ino, 1);
+            return Err(Error(libc::ESTALE));
+        }
+        let mut st = f.st;
+        self.own(ctx, &pfd, &f.fd, &mut st)?;
+        let fh = self.handles.insert(Handle {
+            ino: f.ino,
+            file,
+            read: intent.read,
+            write: true,
+            entries: None,
+        });
+        Ok((to_attr(f.ino, &st), fh))
+    }
+
+    fn handle(&self, fh: u64) -> Res<Arc<Handle>> {
+        self.handles.get(fh).ok_or(Error(libc::EBADF))
+    }
+
+    /// With `--revoke`, re-decides a handle's I/O against the policy in force.
+    fn recheck(&self, ctx: &Ctx, op: &'static str, h: &Handle, need: Need) -> Res<()> {
+        if self.settings.revoke {
+            self.allow_ino(ctx, op, h.ino, need, Special::default())?;
+        }
+        Ok(())
+    }
+
+    /// read through a handle opened for reading.
+    pub fn do_read(&self, ctx: &Ctx, fh: u64, offset: u64, size: u32) -> Res<Vec<u8>> {
+        let h = self.handle(fh)?;
+        if !h.read {
+            return Err(Error(libc::EBADF));
+        }
+        self.recheck(ctx, "read", &h, Need::Read)?;
+        let mut buf = vec![0u8; size as usize];
+        let mut done = 0;
+        while done < buf.len() {
+            match sys::pread(h.file.as_fd(), &mut buf[done..], offset + done as u64) {
+                Ok(0) => break,
+                Ok(n) => done += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        buf.truncate(done);
+        Ok(buf)
+    }
+
+    /// write through a handle opened for writing.
+    pub fn do_write(&self, ctx: &Ctx, fh: u64, offset: u64, data: &[u8]) -> Res<u32> {
+        let h = self.handle(fh)?;
+        if !h.write {
+            return Err(Error(libc::EBADF));
+        }
+        self.recheck(ctx, "write", &h, Need::Write)?;
+        let n = pwrite_all(&h.file, data, offset)?;
+        Ok(n as u32)
+    }
+
+    /// fsync / fsyncdir.
+    pub fn do_fsync(&self, fh: u64, datasync: bool) -> Res<()> {
+        let h = self.handle(fh)?;
+        Ok(sys::fsync(h.file.as_fd(), datasync)?)
+    }
+
+    /// release / releasedir.
+    pub fn do_release(&self, fh: u64) {
+        self.handles.remove(fh);
+    }
+
+    /// fallocate (a write).
+    pub fn do_fallocate(&self, ctx: &Ctx, fh: u64, offset: u64, len: u64, mode: i32) -> Res<()> {
+        let h = self.handle(fh)?;
+        if !h.write {
+            return Err(Error(libc::EBADF));
+        }
+        self.recheck(ctx, "fallocate", &h, Need::Write)?;
+        Ok(sys::fallocate(h.file.as_fd(), mode, offset, len)?)
+    }
+
+    /// lseek (SEEK_DATA / SEEK_HOLE).
+    pub fn do_lseek(&self, fh: u64, offset: i64, whence: i32) -> Res<i64> {
+        let h = self.handle(fh)?;
+        Ok(sys::lseek(h.file.as_fd(), offset, whence)?)
+    }
+
+    /// copy_file_range: read on the source handle, write on the destination handle.
+    #[allow(clippy::too_many_arguments)]
+    pub fn do_copy_file_range(
+        &self,
+        ctx: &Ctx,
+        fh_in: u64,
+        off_in: u64,
+        fh_out: u64,
+        off_out: u64,
+        len: u64,
+    ) -> Res<u32> {
+        let hi = self.handle(fh_in)?;
+        let ho = self.handle(fh_out)?;
+        if !hi.read || !ho.write {
+            return Err(Error(libc::EBADF));
+        }
+        self.recheck(ctx, "read", &hi, Need::Read)?;
+        self.recheck(ctx, "write", &ho, Need::Write)?;
+        let len = len.min(u32::MAX as u64 & !0xfff);
+        let n = sys::copy_file_range(hi.file.as_fd(), off_in, ho.file.as_fd(), off_out, len)?;
+        Ok(n as u32)
+    }
+
+    // ---- directories -------------------------------------------------------------------
+
+    /// opendir: `list`; the listing shows only what the caller may see.
+    pub fn do_opendir(&self, ctx: &Ctx, ino: u64) -> Res<u64> {
+        self.allow_ino(ctx, "opendir", ino, Need::List, Special::default())?;
+        let fd = self.inodes.fd(ino)?;
+        let st = sys::fstat(fd.as_fd())?;
+        if st.st_mode & libc::S_IFMT != libc::S_IFDIR {
+            return Err(Error(libc::ENOTDIR));
+        }
+        let file = sys::reopen(
+            self.inodes.proc_fd.as_fd(),
+            fd.as_fd(),
+            libc::O_RDONLY | libc::O_DIRECTORY,
+        )?;
+        let entries = self.list(ctx, ino, &file)?;
+        Ok(self.handles.insert(Handle {
+            ino,
+            file,
+            read: true,
+            write: false,
+            entries: Some(parking_lot::Mutex::new(Arc::new(entries))),
+        }))
+    }
+
+    fn list(&self, ctx: &Ctx, ino: u64, file: &OwnedFd) -> Res<Vec<ListEntry>> {
+        let dir = self.inodes.path(ino)?;
+        let raw = sys::read_dir(file.as_fd())?;
+        let mut out = Vec::with_capacity(raw.len());
+        let mut path = Vec::with_capacity(dir.len() + 64);
+        for e in raw {
+            path.clear();
+            path.extend_from_slice(&dir);
+            if !dir.is_empty() {
+                path.push(b'/');
+            }
+            path.extend_from_slice(&e.name);
+            let v = ctx.snap.policy.verdict(&path, ctx.caller);
+            if v.effective == Access::None {
+                continue;
+            }
+            out.push(ListEntry {
+                ino: self.inodes.id_for(self.inodes.root_dev(), e.ino),
+                kind: attr::dtype_to_mode(e.dtype),
+                name: e.name,
+            });
+        }
+        Ok(out)
+    }
+
+    /// The listing for a readdir at `offset` (0 re-reads the directory, like rewinddir).
+    pub fn dir_entries(
+        &self,
+        ctx: &Ctx,
+        fh: u64,
+        offset: u64,
+    ) -> Res<(Arc<Handle>, Arc<Vec<ListEntry>>)> {
+        let h = self.handle(fh)?;
+        let Some(entries) = &h.entries else {
+            return Err(Error(libc::EBADF));
+        };
+        if offset == 0 {
+            let fresh = Arc::new(self.list(ctx, h.ino, &h.file)?);
+            *entries.lock() = fresh;
+        }
+        let e = entries.lock().clone();
+        Ok((h, e))
+    }
+
+    /// Parent id of a directory node (for `..`).
+    pub fn parent_ino(&self, ino: u64) -> u64 {
+        if ino == ROOT {
+            return ROOT;
+        }
+        self.inodes
+            .path(ino)
+            .ok()
+            .and_then(|p| {
+                let (parent, _) = self.parent_of(ino, &p).ok()?;
+                Some(parent)
+            })
+            .unwrap_or(ROOT)
+    }
+
+    /// readdirplus: a lookup for one listed entry.
+    pub fn plus_lookup(&self, ctx: &Ctx, parent: u64, name: &[u8]) -> Res<FileAttr> {
+        let name = Name::new(name)?;
+        self.do_lookup(ctx, parent, &name)
+    }
+
+    /// statfs of SOURCE's file system.
+    pub fn do_statfs(&self, ctx: &Ctx, ino: u64) -> Res<libc::statvfs> {
+        self.allow_ino(ctx, "statfs", ino, Need::List, Special::default())?;
+        let fd = self.inodes.fd(ROOT)?;
+        Ok(sys::fstatvfs(fd.as_fd())?)
+    }
+
+    // ---- xattrs ------------------------------------------------------------------------
+
+    fn xattr_target(&self, ino: u64) -> Res<(Arc<OwnedFd>, bool)> {
+        let fd = self.inodes.fd(ino)?;
+        let st = sys::fstat(fd.as_fd())?;
+        let ok = matches!(st.st_mode & libc::S_IFMT, libc::S_IFREG | libc::S_IFDIR);
+        Ok((fd, ok))
+    }
+
+    /// getxattr: `read`. Symlinks and special files report no attributes.
+    pub fn do_getxattr(&self, ctx: &Ctx, ino: u64, name: &[u8], size: u32) -> Res<Vec<u8>> {
+        self.allow_ino(ctx, "getxattr", ino, Need::Read, Special::default())?;
+        let (fd, ok) = self.xattr_target(ino)?;
+        if !ok {
+            return Err(Error(libc::ENODATA));
+        }
+        Ok(sys::getxattr_fd(fd.as_fd(), name, size as usize)?)
+    }
+
+    /// listxattr: `read`.
+    pub fn do_listxattr(&self, ctx: &Ctx, ino: u64, size: u32) -> Res<Vec<u8>> {
+        self.allow_ino(ctx, "listxattr", ino, Need::Read, Special::default())?;
+        let (fd, ok) = self.xattr_target(ino)?;
+        if !ok {
+            return Ok(if size == 0 {
+                0usize.to_ne_bytes().to_vec()
+            } else {
+                Vec::new()
+            });
+        }
+        Ok(sys::listxattr_fd(fd.as_fd(), size as usize)?)
+    }
+
+    /// setxattr: `write`.
+    pub fn do_setxattr(
+        &self,
+        ctx: &Ctx,
+        ino: u64,
+        name: &[u8],
+        value: &[u8],
+        flags: i32,
+    ) -> Res<()> {
+        self.allow_ino(ctx, "setxattr", ino, Need::Write, Special::default())?;
+        let (fd, ok) = self.xattr_target(ino)?;
+        if !ok {
+            return Err(Error(libc::EPERM));
+        }
+        Ok(sys::setxattr_fd(fd.as_fd(), name, value, flags)?)
+    }
+
+    /// removexattr: `write`.
+    pub fn do_removexattr(&self, ctx: &Ctx, ino: u64, name: &[u8]) -> Res<()> {
+        self.allow_ino(ctx, "removexattr", ino, Need::Write, Special::default())?;
+        let (fd, ok) = self.xattr_target(ino)?;
+        if !ok {
+            return Err(Error(libc::ENODATA));
+        }
+        Ok(sys::removexattr_fd(fd.as_fd(), name)?)
+    }
+
+    /// access(2): F_OK needs `list`, R_OK/X_OK `read`, W_OK `write`; X_OK also needs an
+    /// execute bit on non-directories (as for root on a local disk).
+    pub fn do_access(&self, ctx: &Ctx, ino: u64, mask: i32) -> Res<()> {
+        let need = if mask & libc::W_OK != 0 {
+            Need::Write
+        } else if mask & (libc::R_OK | libc::X_OK) != 0 {
+            Need::Read
+        } else {
+            Need::List
+        };
+        self.allow_ino(ctx, "access", ino, need, Special::default())?;
+        if mask & libc::X_OK != 0 {
+            let st = self.stat_ino(ino)?;
+            if st.st_mode & libc::S_IFMT != libc::S_IFDIR && st.st_mode & 0o111 == 0 {
+                return Err(Error(libc::EACCES));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn pwrite_all(fd: &OwnedFd, data: &[u8], offset: u64) -> io::Result<usize> {
+    let mut done = 0;
+    while done < data.len() {
+        match sys::pwrite(fd.as_fd(), &data[done..], offset + done as u64) {
+            Ok(0) => break,
+            Ok(n) => done += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) if done > 0 => {
+                log::debug!("short write after {done} bytes: {e}");
+                break;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(done)
+}

@@ -1,0 +1,66 @@
+//! Open file and directory handles: the rights granted at open live here, server-side,
+//! never in the `fh` bits the kernel hands back.
+
+use std::collections::HashMap;
+use std::os::fd::OwnedFd;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use parking_lot::{Mutex, RwLock};
+
+/// One entry of a directory listing as the caller may see it.
+#[derive(Debug, Clone)]
+pub struct ListEntry {
+    /// FUSE id to report as `d_ino`.
+    pub ino: u64,
+    /// `S_IFMT` bits.
+    pub kind: u32,
+    /// Raw name.
+    pub name: Vec<u8>,
+}
+
+/// An open file or directory.
+pub struct Handle {
+    /// The node it was opened on.
+    pub ino: u64,
+    /// The open host file (a real fd, not `O_PATH`).
+    pub file: OwnedFd,
+    /// Reads allowed through this handle.
+    pub read: bool,
+    /// Writes allowed through this handle.
+    pub write: bool,
+    /// For directories: the listing snapshot taken at opendir / rewind.
+    pub entries: Option<Mutex<Arc<Vec<ListEntry>>>>,
+}
+
+/// Handle table: `fh` → handle.
+#[derive(Default)]
+pub struct Handles {
+    map: RwLock<HashMap<u64, Arc<Handle>>>,
+    next: AtomicU64,
+}
+
+impl Handles {
+    /// Registers a handle; returns its `fh`.
+    pub fn insert(&self, h: Handle) -> u64 {
+        let fh = self.next.fetch_add(1, Ordering::Relaxed) + 1;
+        self.map.write().insert(fh, Arc::new(h));
+        fh
+    }
+    /// The handle for `fh`, if open.
+    pub fn get(&self, fh: u64) -> Option<Arc<Handle>> {
+        self.map.read().get(&fh).cloned()
+    }
+    /// Closes `fh` (the host fd closes when the last user drops it).
+    pub fn remove(&self, fh: u64) -> Option<Arc<Handle>> {
+        self.map.write().remove(&fh)
+    }
+    /// Number of open handles.
+    pub fn len(&self) -> usize {
+        self.map.read().len()
+    }
+    /// True when no handle is open.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}

@@ -1,0 +1,566 @@
+//! The inode table: FUSE node ids ↔ host files, the names they were seen under, and a
+//! bounded cache of `O_PATH` handles.
+//!
+//! Invariants:
+//! - A node is keyed by its host `(st_dev, st_ino)`; its FUSE id is the host inode number
+//!   when the file lives on SOURCE's device (stable `st_ino` for git and friends), else a
+//!   synthetic id. The root is always id 1.
+//! - Each node records the `(parent id, name)` aliases it was seen under through the mount;
+//!   its workspace paths are derived from those, so the policy decides on the logical path
+//!   the caller used, never on a host path string. Directories have one alias.
+//! - A node stays while the kernel holds lookups on it or a child names it as parent
+//!   (`children`); forget is saturating.
+//! - No fd is held per node: handles live in a bounded FIFO cache and are re-resolved from
+//!   the parent's handle by one `openat(O_PATH|O_NOFOLLOW)` step, verified against the key,
+//!   so a file swapped on the host is never mistaken for the one the kernel knows.
+//! - Lock order: `table` before `fds`; no syscall while holding `table`.
+
+use std::collections::{HashMap, VecDeque};
+use std::io;
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use super::sys::{self, Name};
+
+/// FUSE id of the root.
+pub const ROOT: u64 = 1;
+const SYNTH_BASE: u64 = 1 << 62;
+
+/// Host identity of a file.
+pub type Key = (u64, u64);
+
+struct Node {
+    key: Key,
+    kind: u32,
+    nlookup: u64,
+    children: u64,
+    aliases: Vec<(u64, Box<[u8]>)>,
+    /// Handle kept for a node whose last alias was removed while still known to the kernel.
+    pinned: Option<Arc<OwnedFd>>,
+}
+
+struct Table {
+    nodes: HashMap<u64, Node>,
+    by_key: HashMap<Key, u64>,
+    by_name: HashMap<(u64, Box<[u8]>), u64>,
+    next_synth: u64,
+}
+
+impl Table {
+    fn add_alias(&mut self, ino: u64, parent: u64, name: &[u8]) {
+        let Some(n) = self.nodes.get_mut(&ino) else {
+            return;
+        };
+        if n.aliases
+            .iter()
+            .any(|(p, nm)| *p == parent && **nm == *name)
+        {
+            return;
+        }
+        n.aliases.push((parent, name.into()));
+        n.pinned = None;
+        if let Some(p) = self.nodes.get_mut(&parent) {
+            p.children += 1;
+        }
+        // A name maps to one node: a newer node under the same name replaces the old alias.
+        if let Some(old) = self.by_name.insert((parent, name.into()), ino)
+            && old != ino
+            && let Some(o) = self.nodes.get_mut(&old)
+        {
+            let before = o.aliases.len();
+            o.aliases.retain(|(p, nm)| !(*p == parent && **nm == *name));
+            if o.aliases.len() != before
+                && let Some(p) = self.nodes.get_mut(&parent)
+            {
+                p.children = p.children.saturating_sub(1);
+            }
+        }
+    }
+
+    /// Removes one alias; returns true when it existed.
+    fn del_alias(&mut self, ino: u64, parent: u64, name: &[u8]) -> bool {
+        let Some(n) = self.nodes.get_mut(&ino) else {
+            return false;
+        };
+        let before = n.aliases.len();
+        n.aliases.retain(|(p, nm)| !(*p == parent && **nm == *name));
+        if n.aliases.len() == before {
+            return false;
+        }
+        let k: (u64, Box<[u8]>) = (parent, name.into());
+        if self.by_name.get(&k) == Some(&ino) {
+            self.by_name.remove(&k);
+        }
+        if let Some(p) = self.nodes.get_mut(&parent) {
+            p.children = p.children.saturating_sub(1);
+        }
+        true
+    }
+}
+
+struct FdCache {
+    map: HashMap<u64, Arc<OwnedFd>>,
+    order: VecDeque<u64>,
+    cap: usize,
+}
+
+impl FdCache {
+    fn get(&self, ino: u64) -> Option<Arc<OwnedFd>> {
+        self.map.get(&ino).cloned()
+    }
+    fn put(&mut self, ino: u64, fd: Arc<OwnedFd>) {
+        if self.map.insert(ino, fd).is_none() {
+            self.order.push_back(ino);
+        }
+        while self.map.len() > self.cap {
+            match self.order.pop_front() {
+                Some(old) if old != ino => {
+                    self.map.remove(&old);
+                }
+                Some(old) => self.order.push_back(old),
+                None => break,
+            }
+        }
+    }
+    fn remove(&mut self, ino: u64) {
+        if self.map.remove(&ino).is_some() {
+            self.order.retain(|&i| i != ino);
+        }
+    }
+}
+
+/// A freshly looked-up host file.
+pub struct Found {
+    /// FUSE id.
+    pub ino: u64,
+    /// Host attributes.
+    pub st: libc::stat,
+    /// Its `O_PATH` handle.
+    pub fd: Arc<OwnedFd>,
+}
+
+/// The inode table.
+pub struct Inodes {
+    table: Mutex<Table>,
+    fds: Mutex<FdCache>,
+    root_fd: Arc<OwnedFd>,
+    root_dev: u64,
+    /// `/proc/self/fd`, to reopen `O_PATH` handles.
+    pub proc_fd: OwnedFd,
+}
+
+fn stale() -> io::Error {
+    io::Error::from_raw_os_error(libc::ESTALE)
+}
+
+fn enoent() -> io::Error {
+    io::Error::from_raw_os_error(libc::ENOENT)
+}
+
+impl Inodes {
+    /// A table for SOURCE, opened as `root_fd`; at most `fd_cap` cached handles.
+    pub fn new(root_fd: OwnedFd, fd_cap: usize) -> io::Result<Inodes> {
+        let st = sys::fstat(root_fd.as_fd())?;
+        let mut nodes = HashMap::new();
+        let key = (st.st_dev, st.st_ino);
+        nodes.insert(
+            ROOT,
+            Node {
+                key,
+                kind: st.st_mode & libc::S_IFMT,
+                nlookup: 1,
+                children: 0,
+                aliases: Vec::new(),
+                pinned: None,
+            },
+        );
+        let mut by_key = HashMap::new();
+        by_key.insert(key, ROOT);
+        Ok(Inodes {
+            table: Mutex::new(Table {
+                nodes,
+                by_key,
+                by_name: HashMap::new(),
+                next_synth: SYNTH_BASE,
+            }),
+            fds: Mutex::new(FdCache {
+                map: HashMap::new(),
+                order: VecDeque::new(),
+                cap: fd_cap.max(64),
+            }),
+            root_fd: Arc::new(root_fd),
+            root_dev: st.st_dev,
+            proc_fd: sys::open_proc_self_fd()?,
+        })
+    }
+
+    /// SOURCE's device.
+    pub fn root_dev(&self) -> u64 {
+        self.root_dev
+    }
+
+    /// Number of known nodes (for diagnostics).
+    pub fn len(&self) -> usize {
+        self.table.lock().nodes.len()
+    }
+
+    /// True when only the root is known.
+    pub fn is_empty(&self) -> bool {
+        self.len() <= 1
+    }
+
+    /// Number of cached handles (for diagnostics).
+    pub fn cached_fds(&self) -> usize {
+        self.fds.lock().map.len()
+    }
+
+    /// The FUSE id a host file would get (without inserting it).
+    pub fn id_for(&self, dev: u64, ino: u64) -> u64 {
+        if let Some(&id) = self.table.lock().by_key.get(&(dev, ino)) {
+            return id;
+        }
+        if dev == self.root_dev && ino != ROOT && ino < SYNTH_BASE && ino != 0 {
+            ino
+        } else {
+            // Unknown foreign-device entry: not stable, but only used for readdir d_ino.
+            ino | SYNTH_BASE
+        }
+    }
+
+    /// The node's file type (`S_IFMT` bits).
+    pub fn kind(&self, ino: u64) -> io::Result<u32> {
+        self.table
+            .lock()
+            .nodes
+            .get(&ino)
+            .map(|n| n.kind)
+            .ok_or_else(stale)
+    }
+
+    /// Every workspace path the node is known under (root: `[b""]`). Empty when the node
+    /// was unlinked through the mount.
+    pub fn paths(&self, ino: u64) -> io::Result<Vec<Vec<u8>>> {
+        let t = self.table.lock();
+        let node = t.nodes.get(&ino).ok_or_else(stale)?;
+        if ino == ROOT {
+            return Ok(vec![Vec::new()]);
+        }
+        let mut out = Vec::with_capacity(node.aliases.len());
+        for (parent, name) in &node.aliases {
+            if let Some(mut p) = dir_path(&t, *parent) {
+                if !p.is_empty() {
+                    p.push(b'/');
+                }
+                p.extend_from_slice(name);
+                out.push(p);
+            }
+        }
+        Ok(out)
+    }
+
+    /// The single workspace path of a directory node (or the first alias of a file).
+    pub fn path(&self, ino: u64) -> io::Result<Vec<u8>> {
+        self.paths(ino)?.into_iter().next().ok_or_else(enoent)
+    }
+
+    /// The `O_PATH` handle of a node, re-resolved from its parent when not cached.
+    pub fn fd(&self, ino: u64) -> io::Result<Arc<OwnedFd>> {
+        if ino == ROOT {
+            return Ok(self.root_fd.clone());
+        }
+        if let Some(fd) = self.fds.lock().get(ino) {
+            return Ok(fd);
+        }
+        self.resolve(ino, 0)
+    }
+
+    fn resolve(&self, ino: u64, depth: usize) -> io::Result<Arc<OwnedFd>> {
+        if depth > 4096 {
+            return Err(io::Error::from_raw_os_error(libc::ELOOP));
+        }
+        let (key, aliases, pinned) = {
+            let t = self.table.lock();
+            let n = t.nodes.get(&ino).ok_or_else(stale)?;
+            (n.key, n.aliases.clone(), n.pinned.clone())
+        };
+        if let Some(p) = pinned {
+            return Ok(p);
+        }
+        for (parent, name) in aliases {
+            let pfd = if parent == ROOT {
+                self.root_fd.clone()
+            } else if let Some(fd) = self.fds.lock().get(parent) {
+                fd
+            } else {
+                match self.resolve(parent, depth + 1) {
+                    Ok(fd) => fd,
+                    Err(_) => continue,
+                }
+            };
+            let Ok(name) = Name::new(&name) else { continue };
+            let Ok(fd) = sys::open_path(pfd.as_fd(), &name) else {
+                continue;
+            };
+            let Ok(st) = sys::fstat(fd.as_fd()) else {
+                continue;
+            };
+            if (st.st_dev, st.st_ino) == key {
+                let fd = Arc::new(fd);
+                self.fds.lock().put(ino, fd.clone());
+                return Ok(fd);
+            }
+        }
+        Err(stale())
+    }
+
+    /// Looks up `name` in directory `parent` on the host and records the alias. With
+    /// `count`, the kernel gets a lookup reference.
+    pub fn lookup(&self, parent: u64, name: &Name, count: bool) -> io::Result<Found> {
+        let pfd = self.fd(parent)?;
+        let fd = sys::open_path(pfd.as_fd(), name)?;
+        let st = sys::fstat(fd.as_fd())?;
+        let fd = Arc::new(fd);
+        let ino = self.insert(parent, name.bytes(), &st, count);
+        self.fds.lock().put(ino, fd.clone());
+        Ok(Found { ino, st, fd })
+    }
+
+    /// Records a host file seen as `parent/name`; returns its FUSE id.
+    pub fn insert(&self, parent: u64, name: &[u8], st: &libc::stat, count: bool) -> u64 {
+        let key = (st.st_dev, st.st_ino);
+        let kind = st.st_mode & libc::S_IFMT;
+        let mut t = self.table.lock();
+        let existing = t.by_key.get(&key).copied();
+        let ino = match existing {
+            Some(id) if t.nodes.get(&id).is_some_and(|n| n.kind == kind) => id,
+            _ => {
+                let id = if st.st_dev == self.root_dev
+                    && st.st_ino != ROOT
+                    && st.st_ino != 0
+                    && st.st_ino < SYNTH_BASE
+                    && !t.nodes.contains_key(&st.st_ino)
+                {
+                    st.st_ino
+                } else {
+                    t.next_synth += 1;
+                    t.next_synth
+                };
+                if let Some(old) = existing {
+                    // The host reused an inode number for a different kind of file.
+                    t.by_key.remove(&key);
+                    let _ = old;
+                }
+                t.nodes.insert(
+                    id,
+                    Node {
+                        key,
+                        kind,
+                        nlookup: 0,
+                        children: 0,
+                        aliases: Vec::new(),
+                        pinned: None,
+                    },
+                );
+                t.by_key.insert(key, id);
+                id
+            }
+        };
+        let mut removed = Vec::new();
+        if ino != ROOT {
+            if kind == libc::S_IFDIR {
+                // A directory has one name: the newest one seen wins.
+                let old: Vec<(u64, Box<[u8]>)> = t
+                    .nodes
+                    .get(&ino)
+                    .map(|n| n.aliases.clone())
+                    .unwrap_or_default();
+                for (p, nm) in old {
+                    if !(p == parent && *nm == *name) {
+                        t.del_alias(ino, p, &nm);
+                        removed.push(p);
+                    }
+                }
+            }
+            t.add_alias(ino, parent, name);
+        }
+        if count && let Some(n) = t.nodes.get_mut(&ino) {
+            n.nlookup += 1;
+        }
+        let mut gone = Vec::new();
+        for p in removed {
+            maybe_remove(&mut t, p, &mut gone);
+        }
+        drop(t);
+        self.drop_fds(gone);
+        ino
+    }
+
+    fn drop_fds(&self, gone: Vec<u64>) {
+        if gone.is_empty() {
+            return;
+        }
+        let mut f = self.fds.lock();
+        for r in gone {
+            f.remove(r);
+        }
+    }
+
+    /// The kernel dropped `n` lookups.
+    pub fn forget(&self, ino: u64, n: u64) {
+        if ino == ROOT {
+            return;
+        }
+        let removed = {
+            let mut t = self.table.lock();
+            let Some(node) = t.nodes.get_mut(&ino) else {
+                return;
+            };
+            node.nlookup = node.nlookup.saturating_sub(n);
+            let mut removed = Vec::new();
+            maybe_remove(&mut t, ino, &mut removed);
+            removed
+        };
+        self.drop_fds(removed);
+    }
+
+    /// Drops the alias `parent/name` after an unlink/rmdir/rename through the mount. If it
+    /// was the node's last alias, `fd` (its handle) is pinned so open files keep working.
+    pub fn remove_alias(&self, parent: u64, name: &[u8], fd: Option<Arc<OwnedFd>>) {
+        let mut removed = Vec::new();
+        {
+            let mut t = self.table.lock();
+            let k: (u64, Box<[u8]>) = (parent, name.into());
+            if let Some(ino) = t.by_name.get(&k).copied() {
+                t.del_alias(ino, parent, name);
+                if let Some(n) = t.nodes.get_mut(&ino)
+                    && n.aliases.is_empty()
+                {
+                    n.pinned = fd;
+                }
+                maybe_remove(&mut t, ino, &mut removed);
+                maybe_remove(&mut t, parent, &mut removed);
+            }
+        }
+        self.drop_fds(removed);
+    }
+
+    /// Finds the node currently known as `parent/name`, if any.
+    pub fn child(&self, parent: u64, name: &[u8]) -> Option<u64> {
+        let k: (u64, Box<[u8]>) = (parent, name.into());
+        self.table.lock().by_name.get(&k).copied()
+    }
+
+    /// Moves the alias `parent/name` of `ino` to `newparent/newname` (after a rename).
+    pub fn rename_alias(&self, ino: u64, parent: u64, name: &[u8], newparent: u64, newname: &[u8]) {
+        let mut removed = Vec::new();
+        {
+            let mut t = self.table.lock();
+            // Whatever was known as the new name is replaced on the host.
+            let k: (u64, Box<[u8]>) = (newparent, newname.into());
+            if let Some(old) = t.by_name.get(&k).copied()
+                && old != ino
+            {
+                t.del_alias(old, newparent, newname);
+                maybe_remove(&mut t, old, &mut removed);
+            }
+            // Add before removing so the old parent cannot vanish in between.
+            t.add_alias(ino, newparent, newname);
+            t.del_alias(ino, parent, name);
+            maybe_remove(&mut t, parent, &mut removed);
+        }
+        self.drop_fds(removed);
+    }
+
+    /// Swaps two names after `RENAME_EXCHANGE`.
+    pub fn exchange_alias(&self, a: (u64, &[u8]), b: (u64, &[u8])) {
+        let mut t = self.table.lock();
+        let ka: (u64, Box<[u8]>) = (a.0, a.1.into());
+        let kb: (u64, Box<[u8]>) = (b.0, b.1.into());
+        let ia = t.by_name.get(&ka).copied();
+        let ib = t.by_name.get(&kb).copied();
+        // Add the new aliases first so no parent's child count drops to zero in between.
+        if let Some(i) = ia {
+            t.del_alias(i, a.0, a.1);
+        }
+        if let Some(i) = ib {
+            t.del_alias(i, b.0, b.1);
+        }
+        if let Some(i) = ia {
+            t.add_alias(i, b.0, b.1);
+        }
+        if let Some(i) = ib {
+            t.add_alias(i, a.0, a.1);
+        }
+    }
+
+    /// Every `(parent, name)` alias and every node id (for cache invalidation).
+    pub fn snapshot(&self) -> (Vec<(u64, Vec<u8>)>, Vec<u64>) {
+        let t = self.table.lock();
+        let mut entries = Vec::new();
+        let mut inos = Vec::with_capacity(t.nodes.len());
+        for (&ino, n) in &t.nodes {
+            inos.push(ino);
+            for (p, name) in &n.aliases {
+                entries.push((*p, name.to_vec()));
+            }
+        }
+        (entries, inos)
+    }
+}
+
+fn dir_path(t: &Table, mut ino: u64) -> Option<Vec<u8>> {
+    let mut parts: Vec<&[u8]> = Vec::new();
+    let mut guard = 0;
+    while ino != ROOT {
+        let n = t.nodes.get(&ino)?;
+        let (p, name) = n.aliases.first()?;
+        parts.push(name);
+        ino = *p;
+        guard += 1;
+        if guard > 4096 {
+            return None;
+        }
+    }
+    let mut out = Vec::new();
+    for (i, part) in parts.iter().rev().enumerate() {
+        if i > 0 {
+            out.push(b'/');
+        }
+        out.extend_from_slice(part);
+    }
+    Some(out)
+}
+
+fn maybe_remove(t: &mut Table, ino: u64, removed: &mut Vec<u64>) {
+    let mut stack = vec![ino];
+    while let Some(ino) = stack.pop() {
+        if ino == ROOT {
+            continue;
+        }
+        let gone = match t.nodes.get(&ino) {
+            Some(n) => n.nlookup == 0 && n.children == 0,
+            None => false,
+        };
+        if !gone {
+            continue;
+        }
+        if let Some(n) = t.nodes.remove(&ino) {
+            if t.by_key.get(&n.key) == Some(&ino) {
+                t.by_key.remove(&n.key);
+            }
+            removed.push(ino);
+            for (p, name) in n.aliases {
+                let k = (p, name);
+                if t.by_name.get(&k) == Some(&ino) {
+                    t.by_name.remove(&k);
+                }
+                if let Some(pn) = t.nodes.get_mut(&p) {
+                    pn.children = pn.children.saturating_sub(1);
+                }
+                stack.push(p);
+            }
+        }
+    }
+}

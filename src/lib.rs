@@ -1,0 +1,20 @@
+//! fencefs: a FUSE daemon that mirrors a host workspace at a mount point and decides every
+//! operation against a TOML policy of per-path grants and a sandbox mode.
+//!
+//! ```text
+//!  kernel ──FUSE──▶ fs (glue: translate only) ──▶ fs::ops (snapshot → decide → audit → host)
+//!                                                    │             │
+//!                                   policy (pure: parse, compile, decide)   host (handles, *at syscalls)
+//! ```
+//! Threat model: the callers of the mount (agents and everything they exec) are untrusted;
+//! the host side may change concurrently. The policy decides on the logical path a caller
+//! used; the host is only touched through held directory handles, one name at a time,
+//! never following a symlink.
+
+pub mod app;
+pub mod audit;
+pub mod cli;
+pub mod fs;
+pub mod host;
+pub mod policy;
+pub mod reload;

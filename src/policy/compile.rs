@@ -1,0 +1,863 @@
+//! Semantic layer: validate a [`raw::RawPolicy`](super::raw), compile it once into
+//! [`Policy`], and decide requests.
+//!
+//! # File format
+//!
+//! ```toml
+//! mode = "workspace-write"   # read-only | workspace-write | danger   (default read-only)
+//! default = "write"          # none | list | read | write             (default write)
+//! writable_roots = ["."]     # globs; "." is the whole workspace      (default ["."])
+//! protected = [".git/hooks", ".git/config"]                          # (this is the default)
+//! allow_setid = false
+//! allow_devices = false
+//!
+//! [[rule]]
+//! path = "secrets"           # glob, relative to the workspace root (required)
+//! access = "none"            # none | list | read | write          (required)
+//! uid = [1000]               # optional, non-empty
+//! gid = [100]                # optional, non-empty
+//! ```
+//!
+//! Every path (rule `path`, `writable_roots`, `protected`) is normalized: a leading `./`,
+//! a trailing `/`, empty and `.` components are dropped; `.` alone is the workspace root.
+//! Empty paths, absolute paths, `..` components and invalid globs are errors.
+//!
+//! # Matching
+//!
+//! Globs are anchored at the root and matched against the bytes of workspace-relative
+//! paths (`*` stays within one name, `?` is one byte, `[...]` a byte class, `**` any
+//! number of directories, `\` escapes). A pattern covers what it matches and everything
+//! below. For a path P the deepest of P, its parent, …, the root that an applicable rule
+//! matches decides; at that depth a rule with `uid`/`gid` beats one without and the most
+//! restrictive access wins (file order never matters); no match → `default`. A `none`
+//! grant is lifted to `list` ([`By::Visibility`]) when an applicable rule granting `list`
+//! or more could match something strictly below P. The mode is a ceiling over the grant.
+
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+
+use globset::{Candidate, GlobBuilder, GlobSet, GlobSetBuilder};
+
+use super::raw::{self, Located, RawError};
+use super::{Access, By, Caller, Denial, Mode, Need, PolicyError, RuleInfo, Special, Verdict};
+
+/// The `protected` list used when the file does not set one.
+pub const DEFAULT_PROTECTED: &[&str] = &[".git/hooks", ".git/config"];
+
+/// The `writable_roots` list used when the file does not set one.
+pub const DEFAULT_WRITABLE_ROOTS: &[&str] = &["."];
+
+/// One component of a pattern, for the prefix-feasibility check.
+#[derive(Clone, Debug)]
+enum Comp {
+    /// `**`: zero or more components. Also used, conservatively, for a component that
+    /// merely contains `**` or cannot be compiled on its own (e.g. `{a,b/c}` split at `/`).
+    AnyDirs,
+    /// A glob matching exactly one name (a one-glob set: compiling it cannot panic).
+    Name(GlobSet),
+}
+
+/// A normalized pattern with what is precomputed for it.
+#[derive(Clone, Debug)]
+struct Pattern {
+    /// Components; empty for the root (`.`).
+    comps: Vec<Comp>,
+    /// The pattern matches the root path `b""`: it is `.` or consists only of `**`.
+    root: bool,
+    /// `**/<one component>` (or only `**`s): matches by the last name alone, so it gives
+    /// `old/s` and `new/s` the same answer for every `s` (see [`Policy::dir_rename_allowed`]).
+    floating: bool,
+}
+
+/// What a pattern string compiles to: the full glob (absent for the root) and its
+/// component form.
+struct CompiledPattern {
+    glob: Option<globset::Glob>,
+    pattern: Pattern,
+}
+
+impl Pattern {
+    /// Whether the pattern could match a strict descendant of `path`: some non-empty
+    /// `rest` such that the pattern matches `path/rest`. Runs the pattern as an NFA over
+    /// the path's components (state i = "the first i pattern components are consumed");
+    /// O(components × depth), no allocation for patterns under 64 components.
+    fn could_match_below(&self, path: &[u8]) -> bool {
+        let m = self.comps.len();
+        if m == 0 {
+            return false;
+        }
+        const STACK: usize = 64;
+        if m < STACK {
+            let (mut a, mut b) = ([false; STACK + 1], [false; STACK + 1]);
+            self.run_states(path, &mut a[..=m], &mut b[..=m])
+        } else {
+            let (mut a, mut b) = (vec![false; m + 1], vec![false; m + 1]);
+            self.run_states(path, &mut a, &mut b)
+        }
+    }
+
+    fn run_states<'s>(
+        &self,
+        path: &[u8],
+        mut cur: &'s mut [bool],
+        mut next: &'s mut [bool],
+    ) -> bool {
+        let m = self.comps.len();
+        cur.fill(false);
+        cur[0] = true;
+        self.close(cur);
+        if !path.is_empty() {
+            for name in path.split(|&b| b == b'/') {
+                next.fill(false);
+                let name = Path::new(OsStr::from_bytes(name));
+                let mut any = false;
+                for i in 0..m {
+                    if !cur[i] {
+                        continue;
+                    }
+                    match &self.comps[i] {
+                        Comp::AnyDirs => {
+                            next[i] = true;
+                            any = true;
+                        }
+                        Comp::Name(set) => {
+                            if set.is_match(name) {
+                                next[i + 1] = true;
+                                any = true;
+                            }
+                        }
+                    }
+                }
+                if !any {
+                    return false;
+                }
+                self.close(next);
+                std::mem::swap(&mut cur, &mut next);
+            }
+        }
+        // A state with pattern components left can consume at least one more name (any
+        // remaining `**` or name glob matches some non-empty sequence of names).
+        cur[..m].iter().any(|&s| s)
+    }
+
+    /// Epsilon closure: a `**` may match zero components.
+    fn close(&self, states: &mut [bool]) {
+        for i in 0..self.comps.len() {
+            if states[i] && matches!(self.comps[i], Comp::AnyDirs) {
+                states[i + 1] = true;
+            }
+        }
+    }
+}
+
+fn glob_builder(glob: &str) -> GlobBuilder<'_> {
+    let mut b = GlobBuilder::new(glob);
+    b.literal_separator(true).backslash_escape(true);
+    b
+}
+
+/// Normalizes and compiles one pattern string; `what` names it in error messages.
+fn compile_pattern(text: &str, what: &str) -> Result<CompiledPattern, String> {
+    if text.is_empty() {
+        return Err(format!("empty {what} (use \".\" for the workspace root)"));
+    }
+    if text.starts_with('/') {
+        return Err(format!(
+            "absolute {what} \"{text}\" (paths are relative to the workspace root)"
+        ));
+    }
+    let mut parts: Vec<&str> = Vec::new();
+    for part in text.split('/') {
+        match part {
+            "" | "." => {}
+            ".." => {
+                return Err(format!("\"..\" is not allowed in {what} \"{text}\""));
+            }
+            _ => parts.push(part),
+        }
+    }
+    if parts.is_empty() {
+        return Ok(CompiledPattern {
+            glob: None,
+            pattern: Pattern {
+                comps: Vec::new(),
+                root: true,
+                floating: false,
+            },
+        });
+    }
+    let normalized = parts.join("/");
+    let glob = glob_builder(&normalized)
+        .build()
+        .map_err(|e| format!("invalid glob \"{text}\" in {what}: {}", e.kind()))?;
+    // The full glob must also compile to a matcher (a regex can be too big).
+    GlobSetBuilder::new()
+        .add(glob.clone())
+        .build()
+        .map_err(|e| format!("invalid glob \"{text}\" in {what}: {}", e.kind()))?;
+    let comps = parts
+        .iter()
+        .map(|part| {
+            if part.contains("**") {
+                return Comp::AnyDirs;
+            }
+            glob_builder(part)
+                .build()
+                .ok()
+                .and_then(|g| GlobSetBuilder::new().add(g).build().ok())
+                .map_or(Comp::AnyDirs, Comp::Name)
+        })
+        .collect();
+    let n = parts.len();
+    let root = parts.iter().all(|p| *p == "**");
+    let floating = parts[0] == "**" && parts[..n - 1].iter().all(|p| *p == "**");
+    Ok(CompiledPattern {
+        glob: Some(glob),
+        pattern: Pattern {
+            comps,
+            root,
+            floating,
+        },
+    })
+}
+
+/// Splits `path` into its prefixes, deepest first, ending with the root `b""`.
+struct Prefixes<'a> {
+    path: &'a [u8],
+    end: Option<usize>,
+}
+
+fn prefixes(path: &[u8]) -> Prefixes<'_> {
+    Prefixes {
+        path,
+        end: Some(path.len()),
+    }
+}
+
+impl<'a> Iterator for Prefixes<'a> {
+    type Item = &'a [u8];
+    fn next(&mut self) -> Option<&'a [u8]> {
+        let end = self.end?;
+        let prefix = &self.path[..end];
+        self.end = if end == 0 {
+            None
+        } else {
+            Some(prefix.iter().rposition(|&b| b == b'/').unwrap_or(0))
+        };
+        Some(prefix)
+    }
+}
+
+fn as_path(bytes: &[u8]) -> &Path {
+    Path::new(OsStr::from_bytes(bytes))
+}
+
+/// A compiled list of "covers" patterns (`writable_roots`, `protected`).
+#[derive(Clone, Debug)]
+struct CoverSet {
+    set: GlobSet,
+    /// Some entry matches the root, hence covers everything.
+    root: bool,
+    patterns: Vec<Pattern>,
+}
+
+impl CoverSet {
+    fn build(items: Vec<CompiledPattern>) -> Result<CoverSet, globset::Error> {
+        let mut builder = GlobSetBuilder::new();
+        let mut root = false;
+        let mut patterns = Vec::with_capacity(items.len());
+        for item in items {
+            if let Some(glob) = item.glob {
+                builder.add(glob);
+            }
+            root |= item.pattern.root;
+            patterns.push(item.pattern);
+        }
+        Ok(CoverSet {
+            set: builder.build()?,
+            root,
+            patterns,
+        })
+    }
+
+    /// `path` is equal to or below a match of some entry.
+    fn covers(&self, path: &[u8]) -> bool {
+        self.root
+            || prefixes(path)
+                .filter(|p| !p.is_empty())
+                .any(|p| self.set.is_match_candidate(&Candidate::new(as_path(p))))
+    }
+
+    /// Some non-floating entry could match a strict descendant of `path`.
+    fn pins_below(&self, path: &[u8]) -> bool {
+        self.patterns
+            .iter()
+            .any(|p| !p.floating && p.could_match_below(path))
+    }
+}
+
+/// A compiled policy. Cheap to query from many threads (`&self` only); compile once per
+/// load/reload.
+#[derive(Debug, Clone)]
+pub struct Policy {
+    mode: Mode,
+    default: Access,
+    allow_setid: bool,
+    allow_devices: bool,
+    rules: Vec<RuleInfo>,
+    /// Parallel to `rules`.
+    patterns: Vec<Pattern>,
+    /// Parallel to `rules`: the rule has a `uid` or `gid` list.
+    has_ids: Vec<bool>,
+    /// All rules except root-only ones (`.`), one `matches()` per depth.
+    set: GlobSet,
+    /// Glob index in `set` → rule index.
+    set_to_rule: Vec<usize>,
+    /// Rules that match the root `b""`.
+    root_rules: Vec<usize>,
+    /// Rules granting `list` or more (candidates for the visibility lift).
+    lift_rules: Vec<usize>,
+    has_id_rules: bool,
+    writable_roots: Vec<String>,
+    protected: Vec<String>,
+    roots: CoverSet,
+    protect: CoverSet,
+}
+
+fn parse_access(word: &str) -> Option<Access> {
+    match word {
+        "none" => Some(Access::None),
+        "list" => Some(Access::List),
+        "read" => Some(Access::Read),
+        "write" => Some(Access::Write),
+        _ => None,
+    }
+}
+
+fn bad_access(word: &Located<String>, what: &str) -> RawError {
+    RawError {
+        span: word.span.clone(),
+        message: format!(
+            "unknown {what} \"{}\" (expected none, list, read or write)",
+            word.value
+        ),
+    }
+}
+
+/// 1-based line and column (in characters) of byte `offset` in `src`.
+fn line_col(src: &str, offset: usize) -> (usize, usize) {
+    let mut offset = offset.min(src.len());
+    while !src.is_char_boundary(offset) {
+        offset -= 1;
+    }
+    let before = &src[..offset];
+    let line = before.bytes().filter(|&b| b == b'\n').count() + 1;
+    let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+    let column = before[line_start..].chars().count() + 1;
+    (line, column)
+}
+
+fn to_policy_errors(src: &str, file: &str, mut errors: Vec<RawError>) -> Vec<PolicyError> {
+    errors.sort_by_key(|e| e.span.start);
+    errors
+        .into_iter()
+        .map(|e| {
+            let (line, column) = line_col(src, e.span.start);
+            PolicyError {
+                file: file.to_string(),
+                line,
+                column,
+                message: e.message,
+            }
+        })
+        .collect()
+}
+
+/// Compiles a list of located pattern strings, recording errors.
+fn compile_list(
+    items: &[Located<String>],
+    what: &str,
+    errors: &mut Vec<RawError>,
+) -> Vec<CompiledPattern> {
+    let mut out = Vec::with_capacity(items.len());
+    for item in items {
+        match compile_pattern(&item.value, what) {
+            Ok(c) => out.push(c),
+            Err(message) => errors.push(RawError {
+                span: item.span.clone(),
+                message,
+            }),
+        }
+    }
+    out
+}
+
+fn defaults(list: &[&str], what: &str) -> Vec<CompiledPattern> {
+    // Constants, known to compile (tested); an impossible failure just drops the entry.
+    list.iter()
+        .filter_map(|s| compile_pattern(s, what).ok())
+        .collect()
+}
+
+impl Policy {
+    /// Reads and compiles a policy file. A read error is one error with line 0; otherwise
+    /// see [`Policy::parse`] (with `file` = `path.display()`).
+    pub fn load(path: &Path) -> Result<Policy, Vec<PolicyError>> {
+        let file = path.display().to_string();
+        match std::fs::read_to_string(path) {
+            Ok(src) => Policy::parse(&src, &file),
+            Err(e) => Err(vec![PolicyError {
+                file,
+                line: 0,
+                column: 0,
+                message: format!("cannot read policy file: {e}"),
+            }]),
+        }
+    }
+
+    /// Parses and compiles policy text. On failure returns every error found (a TOML
+    /// syntax error stops parsing, so it comes alone), sorted by position, each with a
+    /// 1-based line and column pointing at the offending key or value (or at the
+    /// `[[rule]]` header for a missing key).
+    pub fn parse(src: &str, file: &str) -> Result<Policy, Vec<PolicyError>> {
+        let (raw, mut errors) = match raw::parse(src) {
+            Ok(parsed) => parsed,
+            Err(e) => return Err(to_policy_errors(src, file, vec![e])),
+        };
+
+        let mode = match &raw.mode {
+            None => Mode::ReadOnly,
+            Some(word) => word.value.parse::<Mode>().unwrap_or_else(|_| {
+                errors.push(RawError {
+                    span: word.span.clone(),
+                    message: format!(
+                        "unknown mode \"{}\" (expected read-only, workspace-write or danger)",
+                        word.value
+                    ),
+                });
+                Mode::ReadOnly
+            }),
+        };
+        let default = match &raw.default {
+            None => Access::Write,
+            Some(word) => parse_access(&word.value).unwrap_or_else(|| {
+                errors.push(bad_access(word, "default access"));
+                Access::Write
+            }),
+        };
+
+        let writable_roots: Vec<String> = match &raw.writable_roots {
+            None => DEFAULT_WRITABLE_ROOTS
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
+            Some(items) => items.iter().map(|l| l.value.clone()).collect(),
+        };
+        let roots = match &raw.writable_roots {
+            None => defaults(DEFAULT_WRITABLE_ROOTS, "writable_roots entry"),
+            Some(items) => compile_list(items, "writable_roots entry", &mut errors),
+        };
+        let protected: Vec<String> = match &raw.protected {
+            None => DEFAULT_PROTECTED.iter().map(|s| s.to_string()).collect(),
+            Some(items) => items.iter().map(|l| l.value.clone()).collect(),
+        };
+        let protect = match &raw.protected {
+            None => defaults(DEFAULT_PROTECTED, "protected entry"),
+            Some(items) => compile_list(items, "protected entry", &mut errors),
+        };
+
+        let mut rules = Vec::with_capacity(raw.rules.len());
+        let mut compiled = Vec::with_capacity(raw.rules.len());
+        for r in &raw.rules {
+            let pattern = r.path.as_ref().and_then(|p| {
+                compile_pattern(&p.value, "rule path")
+                    .map_err(|message| {
+                        errors.push(RawError {
+                            span: p.span.clone(),
+                            message,
+                        })
+                    })
+                    .ok()
+            });
+            let access = r.access.as_ref().and_then(|a| {
+                let access = parse_access(&a.value);
+                if access.is_none() {
+                    errors.push(bad_access(a, "access"));
+                }
+                access
+            });
+            if let (Some(path), Some(pattern), Some(access)) = (&r.path, pattern, access) {
+                rules.push(RuleInfo {
+                    pattern: path.value.clone(),
+                    access,
+                    line: line_col(src, r.header.start).0,
+                    uids: r.uid.clone().unwrap_or_default(),
+                    gids: r.gid.clone().unwrap_or_default(),
+                });
+                compiled.push(pattern);
+            }
+        }
+
+        if !errors.is_empty() {
+            return Err(to_policy_errors(src, file, errors));
+        }
+        let mut policy = Policy::build(
+            mode,
+            default,
+            rules,
+            compiled,
+            (writable_roots, roots),
+            (protected, protect),
+        )
+        .map_err(|e| {
+            to_policy_errors(
+                src,
+                file,
+                vec![RawError {
+                    span: 0..0,
+                    message: format!("the policy's globs are too complex to compile: {e}"),
+                }],
+            )
+        })?;
+        policy.allow_setid = raw.allow_setid.unwrap_or(false);
+        policy.allow_devices = raw.allow_devices.unwrap_or(false);
+        Ok(policy)
+    }
+
+    fn build(
+        mode: Mode,
+        default: Access,
+        rules: Vec<RuleInfo>,
+        compiled: Vec<CompiledPattern>,
+        (writable_roots, roots): (Vec<String>, Vec<CompiledPattern>),
+        (protected, protect): (Vec<String>, Vec<CompiledPattern>),
+    ) -> Result<Policy, globset::Error> {
+        let mut builder = GlobSetBuilder::new();
+        let mut set_to_rule = Vec::new();
+        let mut root_rules = Vec::new();
+        let mut patterns = Vec::with_capacity(compiled.len());
+        for (idx, c) in compiled.into_iter().enumerate() {
+            if let Some(glob) = c.glob {
+                builder.add(glob);
+                set_to_rule.push(idx);
+            }
+            if c.pattern.root {
+                root_rules.push(idx);
+            }
+            patterns.push(c.pattern);
+        }
+        let has_ids: Vec<bool> = rules
+            .iter()
+            .map(|r| !r.uids.is_empty() || !r.gids.is_empty())
+            .collect();
+        let lift_rules = (0..rules.len())
+            .filter(|&i| rules[i].access >= Access::List)
+            .collect();
+        Ok(Policy {
+            mode,
+            default,
+            allow_setid: false,
+            allow_devices: false,
+            has_id_rules: has_ids.iter().any(|&b| b),
+            has_ids,
+            patterns,
+            set: builder.build()?,
+            set_to_rule,
+            root_rules,
+            lift_rules,
+            rules,
+            writable_roots,
+            protected,
+            roots: CoverSet::build(roots)?,
+            protect: CoverSet::build(protect)?,
+        })
+    }
+
+    /// The policy used without `--policy`: mode read-only, default `read`, no rules,
+    /// every other setting at its default.
+    pub fn builtin_default() -> Policy {
+        let empty = || Policy {
+            mode: Mode::ReadOnly,
+            default: Access::Read,
+            allow_setid: false,
+            allow_devices: false,
+            rules: Vec::new(),
+            patterns: Vec::new(),
+            has_ids: Vec::new(),
+            set: GlobSet::empty(),
+            set_to_rule: Vec::new(),
+            root_rules: Vec::new(),
+            lift_rules: Vec::new(),
+            has_id_rules: false,
+            writable_roots: Vec::new(),
+            protected: Vec::new(),
+            roots: CoverSet {
+                set: GlobSet::empty(),
+                root: false,
+                patterns: Vec::new(),
+            },
+            protect: CoverSet {
+                set: GlobSet::empty(),
+                root: false,
+                patterns: Vec::new(),
+            },
+        };
+        Policy::build(
+            Mode::ReadOnly,
+            Access::Read,
+            Vec::new(),
+            Vec::new(),
+            (
+                DEFAULT_WRITABLE_ROOTS
+                    .iter()
+                    .map(|s| s.to_string())
+                    .collect(),
+                defaults(DEFAULT_WRITABLE_ROOTS, "writable_roots entry"),
+            ),
+            (
+                DEFAULT_PROTECTED.iter().map(|s| s.to_string()).collect(),
+                defaults(DEFAULT_PROTECTED, "protected entry"),
+            ),
+        )
+        // Cannot fail for these constants; an empty policy is the (unreachable) fallback.
+        .unwrap_or_else(|_| empty())
+    }
+
+    /// Overrides the mode (the CLI's `--mode`).
+    pub fn set_mode(&mut self, mode: Mode) {
+        self.mode = mode;
+    }
+
+    /// The mode in force.
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+
+    /// The access of paths no rule matches.
+    pub fn default_access(&self) -> Access {
+        self.default
+    }
+
+    /// The rules, in file order; [`By::Rule`] and [`By::Visibility`] index into this.
+    pub fn rules(&self) -> &[RuleInfo] {
+        &self.rules
+    }
+
+    /// Rule `idx` (as found in [`By::Rule`] / [`By::Visibility`]). Panics when out of range,
+    /// like slice indexing: only pass indices this policy produced.
+    pub fn rule(&self, idx: usize) -> &RuleInfo {
+        &self.rules[idx]
+    }
+
+    /// Some rule has a `uid` or `gid` list (answers may differ between callers).
+    pub fn has_id_rules(&self) -> bool {
+        self.has_id_rules
+    }
+
+    /// `allow_setid = true`.
+    pub fn allow_setid(&self) -> bool {
+        self.allow_setid
+    }
+
+    /// `allow_devices = true`.
+    pub fn allow_devices(&self) -> bool {
+        self.allow_devices
+    }
+
+    /// `writable_roots` as written (`["."]` when absent).
+    pub fn writable_roots(&self) -> &[String] {
+        &self.writable_roots
+    }
+
+    /// `protected` as written (`[".git/hooks", ".git/config"]` when absent).
+    pub fn protected(&self) -> &[String] {
+        &self.protected
+    }
+
+    /// Whether rule `idx` applies to `caller`. A rule without `uid`/`gid` applies to
+    /// everybody; with `uid` only, to callers whose uid is listed; with `gid` only, to
+    /// callers whose gid is listed; with **both**, to callers whose uid **or** gid is
+    /// listed (either match suffices).
+    pub fn rule_applies(&self, idx: usize, caller: Caller) -> bool {
+        let r = &self.rules[idx];
+        !self.has_ids[idx] || r.uids.contains(&caller.uid) || r.gids.contains(&caller.gid)
+    }
+
+    /// The rule deciding at exactly one depth among `candidates`: id rules beat plain
+    /// ones, then the lowest access, then the lowest index (only for a stable `By`).
+    fn decide_among(
+        &self,
+        candidates: impl Iterator<Item = usize>,
+        caller: Caller,
+    ) -> Option<(Access, usize)> {
+        let mut best: Option<(bool, Access, usize)> = None;
+        for idx in candidates {
+            if !self.rule_applies(idx, caller) {
+                continue;
+            }
+            let cand = (self.has_ids[idx], self.rules[idx].access, idx);
+            best = match best {
+                None => Some(cand),
+                Some(b) => {
+                    let better =
+                        (cand.0 && !b.0) || (cand.0 == b.0 && (cand.1, cand.2) < (b.1, b.2));
+                    Some(if better { cand } else { b })
+                }
+            };
+        }
+        best.map(|(_, access, idx)| (access, idx))
+    }
+
+    /// The deepest-matching rule for `path` (before the visibility lift).
+    fn deepest(&self, path: &[u8], caller: Caller) -> Option<(Access, usize)> {
+        let mut hits = Vec::new();
+        for prefix in prefixes(path) {
+            let found = if prefix.is_empty() {
+                self.decide_among(self.root_rules.iter().copied(), caller)
+            } else {
+                self.set
+                    .matches_candidate_into(&Candidate::new(as_path(prefix)), &mut hits);
+                if hits.is_empty() {
+                    continue;
+                }
+                self.decide_among(hits.iter().map(|&g| self.set_to_rule[g]), caller)
+            };
+            if found.is_some() {
+                return found;
+            }
+        }
+        None
+    }
+
+    /// What the grants give `path` (after the visibility lift, before the mode).
+    fn grant(&self, path: &[u8], caller: Caller) -> (Access, By) {
+        let (access, by) = match self.deepest(path, caller) {
+            Some((access, idx)) => (access, By::Rule(idx)),
+            None => (self.default, By::Default),
+        };
+        if access == Access::None
+            && let Some(idx) = self.visibility(path, caller)
+        {
+            return (Access::List, By::Visibility(idx));
+        }
+        (access, by)
+    }
+
+    /// An applicable rule granting `list` or more that could match below `path`.
+    fn visibility(&self, path: &[u8], caller: Caller) -> Option<usize> {
+        self.lift_rules.iter().copied().find(|&idx| {
+            self.rule_applies(idx, caller) && self.patterns[idx].could_match_below(path)
+        })
+    }
+
+    /// The mode's ceiling at `path`: `Write` or `Read`.
+    pub fn ceiling(&self, path: &[u8]) -> Access {
+        match self.mode {
+            Mode::ReadOnly => Access::Read,
+            Mode::Danger => Access::Write,
+            Mode::WorkspaceWrite => {
+                if self.roots.covers(path) && !self.protect.covers(path) {
+                    Access::Write
+                } else {
+                    Access::Read
+                }
+            }
+        }
+    }
+
+    /// The access `path` gets for `caller`, with what decided it.
+    pub fn verdict(&self, path: &[u8], caller: Caller) -> Verdict {
+        let (grant, grant_by) = self.grant(path, caller);
+        // The ceiling is never below Read: only a Write grant can be lowered.
+        if grant == Access::Write {
+            let ceiling = self.ceiling(path);
+            if ceiling < grant {
+                return Verdict {
+                    grant,
+                    effective: ceiling,
+                    by: By::Mode,
+                    grant_by,
+                };
+            }
+        }
+        Verdict {
+            grant,
+            effective: grant,
+            by: grant_by,
+            grant_by,
+        }
+    }
+
+    /// Decides one request on one path, errno in the spec's order:
+    /// grant `none` → ENOENT (EACCES for [`Need::Create`]), by the grant;
+    /// a device node / setid bit not allowed → EPERM, by [`By::Mode`] (the refusal comes from
+    /// the policy's global switches, not from a path's rule);
+    /// `Write`/`Create` above the mode ceiling → EROFS, by [`By::Mode`];
+    /// grant below the need (`List` < `Read` < `Write`; `Create` needs `Write`) → EACCES,
+    /// by the grant.
+    pub fn check(
+        &self,
+        path: &[u8],
+        caller: Caller,
+        need: Need,
+        special: Special,
+    ) -> Result<Verdict, Denial> {
+        let verdict = self.verdict(path, caller);
+        let deny = |errno, by| Err(Denial { errno, verdict, by });
+        if verdict.grant == Access::None {
+            let errno = if need == Need::Create {
+                libc::EACCES
+            } else {
+                libc::ENOENT
+            };
+            return deny(errno, verdict.grant_by);
+        }
+        if (special.device && !self.allow_devices) || (special.setid && !self.allow_setid) {
+            return deny(libc::EPERM, By::Mode);
+        }
+        let needed = match need {
+            Need::List => Access::List,
+            Need::Read => Access::Read,
+            Need::Write | Need::Create => Access::Write,
+        };
+        if needed == Access::Write && self.ceiling(path) < Access::Write {
+            return deny(libc::EROFS, By::Mode);
+        }
+        if verdict.grant < needed {
+            return deny(libc::EACCES, verdict.grant_by);
+        }
+        Ok(verdict)
+    }
+
+    /// Whether a directory may be renamed from `old` to `new` without changing any path's
+    /// policy. Assumes the caller has already checked `write` on `old` and on `new`.
+    ///
+    /// Refused when
+    /// (a) any rule — whatever its `uid`/`gid` — could match a strict descendant of `old`
+    /// or of `new`, unless it is *floating*: `**/<one name glob>` (e.g. `**/*.pem`,
+    /// `**/.env`) or only `**`s, which decide by the last name alone and so give `old/s`
+    /// and `new/s` the same answer for every `s`; or
+    /// (b) in mode workspace-write, any non-floating `writable_roots` or `protected` entry
+    /// could match a strict descendant of `old` or `new` (floating ones are exempt for the
+    /// same reason). In the other modes those lists play no role.
+    ///
+    /// "Could match" is a component-wise prefix check, conservative (it may refuse a
+    /// rename that would in fact be harmless, never the reverse).
+    pub fn dir_rename_allowed(&self, old: &[u8], new: &[u8]) -> bool {
+        let pinned =
+            |p: &Pattern| !p.floating && (p.could_match_below(old) || p.could_match_below(new));
+        if self.patterns.iter().any(pinned) {
+            return false;
+        }
+        if self.mode == Mode::WorkspaceWrite
+            && (self.roots.pins_below(old)
+                || self.roots.pins_below(new)
+                || self.protect.pins_below(old)
+                || self.protect.pins_below(new))
+        {
+            return false;
+        }
+        true
+    }
+}

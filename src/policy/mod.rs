@@ -1,0 +1,209 @@
+//! The policy: parse a TOML policy file, compile it once, decide per request.
+//!
+//! PURE: no fuser, no file descriptors, no clock, no globals. (Reading the policy file in
+//! [`Policy::load`] is the only I/O.)
+//!
+//! INTERFACE CONTRACT (the rest of the crate relies on exactly these signatures):
+//! paths are workspace-relative byte strings: `b""` is the workspace root, components are
+//! separated by a single `/`, never start or end with `/`, never contain `.`/`..` components.
+
+use std::fmt;
+use std::path::Path;
+
+/// Access levels; each includes the ones before it (`Ord` follows that order).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Access {
+    /// The path does not exist for the caller.
+    None,
+    /// lookup, stat, list a directory, readlink.
+    List,
+    /// open and read contents, xattrs, execute.
+    Read,
+    /// every mutation.
+    Write,
+}
+
+impl Access {
+    /// The policy-file word: "none" | "list" | "read" | "write".
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Access::None => "none",
+            Access::List => "list",
+            Access::Read => "read",
+            Access::Write => "write",
+        }
+    }
+}
+
+impl fmt::Display for Access {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Sandbox mode: a ceiling over the grants.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Mode {
+    /// No mutations anywhere.
+    ReadOnly,
+    /// Mutations inside `writable_roots`, outside `protected`.
+    WorkspaceWrite,
+    /// Mutations wherever the grants allow.
+    Danger,
+}
+
+impl Mode {
+    /// "read-only" | "workspace-write" | "danger".
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::ReadOnly => "read-only",
+            Mode::WorkspaceWrite => "workspace-write",
+            Mode::Danger => "danger",
+        }
+    }
+}
+
+impl fmt::Display for Mode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for Mode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "read-only" => Ok(Mode::ReadOnly),
+            "workspace-write" => Ok(Mode::WorkspaceWrite),
+            "danger" => Ok(Mode::Danger),
+            _ => Err(format!(
+                "unknown mode '{s}' (expected read-only, workspace-write or danger)"
+            )),
+        }
+    }
+}
+
+/// Who asks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Caller {
+    /// Requesting uid.
+    pub uid: u32,
+    /// Requesting gid.
+    pub gid: u32,
+}
+
+/// What an operation needs on one path.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Need {
+    /// lookup, stat, readdir, readlink.
+    List,
+    /// open for read, getxattr/listxattr, execute.
+    Read,
+    /// mutation of an existing path (write, truncate, unlink, rmdir, rename source, chmod, …).
+    Write,
+    /// creating the path (create, mkdir, mknod, symlink, link target, rename target):
+    /// like `Write`, but a `none` path is refused with EACCES instead of ENOENT.
+    Create,
+}
+
+/// What decided a path's access.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum By {
+    /// The rule with this index (see [`Policy::rule`]).
+    Rule(usize),
+    /// No rule matched: the policy's `default`.
+    Default,
+    /// The mode ceiling lowered the grant (read-only, outside writable_roots, protected).
+    Mode,
+    /// The path's own grant is `none`, but the rule with this index grants `list` or more
+    /// somewhere below it, so the directory stays visible as `list`.
+    Visibility(usize),
+}
+
+/// A path's access for one caller, with provenance.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Verdict {
+    /// What the grants give (after the visibility lift), before the mode ceiling.
+    pub grant: Access,
+    /// min(grant, ceiling): what the caller actually gets.
+    pub effective: Access,
+    /// What decided `effective` (`By::Mode` when the ceiling is lower than the grant).
+    pub by: By,
+    /// The rule or default behind `grant` (never `By::Mode`).
+    pub grant_by: By,
+}
+
+/// Why a request was refused; `errno` follows the spec's order
+/// (none → ENOENT (EACCES for `Need::Create`), device/setid → EPERM, mode → EROFS, rule → EACCES).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Denial {
+    /// libc errno value.
+    pub errno: i32,
+    /// The verdict of the refused path.
+    pub verdict: Verdict,
+    /// What refused (Rule/Default/Visibility for EACCES and ENOENT, Mode for EROFS).
+    pub by: By,
+}
+
+/// Special things a creating/chmod request asks for, refused with EPERM unless allowed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Special {
+    /// A character or block device node.
+    pub device: bool,
+    /// The setuid or setgid bit.
+    pub setid: bool,
+}
+
+/// One compiled rule, as written in the file.
+#[derive(Clone, Debug)]
+pub struct RuleInfo {
+    /// The `path` as written.
+    pub pattern: String,
+    /// Its access.
+    pub access: Access,
+    /// 1-based line of the `[[rule]]` header (0 for rules not from a file).
+    pub line: usize,
+    /// `uid = [...]`, empty when absent.
+    pub uids: Vec<u32>,
+    /// `gid = [...]`, empty when absent.
+    pub gids: Vec<u32>,
+}
+
+/// A policy error with location: Display is `file:line:column: message`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PolicyError {
+    /// File name as given.
+    pub file: String,
+    /// 1-based line (0 when unknown, e.g. the file cannot be read).
+    pub line: usize,
+    /// 1-based column (0 when unknown).
+    pub column: usize,
+    /// What is wrong.
+    pub message: String,
+}
+
+impl fmt::Display for PolicyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.line == 0 {
+            write!(f, "{}: {}", self.file, self.message)
+        } else {
+            write!(
+                f,
+                "{}:{}:{}: {}",
+                self.file, self.line, self.column, self.message
+            )
+        }
+    }
+}
+
+mod compile;
+mod raw;
+#[cfg(test)]
+mod tests;
+
+pub use compile::Policy;
+
+/// Reads and compiles a policy file; every error found (not just the first).
+pub fn load(path: &Path) -> Result<Policy, Vec<PolicyError>> {
+    Policy::load(path)
+}

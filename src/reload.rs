@@ -1,0 +1,71 @@
+//! The policy in force: an immutable snapshot swapped atomically on reload.
+//!
+//! Invariants: a new policy is parsed and compiled completely before it replaces the old
+//! one; an invalid file changes nothing; `generation` only grows (one per successful
+//! reload); every request takes one snapshot at entry, so a rename or link is decided
+//! against one policy, never a mix.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use parking_lot::RwLock;
+
+use crate::policy::{self, Mode, Policy, PolicyError};
+
+/// One policy generation.
+pub struct Snapshot {
+    /// The compiled policy (mode override already applied).
+    pub policy: Policy,
+    /// Number of successful reloads before this one.
+    pub generation: u64,
+}
+
+/// The current policy and where it comes from.
+pub struct PolicyStore {
+    cur: RwLock<Arc<Snapshot>>,
+    file: Option<PathBuf>,
+    mode: Option<Mode>,
+}
+
+/// Loads the policy file (or the built-in default) and applies the CLI mode override.
+pub fn load(file: Option<&PathBuf>, mode: Option<Mode>) -> Result<Policy, Vec<PolicyError>> {
+    let mut p = match file {
+        Some(f) => policy::load(f)?,
+        None => Policy::builtin_default(),
+    };
+    if let Some(m) = mode {
+        p.set_mode(m);
+    }
+    Ok(p)
+}
+
+impl PolicyStore {
+    /// A store starting with `policy` at generation 0.
+    pub fn new(policy: Policy, file: Option<PathBuf>, mode: Option<Mode>) -> PolicyStore {
+        PolicyStore {
+            cur: RwLock::new(Arc::new(Snapshot {
+                policy,
+                generation: 0,
+            })),
+            file,
+            mode,
+        }
+    }
+
+    /// The snapshot in force now.
+    pub fn get(&self) -> Arc<Snapshot> {
+        self.cur.read().clone()
+    }
+
+    /// Re-reads the policy file; on success swaps it in and returns the new snapshot.
+    pub fn reload(&self) -> Result<Arc<Snapshot>, Vec<PolicyError>> {
+        let p = load(self.file.as_ref(), self.mode)?;
+        let mut cur = self.cur.write();
+        let snap = Arc::new(Snapshot {
+            policy: p,
+            generation: cur.generation + 1,
+        });
+        *cur = snap.clone();
+        Ok(snap)
+    }
+}
