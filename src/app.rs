@@ -306,6 +306,7 @@ fn mount(a: MountArgs) -> Result<(), String> {
         settings: Settings {
             revoke: a.revoke,
             ttl: Duration::from_secs_f64(a.cache_ttl),
+            passthrough: !a.no_passthrough,
         },
         as_root: sys::geteuid() == 0,
     });
@@ -342,9 +343,7 @@ fn mount(a: MountArgs) -> Result<(), String> {
     config.n_threads = Some(threads);
     config.clone_fd = true;
 
-    let fs = FenceFs {
-        shared: shared.clone(),
-    };
+    let fs = FenceFs::new(shared.clone());
     let mut session = Session::new(fs, &mnt, &config)
         .map_err(|e| format!("cannot mount at '{}': {e}", mnt.display()))?;
     let notifier = session.notifier();

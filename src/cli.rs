@@ -53,6 +53,9 @@ pub struct MountArgs {
     /// Re-check every read and write against the policy in force (slower).
     #[arg(long)]
     pub revoke: bool,
+    /// Serve file I/O through the daemon even where kernel passthrough is available.
+    #[arg(long)]
+    pub no_passthrough: bool,
     /// Seconds the kernel may cache names and attributes (default 1; 0 disables caching).
     #[arg(long, value_name = "SECONDS", default_value_t = 1.0)]
     pub cache_ttl: f64,

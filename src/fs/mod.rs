@@ -5,11 +5,14 @@
 pub mod attr;
 pub mod ops;
 
+use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::io;
+use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::Arc;
+use std::sync::Weak;
 use std::time::SystemTime;
 
 use fuser::{
@@ -20,6 +23,9 @@ use fuser::{
     ReplyOpen, ReplyPoll, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 
+use fuser::BackingId;
+use parking_lot::Mutex;
+
 use crate::host::sys::Name;
 use ops::{Ctx, Error, Shared};
 
@@ -27,6 +33,17 @@ use ops::{Ctx, Error, Shared};
 pub struct FenceFs {
     /// State shared with the signal and notify threads.
     pub shared: Arc<Shared>,
+    /// Kernel FUSE passthrough negotiated: file I/O bypasses the daemon.
+    passthrough: bool,
+    /// Backing ids by node (the kernel wants one per inode while any handle is open)
+    /// and the strong references held by each open handle.
+    backing: Mutex<Backing>,
+}
+
+#[derive(Default)]
+struct Backing {
+    by_ino: HashMap<u64, Weak<BackingId>>,
+    by_fh: HashMap<u64, Arc<BackingId>>,
 }
 
 fn errno(e: Error) -> Errno {
@@ -41,6 +58,59 @@ fn name(n: &OsStr) -> Result<Name, Errno> {
 const GEN: Generation = Generation(0);
 
 impl FenceFs {
+    /// A file system serving `shared`.
+    pub fn new(shared: Arc<Shared>) -> FenceFs {
+        FenceFs {
+            shared,
+            passthrough: false,
+            backing: Mutex::new(Backing::default()),
+        }
+    }
+
+    /// The backing id to pass a handle's I/O through to its host file, reusing the
+    /// inode's id while one is alive. `None`: serve I/O through the daemon.
+    fn backing_for(
+        &self,
+        ino: u64,
+        fh: u64,
+        open: impl Fn(&OwnedFd) -> io::Result<BackingId>,
+    ) -> Option<Arc<BackingId>> {
+        if !self.passthrough {
+            return None;
+        }
+        let h = self.shared.handles.get(fh)?;
+        let mut b = self.backing.lock();
+        let id = match b.by_ino.get(&ino).and_then(Weak::upgrade) {
+            Some(id) => id,
+            None => match open(&h.file) {
+                Ok(id) => {
+                    let id = Arc::new(id);
+                    b.by_ino.insert(ino, Arc::downgrade(&id));
+                    id
+                }
+                Err(e) => {
+                    log::debug!(
+                        "passthrough refused for inode {ino}: {e}; serving through the daemon"
+                    );
+                    return None;
+                }
+            },
+        };
+        b.by_fh.insert(fh, id.clone());
+        Some(id)
+    }
+
+    fn release_backing(&self, ino: u64, fh: u64) {
+        if !self.passthrough {
+            return;
+        }
+        let mut b = self.backing.lock();
+        b.by_fh.remove(&fh);
+        if b.by_ino.get(&ino).is_some_and(|w| w.strong_count() == 0) {
+            b.by_ino.remove(&ino);
+        }
+    }
+
     fn ctx(&self, req: &Request) -> Ctx {
         self.shared.ctx(req.uid(), req.gid(), req.pid())
     }
@@ -57,9 +127,26 @@ impl FenceFs {
 
 impl Filesystem for FenceFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> io::Result<()> {
-        for f in [InitFlags::FUSE_PARALLEL_DIROPS] {
-            let _ = config.add_capabilities(f);
+        let _ = config.add_capabilities(InitFlags::FUSE_PARALLEL_DIROPS);
+        // Kernel passthrough: reads, writes and mmap of a handle go straight to the host
+        // file. Not with --revoke, where every read and write must reach the daemon.
+        if !self.shared.settings.revoke && self.shared.settings.passthrough {
+            if config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok()
+                && config.set_max_stack_depth(1).is_ok()
+            {
+                self.passthrough = true;
+            }
         }
+        log::info!(
+            "file I/O: {}",
+            if self.passthrough {
+                "kernel passthrough (reads and writes bypass the daemon)"
+            } else if self.shared.settings.revoke {
+                "through the daemon, direct I/O (--revoke: every read and write re-checked)"
+            } else {
+                "through the daemon and the page cache (kernel passthrough unavailable)"
+            }
+        );
         Ok(())
     }
 
@@ -267,7 +354,10 @@ impl Filesystem for FenceFs {
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let ctx = self.ctx(req);
         match self.shared.do_open(&ctx, ino.0, flags.0) {
-            Ok(fh) => reply.opened(FileHandle(fh), self.open_flags()),
+            Ok(fh) => match self.backing_for(ino.0, fh, |f| reply.open_backing(f)) {
+                Some(id) => reply.opened_passthrough(FileHandle(fh), FopenFlags::empty(), &id),
+                None => reply.opened(FileHandle(fh), self.open_flags()),
+            },
             Err(e) => reply.error(errno(e)),
         }
     }
@@ -327,7 +417,7 @@ impl Filesystem for FenceFs {
     fn release(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
@@ -335,6 +425,7 @@ impl Filesystem for FenceFs {
         reply: ReplyEmpty,
     ) {
         self.shared.do_release(fh.0);
+        self.release_backing(ino.0, fh.0);
         reply.ok();
     }
 
@@ -567,7 +658,17 @@ impl Filesystem for FenceFs {
         let ctx = self.ctx(req);
         let ttl = self.shared.ttl(&ctx);
         match self.shared.do_create(&ctx, parent.0, &n, mode, flags) {
-            Ok((a, fh)) => reply.created(&ttl.entry, &a, GEN, FileHandle(fh), self.open_flags()),
+            Ok((a, fh)) => match self.backing_for(a.ino.0, fh, |f| reply.open_backing(f)) {
+                Some(id) => reply.created_passthrough(
+                    &ttl.entry,
+                    &a,
+                    GEN,
+                    FileHandle(fh),
+                    FopenFlags::empty(),
+                    &id,
+                ),
+                None => reply.created(&ttl.entry, &a, GEN, FileHandle(fh), self.open_flags()),
+            },
             Err(e) => reply.error(errno(e)),
         }
     }

@@ -61,6 +61,8 @@ pub struct Settings {
     pub revoke: bool,
     /// Kernel cache lifetime for names and attributes when no rule depends on the caller.
     pub ttl: Duration,
+    /// Use kernel FUSE passthrough for file I/O where the kernel allows it.
+    pub passthrough: bool,
 }
 
 /// Everything the operations share.
