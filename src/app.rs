@@ -365,15 +365,47 @@ fn mount(a: MountArgs) -> Result<(), String> {
         mnt.display(),
         if a.revoke { ", revoke" } else { "" }
     );
+    signal_ready(a.ready_fd, &mnt);
     session.run().map_err(|e| format!("session ended: {e}"))?;
     log::info!("unmounted {}", mnt.display());
     Ok(())
+}
+
+/// Tells whoever waits that the mount serves requests: `--ready-fd` and systemd's
+/// `$NOTIFY_SOCKET` (READY=1). Failures are logged, never fatal.
+fn signal_ready(fd: Option<i32>, mnt: &Path) {
+    if let Some(fd) = fd {
+        match sys::write_and_close(fd, b"ready\n") {
+            Ok(()) => {}
+            Err(e) => log::warn!("--ready-fd {fd}: {e}"),
+        }
+    }
+    if let Some(sock) = std::env::var_os("NOTIFY_SOCKET") {
+        use std::os::linux::net::SocketAddrExt;
+        use std::os::unix::net::{SocketAddr, UnixDatagram};
+        let b = sock.as_bytes();
+        let addr = if let Some(abs) = b.strip_prefix(b"@") {
+            SocketAddr::from_abstract_name(abs)
+        } else {
+            SocketAddr::from_pathname(Path::new(&sock))
+        };
+        let msg = format!("READY=1\nSTATUS=serving {}\nMAINPID={}", mnt.display(), std::process::id());
+        let r = addr.and_then(|addr| {
+            let s = UnixDatagram::unbound()?;
+            s.send_to_addr(msg.as_bytes(), &addr).map(drop)
+        });
+        if let Err(e) = r {
+            log::warn!("NOTIFY_SOCKET: {e}");
+        }
+    }
 }
 
 /// Names and inodes whose kernel cache entries must go.
 struct Inval {
     entries: Vec<(u64, Vec<u8>)>,
     inodes: Vec<u64>,
+    /// Also drop cached file pages (--revoke: no data may outlive a lowered grant).
+    drop_pages: bool,
     started: Instant,
 }
 
@@ -387,7 +419,7 @@ fn notify_loop(n: Notifier, rx: Receiver<Inval>) {
             let _ = n.inval_entry(INodeNo(*parent), OsStr::from_bytes(name));
         }
         for ino in &job.inodes {
-            let _ = n.inval_inode(INodeNo(*ino), -1, 0);
+            let _ = n.inval_inode(INodeNo(*ino), if job.drop_pages { 0 } else { -1 }, 0);
         }
         log::info!(
             "kernel caches invalidated: {} names, {} inodes in {:?}",
@@ -431,6 +463,7 @@ fn signal_loop(
                         let _ = tx.send(Inval {
                             entries,
                             inodes,
+                            drop_pages: shared.settings.revoke,
                             started,
                         });
                     }

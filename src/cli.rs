@@ -59,6 +59,10 @@ pub struct MountArgs {
     /// Seconds the kernel may cache names and attributes (default 1; 0 disables caching).
     #[arg(long, value_name = "SECONDS", default_value_t = 1.0)]
     pub cache_ttl: f64,
+    /// Write "ready\n" to this file descriptor (then close it) once the mount serves
+    /// requests. With $NOTIFY_SOCKET set, systemd also gets READY=1 (Type=notify).
+    #[arg(long, value_name = "FD")]
+    pub ready_fd: Option<i32>,
     /// The host directory to mirror.
     pub source: PathBuf,
     /// Where to mount it.

@@ -599,6 +599,19 @@ pub fn raise_nofile_limit() -> u64 {
     rl.rlim_cur
 }
 
+/// Writes `data` to an inherited descriptor and closes it (readiness notification).
+pub fn write_and_close(fd: i32, data: &[u8]) -> io::Result<()> {
+    if fd < 0 {
+        return Err(io::Error::from_raw_os_error(libc::EBADF));
+    }
+    // SAFETY: fcntl on an arbitrary number only queries it; fails with EBADF if not open.
+    cvt(unsafe { libc::fcntl(fd, libc::F_GETFD) })?;
+    // SAFETY: the descriptor is open (checked above) and handed to us by the caller to own.
+    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+    let mut f = std::fs::File::from(owned);
+    std::io::Write::write_all(&mut f, data)
+}
+
 /// Sets the process umask (0 at startup: modes from the kernel are already masked).
 pub fn set_umask(mask: u32) {
     // SAFETY: umask cannot fail.
