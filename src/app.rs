@@ -17,6 +17,7 @@ use crate::fs::ops::{Settings, Shared};
 use crate::host::handle::Handles;
 use crate::host::inode::Inodes;
 use crate::host::sys;
+use crate::idmap::IdMap;
 use crate::policy::{By, Caller, Need, Policy, PolicyError, Special};
 use crate::reload::{self, PolicyStore};
 
@@ -291,6 +292,8 @@ fn mount(a: MountArgs) -> Result<(), String> {
             )
         }
     };
+    let uids = IdMap::parse(&a.map_uid)?;
+    let gids = IdMap::parse(&a.map_gid)?;
     let nofile = sys::raise_nofile_limit();
     sys::set_umask(0);
     let root_fd = sys::open_root(&src).map_err(|e| format!("source '{}': {e}", src.display()))?;
@@ -309,6 +312,8 @@ fn mount(a: MountArgs) -> Result<(), String> {
             passthrough: !a.no_passthrough,
         },
         as_root: sys::geteuid() == 0,
+        uids,
+        gids,
     });
 
     // Block the signals before any thread exists: only the signal thread receives them.
@@ -389,7 +394,11 @@ fn signal_ready(fd: Option<i32>, mnt: &Path) {
         } else {
             SocketAddr::from_pathname(Path::new(&sock))
         };
-        let msg = format!("READY=1\nSTATUS=serving {}\nMAINPID={}", mnt.display(), std::process::id());
+        let msg = format!(
+            "READY=1\nSTATUS=serving {}\nMAINPID={}",
+            mnt.display(),
+            std::process::id()
+        );
         let r = addr.and_then(|addr| {
             let s = UnixDatagram::unbound()?;
             s.send_to_addr(msg.as_bytes(), &addr).map(drop)

@@ -59,6 +59,13 @@ pub struct MountArgs {
     /// Seconds the kernel may cache names and attributes (default 1; 0 disables caching).
     #[arg(long, value_name = "SECONDS", default_value_t = 1.0)]
     pub cache_ttl: f64,
+    /// Map a caller uid to a host uid (CONTAINER:HOST, repeatable): files of HOST appear
+    /// owned by CONTAINER; files CONTAINER creates or chowns land on the host as HOST.
+    #[arg(long, value_name = "CONTAINER:HOST")]
+    pub map_uid: Vec<String>,
+    /// Map a caller gid to a host gid (CONTAINER:HOST, repeatable).
+    #[arg(long, value_name = "CONTAINER:HOST")]
+    pub map_gid: Vec<String>,
     /// Write "ready\n" to this file descriptor (then close it) once the mount serves
     /// requests. With $NOTIFY_SOCKET set, systemd also gets READY=1 (Type=notify).
     #[arg(long, value_name = "FD")]

@@ -16,5 +16,6 @@ pub mod audit;
 pub mod cli;
 pub mod fs;
 pub mod host;
+pub mod idmap;
 pub mod policy;
 pub mod reload;

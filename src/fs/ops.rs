@@ -13,6 +13,7 @@ use crate::audit::{Audit, Event, errno_name};
 use crate::host::handle::{Handle, Handles, ListEntry};
 use crate::host::inode::{Inodes, ROOT};
 use crate::host::sys::{self, Name, SetTime};
+use crate::idmap::IdMap;
 use crate::policy::{Access, By, Caller, Need, Special, Verdict};
 use crate::reload::{PolicyStore, Snapshot};
 
@@ -79,6 +80,10 @@ pub struct Shared {
     pub settings: Settings,
     /// The daemon runs as root: created files are chowned to the caller.
     pub as_root: bool,
+    /// Caller ↔ host uid map.
+    pub uids: IdMap,
+    /// Caller ↔ host gid map.
+    pub gids: IdMap,
 }
 
 fn join(parent: &[u8], name: &[u8]) -> Vec<u8> {
@@ -119,6 +124,14 @@ fn set_time(t: TimeOrNow) -> SetTime {
 }
 
 impl Shared {
+    /// Host attributes as the caller sees them (ids mapped).
+    fn attr(&self, ino: u64, st: &libc::stat) -> FileAttr {
+        let mut a = to_attr(ino, st);
+        a.uid = self.uids.to_caller(a.uid);
+        a.gid = self.gids.to_caller(a.gid);
+        a
+    }
+
     /// Builds the request context (one policy snapshot).
     pub fn ctx(&self, uid: u32, gid: u32, pid: u32) -> Ctx {
         Ctx {
@@ -249,10 +262,11 @@ impl Shared {
         let gid = if pst.st_mode & libc::S_ISGID != 0 {
             pst.st_gid
         } else {
-            ctx.caller.gid
+            self.gids.to_host(ctx.caller.gid)
         };
-        if st.st_uid != ctx.caller.uid || st.st_gid != gid {
-            sys::fchown_fd(fd.as_fd(), ctx.caller.uid, gid)?;
+        let uid = self.uids.to_host(ctx.caller.uid);
+        if st.st_uid != uid || st.st_gid != gid {
+            sys::fchown_fd(fd.as_fd(), uid, gid)?;
             *st = sys::fstat(fd.as_fd())?;
         }
         Ok(())
@@ -265,7 +279,7 @@ impl Shared {
         let path = self.child_path(parent, name)?;
         self.allow(ctx, "lookup", &path, Need::List, Special::default())?;
         let f = self.inodes.lookup(parent, name, true)?;
-        Ok(to_attr(f.ino, &f.st))
+        Ok(self.attr(f.ino, &f.st))
     }
 
     /// forget.
@@ -277,9 +291,9 @@ impl Shared {
     pub fn do_getattr(&self, ctx: &Ctx, ino: u64, fh: Option<u64>) -> Res<FileAttr> {
         self.allow_ino(ctx, "getattr", ino, Need::List, Special::default())?;
         if let Some(h) = fh.and_then(|fh| self.handles.get(fh)) {
-            return Ok(to_attr(ino, &sys::fstat(h.file.as_fd())?));
+            return Ok(self.attr(ino, &sys::fstat(h.file.as_fd())?));
         }
-        Ok(to_attr(ino, &self.stat_ino(ino)?))
+        Ok(self.attr(ino, &self.stat_ino(ino)?))
     }
 
     /// setattr: chmod, chown, truncate, utimens — all need `write`; setting set-ID bits
@@ -315,7 +329,9 @@ impl Shared {
             sys::fchmod_fd(self.inodes.proc_fd.as_fd(), fd.as_fd(), m & 0o7777)?;
         }
         if uid.is_some() || gid.is_some() {
-            sys::fchown_fd(fd.as_fd(), uid.unwrap_or(u32::MAX), gid.unwrap_or(u32::MAX))?;
+            let u = uid.map_or(u32::MAX, |u| self.uids.to_host(u));
+            let g = gid.map_or(u32::MAX, |g| self.gids.to_host(g));
+            sys::fchown_fd(fd.as_fd(), u, g)?;
         }
         if let Some(sz) = size {
             match &handle {
@@ -343,7 +359,7 @@ impl Shared {
                 sys::utimens_fd(self.inodes.proc_fd.as_fd(), fd.as_fd(), a, m)?;
             }
         }
-        Ok(to_attr(ino, &sys::fstat(fd.as_fd())?))
+        Ok(self.attr(ino, &sys::fstat(fd.as_fd())?))
     }
 
     fn parent_of(&self, _ino: u64, path: &[u8]) -> Res<(u64, Name)> {
@@ -373,7 +389,7 @@ impl Shared {
         let f = self.inodes.lookup(parent, name, true)?;
         let mut st = f.st;
         self.own(ctx, &pfd, &f.fd, &mut st)?;
-        Ok(to_attr(f.ino, &st))
+        Ok(self.attr(f.ino, &st))
     }
 
     /// mknod: `write` on the new path; device nodes need `allow_devices`.
@@ -501,7 +517,7 @@ impl Shared {
             newname,
         )?;
         let f = self.inodes.lookup(newparent, newname, true)?;
-        Ok(to_attr(f.ino, &f.st))
+        Ok(self.attr(f.ino, &f.st))
     }
 
     // ---- files -------------------------------------------------------------------------
@@ -574,7 +590,7 @@ impl Shared {
             write: true,
             entries: None,
         });
-        Ok((to_attr(f.ino, &st), fh))
+        Ok((self.attr(f.ino, &st), fh))
     }
 
     fn handle(&self, fh: u64) -> Res<Arc<Handle>> {
