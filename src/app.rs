@@ -331,7 +331,9 @@ fn mount(a: MountArgs) -> Result<(), String> {
     });
     let mut opts = vec![
         MountOption::FSName("fencefs".into()),
-        MountOption::Subtype("fencefs".into()),
+        // As root fuser calls mount(2) itself, which ignores `Subtype`; the kernel takes
+        // `subtype=` as a mount option, so the type reads `fuse.fencefs` either way.
+        MountOption::CUSTOM("subtype=fencefs".into()),
         MountOption::NoSuid,
         MountOption::NoDev,
     ];

@@ -1,4 +1,4 @@
-//! Semantic layer: validate a [`raw::RawPolicy`](super::raw), compile it once into
+//! Semantic layer: validate the raw policy from `raw.rs`, compile it once into
 //! [`Policy`], and decide requests.
 //!
 //! # File format
@@ -29,7 +29,9 @@
 //! number of directories, `\` escapes). A pattern covers what it matches and everything
 //! below. For a path P the deepest of P, its parent, …, the root that an applicable rule
 //! matches decides; at that depth a rule with `uid`/`gid` beats one without and the most
-//! restrictive access wins (file order never matters); no match → `default`. A `none`
+//! restrictive access wins (file order never matters); no match → `default`. A rule with
+//! `uid` applies only to listed uids, with `gid` only to listed gids, with both to callers
+//! matching **either** list; a rule that does not apply is ignored for that caller. A `none`
 //! grant is lifted to `list` ([`By::Visibility`]) when an applicable rule granting `list`
 //! or more could match something strictly below P. The mode is a ceiling over the grant.
 
@@ -577,51 +579,12 @@ impl Policy {
     /// The policy used without `--policy`: mode read-only, default `read`, no rules,
     /// every other setting at its default.
     pub fn builtin_default() -> Policy {
-        let empty = || Policy {
-            mode: Mode::ReadOnly,
-            default: Access::Read,
-            allow_setid: false,
-            allow_devices: false,
-            rules: Vec::new(),
-            patterns: Vec::new(),
-            has_ids: Vec::new(),
-            set: GlobSet::empty(),
-            set_to_rule: Vec::new(),
-            root_rules: Vec::new(),
-            lift_rules: Vec::new(),
-            has_id_rules: false,
-            writable_roots: Vec::new(),
-            protected: Vec::new(),
-            roots: CoverSet {
-                set: GlobSet::empty(),
-                root: false,
-                patterns: Vec::new(),
-            },
-            protect: CoverSet {
-                set: GlobSet::empty(),
-                root: false,
-                patterns: Vec::new(),
-            },
-        };
-        Policy::build(
-            Mode::ReadOnly,
-            Access::Read,
-            Vec::new(),
-            Vec::new(),
-            (
-                DEFAULT_WRITABLE_ROOTS
-                    .iter()
-                    .map(|s| s.to_string())
-                    .collect(),
-                defaults(DEFAULT_WRITABLE_ROOTS, "writable_roots entry"),
-            ),
-            (
-                DEFAULT_PROTECTED.iter().map(|s| s.to_string()).collect(),
-                defaults(DEFAULT_PROTECTED, "protected entry"),
-            ),
+        // A constant, not user data; `tests::builtin_default_policy` proves it compiles.
+        Policy::parse(
+            "mode = \"read-only\"\ndefault = \"read\"\n",
+            "<built-in policy>",
         )
-        // Cannot fail for these constants; an empty policy is the (unreachable) fallback.
-        .unwrap_or_else(|_| empty())
+        .expect("the built-in policy compiles")
     }
 
     /// Overrides the mode (the CLI's `--mode`).
@@ -678,7 +641,7 @@ impl Policy {
     /// Whether rule `idx` applies to `caller`. A rule without `uid`/`gid` applies to
     /// everybody; with `uid` only, to callers whose uid is listed; with `gid` only, to
     /// callers whose gid is listed; with **both**, to callers whose uid **or** gid is
-    /// listed (either match suffices).
+    /// listed (either match suffices). Panics when `idx` is out of range.
     pub fn rule_applies(&self, idx: usize, caller: Caller) -> bool {
         let r = &self.rules[idx];
         !self.has_ids[idx] || r.uids.contains(&caller.uid) || r.gids.contains(&caller.gid)
@@ -730,13 +693,14 @@ impl Policy {
         None
     }
 
-    /// What the grants give `path` (after the visibility lift, before the mode).
-    fn grant(&self, path: &[u8], caller: Caller) -> (Access, By) {
+    /// What the grants give `path` (after the visibility lift when `lift`, before the mode).
+    fn grant(&self, path: &[u8], caller: Caller, lift: bool) -> (Access, By) {
         let (access, by) = match self.deepest(path, caller) {
             Some((access, idx)) => (access, By::Rule(idx)),
             None => (self.default, By::Default),
         };
-        if access == Access::None
+        if lift
+            && access == Access::None
             && let Some(idx) = self.visibility(path, caller)
         {
             return (Access::List, By::Visibility(idx));
@@ -751,7 +715,7 @@ impl Policy {
         })
     }
 
-    /// The mode's ceiling at `path`: `Write` or `Read`.
+    /// The mode's ceiling at `path`: `Write` or `Read` (never lower).
     pub fn ceiling(&self, path: &[u8]) -> Access {
         match self.mode {
             Mode::ReadOnly => Access::Read,
@@ -766,27 +730,44 @@ impl Policy {
         }
     }
 
-    /// The access `path` gets for `caller`, with what decided it.
-    pub fn verdict(&self, path: &[u8], caller: Caller) -> Verdict {
-        let (grant, grant_by) = self.grant(path, caller);
-        // The ceiling is never below Read: only a Write grant can be lowered.
-        if grant == Access::Write {
-            let ceiling = self.ceiling(path);
-            if ceiling < grant {
-                return Verdict {
-                    grant,
-                    effective: ceiling,
-                    by: By::Mode,
-                    grant_by,
-                };
+    /// Combines a grant with the ceiling.
+    fn combine(grant: Access, grant_by: By, ceiling: Access) -> Verdict {
+        if ceiling < grant {
+            Verdict {
+                grant,
+                effective: ceiling,
+                by: By::Mode,
+                grant_by,
+            }
+        } else {
+            Verdict {
+                grant,
+                effective: grant,
+                by: grant_by,
+                grant_by,
             }
         }
-        Verdict {
-            grant,
-            effective: grant,
-            by: grant_by,
-            grant_by,
-        }
+    }
+
+    /// The access `path` gets for `caller`, with what decided it. The visibility lift
+    /// applies (as for a directory); see [`Policy::verdict_for`].
+    pub fn verdict(&self, path: &[u8], caller: Caller) -> Verdict {
+        self.verdict_for(path, caller, true)
+    }
+
+    /// Like [`Policy::verdict`], knowing whether `path` is a directory. The visibility
+    /// lift only exists to reach things *below* a path, so for a non-directory
+    /// (`is_dir == false`) it is skipped: a file under a `none` rule stays `none` even when
+    /// some rule (say `**/*.md`) could match "below" it. Use this when the type is known.
+    pub fn verdict_for(&self, path: &[u8], caller: Caller, is_dir: bool) -> Verdict {
+        let (grant, grant_by) = self.grant(path, caller, is_dir);
+        // The ceiling is never below Read: only a Write grant can be lowered.
+        let ceiling = if grant == Access::Write {
+            self.ceiling(path)
+        } else {
+            Access::Read
+        };
+        Self::combine(grant, grant_by, ceiling)
     }
 
     /// Decides one request on one path, errno in the spec's order:
@@ -795,7 +776,8 @@ impl Policy {
     /// the policy's global switches, not from a path's rule);
     /// `Write`/`Create` above the mode ceiling → EROFS, by [`By::Mode`];
     /// grant below the need (`List` < `Read` < `Write`; `Create` needs `Write`) → EACCES,
-    /// by the grant.
+    /// by the grant. The visibility lift applies (as for a directory); see
+    /// [`Policy::check_for`].
     pub fn check(
         &self,
         path: &[u8],
@@ -803,29 +785,49 @@ impl Policy {
         need: Need,
         special: Special,
     ) -> Result<Verdict, Denial> {
-        let verdict = self.verdict(path, caller);
-        let deny = |errno, by| Err(Denial { errno, verdict, by });
-        if verdict.grant == Access::None {
-            let errno = if need == Need::Create {
-                libc::EACCES
-            } else {
-                libc::ENOENT
-            };
-            return deny(errno, verdict.grant_by);
-        }
-        if (special.device && !self.allow_devices) || (special.setid && !self.allow_setid) {
-            return deny(libc::EPERM, By::Mode);
-        }
+        self.check_for(path, caller, need, special, true)
+    }
+
+    /// Like [`Policy::check`], knowing whether `path` is a directory (see
+    /// [`Policy::verdict_for`]); for a path that does not exist yet either answer gives
+    /// the same errno.
+    pub fn check_for(
+        &self,
+        path: &[u8],
+        caller: Caller,
+        need: Need,
+        special: Special,
+        is_dir: bool,
+    ) -> Result<Verdict, Denial> {
         let needed = match need {
             Need::List => Access::List,
             Need::Read => Access::Read,
             Need::Write | Need::Create => Access::Write,
         };
-        if needed == Access::Write && self.ceiling(path) < Access::Write {
+        let (grant, grant_by) = self.grant(path, caller, is_dir);
+        let ceiling = if grant == Access::Write || needed == Access::Write {
+            self.ceiling(path)
+        } else {
+            Access::Read // the ceiling is never lower, so this cannot change the result
+        };
+        let verdict = Self::combine(grant, grant_by, ceiling);
+        let deny = |errno, by| Err(Denial { errno, verdict, by });
+        if grant == Access::None {
+            let errno = if need == Need::Create {
+                libc::EACCES
+            } else {
+                libc::ENOENT
+            };
+            return deny(errno, grant_by);
+        }
+        if (special.device && !self.allow_devices) || (special.setid && !self.allow_setid) {
+            return deny(libc::EPERM, By::Mode);
+        }
+        if needed == Access::Write && ceiling < Access::Write {
             return deny(libc::EROFS, By::Mode);
         }
-        if verdict.grant < needed {
-            return deny(libc::EACCES, verdict.grant_by);
+        if grant < needed {
+            return deny(libc::EACCES, grant_by);
         }
         Ok(verdict)
     }

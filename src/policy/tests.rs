@@ -317,6 +317,43 @@ fn visibility_lift_respects_uid() {
     assert_eq!(grant_of(&p, b"s/mine", OTHER), (No, "rule s".into()));
 }
 
+#[test]
+fn no_visibility_lift_for_non_directories() {
+    let p = pol(&rules(&[("secrets", "none"), ("**/*.md", "read")]));
+    // as a directory, secrets/key.txt could contain a readable *.md: lifted
+    assert_eq!(
+        grant_of(&p, b"secrets/key.txt", ME),
+        (List, "visibility **/*.md".into())
+    );
+    // as a file it cannot: it stays none, and so does its errno
+    let v = p.verdict_for(b"secrets/key.txt", ME, false);
+    assert_eq!((v.grant, v.effective, v.by), (No, No, By::Rule(0)));
+    assert_eq!(p.verdict_for(b"secrets", ME, true).grant, List);
+    let d = p
+        .check_for(
+            b"secrets/key.txt",
+            ME,
+            Need::Read,
+            Special::default(),
+            false,
+        )
+        .unwrap_err();
+    assert_eq!((d.errno, d.by), (libc::ENOENT, By::Rule(0)));
+    let d = p
+        .check_for(b"secrets/key.txt", ME, Need::Read, Special::default(), true)
+        .unwrap_err();
+    assert_eq!((d.errno, d.by), (libc::EACCES, By::Visibility(1)));
+    // a file's own grant is untouched
+    assert_eq!(p.verdict_for(b"secrets/a.md", ME, false).grant, Read);
+    assert_eq!(p.verdict_for(b"x", ME, false), p.verdict(b"x", ME));
+}
+
+#[test]
+fn policy_is_shareable_between_threads() {
+    fn assert_send_sync<T: Send + Sync + Clone + std::fmt::Debug>() {}
+    assert_send_sync::<Policy>();
+}
+
 // ---------------------------------------------------------------- modes
 
 /// (policy src, path, expected effective, expected by, expected grant)
