@@ -262,6 +262,14 @@ fn startup_checks(a: &MountArgs) -> Result<(PathBuf, PathBuf), String> {
 }
 
 fn mount(a: MountArgs) -> Result<(), String> {
+    // Block the signals before any thread exists: only the signal thread receives them.
+    let mut sigs = SigSet::empty();
+    for s in [Signal::SIGHUP, Signal::SIGINT, Signal::SIGTERM] {
+        sigs.add(s);
+    }
+    sigs.thread_block()
+        .map_err(|e| format!("cannot block signals: {e}"))?;
+
     let (src, mnt) = startup_checks(&a)?;
     let policy = reload::load(a.policy.as_ref(), a.mode).map_err(|errs| {
         let mut s = String::from("invalid policy:");
@@ -315,14 +323,6 @@ fn mount(a: MountArgs) -> Result<(), String> {
         uids,
         gids,
     });
-
-    // Block the signals before any thread exists: only the signal thread receives them.
-    let mut sigs = SigSet::empty();
-    for s in [Signal::SIGHUP, Signal::SIGINT, Signal::SIGTERM] {
-        sigs.add(s);
-    }
-    sigs.thread_block()
-        .map_err(|e| format!("cannot block signals: {e}"))?;
 
     let threads = a.threads.map(usize::from).unwrap_or_else(|| {
         std::thread::available_parallelism()

@@ -56,6 +56,8 @@ enum Comp {
     /// `**`: zero or more components. Also used, conservatively, for a component that
     /// merely contains `**` or cannot be compiled on its own (e.g. `{a,b/c}` split at `/`).
     AnyDirs,
+    /// A name without glob metacharacters, compared as bytes (fast path).
+    Literal(Box<[u8]>),
     /// A glob matching exactly one name (a one-glob set: compiling it cannot panic).
     Name(GlobSet),
 }
@@ -122,6 +124,12 @@ impl Pattern {
                         Comp::AnyDirs => {
                             next[i] = true;
                             any = true;
+                        }
+                        Comp::Literal(lit) => {
+                            if **lit == *name.as_os_str().as_bytes() {
+                                next[i + 1] = true;
+                                any = true;
+                            }
                         }
                         Comp::Name(set) => {
                             if set.is_match(name) {
@@ -203,6 +211,9 @@ fn compile_pattern(text: &str, what: &str) -> Result<CompiledPattern, String> {
         .map(|part| {
             if part.contains("**") {
                 return Comp::AnyDirs;
+            }
+            if !part.contains(['*', '?', '[', ']', '{', '}', '\\']) {
+                return Comp::Literal(part.as_bytes().into());
             }
             glob_builder(part)
                 .build()
@@ -679,6 +690,7 @@ impl Policy {
             let found = if prefix.is_empty() {
                 self.decide_among(self.root_rules.iter().copied(), caller)
             } else {
+                // `hits` allocates only on a first match, i.e. at most once per call.
                 self.set
                     .matches_candidate_into(&Candidate::new(as_path(prefix)), &mut hits);
                 if hits.is_empty() {
