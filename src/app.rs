@@ -4,6 +4,7 @@ use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, Sender, channel};
 use std::time::{Duration, Instant};
 
@@ -20,6 +21,9 @@ use crate::host::sys;
 use crate::idmap::IdMap;
 use crate::policy::{By, Caller, Need, Policy, PolicyError, Special};
 use crate::reload::{self, PolicyStore};
+
+/// Set once the FUSE session has ended (the signal thread waits for it on SIGTERM).
+static SESSION_DONE: AtomicBool = AtomicBool::new(false);
 
 /// Exit code for runtime and policy errors.
 pub const EXIT_ERR: i32 = 1;
@@ -184,7 +188,7 @@ fn unescape(s: &[u8]) -> Vec<u8> {
     let mut i = 0;
     while i < s.len() {
         if s[i] == b'\\'
-            && i + 3 < s.len() + 0
+            && i + 3 < s.len()
             && s[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
         {
             let v = (s[i + 1] - b'0') * 64 + (s[i + 2] - b'0') * 8 + (s[i + 3] - b'0');
@@ -272,12 +276,9 @@ fn mount(a: MountArgs) -> Result<(), String> {
 
     let (src, mnt) = startup_checks(&a)?;
     let policy = reload::load(a.policy.as_ref(), a.mode).map_err(|errs| {
-        let mut s = String::from("invalid policy:");
-        for e in &errs {
-            s.push_str("\n  ");
-            s.push_str(&e.to_string());
-        }
-        s
+        // One line: every error, separated by "; ".
+        let all: Vec<String> = errs.iter().map(|e| e.to_string()).collect();
+        format!("invalid policy: {}", all.join("; "))
     })?;
     let policy_file = match &a.policy {
         Some(p) => Some(
@@ -373,7 +374,9 @@ fn mount(a: MountArgs) -> Result<(), String> {
         if a.revoke { ", revoke" } else { "" }
     );
     signal_ready(a.ready_fd, &mnt);
-    session.run().map_err(|e| format!("session ended: {e}"))?;
+    let r = session.run();
+    SESSION_DONE.store(true, Ordering::SeqCst);
+    r.map_err(|e| format!("session ended: {e}"))?;
     log::info!("unmounted {}", mnt.display());
     Ok(())
 }
@@ -495,7 +498,18 @@ fn signal_loop(
                         .arg(&mnt)
                         .status();
                 }
-                return;
+                // A detached mount stays alive while a process still holds a file in it;
+                // give the session a moment to end, then end the connection by exiting
+                // (those files then fail with ENOTCONN, as after any unmount).
+                let deadline = Instant::now() + Duration::from_secs(2);
+                while Instant::now() < deadline {
+                    if SESSION_DONE.load(Ordering::SeqCst) {
+                        return;
+                    }
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                log::warn!("files still open in the detached mount; closing the connection");
+                std::process::exit(0);
             }
         }
     }

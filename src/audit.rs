@@ -243,7 +243,7 @@ mod tests {
     #[test]
     fn timestamp_is_rfc3339_utc() {
         let t = SystemTime::UNIX_EPOCH + Duration::from_millis(1_796_040_000_123);
-        assert_eq!(timestamp(t), "2026-12-01T12:40:00.123Z");
+        assert_eq!(timestamp(t), "2026-11-30T12:00:00.123Z");
         assert_eq!(
             timestamp(SystemTime::UNIX_EPOCH),
             "1970-01-01T00:00:00.000Z"

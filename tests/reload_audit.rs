@@ -370,7 +370,7 @@ fn audit_to_a_full_file_system_never_stalls_the_mount() {
     for i in 0..200 {
         put(&b.host(format!("f{i}")), b"x", 0o644);
     }
-    let m = b.start();
+    let mut m = b.start();
     let start = Instant::now();
     for round in 0..25 {
         for i in 0..200 {
@@ -381,4 +381,8 @@ fn audit_to_a_full_file_system_never_stalls_the_mount() {
     let took = start.elapsed();
     assert!(m.is_mounted());
     assert!(took < Duration::from_secs(60), "5,000 opens took {took:?}");
+    // Stop the daemon, unmount the tmpfs, then let the fixture remove the workspace.
+    m.terminate();
+    drop(_guard);
+    drop(m);
 }

@@ -128,14 +128,17 @@ impl FenceFs {
 impl Filesystem for FenceFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> io::Result<()> {
         let _ = config.add_capabilities(InitFlags::FUSE_PARALLEL_DIROPS);
+        // O_TRUNC reaches `open` (instead of a separate setattr after an open for read),
+        // so `O_RDONLY|O_TRUNC` is classified as the write it is.
+        let _ = config.add_capabilities(InitFlags::FUSE_ATOMIC_O_TRUNC);
         // Kernel passthrough: reads, writes and mmap of a handle go straight to the host
         // file. Not with --revoke, where every read and write must reach the daemon.
-        if !self.shared.settings.revoke && self.shared.settings.passthrough {
-            if config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok()
-                && config.set_max_stack_depth(1).is_ok()
-            {
-                self.passthrough = true;
-            }
+        if !self.shared.settings.revoke
+            && self.shared.settings.passthrough
+            && config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok()
+            && config.set_max_stack_depth(1).is_ok()
+        {
+            self.passthrough = true;
         }
         log::info!(
             "file I/O: {}",

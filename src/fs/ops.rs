@@ -199,10 +199,15 @@ impl Shared {
         ctx: &Ctx,
         op: &'static str,
         path: &[u8],
+        is_dir: bool,
         need: Need,
         sp: Special,
     ) -> Res<Verdict> {
-        match ctx.snap.policy.check(path, ctx.caller, need, sp) {
+        match ctx
+            .snap
+            .policy
+            .check_for(path, ctx.caller, need, sp, is_dir)
+        {
             Ok(v) => {
                 self.audit(ctx, op, path, &v, v.by, None);
                 Ok(v)
@@ -226,6 +231,7 @@ impl Shared {
         sp: Special,
     ) -> Res<Vec<u8>> {
         let paths = self.inodes.paths(ino)?;
+        let is_dir = self.inodes.kind(ino)? == libc::S_IFDIR;
         if paths.is_empty() {
             return match need {
                 Need::List => Ok(Vec::new()),
@@ -234,7 +240,7 @@ impl Shared {
         }
         let mut first = None;
         for p in paths {
-            self.allow(ctx, op, &p, need, sp)?;
+            self.allow(ctx, op, &p, is_dir, need, sp)?;
             if first.is_none() {
                 first = Some(p);
             }
@@ -277,8 +283,12 @@ impl Shared {
     /// lookup: `list` on the child path, then one `openat(O_PATH|O_NOFOLLOW)` step.
     pub fn do_lookup(&self, ctx: &Ctx, parent: u64, name: &Name) -> Res<FileAttr> {
         let path = self.child_path(parent, name)?;
-        self.allow(ctx, "lookup", &path, Need::List, Special::default())?;
-        let f = self.inodes.lookup(parent, name, true)?;
+        // The type decides whether the visibility lift applies (only directories have
+        // something below them); the probe is a read-only O_PATH open.
+        let (fd, st) = self.inodes.probe(parent, name)?;
+        let is_dir = st.st_mode & libc::S_IFMT == libc::S_IFDIR;
+        self.allow(ctx, "lookup", &path, is_dir, Need::List, Special::default())?;
+        let f = self.inodes.adopt(parent, name, fd, st, true);
         Ok(self.attr(f.ino, &f.st))
     }
 
@@ -407,7 +417,7 @@ impl Shared {
             device: fmt == libc::S_IFCHR || fmt == libc::S_IFBLK,
             setid: mode & (libc::S_ISUID | libc::S_ISGID) != 0,
         };
-        self.allow(ctx, "mknod", &path, Need::Create, sp)?;
+        self.allow(ctx, "mknod", &path, false, Need::Create, sp)?;
         let pfd = self.inodes.fd(parent)?;
         sys::mknodat(pfd.as_fd(), name, mode, rdev as u64)?;
         self.finish_create(ctx, parent, name)
@@ -420,7 +430,7 @@ impl Shared {
             device: false,
             setid: mode & (libc::S_ISUID | libc::S_ISGID) != 0,
         };
-        self.allow(ctx, "mkdir", &path, Need::Create, sp)?;
+        self.allow(ctx, "mkdir", &path, true, Need::Create, sp)?;
         let pfd = self.inodes.fd(parent)?;
         sys::mkdirat(pfd.as_fd(), name, mode & 0o7777)?;
         self.finish_create(ctx, parent, name)
@@ -429,7 +439,14 @@ impl Shared {
     /// symlink: the target is stored as given; the caller's kernel resolves it later.
     pub fn do_symlink(&self, ctx: &Ctx, parent: u64, name: &Name, target: &[u8]) -> Res<FileAttr> {
         let path = self.child_path(parent, name)?;
-        self.allow(ctx, "symlink", &path, Need::Create, Special::default())?;
+        self.allow(
+            ctx,
+            "symlink",
+            &path,
+            false,
+            Need::Create,
+            Special::default(),
+        )?;
         let pfd = self.inodes.fd(parent)?;
         sys::symlinkat(target, pfd.as_fd(), name)?;
         self.finish_create(ctx, parent, name)
@@ -439,7 +456,7 @@ impl Shared {
     pub fn do_remove(&self, ctx: &Ctx, parent: u64, name: &Name, dir: bool) -> Res<()> {
         let path = self.child_path(parent, name)?;
         let op = if dir { "rmdir" } else { "unlink" };
-        self.allow(ctx, op, &path, Need::Write, Special::default())?;
+        self.allow(ctx, op, &path, dir, Need::Write, Special::default())?;
         let pfd = self.inodes.fd(parent)?;
         let known = self.inodes.child(parent, name.bytes());
         let pin = known.and_then(|i| self.inodes.fd(i).ok());
@@ -464,17 +481,30 @@ impl Shared {
         let old = self.child_path(parent, name)?;
         let new = self.child_path(newparent, newname)?;
         let exchange = flags & libc::RENAME_EXCHANGE != 0;
-        self.allow(ctx, "rename", &old, Need::Write, Special::default())?;
-        let new_need = if exchange { Need::Write } else { Need::Create };
-        self.allow(ctx, "rename", &new, new_need, Special::default())?;
         let pfd = self.inodes.fd(parent)?;
         let npfd = self.inodes.fd(newparent)?;
         let src_st = sys::fstat(sys::open_path(pfd.as_fd(), name)?.as_fd())?;
         let dst_st = sys::open_path(npfd.as_fd(), newname)
             .and_then(|fd| sys::fstat(fd.as_fd()))
             .ok();
-        let is_dir = |st: &libc::stat| st.st_mode & libc::S_IFMT == libc::S_IFDIR;
-        let moves_dir = is_dir(&src_st) || (exchange && dst_st.as_ref().is_some_and(is_dir));
+        let dir_of = |st: &libc::stat| st.st_mode & libc::S_IFMT == libc::S_IFDIR;
+        let src_dir = dir_of(&src_st);
+        let dst_dir = if exchange {
+            dst_st.as_ref().is_some_and(dir_of)
+        } else {
+            src_dir
+        };
+        self.allow(
+            ctx,
+            "rename",
+            &old,
+            src_dir,
+            Need::Write,
+            Special::default(),
+        )?;
+        let new_need = if exchange { Need::Write } else { Need::Create };
+        self.allow(ctx, "rename", &new, dst_dir, new_need, Special::default())?;
+        let moves_dir = src_dir || (exchange && dst_dir);
         if moves_dir && !ctx.snap.policy.dir_rename_allowed(&old, &new) {
             let v = ctx.snap.policy.verdict(&old, ctx.caller);
             self.audit(ctx, "rename", &old, &v, v.grant_by, Some(libc::EACCES));
@@ -507,7 +537,7 @@ impl Shared {
     pub fn do_link(&self, ctx: &Ctx, ino: u64, newparent: u64, newname: &Name) -> Res<FileAttr> {
         self.allow_ino(ctx, "link", ino, Need::Write, Special::default())?;
         let new = self.child_path(newparent, newname)?;
-        self.allow(ctx, "link", &new, Need::Create, Special::default())?;
+        self.allow(ctx, "link", &new, false, Need::Create, Special::default())?;
         let fd = self.inodes.fd(ino)?;
         let npfd = self.inodes.fd(newparent)?;
         sys::linkat_fd(
@@ -566,7 +596,7 @@ impl Shared {
             device: false,
             setid: mode & (libc::S_ISUID | libc::S_ISGID) != 0,
         };
-        self.allow(ctx, "create", &path, Need::Create, sp)?;
+        self.allow(ctx, "create", &path, false, Need::Create, sp)?;
         let intent = attr::classify(flags);
         let pfd = self.inodes.fd(parent)?;
         let oflags = attr::host_open_flags(flags) | libc::O_CREAT | (flags & libc::O_EXCL);
@@ -724,7 +754,9 @@ impl Shared {
                 path.push(b'/');
             }
             path.extend_from_slice(&e.name);
-            let v = ctx.snap.policy.verdict(&path, ctx.caller);
+            // DT_UNKNOWN counts as a directory (the lift may apply).
+            let is_dir = e.dtype == libc::DT_DIR || e.dtype == libc::DT_UNKNOWN;
+            let v = ctx.snap.policy.verdict_for(&path, ctx.caller, is_dir);
             if v.effective == Access::None {
                 continue;
             }

@@ -318,13 +318,31 @@ impl Inodes {
     /// Looks up `name` in directory `parent` on the host and records the alias. With
     /// `count`, the kernel gets a lookup reference.
     pub fn lookup(&self, parent: u64, name: &Name, count: bool) -> io::Result<Found> {
+        let (fd, st) = self.probe(parent, name)?;
+        Ok(self.adopt(parent, name, fd, st, count))
+    }
+
+    /// Opens `parent/name` as an `O_PATH` handle and stats it, without recording it.
+    pub fn probe(&self, parent: u64, name: &Name) -> io::Result<(OwnedFd, libc::stat)> {
         let pfd = self.fd(parent)?;
         let fd = sys::open_path(pfd.as_fd(), name)?;
         let st = sys::fstat(fd.as_fd())?;
+        Ok((fd, st))
+    }
+
+    /// Records a probed file as `parent/name` (with a kernel lookup reference if `count`).
+    pub fn adopt(
+        &self,
+        parent: u64,
+        name: &Name,
+        fd: OwnedFd,
+        st: libc::stat,
+        count: bool,
+    ) -> Found {
         let fd = Arc::new(fd);
         let ino = self.insert(parent, name.bytes(), &st, count);
         self.fds.lock().put(ino, fd.clone());
-        Ok(Found { ino, st, fd })
+        Found { ino, st, fd }
     }
 
     /// Records a host file seen as `parent/name`; returns its FUSE id.
