@@ -373,6 +373,23 @@ fn mount(a: MountArgs) -> Result<(), String> {
         mnt.display(),
         if a.revoke { ", revoke" } else { "" }
     );
+    if a.no_confine {
+        log::info!("self-confinement: off (--no-confine)");
+    } else {
+        let c = crate::harden::confine(&src);
+        match (c.landlock_abi, c.landlock_error) {
+            (Some(abi), _) => log::info!(
+                "self-confinement: FUSE workers limited by Landlock (ABI {abi}) to {} and /dev/fuse; no_new_privs {}",
+                src.display(),
+                if c.no_new_privs { "on" } else { "off" }
+            ),
+            (None, e) => log::warn!(
+                "self-confinement: Landlock unavailable ({}); no_new_privs {}",
+                e.unwrap_or_default(),
+                if c.no_new_privs { "on" } else { "off" }
+            ),
+        }
+    }
     signal_ready(a.ready_fd, &mnt);
     let r = session.run();
     SESSION_DONE.store(true, Ordering::SeqCst);

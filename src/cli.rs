@@ -53,6 +53,9 @@ pub struct MountArgs {
     /// Re-check every read and write against the policy in force (slower).
     #[arg(long)]
     pub revoke: bool,
+    /// Do not confine the FUSE worker threads (Landlock to SOURCE, no_new_privs).
+    #[arg(long)]
+    pub no_confine: bool,
     /// Serve file I/O through the daemon even where kernel passthrough is available.
     #[arg(long)]
     pub no_passthrough: bool,

@@ -15,6 +15,7 @@ pub mod app;
 pub mod audit;
 pub mod cli;
 pub mod fs;
+pub mod harden;
 pub mod host;
 pub mod idmap;
 pub mod policy;

@@ -307,3 +307,30 @@ fn revoke_stops_io_on_handles_opened_before_a_reload() {
     .ok();
     assert_eq!(fs::read(m.host("docs/a")).unwrap(), b"0123456789\n");
 }
+
+/// The FUSE workers run confined (Landlock to SOURCE + /dev/fuse, no_new_privs): a bug in
+/// path handling could not reach the host outside SOURCE. The log says what was applied.
+#[test]
+fn fuse_workers_are_confined_to_the_source() {
+    let m = Mount::with("confined", Some("mode = \"danger\"\n"), None, |src| {
+        put(&src.join("f"), b"x", 0o644);
+    });
+    assert_eq!(read_all(&m.mnt("f")).unwrap(), b"x");
+    let log = m.stderr();
+    assert!(
+        log.contains("self-confinement: FUSE workers limited by Landlock"),
+        "no Landlock line in:\n{log}"
+    );
+    // Every thread named fuser-N (the workers) has no_new_privs set.
+    let mut workers = 0;
+    for t in std::fs::read_dir(format!("/proc/{}/task", m.pid())).unwrap() {
+        let t = t.unwrap().path();
+        let comm = std::fs::read_to_string(t.join("comm")).unwrap_or_default();
+        if comm.starts_with("fuser-") {
+            workers += 1;
+            let status = std::fs::read_to_string(t.join("status")).unwrap();
+            assert!(status.contains("NoNewPrivs:\t1"), "{comm}: {status}");
+        }
+    }
+    assert!(workers >= 1, "no fuser worker threads found");
+}

@@ -82,6 +82,14 @@ pub fn open_root(path: &std::path::Path) -> io::Result<OwnedFd> {
     })
 }
 
+/// Opens any absolute path as an `O_PATH` handle (startup only).
+pub fn open_path_abs(path: &std::path::Path) -> io::Result<OwnedFd> {
+    let c = CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    // SAFETY: valid NUL-terminated path; the result is checked.
+    cvt_fd(unsafe { libc::open(c.as_ptr(), libc::O_PATH | libc::O_CLOEXEC) })
+}
+
 /// Opens `/proc/self/fd` (kept for the daemon's lifetime to reopen `O_PATH` handles).
 pub fn open_proc_self_fd() -> io::Result<OwnedFd> {
     // SAFETY: constant NUL-terminated path; the result is checked.
