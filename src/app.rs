@@ -81,6 +81,13 @@ pub fn normalize(path: &str) -> Result<Vec<u8>, String> {
 }
 
 fn describe_by(p: &Policy, by: By, file: &str) -> String {
+    describe_by_at(p, by, file, b"")
+}
+
+fn describe_by_at(p: &Policy, by: By, file: &str, path: &[u8]) -> String {
+    if by == By::Mode {
+        return format!("mode {} ({})", p.mode(), p.ceiling_reason(path));
+    }
     match by {
         By::Rule(i) => {
             let r = p.rule(i);
@@ -140,7 +147,10 @@ fn explain(a: ExplainArgs) -> i32 {
     };
     println!("path: {shown}");
     println!("access: {}", v.effective);
-    println!("decided by: {}", describe_by(&policy, v.by, &file));
+    println!(
+        "decided by: {}",
+        describe_by_at(&policy, v.by, &file, &path)
+    );
     if v.by == By::Mode {
         println!(
             "grant: {} by {}",
@@ -161,7 +171,7 @@ fn explain(a: ExplainArgs) -> i32 {
             Err(d) => println!(
                 "{op}: deny {} (by {})",
                 crate::audit::errno_name(d.errno),
-                describe_by(&policy, d.by, &file)
+                describe_by_at(&policy, d.by, &file, &path)
             ),
         }
     }
@@ -237,7 +247,9 @@ fn startup_checks(a: &MountArgs) -> Result<(PathBuf, PathBuf), String> {
     let mnt_c = mnt
         .canonicalize()
         .map_err(|e| format!("mount point '{}': {e}", mnt.display()))?;
-    if mnt_c.starts_with(&src) {
+    // Mounting over SOURCE itself is fine (the root handle is opened first); anything
+    // strictly inside would make the mirror contain itself.
+    if mnt_c != src && mnt_c.starts_with(&src) {
         return Err(format!(
             "mount point '{}' lies inside the source '{}'",
             mnt_c.display(),

@@ -727,6 +727,23 @@ impl Policy {
         })
     }
 
+    /// Why the mode caps `path` at `read` (for `explain` and logs).
+    pub fn ceiling_reason(&self, path: &[u8]) -> &'static str {
+        match self.mode {
+            Mode::ReadOnly => "no mutations anywhere",
+            Mode::Danger => "no ceiling",
+            Mode::WorkspaceWrite => {
+                if !self.roots.covers(path) {
+                    "outside writable_roots"
+                } else if self.protect.covers(path) {
+                    "protected path"
+                } else {
+                    "inside writable_roots"
+                }
+            }
+        }
+    }
+
     /// The mode's ceiling at `path`: `Write` or `Read` (never lower).
     pub fn ceiling(&self, path: &[u8]) -> Access {
         match self.mode {
