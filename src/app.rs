@@ -1,6 +1,7 @@
 //! Running the commands: startup checks, the mount's life cycle, signals, reloads.
 
 use std::ffi::OsStr;
+use std::os::fd::AsFd;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -388,7 +389,7 @@ fn mount(a: MountArgs) -> Result<(), String> {
     if a.no_confine {
         log::info!("self-confinement: off (--no-confine)");
     } else {
-        let c = crate::harden::confine(&src);
+        let c = crate::harden::confine(shared.inodes.root_fd().as_fd());
         match (c.landlock_abi, c.landlock_error) {
             (Some(abi), _) => log::info!(
                 "self-confinement: FUSE workers limited by Landlock (ABI {abi}) to {} and /dev/fuse; no_new_privs {}",

@@ -9,7 +9,7 @@
 #![allow(unsafe_code)]
 
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::Path;
 
 use crate::host::sys;
@@ -78,7 +78,7 @@ fn handled_for(abi: i64) -> u64 {
     r
 }
 
-fn add_rule(ruleset: &OwnedFd, path_fd: &OwnedFd, access: u64) -> io::Result<()> {
+fn add_rule(ruleset: &OwnedFd, path_fd: BorrowedFd<'_>, access: u64) -> io::Result<()> {
     let attr = PathBeneathAttr {
         allowed_access: access,
         parent_fd: path_fd.as_raw_fd(),
@@ -100,7 +100,7 @@ fn add_rule(ruleset: &OwnedFd, path_fd: &OwnedFd, access: u64) -> io::Result<()>
     }
 }
 
-fn landlock(source: &Path) -> io::Result<i64> {
+fn landlock(source: BorrowedFd<'_>) -> io::Result<i64> {
     let abi = abi_version()?;
     let handled = handled_for(abi);
     let attr = RulesetAttr {
@@ -121,10 +121,10 @@ fn landlock(source: &Path) -> io::Result<i64> {
     // SAFETY: the kernel just returned this descriptor.
     let ruleset = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd as i32) };
     // SOURCE: everything. /dev/fuse: read and write (fuser opens a clone per worker).
-    add_rule(&ruleset, &sys::open_root(source)?, handled)?;
+    add_rule(&ruleset, source, handled)?;
     let dev = sys::open_path_abs(Path::new("/dev/fuse"))?;
     let ioctl = if abi >= 5 { FS_IOCTL_DEV } else { 0 };
-    add_rule(&ruleset, &dev, FS_READ_FILE | FS_WRITE_FILE | ioctl)?;
+    add_rule(&ruleset, dev.as_fd(), FS_READ_FILE | FS_WRITE_FILE | ioctl)?;
     // SAFETY: restricts the calling thread (and threads it creates) to the ruleset.
     let r = unsafe { libc::syscall(libc::SYS_landlock_restrict_self, ruleset.as_raw_fd(), 0u32) };
     if r < 0 {
@@ -133,8 +133,10 @@ fn landlock(source: &Path) -> io::Result<i64> {
     Ok(abi)
 }
 
-/// Confines the calling thread and every thread it creates afterwards.
-pub fn confine(source: &Path) -> Applied {
+/// Confines the calling thread and every thread it creates afterwards to the directory
+/// behind `source` (the handle opened before mounting: with the mount over SOURCE, the
+/// path now leads to the mount itself) and `/dev/fuse`.
+pub fn confine(source: BorrowedFd<'_>) -> Applied {
     // SAFETY: prctl with constant arguments.
     let nnp = unsafe { libc::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } == 0;
     match landlock(source) {

@@ -196,6 +196,11 @@ impl Inodes {
         })
     }
 
+    /// The handle of SOURCE (opened before mounting).
+    pub fn root_fd(&self) -> &OwnedFd {
+        &self.root_fd
+    }
+
     /// SOURCE's device.
     pub fn root_dev(&self) -> u64 {
         self.root_dev
