@@ -14,6 +14,10 @@ command -v git >/dev/null 2>&1 || need+=(git)
 command -v setpriv >/dev/null 2>&1 || need+=(util-linux)
 command -v tar >/dev/null 2>&1 || need+=(tar)
 command -v sha256sum >/dev/null 2>&1 || need+=(coreutils)
+command -v bwrap >/dev/null 2>&1 || need+=(bubblewrap)
+command -v python3 >/dev/null 2>&1 || need+=(python3)
+command -v make >/dev/null 2>&1 || need+=(make)
+command -v cc >/dev/null 2>&1 || need+=(gcc libc6-dev)
 if ((${#need[@]})); then
     say "installing ${need[*]}"
     if [[ $(id -u) -ne 0 ]]; then

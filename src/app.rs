@@ -179,19 +179,27 @@ fn explain(a: ExplainArgs) -> i32 {
     0
 }
 
-fn is_mount_point(path: &Path) -> bool {
-    let Ok(canon) = path.canonicalize() else {
-        return false;
-    };
-    let Ok(info) = std::fs::read("/proc/self/mountinfo") else {
-        return false;
-    };
+/// The file system type of the topmost mount exactly at `path`, if one is there.
+fn top_mount_type(path: &Path) -> Option<String> {
+    let canon = path.canonicalize().ok()?;
+    let info = std::fs::read("/proc/self/mountinfo").ok()?;
     let target = canon.as_os_str().as_bytes();
-    info.split(|&b| b == b'\n').any(|line| {
-        line.split(|&b| b == b' ')
-            .nth(4)
-            .is_some_and(|mp| unescape(mp) == target)
-    })
+    // Later lines are mounted on top of earlier ones.
+    info.split(|&b| b == b'\n')
+        .rev()
+        .filter(|line| {
+            line.split(|&b| b == b' ')
+                .nth(4)
+                .is_some_and(|mp| unescape(mp) == target)
+        })
+        .filter_map(|line| {
+            let fields: Vec<&[u8]> = line.split(|&b| b == b' ').collect();
+            let sep = fields.iter().position(|f| *f == b"-")?;
+            fields
+                .get(sep + 1)
+                .map(|t| String::from_utf8_lossy(t).into_owned())
+        })
+        .next()
 }
 
 fn unescape(s: &[u8]) -> Vec<u8> {
@@ -229,16 +237,31 @@ fn startup_checks(a: &MountArgs) -> Result<(PathBuf, PathBuf), String> {
         return Err(format!("source '{}' is not a directory", src.display()));
     }
     let mnt = &a.mountpoint;
-    let mm = std::fs::metadata(mnt).map_err(|e| format!("mount point '{}': {e}", mnt.display()))?;
+    let mm = std::fs::metadata(mnt).map_err(|e| {
+        if e.raw_os_error() == Some(libc::ENOTCONN) {
+            format!(
+                "mount point '{}': {e}: a FUSE daemon died there; detach it with \
+                 `fusermount3 -u -z {}`",
+                mnt.display(),
+                mnt.display()
+            )
+        } else {
+            format!("mount point '{}': {e}", mnt.display())
+        }
+    })?;
     if !mm.is_dir() {
         return Err(format!(
             "mount point '{}' is not a directory",
             mnt.display()
         ));
     }
-    if is_mount_point(mnt) {
+    // Busy: a FUSE file system (another fencefs, say) is already mounted exactly there.
+    // Other mounts (a Docker bind target, a Kubernetes volume) are fine to mount over.
+    if let Some(t) = top_mount_type(mnt).filter(|t| t == "fuse" || t.starts_with("fuse.")) {
         return Err(format!(
-            "mount point '{}' is busy: something is already mounted there",
+            "mount point '{}' is busy: a {t} file system is already mounted there \
+             (if its daemon is gone: fusermount3 -u -z {})",
+            mnt.display(),
             mnt.display()
         ));
     }
