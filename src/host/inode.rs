@@ -114,6 +114,7 @@ impl FdCache {
         if self.map.insert(ino, fd).is_none() {
             self.order.push_back(ino);
         }
+        // FIFO eviction; ids removed meanwhile are stale in `order` and skipped.
         while self.map.len() > self.cap {
             match self.order.pop_front() {
                 Some(old) if old != ino => {
@@ -123,11 +124,16 @@ impl FdCache {
                 None => break,
             }
         }
+        if self.order.len() > 2 * self.cap + 64 {
+            let map = &self.map;
+            let mut seen = std::collections::HashSet::with_capacity(map.len());
+            self.order
+                .retain(|i| map.contains_key(i) && seen.insert(*i));
+        }
     }
     fn remove(&mut self, ino: u64) {
-        if self.map.remove(&ino).is_some() {
-            self.order.retain(|&i| i != ino);
-        }
+        // O(1): the id stays in `order` until eviction or compaction skips it.
+        self.map.remove(&ino);
     }
 }
 
@@ -445,7 +451,42 @@ impl Inodes {
             maybe_remove(&mut t, ino, &mut removed);
             removed
         };
+        let any = !removed.is_empty();
         self.drop_fds(removed);
+        if any {
+            self.shrink();
+        }
+    }
+
+    /// Gives memory back after the kernel forgot most of what a big walk made it learn:
+    /// maps that fell below a quarter of their capacity are shrunk (rare: afterwards the
+    /// capacity matches the size), and the allocator returns the freed pages.
+    fn shrink(&self) {
+        const MIN: usize = 4096;
+        let shrunk = {
+            let mut t = self.table.lock();
+            if t.nodes.capacity() > MIN && t.nodes.len() * 4 < t.nodes.capacity() {
+                t.nodes.shrink_to_fit();
+                t.by_key.shrink_to_fit();
+                t.by_name.shrink_to_fit();
+                true
+            } else {
+                false
+            }
+        };
+        let shrunk = {
+            let mut f = self.fds.lock();
+            if f.map.capacity() > MIN && f.map.len() * 4 < f.map.capacity() {
+                f.map.shrink_to_fit();
+                f.order.shrink_to_fit();
+                true
+            } else {
+                shrunk
+            }
+        };
+        if shrunk {
+            sys::trim_heap();
+        }
     }
 
     /// Drops the alias `parent/name` after an unlink/rmdir/rename through the mount. If it

@@ -620,6 +620,14 @@ pub fn write_and_close(fd: i32, data: &[u8]) -> io::Result<()> {
     std::io::Write::write_all(&mut f, data)
 }
 
+/// Returns freed heap memory to the kernel (glibc `malloc_trim`, every arena).
+pub fn trim_heap() {
+    // SAFETY: malloc_trim only releases free memory; it has no preconditions.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
 /// Sets the process umask (0 at startup: modes from the kernel are already masked).
 pub fn set_umask(mask: u32) {
     // SAFETY: umask cannot fail.
