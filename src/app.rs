@@ -26,6 +26,11 @@ use crate::reload::{self, PolicyStore};
 /// Set once the FUSE session has ended (the signal thread waits for it on SIGTERM).
 static SESSION_DONE: AtomicBool = AtomicBool::new(false);
 
+/// Kernel cache lifetime (s) for names and attributes when host changes are watched.
+const WATCHED_TTL: f64 = 10.0;
+/// ... and when they are not (no CAP_SYS_ADMIN, --no-watch).
+const UNWATCHED_TTL: f64 = 1.0;
+
 /// Exit code for runtime and policy errors.
 pub const EXIT_ERR: i32 = 1;
 
@@ -295,7 +300,9 @@ fn startup_checks(a: &MountArgs) -> Result<(PathBuf, PathBuf), String> {
             );
         }
     }
-    if !a.cache_ttl.is_finite() || a.cache_ttl < 0.0 || a.cache_ttl > 3600.0 {
+    if a.cache_ttl
+        .is_some_and(|t| !t.is_finite() || !(0.0..=3600.0).contains(&t))
+    {
         return Err("--cache-ttl must be between 0 and 3600 seconds".into());
     }
     Ok((src, mnt_c))
@@ -342,6 +349,17 @@ fn mount(a: MountArgs) -> Result<(), String> {
     let nofile = sys::raise_nofile_limit();
     sys::set_umask(0);
     let root_fd = sys::open_root(&src).map_err(|e| format!("source '{}': {e}", src.display()))?;
+    let fan = if a.no_watch {
+        Err("--no-watch".to_string())
+    } else {
+        crate::watch::open(root_fd.as_fd()).map_err(|e| e.to_string())
+    };
+    // Host changes arrive as events: names and attributes may be cached for long.
+    let ttl = a.cache_ttl.unwrap_or(if fan.is_ok() {
+        WATCHED_TTL
+    } else {
+        UNWATCHED_TTL
+    });
     let fd_cap = (nofile / 3).clamp(64, 16_384) as usize;
     let inodes = Inodes::new(root_fd, fd_cap).map_err(|e| format!("source: {e}"))?;
     let rules = policy.rules().len();
@@ -353,7 +371,7 @@ fn mount(a: MountArgs) -> Result<(), String> {
         audit,
         settings: Settings {
             revoke: a.revoke,
-            ttl: Duration::from_secs_f64(a.cache_ttl),
+            ttl: Duration::from_secs_f64(ttl),
             passthrough: !a.no_passthrough,
         },
         as_root: sys::geteuid() == 0,
@@ -395,8 +413,38 @@ fn mount(a: MountArgs) -> Result<(), String> {
     let (tx, rx) = channel::<Inval>();
     std::thread::Builder::new()
         .name("fencefs-notify".into())
-        .spawn(move || notify_loop(notifier, rx))
+        .spawn({
+            let shared = shared.clone();
+            move || notify_loop(notifier, rx, shared)
+        })
         .map_err(|e| e.to_string())?;
+    match fan {
+        Ok(fan) => {
+            shared.inodes.watch_handles();
+            let tx2 = tx.clone();
+            let s3 = shared.clone();
+            std::thread::Builder::new()
+                .name("fencefs-watch".into())
+                .spawn(move || {
+                    crate::watch::run(fan, s3, true, |b| {
+                        let _ = tx2.send(Inval {
+                            entries: b.entries,
+                            inodes: b.inodes,
+                            everything: b.everything,
+                            drop_pages: false,
+                            started: None,
+                        });
+                    })
+                })
+                .map_err(|e| e.to_string())?;
+            log::info!(
+                "host changes: watched (fanotify); kernel caches names and attributes for {ttl} s"
+            );
+        }
+        Err(e) => log::info!(
+            "host changes: not watched ({e}); kernel caches names and attributes for {ttl} s"
+        ),
+    }
     let s2 = shared.clone();
     let mnt2 = mnt.clone();
     std::thread::Builder::new()
@@ -470,30 +518,60 @@ fn signal_ready(fd: Option<i32>, mnt: &Path) {
 /// Names and inodes whose kernel cache entries must go.
 struct Inval {
     entries: Vec<(u64, Vec<u8>)>,
-    inodes: Vec<u64>,
-    /// Also drop cached file pages (--revoke: no data may outlive a lowered grant).
+    /// `(inode, offset)`: -1 drops attributes, 0 also cached pages.
+    inodes: Vec<(u64, i64)>,
+    /// Invalidate every name and inode known (a reload, a lost host event).
+    everything: bool,
+    /// Also drop cached file pages when invalidating everything (--revoke).
     drop_pages: bool,
-    started: Instant,
+    /// Set for reloads: the time is logged.
+    started: Option<Instant>,
 }
 
-fn notify_loop(n: Notifier, rx: Receiver<Inval>) {
-    while let Ok(mut job) = rx.recv() {
-        // Coalesce bursts of reloads into the newest snapshot's work.
-        while let Ok(newer) = rx.try_recv() {
-            job = newer;
+fn notify_loop(n: Notifier, rx: Receiver<Inval>, shared: Arc<Shared>) {
+    while let Ok(first) = rx.recv() {
+        // Merge what queued up meanwhile (a burst of reloads or host events).
+        let mut jobs = vec![first];
+        while let Ok(more) = rx.try_recv() {
+            jobs.push(more);
         }
-        for (parent, name) in &job.entries {
-            let _ = n.inval_entry(INodeNo(*parent), OsStr::from_bytes(name));
+        let everything = jobs.iter().any(|j| j.everything);
+        let started = jobs.iter().filter_map(|j| j.started).min();
+        let (mut names, mut inos) = (0usize, 0usize);
+        if everything {
+            let offset = if jobs.iter().any(|j| j.drop_pages) {
+                0
+            } else {
+                -1
+            };
+            let (entries, inodes) = shared.inodes.snapshot();
+            for (parent, name) in &entries {
+                let _ = n.inval_entry(INodeNo(*parent), OsStr::from_bytes(name));
+            }
+            for ino in &inodes {
+                let _ = n.inval_inode(INodeNo(*ino), offset, 0);
+            }
+            names += entries.len();
+            inos += inodes.len();
+        } else {
+            for job in &jobs {
+                for (parent, name) in &job.entries {
+                    let _ = n.inval_entry(INodeNo(*parent), OsStr::from_bytes(name));
+                }
+                for (ino, offset) in &job.inodes {
+                    let _ = n.inval_inode(INodeNo(*ino), *offset, 0);
+                }
+                names += job.entries.len();
+                inos += job.inodes.len();
+            }
         }
-        for ino in &job.inodes {
-            let _ = n.inval_inode(INodeNo(*ino), if job.drop_pages { 0 } else { -1 }, 0);
+        match started {
+            Some(t) => log::info!(
+                "kernel caches invalidated: {names} names, {inos} inodes in {:?}",
+                t.elapsed()
+            ),
+            None => log::debug!("host changes: {names} names, {inos} inodes invalidated"),
         }
-        log::info!(
-            "kernel caches invalidated: {} names, {} inodes in {:?}",
-            job.entries.len(),
-            job.inodes.len(),
-            job.started.elapsed()
-        );
     }
 }
 
@@ -526,12 +604,12 @@ fn signal_loop(
                             snap.policy.rules().len(),
                             snap.policy.mode()
                         );
-                        let (entries, inodes) = shared.inodes.snapshot();
                         let _ = tx.send(Inval {
-                            entries,
-                            inodes,
+                            entries: Vec::new(),
+                            inodes: Vec::new(),
+                            everything: true,
                             drop_pages: shared.settings.revoke,
-                            started,
+                            started: Some(started),
                         });
                     }
                     Err(errs) => {

@@ -59,9 +59,13 @@ pub struct MountArgs {
     /// Serve file I/O through the daemon even where kernel passthrough is available.
     #[arg(long)]
     pub no_passthrough: bool,
-    /// Seconds the kernel may cache names and attributes (default 1; 0 disables caching).
-    #[arg(long, value_name = "SECONDS", default_value_t = 1.0)]
-    pub cache_ttl: f64,
+    /// Seconds the kernel may cache names and attributes (default: 10 when host changes
+    /// are watched, 1 otherwise; 0 disables caching).
+    #[arg(long, value_name = "SECONDS")]
+    pub cache_ttl: Option<f64>,
+    /// Do not watch SOURCE for changes made by other processes (fanotify).
+    #[arg(long)]
+    pub no_watch: bool,
     /// Map a caller uid to a host uid (CONTAINER:HOST, repeatable): files of HOST appear
     /// owned by CONTAINER; files CONTAINER creates or chowns land on the host as HOST.
     #[arg(long, value_name = "CONTAINER:HOST")]

@@ -20,3 +20,4 @@ pub mod host;
 pub mod idmap;
 pub mod policy;
 pub mod reload;
+pub mod watch;

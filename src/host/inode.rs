@@ -19,6 +19,7 @@ use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use parking_lot::Mutex;
 
@@ -33,6 +34,8 @@ pub type Key = (u64, u64);
 
 struct Node {
     key: Key,
+    /// Kernel file handle (directories, when host changes are watched).
+    handle: Option<Box<[u8]>>,
     kind: u32,
     nlookup: u64,
     children: u64,
@@ -45,6 +48,8 @@ struct Table {
     nodes: HashMap<u64, Node>,
     by_key: HashMap<Key, u64>,
     by_name: HashMap<(u64, Box<[u8]>), u64>,
+    /// Kernel file handles of known directories (for host change events).
+    by_handle: HashMap<Box<[u8]>, u64>,
     next_synth: u64,
 }
 
@@ -153,6 +158,7 @@ pub struct Inodes {
     fds: Mutex<FdCache>,
     root_fd: Arc<OwnedFd>,
     root_dev: u64,
+    watch_handles: AtomicBool,
     /// `/proc/self/fd`, to reopen `O_PATH` handles.
     pub proc_fd: OwnedFd,
 }
@@ -175,6 +181,7 @@ impl Inodes {
             ROOT,
             Node {
                 key,
+                handle: None,
                 kind: st.st_mode & libc::S_IFMT,
                 nlookup: 1,
                 children: 0,
@@ -189,6 +196,7 @@ impl Inodes {
                 nodes,
                 by_key,
                 by_name: HashMap::new(),
+                by_handle: HashMap::new(),
                 next_synth: SYNTH_BASE,
             }),
             fds: Mutex::new(FdCache {
@@ -198,8 +206,35 @@ impl Inodes {
             }),
             root_fd: Arc::new(root_fd),
             root_dev: st.st_dev,
+            watch_handles: AtomicBool::new(false),
             proc_fd: sys::open_proc_self_fd()?,
         })
+    }
+
+    /// Starts recording directories' kernel file handles (host change events name them).
+    pub fn watch_handles(&self) {
+        self.watch_handles.store(true, Ordering::Relaxed);
+        self.record_handle(ROOT, &self.root_fd.clone());
+    }
+
+    fn record_handle(&self, ino: u64, fd: &OwnedFd) {
+        let Ok(h) = sys::file_handle(fd.as_fd()) else {
+            return;
+        };
+        let mut t = self.table.lock();
+        let h: Box<[u8]> = h.into();
+        if let Some(n) = t.nodes.get_mut(&ino) {
+            if n.handle.as_deref() == Some(&*h) {
+                return;
+            }
+            n.handle = Some(h.clone());
+            t.by_handle.insert(h, ino);
+        }
+    }
+
+    /// The directory node with this kernel file handle, if known.
+    pub fn by_handle(&self, h: &[u8]) -> Option<u64> {
+        self.table.lock().by_handle.get(h).copied()
     }
 
     /// The handle of SOURCE (opened before mounting).
@@ -352,6 +387,10 @@ impl Inodes {
     ) -> Found {
         let fd = Arc::new(fd);
         let ino = self.insert(parent, name.bytes(), &st, count);
+        if st.st_mode & libc::S_IFMT == libc::S_IFDIR && self.watch_handles.load(Ordering::Relaxed)
+        {
+            self.record_handle(ino, &fd);
+        }
         self.fds.lock().put(ino, fd.clone());
         Found { ino, st, fd }
     }
@@ -385,6 +424,7 @@ impl Inodes {
                     id,
                     Node {
                         key,
+                        handle: None,
                         kind,
                         nlookup: 0,
                         children: 0,
@@ -469,6 +509,7 @@ impl Inodes {
                 t.nodes.shrink_to_fit();
                 t.by_key.shrink_to_fit();
                 t.by_name.shrink_to_fit();
+                t.by_handle.shrink_to_fit();
                 true
             } else {
                 false
@@ -613,6 +654,11 @@ fn maybe_remove(t: &mut Table, ino: u64, removed: &mut Vec<u64>) {
         if let Some(n) = t.nodes.remove(&ino) {
             if t.by_key.get(&n.key) == Some(&ino) {
                 t.by_key.remove(&n.key);
+            }
+            if let Some(h) = &n.handle
+                && t.by_handle.get(h) == Some(&ino)
+            {
+                t.by_handle.remove(h);
             }
             removed.push(ino);
             for (p, name) in n.aliases {

@@ -620,6 +620,40 @@ pub fn write_and_close(fd: i32, data: &[u8]) -> io::Result<()> {
     std::io::Write::write_all(&mut f, data)
 }
 
+/// The kernel's file handle of the object behind `fd` (`name_to_handle_at` with
+/// `AT_EMPTY_PATH`), as `handle_type` bytes followed by the handle bytes.
+pub fn file_handle(fd: BorrowedFd<'_>) -> io::Result<Vec<u8>> {
+    const MAX: usize = 128;
+    #[repr(C)]
+    struct Fh {
+        bytes: u32,
+        kind: i32,
+        data: [u8; MAX],
+    }
+    let mut fh = Fh {
+        bytes: MAX as u32,
+        kind: 0,
+        data: [0; MAX],
+    };
+    let mut mount_id: libc::c_int = 0;
+    // SAFETY: valid fd, empty path with AT_EMPTY_PATH, a file_handle buffer whose
+    // handle_bytes says how much room follows, and an out-pointer for the mount id.
+    cvt(unsafe {
+        libc::name_to_handle_at(
+            fd.as_raw_fd(),
+            EMPTY.as_ptr(),
+            (&mut fh as *mut Fh).cast(),
+            &mut mount_id,
+            libc::AT_EMPTY_PATH,
+        )
+    })?;
+    let n = (fh.bytes as usize).min(MAX);
+    let mut out = Vec::with_capacity(4 + n);
+    out.extend_from_slice(&fh.kind.to_ne_bytes());
+    out.extend_from_slice(&fh.data[..n]);
+    Ok(out)
+}
+
 /// Returns freed heap memory to the kernel (glibc `malloc_trim`, every arena).
 pub fn trim_heap() {
     // SAFETY: malloc_trim only releases free memory; it has no preconditions.

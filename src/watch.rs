@@ -1,0 +1,209 @@
+//! Host change watching: other processes editing SOURCE show up through the mount within
+//! milliseconds, so the kernel may cache names and attributes for long.
+//!
+//! A fanotify mark on SOURCE's file system reports every create, delete, move, modify and
+//! attribute change with the parent directory's file handle and the name. Events for
+//! directories the mount knows become invalidations (entry + attributes) sent to the
+//! notify thread; events caused by the daemon itself are skipped (the kernel already
+//! knows what it asked for). On queue overflow everything known is invalidated.
+//! Needs CAP_SYS_ADMIN; without it the caches simply expire after `--cache-ttl`.
+#![allow(unsafe_code)]
+
+use std::collections::HashSet;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::sync::Arc;
+
+use crate::fs::ops::Shared;
+
+const FAN_Q_OVERFLOW: u64 = 0x4000;
+const FAN_MODIFY: u64 = 0x2;
+/// create, delete, moved from, moved to.
+const DIRENT: u64 = 0x100 | 0x200 | 0x40 | 0x80;
+const INFO_FID: u8 = 1;
+const INFO_DFID_NAME: u8 = 2;
+const INFO_DFID: u8 = 3;
+const INFO_OLD_DFID_NAME: u8 = 10;
+const INFO_NEW_DFID_NAME: u8 = 12;
+
+/// What the kernel must forget after some host changes.
+#[derive(Debug, Default)]
+pub struct Batch {
+    /// `(directory, name)` entries.
+    pub entries: Vec<(u64, Vec<u8>)>,
+    /// `(inode, offset)`: `-1` attributes only, `0` attributes and cached pages.
+    pub inodes: Vec<(u64, i64)>,
+    /// The event queue overflowed: invalidate everything.
+    pub everything: bool,
+}
+
+/// Opens a fanotify group marking SOURCE's whole file system.
+pub fn open(source: BorrowedFd<'_>) -> io::Result<OwnedFd> {
+    let flags = libc::FAN_CLASS_NOTIF
+        | libc::FAN_CLOEXEC
+        | libc::FAN_REPORT_FID
+        | libc::FAN_REPORT_DFID_NAME;
+    // SAFETY: plain syscall with constant flags; the result is checked.
+    let fd = unsafe { libc::fanotify_init(flags, (libc::O_RDONLY | libc::O_CLOEXEC) as u32) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the kernel just returned this descriptor.
+    let fan = unsafe { OwnedFd::from_raw_fd(fd) };
+    let mask = libc::FAN_CREATE
+        | libc::FAN_DELETE
+        | libc::FAN_MOVED_FROM
+        | libc::FAN_MOVED_TO
+        | libc::FAN_MODIFY
+        | libc::FAN_ATTRIB
+        | libc::FAN_DELETE_SELF
+        | libc::FAN_MOVE_SELF
+        | libc::FAN_ONDIR;
+    // fanotify_mark does not take O_PATH handles: reopen SOURCE for reading.
+    let proc_fd = crate::host::sys::open_proc_self_fd()?;
+    let dir =
+        crate::host::sys::reopen(proc_fd.as_fd(), source, libc::O_RDONLY | libc::O_DIRECTORY)?;
+    // SAFETY: valid fds; a null path marks the object behind `dir` (its file system).
+    let r = unsafe {
+        libc::fanotify_mark(
+            fan.as_raw_fd(),
+            libc::FAN_MARK_ADD | libc::FAN_MARK_FILESYSTEM,
+            mask,
+            dir.as_raw_fd(),
+            std::ptr::null(),
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(fan)
+}
+
+fn u16_at(b: &[u8], i: usize) -> Option<u16> {
+    Some(u16::from_ne_bytes(b.get(i..i + 2)?.try_into().ok()?))
+}
+fn u32_at(b: &[u8], i: usize) -> Option<u32> {
+    Some(u32::from_ne_bytes(b.get(i..i + 4)?.try_into().ok()?))
+}
+fn u64_at(b: &[u8], i: usize) -> Option<u64> {
+    Some(u64::from_ne_bytes(b.get(i..i + 8)?.try_into().ok()?))
+}
+
+/// One info record: handle key (`type` ++ bytes) and, for `*_NAME` records, the name.
+fn parse_info(rec: &[u8]) -> Option<(u8, Vec<u8>, Option<Vec<u8>>)> {
+    let kind = *rec.first()?;
+    // header (4) + fsid (8) + handle_bytes (4) + handle_type (4)
+    let hb = u32_at(rec, 12)? as usize;
+    let ht = rec.get(16..20)?;
+    let h = rec.get(20..20 + hb)?;
+    let mut key = Vec::with_capacity(4 + hb);
+    key.extend_from_slice(ht);
+    key.extend_from_slice(h);
+    let name = match kind {
+        INFO_DFID_NAME | INFO_OLD_DFID_NAME | INFO_NEW_DFID_NAME => {
+            let rest = rec.get(20 + hb..)?;
+            let end = rest.iter().position(|&c| c == 0).unwrap_or(rest.len());
+            Some(rest[..end].to_vec())
+        }
+        _ => None,
+    };
+    Some((kind, key, name))
+}
+
+/// Turns one buffer of events into a batch of invalidations.
+fn decode(buf: &[u8], shared: &Shared, me: u32, pages: bool) -> Batch {
+    let mut b = Batch::default();
+    let mut seen_e: HashSet<(u64, Vec<u8>)> = HashSet::new();
+    let mut seen_i: HashSet<u64> = HashSet::new();
+    let mut off = 0;
+    while off + 24 <= buf.len() {
+        let Some(len) = u32_at(buf, off).map(|l| l as usize) else {
+            break;
+        };
+        let meta_len = u16_at(buf, off + 6).unwrap_or(24) as usize;
+        let mask = u64_at(buf, off + 8).unwrap_or(0);
+        let pid = u32_at(buf, off + 20).unwrap_or(0);
+        if len < 24 || off + len > buf.len() {
+            break;
+        }
+        let ev = &buf[off..off + len];
+        off += len;
+        if mask & FAN_Q_OVERFLOW != 0 {
+            b.everything = true;
+            continue;
+        }
+        if pid == me {
+            continue;
+        }
+        let mut i = meta_len;
+        while i + 4 <= ev.len() {
+            let rlen = u16_at(ev, i + 2).unwrap_or(0) as usize;
+            if rlen < 4 || i + rlen > ev.len() {
+                break;
+            }
+            if let Some((kind, key, name)) = parse_info(&ev[i..i + rlen]) {
+                match (kind, name) {
+                    (_, Some(name)) => {
+                        if let Some(dir) = shared.inodes.by_handle(&key) {
+                            let dirent = mask & DIRENT != 0;
+                            if dirent && seen_i.insert(dir) {
+                                b.inodes.push((dir, -1));
+                            }
+                            if let Some(child) = shared.inodes.child(dir, &name)
+                                && seen_i.insert(child)
+                            {
+                                let off = if pages && mask & FAN_MODIFY != 0 {
+                                    0
+                                } else {
+                                    -1
+                                };
+                                b.inodes.push((child, off));
+                            }
+                            // Only a name that appeared, vanished or moved is dropped;
+                            // content and attribute changes keep the cached name.
+                            if dirent && seen_e.insert((dir, name.clone())) {
+                                b.entries.push((dir, name));
+                            }
+                        }
+                    }
+                    (INFO_FID | INFO_DFID, None) => {
+                        if let Some(node) = shared.inodes.by_handle(&key)
+                            && seen_i.insert(node)
+                        {
+                            b.inodes.push((node, -1));
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            i += rlen;
+        }
+    }
+    b
+}
+
+/// Reads events forever, handing batches to `send`. `pages`: file contents are cached by
+/// the kernel for the mount (no passthrough), so modifications also drop cached pages.
+pub fn run(fan: OwnedFd, shared: Arc<Shared>, pages: bool, send: impl Fn(Batch)) {
+    let me = std::process::id();
+    let mut buf = vec![0u8; 256 * 1024];
+    loop {
+        // SAFETY: valid fd; buffer of the given length.
+        let n = unsafe { libc::read(fan.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            log::error!("host change watch stopped: {e}");
+            return;
+        }
+        if n == 0 {
+            return;
+        }
+        let batch = decode(&buf[..n as usize], &shared, me, pages);
+        if batch.everything || !batch.entries.is_empty() || !batch.inodes.is_empty() {
+            send(batch);
+        }
+    }
+}
