@@ -74,4 +74,8 @@ say "cargo test"
 # Each mount test runs its own daemon; two at a time suits a 2-core machine.
 cargo test --quiet --no-fail-fast -- --test-threads="${FENCEFS_TEST_THREADS:-2}"
 
+say "policy fuzzing (stable harness, 25 s)"
+FENCEFS_FUZZ_SECS="${FENCEFS_FUZZ_SECS:-25}" cargo test --quiet --test policy_prop -- \
+    --ignored --exact fuzz_random_inputs
+
 say "all checks passed"

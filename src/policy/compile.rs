@@ -65,8 +65,9 @@ enum Comp {
 /// A normalized pattern with what is precomputed for it.
 #[derive(Clone, Debug)]
 struct Pattern {
-    /// Components; empty for the root (`.`).
-    comps: Vec<Comp>,
+    /// Component lists, one per brace alternative (`{a/b,c}` → `[a, b]`, `[c]`); empty
+    /// for the root (`.`).
+    alts: Vec<Vec<Comp>>,
     /// The pattern matches the root path `b""`: it is `.` or consists only of `**`.
     root: bool,
     /// `**/<one component>` (or only `**`s): matches by the last name alone, so it gives
@@ -83,82 +84,200 @@ struct CompiledPattern {
 
 impl Pattern {
     /// Whether the pattern could match a strict descendant of `path`: some non-empty
-    /// `rest` such that the pattern matches `path/rest`. Runs the pattern as an NFA over
-    /// the path's components (state i = "the first i pattern components are consumed");
-    /// O(components × depth), no allocation for patterns under 64 components.
+    /// `rest` such that the pattern matches `path/rest`.
     fn could_match_below(&self, path: &[u8]) -> bool {
-        let m = self.comps.len();
-        if m == 0 {
-            return false;
-        }
-        const STACK: usize = 64;
-        if m < STACK {
-            let (mut a, mut b) = ([false; STACK + 1], [false; STACK + 1]);
-            self.run_states(path, &mut a[..=m], &mut b[..=m])
-        } else {
-            let (mut a, mut b) = (vec![false; m + 1], vec![false; m + 1]);
-            self.run_states(path, &mut a, &mut b)
-        }
+        self.alts.iter().any(|comps| could_match_below(comps, path))
     }
+}
 
-    fn run_states<'s>(
-        &self,
-        path: &[u8],
-        mut cur: &'s mut [bool],
-        mut next: &'s mut [bool],
-    ) -> bool {
-        let m = self.comps.len();
-        cur.fill(false);
-        cur[0] = true;
-        self.close(cur);
-        if !path.is_empty() {
-            for name in path.split(|&b| b == b'/') {
-                next.fill(false);
-                let name = Path::new(OsStr::from_bytes(name));
-                let mut any = false;
-                for i in 0..m {
-                    if !cur[i] {
-                        continue;
+/// Runs one component list as an NFA over the path's components (state i = "the first i
+/// pattern components are consumed"); O(components × depth), no allocation for patterns
+/// under 64 components.
+fn could_match_below(comps: &[Comp], path: &[u8]) -> bool {
+    let m = comps.len();
+    if m == 0 {
+        return false;
+    }
+    const STACK: usize = 64;
+    if m < STACK {
+        let (mut a, mut b) = ([false; STACK + 1], [false; STACK + 1]);
+        run_states(comps, path, &mut a[..=m], &mut b[..=m])
+    } else {
+        let (mut a, mut b) = (vec![false; m + 1], vec![false; m + 1]);
+        run_states(comps, path, &mut a, &mut b)
+    }
+}
+
+fn run_states<'s>(
+    comps: &[Comp],
+    path: &[u8],
+    mut cur: &'s mut [bool],
+    mut next: &'s mut [bool],
+) -> bool {
+    let m = comps.len();
+    cur.fill(false);
+    cur[0] = true;
+    close(comps, cur);
+    if !path.is_empty() {
+        for name in path.split(|&b| b == b'/') {
+            next.fill(false);
+            let name = Path::new(OsStr::from_bytes(name));
+            let mut any = false;
+            for i in 0..m {
+                if !cur[i] {
+                    continue;
+                }
+                match &comps[i] {
+                    Comp::AnyDirs => {
+                        next[i] = true;
+                        any = true;
                     }
-                    match &self.comps[i] {
-                        Comp::AnyDirs => {
-                            next[i] = true;
+                    Comp::Literal(lit) => {
+                        if **lit == *name.as_os_str().as_bytes() {
+                            next[i + 1] = true;
                             any = true;
                         }
-                        Comp::Literal(lit) => {
-                            if **lit == *name.as_os_str().as_bytes() {
-                                next[i + 1] = true;
-                                any = true;
-                            }
-                        }
-                        Comp::Name(set) => {
-                            if set.is_match(name) {
-                                next[i + 1] = true;
-                                any = true;
-                            }
+                    }
+                    Comp::Name(set) => {
+                        if set.is_match(name) {
+                            next[i + 1] = true;
+                            any = true;
                         }
                     }
                 }
-                if !any {
-                    return false;
-                }
-                self.close(next);
-                std::mem::swap(&mut cur, &mut next);
             }
+            if !any {
+                return false;
+            }
+            close(comps, next);
+            std::mem::swap(&mut cur, &mut next);
         }
-        // A state with pattern components left can consume at least one more name (any
-        // remaining `**` or name glob matches some non-empty sequence of names).
-        cur[..m].iter().any(|&s| s)
     }
+    // A state with pattern components left can consume at least one more name (any
+    // remaining `**` or name glob matches some non-empty sequence of names).
+    cur[..m].iter().any(|&s| s)
+}
 
-    /// Epsilon closure: a `**` may match zero components.
-    fn close(&self, states: &mut [bool]) {
-        for i in 0..self.comps.len() {
-            if states[i] && matches!(self.comps[i], Comp::AnyDirs) {
-                states[i + 1] = true;
+/// Epsilon closure: a `**` may match zero components.
+fn close(comps: &[Comp], states: &mut [bool]) {
+    for i in 0..comps.len() {
+        if states[i] && matches!(comps[i], Comp::AnyDirs) {
+            states[i + 1] = true;
+        }
+    }
+}
+
+/// Most brace alternatives a pattern may expand to for the component form.
+const MAX_ALTS: usize = 256;
+
+/// Expands `{a,b}` groups (nested, `\` escapes and `[...]` classes respected) into every
+/// alternative; `None` when there would be more than [`MAX_ALTS`].
+fn expand_braces(s: &str) -> Option<Vec<String>> {
+    let b = s.as_bytes();
+    let (mut i, mut class) = (0, false);
+    let mut open = None;
+    while i < b.len() {
+        match b[i] {
+            b'\\' => i += 1,
+            b'[' if !class => class = true,
+            b']' if class => class = false,
+            b'{' if !class => {
+                open = Some(i);
+                break;
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    let Some(start) = open else {
+        return Some(vec![s.to_string()]);
+    };
+    // Find the matching close brace and the top-level commas.
+    let (mut depth, mut j, mut class) = (0usize, start, false);
+    let mut cuts = vec![start];
+    let mut end = None;
+    while j < b.len() {
+        match b[j] {
+            b'\\' => j += 1,
+            b'[' if !class => class = true,
+            b']' if class => class = false,
+            b'{' if !class => depth += 1,
+            b'}' if !class => {
+                depth -= 1;
+                if depth == 0 {
+                    end = Some(j);
+                    break;
+                }
+            }
+            b',' if !class && depth == 1 => cuts.push(j),
+            _ => {}
+        }
+        j += 1;
+    }
+    let end = end?;
+    cuts.push(end);
+    let (pre, post) = (&s[..start], &s[end + 1..]);
+    let mut out = Vec::new();
+    for w in cuts.windows(2) {
+        let alt = &s[w[0] + 1..w[1]];
+        for e in expand_braces(&format!("{pre}{alt}{post}"))? {
+            out.push(e);
+            if out.len() > MAX_ALTS {
+                return None;
             }
         }
     }
+    Some(out)
+}
+
+/// Splits at `/` outside `[...]` classes (a class never matches `/` here anyway).
+fn split_components(s: &str) -> Vec<&str> {
+    let b = s.as_bytes();
+    let (mut out, mut from, mut i, mut class, mut class_start) = (Vec::new(), 0, 0, false, 0);
+    while i < b.len() {
+        match b[i] {
+            b'\\' => i += 1,
+            b'[' if !class => {
+                class = true;
+                class_start = i;
+            }
+            // `]` right after `[` or `[!` is a literal member of the class.
+            b']' if class && i > class_start + 1 && !(i == class_start + 2 && b[i - 1] == b'!') => {
+                class = false
+            }
+            b'/' if !class => {
+                out.push(&s[from..i]);
+                from = i + 1;
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    out.push(&s[from..]);
+    out.retain(|p| !p.is_empty() && *p != ".");
+    out
+}
+
+/// The component form of one (brace-free) alternative.
+fn components(alt: &str) -> Vec<Comp> {
+    split_components(alt)
+        .into_iter()
+        .map(|part| {
+            if part == "**" {
+                return Comp::AnyDirs;
+            }
+            if !part.contains(['*', '?', '[', ']', '{', '}', '\\']) {
+                return Comp::Literal(part.as_bytes().into());
+            }
+            // `**` inside a name (`src**`, `**a`) matches like `*` (globset's rule).
+            let part = part.replace("**", "*");
+            glob_builder(&part)
+                .build()
+                .ok()
+                .and_then(|g| GlobSetBuilder::new().add(g).build().ok())
+                .map_or(Comp::AnyDirs, Comp::Name)
+        })
+        .collect()
 }
 
 fn glob_builder(glob: &str) -> GlobBuilder<'_> {
@@ -191,7 +310,7 @@ fn compile_pattern(text: &str, what: &str) -> Result<CompiledPattern, String> {
         return Ok(CompiledPattern {
             glob: None,
             pattern: Pattern {
-                comps: Vec::new(),
+                alts: Vec::new(),
                 root: true,
                 floating: false,
             },
@@ -206,29 +325,24 @@ fn compile_pattern(text: &str, what: &str) -> Result<CompiledPattern, String> {
         .add(glob.clone())
         .build()
         .map_err(|e| format!("invalid glob \"{text}\" in {what}: {}", e.kind()))?;
-    let comps = parts
-        .iter()
-        .map(|part| {
-            if part.contains("**") {
-                return Comp::AnyDirs;
-            }
-            if !part.contains(['*', '?', '[', ']', '{', '}', '\\']) {
-                return Comp::Literal(part.as_bytes().into());
-            }
-            glob_builder(part)
-                .build()
-                .ok()
-                .and_then(|g| GlobSetBuilder::new().add(g).build().ok())
-                .map_or(Comp::AnyDirs, Comp::Name)
-        })
-        .collect();
-    let n = parts.len();
+    // The component form, one list per brace alternative; a pattern with too many
+    // alternatives keeps one conservative list (`**`: could match anywhere below).
+    let (alts, exact): (Vec<Vec<Comp>>, bool) = match expand_braces(&normalized) {
+        Some(list) => (list.iter().map(|a| components(a)).collect(), true),
+        None => (vec![vec![Comp::AnyDirs]], false),
+    };
     let root = parts.iter().all(|p| *p == "**");
-    let floating = parts[0] == "**" && parts[..n - 1].iter().all(|p| *p == "**");
+    // Floating: every alternative is `**/…/**/<one name>` (or only `**`).
+    let floating = exact
+        && alts.iter().all(|c| {
+            !c.is_empty()
+                && matches!(c[0], Comp::AnyDirs)
+                && c[..c.len() - 1].iter().all(|x| matches!(x, Comp::AnyDirs))
+        });
     Ok(CompiledPattern {
         glob: Some(glob),
         pattern: Pattern {
-            comps,
+            alts,
             root,
             floating,
         },

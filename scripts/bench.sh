@@ -1,0 +1,719 @@
+#!/usr/bin/env bash
+# scripts/bench.sh — fencefs benchmark against the native directory and bindfs.
+#
+# Runs the same workloads on four targets, alternating targets inside every round:
+#   native          the source directory itself (no FUSE)
+#   bindfs          `bindfs -f SRC MNT` (a plain pass-through FUSE file system)
+#   fencefs         `fencefs mount -m danger -p POLICY SRC MNT`
+#   fencefs-revoke  the same with --revoke
+# Medians over --runs rounds are printed as one table with ratios to native and saved
+# as TSV + JSON (+ every sample, the errors and the daemon logs) under --out.
+# A workload that fails on a target is recorded as FAIL for that cell; the run goes on.
+#
+# Workloads (full size; --quick uses about a fifth and skips the cold/1k-rule/no-op rows):
+#   tree   15,000 files (150 dirs x 100): find, ls -lR, lstat of every file (C loop,
+#          scripts/bench/fsops.c), each cold then warm; lstat warm again under a
+#          generated 1,000-rule policy. Daemon VmRSS/VmHWM/fd count after the walk.
+#   git    `git status` in a 3,000-file repository: 1st run after a fresh mount (host
+#          page cache warm), cold, warm. Each target gets its own copy of the repo.
+#   write  create 5,000 100-byte files / unlink them (C loop); untar a 5,000-file
+#          synthetic source tarball (uncompressed, as root: chown + utimens per file)
+#          and `rm -rf` it. `sync` (untimed) before each.
+#   dd     1 GiB sequential write with conv=fsync, sequential read cold and hot.
+#   fio    4k random reads, psync, 256 MiB file, 10 s, hot page cache (--invalidate=0).
+#   build  `make -j2` of a generated 50-file C project, then a no-op `make -j2`.
+# "cold" = FUSE target unmounted and remounted (fresh daemon) + sync + drop_caches;
+# "warm" = the same command again right after. Every group mounts its target afresh.
+# The time is taken inside the child shell (process start-up excluded). Mode danger,
+# with a 4-rule policy (secrets none, **/*.pem none, **/.env none, docs read).
+# Results are only as quiet as the machine: check loadavg in the header and the
+# per-sample spread in *.samples.tsv / the JSON "samples" before trusting a ratio.
+#
+# Run as root (drop_caches, FUSE mounts). Needs: gcc, make, git, tar, fio, bindfs,
+# fusermount3; `apt-get install -y bindfs fio` is tried when they are missing.
+# Usage: scripts/bench.sh [--quick] [--runs N] [--dir DIR] [--out DIR] [--bin PATH]
+#        [--build] [--threads N] [--targets LIST] [--only GROUPS] [--help]
+set -uo pipefail
+
+SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO=$(cd "$SCRIPT_DIR/.." && pwd)
+
+usage() {
+    cat <<EOF
+usage: scripts/bench.sh [options]
+  --quick           small sizes, 1 run, slow rows skipped (cold rows, 1k-rule row,
+                    make no-op); finishes in under two minutes
+  --runs N          rounds per workload, median reported (default 3; --quick: 1)
+  --dir DIR         work directory; the native target is DIR/full/src (DIR/quick/src
+                    with --quick), FUSE mounts go on DIR/mnt (default
+                    /tmp/fencefs-bench-work; the generated data is kept and reused by
+                    later runs, delete the directory by hand)
+  --out DIR         results directory (default /tmp/fencefs-bench)
+  --bin PATH        fencefs binary (default \$REPO/target/release/fencefs, built with
+                    'cargo build --release' when missing); copied into DIR/bin first so
+                    concurrent rebuilds cannot swap it mid-run
+  --build           run 'cargo build --release' first
+  --threads N       pass --threads N to fencefs
+  --targets LIST    comma list out of native,bindfs,fencefs,fencefs-revoke (default all)
+  --only GROUPS     comma list out of tree,git,write,dd,fio,build (default all)
+  --timeout SEC     per-command timeout, a hung command is killed and recorded FAIL
+                    (default 600)
+EOF
+}
+
+# ---------------------------------------------------------------- options
+QUICK=0 RUNS="" WORK=/tmp/fencefs-bench-work OUT=/tmp/fencefs-bench BIN_SRC="" BUILD=0
+THREADS="" TARGETS_OPT="native,bindfs,fencefs,fencefs-revoke" ONLY="tree,git,write,dd,fio,build"
+TMO=600
+while (($#)); do
+    case $1 in
+    --quick) QUICK=1 ;;
+    --runs) RUNS=$2; shift ;;
+    --dir) WORK=$2; shift ;;
+    --out) OUT=$2; shift ;;
+    --bin) BIN_SRC=$2; shift ;;
+    --build) BUILD=1 ;;
+    --threads) THREADS=$2; shift ;;
+    --targets) TARGETS_OPT=$2; shift ;;
+    --only) ONLY=$2; shift ;;
+    --timeout) TMO=$2; shift ;;
+    -h | --help) usage; exit 0 ;;
+    *) echo "bench.sh: unknown option '$1'" >&2; usage >&2; exit 2 ;;
+    esac
+    shift
+done
+[[ -z $RUNS ]] && { ((QUICK)) && RUNS=1 || RUNS=3; }
+[[ $RUNS =~ ^[1-9][0-9]*$ ]] || { echo "bench.sh: --runs needs a positive integer" >&2; exit 2; }
+[[ $WORK =~ [[:space:]] || $OUT =~ [[:space:]] ]] && { echo "bench.sh: --dir/--out must not contain whitespace" >&2; exit 2; }
+[[ $(id -u) == 0 ]] || { echo "bench.sh: run as root (drop_caches, mounts)" >&2; exit 2; }
+mkdir -p "$WORK" "$OUT" || exit 1
+WORK=$(cd "$WORK" && pwd) OUT=$(cd "$OUT" && pwd)
+IFS=, read -r -a TARGETS <<<"$TARGETS_OPT"
+for t in "${TARGETS[@]}"; do
+    case $t in native | bindfs | fencefs | fencefs-revoke) ;; *) echo "bench.sh: unknown target $t" >&2; exit 2 ;; esac
+done
+ALL_TARGETS=(native bindfs fencefs fencefs-revoke)
+
+# ---------------------------------------------------------------- sizes
+if ((QUICK)); then
+    TREE_DIRS=30 TREE_FILES=100       # 3,000 files
+    GIT_FILES=600
+    CREATE_N=1000
+    TAR_FILES=1000
+    DD_MB=128
+    FIO_SIZE=64M FIO_RT=3
+    C_FILES=8
+    SKIP_SLOW=1
+else
+    TREE_DIRS=150 TREE_FILES=100      # 15,000 files
+    GIT_FILES=3000
+    CREATE_N=5000
+    TAR_FILES=5000
+    DD_MB=1024
+    FIO_SIZE=256M FIO_RT=10
+    C_FILES=50
+    SKIP_SLOW=0
+fi
+TREE_N=$((TREE_DIRS * TREE_FILES))
+NRULES=1000
+MAKE_J=2
+
+DATASET=full; ((QUICK)) && DATASET=quick
+SRC=$WORK/$DATASET/src DATA=$WORK/$DATASET/data MNT=$WORK/mnt BINDIR=$WORK/bin
+STAMP_RUN=$(date +%Y%m%d-%H%M%S)
+RES=$OUT/bench-$STAMP_RUN
+LOGDIR=$RES.logs
+mkdir -p "$SRC" "$MNT" "$DATA" "$BINDIR" "$LOGDIR" || exit 1
+SAMPLES=$RES.samples.tsv ERRORS=$RES.errors.log
+printf 'round\trow\ttarget\tvalue\tstatus\n' >"$SAMPLES"
+: >"$ERRORS"
+TMPD=$(mktemp -d /tmp/fencefs-bench-tmp.XXXXXX)
+
+log() { printf '[bench %(%H:%M:%S)T] %s\n' -1 "$*" >&2; }
+err() { printf '[%s] %s\n' "$(date +%T)" "$*" >>"$ERRORS"; log "ERROR: $*"; }
+
+# ---------------------------------------------------------------- mounts / cleanup
+CUR_TARGET="" CUR_PID="" CUR_POLICY="" TIMED_PID=""
+STARTED_PIDS=()
+
+is_mounted() { awk -v m="$1" '$5 == m { f = 1 } END { exit !f }' /proc/self/mountinfo; }
+
+pid_is_ours() { # pid alive and still the daemon we started for $MNT
+    [[ -n $1 ]] && kill -0 "$1" 2>/dev/null && tr '\0' ' ' <"/proc/$1/cmdline" 2>/dev/null | grep -qF -- "$MNT"
+}
+
+# unmount whatever is on $MNT and stop the daemon we started; never leaves a mount behind
+unmount_current() {
+    local pid=$CUR_PID tgt=$CUR_TARGET rc i
+    CUR_TARGET="" CUR_PID=""
+    [[ -z $tgt || $tgt == native ]] && return 0
+    if pid_is_ours "$pid"; then
+        if [[ $tgt == bindfs ]]; then fusermount3 -u "$MNT" 2>/dev/null || umount "$MNT" 2>/dev/null
+        else kill -TERM "$pid" 2>/dev/null; fi
+        for ((i = 0; i < 200; i++)); do kill -0 "$pid" 2>/dev/null || break; sleep 0.05; done
+        if kill -0 "$pid" 2>/dev/null; then
+            err "$tgt: daemon $pid did not exit 10 s after unmount request; SIGKILL"
+            kill -KILL "$pid" 2>/dev/null
+        fi
+        wait "$pid" 2>/dev/null; rc=$?
+        [[ $tgt != bindfs && $rc != 0 ]] && err "$tgt: daemon exited with status $rc on SIGTERM (log: $LOGDIR/$tgt.log)"
+    fi
+    if is_mounted "$MNT"; then
+        fusermount3 -u "$MNT" 2>/dev/null || umount "$MNT" 2>/dev/null || umount -l "$MNT" 2>/dev/null ||
+            fusermount3 -u -z "$MNT" 2>/dev/null
+    fi
+    is_mounted "$MNT" && err "could not unmount $MNT"
+    return 0
+}
+
+cleanup() {
+    local p
+    trap - EXIT INT TERM
+    if [[ -n $TIMED_PID ]] && kill -0 "$TIMED_PID" 2>/dev/null; then
+        kill -TERM "$TIMED_PID" 2>/dev/null; wait "$TIMED_PID" 2>/dev/null
+    fi
+    unmount_current
+    for p in "${STARTED_PIDS[@]}"; do pid_is_ours "$p" && kill -KILL "$p" 2>/dev/null; done
+    is_mounted "$MNT" && { umount -l "$MNT" 2>/dev/null || fusermount3 -u -z "$MNT" 2>/dev/null; }
+    rm -rf "$TMPD"
+}
+trap cleanup EXIT
+trap 'log "interrupted"; exit 130' INT TERM
+
+# mount TARGET [POLICY]; sets TP (the path the workloads use). Returns 1 on failure.
+mount_target() {
+    local tgt=$1 pol=${2:-$POLICY_SMALL} pid i
+    unmount_current
+    if [[ $tgt == native ]]; then TP=$SRC; CUR_TARGET=native; return 0; fi
+    TP=$MNT
+    is_mounted "$MNT" && { err "$MNT still mounted before mounting $tgt"; return 1; }
+    local log=$LOGDIR/$tgt.log logsz
+    logsz=$(stat -c %s "$log" 2>/dev/null || echo 0)
+    printf -- '--- %(%T)T mount (policy %s)\n' -1 "$pol" >>"$log"
+    case $tgt in
+    bindfs) bindfs -f "$SRC" "$MNT" >>"$log" 2>&1 & ;;
+    fencefs) "$BIN" mount -p "$pol" -m danger ${THREADS:+--threads "$THREADS"} "$SRC" "$MNT" >>"$log" 2>&1 & ;;
+    fencefs-revoke) "$BIN" mount -p "$pol" -m danger --revoke ${THREADS:+--threads "$THREADS"} "$SRC" "$MNT" >>"$log" 2>&1 & ;;
+    esac
+    pid=$!
+    STARTED_PIDS+=("$pid")
+    for ((i = 0; i < 400; i++)); do
+        if awk -v m="$MNT" '$5 == m { for (j = 7; j <= NF; j++) if ($j == "-") { if ($(j+1) ~ /^fuse/) f = 1; break } } END { exit !f }' /proc/self/mountinfo; then
+            CUR_TARGET=$tgt CUR_PID=$pid CUR_POLICY=$pol
+            return 0
+        fi
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 0.025
+    done
+    wait "$pid" 2>/dev/null
+    err "$tgt: mount failed (daemon status $?): $(tail -c +$((logsz + 1)) "$log" | tail -n 5 | tr '\n' ' ')"
+    CUR_TARGET=$tgt CUR_PID=$pid
+    unmount_current
+    return 1
+}
+
+# is the current target still healthy (daemon alive and mounted)?
+target_alive() {
+    [[ $CUR_TARGET == native ]] && return 0
+    [[ -n $CUR_PID ]] && kill -0 "$CUR_PID" 2>/dev/null && is_mounted "$MNT"
+}
+
+DROP_OK=1
+drop_caches() {
+    sync
+    ((DROP_OK)) && { echo 3 >/proc/sys/vm/drop_caches 2>/dev/null || { DROP_OK=0; log "WARNING: drop_caches not writable; cold = remount only"; }; }
+}
+
+# remount the current target (fresh daemon), optionally dropping caches in between
+remount() { # remount [cold]
+    local tgt=$CUR_TARGET pol=$CUR_POLICY
+    [[ -z $tgt ]] && return 1
+    unmount_current
+    [[ ${1:-} == cold ]] && drop_caches
+    mount_target "$tgt" "$pol"
+}
+
+# ---------------------------------------------------------------- measuring
+ROUND=0
+# timed ROW TARGET DIR CMD [CHECK]
+#   runs CMD (bash) in DIR under a timeout; the time is taken inside the child shell, so
+#   process start-up is not measured. CHECK is a bash condition run afterwards with $OUT_F
+#   (stdout of CMD); a false CHECK records FAIL ("wrong result"). Sets LAST_OK.
+timed() {
+    local row=$1 tgt=$2 dir=$3 cmd=$4 check=${5:-} rc t
+    OUT_F=$TMPD/out ERR_F=$TMPD/err TIME_F=$TMPD/time
+    LAST_OK=0
+    rm -f "$TIME_F"
+    if ! target_alive; then
+        record "$row" "$tgt" FAIL "target not mounted (daemon died earlier?)"
+        return 1
+    fi
+    timeout -k 5 "$TMO" bash -c '
+        set -o pipefail
+        cd "$1" || exit 97
+        t0=$EPOCHREALTIME
+        eval "$2"
+        rc=$?
+        t1=$EPOCHREALTIME
+        echo "$t0 $t1" >"$3"
+        exit $rc' bench "$dir" "$cmd" "$TIME_F" >"$OUT_F" 2>"$ERR_F" </dev/null &
+    TIMED_PID=$!
+    wait "$TIMED_PID"
+    rc=$?
+    TIMED_PID=""
+    if ((rc != 0)); then
+        local why="exit status $rc"
+        ((rc == 124 || rc == 137)) && why="timed out after ${TMO}s"
+        record "$row" "$tgt" FAIL "$why: $cmd :: $(head -c 600 "$ERR_F" | tr '\n' ' ')"
+        check_daemon "$tgt"
+        return 1
+    fi
+    t=$(awk '{ printf "%.6f", $2 - $1 }' "$TIME_F")
+    if [[ -n $check ]] && ! eval "$check"; then
+        record "$row" "$tgt" FAIL "wrong result: $cmd :: check [$check] failed; stdout: $(head -c 300 "$OUT_F" | tr '\n' ' ')"
+        return 1
+    fi
+    record "$row" "$tgt" "$t"
+    LAST_OK=1
+}
+
+check_daemon() {
+    [[ $CUR_TARGET == native || -z $CUR_TARGET ]] && return 0
+    if ! kill -0 "$CUR_PID" 2>/dev/null; then
+        wait "$CUR_PID" 2>/dev/null
+        err "$1: daemon $CUR_PID died (status $?); log tail: $(tail -n 5 "$LOGDIR/$1.log" | tr '\n' ' ')"
+        remount
+    fi
+}
+
+record() { # record ROW TARGET VALUE|FAIL [NOTE]
+    local row=$1 tgt=$2 v=$3 note=${4:-}
+    if [[ $v == FAIL ]]; then
+        printf '%s\t%s\t%s\t\tFAIL\n' "$ROUND" "$row" "$tgt" >>"$SAMPLES"
+        err "round $ROUND $tgt $row: $note"
+    else
+        printf '%s\t%s\t%s\t%s\tok\n' "$ROUND" "$row" "$tgt" "$v" >>"$SAMPLES"
+        log "  $tgt $row = $v"
+    fi
+}
+
+fail_rows() { # fail_rows TARGET REASON ROW... (e.g. the mount failed)
+    local tgt=$1 why=$2 r
+    shift 2
+    for r; do slow "$r" || record "$r" "$tgt" FAIL "$why"; done
+}
+
+# ---------------------------------------------------------------- rows
+ROWS=()
+declare -A LABEL KIND UNIT
+row() { ROWS+=("$1"); LABEL[$1]=$2; KIND[$1]=$3; UNIT[$1]=$4; }
+k() { awk -v n="$1" 'BEGIN { if (n >= 1000 && n % 1000 == 0) printf "%dk", n / 1000; else if (n >= 1000) printf "%.1fk", n / 1000; else printf "%d", n }'; }
+row tree_find_cold "find, $(k $TREE_N)-file tree, cold" time s
+row tree_find_warm "find, $(k $TREE_N)-file tree, warm" time s
+row tree_lslr_cold "ls -lR, $(k $TREE_N) files, cold" time s
+row tree_lslr_warm "ls -lR, $(k $TREE_N) files, warm" time s
+row tree_stat_cold "lstat every file ($(k $TREE_N)), cold" time s
+row tree_stat_warm "lstat every file ($(k $TREE_N)), warm" time s
+row tree_stat_1k "lstat every file, warm, $NRULES-rule policy" time s
+row git_first "git status ($(k $GIT_FILES) files), 1st after mount" time s
+row git_cold "git status ($(k $GIT_FILES) files), cold" time s
+row git_warm "git status ($(k $GIT_FILES) files), warm" time s
+row create "create $(k $CREATE_N) small files" time s
+row delete "delete $(k $CREATE_N) files" time s
+row untar "untar $(k $TAR_FILES)-file source tarball" time s
+row rmrf "rm -rf the untarred tree" time s
+row dd_write "write $DD_MB MiB seq + fsync (dd)" time s
+row dd_read_cold "read $DD_MB MiB seq, cold (dd)" time s
+row dd_read_hot "read $DD_MB MiB seq, hot (dd)" time s
+row fio_iops "fio 4k randread psync ${FIO_SIZE}B [T]" tput IOPS
+row build "make -j$MAKE_J, $C_FILES-file C project" time s
+row build_noop "make -j$MAKE_J, nothing to rebuild" time s
+row d_rss "daemon VmRSS after tree walk" info MiB
+row d_hwm "daemon VmHWM after tree walk" info MiB
+row d_fds "daemon open fds after tree walk" info fds
+SLOW_ROWS=" tree_find_cold tree_lslr_cold tree_stat_cold tree_stat_1k git_cold dd_read_cold build_noop "
+slow() { ((SKIP_SLOW)) && [[ $SLOW_ROWS == *" $1 "* ]]; }
+
+# ---------------------------------------------------------------- prerequisites
+need() { command -v "$1" >/dev/null 2>&1; }
+for p in bindfs fio; do
+    if ! need $p; then
+        log "installing $p"
+        { apt-get install -y $p || { apt-get update && apt-get install -y $p; }; } >"$TMPD/apt.log" 2>&1 ||
+            log "WARNING: could not install $p: $(tail -n 2 "$TMPD/apt.log" | tr '\n' ' ')"
+    fi
+done
+for p in gcc make git tar fusermount3 timeout; do need $p || { echo "bench.sh: $p is required" >&2; exit 1; }; done
+
+if [[ -z $BIN_SRC ]]; then
+    BIN_SRC=$REPO/target/release/fencefs
+    if ((BUILD)) || [[ ! -x $BIN_SRC ]]; then
+        log "cargo build --release"
+        (cd "$REPO" && cargo build --release) >&2 || { echo "bench.sh: cargo build failed" >&2; exit 1; }
+    fi
+fi
+[[ -x $BIN_SRC ]] || { echo "bench.sh: no fencefs binary at $BIN_SRC" >&2; exit 1; }
+BIN=$BINDIR/fencefs
+BIN_MTIME=$(stat -c %y "$BIN_SRC" | cut -d. -f1)
+cp -f "$BIN_SRC" "$BIN.tmp" && mv -f "$BIN.tmp" "$BIN" || exit 1
+BIN_SHA=$(sha256sum "$BIN" | cut -c1-12)
+gcc -O2 -o "$BINDIR/fsops" "$SCRIPT_DIR/bench/fsops.c" || { echo "bench.sh: cannot build fsops" >&2; exit 1; }
+FSOPS=$BINDIR/fsops
+
+# ---------------------------------------------------------------- data (deterministic)
+export GIT_CONFIG_NOSYSTEM=1 GIT_CONFIG_GLOBAL=/dev/null
+export GIT_AUTHOR_NAME=bench GIT_AUTHOR_EMAIL=bench@example.invalid GIT_COMMITTER_NAME=bench
+export GIT_COMMITTER_EMAIL=bench@example.invalid GIT_AUTHOR_DATE='2026-01-01T00:00:00Z' GIT_COMMITTER_DATE='2026-01-01T00:00:00Z'
+
+POLICY_SMALL=$DATA/policy-small.toml POLICY_1K=$DATA/policy-1k.toml
+PARAMS="v1 tree=${TREE_DIRS}x$TREE_FILES git=$GIT_FILES tar=$TAR_FILES c=$C_FILES rules=$NRULES"
+
+gen_tree() { # gen_tree DIR NDIRS NFILES — small text files, sizes 16..~1 KiB
+    local root=$1 nd=$2 nf=$3 d f i line dn fn
+    mkdir -p "$root"
+    for ((d = 0; d < nd; d++)); do
+        printf -v dn '%s/d%03d' "$root" "$d"
+        mkdir -p "$dn"
+        for ((f = 0; f < nf; f++)); do
+            printf -v line 'd%03d/f%03d: the quick brown fox jumps over the lazy dog\n' "$d" "$f"
+            i=$(((d * 31 + f * 7) % 16 + 1))
+            local body=""
+            while ((i--)); do body+=$line; done
+            printf -v fn '%s/f%03d.txt' "$dn" "$f"
+            printf '%s' "$body" >"$fn"
+        done
+    done
+}
+
+gen_srctree() { # a synthetic source tree of N files: nested dirs, .c/.h/.md, 0.2..12 KiB
+    local root=$1 n=$2 i d sz chunk ext fn
+    chunk=$(printf '/* synthetic source line for the fencefs benchmark, padding text. */\n%.0s' {1..16})
+    for ((i = 0; i < n; i++)); do
+        printf -v d 'pkg%02d/mod%02d' $((i / 250)) $((i / 25 % 10))
+        mkdir -p "$root/$d"
+        case $((i % 5)) in 0 | 1 | 2) ext=c ;; 3) ext=h ;; *) ext=md ;; esac
+        sz=$(((i * 37) % 11 + 1))
+        local body=""
+        while ((sz--)); do body+=$chunk; done
+        printf -v fn '%s/%s/file%05d.%s' "$root" "$d" "$i" "$ext"
+        printf '%s' "$body" >"$fn"
+    done
+}
+
+gen_policies() {
+    cat >"$POLICY_SMALL" <<'EOF'
+# bench policy: a few rules so every lookup is really evaluated
+mode = "danger"
+default = "write"
+
+[[rule]]
+path = "secrets"
+access = "none"
+
+[[rule]]
+path = "**/*.pem"
+access = "none"
+
+[[rule]]
+path = "**/.env"
+access = "none"
+
+[[rule]]
+path = "docs"
+access = "read"
+EOF
+    {
+        printf '# bench policy: %d rules, none of them changes what the tree workloads see\nmode = "danger"\ndefault = "write"\n' "$NRULES"
+        local i n=0
+        for ((i = 0; n < NRULES; i++)); do
+            case $((i % 5)) in
+            0) printf '\n[[rule]]\npath = "secrets%04d"\naccess = "none"\n' "$i" ;;
+            1) printf '\n[[rule]]\npath = "**/*.key%04d"\naccess = "none"\n' "$i" ;;
+            2) printf '\n[[rule]]\npath = "tree/d%03d/nomatch%04d.txt"\naccess = "none"\n' $((i % TREE_DIRS)) "$i" ;;
+            3) printf '\n[[rule]]\npath = "vendor/lib%04d/**"\naccess = "read"\n' "$i" ;;
+            4) printf '\n[[rule]]\npath = "tree/d%03d/**/*.bak%d"\naccess = "read"\n' $((i % TREE_DIRS)) "$i" ;;
+            esac
+            n=$((n + 1))
+        done
+    } >"$POLICY_1K"
+}
+
+prepare_data() {
+    if [[ $(cat "$DATA/ready" 2>/dev/null) == "$PARAMS" ]]; then
+        log "reusing generated data in $WORK ($PARAMS)"
+        return 0
+    fi
+    log "generating data in $WORK ($PARAMS)"
+    rm -rf "$SRC" "$DATA" && mkdir -p "$SRC" "$DATA"
+    gen_tree "$SRC/tree" "$TREE_DIRS" "$TREE_FILES"
+    (cd "$SRC/tree" && find . -type f | LC_ALL=C sort) >"$DATA/tree.list"
+    (cd "$SRC/tree" && find . | wc -l) >"$DATA/tree.count"
+    mkdir -p "$SRC/secrets" "$SRC/docs"
+    echo "s3cr3t" >"$SRC/secrets/key.txt"
+    echo "README" >"$SRC/docs/README"
+    # git repository template: GIT_FILES tracked files in nested dirs, one commit
+    local g=$DATA/git-template
+    gen_tree "$g/src" $((GIT_FILES / 50)) 50
+    (cd "$g" && git init -q -b main . && git add -A && git commit -q -m "bench repo") || { echo "bench.sh: git init failed" >&2; exit 1; }
+    # tarball of a synthetic source tree
+    gen_srctree "$DATA/srctree/srctree" "$TAR_FILES"
+    tar -C "$DATA/srctree" --owner=0 --group=0 --sort=name --mtime='2026-01-01' -cf "$DATA/src.tar" srctree || exit 1
+    rm -rf "$DATA/srctree"
+    # C project template
+    bash "$SCRIPT_DIR/bench/gen-cproject.sh" "$DATA/cproject" "$C_FILES" || exit 1
+    echo "$PARAMS" >"$DATA/ready"
+}
+
+# ---------------------------------------------------------------- workload groups
+# Every group mounts its target fresh, runs its rows, and unmounts again.
+
+grp_tree() {
+    local t=$1 exp_n exp_f
+    exp_n=$(cat "$DATA/tree.count") exp_f=$(wc -l <"$DATA/tree.list")
+    local rows=(tree_find_cold tree_find_warm tree_lslr_cold tree_lslr_warm tree_stat_cold tree_stat_warm d_rss d_hwm d_fds tree_stat_1k)
+    drop_caches
+    mount_target "$t" || { fail_rows "$t" "mount failed" "${rows[@]}"; return; }
+    local chk_find="[[ \$(cat \$OUT_F) == $exp_n ]]" chk_stat="[[ \$(cat \$OUT_F) == $exp_f ]]"
+    if slow tree_find_cold; then timed _warmup "$t" "$TP/tree" 'find . | wc -l' "$chk_find"
+    else timed tree_find_cold "$t" "$TP/tree" 'find . | wc -l' "$chk_find"; fi
+    timed tree_find_warm "$t" "$TP/tree" 'find . | wc -l' "$chk_find"
+    slow tree_lslr_cold || { remount cold; timed tree_lslr_cold "$t" "$TP/tree" 'ls -lR . | grep -c "^-"' "$chk_stat"; }
+    timed tree_lslr_warm "$t" "$TP/tree" 'ls -lR . | grep -c "^-"' "$chk_stat"
+    slow tree_stat_cold || { remount cold; timed tree_stat_cold "$t" "$TP/tree" "$FSOPS stat $DATA/tree.list" "$chk_stat"; }
+    timed tree_stat_warm "$t" "$TP/tree" "$FSOPS stat $DATA/tree.list" "$chk_stat"
+    if [[ $t != native ]] && kill -0 "$CUR_PID" 2>/dev/null; then
+        record d_rss "$t" "$(awk '/^VmRSS/ { printf "%.1f", $2 / 1024 }' "/proc/$CUR_PID/status")"
+        record d_hwm "$t" "$(awk '/^VmHWM/ { printf "%.1f", $2 / 1024 }' "/proc/$CUR_PID/status")"
+        record d_fds "$t" "$(ls "/proc/$CUR_PID/fd" | wc -l)"
+    fi
+    if ! slow tree_stat_1k; then
+        if [[ $t == fencefs* ]]; then
+            mount_target "$t" "$POLICY_1K" || { fail_rows "$t" "mount with $NRULES-rule policy failed" tree_stat_1k; return; }
+        fi
+        # warm-up pass (untimed), then the timed warm pass
+        timed _warmup "$t" "$TP/tree" "$FSOPS stat $DATA/tree.list" && timed tree_stat_1k "$t" "$TP/tree" "$FSOPS stat $DATA/tree.list" "$chk_stat"
+    fi
+    unmount_current
+}
+
+grp_git() {
+    local t=$1 repo=$SRC/git/$1
+    local chk='grep -q "nothing to commit, working tree clean" $OUT_F'
+    rm -rf "$repo" && mkdir -p "$SRC/git" && cp -a "$DATA/git-template" "$repo"
+    git -C "$repo" status >/dev/null 2>&1 # refresh the index (stat data of the copy)
+    mount_target "$t" || { fail_rows "$t" "mount failed" git_first git_cold git_warm; return; }
+    # one untimed pass through the target, so a target-specific index refresh is not timed
+    timed _warmup "$t" "$TP/git/$t" 'git status' "$chk"
+    remount; timed git_first "$t" "$TP/git/$t" 'git status' "$chk"
+    slow git_cold || { remount cold; timed git_cold "$t" "$TP/git/$t" 'git status' "$chk"; }
+    timed git_warm "$t" "$TP/git/$t" 'git status' "$chk"
+    unmount_current
+    rm -rf "$repo"
+}
+
+grp_write() {
+    local t=$1 s=scratch/$1
+    rm -rf "${SRC:?}/$s" && mkdir -p "$SRC/$s/c"
+    mount_target "$t" || { fail_rows "$t" "mount failed" create delete untar rmrf; return; }
+    sync
+    timed create "$t" "$TP/$s" "$FSOPS create c $CREATE_N 100" "[[ \$(cat \$OUT_F) == $CREATE_N ]]"
+    sync
+    timed delete "$t" "$TP/$s" "$FSOPS unlink c $CREATE_N"
+    sync
+    timed untar "$t" "$TP/$s" "tar -xf $DATA/src.tar" &&
+        { [[ $(find "$TP/$s/srctree" -type f | wc -l) == "$TAR_FILES" ]] || err "round $ROUND $t untar: wrong file count"; }
+    sync
+    timed rmrf "$t" "$TP/$s" 'rm -rf srctree' '[[ ! -e srctree ]]'
+    unmount_current
+    rm -rf "${SRC:?}/$s"
+}
+
+grp_dd() {
+    local t=$1 s=scratch/$1
+    rm -rf "${SRC:?}/$s" && mkdir -p "$SRC/$s"
+    mount_target "$t" || { fail_rows "$t" "mount failed" dd_write dd_read_cold dd_read_hot; return; }
+    sync
+    timed dd_write "$t" "$TP/$s" "dd if=/dev/zero of=big bs=1M count=$DD_MB conv=fsync status=none"
+    if ((LAST_OK)); then
+        if ! slow dd_read_cold; then
+            remount cold; timed dd_read_cold "$t" "$TP/$s" 'dd if=big of=/dev/null bs=1M status=none'
+        fi
+        timed _warmup "$t" "$TP/$s" 'cat big >/dev/null'
+        timed dd_read_hot "$t" "$TP/$s" 'dd if=big of=/dev/null bs=1M status=none'
+    else
+        fail_rows "$t" "no file: the write failed" dd_read_cold dd_read_hot
+    fi
+    unmount_current
+    rm -rf "${SRC:?}/$s"
+}
+
+grp_fio() {
+    local t=$1 s=scratch/$1 iops
+    rm -rf "${SRC:?}/$s" && mkdir -p "$SRC/$s"
+    mount_target "$t" || { fail_rows "$t" "mount failed" fio_iops; return; }
+    local common="fio --name=r --filename=r.dat --rw=randread --bs=4k --size=$FIO_SIZE --ioengine=psync --invalidate=0"
+    # lay the file out and read it once (untimed): the timed run is a hot-cache random read
+    # (--invalidate=0: fio would otherwise drop the file's page cache before the run)
+    timed _warmup "$t" "$TP/$s" "$common --create_only=1 >/dev/null && cat r.dat >/dev/null"
+    if timed _fio "$t" "$TP/$s" "$common --runtime=$FIO_RT --time_based --output-format=terse --terse-version=3"; then
+        iops=$(awk -F';' 'NF > 8 { print $8 }' "$OUT_F" | head -n 1)
+        if [[ $iops =~ ^[0-9.]+$ && $iops != 0 ]]; then record fio_iops "$t" "$iops"
+        else record fio_iops "$t" FAIL "could not parse fio output: $(head -c 300 "$OUT_F")"; fi
+    else
+        record fio_iops "$t" FAIL "fio failed (see _fio above)"
+    fi
+    unmount_current
+    rm -rf "${SRC:?}/$s"
+}
+
+grp_build() {
+    local t=$1 s=build/$1
+    rm -rf "${SRC:?}/$s" && mkdir -p "$SRC/build" && cp -a "$DATA/cproject" "$SRC/$s"
+    mount_target "$t" || { fail_rows "$t" "mount failed" build build_noop; return; }
+    sync
+    timed build "$t" "$TP/$s" "make -s -j$MAKE_J" &&
+        { timed _warmup "$t" "$TP/$s" './app' 'grep -q "built ok" $OUT_F' || err "round $ROUND $t build: ./app did not run"; }
+    slow build_noop || timed build_noop "$t" "$TP/$s" "make -j$MAKE_J" 'grep -q "up to date" $OUT_F'
+    unmount_current
+    rm -rf "${SRC:?}/$s"
+}
+
+# ---------------------------------------------------------------- main loop
+prepare_data
+gen_policies
+"$BIN" check "$POLICY_1K" >"$TMPD/check" 2>&1 || err "fencefs check $POLICY_1K failed: $(head -c 400 "$TMPD/check")"
+"$BIN" check "$POLICY_SMALL" >"$TMPD/check" 2>&1 || err "fencefs check $POLICY_SMALL failed: $(head -c 400 "$TMPD/check")"
+drop_caches
+
+IFS=, read -r -a GROUPS_SEL <<<"$ONLY"
+START=$EPOCHREALTIME
+LOADAVG_START=$(cut -d' ' -f1-3 /proc/loadavg)
+log "results: $RES.{txt,tsv,json}  (quick=$QUICK runs=$RUNS targets=${TARGETS[*]})"
+for ((ROUND = 1; ROUND <= RUNS; ROUND++)); do
+    for g in "${GROUPS_SEL[@]}"; do
+        declare -F "grp_$g" >/dev/null || { log "unknown group $g"; continue; }
+        n=${#TARGETS[@]}
+        for ((j = 0; j < n; j++)); do # alternate targets, rotating the order every round
+            t=${TARGETS[$(((j + ROUND - 1) % n))]}
+            log "round $ROUND/$RUNS  $g  $t"
+            "grp_$g" "$t"
+        done
+    done
+done
+unmount_current
+ELAPSED=$(awk -v a="$START" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.0f", b - a }')
+
+# ---------------------------------------------------------------- report
+# medians per (row, target): FAIL when any round failed
+MED=$TMPD/medians
+awk -F'\t' 'NR > 1 && $2 !~ /^_/ {
+        key = $2 "\t" $3
+        if ($5 == "FAIL") fail[key] = 1; else { n[key]++; v[key, n[key]] = $4 }
+        keys[key] = 1
+    }
+    END {
+        for (key in keys) {
+            if (key in fail) { print key "\tFAIL"; continue }
+            m = n[key]
+            for (i = 1; i <= m; i++) a[i] = v[key, i]
+            for (i = 2; i <= m; i++) { x = a[i]; for (j = i - 1; j >= 1 && a[j] > x; j--) a[j + 1] = a[j]; a[j + 1] = x }
+            med = (m % 2) ? a[(m + 1) / 2] : (a[m / 2] + a[m / 2 + 1]) / 2
+            print key "\t" med
+        }
+    }' "$SAMPLES" >"$MED"
+
+get_med() { awk -F'\t' -v r="$1" -v t="$2" '$1 == r && $2 == t { print $3; f = 1 } END { if (!f) print "-" }' "$MED"; }
+fmt() { # fmt VALUE KIND UNIT
+    case $1 in FAIL | -) printf '%s' "$1" ;; *)
+        case $2/$3 in tput/* | */fds) awk -v x="$1" 'BEGIN { printf "%.0f", x }' ;; info/*) awk -v x="$1" 'BEGIN { printf "%.1f", x }' ;;
+        *) awk -v x="$1" 'BEGIN { if (x < 10) printf "%.3f", x; else printf "%.2f", x }' ;; esac ;;
+    esac
+}
+ratio() { # ratio VALUE NATIVE
+    if [[ $1 =~ ^[0-9.e+-]*[0-9][0-9.e+-]*$ && $2 =~ ^[0-9.e+-]*[0-9][0-9.e+-]*$ ]]; then awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else printf "-" }'
+    else printf '%s' "-"; fi
+}
+
+TXT=$RES.txt TSV=$RES.tsv JSON=$RES.json
+{
+    echo "fencefs benchmark  $(date -Is)  host $(uname -n) kernel $(uname -r) cpus $(nproc)"
+    echo "binary $BIN_SRC (built $BIN_MTIME, sha256 $BIN_SHA)  mode danger, policy 4 rules (+ a $NRULES-rule row)${THREADS:+, --threads $THREADS}"
+    echo "runs $RUNS (median)$( ((QUICK)) && echo ', --quick: small sizes, cold/1k-rule/no-op rows skipped')  elapsed ${ELAPSED}s  loadavg at start $LOADAVG_START"
+    echo "work dir $WORK ($(df -T "$SRC" | awk 'NR == 2 { print $2 }'))$( ((DROP_OK)) || echo '  WARNING: drop_caches unavailable, cold = remount only')"
+    for t in fencefs fencefs-revoke; do
+        m=$(grep -h -m1 -o 'file I/O: .*' "$LOGDIR/$t.log" 2>/dev/null)
+        [[ -n $m ]] && echo "$t $m"
+    done
+    echo "time rows: seconds, ratio = target time / native time (lower is better, 1.00 = native)"
+    echo "throughput rows [T] (fio_iops): IOPS, ratio = target IOPS / native IOPS (higher is better)"
+    echo "FAIL = the workload failed on that target in at least one round (details at the end); every sample: *.samples.tsv"
+    echo
+} >"$TXT"
+
+hdr=$(printf '%-46s %-5s' workload unit)
+for t in "${ALL_TARGETS[@]}"; do hdr+=$(printf ' %10s' "${t/fencefs-revoke/revoke}"); done
+for t in bindfs fencefs fencefs-revoke; do hdr+=$(printf ' %8s' "${t/fencefs-revoke/revoke}/n"); done
+{ echo "$hdr"; printf '%*s\n' ${#hdr} '' | tr ' ' '-'; } >>"$TXT"
+printf 'row\tlabel\tkind\tunit' >"$TSV"
+for t in "${ALL_TARGETS[@]}"; do printf '\t%s' "$t" >>"$TSV"; done
+for t in bindfs fencefs fencefs-revoke; do printf '\tratio_%s' "$t" >>"$TSV"; done
+echo >>"$TSV"
+
+json_num() { [[ $1 =~ ^[0-9.e+-]*[0-9][0-9.e+-]*$ ]] && printf '%s' "$1" || printf '"%s"' "$1"; }
+{
+    printf '{\n  "date": "%s",\n  "host": "%s",\n  "kernel": "%s",\n  "cpus": %s,\n' "$(date -Is)" "$(uname -n)" "$(uname -r)" "$(nproc)"
+    printf '  "binary": "%s",\n  "binary_mtime": "%s",\n  "binary_sha256_12": "%s",\n  "quick": %s,\n  "runs": %s,\n  "elapsed_s": %s,\n  "loadavg_start": "%s",\n' "$BIN_SRC" "$BIN_MTIME" "$BIN_SHA" "$( ((QUICK)) && echo true || echo false)" "$RUNS" "$ELAPSED" "$LOADAVG_START"
+    printf '  "drop_caches": %s,\n  "threads": "%s",\n' "$( ((DROP_OK)) && echo true || echo false)" "${THREADS:-default}"
+    printf '  "sizes": {"tree_files": %s, "git_files": %s, "create_files": %s, "tar_files": %s, "dd_mib": %s, "fio_size": "%s", "fio_runtime_s": %s, "c_files": %s, "rules_big_policy": %s},\n' \
+        "$TREE_N" "$GIT_FILES" "$CREATE_N" "$TAR_FILES" "$DD_MB" "$FIO_SIZE" "$FIO_RT" "$C_FILES" "$NRULES"
+    printf '  "rows": [\n'
+} >"$JSON"
+
+first=1
+for r in "${ROWS[@]}"; do
+    nat=$(get_med "$r" native)
+    any=0
+    for t in "${ALL_TARGETS[@]}"; do [[ $(get_med "$r" "$t") != - ]] && any=1; done
+    ((any)) || continue
+    line=$(printf '%-46s %-5s' "${LABEL[$r]}" "${UNIT[$r]}")
+    tsv=$(printf '%s\t%s\t%s\t%s' "$r" "${LABEL[$r]}" "${KIND[$r]}" "${UNIT[$r]}")
+    jmed="" jratio="" jsamp="" jmin=""
+    for t in "${ALL_TARGETS[@]}"; do
+        v=$(get_med "$r" "$t")
+        line+=$(printf ' %10s' "$(fmt "$v" "${KIND[$r]}" "${UNIT[$r]}")")
+        tsv+=$(printf '\t%s' "$v")
+        [[ $v == - ]] || jmed+="${jmed:+, }\"$t\": $(json_num "$v")"
+        s=$(awk -F'\t' -v r="$r" -v t="$t" '$2 == r && $3 == t { printf "%s%s", (n++ ? ", " : ""), ($5 == "FAIL" ? "\"FAIL\"" : $4) }' "$SAMPLES")
+        [[ -n $s ]] && jsamp+="${jsamp:+, }\"$t\": [$s]"
+        mn=$(awk -F'\t' -v r="$r" -v t="$t" -v k="${KIND[$r]}" '$2 == r && $3 == t && $5 == "ok" { x = $4 + 0; if (!n++ || (k == "tput" ? x > m : x < m)) m = x } END { if (n) print m }' "$SAMPLES")
+        [[ -n $mn ]] && jmin+="${jmin:+, }\"$t\": $mn"
+    done
+    for t in bindfs fencefs fencefs-revoke; do
+        v=$(get_med "$r" "$t")
+        if [[ ${KIND[$r]} == info ]]; then x=-; else x=$(ratio "$v" "$nat"); fi
+        [[ $v == FAIL ]] && x=FAIL
+        line+=$(printf ' %8s' "$x")
+        tsv+=$(printf '\t%s' "$x")
+        [[ $x == - ]] || jratio+="${jratio:+, }\"$t\": $(json_num "$x")"
+    done
+    echo "$line" >>"$TXT"
+    echo "$tsv" >>"$TSV"
+    ((first)) || printf ',\n' >>"$JSON"
+    first=0
+    printf '    {"row": "%s", "label": "%s", "kind": "%s", "unit": "%s", "median": {%s}, "ratio_to_native": {%s}, "best": {%s}, "samples": {%s}}' \
+        "$r" "${LABEL[$r]}" "${KIND[$r]}" "${UNIT[$r]}" "$jmed" "$jratio" "$jmin" "$jsamp" >>"$JSON"
+done
+nerr=$(grep -c . "$ERRORS")
+{
+    printf '\n  ],\n  "errors": %s,\n  "errors_log": "%s",\n  "samples_tsv": "%s",\n  "daemon_logs": "%s"\n}\n' "$nerr" "$ERRORS" "$SAMPLES" "$LOGDIR"
+} >>"$JSON"
+{
+    echo
+    if ((nerr)); then echo "$nerr error(s) — FAIL cells and details in $ERRORS:"; sed 's/^/  /' "$ERRORS" | cut -c1-400
+    else echo "no errors"; fi
+    echo "saved: $TXT $TSV $JSON $SAMPLES"
+} >>"$TXT"
+ln -sfn "$(basename "$TXT")" "$OUT/latest.txt"
+ln -sfn "$(basename "$JSON")" "$OUT/latest.json"
+ln -sfn "$(basename "$TSV")" "$OUT/latest.tsv"
+cat "$TXT"
