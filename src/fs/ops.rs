@@ -260,20 +260,37 @@ impl Shared {
 
     /// Gives a file created through the mount to the caller, as a local disk would
     /// (group from a set-group-ID parent directory).
-    fn own(&self, ctx: &Ctx, parent_fd: &OwnedFd, fd: &OwnedFd, st: &mut libc::stat) -> Res<()> {
+    fn own(
+        &self,
+        ctx: &Ctx,
+        parent: u64,
+        ino: u64,
+        file: Option<&OwnedFd>,
+        st: &mut libc::stat,
+    ) -> Res<()> {
         if !self.as_root {
             return Ok(());
         }
-        let pst = sys::fstat(parent_fd.as_fd())?;
+        let uid = self.uids.to_host(ctx.caller.uid);
+        let caller_gid = self.gids.to_host(ctx.caller.gid);
+        if st.st_uid == uid && st.st_gid == caller_gid {
+            return Ok(());
+        }
+        let pst = sys::fstat(self.inodes.fd(parent)?.as_fd())?;
         let gid = if pst.st_mode & libc::S_ISGID != 0 {
             pst.st_gid
         } else {
-            self.gids.to_host(ctx.caller.gid)
+            caller_gid
         };
-        let uid = self.uids.to_host(ctx.caller.uid);
         if st.st_uid != uid || st.st_gid != gid {
-            sys::fchown_fd(fd.as_fd(), uid, gid)?;
-            *st = sys::fstat(fd.as_fd())?;
+            let fd = match file {
+                Some(f) => sys::fchown_fd(f.as_fd(), uid, gid).map(|()| sys::fstat(f.as_fd())),
+                None => {
+                    let fd = self.inodes.fd(ino)?;
+                    sys::fchown_fd(fd.as_fd(), uid, gid).map(|()| sys::fstat(fd.as_fd()))
+                }
+            };
+            *st = fd??;
         }
         Ok(())
     }
@@ -285,11 +302,11 @@ impl Shared {
         let path = self.child_path(parent, name)?;
         // The type decides whether the visibility lift applies (only directories have
         // something below them); the probe is a read-only O_PATH open.
-        let (fd, st) = self.inodes.probe(parent, name)?;
+        let st = self.inodes.probe(parent, name)?;
         let is_dir = st.st_mode & libc::S_IFMT == libc::S_IFDIR;
         self.allow(ctx, "lookup", &path, is_dir, Need::List, Special::default())?;
-        let f = self.inodes.adopt(parent, name, fd, st, true);
-        Ok(self.attr(f.ino, &f.st))
+        let ino = self.inodes.adopt(parent, name, &st, true);
+        Ok(self.attr(ino, &st))
     }
 
     /// forget.
@@ -395,11 +412,9 @@ impl Shared {
     }
 
     fn finish_create(&self, ctx: &Ctx, parent: u64, name: &Name) -> Res<FileAttr> {
-        let pfd = self.inodes.fd(parent)?;
-        let f = self.inodes.lookup(parent, name, true)?;
-        let mut st = f.st;
-        self.own(ctx, &pfd, &f.fd, &mut st)?;
-        Ok(self.attr(f.ino, &st))
+        let (ino, mut st) = self.inodes.lookup(parent, name, true)?;
+        self.own(ctx, parent, ino, None, &mut st)?;
+        Ok(self.attr(ino, &st))
     }
 
     /// mknod: `write` on the new path; device nodes need `allow_devices`.
@@ -483,10 +498,8 @@ impl Shared {
         let exchange = flags & libc::RENAME_EXCHANGE != 0;
         let pfd = self.inodes.fd(parent)?;
         let npfd = self.inodes.fd(newparent)?;
-        let src_st = sys::fstat(sys::open_path(pfd.as_fd(), name)?.as_fd())?;
-        let dst_st = sys::open_path(npfd.as_fd(), newname)
-            .and_then(|fd| sys::fstat(fd.as_fd()))
-            .ok();
+        let src_st = sys::fstatat_nofollow(pfd.as_fd(), name)?;
+        let dst_st = sys::fstatat_nofollow(npfd.as_fd(), newname).ok();
         let dir_of = |st: &libc::stat| st.st_mode & libc::S_IFMT == libc::S_IFDIR;
         let src_dir = dir_of(&src_st);
         let dst_dir = if exchange {
@@ -546,8 +559,8 @@ impl Shared {
             npfd.as_fd(),
             newname,
         )?;
-        let f = self.inodes.lookup(newparent, newname, true)?;
-        Ok(self.attr(f.ino, &f.st))
+        let (ino, st) = self.inodes.lookup(newparent, newname, true)?;
+        Ok(self.attr(ino, &st))
     }
 
     // ---- files -------------------------------------------------------------------------
@@ -605,22 +618,18 @@ impl Shared {
         if fst.st_mode & libc::S_IFMT != libc::S_IFREG {
             return Err(Error(libc::EINVAL));
         }
-        let f = self.inodes.lookup(parent, name, true)?;
-        if (f.st.st_dev, f.st.st_ino) != (fst.st_dev, fst.st_ino) {
-            // Swapped on the host between the two steps.
-            self.inodes.forget(f.ino, 1);
-            return Err(Error(libc::ESTALE));
-        }
-        let mut st = f.st;
-        self.own(ctx, &pfd, &f.fd, &mut st)?;
+        // The open file is exactly what was created under that name.
+        let ino = self.inodes.adopt(parent, name, &fst, true);
+        let mut st = fst;
+        self.own(ctx, parent, ino, Some(&file), &mut st)?;
         let fh = self.handles.insert(Handle {
-            ino: f.ino,
+            ino,
             file,
             read: intent.read,
             write: true,
             entries: None,
         });
-        Ok((self.attr(f.ino, &st), fh))
+        Ok((self.attr(ino, &st), fh))
     }
 
     fn handle(&self, fh: u64) -> Res<Arc<Handle>> {

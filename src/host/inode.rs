@@ -142,16 +142,6 @@ impl FdCache {
     }
 }
 
-/// A freshly looked-up host file.
-pub struct Found {
-    /// FUSE id.
-    pub ino: u64,
-    /// Host attributes.
-    pub st: libc::stat,
-    /// Its `O_PATH` handle.
-    pub fd: Arc<OwnedFd>,
-}
-
 /// The inode table.
 pub struct Inodes {
     table: Mutex<Table>,
@@ -214,13 +204,12 @@ impl Inodes {
     /// Starts recording directories' kernel file handles (host change events name them).
     pub fn watch_handles(&self) {
         self.watch_handles.store(true, Ordering::Relaxed);
-        self.record_handle(ROOT, &self.root_fd.clone());
+        if let Ok(h) = sys::file_handle(self.root_fd.as_fd()) {
+            self.record_handle(ROOT, h);
+        }
     }
 
-    fn record_handle(&self, ino: u64, fd: &OwnedFd) {
-        let Ok(h) = sys::file_handle(fd.as_fd()) else {
-            return;
-        };
+    fn record_handle(&self, ino: u64, h: Vec<u8>) {
         let mut t = self.table.lock();
         let h: Box<[u8]> = h.into();
         if let Some(n) = t.nodes.get_mut(&ino) {
@@ -334,6 +323,14 @@ impl Inodes {
         if let Some(p) = pinned {
             return Ok(p);
         }
+        // Resource errors (EMFILE, ENOMEM, ...) are the caller's answer; a name that is
+        // gone or names another file means this alias is stale.
+        let resource = |e: &io::Error| {
+            !matches!(
+                e.raw_os_error(),
+                Some(libc::ENOENT | libc::ENOTDIR | libc::ELOOP | libc::ESTALE | libc::EINVAL)
+            )
+        };
         for (parent, name) in aliases {
             let pfd = if parent == ROOT {
                 self.root_fd.clone()
@@ -342,15 +339,20 @@ impl Inodes {
             } else {
                 match self.resolve(parent, depth + 1) {
                     Ok(fd) => fd,
+                    Err(e) if resource(&e) => return Err(e),
                     Err(_) => continue,
                 }
             };
             let Ok(name) = Name::new(&name) else { continue };
-            let Ok(fd) = sys::open_path(pfd.as_fd(), &name) else {
-                continue;
+            let fd = match sys::open_path(pfd.as_fd(), &name) {
+                Ok(fd) => fd,
+                Err(e) if resource(&e) => return Err(e),
+                Err(_) => continue,
             };
-            let Ok(st) = sys::fstat(fd.as_fd()) else {
-                continue;
+            let st = match sys::fstat(fd.as_fd()) {
+                Ok(st) => st,
+                Err(e) if resource(&e) => return Err(e),
+                Err(_) => continue,
             };
             if (st.st_dev, st.st_ino) == key {
                 let fd = Arc::new(fd);
@@ -363,36 +365,30 @@ impl Inodes {
 
     /// Looks up `name` in directory `parent` on the host and records the alias. With
     /// `count`, the kernel gets a lookup reference.
-    pub fn lookup(&self, parent: u64, name: &Name, count: bool) -> io::Result<Found> {
-        let (fd, st) = self.probe(parent, name)?;
-        Ok(self.adopt(parent, name, fd, st, count))
+    pub fn lookup(&self, parent: u64, name: &Name, count: bool) -> io::Result<(u64, libc::stat)> {
+        let st = self.probe(parent, name)?;
+        Ok((self.adopt(parent, name, &st, count), st))
     }
 
-    /// Opens `parent/name` as an `O_PATH` handle and stats it, without recording it.
-    pub fn probe(&self, parent: u64, name: &Name) -> io::Result<(OwnedFd, libc::stat)> {
+    /// Stats `parent/name` without following a symlink and without recording it. No
+    /// handle is opened: the node's `O_PATH` handle is resolved (and verified against
+    /// this identity) only when an operation needs it.
+    pub fn probe(&self, parent: u64, name: &Name) -> io::Result<libc::stat> {
         let pfd = self.fd(parent)?;
-        let fd = sys::open_path(pfd.as_fd(), name)?;
-        let st = sys::fstat(fd.as_fd())?;
-        Ok((fd, st))
+        sys::fstatat_nofollow(pfd.as_fd(), name)
     }
 
     /// Records a probed file as `parent/name` (with a kernel lookup reference if `count`).
-    pub fn adopt(
-        &self,
-        parent: u64,
-        name: &Name,
-        fd: OwnedFd,
-        st: libc::stat,
-        count: bool,
-    ) -> Found {
-        let fd = Arc::new(fd);
-        let ino = self.insert(parent, name.bytes(), &st, count);
-        if st.st_mode & libc::S_IFMT == libc::S_IFDIR && self.watch_handles.load(Ordering::Relaxed)
+    pub fn adopt(&self, parent: u64, name: &Name, st: &libc::stat, count: bool) -> u64 {
+        let ino = self.insert(parent, name.bytes(), st, count);
+        if st.st_mode & libc::S_IFMT == libc::S_IFDIR
+            && self.watch_handles.load(Ordering::Relaxed)
+            && let Ok(pfd) = self.fd(parent)
+            && let Ok(h) = sys::file_handle_at(pfd.as_fd(), name)
         {
-            self.record_handle(ino, &fd);
+            self.record_handle(ino, h);
         }
-        self.fds.lock().put(ino, fd.clone());
-        Found { ino, st, fd }
+        ino
     }
 
     /// Records a host file seen as `parent/name`; returns its FUSE id.

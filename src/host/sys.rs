@@ -620,9 +620,34 @@ pub fn write_and_close(fd: i32, data: &[u8]) -> io::Result<()> {
     std::io::Write::write_all(&mut f, data)
 }
 
+/// `fstatat(dir, name, AT_SYMLINK_NOFOLLOW)`.
+pub fn fstatat_nofollow(dir: BorrowedFd<'_>, name: &Name) -> io::Result<libc::stat> {
+    let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
+    // SAFETY: valid fd and NUL-terminated name; st points to writable memory.
+    cvt(unsafe {
+        libc::fstatat(
+            dir.as_raw_fd(),
+            name.c().as_ptr(),
+            st.as_mut_ptr(),
+            libc::AT_SYMLINK_NOFOLLOW,
+        )
+    })?;
+    // SAFETY: fstatat succeeded, so it filled the struct.
+    Ok(unsafe { st.assume_init() })
+}
+
 /// The kernel's file handle of the object behind `fd` (`name_to_handle_at` with
 /// `AT_EMPTY_PATH`), as `handle_type` bytes followed by the handle bytes.
 pub fn file_handle(fd: BorrowedFd<'_>) -> io::Result<Vec<u8>> {
+    handle_impl(fd, EMPTY, libc::AT_EMPTY_PATH)
+}
+
+/// The kernel's file handle of `dir/name` (not following a symlink).
+pub fn file_handle_at(dir: BorrowedFd<'_>, name: &Name) -> io::Result<Vec<u8>> {
+    handle_impl(dir, name.c(), 0)
+}
+
+fn handle_impl(fd: BorrowedFd<'_>, name: &CStr, flags: i32) -> io::Result<Vec<u8>> {
     const MAX: usize = 128;
     #[repr(C)]
     struct Fh {
@@ -641,10 +666,10 @@ pub fn file_handle(fd: BorrowedFd<'_>) -> io::Result<Vec<u8>> {
     cvt(unsafe {
         libc::name_to_handle_at(
             fd.as_raw_fd(),
-            EMPTY.as_ptr(),
+            name.as_ptr(),
             (&mut fh as *mut Fh).cast(),
             &mut mount_id,
-            libc::AT_EMPTY_PATH,
+            flags,
         )
     })?;
     let n = (fh.bytes as usize).min(MAX);
