@@ -97,7 +97,9 @@ pub fn classify(flags: i32) -> OpenIntent {
 }
 
 /// Flags for reopening the host file: what the caller asked, minus what only makes sense
-/// for path resolution (the handle is already resolved).
+/// for path resolution (the handle is already resolved) and `O_DIRECT` (the daemon's
+/// buffers are not aligned; with passthrough the kernel opens the backing file with the
+/// caller's own flags, `O_DIRECT` included).
 pub fn host_open_flags(flags: i32) -> i32 {
     flags
         & !(libc::O_CREAT
@@ -105,6 +107,7 @@ pub fn host_open_flags(flags: i32) -> i32 {
             | libc::O_NOCTTY
             | libc::O_NOFOLLOW
             | libc::O_TMPFILE
+            | libc::O_DIRECT
             | FMODE_EXEC)
 }
 
@@ -140,7 +143,9 @@ mod tests {
 
     #[test]
     fn host_flags_drop_resolution_bits() {
-        let f = host_open_flags(libc::O_RDWR | libc::O_CREAT | libc::O_NOFOLLOW | libc::O_APPEND);
+        let f = host_open_flags(
+            libc::O_RDWR | libc::O_CREAT | libc::O_NOFOLLOW | libc::O_APPEND | libc::O_DIRECT,
+        );
         assert_eq!(f, libc::O_RDWR | libc::O_APPEND);
     }
 }

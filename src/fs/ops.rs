@@ -569,6 +569,11 @@ impl Shared {
     pub fn do_open(&self, ctx: &Ctx, ino: u64, flags: i32) -> Res<u64> {
         let intent = attr::classify(flags);
         self.allow_ino(ctx, "open", ino, intent.need, Special::default())?;
+        // O_TRUNC is applied by the host open itself (atomic O_TRUNC): refuse it for a
+        // running program before the host file is touched, as a local disk would.
+        if flags & libc::O_TRUNC != 0 && self.handles.executing(ino) {
+            return Err(Error(libc::ETXTBSY));
+        }
         let fd = self.inodes.fd(ino)?;
         let st = sys::fstat(fd.as_fd())?;
         match st.st_mode & libc::S_IFMT {
@@ -590,6 +595,7 @@ impl Shared {
             file,
             read: intent.read,
             write: intent.write,
+            exec: flags & attr::FMODE_EXEC != 0,
             entries: None,
         }))
     }
@@ -611,6 +617,12 @@ impl Shared {
         };
         self.allow(ctx, "create", &path, false, Need::Create, sp)?;
         let intent = attr::classify(flags);
+        if flags & libc::O_TRUNC != 0
+            && let Some(existing) = self.inodes.child(parent, name.bytes())
+            && self.handles.executing(existing)
+        {
+            return Err(Error(libc::ETXTBSY));
+        }
         let pfd = self.inodes.fd(parent)?;
         let oflags = attr::host_open_flags(flags) | libc::O_CREAT | (flags & libc::O_EXCL);
         let file = sys::openat(pfd.as_fd(), name, oflags, mode & 0o7777)?;
@@ -627,6 +639,7 @@ impl Shared {
             file,
             read: intent.read,
             write: true,
+            exec: false,
             entries: None,
         });
         Ok((self.attr(ino, &st), fh))
@@ -747,6 +760,7 @@ impl Shared {
             file,
             read: true,
             write: false,
+            exec: false,
             entries: Some(parking_lot::Mutex::new(Arc::new(entries))),
         }))
     }

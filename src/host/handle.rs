@@ -29,6 +29,8 @@ pub struct Handle {
     pub read: bool,
     /// Writes allowed through this handle.
     pub write: bool,
+    /// Opened to execute the file (FMODE_EXEC): the file is "text busy" while it is open.
+    pub exec: bool,
     /// For directories: the listing snapshot taken at opendir / rewind.
     pub entries: Option<Mutex<Arc<Vec<ListEntry>>>>,
 }
@@ -55,6 +57,11 @@ impl Handles {
     pub fn remove(&self, fh: u64) -> Option<Arc<Handle>> {
         self.map.write().remove(&fh)
     }
+    /// Whether some open handle executes node `ino` (truncating it must fail ETXTBSY).
+    pub fn executing(&self, ino: u64) -> bool {
+        self.map.read().values().any(|h| h.exec && h.ino == ino)
+    }
+
     /// Number of open handles.
     pub fn len(&self) -> usize {
         self.map.read().len()

@@ -42,6 +42,8 @@ struct Node {
     aliases: Vec<(u64, Box<[u8]>)>,
     /// Handle kept for a node whose last alias was removed while still known to the kernel.
     pinned: Option<Arc<OwnedFd>>,
+    /// The last path of a node whose every name was removed through the mount.
+    gone: Option<Box<[u8]>>,
 }
 
 struct Table {
@@ -66,6 +68,7 @@ impl Table {
         }
         n.aliases.push((parent, name.into()));
         n.pinned = None;
+        n.gone = None;
         if let Some(p) = self.nodes.get_mut(&parent) {
             p.children += 1;
         }
@@ -86,6 +89,15 @@ impl Table {
 
     /// Removes one alias; returns true when it existed.
     fn del_alias(&mut self, ino: u64, parent: u64, name: &[u8]) -> bool {
+        // The path it is known under now: kept if this is its last name (unlinked but
+        // still open: it keeps the policy of the name it had).
+        let last = dir_path(self, parent).map(|mut p| {
+            if !p.is_empty() {
+                p.push(b'/');
+            }
+            p.extend_from_slice(name);
+            p
+        });
         let Some(n) = self.nodes.get_mut(&ino) else {
             return false;
         };
@@ -93,6 +105,9 @@ impl Table {
         n.aliases.retain(|(p, nm)| !(*p == parent && **nm == *name));
         if n.aliases.len() == before {
             return false;
+        }
+        if n.aliases.is_empty() {
+            n.gone = last.map(Into::into);
         }
         let k: (u64, Box<[u8]>) = (parent, name.into());
         if self.by_name.get(&k) == Some(&ino) {
@@ -177,6 +192,7 @@ impl Inodes {
                 children: 0,
                 aliases: Vec::new(),
                 pinned: None,
+                gone: None,
             },
         );
         let mut by_key = HashMap::new();
@@ -291,6 +307,11 @@ impl Inodes {
                 p.extend_from_slice(name);
                 out.push(p);
             }
+        }
+        if out.is_empty()
+            && let Some(g) = &node.gone
+        {
+            out.push(g.to_vec());
         }
         Ok(out)
     }
@@ -426,6 +447,7 @@ impl Inodes {
                         children: 0,
                         aliases: Vec::new(),
                         pinned: None,
+                        gone: None,
                     },
                 );
                 t.by_key.insert(key, id);

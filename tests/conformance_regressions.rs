@@ -1,0 +1,101 @@
+//! Behaviour the conformance runs (pjdfstest, fsx, probing) found missing; each case is
+//! checked against what the plain host directory does.
+
+mod common;
+
+use std::fs::{self, OpenOptions};
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::*;
+
+const OPEN: &str = "mode = \"danger\"\n";
+
+#[test]
+fn truncating_a_running_program_is_text_busy_and_leaves_the_host_file_intact() {
+    let m = Mount::with("etxtbsy", Some(OPEN), None, |src| {
+        fs::copy("/bin/sleep", src.join("sl")).unwrap();
+        fs::set_permissions(src.join("sl"), fs::Permissions::from_mode(0o755)).unwrap();
+    });
+    let size = fs::metadata(m.host("sl")).unwrap().len();
+    let mut child = Command::new(m.mnt("sl"))
+        .arg("30")
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    let r = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_TRUNC)
+        .open(m.mnt("sl"));
+    let w = OpenOptions::new()
+        .write(true)
+        .truncate(true)
+        .open(m.mnt("sl"));
+    let _ = child.kill();
+    let _ = child.wait();
+    let _ = assert_errno(r, libc::ETXTBSY, "O_RDONLY|O_TRUNC on a running program");
+    let _ = assert_errno(w, libc::ETXTBSY, "O_WRONLY|O_TRUNC on a running program");
+    assert_eq!(
+        fs::metadata(m.host("sl")).unwrap().len(),
+        size,
+        "host file truncated"
+    );
+}
+
+fn unlinked_file_keeps_working(name: &str, extra: &[&str]) {
+    let mut b = Mount::builder(name).policy(OPEN);
+    for a in extra {
+        b = b.arg(*a);
+    }
+    let m = b.start();
+    let mut f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(m.mnt("tmp"))
+        .unwrap();
+    f.write_all(b"hello").unwrap();
+    fs::remove_file(m.mnt("tmp")).unwrap();
+    // Writes, reads, truncate, chmod and xattrs through the handle, as on a local disk.
+    f.write_all(b" world").unwrap();
+    f.seek(SeekFrom::Start(0)).unwrap();
+    let mut s = String::new();
+    f.read_to_string(&mut s).unwrap();
+    assert_eq!(s, "hello world");
+    f.set_len(5).unwrap();
+    assert_eq!(f.metadata().unwrap().len(), 5);
+    f.set_permissions(fs::Permissions::from_mode(0o600))
+        .unwrap();
+    assert_eq!(f.metadata().unwrap().permissions().mode() & 0o777, 0o600);
+    assert!(!m.host("tmp").exists());
+}
+
+#[test]
+fn an_open_unlinked_file_keeps_working() {
+    unlinked_file_keeps_working("unlinked", &[]);
+}
+
+#[test]
+fn an_open_unlinked_file_keeps_working_with_revoke() {
+    unlinked_file_keeps_working("unlinked-revoke", &["--revoke"]);
+}
+
+#[test]
+fn o_direct_works_through_the_daemon() {
+    for extra in [&[][..], &["--no-passthrough"][..], &["--revoke"][..]] {
+        let mut b = Mount::builder("odirect").policy(OPEN);
+        for a in extra {
+            b = b.arg(*a);
+        }
+        put(&b.host("existing"), &vec![7u8; 8192], 0o644);
+        let m = b.start();
+        let o = m.sh("dd if=/dev/zero of=d bs=4096 count=2 oflag=direct 2>&1 && \
+             dd if=existing of=/dev/null bs=4096 iflag=direct 2>&1");
+        o.assert_ok(&format!("O_DIRECT with {extra:?}"));
+        assert_eq!(fs::metadata(m.host("d")).unwrap().len(), 8192);
+    }
+}
