@@ -74,6 +74,10 @@ say "cargo test"
 # Each mount test runs its own daemon; two at a time suits a 2-core machine.
 cargo test --quiet --no-fail-fast -- --test-threads="${FENCEFS_TEST_THREADS:-2}"
 
+say "fsx through the mount, every I/O path (short run; scripts/conformance.sh has the full one)"
+bash scripts/conformance.sh --only fsx --ops 5000 --concurrent-ops 2000 \
+    --io default,no-passthrough,revoke --bin target/debug/fencefs
+
 say "policy fuzzing (stable harness, 25 s)"
 FENCEFS_FUZZ_SECS="${FENCEFS_FUZZ_SECS:-25}" cargo test --quiet --test policy_prop -- \
     --ignored --exact fuzz_random_inputs
