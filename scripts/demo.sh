@@ -7,6 +7,21 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 REPO=$PWD
 
+# What a fresh Debian machine lacks for the demo.
+need=()
+command -v fusermount3 >/dev/null 2>&1 || need+=(fuse3)
+command -v git >/dev/null 2>&1 || need+=(git)
+if ((${#need[@]})); then
+    echo "== installing ${need[*]}"
+    if [[ $(id -u) -ne 0 ]]; then
+        echo "demo.sh: missing ${need[*]} and not root; install them first" >&2
+        exit 1
+    fi
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+
 echo "== building (release)"
 cargo build --release --quiet
 BIN=$REPO/target/release/fencefs
