@@ -539,16 +539,16 @@ fn notify_loop(n: Notifier, rx: Receiver<Inval>, shared: Arc<Shared>) {
         let started = jobs.iter().filter_map(|j| j.started).min();
         let (mut names, mut inos) = (0usize, 0usize);
         if everything {
-            let offset = if jobs.iter().any(|j| j.drop_pages) {
-                0
-            } else {
-                -1
-            };
             let (entries, inodes) = shared.inodes.snapshot();
             for (parent, name) in &entries {
                 let _ = n.inval_entry(INodeNo(*parent), OsStr::from_bytes(name));
             }
+            // Attributes, and for directories the cached listing (filtered under the old
+            // policy); file pages only with --revoke (no data may outlive a lowered grant).
+            let pages = jobs.iter().any(|j| j.drop_pages);
             for ino in &inodes {
+                let dir = shared.inodes.kind(*ino).is_ok_and(|k| k == libc::S_IFDIR);
+                let offset = if pages || dir { 0 } else { -1 };
                 let _ = n.inval_inode(INodeNo(*ino), offset, 0);
             }
             names += entries.len();

@@ -146,8 +146,9 @@ fn decode(buf: &[u8], shared: &Shared, me: u32, pages: bool) -> Batch {
                     (_, Some(name)) => {
                         if let Some(dir) = shared.inodes.by_handle(&key) {
                             let dirent = mask & DIRENT != 0;
+                            // Offset 0 also drops the kernel's cached listing.
                             if dirent && seen_i.insert(dir) {
-                                b.inodes.push((dir, -1));
+                                b.inodes.push((dir, 0));
                             }
                             if let Some(child) = shared.inodes.child(dir, &name)
                                 && seen_i.insert(child)

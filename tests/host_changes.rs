@@ -16,6 +16,11 @@ const OPEN: &str = "mode = \"danger\"\n";
 fn edit_and_measure(m: &Mount, limit: Duration) -> Option<Duration> {
     // Warm: entry + attributes of f, a negative lookup of g, the listing.
     assert_eq!(fs::metadata(m.mnt("d/f")).unwrap().len(), 2);
+    assert!(
+        names_str(&m.mnt("d"))
+            .unwrap()
+            .contains(&"gone".to_string())
+    );
     assert!(fs::metadata(m.mnt("d/gone")).is_ok());
     assert!(fs::metadata(m.mnt("d/new")).is_err());
     let t = Instant::now();
@@ -29,6 +34,12 @@ fn edit_and_measure(m: &Mount, limit: Duration) -> Option<Duration> {
             && fs::read(m.mnt("d/new")).is_ok_and(|c| c == b"n")
             && errno_of(&fs::metadata(m.mnt("d/moved-from"))) == libc::ENOENT
             && fs::metadata(m.mnt("d/moved-to")).is_ok()
+            && names_str(&m.mnt("d")).is_ok_and(|n| {
+                n.contains(&"new".to_string())
+                    && n.contains(&"moved-to".to_string())
+                    && !n.contains(&"gone".to_string())
+                    && !n.contains(&"moved-from".to_string())
+            })
     });
     ok.then(|| t.elapsed())
 }

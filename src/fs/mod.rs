@@ -448,8 +448,17 @@ impl Filesystem for FenceFs {
 
     fn opendir(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         let ctx = self.ctx(req);
+        // The kernel may keep a listing across opens (it drops it when the directory
+        // changes through the mount, and the daemon drops it on host changes and
+        // reloads) — but never when rules depend on the caller: listings are filtered
+        // per caller.
+        let cache = if self.shared.ttl(&ctx).entry.is_zero() {
+            FopenFlags::empty()
+        } else {
+            FopenFlags::FOPEN_CACHE_DIR | FopenFlags::FOPEN_KEEP_CACHE
+        };
         match self.shared.do_opendir(&ctx, ino.0) {
-            Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
+            Ok(fh) => reply.opened(FileHandle(fh), cache),
             Err(e) => reply.error(errno(e)),
         }
     }
