@@ -842,9 +842,9 @@ impl Shared {
     // ---- xattrs ------------------------------------------------------------------------
 
     fn xattr_target(&self, ino: u64) -> Res<(Arc<OwnedFd>, bool)> {
+        // The node's type is fixed (a different type under the same number is a new node).
+        let ok = matches!(self.inodes.kind(ino)?, libc::S_IFREG | libc::S_IFDIR);
         let fd = self.inodes.fd(ino)?;
-        let st = sys::fstat(fd.as_fd())?;
-        let ok = matches!(st.st_mode & libc::S_IFMT, libc::S_IFREG | libc::S_IFDIR);
         Ok((fd, ok))
     }
 
