@@ -47,7 +47,28 @@ struct Backing {
 }
 
 fn errno(e: Error) -> Errno {
-    Errno::from_i32(e.0)
+    Errno::from_i32(e.code())
+}
+
+/// Attributes of a negative entry (node id 0).
+fn negative_attr() -> fuser::FileAttr {
+    fuser::FileAttr {
+        ino: INodeNo(0),
+        size: 0,
+        blocks: 0,
+        atime: std::time::UNIX_EPOCH,
+        mtime: std::time::UNIX_EPOCH,
+        ctime: std::time::UNIX_EPOCH,
+        crtime: std::time::UNIX_EPOCH,
+        kind: fuser::FileType::RegularFile,
+        perm: 0,
+        nlink: 0,
+        uid: 0,
+        gid: 0,
+        rdev: 0,
+        blksize: 0,
+        flags: 0,
+    }
 }
 
 fn name(n: &OsStr) -> Result<Name, Errno> {
@@ -164,6 +185,10 @@ impl Filesystem for FenceFs {
         let ttl = self.shared.ttl(&ctx);
         match self.shared.do_lookup(&ctx, parent.0, &n) {
             Ok(a) => reply.entry_with_ttls(&ttl.attr, &ttl.entry, &a, GEN),
+            // A negative entry, cached for the entry TTL (0 when rules depend on the caller).
+            Err(Error::ABSENT) if !ttl.entry.is_zero() => {
+                reply.entry_with_ttls(&ttl.attr, &ttl.entry, &negative_attr(), GEN)
+            }
             Err(e) => reply.error(errno(e)),
         }
     }

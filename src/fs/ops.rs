@@ -21,6 +21,18 @@ use crate::reload::{PolicyStore, Snapshot};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Error(pub i32);
 
+impl Error {
+    /// A lookup of a name that does not exist on the host (as opposed to a name the
+    /// policy hides): answered as a negative entry the kernel may cache. Host creations
+    /// reach the kernel through the watch (or the TTL); reloads cannot make it exist.
+    pub const ABSENT: Error = Error(-libc::ENOENT);
+
+    /// The errno to send.
+    pub fn code(self) -> i32 {
+        self.0.abs()
+    }
+}
+
 impl From<io::Error> for Error {
     fn from(e: io::Error) -> Error {
         match e.raw_os_error() {
@@ -302,7 +314,12 @@ impl Shared {
         let path = self.child_path(parent, name)?;
         // The type decides whether the visibility lift applies (only directories have
         // something below them); the probe is a read-only O_PATH open.
-        let st = self.inodes.probe(parent, name)?;
+        let st = match self.inodes.probe(parent, name) {
+            Ok(st) => st,
+            // Absent on the host (not refused by the policy): the kernel may cache that.
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Err(Error::ABSENT),
+            Err(e) => return Err(e.into()),
+        };
         let is_dir = st.st_mode & libc::S_IFMT == libc::S_IFDIR;
         self.allow(ctx, "lookup", &path, is_dir, Need::List, Special::default())?;
         let ino = self.inodes.adopt(parent, name, &st, true);
