@@ -145,7 +145,10 @@ fn explain(a: ExplainArgs) -> i32 {
         uid: a.uid,
         gid: a.gid,
     };
-    let v = policy.verdict(&path, caller);
+    // PATH is taken as a file unless it ends with '/', is the root, or OP is `list`: only
+    // directories are lifted to `list` to reach granted paths below them.
+    let as_dir = a.path.ends_with('/') || path.is_empty() || a.op.as_deref() == Some("list");
+    let v = policy.verdict_for(&path, caller, as_dir);
     let shown = if path.is_empty() {
         ".".to_string()
     } else {
@@ -164,6 +167,16 @@ fn explain(a: ExplainArgs) -> i32 {
             describe_by(&policy, v.grant_by, &file)
         );
     }
+    if !as_dir {
+        let vd = policy.verdict_for(&path, caller, true);
+        if vd.effective != v.effective {
+            println!(
+                "as a directory: {} ({})",
+                vd.effective,
+                describe_by_at(&policy, vd.by, &file, &path)
+            );
+        }
+    }
     println!("mode: {}", policy.mode());
     if let Some(op) = a.op {
         let need = match op.as_str() {
@@ -172,7 +185,7 @@ fn explain(a: ExplainArgs) -> i32 {
             "create" => Need::Create,
             _ => Need::Write,
         };
-        match policy.check(&path, caller, need, Special::default()) {
+        match policy.check_for(&path, caller, need, Special::default(), as_dir) {
             Ok(_) => println!("{op}: allow"),
             Err(d) => println!(
                 "{op}: deny {} (by {})",

@@ -179,14 +179,22 @@ impl Event {
             "decision".into(),
             Value::String(if self.allowed { "allow" } else { "deny" }.into()),
         );
-        if let Some(e) = self.errno {
-            m.insert("errno".into(), Value::String(e.into()));
-        }
+        // Every key is always present; what does not apply is null.
+        m.insert(
+            "errno".into(),
+            self.errno.map_or(Value::Null, |e| Value::String(e.into())),
+        );
         m.insert("access".into(), Value::String(self.access.into()));
         m.insert("by".into(), Value::String(self.by.into()));
-        if let Some((pat, line)) = &self.rule {
-            m.insert("rule".into(), Value::String(pat.clone()));
-            m.insert("rule_line".into(), json!(line));
+        match &self.rule {
+            Some((pat, line)) => {
+                m.insert("rule".into(), Value::String(pat.clone()));
+                m.insert("rule_line".into(), json!(line));
+            }
+            None => {
+                m.insert("rule".into(), Value::Null);
+                m.insert("rule_line".into(), Value::Null);
+            }
         }
         m.insert("mode".into(), Value::String(self.mode.into()));
         m.insert("generation".into(), json!(self.generation));

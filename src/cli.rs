@@ -98,7 +98,7 @@ pub struct ExplainArgs {
     /// Caller gid (default 0).
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub gid: u32,
-    /// Workspace-relative path.
+    /// Workspace-relative path (taken as a file; end it with '/' for a directory).
     pub path: String,
     /// read | write | create | delete | rename | list
     #[arg(value_parser = ["read", "write", "create", "delete", "rename", "list"])]

@@ -99,3 +99,37 @@ fn o_direct_works_through_the_daemon() {
         assert_eq!(fs::metadata(m.host("d")).unwrap().len(), 8192);
     }
 }
+
+#[test]
+fn rename_and_link_onto_a_hidden_name_are_eacces_even_when_the_mode_also_refuses() {
+    // SPEC: `none` comes first in the errno order, and creating a none path is EACCES.
+    let policy = "mode = \"read-only\"\n[[rule]]\npath = \"**/*.pem\"\naccess = \"none\"\n";
+    let m = Mount::with("pair-order", Some(policy), None, |src| {
+        mkdirp(&src.join("w"));
+        put(&src.join("w/f"), b"x", 0o644);
+        mkdirp(&src.join("w/d"));
+    });
+    let before = snapshot(&m.host(""));
+    let _ = assert_errno(
+        fs::rename(m.mnt("w/f"), m.mnt("w/n.pem")),
+        libc::EACCES,
+        "rename onto a hidden name",
+    );
+    let _ = assert_errno(
+        fs::hard_link(m.mnt("w/f"), m.mnt("w/n.pem")),
+        libc::EACCES,
+        "link onto a hidden name",
+    );
+    let _ = assert_errno(
+        fs::rename(m.mnt("w/d"), m.mnt("w/d.pem")),
+        libc::EACCES,
+        "rename a directory onto a hidden name",
+    );
+    // Without a hidden target the mode decides.
+    let _ = assert_errno(
+        fs::rename(m.mnt("w/f"), m.mnt("w/g")),
+        libc::EROFS,
+        "rename in read-only mode",
+    );
+    assert_host_unchanged(&before, &m.host(""), "refused renames and links");
+}

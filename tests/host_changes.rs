@@ -75,7 +75,9 @@ fn unwatched_host_edits_are_visible_within_the_cache_lifetime() {
     setup(&m.host(""));
     let m = m.start();
     assert!(
-        m.stderr().contains("host changes: not watched"),
+        eventually(Duration::from_secs(2), || m
+            .stderr()
+            .contains("host changes: not watched")),
         "{}",
         m.stderr()
     );

@@ -316,10 +316,13 @@ fn fuse_workers_are_confined_to_the_source() {
         put(&src.join("f"), b"x", 0o644);
     });
     assert_eq!(read_all(&m.mnt("f")).unwrap(), b"x");
-    let log = m.stderr();
+    // The line is logged just before the workers start; the mount may show up first.
     assert!(
-        log.contains("self-confinement: FUSE workers limited by Landlock"),
-        "no Landlock line in:\n{log}"
+        eventually(std::time::Duration::from_secs(2), || m
+            .stderr()
+            .contains("self-confinement: FUSE workers limited by Landlock")),
+        "no Landlock line in:\n{}",
+        m.stderr()
     );
     // Every thread named fuser-N (the workers) has no_new_privs set.
     let mut workers = 0;

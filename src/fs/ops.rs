@@ -231,6 +231,46 @@ impl Shared {
         }
     }
 
+    /// Decides several `(path, is_dir, need)` checks of one request (rename, link) against
+    /// the same snapshot; when more than one refuses, the spec's order picks the errno:
+    /// `none` first, then device/setid, then the mode, then a rule. Audits the answer.
+    fn allow_all(&self, ctx: &Ctx, op: &'static str, checks: &[(&[u8], bool, Need)]) -> Res<()> {
+        let rank = |d: &crate::policy::Denial| match d.errno {
+            _ if d.verdict.grant == Access::None => 0,
+            libc::EPERM => 1,
+            libc::EROFS => 2,
+            _ => 3,
+        };
+        let mut worst: Option<(&[u8], crate::policy::Denial)> = None;
+        let mut oks = Vec::new();
+        for &(path, is_dir, need) in checks {
+            match ctx
+                .snap
+                .policy
+                .check_for(path, ctx.caller, need, Special::default(), is_dir)
+            {
+                Ok(v) => oks.push((path, v)),
+                Err(d) => {
+                    if worst.as_ref().is_none_or(|(_, w)| rank(&d) < rank(w)) {
+                        worst = Some((path, d));
+                    }
+                }
+            }
+        }
+        match worst {
+            Some((path, d)) => {
+                self.audit(ctx, op, path, &d.verdict, d.by, Some(d.errno));
+                Err(Error(d.errno))
+            }
+            None => {
+                for (path, v) in oks {
+                    self.audit(ctx, op, path, &v, v.by, None);
+                }
+                Ok(())
+            }
+        }
+    }
+
     /// Decides `need` on every path a node is known under (a hard link never widens
     /// access). A node unlinked through the mount has no path: only `unlinked_ok` needs
     /// pass (stat of an open file).
@@ -524,16 +564,12 @@ impl Shared {
         } else {
             src_dir
         };
-        self.allow(
+        let new_need = if exchange { Need::Write } else { Need::Create };
+        self.allow_all(
             ctx,
             "rename",
-            &old,
-            src_dir,
-            Need::Write,
-            Special::default(),
+            &[(&old, src_dir, Need::Write), (&new, dst_dir, new_need)],
         )?;
-        let new_need = if exchange { Need::Write } else { Need::Create };
-        self.allow(ctx, "rename", &new, dst_dir, new_need, Special::default())?;
         let moves_dir = src_dir || (exchange && dst_dir);
         if moves_dir && !ctx.snap.policy.dir_rename_allowed(&old, &new) {
             let v = ctx.snap.policy.verdict(&old, ctx.caller);
@@ -565,9 +601,18 @@ impl Shared {
 
     /// link: `write` on the existing file (every name it is known under) and on the new name.
     pub fn do_link(&self, ctx: &Ctx, ino: u64, newparent: u64, newname: &Name) -> Res<FileAttr> {
-        self.allow_ino(ctx, "link", ino, Need::Write, Special::default())?;
         let new = self.child_path(newparent, newname)?;
-        self.allow(ctx, "link", &new, false, Need::Create, Special::default())?;
+        let sources = self.inodes.paths(ino)?;
+        if sources.is_empty() {
+            return Err(Error(libc::ENOENT));
+        }
+        let is_dir = self.inodes.kind(ino)? == libc::S_IFDIR;
+        let mut checks: Vec<(&[u8], bool, Need)> = sources
+            .iter()
+            .map(|p| (p.as_slice(), is_dir, Need::Write))
+            .collect();
+        checks.push((&new, false, Need::Create));
+        self.allow_all(ctx, "link", &checks)?;
         let fd = self.inodes.fd(ino)?;
         let npfd = self.inodes.fd(newparent)?;
         sys::linkat_fd(
