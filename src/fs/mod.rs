@@ -26,7 +26,7 @@ use fuser::{
 use fuser::BackingId;
 use parking_lot::Mutex;
 
-use crate::host::sys::Name;
+use crate::host::sys::{Name, Xattr};
 use ops::{Ctx, Error, Shared};
 
 /// The mounted file system.
@@ -47,7 +47,7 @@ struct Backing {
 }
 
 fn errno(e: Error) -> Errno {
-    Errno::from_i32(e.code())
+    Errno::from_i32(e.0)
 }
 
 /// Attributes of a negative entry (node id 0).
@@ -184,11 +184,12 @@ impl Filesystem for FenceFs {
         let ctx = self.ctx(req);
         let ttl = self.shared.ttl(&ctx);
         match self.shared.do_lookup(&ctx, parent.0, &n) {
-            Ok(a) => reply.entry_with_ttls(&ttl.attr, &ttl.entry, &a, GEN),
+            Ok(Some(a)) => reply.entry_with_ttls(&ttl.attr, &ttl.entry, &a, GEN),
             // A negative entry, cached for the entry TTL (0 when rules depend on the caller).
-            Err(Error::ABSENT) if !ttl.entry.is_zero() => {
+            Ok(None) if !ttl.entry.is_zero() => {
                 reply.entry_with_ttls(&ttl.attr, &ttl.entry, &negative_attr(), GEN)
             }
+            Ok(None) => reply.error(Errno::ENOENT),
             Err(e) => reply.error(errno(e)),
         }
     }
@@ -645,9 +646,8 @@ impl Filesystem for FenceFs {
     fn getxattr(&self, req: &Request, ino: INodeNo, n: &OsStr, size: u32, reply: ReplyXattr) {
         let ctx = self.ctx(req);
         match self.shared.do_getxattr(&ctx, ino.0, n.as_bytes(), size) {
-            Ok(v) if size == 0 => reply.size(usize_from(&v) as u32),
-            Ok(v) if v.len() > size as usize => reply.error(Errno::ERANGE),
-            Ok(v) => reply.data(&v),
+            Ok(Xattr::Size(n)) => reply.size(n as u32),
+            Ok(Xattr::Data(v)) => reply.data(&v),
             Err(e) => reply.error(errno(e)),
         }
     }
@@ -655,9 +655,8 @@ impl Filesystem for FenceFs {
     fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
         let ctx = self.ctx(req);
         match self.shared.do_listxattr(&ctx, ino.0, size) {
-            Ok(v) if size == 0 => reply.size(usize_from(&v) as u32),
-            Ok(v) if v.len() > size as usize => reply.error(Errno::ERANGE),
-            Ok(v) => reply.data(&v),
+            Ok(Xattr::Size(n)) => reply.size(n as u32),
+            Ok(Xattr::Data(v)) => reply.data(&v),
             Err(e) => reply.error(errno(e)),
         }
     }
@@ -831,11 +830,4 @@ impl Filesystem for FenceFs {
             Err(e) => reply.error(errno(e)),
         }
     }
-}
-
-fn usize_from(v: &[u8]) -> usize {
-    let mut b = [0u8; std::mem::size_of::<usize>()];
-    let n = v.len().min(b.len());
-    b[..n].copy_from_slice(&v[..n]);
-    usize::from_ne_bytes(b)
 }

@@ -11,8 +11,8 @@ use fuser::{FileAttr, TimeOrNow};
 use super::attr::{self, to_attr};
 use crate::audit::{Audit, Event, errno_name};
 use crate::host::handle::{Handle, Handles, ListEntry};
-use crate::host::inode::{Inodes, ROOT};
-use crate::host::sys::{self, Name, SetTime};
+use crate::host::inode::{Inodes, ROOT, join};
+use crate::host::sys::{self, Name, SetTime, Xattr};
 use crate::idmap::IdMap;
 use crate::policy::{Access, By, Caller, Need, Special, Verdict};
 use crate::reload::{PolicyStore, Snapshot};
@@ -20,18 +20,6 @@ use crate::reload::{PolicyStore, Snapshot};
 /// An errno for the kernel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Error(pub i32);
-
-impl Error {
-    /// A lookup of a name that does not exist on the host (as opposed to a name the
-    /// policy hides): answered as a negative entry the kernel may cache. Host creations
-    /// reach the kernel through the watch (or the TTL); reloads cannot make it exist.
-    pub const ABSENT: Error = Error(-libc::ENOENT);
-
-    /// The errno to send.
-    pub fn code(self) -> i32 {
-        self.0.abs()
-    }
-}
 
 impl From<io::Error> for Error {
     fn from(e: io::Error) -> Error {
@@ -96,16 +84,6 @@ pub struct Shared {
     pub uids: IdMap,
     /// Caller ↔ host gid map.
     pub gids: IdMap,
-}
-
-fn join(parent: &[u8], name: &[u8]) -> Vec<u8> {
-    let mut p = Vec::with_capacity(parent.len() + 1 + name.len());
-    p.extend_from_slice(parent);
-    if !parent.is_empty() {
-        p.push(b'/');
-    }
-    p.extend_from_slice(name);
-    p
 }
 
 fn by_word(by: By) -> &'static str {
@@ -274,30 +252,18 @@ impl Shared {
     /// Decides `need` on every path a node is known under (a hard link never widens
     /// access). A node unlinked through the mount has no path: only `unlinked_ok` needs
     /// pass (stat of an open file).
-    fn allow_ino(
-        &self,
-        ctx: &Ctx,
-        op: &'static str,
-        ino: u64,
-        need: Need,
-        sp: Special,
-    ) -> Res<Vec<u8>> {
-        let paths = self.inodes.paths(ino)?;
-        let is_dir = self.inodes.kind(ino)? == libc::S_IFDIR;
+    fn allow_ino(&self, ctx: &Ctx, op: &'static str, ino: u64, need: Need, sp: Special) -> Res<()> {
+        let (paths, kind) = self.inodes.paths_kind(ino)?;
         if paths.is_empty() {
             return match need {
-                Need::List => Ok(Vec::new()),
+                Need::List => Ok(()),
                 _ => Err(Error(libc::ENOENT)),
             };
         }
-        let mut first = None;
-        for p in paths {
-            self.allow(ctx, op, &p, is_dir, need, sp)?;
-            if first.is_none() {
-                first = Some(p);
-            }
+        for p in &paths {
+            self.allow(ctx, op, p, kind == libc::S_IFDIR, need, sp)?;
         }
-        Ok(first.unwrap_or_default())
+        Ok(())
     }
 
     fn child_path(&self, parent: u64, name: &Name) -> Res<Vec<u8>> {
@@ -335,14 +301,16 @@ impl Shared {
             caller_gid
         };
         if st.st_uid != uid || st.st_gid != gid {
+            let node_fd;
             let fd = match file {
-                Some(f) => sys::fchown_fd(f.as_fd(), uid, gid).map(|()| sys::fstat(f.as_fd())),
+                Some(f) => f,
                 None => {
-                    let fd = self.inodes.fd(ino)?;
-                    sys::fchown_fd(fd.as_fd(), uid, gid).map(|()| sys::fstat(fd.as_fd()))
+                    node_fd = self.inodes.fd(ino)?;
+                    &*node_fd
                 }
             };
-            *st = fd??;
+            sys::fchown_fd(fd.as_fd(), uid, gid)?;
+            *st = sys::fstat(fd.as_fd())?;
         }
         Ok(())
     }
@@ -350,20 +318,24 @@ impl Shared {
     // ---- names -------------------------------------------------------------------------
 
     /// lookup: `list` on the child path, then one `openat(O_PATH|O_NOFOLLOW)` step.
-    pub fn do_lookup(&self, ctx: &Ctx, parent: u64, name: &Name) -> Res<FileAttr> {
+    /// `Ok(None)`: the name does not exist on the host (as opposed to a name the policy
+    /// hides, which is an ENOENT error): the kernel may cache that as a negative entry.
+    /// Host creations reach the kernel through the watch (or the TTL); reloads cannot
+    /// make it exist.
+    pub fn do_lookup(&self, ctx: &Ctx, parent: u64, name: &Name) -> Res<Option<FileAttr>> {
         let path = self.child_path(parent, name)?;
         // The type decides whether the visibility lift applies (only directories have
         // something below them); the probe is a read-only O_PATH open.
         let st = match self.inodes.probe(parent, name) {
             Ok(st) => st,
             // Absent on the host (not refused by the policy): the kernel may cache that.
-            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Err(Error::ABSENT),
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(None),
             Err(e) => return Err(e.into()),
         };
         let is_dir = st.st_mode & libc::S_IFMT == libc::S_IFDIR;
         self.allow(ctx, "lookup", &path, is_dir, Need::List, Special::default())?;
         let ino = self.inodes.adopt(parent, name, &st, true);
-        Ok(self.attr(ino, &st))
+        Ok(Some(self.attr(ino, &st)))
     }
 
     /// forget.
@@ -402,7 +374,7 @@ impl Shared {
             // Only turning a set-ID bit on is "setting" it.
             sp.setid = (m & setid) & !(st.st_mode & setid) != 0;
         }
-        let path = self.allow_ino(ctx, "setattr", ino, Need::Write, sp)?;
+        self.allow_ino(ctx, "setattr", ino, Need::Write, sp)?;
         let kind = st.st_mode & libc::S_IFMT;
         let fd = self.inodes.fd(ino)?;
         let handle = fh.and_then(|fh| self.handles.get(fh));
@@ -436,29 +408,14 @@ impl Shared {
             let a = atime.map(set_time).unwrap_or(SetTime::Omit);
             let m = mtime.map(set_time).unwrap_or(SetTime::Omit);
             if kind == libc::S_IFLNK {
-                let (parent, name) = self.parent_of(ino, &path)?;
+                let (parent, name) = self.inodes.alias(ino).ok_or(Error(libc::ESTALE))?;
                 let pfd = self.inodes.fd(parent)?;
-                sys::utimens_nofollow(pfd.as_fd(), &name, a, m)?;
+                sys::utimens_nofollow(pfd.as_fd(), &Name::new(&name)?, a, m)?;
             } else {
                 sys::utimens_fd(self.inodes.proc_fd.as_fd(), fd.as_fd(), a, m)?;
             }
         }
         Ok(self.attr(ino, &sys::fstat(fd.as_fd())?))
-    }
-
-    fn parent_of(&self, _ino: u64, path: &[u8]) -> Res<(u64, Name)> {
-        // Walk the logical path from the root through the table.
-        let (dir, name) = match path.iter().rposition(|&b| b == b'/') {
-            Some(i) => (&path[..i], &path[i + 1..]),
-            None => (&path[..0], path),
-        };
-        let mut cur = ROOT;
-        if !dir.is_empty() {
-            for comp in dir.split(|&b| b == b'/') {
-                cur = self.inodes.child(cur, comp).ok_or(Error(libc::ESTALE))?;
-            }
-        }
-        Ok((cur, Name::new(name)?))
     }
 
     /// readlink: `list`; the stored target unchanged.
@@ -524,6 +481,19 @@ impl Shared {
         self.finish_create(ctx, parent, name)
     }
 
+    /// The handle to keep for a node about to lose its name: an operation on it after the
+    /// unlink (fchmod on an open file, stat of a removed cwd) can no longer resolve it by
+    /// name. Opened only for directories and files still open; otherwise what is cached.
+    fn pin_handle(&self, ino: u64) -> Option<Arc<OwnedFd>> {
+        let needed = self.inodes.kind(ino).is_ok_and(|k| k == libc::S_IFDIR)
+            || self.handles.any_on(ino, |_| true);
+        if needed {
+            self.inodes.fd(ino).ok()
+        } else {
+            self.inodes.cached_fd(ino)
+        }
+    }
+
     /// unlink / rmdir: `write` on the path.
     pub fn do_remove(&self, ctx: &Ctx, parent: u64, name: &Name, dir: bool) -> Res<()> {
         let path = self.child_path(parent, name)?;
@@ -531,7 +501,7 @@ impl Shared {
         self.allow(ctx, op, &path, dir, Need::Write, Special::default())?;
         let pfd = self.inodes.fd(parent)?;
         let known = self.inodes.child(parent, name.bytes());
-        let pin = known.and_then(|i| self.inodes.fd(i).ok());
+        let pin = known.and_then(|i| self.pin_handle(i));
         let flags = if dir { libc::AT_REMOVEDIR } else { 0 };
         sys::unlinkat(pfd.as_fd(), name, flags)?;
         self.inodes.remove_alias(parent, name.bytes(), pin);
@@ -578,7 +548,7 @@ impl Shared {
         }
         let src = self.inodes.child(parent, name.bytes());
         let dst = self.inodes.child(newparent, newname.bytes());
-        let dst_pin = dst.and_then(|i| self.inodes.fd(i).ok());
+        let dst_pin = dst.and_then(|i| self.pin_handle(i));
         sys::renameat2(pfd.as_fd(), name, npfd.as_fd(), newname, flags)?;
         if exchange {
             self.inodes
@@ -806,52 +776,52 @@ impl Shared {
     /// opendir: `list`; the listing shows only what the caller may see.
     pub fn do_opendir(&self, ctx: &Ctx, ino: u64) -> Res<u64> {
         self.allow_ino(ctx, "opendir", ino, Need::List, Special::default())?;
-        let fd = self.inodes.fd(ino)?;
-        let st = sys::fstat(fd.as_fd())?;
-        if st.st_mode & libc::S_IFMT != libc::S_IFDIR {
+        if self.inodes.kind(ino)? != libc::S_IFDIR {
             return Err(Error(libc::ENOTDIR));
         }
+        let fd = self.inodes.fd(ino)?;
         let file = sys::reopen(
             self.inodes.proc_fd.as_fd(),
             fd.as_fd(),
             libc::O_RDONLY | libc::O_DIRECTORY,
         )?;
-        let entries = self.list(ctx, ino, &file)?;
+        // The listing is read by the first readdir (and again on rewind), for its caller.
         Ok(self.handles.insert(Handle {
             ino,
             file,
             read: true,
             write: false,
             exec: false,
-            entries: Some(parking_lot::Mutex::new(Arc::new(entries))),
+            entries: Some(parking_lot::Mutex::new(None)),
         }))
     }
 
     fn list(&self, ctx: &Ctx, ino: u64, file: &OwnedFd) -> Res<Vec<ListEntry>> {
         let dir = self.inodes.path(ino)?;
-        let raw = sys::read_dir(file.as_fd())?;
-        let mut out = Vec::with_capacity(raw.len());
-        let mut path = Vec::with_capacity(dir.len() + 64);
-        for e in raw {
-            path.clear();
-            path.extend_from_slice(&dir);
-            if !dir.is_empty() {
-                path.push(b'/');
-            }
+        let mut raw = sys::read_dir(file.as_fd())?;
+        let mut path = join(&dir, b"");
+        let base = path.len();
+        raw.retain(|e| {
+            // One buffer for every entry's path; DT_UNKNOWN counts as a directory.
+            path.truncate(base);
             path.extend_from_slice(&e.name);
-            // DT_UNKNOWN counts as a directory (the lift may apply).
             let is_dir = e.dtype == libc::DT_DIR || e.dtype == libc::DT_UNKNOWN;
-            let v = ctx.snap.policy.verdict_for(&path, ctx.caller, is_dir);
-            if v.effective == Access::None {
-                continue;
-            }
-            out.push(ListEntry {
-                ino: self.inodes.id_for(self.inodes.root_dev(), e.ino),
+            ctx.snap
+                .policy
+                .verdict_for(&path, ctx.caller, is_dir)
+                .effective
+                != Access::None
+        });
+        let ids = self.inodes.ids_for(raw.iter().map(|e| e.ino));
+        Ok(raw
+            .into_iter()
+            .zip(ids)
+            .map(|(e, ino)| ListEntry {
+                ino,
                 kind: attr::dtype_to_mode(e.dtype),
                 name: e.name,
-            });
-        }
-        Ok(out)
+            })
+            .collect())
     }
 
     /// The listing for a readdir at `offset` (0 re-reads the directory, like rewinddir).
@@ -865,33 +835,29 @@ impl Shared {
         let Some(entries) = &h.entries else {
             return Err(Error(libc::EBADF));
         };
-        if offset == 0 {
-            let fresh = Arc::new(self.list(ctx, h.ino, &h.file)?);
-            *entries.lock() = fresh;
-        }
-        let e = entries.lock().clone();
-        Ok((h, e))
+        let mut cur = entries.lock();
+        let listing = match &*cur {
+            Some(l) if offset != 0 => l.clone(),
+            _ => {
+                let fresh = Arc::new(self.list(ctx, h.ino, &h.file)?);
+                *cur = Some(fresh.clone());
+                fresh
+            }
+        };
+        drop(cur);
+        Ok((h, listing))
     }
 
     /// Parent id of a directory node (for `..`).
     pub fn parent_ino(&self, ino: u64) -> u64 {
-        if ino == ROOT {
-            return ROOT;
-        }
-        self.inodes
-            .path(ino)
-            .ok()
-            .and_then(|p| {
-                let (parent, _) = self.parent_of(ino, &p).ok()?;
-                Some(parent)
-            })
-            .unwrap_or(ROOT)
+        self.inodes.alias(ino).map_or(ROOT, |(parent, _)| parent)
     }
 
     /// readdirplus: a lookup for one listed entry.
     pub fn plus_lookup(&self, ctx: &Ctx, parent: u64, name: &[u8]) -> Res<FileAttr> {
         let name = Name::new(name)?;
-        self.do_lookup(ctx, parent, &name)
+        self.do_lookup(ctx, parent, &name)?
+            .ok_or(Error(libc::ENOENT))
     }
 
     /// statfs of SOURCE's file system.
@@ -911,7 +877,7 @@ impl Shared {
     }
 
     /// getxattr: `read`. Symlinks and special files report no attributes.
-    pub fn do_getxattr(&self, ctx: &Ctx, ino: u64, name: &[u8], size: u32) -> Res<Vec<u8>> {
+    pub fn do_getxattr(&self, ctx: &Ctx, ino: u64, name: &[u8], size: u32) -> Res<Xattr> {
         self.allow_ino(ctx, "getxattr", ino, Need::Read, Special::default())?;
         let (fd, ok) = self.xattr_target(ino)?;
         if !ok {
@@ -921,15 +887,11 @@ impl Shared {
     }
 
     /// listxattr: `read`.
-    pub fn do_listxattr(&self, ctx: &Ctx, ino: u64, size: u32) -> Res<Vec<u8>> {
+    pub fn do_listxattr(&self, ctx: &Ctx, ino: u64, size: u32) -> Res<Xattr> {
         self.allow_ino(ctx, "listxattr", ino, Need::Read, Special::default())?;
         let (fd, ok) = self.xattr_target(ino)?;
         if !ok {
-            return Ok(if size == 0 {
-                0usize.to_ne_bytes().to_vec()
-            } else {
-                Vec::new()
-            });
+            return Ok(Xattr::empty(size as usize));
         }
         Ok(sys::listxattr_fd(fd.as_fd(), size as usize)?)
     }

@@ -31,8 +31,9 @@ pub struct Handle {
     pub write: bool,
     /// Opened to execute the file (FMODE_EXEC): the file is "text busy" while it is open.
     pub exec: bool,
-    /// For directories: the listing snapshot taken at opendir / rewind.
-    pub entries: Option<Mutex<Arc<Vec<ListEntry>>>>,
+    /// For directories: the listing read by the first readdir or a rewind (`None` until
+    /// then).
+    pub entries: Option<Mutex<Option<Arc<Vec<ListEntry>>>>>,
 }
 
 /// Handle table: `fh` → handle.
@@ -57,17 +58,13 @@ impl Handles {
     pub fn remove(&self, fh: u64) -> Option<Arc<Handle>> {
         self.map.write().remove(&fh)
     }
-    /// Whether some open handle executes node `ino` (truncating it must fail ETXTBSY).
-    pub fn executing(&self, ino: u64) -> bool {
-        self.map.read().values().any(|h| h.exec && h.ino == ino)
+    /// Whether some open handle on node `ino` satisfies `pred`.
+    pub fn any_on(&self, ino: u64, pred: impl Fn(&Handle) -> bool) -> bool {
+        self.map.read().values().any(|h| h.ino == ino && pred(h))
     }
 
-    /// Number of open handles.
-    pub fn len(&self) -> usize {
-        self.map.read().len()
-    }
-    /// True when no handle is open.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
+    /// Whether some open handle executes node `ino` (truncating it must fail ETXTBSY).
+    pub fn executing(&self, ino: u64) -> bool {
+        self.any_on(ino, |h| h.exec)
     }
 }

@@ -91,13 +91,7 @@ impl Table {
     fn del_alias(&mut self, ino: u64, parent: u64, name: &[u8]) -> bool {
         // The path it is known under now: kept if this is its last name (unlinked but
         // still open: it keeps the policy of the name it had).
-        let last = dir_path(self, parent).map(|mut p| {
-            if !p.is_empty() {
-                p.push(b'/');
-            }
-            p.extend_from_slice(name);
-            p
-        });
+        let last = dir_path(self, parent).map(|p| join(&p, name));
         let Some(n) = self.nodes.get_mut(&ino) else {
             return false;
         };
@@ -247,37 +241,17 @@ impl Inodes {
         &self.root_fd
     }
 
-    /// SOURCE's device.
-    pub fn root_dev(&self) -> u64 {
-        self.root_dev
-    }
-
-    /// Number of known nodes (for diagnostics).
-    pub fn len(&self) -> usize {
-        self.table.lock().nodes.len()
-    }
-
-    /// True when only the root is known.
-    pub fn is_empty(&self) -> bool {
-        self.len() <= 1
-    }
-
-    /// Number of cached handles (for diagnostics).
-    pub fn cached_fds(&self) -> usize {
-        self.fds.lock().map.len()
-    }
-
-    /// The FUSE id a host file would get (without inserting it).
-    pub fn id_for(&self, dev: u64, ino: u64) -> u64 {
-        if let Some(&id) = self.table.lock().by_key.get(&(dev, ino)) {
-            return id;
-        }
-        if dev == self.root_dev && ino != ROOT && ino < SYNTH_BASE && ino != 0 {
-            ino
-        } else {
-            // Unknown foreign-device entry: not stable, but only used for readdir d_ino.
-            ino | SYNTH_BASE
-        }
+    /// The FUSE ids that host files of SOURCE's device with these inode numbers have or
+    /// would get (for readdir's `d_ino`), under one lock.
+    pub fn ids_for(&self, inos: impl Iterator<Item = u64>) -> Vec<u64> {
+        let t = self.table.lock();
+        inos.map(|ino| match t.by_key.get(&(self.root_dev, ino)) {
+            Some(&id) => id,
+            None if ino != ROOT && ino != 0 && ino < SYNTH_BASE => ino,
+            // Not a stable id, but only ever reported as d_ino.
+            None => ino | SYNTH_BASE,
+        })
+        .collect()
     }
 
     /// The node's file type (`S_IFMT` bits).
@@ -290,30 +264,46 @@ impl Inodes {
             .ok_or_else(stale)
     }
 
-    /// Every workspace path the node is known under (root: `[b""]`). Empty when the node
-    /// was unlinked through the mount.
-    pub fn paths(&self, ino: u64) -> io::Result<Vec<Vec<u8>>> {
+    /// Every workspace path the node is known under (root: `[b""]`; a node unlinked
+    /// through the mount: the last path it had), with its file type, under one lock.
+    pub fn paths_kind(&self, ino: u64) -> io::Result<(Vec<Vec<u8>>, u32)> {
         let t = self.table.lock();
         let node = t.nodes.get(&ino).ok_or_else(stale)?;
         if ino == ROOT {
-            return Ok(vec![Vec::new()]);
+            return Ok((vec![Vec::new()], node.kind));
         }
-        let mut out = Vec::with_capacity(node.aliases.len());
-        for (parent, name) in &node.aliases {
-            if let Some(mut p) = dir_path(&t, *parent) {
-                if !p.is_empty() {
-                    p.push(b'/');
-                }
-                p.extend_from_slice(name);
-                out.push(p);
-            }
-        }
+        let mut out: Vec<Vec<u8>> = node
+            .aliases
+            .iter()
+            .filter_map(|(parent, name)| dir_path(&t, *parent).map(|p| join(&p, name)))
+            .collect();
         if out.is_empty()
             && let Some(g) = &node.gone
         {
             out.push(g.to_vec());
         }
-        Ok(out)
+        Ok((out, node.kind))
+    }
+
+    /// Every workspace path the node is known under.
+    pub fn paths(&self, ino: u64) -> io::Result<Vec<Vec<u8>>> {
+        Ok(self.paths_kind(ino)?.0)
+    }
+
+    /// The `(parent, name)` a node is known under (a directory has exactly one).
+    pub fn alias(&self, ino: u64) -> Option<(u64, Vec<u8>)> {
+        let t = self.table.lock();
+        let (p, n) = t.nodes.get(&ino)?.aliases.first()?;
+        Some((*p, n.to_vec()))
+    }
+
+    /// The node's handle if one is open already (no syscall).
+    pub fn cached_fd(&self, ino: u64) -> Option<Arc<OwnedFd>> {
+        if ino == ROOT {
+            return Some(self.root_fd.clone());
+        }
+        let pinned = self.table.lock().nodes.get(&ino)?.pinned.clone();
+        pinned.or_else(|| self.fds.lock().get(ino))
     }
 
     /// The single workspace path of a directory node (or the first alias of a file).
@@ -432,10 +422,9 @@ impl Inodes {
                     t.next_synth += 1;
                     t.next_synth
                 };
-                if let Some(old) = existing {
+                if existing.is_some() {
                     // The host reused an inode number for a different kind of file.
                     t.by_key.remove(&key);
-                    let _ = old;
                 }
                 t.nodes.insert(
                     id,
@@ -631,6 +620,17 @@ impl Inodes {
         }
         (entries, inos)
     }
+}
+
+/// `parent/name` as a workspace path (`name` alone at the root).
+pub fn join(parent: &[u8], name: &[u8]) -> Vec<u8> {
+    let mut p = Vec::with_capacity(parent.len() + 1 + name.len());
+    p.extend_from_slice(parent);
+    if !parent.is_empty() {
+        p.push(b'/');
+    }
+    p.extend_from_slice(name);
+    p
 }
 
 fn dir_path(t: &Table, mut ino: u64) -> Option<Vec<u8>> {

@@ -8,7 +8,7 @@
 
 use std::ffi::{CStr, CString, OsStr};
 use std::io;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 
 /// One validated path component: non-empty, no `/`, no NUL, not `.` or `..`.
@@ -448,55 +448,57 @@ fn size_result(r: isize) -> io::Result<usize> {
     }
 }
 
-/// `getxattr` on the inode behind an `O_PATH` handle (regular file or directory). With
-/// `size == 0` returns the value's size.
-pub fn getxattr_fd(fd: BorrowedFd<'_>, name: &[u8], size: usize) -> io::Result<Vec<u8>> {
-    let p = proc_path(fd);
-    let n = xattr_name(name)?;
-    let mut buf = vec![0u8; size];
-    // SAFETY: NUL-terminated strings; buffer of `size` bytes (null when size is 0).
-    let r = unsafe {
-        libc::getxattr(
-            p.as_ptr(),
-            n.as_ptr(),
-            if size == 0 {
-                std::ptr::null_mut()
-            } else {
-                buf.as_mut_ptr().cast()
-            },
-            size,
-        )
-    };
-    let len = size_result(r)?;
-    if size == 0 {
-        return Ok(len.to_ne_bytes().to_vec());
-    }
-    buf.truncate(len);
-    Ok(buf)
+/// An xattr answer: the size asked for (buffer size 0) or the bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Xattr {
+    /// The size a buffer would need.
+    Size(usize),
+    /// The value or the name list.
+    Data(Vec<u8>),
 }
 
-/// `listxattr` on the inode behind an `O_PATH` handle. With `size == 0` returns the size.
-pub fn listxattr_fd(fd: BorrowedFd<'_>, size: usize) -> io::Result<Vec<u8>> {
-    let p = proc_path(fd);
-    let mut buf = vec![0u8; size];
-    // SAFETY: NUL-terminated path; buffer of `size` bytes (null when size is 0).
-    let r = unsafe {
-        libc::listxattr(
-            p.as_ptr(),
-            if size == 0 {
-                std::ptr::null_mut()
-            } else {
-                buf.as_mut_ptr().cast()
-            },
-            size,
-        )
-    };
-    let len = size_result(r)?;
-    if size == 0 {
-        return Ok(len.to_ne_bytes().to_vec());
+impl Xattr {
+    /// An empty answer in the form the caller asked for.
+    pub fn empty(size: usize) -> Xattr {
+        if size == 0 {
+            Xattr::Size(0)
+        } else {
+            Xattr::Data(Vec::new())
+        }
     }
+}
+
+/// Runs a get/list xattr call with a buffer of `size` bytes (a null buffer for 0).
+fn xattr_call(
+    size: usize,
+    call: impl FnOnce(*mut libc::c_void, usize) -> isize,
+) -> io::Result<Xattr> {
+    if size == 0 {
+        return size_result(call(std::ptr::null_mut(), 0)).map(Xattr::Size);
+    }
+    let mut buf = vec![0u8; size];
+    let len = size_result(call(buf.as_mut_ptr().cast(), size))?;
     buf.truncate(len);
-    Ok(buf)
+    Ok(Xattr::Data(buf))
+}
+
+/// `getxattr` on the inode behind an `O_PATH` handle (regular file or directory).
+pub fn getxattr_fd(fd: BorrowedFd<'_>, name: &[u8], size: usize) -> io::Result<Xattr> {
+    let p = proc_path(fd);
+    let n = xattr_name(name)?;
+    // SAFETY: NUL-terminated strings; `buf` is null or points to `len` writable bytes.
+    xattr_call(size, |buf, len| unsafe {
+        libc::getxattr(p.as_ptr(), n.as_ptr(), buf, len)
+    })
+}
+
+/// `listxattr` on the inode behind an `O_PATH` handle.
+pub fn listxattr_fd(fd: BorrowedFd<'_>, size: usize) -> io::Result<Xattr> {
+    let p = proc_path(fd);
+    // SAFETY: NUL-terminated path; `buf` is null or points to `len` writable bytes.
+    xattr_call(size, |buf, len| unsafe {
+        libc::listxattr(p.as_ptr(), buf.cast(), len)
+    })
 }
 
 /// `setxattr` on the inode behind an `O_PATH` handle.
@@ -699,9 +701,4 @@ pub fn set_umask(mask: u32) {
 pub fn geteuid() -> u32 {
     // SAFETY: cannot fail.
     unsafe { libc::geteuid() }
-}
-
-/// Borrow helper for `OwnedFd`s stored in `Arc`s.
-pub fn bfd(fd: &OwnedFd) -> BorrowedFd<'_> {
-    fd.as_fd()
 }
