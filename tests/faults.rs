@@ -343,21 +343,7 @@ impl Daemon {
         String::from_utf8_lossy(&fs::read(&self.stderr_path).unwrap_or_default()).into_owned()
     }
     fn start_watchdog(&self, after: Duration) {
-        let dog = self.dog.clone();
-        let pid = self.pid;
-        thread::spawn(move || {
-            let (lock, cv) = &*dog;
-            let g = lock.lock().unwrap();
-            let (g, _) = cv
-                .wait_timeout_while(g, after, |stopped| !*stopped)
-                .unwrap();
-            if !*g {
-                eprintln!("faults watchdog: mount still up after {after:?}; killing daemon {pid}");
-                // SAFETY: kill(2) on our own child; `stop_watchdog` runs (under this lock)
-                // before the child is reaped, so the pid cannot have been reused.
-                unsafe { libc::kill(pid, libc::SIGKILL) };
-            }
-        });
+        spawn_watchdog(self.dog.clone(), self.pid, after);
     }
     fn stop_watchdog(&self) {
         let (lock, cv) = &*self.dog;

@@ -42,6 +42,27 @@ pub const WATCHDOG: Duration = Duration::from_secs(240);
 
 static COUNTER: AtomicU64 = AtomicU64::new(0);
 
+/// Kills daemon `pid` (our own child) with SIGKILL if the mount is still up after
+/// `after`, so that blocked syscalls return ENOTCONN and the test fails instead of hanging.
+/// The owner sets the flag in `dog` (under its lock) before reaping the child, so the pid
+/// cannot have been reused when the watchdog fires.
+pub fn spawn_watchdog(dog: Arc<(Mutex<bool>, Condvar)>, pid: i32, after: Duration) {
+    thread::spawn(move || {
+        let (lock, cv) = &*dog;
+        let g = lock.lock().unwrap();
+        let (g, _) = cv
+            .wait_timeout_while(g, after, |stopped| !*stopped)
+            .unwrap();
+        if !*g {
+            eprintln!(
+                "fencefs test watchdog: mount still up after {after:?}; killing daemon {pid}"
+            );
+            // SAFETY: kill(2) on the caller's own, not yet reaped child (see above).
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+    });
+}
+
 /// Panics (never skips) when the machine cannot run FUSE mount tests.
 pub fn require_fuse() {
     if !Path::new("/dev/fuse").exists() {
@@ -321,23 +342,7 @@ impl Mount {
     }
 
     fn start_watchdog(&self, after: Duration) {
-        let dog = self.dog.clone();
-        let pid = self.pid;
-        thread::spawn(move || {
-            let (lock, cv) = &*dog;
-            let g = lock.lock().unwrap();
-            let (g, _) = cv
-                .wait_timeout_while(g, after, |stopped| !*stopped)
-                .unwrap();
-            if !*g {
-                eprintln!(
-                    "fencefs test watchdog: mount still up after {after:?}; killing daemon {pid}"
-                );
-                // SAFETY: kill(2) on our own child; Drop sets `stopped` (under this lock)
-                // before it reaps the child, so the pid cannot have been reused.
-                unsafe { libc::kill(pid, libc::SIGKILL) };
-            }
-        });
+        spawn_watchdog(self.dog.clone(), self.pid, after);
     }
 
     fn stop_watchdog(&self) {
