@@ -133,3 +133,47 @@ fn rename_and_link_onto_a_hidden_name_are_eacces_even_when_the_mode_also_refuses
     );
     assert_host_unchanged(&before, &m.host(""), "refused renames and links");
 }
+
+fn access(p: &std::path::Path, mode: i32) -> std::io::Result<()> {
+    let c = std::ffi::CString::new(std::os::unix::ffi::OsStrExt::as_bytes(p.as_os_str())).unwrap();
+    // SAFETY: NUL-terminated path that lives across the call.
+    if unsafe { libc::access(c.as_ptr(), mode) } == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+#[test]
+fn access_answers_from_the_policy_with_the_spec_errnos() {
+    let policy = "mode = \"workspace-write\"\nwritable_roots = [\"w\"]\n\
+                  [[rule]]\npath = \"w/ro\"\naccess = \"read\"\n\
+                  [[rule]]\npath = \"w/ls\"\naccess = \"list\"\n";
+    let m = Mount::with("access", Some(policy), None, |src| {
+        mkdirp(&src.join("w"));
+        put(&src.join("w/rw"), b"x", 0o755);
+        put(&src.join("w/ro"), b"x", 0o755);
+        put(&src.join("w/ls"), b"x", 0o755);
+        put(&src.join("outside"), b"x", 0o755);
+    });
+    let before = snapshot(&m.host(""));
+    access(&m.mnt("w/rw"), libc::R_OK | libc::W_OK | libc::X_OK).unwrap();
+    access(&m.mnt("w/ro"), libc::R_OK | libc::X_OK).unwrap();
+    let _ = assert_errno(
+        access(&m.mnt("w/ro"), libc::W_OK),
+        libc::EACCES,
+        "W_OK on read",
+    );
+    access(&m.mnt("w/ls"), libc::F_OK).unwrap();
+    let _ = assert_errno(
+        access(&m.mnt("w/ls"), libc::R_OK),
+        libc::EACCES,
+        "R_OK on list",
+    );
+    let _ = assert_errno(
+        access(&m.mnt("outside"), libc::W_OK),
+        libc::EROFS,
+        "W_OK outside writable_roots",
+    );
+    assert_host_unchanged(&before, &m.host(""), "access(2) probes");
+}
