@@ -1,7 +1,7 @@
 //! Running the commands: startup checks, the mount's life cycle, signals, reloads.
 
 use std::ffi::OsStr;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -15,6 +15,7 @@ use nix::sys::signal::{SigSet, Signal};
 use crate::audit::{Audit, Target};
 use crate::cli::{Command, ExplainArgs, MountArgs};
 use crate::fs::FenceFs;
+use crate::fs::kcache::{Inval, KernelCache};
 use crate::fs::ops::{Settings, Shared};
 use crate::host::handle::Handles;
 use crate::host::inode::Inodes;
@@ -321,16 +322,19 @@ fn startup_checks(a: &MountArgs) -> Result<(PathBuf, PathBuf), String> {
     Ok((src, mnt_c))
 }
 
-fn mount(a: MountArgs) -> Result<(), String> {
-    // Block the signals before any thread exists: only the signal thread receives them.
+/// Blocks the signals the signal thread handles; must run before any thread exists.
+fn block_signals() -> Result<SigSet, String> {
     let mut sigs = SigSet::empty();
     for s in [Signal::SIGHUP, Signal::SIGINT, Signal::SIGTERM] {
         sigs.add(s);
     }
     sigs.thread_block()
         .map_err(|e| format!("cannot block signals: {e}"))?;
+    Ok(sigs)
+}
 
-    let (src, mnt) = startup_checks(&a)?;
+/// The policy to mount with, and its file (canonical, for reloads).
+fn load_policy(a: &MountArgs) -> Result<(Policy, Option<PathBuf>), String> {
     let policy = reload::load(a.policy.as_ref(), a.mode).map_err(|errs| {
         // One line: every error, separated by "; ".
         let all: Vec<String> = errs.iter().map(|e| e.to_string()).collect();
@@ -343,60 +347,24 @@ fn mount(a: MountArgs) -> Result<(), String> {
         ),
         None => None,
     };
-    let audit = match &a.audit {
-        None => None,
-        Some(t) => {
-            let target = if t == "-" {
-                Target::Stderr
-            } else {
-                Target::File(PathBuf::from(t))
-            };
-            Some(
-                Audit::start(target, a.audit_allowed)
-                    .map_err(|e| format!("audit file '{t}': {e}"))?,
-            )
-        }
-    };
-    let uids = IdMap::parse(&a.map_uid)?;
-    let gids = IdMap::parse(&a.map_gid)?;
-    let nofile = sys::raise_nofile_limit();
-    sys::set_umask(0);
-    let root_fd = sys::open_root(&src).map_err(|e| format!("source '{}': {e}", src.display()))?;
-    let fan = if a.no_watch {
-        Err("--no-watch".to_string())
-    } else {
-        crate::watch::open(root_fd.as_fd()).map_err(|e| e.to_string())
-    };
-    // Host changes arrive as events: names and attributes may be cached for long.
-    let ttl = a.cache_ttl.unwrap_or(if fan.is_ok() {
-        WATCHED_TTL
-    } else {
-        UNWATCHED_TTL
-    });
-    let fd_cap = (nofile / 3).clamp(64, 16_384) as usize;
-    let inodes = Inodes::new(root_fd, fd_cap).map_err(|e| format!("source: {e}"))?;
-    let rules = policy.rules().len();
-    let mode = policy.mode();
-    let shared = Arc::new(Shared {
-        inodes,
-        handles: Handles::default(),
-        policy: PolicyStore::new(policy, policy_file, a.mode),
-        audit,
-        settings: Settings {
-            revoke: a.revoke,
-            ttl: Duration::from_secs_f64(ttl),
-            passthrough: !a.no_passthrough,
-        },
-        as_root: sys::geteuid() == 0,
-        uids,
-        gids,
-    });
+    Ok((policy, policy_file))
+}
 
-    let threads = a.threads.map(usize::from).unwrap_or_else(|| {
-        std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(1)
-    });
+/// Starts the audit writer when `--audit` is given.
+fn start_audit(a: &MountArgs) -> Result<Option<Audit>, String> {
+    let Some(t) = &a.audit else { return Ok(None) };
+    let target = if t == "-" {
+        Target::Stderr
+    } else {
+        Target::File(PathBuf::from(t))
+    };
+    Audit::start(target, a.audit_allowed)
+        .map(Some)
+        .map_err(|e| format!("audit file '{t}': {e}"))
+}
+
+/// FUSE session settings: mount options, who may use the mount, worker threads.
+fn session_config(a: &MountArgs, threads: usize) -> Config {
     let mut opts = vec![
         MountOption::FSName("fencefs".into()),
         // As root fuser calls mount(2) itself, which ignores `Subtype`; the kernel takes
@@ -417,13 +385,63 @@ fn mount(a: MountArgs) -> Result<(), String> {
     };
     config.n_threads = Some(threads);
     config.clone_fd = true;
+    config
+}
 
+fn mount(a: MountArgs) -> Result<(), String> {
+    let sigs = block_signals()?;
+    let (src, mnt) = startup_checks(&a)?;
+    let (policy, policy_file) = load_policy(&a)?;
+    let audit = start_audit(&a)?;
+    let threads = a.threads.map(usize::from).unwrap_or_else(|| {
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)
+    });
+    let uids = IdMap::parse(&a.map_uid)?;
+    let gids = IdMap::parse(&a.map_gid)?;
+    let nofile = sys::raise_nofile_limit();
+    sys::set_umask(0);
+    let root_fd = sys::open_root(&src).map_err(|e| format!("source '{}': {e}", src.display()))?;
+    let fan = if a.no_watch {
+        Err("--no-watch".to_string())
+    } else {
+        crate::watch::open(root_fd.as_fd()).map_err(|e| e.to_string())
+    };
+    // Host changes arrive as events: names and attributes may be cached for long.
+    let ttl = a.cache_ttl.unwrap_or(if fan.is_ok() {
+        WATCHED_TTL
+    } else {
+        UNWATCHED_TTL
+    });
+    let fd_cap = (nofile / 3).clamp(64, 16_384) as usize;
+    let handles = handle_budget(nofile as usize, fd_cap, threads, a.max_open_per_uid);
+    let inodes = Inodes::new(root_fd, fd_cap).map_err(|e| format!("source: {e}"))?;
+    let rules = policy.rules().len();
+    let mode = policy.mode();
+    let shared = Arc::new(Shared {
+        inodes,
+        handles,
+        policy: PolicyStore::new(policy, policy_file, a.mode),
+        audit,
+        settings: Settings {
+            revoke: a.revoke,
+            ttl: Duration::from_secs_f64(ttl),
+            passthrough: !a.no_passthrough,
+        },
+        as_root: sys::geteuid() == 0,
+        uids,
+        gids,
+        kcache: KernelCache::default(),
+    });
+    let config = session_config(&a, threads);
     let fs = FenceFs::new(shared.clone());
     let mut session = Session::new(fs, &mnt, &config)
         .map_err(|e| format!("cannot mount at '{}': {e}", mnt.display()))?;
     let notifier = session.notifier();
     let unmounter = session.unmount_callable();
     let (tx, rx) = channel::<Inval>();
+    shared.kcache.connect(tx.clone());
     std::thread::Builder::new()
         .name("fencefs-notify".into())
         .spawn({
@@ -431,33 +449,7 @@ fn mount(a: MountArgs) -> Result<(), String> {
             move || notify_loop(notifier, rx, shared)
         })
         .map_err(|e| e.to_string())?;
-    match fan {
-        Ok(fan) => {
-            shared.inodes.watch_handles();
-            let tx2 = tx.clone();
-            let s3 = shared.clone();
-            std::thread::Builder::new()
-                .name("fencefs-watch".into())
-                .spawn(move || {
-                    crate::watch::run(fan, s3, true, |b| {
-                        let _ = tx2.send(Inval {
-                            entries: b.entries,
-                            inodes: b.inodes,
-                            everything: b.everything,
-                            drop_pages: false,
-                            started: None,
-                        });
-                    })
-                })
-                .map_err(|e| e.to_string())?;
-            log::info!(
-                "host changes: watched (fanotify); kernel caches names and attributes for {ttl} s"
-            );
-        }
-        Err(e) => log::info!(
-            "host changes: not watched ({e}); kernel caches names and attributes for {ttl} s"
-        ),
-    }
+    start_watch(fan, &shared, &tx, ttl)?;
     let s2 = shared.clone();
     let mnt2 = mnt.clone();
     std::thread::Builder::new()
@@ -473,19 +465,7 @@ fn mount(a: MountArgs) -> Result<(), String> {
     if a.no_confine {
         log::info!("self-confinement: off (--no-confine)");
     } else {
-        let c = crate::harden::confine(shared.inodes.root_fd().as_fd());
-        match (c.landlock_abi, c.landlock_error) {
-            (Some(abi), _) => log::info!(
-                "self-confinement: FUSE workers limited by Landlock (ABI {abi}) to {} and /dev/fuse; no_new_privs {}",
-                src.display(),
-                if c.no_new_privs { "on" } else { "off" }
-            ),
-            (None, e) => log::warn!(
-                "self-confinement: Landlock unavailable ({}); no_new_privs {}",
-                e.unwrap_or_default(),
-                if c.no_new_privs { "on" } else { "off" }
-            ),
-        }
+        confine(&shared, &src);
     }
     signal_ready(a.ready_fd, &mnt);
     let r = session.run();
@@ -493,6 +473,80 @@ fn mount(a: MountArgs) -> Result<(), String> {
     r.map_err(|e| format!("session ended: {e}"))?;
     log::info!("unmounted {}", mnt.display());
     Ok(())
+}
+
+/// Starts the thread that turns host changes into kernel cache invalidations.
+fn start_watch(
+    fan: Result<OwnedFd, String>,
+    shared: &Arc<Shared>,
+    tx: &Sender<Inval>,
+    ttl: f64,
+) -> Result<(), String> {
+    let fan = match fan {
+        Ok(fan) => fan,
+        Err(e) => {
+            log::info!(
+                "host changes: not watched ({e}); kernel caches names and attributes for {ttl} s"
+            );
+            return Ok(());
+        }
+    };
+    shared.inodes.watch_handles();
+    let tx = tx.clone();
+    let s = shared.clone();
+    std::thread::Builder::new()
+        .name("fencefs-watch".into())
+        .spawn(move || {
+            crate::watch::run(fan, s, true, |b| {
+                let _ = tx.send(Inval {
+                    entries: b.entries,
+                    inodes: b.inodes,
+                    everything: b.everything,
+                    ..Inval::default()
+                });
+            })
+        })
+        .map_err(|e| e.to_string())?;
+    log::info!("host changes: watched (fanotify); kernel caches names and attributes for {ttl} s");
+    Ok(())
+}
+
+/// Confines the FUSE workers (the calling thread's descendants) and logs what was applied.
+fn confine(shared: &Shared, src: &Path) {
+    let c = crate::harden::confine(shared.inodes.root_fd().as_fd());
+    let nnp = if c.no_new_privs { "on" } else { "off" };
+    match (c.landlock_abi, c.landlock_error) {
+        (Some(abi), _) => log::info!(
+            "self-confinement: FUSE workers limited by Landlock (ABI {abi}) to {} and /dev/fuse; no_new_privs {nnp}",
+            src.display()
+        ),
+        (None, e) => log::warn!(
+            "self-confinement: Landlock unavailable ({}); no_new_privs {nnp}",
+            e.unwrap_or_default()
+        ),
+    }
+}
+
+/// Descriptors kept back from open handles for the daemon's own work: the FUSE channels,
+/// the audit file, fanotify, and the short-lived opens of every worker.
+const FD_RESERVE: usize = 256;
+/// Handle table entries: for all uids together, and for one uid.
+const HANDLES_TOTAL: usize = 262_144;
+const HANDLES_PER_UID: usize = 65_536;
+
+/// The handle table with its budgets: what is left of RLIMIT_NOFILE after the `O_PATH`
+/// cache and a reserve goes to handles that hold a descriptor, a quarter of it (or
+/// `--max-open-per-uid`) at most to one uid, so one caller cannot starve the others.
+fn handle_budget(nofile: usize, fd_cache: usize, threads: usize, cap: Option<u32>) -> Handles {
+    let pool = nofile
+        .saturating_sub(fd_cache + FD_RESERVE + 8 * threads)
+        .max(64);
+    let per_uid = cap.map_or(pool / 4, |n| n as usize);
+    log::info!(
+        "descriptors: {pool} for open handles, at most {} for one uid (RLIMIT_NOFILE {nofile}, {fd_cache} cached lookups)",
+        per_uid.min(pool)
+    );
+    Handles::new(pool, per_uid, HANDLES_TOTAL, HANDLES_PER_UID)
 }
 
 /// Tells whoever waits that the mount serves requests: `--ready-fd` and systemd's
@@ -528,19 +582,6 @@ fn signal_ready(fd: Option<i32>, mnt: &Path) {
     }
 }
 
-/// Names and inodes whose kernel cache entries must go.
-struct Inval {
-    entries: Vec<(u64, Vec<u8>)>,
-    /// `(inode, offset)`: -1 drops attributes, 0 also cached pages.
-    inodes: Vec<(u64, i64)>,
-    /// Invalidate every name and inode known (a reload, a lost host event).
-    everything: bool,
-    /// Also drop cached file pages when invalidating everything (--revoke).
-    drop_pages: bool,
-    /// Set for reloads: the time is logged.
-    started: Option<Instant>,
-}
-
 fn notify_loop(n: Notifier, rx: Receiver<Inval>, shared: Arc<Shared>) {
     while let Ok(first) = rx.recv() {
         // Merge what queued up meanwhile (a burst of reloads or host events).
@@ -552,7 +593,9 @@ fn notify_loop(n: Notifier, rx: Receiver<Inval>, shared: Arc<Shared>) {
         let started = jobs.iter().filter_map(|j| j.started).min();
         let (mut names, mut inos) = (0usize, 0usize);
         if everything {
-            let (entries, inodes) = shared.inodes.snapshot();
+            let (mut entries, inodes) = shared.inodes.snapshot();
+            // Hidden names the kernel may hold as negative entries: a reload may show them.
+            entries.extend(shared.kcache.take_hidden());
             for (parent, name) in &entries {
                 let _ = n.inval_entry(INodeNo(*parent), OsStr::from_bytes(name));
             }
@@ -618,11 +661,10 @@ fn signal_loop(
                             snap.policy.mode()
                         );
                         let _ = tx.send(Inval {
-                            entries: Vec::new(),
-                            inodes: Vec::new(),
                             everything: true,
                             drop_pages: shared.settings.revoke,
                             started: Some(started),
+                            ..Inval::default()
                         });
                     }
                     Err(errs) => {

@@ -73,6 +73,11 @@ pub struct MountArgs {
     /// Map a caller gid to a host gid (CONTAINER:HOST, repeatable).
     #[arg(long, value_name = "CONTAINER:HOST")]
     pub map_gid: Vec<String>,
+    /// At most N host descriptors held for one uid's open files and directories (default:
+    /// a quarter of what the daemon has for open handles); past it that uid gets EMFILE.
+    /// Kernel-passthrough files hold none.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_open_per_uid: Option<u32>,
     /// Write "ready\n" to this file descriptor (then close it) once the mount serves
     /// requests. With $NOTIFY_SOCKET set, systemd also gets READY=1 (Type=notify).
     #[arg(long, value_name = "FD")]

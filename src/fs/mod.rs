@@ -3,6 +3,7 @@
 //! `access` ENOSYS means "allow"); each calls a `do_*` in [`ops`] and replies once.
 
 pub mod attr;
+pub mod kcache;
 pub mod ops;
 
 use std::collections::HashMap;
@@ -27,7 +28,7 @@ use fuser::BackingId;
 use parking_lot::Mutex;
 
 use crate::host::sys::{Name, Xattr};
-use ops::{Ctx, Error, Shared};
+use ops::{Ctx, Error, Lookup, Opened, Shared};
 
 /// The mounted file system.
 pub struct FenceFs {
@@ -88,22 +89,21 @@ impl FenceFs {
         }
     }
 
-    /// The backing id to pass a handle's I/O through to its host file, reusing the
+    /// The backing id to pass an opened file's I/O through to its host file, reusing the
     /// inode's id while one is alive. `None`: serve I/O through the daemon.
     fn backing_for(
         &self,
         ino: u64,
-        fh: u64,
+        file: &OwnedFd,
         open: impl Fn(&OwnedFd) -> io::Result<BackingId>,
     ) -> Option<Arc<BackingId>> {
         if !self.passthrough {
             return None;
         }
-        let h = self.shared.handles.get(fh)?;
         let mut b = self.backing.lock();
         let id = match b.by_ino.get(&ino).and_then(Weak::upgrade) {
             Some(id) => id,
-            None => match open(&h.file) {
+            None => match open(file) {
                 Ok(id) => {
                     let id = Arc::new(id);
                     b.by_ino.insert(ino, Arc::downgrade(&id));
@@ -117,8 +117,24 @@ impl FenceFs {
                 }
             },
         };
-        b.by_fh.insert(fh, id.clone());
         Some(id)
+    }
+
+    /// Registers an opened file as a handle, through the kernel when it can (the handle
+    /// then keeps the backing id and gives its descriptor back); returns the `fh` and the
+    /// backing id.
+    fn register(
+        &self,
+        o: Opened,
+        open: impl Fn(&OwnedFd) -> io::Result<BackingId>,
+    ) -> (u64, Option<Arc<BackingId>>) {
+        let ino = o.ino;
+        let id = self.backing_for(ino, &o.file, open);
+        let fh = self.shared.register(o, id.is_some());
+        if let Some(id) = &id {
+            self.backing.lock().by_fh.insert(fh, id.clone());
+        }
+        (fh, id)
     }
 
     fn release_backing(&self, ino: u64, fh: u64) {
@@ -183,14 +199,23 @@ impl Filesystem for FenceFs {
         };
         let ctx = self.ctx(req);
         let ttl = self.shared.ttl(&ctx);
-        match self.shared.do_lookup(&ctx, parent.0, &n) {
-            Ok(Some(a)) => reply.entry_with_ttls(&ttl.attr, &ttl.entry, &a, GEN),
-            // A negative entry, cached for the entry TTL (0 when rules depend on the caller).
-            Ok(None) if !ttl.entry.is_zero() => {
-                reply.entry_with_ttls(&ttl.attr, &ttl.entry, &negative_attr(), GEN)
+        // Absent and hidden names get the same negative entry, cached for the entry TTL
+        // (0 when rules depend on the caller), so repeated lookups cost the same; a hidden
+        // one only if a reload can take it back.
+        let cache = match self.shared.do_lookup(&ctx, parent.0, &n) {
+            Ok(Lookup::Found(a)) => {
+                return reply.entry_with_ttls(&ttl.attr, &ttl.entry, &a, GEN);
             }
-            Ok(None) => reply.error(Errno::ENOENT),
-            Err(e) => reply.error(errno(e)),
+            Ok(Lookup::Absent) => !ttl.entry.is_zero(),
+            Ok(Lookup::Hidden) => {
+                !ttl.entry.is_zero() && self.shared.cache_hidden(&ctx, parent.0, &n)
+            }
+            Err(e) => return reply.error(errno(e)),
+        };
+        if cache {
+            reply.entry_with_ttls(&ttl.attr, &ttl.entry, &negative_attr(), GEN)
+        } else {
+            reply.error(Errno::ENOENT)
         }
     }
 
@@ -383,9 +408,11 @@ impl Filesystem for FenceFs {
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let ctx = self.ctx(req);
         match self.shared.do_open(&ctx, ino.0, flags.0) {
-            Ok(fh) => match self.backing_for(ino.0, fh, |f| reply.open_backing(f)) {
-                Some(id) => reply.opened_passthrough(FileHandle(fh), FopenFlags::empty(), &id),
-                None => reply.opened(FileHandle(fh), self.open_flags()),
+            Ok(o) => match self.register(o, |f| reply.open_backing(f)) {
+                (fh, Some(id)) => {
+                    reply.opened_passthrough(FileHandle(fh), FopenFlags::empty(), &id)
+                }
+                (fh, None) => reply.opened(FileHandle(fh), self.open_flags()),
             },
             Err(e) => reply.error(errno(e)),
         }
@@ -694,8 +721,8 @@ impl Filesystem for FenceFs {
         let ctx = self.ctx(req);
         let ttl = self.shared.ttl(&ctx);
         match self.shared.do_create(&ctx, parent.0, &n, mode, flags) {
-            Ok((a, fh)) => match self.backing_for(a.ino.0, fh, |f| reply.open_backing(f)) {
-                Some(id) => reply.created_passthrough(
+            Ok((a, o)) => match self.register(o, |f| reply.open_backing(f)) {
+                (fh, Some(id)) => reply.created_passthrough(
                     &ttl.entry,
                     &a,
                     GEN,
@@ -703,7 +730,7 @@ impl Filesystem for FenceFs {
                     FopenFlags::empty(),
                     &id,
                 ),
-                None => reply.created(&ttl.entry, &a, GEN, FileHandle(fh), self.open_flags()),
+                (fh, None) => reply.created(&ttl.entry, &a, GEN, FileHandle(fh), self.open_flags()),
             },
             Err(e) => reply.error(errno(e)),
         }

@@ -9,8 +9,9 @@ use std::time::{Duration, UNIX_EPOCH};
 use fuser::{FileAttr, TimeOrNow};
 
 use super::attr::{self, to_attr};
+use super::kcache::{Inval, KernelCache};
 use crate::audit::{Audit, Event, errno_name};
-use crate::host::handle::{Handle, Handles, ListEntry};
+use crate::host::handle::{Handle, HandleFd, Handles, ListEntry, Slots};
 use crate::host::inode::{Inodes, ROOT, join};
 use crate::host::sys::{self, Name, SetTime, Xattr};
 use crate::idmap::IdMap;
@@ -84,6 +85,32 @@ pub struct Shared {
     pub uids: IdMap,
     /// Caller ↔ host gid map.
     pub gids: IdMap,
+    /// What the kernel caches on the daemon's word (hidden negative entries, invalidations).
+    pub kcache: KernelCache,
+}
+
+/// What a lookup found.
+#[derive(Debug)]
+pub enum Lookup {
+    /// A visible file.
+    Found(FileAttr),
+    /// No such name on the host.
+    Absent,
+    /// The policy hides the name (answered exactly like `Absent`).
+    Hidden,
+}
+
+/// A host file opened for a caller, not yet registered as a handle: the glue first offers
+/// it to the kernel as a passthrough backing file.
+pub struct Opened {
+    /// The node.
+    pub ino: u64,
+    /// The open host file.
+    pub file: OwnedFd,
+    read: bool,
+    write: bool,
+    exec: bool,
+    slots: Slots,
 }
 
 fn by_word(by: By) -> &'static str {
@@ -276,66 +303,149 @@ impl Shared {
         Ok(sys::fstat(fd.as_fd())?)
     }
 
-    /// Gives a file created through the mount to the caller, as a local disk would
-    /// (group from a set-group-ID parent directory).
-    fn own(
+    /// Creates `name` in directory `pfd` with `make`, owned by the caller from the first
+    /// instant: when the daemon runs as root, `make` runs under the caller's (mapped)
+    /// file-system ids, so the host also checks permissions as the caller, and a set-group-ID
+    /// parent gives its group, as on a local disk. The one exception: a parent directory
+    /// writable through its group, which is not the caller's primary group — the kernel
+    /// allowed the request with the caller's supplementary groups (`default_permissions`),
+    /// which this thread does not carry. Then, on EACCES, the entry is made as the daemon
+    /// and given to the caller, and removed again if that fails — never a daemon-owned
+    /// leftover.
+    fn create_as_caller<T>(
         &self,
         ctx: &Ctx,
-        parent: u64,
-        ino: u64,
-        file: Option<&OwnedFd>,
-        st: &mut libc::stat,
-    ) -> Res<()> {
+        pfd: &OwnedFd,
+        name: &Name,
+        dir: bool,
+        make: impl Fn() -> io::Result<T>,
+    ) -> Res<T> {
         if !self.as_root {
-            return Ok(());
+            return Ok(make()?);
         }
         let uid = self.uids.to_host(ctx.caller.uid);
-        let caller_gid = self.gids.to_host(ctx.caller.gid);
-        if st.st_uid == uid && st.st_gid == caller_gid {
-            return Ok(());
+        let gid = self.gids.to_host(ctx.caller.gid);
+        if uid == 0 && gid == 0 {
+            return Ok(make()?);
         }
-        let pst = sys::fstat(self.inodes.fd(parent)?.as_fd())?;
-        let gid = if pst.st_mode & libc::S_ISGID != 0 {
+        let first = {
+            let _ids = sys::FsIds::assume(uid, gid)?;
+            make()
+        };
+        match first {
+            Err(e) if e.raw_os_error() == Some(libc::EACCES) => {}
+            r => return Ok(r?),
+        }
+        let pst = sys::fstat(pfd.as_fd())?;
+        let by_group = pst.st_mode & 0o030 == 0o030 && pst.st_gid != gid && pst.st_uid != uid;
+        if !by_group {
+            return Err(Error(libc::EACCES));
+        }
+        let made = make()?;
+        let owner_gid = if pst.st_mode & libc::S_ISGID != 0 {
             pst.st_gid
         } else {
-            caller_gid
+            gid
         };
-        if st.st_uid != uid || st.st_gid != gid {
-            let node_fd;
-            let fd = match file {
-                Some(f) => f,
-                None => {
-                    node_fd = self.inodes.fd(ino)?;
-                    &*node_fd
-                }
-            };
-            sys::fchown_fd(fd.as_fd(), uid, gid)?;
-            *st = sys::fstat(fd.as_fd())?;
+        let give = sys::fchownat_nofollow(pfd.as_fd(), name, uid, owner_gid);
+        if let Err(e) = give {
+            let flags = if dir { libc::AT_REMOVEDIR } else { 0 };
+            if let Err(e2) = sys::unlinkat(pfd.as_fd(), name, flags) {
+                log::error!("cannot remove an entry whose ownership failed ({e}): {e2}");
+            }
+            return Err(e.into());
         }
-        Ok(())
+        Ok(made)
+    }
+
+    /// Records an entry just created in `parent` (stat through the held parent handle: no
+    /// descriptor needed). If even that fails, the entry is removed again: a create either
+    /// happens completely or not at all.
+    fn finish_create(&self, parent: u64, pfd: &OwnedFd, name: &Name, dir: bool) -> Res<FileAttr> {
+        match sys::fstatat_nofollow(pfd.as_fd(), name) {
+            Ok(st) => {
+                let ino = self.inodes.adopt(parent, name, &st, true);
+                Ok(self.attr(ino, &st))
+            }
+            Err(e) => {
+                let flags = if dir { libc::AT_REMOVEDIR } else { 0 };
+                let _ = sys::unlinkat(pfd.as_fd(), name, flags);
+                Err(e.into())
+            }
+        }
+    }
+
+    /// A descriptor for I/O on handle `h`: its own, or (a passthrough handle, whose file
+    /// the kernel holds) the node reopened with `flags` for this call.
+    fn io_fd<'a>(&self, h: &'a Handle, flags: i32) -> Res<HandleFd<'a>> {
+        if let Some(f) = &h.file {
+            return Ok(HandleFd::Held(f));
+        }
+        let node = self.inodes.fd(h.ino)?;
+        Ok(HandleFd::Temp(sys::reopen(
+            self.inodes.proc_fd.as_fd(),
+            node.as_fd(),
+            flags,
+        )?))
+    }
+
+    /// Registers an opened file as a handle; returns its `fh`. A passthrough file gives
+    /// its descriptor (and the descriptor budget) back: the kernel holds the backing file.
+    pub fn register(&self, o: Opened, passthrough: bool) -> u64 {
+        let Opened {
+            ino,
+            file,
+            read,
+            write,
+            exec,
+            mut slots,
+        } = o;
+        let file = if passthrough {
+            slots.fd = None;
+            None
+        } else {
+            Some(file)
+        };
+        self.handles.insert(Handle {
+            ino,
+            file,
+            read,
+            write,
+            exec,
+            entries: None,
+            slots,
+        })
     }
 
     // ---- names -------------------------------------------------------------------------
 
-    /// lookup: `list` on the child path, then one `openat(O_PATH|O_NOFOLLOW)` step.
-    /// `Ok(None)`: the name does not exist on the host (as opposed to a name the policy
-    /// hides, which is an ENOENT error): the kernel may cache that as a negative entry.
-    /// Host creations reach the kernel through the watch (or the TTL); reloads cannot
-    /// make it exist.
-    pub fn do_lookup(&self, ctx: &Ctx, parent: u64, name: &Name) -> Res<Option<FileAttr>> {
+    /// lookup: one `fstatat(parent, name, AT_SYMLINK_NOFOLLOW)` (the type decides whether
+    /// the visibility lift applies), then `list` on the child path. A name absent on the
+    /// host and a name the policy hides give the same answer (`Absent` / `Hidden`), which
+    /// the glue sends as the same negative entry.
+    pub fn do_lookup(&self, ctx: &Ctx, parent: u64, name: &Name) -> Res<Lookup> {
         let path = self.child_path(parent, name)?;
-        // The type decides whether the visibility lift applies (only directories have
-        // something below them); the probe is a read-only O_PATH open.
         let st = match self.inodes.probe(parent, name) {
             Ok(st) => st,
-            // Absent on the host (not refused by the policy): the kernel may cache that.
-            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(None),
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(Lookup::Absent),
             Err(e) => return Err(e.into()),
         };
         let is_dir = st.st_mode & libc::S_IFMT == libc::S_IFDIR;
-        self.allow(ctx, "lookup", &path, is_dir, Need::List, Special::default())?;
+        match self.allow(ctx, "lookup", &path, is_dir, Need::List, Special::default()) {
+            Ok(_) => {}
+            Err(Error(libc::ENOENT)) => return Ok(Lookup::Hidden),
+            Err(e) => return Err(e),
+        }
         let ino = self.inodes.adopt(parent, name, &st, true);
-        Ok(Some(self.attr(ino, &st)))
+        Ok(Lookup::Found(self.attr(ino, &st)))
+    }
+
+    /// Whether the kernel may cache the hidden name `parent/name` as a negative entry
+    /// decided under `ctx`'s snapshot: only if a reload can take it back (it is recorded)
+    /// and no reload has happened since the decision.
+    pub fn cache_hidden(&self, ctx: &Ctx, parent: u64, name: &Name) -> bool {
+        self.kcache.hidden_negative(parent, name.bytes())
+            && self.policy.get().generation == ctx.snap.generation
     }
 
     /// forget.
@@ -346,8 +456,10 @@ impl Shared {
     /// getattr (through the open handle when the kernel names one).
     pub fn do_getattr(&self, ctx: &Ctx, ino: u64, fh: Option<u64>) -> Res<FileAttr> {
         self.allow_ino(ctx, "getattr", ino, Need::List, Special::default())?;
-        if let Some(h) = fh.and_then(|fh| self.handles.get(fh)) {
-            return Ok(self.attr(ino, &sys::fstat(h.file.as_fd())?));
+        if let Some(h) = fh.and_then(|fh| self.handles.get(fh))
+            && let Some(f) = h.file_fd()
+        {
+            return Ok(self.attr(ino, &sys::fstat(f)?));
         }
         Ok(self.attr(ino, &self.stat_ino(ino)?))
     }
@@ -391,7 +503,7 @@ impl Shared {
         }
         if let Some(sz) = size {
             match &handle {
-                Some(h) if h.write => sys::ftruncate(h.file.as_fd(), sz)?,
+                Some(h) if h.write => sys::ftruncate(self.io_fd(h, libc::O_WRONLY)?.as_fd(), sz)?,
                 _ => {
                     if kind == libc::S_IFDIR {
                         return Err(Error(libc::EISDIR));
@@ -425,12 +537,6 @@ impl Shared {
         Ok(sys::readlink_fd(fd.as_fd())?)
     }
 
-    fn finish_create(&self, ctx: &Ctx, parent: u64, name: &Name) -> Res<FileAttr> {
-        let (ino, mut st) = self.inodes.lookup(parent, name, true)?;
-        self.own(ctx, parent, ino, None, &mut st)?;
-        Ok(self.attr(ino, &st))
-    }
-
     /// mknod: `write` on the new path; device nodes need `allow_devices`.
     pub fn do_mknod(
         &self,
@@ -448,8 +554,10 @@ impl Shared {
         };
         self.allow(ctx, "mknod", &path, false, Need::Create, sp)?;
         let pfd = self.inodes.fd(parent)?;
-        sys::mknodat(pfd.as_fd(), name, mode, rdev as u64)?;
-        self.finish_create(ctx, parent, name)
+        self.create_as_caller(ctx, &pfd, name, false, || {
+            sys::mknodat(pfd.as_fd(), name, mode, rdev as u64)
+        })?;
+        self.finish_create(parent, &pfd, name, false)
     }
 
     /// mkdir.
@@ -461,8 +569,10 @@ impl Shared {
         };
         self.allow(ctx, "mkdir", &path, true, Need::Create, sp)?;
         let pfd = self.inodes.fd(parent)?;
-        sys::mkdirat(pfd.as_fd(), name, mode & 0o7777)?;
-        self.finish_create(ctx, parent, name)
+        self.create_as_caller(ctx, &pfd, name, true, || {
+            sys::mkdirat(pfd.as_fd(), name, mode & 0o7777)
+        })?;
+        self.finish_create(parent, &pfd, name, true)
     }
 
     /// symlink: the target is stored as given; the caller's kernel resolves it later.
@@ -477,8 +587,10 @@ impl Shared {
             Special::default(),
         )?;
         let pfd = self.inodes.fd(parent)?;
-        sys::symlinkat(target, pfd.as_fd(), name)?;
-        self.finish_create(ctx, parent, name)
+        self.create_as_caller(ctx, &pfd, name, false, || {
+            sys::symlinkat(target, pfd.as_fd(), name)
+        })?;
+        self.finish_create(parent, &pfd, name, false)
     }
 
     /// The handle to keep for a node about to lose its name: an operation on it after the
@@ -597,8 +709,11 @@ impl Shared {
 
     // ---- files -------------------------------------------------------------------------
 
-    /// open: the flags decide the level needed; the handle keeps what was granted.
-    pub fn do_open(&self, ctx: &Ctx, ino: u64, flags: i32) -> Res<u64> {
+    /// open: the flags decide the level needed; the handle keeps what was granted. Only
+    /// regular files and directories are ever opened on the host (the type is checked on
+    /// the handle first, and the open is `O_NONBLOCK`), so an open never waits. The caller's
+    /// descriptor budget is taken before the open.
+    pub fn do_open(&self, ctx: &Ctx, ino: u64, flags: i32) -> Res<Opened> {
         let intent = attr::classify(flags);
         self.allow_ino(ctx, "open", ino, intent.need, Special::default())?;
         // O_TRUNC is applied by the host open itself (atomic O_TRUNC): refuse it for a
@@ -617,23 +732,28 @@ impl Shared {
             }
             _ => return Err(Error(libc::EINVAL)),
         }
+        let slots = self.handles.reserve(ctx.caller.uid)?;
         let file = sys::reopen(
             self.inodes.proc_fd.as_fd(),
             fd.as_fd(),
             attr::host_open_flags(flags),
         )?;
-        Ok(self.handles.insert(Handle {
+        Ok(Opened {
             ino,
             file,
             read: intent.read,
             write: intent.write,
             exec: flags & attr::FMODE_EXEC != 0,
-            entries: None,
-        }))
+            slots,
+        })
     }
 
     /// create: `write` on the new path (EACCES if hidden, host untouched); set-ID bits
-    /// need `allow_setid`. Returns attributes and the handle.
+    /// need `allow_setid`. Returns attributes and the opened file. The host file is made
+    /// with `O_CREAT|O_EXCL` as the caller; only when the caller did not ask for `O_EXCL`
+    /// and the name turns out to exist after all (the kernel's negative entry was stale) is
+    /// the existing file opened — as the caller, never waiting, and only a regular file:
+    /// anything else answers EEXIST and the kernel is told to forget its stale entry.
     pub fn do_create(
         &self,
         ctx: &Ctx,
@@ -641,7 +761,7 @@ impl Shared {
         name: &Name,
         mode: u32,
         flags: i32,
-    ) -> Res<(FileAttr, u64)> {
+    ) -> Res<(FileAttr, Opened)> {
         let path = self.child_path(parent, name)?;
         let sp = Special {
             device: false,
@@ -655,26 +775,81 @@ impl Shared {
         {
             return Err(Error(libc::ETXTBSY));
         }
+        let slots = self.handles.reserve(ctx.caller.uid)?;
         let pfd = self.inodes.fd(parent)?;
-        let oflags = attr::host_open_flags(flags) | libc::O_CREAT | (flags & libc::O_EXCL);
-        let file = sys::openat(pfd.as_fd(), name, oflags, mode & 0o7777)?;
-        let fst = sys::fstat(file.as_fd())?;
-        if fst.st_mode & libc::S_IFMT != libc::S_IFREG {
-            return Err(Error(libc::EINVAL));
-        }
-        // The open file is exactly what was created under that name.
-        let ino = self.inodes.adopt(parent, name, &fst, true);
-        let mut st = fst;
-        self.own(ctx, parent, ino, Some(&file), &mut st)?;
-        let fh = self.handles.insert(Handle {
+        let base = attr::host_open_flags(flags);
+        let created = self.create_as_caller(ctx, &pfd, name, false, || {
+            sys::openat(
+                pfd.as_fd(),
+                name,
+                base | libc::O_CREAT | libc::O_EXCL,
+                mode & 0o7777,
+            )
+        });
+        let file = match created {
+            Ok(f) => f,
+            Err(Error(libc::EEXIST)) if flags & libc::O_EXCL == 0 => {
+                self.open_existing(ctx, parent, &pfd, name, base)?
+            }
+            Err(e) => return Err(e),
+        };
+        let st = sys::fstat(file.as_fd())?;
+        // The open file is exactly what is under that name now.
+        let ino = self.inodes.adopt(parent, name, &st, true);
+        let opened = Opened {
             ino,
             file,
             read: intent.read,
             write: true,
             exec: false,
-            entries: None,
-        });
-        Ok((self.attr(ino, &st), fh))
+            slots,
+        };
+        Ok((self.attr(ino, &st), opened))
+    }
+
+    /// The existing-name half of a create without `O_EXCL`: opens `name` as the caller
+    /// (the kernel checked no permission on a file it believed absent), `O_NONBLOCK`, and
+    /// keeps it only if it is a regular file.
+    fn open_existing(
+        &self,
+        ctx: &Ctx,
+        parent: u64,
+        pfd: &OwnedFd,
+        name: &Name,
+        flags: i32,
+    ) -> Res<OwnedFd> {
+        let stale = || {
+            self.kcache.send(Inval {
+                entries: vec![(parent, name.bytes().to_vec())],
+                ..Inval::default()
+            });
+            Error(libc::EEXIST)
+        };
+        let open = || sys::openat(pfd.as_fd(), name, flags, 0);
+        let uid = self.uids.to_host(ctx.caller.uid);
+        let gid = self.gids.to_host(ctx.caller.gid);
+        let file = if self.as_root && (uid, gid) != (0, 0) {
+            let _ids = sys::FsIds::assume(uid, gid)?;
+            open()
+        } else {
+            open()
+        };
+        let file = match file {
+            Ok(f) => f,
+            // A FIFO without a reader (ENXIO), a symlink (ELOOP), a device: not a file.
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ENXIO | libc::ELOOP)) => {
+                return Err(stale());
+            }
+            Err(e) => {
+                // Whatever it is, the kernel's "absent" was wrong.
+                stale();
+                return Err(e.into());
+            }
+        };
+        if sys::fstat(file.as_fd())?.st_mode & libc::S_IFMT != libc::S_IFREG {
+            return Err(stale());
+        }
+        Ok(file)
     }
 
     fn handle(&self, fh: u64) -> Res<Arc<Handle>> {
@@ -696,10 +871,11 @@ impl Shared {
             return Err(Error(libc::EBADF));
         }
         self.recheck(ctx, "read", &h, Need::Read)?;
+        let fd = self.io_fd(&h, libc::O_RDONLY)?;
         let mut buf = vec![0u8; size as usize];
         let mut done = 0;
         while done < buf.len() {
-            match sys::pread(h.file.as_fd(), &mut buf[done..], offset + done as u64) {
+            match sys::pread(fd.as_fd(), &mut buf[done..], offset + done as u64) {
                 Ok(0) => break,
                 Ok(n) => done += n,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -717,14 +893,16 @@ impl Shared {
             return Err(Error(libc::EBADF));
         }
         self.recheck(ctx, "write", &h, Need::Write)?;
-        let n = pwrite_all(&h.file, data, offset)?;
+        let fd = self.io_fd(&h, libc::O_WRONLY)?;
+        let n = pwrite_all(fd.as_fd(), data, offset)?;
         Ok(n as u32)
     }
 
     /// fsync / fsyncdir.
     pub fn do_fsync(&self, fh: u64, datasync: bool) -> Res<()> {
         let h = self.handle(fh)?;
-        Ok(sys::fsync(h.file.as_fd(), datasync)?)
+        let fd = self.io_fd(&h, read_or_write(&h))?;
+        Ok(sys::fsync(fd.as_fd(), datasync)?)
     }
 
     /// release / releasedir.
@@ -739,13 +917,15 @@ impl Shared {
             return Err(Error(libc::EBADF));
         }
         self.recheck(ctx, "fallocate", &h, Need::Write)?;
-        Ok(sys::fallocate(h.file.as_fd(), mode, offset, len)?)
+        let fd = self.io_fd(&h, libc::O_WRONLY)?;
+        Ok(sys::fallocate(fd.as_fd(), mode, offset, len)?)
     }
 
     /// lseek (SEEK_DATA / SEEK_HOLE).
     pub fn do_lseek(&self, fh: u64, offset: i64, whence: i32) -> Res<i64> {
         let h = self.handle(fh)?;
-        Ok(sys::lseek(h.file.as_fd(), offset, whence)?)
+        let fd = self.io_fd(&h, read_or_write(&h))?;
+        Ok(sys::lseek(fd.as_fd(), offset, whence)?)
     }
 
     /// copy_file_range: read on the source handle, write on the destination handle.
@@ -767,7 +947,9 @@ impl Shared {
         self.recheck(ctx, "read", &hi, Need::Read)?;
         self.recheck(ctx, "write", &ho, Need::Write)?;
         let len = len.min(u32::MAX as u64 & !0xfff);
-        let n = sys::copy_file_range(hi.file.as_fd(), off_in, ho.file.as_fd(), off_out, len)?;
+        let fi = self.io_fd(&hi, libc::O_RDONLY)?;
+        let fo = self.io_fd(&ho, libc::O_WRONLY)?;
+        let n = sys::copy_file_range(fi.as_fd(), off_in, fo.as_fd(), off_out, len)?;
         Ok(n as u32)
     }
 
@@ -780,6 +962,7 @@ impl Shared {
             return Err(Error(libc::ENOTDIR));
         }
         let fd = self.inodes.fd(ino)?;
+        let slots = self.handles.reserve(ctx.caller.uid)?;
         let file = sys::reopen(
             self.inodes.proc_fd.as_fd(),
             fd.as_fd(),
@@ -788,15 +971,17 @@ impl Shared {
         // The listing is read by the first readdir (and again on rewind), for its caller.
         Ok(self.handles.insert(Handle {
             ino,
-            file,
+            file: Some(file),
             read: true,
             write: false,
             exec: false,
             entries: Some(parking_lot::Mutex::new(None)),
+            slots,
         }))
     }
 
-    fn list(&self, ctx: &Ctx, ino: u64, file: &OwnedFd) -> Res<Vec<ListEntry>> {
+    fn list(&self, ctx: &Ctx, ino: u64, file: Option<&OwnedFd>) -> Res<Vec<ListEntry>> {
+        let file = file.ok_or(Error(libc::EBADF))?;
         let dir = self.inodes.path(ino)?;
         let mut raw = sys::read_dir(file.as_fd())?;
         let mut path = join(&dir, b"");
@@ -839,7 +1024,7 @@ impl Shared {
         let listing = match &*cur {
             Some(l) if offset != 0 => l.clone(),
             _ => {
-                let fresh = Arc::new(self.list(ctx, h.ino, &h.file)?);
+                let fresh = Arc::new(self.list(ctx, h.ino, h.file.as_ref())?);
                 *cur = Some(fresh.clone());
                 fresh
             }
@@ -856,8 +1041,10 @@ impl Shared {
     /// readdirplus: a lookup for one listed entry.
     pub fn plus_lookup(&self, ctx: &Ctx, parent: u64, name: &[u8]) -> Res<FileAttr> {
         let name = Name::new(name)?;
-        self.do_lookup(ctx, parent, &name)?
-            .ok_or(Error(libc::ENOENT))
+        match self.do_lookup(ctx, parent, &name)? {
+            Lookup::Found(a) => Ok(a),
+            Lookup::Absent | Lookup::Hidden => Err(Error(libc::ENOENT)),
+        }
     }
 
     /// statfs of SOURCE's file system.
@@ -944,10 +1131,19 @@ impl Shared {
     }
 }
 
-fn pwrite_all(fd: &OwnedFd, data: &[u8], offset: u64) -> io::Result<usize> {
+/// The access mode a reopen for fsync/lseek needs: one the handle itself was granted.
+fn read_or_write(h: &Handle) -> i32 {
+    if h.read || !h.write {
+        libc::O_RDONLY
+    } else {
+        libc::O_WRONLY
+    }
+}
+
+fn pwrite_all(fd: std::os::fd::BorrowedFd<'_>, data: &[u8], offset: u64) -> io::Result<usize> {
     let mut done = 0;
     while done < data.len() {
-        match sys::pwrite(fd.as_fd(), &data[done..], offset + done as u64) {
+        match sys::pwrite(fd, &data[done..], offset + done as u64) {
             Ok(0) => break,
             Ok(n) => done += n,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}

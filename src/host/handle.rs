@@ -1,12 +1,20 @@
 //! Open file and directory handles: the rights granted at open live here, server-side,
 //! never in the `fh` bits the kernel hands back.
+//!
+//! Invariants: every handle holds a [`Slot`] of the per-uid handle budget, and one of the
+//! descriptor budget exactly while it holds a host fd (a kernel-passthrough file holds
+//! none: the kernel keeps the backing file). Operations that need an fd of a handle that
+//! holds none reopen the node for the call ([`HandleFd::Temp`]).
 
 use std::collections::HashMap;
-use std::os::fd::OwnedFd;
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::{Mutex, RwLock};
+
+use super::budget::{Budget, Slot};
 
 /// One entry of a directory listing as the caller may see it.
 #[derive(Debug, Clone)]
@@ -23,8 +31,9 @@ pub struct ListEntry {
 pub struct Handle {
     /// The node it was opened on.
     pub ino: u64,
-    /// The open host file (a real fd, not `O_PATH`).
-    pub file: OwnedFd,
+    /// The open host file (a real fd, not `O_PATH`); `None` once the kernel holds it as a
+    /// passthrough backing file.
+    pub file: Option<OwnedFd>,
     /// Reads allowed through this handle.
     pub read: bool,
     /// Writes allowed through this handle.
@@ -34,16 +43,69 @@ pub struct Handle {
     /// For directories: the listing read by the first readdir or a rewind (`None` until
     /// then).
     pub entries: Option<Mutex<Option<Arc<Vec<ListEntry>>>>>,
+    /// The budget units this handle holds (the table entry; the fd while `file` is set).
+    pub slots: Slots,
 }
 
-/// Handle table: `fh` → handle.
-#[derive(Default)]
+/// The budget units one handle holds.
+#[derive(Debug)]
+pub struct Slots {
+    /// Its entry in the handle table.
+    pub entry: Slot,
+    /// Its host descriptor, if it holds one.
+    pub fd: Option<Slot>,
+}
+
+/// A descriptor to do I/O on: the handle's own, or one opened for this call.
+pub enum HandleFd<'a> {
+    /// The handle's fd.
+    Held(&'a OwnedFd),
+    /// Reopened for this call; closed when dropped.
+    Temp(OwnedFd),
+}
+
+impl AsFd for HandleFd<'_> {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        match self {
+            HandleFd::Held(f) => f.as_fd(),
+            HandleFd::Temp(f) => f.as_fd(),
+        }
+    }
+}
+
+/// Handle table: `fh` → handle, with the budgets its entries and descriptors come from.
 pub struct Handles {
     map: RwLock<HashMap<u64, Arc<Handle>>>,
     next: AtomicU64,
+    /// Host descriptors held by handles.
+    pub fds: Arc<Budget>,
+    /// Handle table entries (memory), also of handles that hold no fd.
+    pub entries: Arc<Budget>,
 }
 
 impl Handles {
+    /// A table whose handles may hold `fds` descriptors (`fds_per_uid` for one uid) and
+    /// `entries` entries (`entries_per_uid`).
+    pub fn new(fds: usize, fds_per_uid: usize, entries: usize, entries_per_uid: usize) -> Handles {
+        Handles {
+            map: RwLock::new(HashMap::new()),
+            next: AtomicU64::new(0),
+            fds: Budget::new("descriptor", fds, fds_per_uid),
+            entries: Budget::new("handle", entries, entries_per_uid),
+        }
+    }
+
+    /// Takes the budget for a new handle of `uid` that will hold a host fd: EMFILE past
+    /// the uid's share, ENFILE when the daemon's pool is full.
+    pub fn reserve(&self, uid: u32) -> io::Result<Slots> {
+        let entry = self.entries.take(uid)?;
+        let fd = self.fds.take(uid)?;
+        Ok(Slots {
+            entry,
+            fd: Some(fd),
+        })
+    }
+
     /// Registers a handle; returns its `fh`.
     pub fn insert(&self, h: Handle) -> u64 {
         let fh = self.next.fetch_add(1, Ordering::Relaxed) + 1;
@@ -66,5 +128,12 @@ impl Handles {
     /// Whether some open handle executes node `ino` (truncating it must fail ETXTBSY).
     pub fn executing(&self, ino: u64) -> bool {
         self.any_on(ino, |h| h.exec)
+    }
+}
+
+impl Handle {
+    /// The handle's own descriptor, if it holds one.
+    pub fn file_fd(&self) -> Option<BorrowedFd<'_>> {
+        self.file.as_ref().map(|f| f.as_fd())
     }
 }

@@ -110,7 +110,10 @@ fn fd_name(fd: RawFd) -> CString {
 /// guarantees `fd` is a regular file or a directory (never a symlink or a special file).
 pub fn reopen(proc_fd: BorrowedFd<'_>, fd: BorrowedFd<'_>, flags: i32) -> io::Result<OwnedFd> {
     let n = fd_name(fd.as_raw_fd());
-    let flags = (flags | libc::O_CLOEXEC) & !(libc::O_CREAT | libc::O_EXCL | libc::O_NOCTTY);
+    // O_NONBLOCK: an open never waits (a lease held by another process, say); the caller
+    // reopens only regular files and directories, where it changes nothing else.
+    let flags = (flags | libc::O_CLOEXEC | libc::O_NONBLOCK)
+        & !(libc::O_CREAT | libc::O_EXCL | libc::O_NOCTTY);
     // SAFETY: valid fds and NUL-terminated name; the result is checked.
     cvt_fd(unsafe { libc::openat(proc_fd.as_raw_fd(), n.as_ptr(), flags) })
 }
@@ -140,14 +143,15 @@ pub fn fstatvfs(fd: BorrowedFd<'_>) -> io::Result<libc::statvfs> {
     Ok(unsafe { st.assume_init() })
 }
 
-/// Opens `name` in `dir` with `flags` (always `O_NOFOLLOW|O_CLOEXEC`) and `mode`.
+/// Opens `name` in `dir` with `flags` (always `O_NOFOLLOW|O_CLOEXEC|O_NONBLOCK`: an open
+/// of a FIFO or a device that slipped in never waits) and `mode`.
 pub fn openat(dir: BorrowedFd<'_>, name: &Name, flags: i32, mode: u32) -> io::Result<OwnedFd> {
     // SAFETY: valid fd and NUL-terminated name; the result is checked.
     cvt_fd(unsafe {
         libc::openat(
             dir.as_raw_fd(),
             name.c().as_ptr(),
-            flags | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+            flags | libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NONBLOCK,
             mode as libc::c_uint,
         )
     })
@@ -278,6 +282,70 @@ pub fn fchown_fd(fd: BorrowedFd<'_>, uid: u32, gid: u32) -> io::Result<()> {
         )
     })
     .map(drop)
+}
+
+/// `fchownat(dir, name, uid, gid, AT_SYMLINK_NOFOLLOW)`: gives a just-created entry away
+/// without opening it.
+pub fn fchownat_nofollow(dir: BorrowedFd<'_>, name: &Name, uid: u32, gid: u32) -> io::Result<()> {
+    // SAFETY: valid fd and NUL-terminated name.
+    cvt(unsafe {
+        libc::fchownat(
+            dir.as_raw_fd(),
+            name.c().as_ptr(),
+            uid,
+            gid,
+            libc::AT_SYMLINK_NOFOLLOW,
+        )
+    })
+    .map(drop)
+}
+
+/// The calling thread's file-system ids switched to a caller's for as long as the guard
+/// lives (`setfsgid` then `setfsuid`; restored in reverse order on drop). Files created
+/// meanwhile belong to the caller from the start, and the host's permission checks are made
+/// as the caller. Per thread: the other workers keep the daemon's ids.
+pub struct FsIds {
+    uid: u32,
+    gid: u32,
+}
+
+impl FsIds {
+    /// Switches to `uid`/`gid`; fails with EPERM when the kernel refuses (not root).
+    pub fn assume(uid: u32, gid: u32) -> io::Result<FsIds> {
+        // SAFETY: setfsgid/setfsuid only change this thread's credentials; they return the
+        // previous id and never fail in a way that leaves memory unsafe.
+        let (old_uid, old_gid) = unsafe {
+            let g = libc::setfsgid(gid) as u32;
+            let u = libc::setfsuid(uid) as u32;
+            (u, g)
+        };
+        let guard = FsIds {
+            uid: old_uid,
+            gid: old_gid,
+        };
+        // The syscalls report no error: read the ids back (-1 changes nothing).
+        // SAFETY: as above; -1 only queries.
+        let (now_u, now_g) = unsafe {
+            (
+                libc::setfsuid(u32::MAX) as u32,
+                libc::setfsgid(u32::MAX) as u32,
+            )
+        };
+        if now_u != uid || now_g != gid {
+            return Err(io::Error::from_raw_os_error(libc::EPERM));
+        }
+        Ok(guard)
+    }
+}
+
+impl Drop for FsIds {
+    fn drop(&mut self) {
+        // SAFETY: restores this thread's previous file-system ids.
+        unsafe {
+            libc::setfsuid(self.uid);
+            libc::setfsgid(self.gid);
+        }
+    }
 }
 
 /// chmod of the inode behind an `O_PATH` handle (not a symlink) via `/proc/self/fd/N`.
