@@ -1,8 +1,9 @@
-//! What a hostile caller can learn through names it cannot see: a hidden entry never
-//! shows through `rmdir`/`rename` errors or a directory's link count.
+//! What a hostile caller can learn or plant through names it cannot see: a hidden entry
+//! never shows through `rmdir`/`rename` errors or a directory's link count, and file
+//! capabilities (`security.capability`) are set-ID bits that need `allow_setid`.
 //!
-//! Real processes (uid 1000 through `setpriv`) against a real mount, exact errnos, and the
-//! host unchanged after every refusal.
+//! Real processes (uid 1000 through `setpriv`, and an unprivileged user namespace) against
+//! a real mount, exact errnos, and the host unchanged after every refusal.
 
 mod common;
 
@@ -12,21 +13,46 @@ use std::path::Path;
 use std::time::Duration;
 
 use common::*;
+use libc::{EACCES, ENODATA, ENOENT, EPERM, EROFS};
 
 /// `**/.env` hidden, everything else writable.
 const HIDE_ENV: &str = "mode = \"workspace-write\"\ndefault = \"write\"\n\
                         [[rule]]\npath = \"**/.env\"\naccess = \"none\"\n";
 
-/// Runs one `os` call in python3 and prints `ok` or the errno's name.
+/// [`HIDE_ENV`] with `allow_setid`.
+fn hide_env_setid(setid: bool) -> String {
+    format!("allow_setid = {setid}\n{HIDE_ENV}")
+}
+
+/// Runs one `os` call in python3 and prints `ok` or the errno's name. `setcap PATH HEX`
+/// sets `security.capability` to the hex bytes.
 const OP_PY: &str = r#"
 import errno, os, sys
 op, args = sys.argv[1], sys.argv[2:]
 try:
-    getattr(os, op)(*args)
+    if op == "setcap":
+        os.setxattr(args[0], "security.capability", bytes.fromhex(args[1]))
+    else:
+        getattr(os, op)(*args)
     print("ok")
 except OSError as e:
     print(errno.errorcode.get(e.errno, str(e.errno)))
 "#;
+
+/// A valid v2 `vfs_cap_data`: magic 0x02000000 | VFS_CAP_FLAGS_EFFECTIVE, permitted
+/// CAP_NET_RAW (bit 13), nothing inheritable (`setcap cap_net_raw=ep`).
+const CAP_V2: &str = "0100000200200000000000000000000000000000";
+
+fn cap_v2() -> Vec<u8> {
+    hex(CAP_V2)
+}
+
+fn hex(s: &str) -> Vec<u8> {
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+        .collect()
+}
 
 /// `chown -R uid:uid` without following symlinks.
 fn chown_r(p: &Path, uid: u32) {
@@ -74,6 +100,11 @@ fn assert_audited(audit: &Path, op: &str, path: &str, errno: &str) {
         "no {op} {path} {errno} refusal in the audit log:\n{:#?}",
         audit_lines(audit)
     );
+}
+
+/// The capability on the host file, read directly (ENODATA when there is none).
+fn host_cap(p: &Path) -> std::io::Result<Vec<u8>> {
+    lgetxattr(p, b"security.capability")
 }
 
 /// Waits until the daemon logged reload `generation`.
@@ -212,5 +243,107 @@ fn an_allow_all_policy_keeps_the_hosts_link_counts_until_a_reload_hides_somethin
             == 1),
         "nlink after the reload: {}",
         fs::metadata(m.mnt("p")).unwrap().nlink()
+    );
+}
+
+// ---------------------------------------------------------------- D: file capabilities
+
+#[test]
+fn setting_file_capabilities_needs_allow_setid_in_the_specs_errno_order() {
+    let policy = |setid: bool| {
+        format!(
+            "mode = \"workspace-write\"\ndefault = \"write\"\nwritable_roots = [\"w\"]\n\
+             allow_setid = {setid}\n\
+             [[rule]]\npath = \"**/.env\"\naccess = \"none\"\n\
+             [[rule]]\npath = \"w/r\"\naccess = \"read\"\n"
+        )
+    };
+    let m = Mount::with("setcap-root", Some(&policy(false)), None, |src| {
+        put(&src.join("w/f"), b"#!/bin/sh\n", 0o755);
+        put(&src.join("w/.env"), b"SECRET=1\n", 0o600);
+        put(&src.join("w/r/f"), b"r\n", 0o755);
+        put(&src.join("o/f"), b"o\n", 0o755);
+        put(&src.join("w/capped"), b"c\n", 0o755);
+        setxattr(&src.join("w/capped"), "security.capability", &cap_v2())
+            .expect("host supports file capabilities");
+    });
+    let cap = cap_v2();
+    let before = snapshot(&m.host(""));
+    for (p, want, why) in [
+        ("w/.env", ENOENT, "hidden: ENOENT first"),
+        ("o/f", EPERM, "EPERM before the mode's EROFS"),
+        ("w/r/f", EPERM, "EPERM before the rule's EACCES"),
+        ("w/f", EPERM, "allowed write, but no allow_setid"),
+    ] {
+        assert_errno(setxattr(&m.mnt(p), "security.capability", &cap), want, why).ok();
+        assert_errno(host_cap(&m.host(p)), ENODATA, &format!("host {p}")).ok();
+        assert_host_unchanged(&before, &m.host(""), p);
+    }
+    // Other attributes are ordinary writes; removing a capability only lowers privilege.
+    setxattr(&m.mnt("w/f"), "user.k", b"v").expect("user xattr on a writable file");
+    removexattr(&m.mnt("w/capped"), "security.capability").expect("remove a capability");
+    assert_errno(host_cap(&m.host("w/capped")), ENODATA, "capability removed").ok();
+
+    m.reload_with(&policy(true));
+    reloaded(&m, 1);
+    for (p, want, why) in [
+        ("w/.env", ENOENT, "hidden"),
+        ("o/f", EROFS, "the mode"),
+        ("w/r/f", EACCES, "the rule"),
+    ] {
+        assert_errno(setxattr(&m.mnt(p), "security.capability", &cap), want, why).ok();
+        assert_errno(host_cap(&m.host(p)), ENODATA, &format!("host {p}")).ok();
+    }
+    // With allow_setid the request reaches the host unchanged.
+    setxattr(&m.mnt("w/f"), "security.capability", &cap).expect("allow_setid = true");
+    assert_eq!(host_cap(&m.host("w/f")).unwrap(), cap);
+}
+
+#[test]
+fn file_capabilities_from_an_unprivileged_user_namespace() {
+    assert_ne!(
+        fs::read_to_string("/proc/sys/user/max_user_namespaces")
+            .unwrap()
+            .trim(),
+        "0",
+        "this test needs unprivileged user namespaces"
+    );
+    let b = Mount::builder("setcap-userns");
+    let audit = b.root().join("audit.jsonl");
+    put(&b.host("tool"), b"#!/bin/sh\n", 0o755);
+    chown_r(&b.host(""), 1000);
+    let m = b
+        .policy(&hide_env_setid(false))
+        .arg("--allow-other")
+        .arg("--audit")
+        .arg(&audit)
+        .start();
+    let unshare = "unshare -U -r";
+    // Root of a new user namespace owned by uid 1000: the kernel lets it set a
+    // capability on a file 1000 owns, converted to v3 with rootid 1000.
+    assert_eq!(py_as(&m, 1000, unshare, "getuid"), "ok");
+    let before = snapshot(&m.host(""));
+    assert_eq!(
+        py_as(&m, 1000, unshare, &format!("setcap tool {CAP_V2}")),
+        "EPERM"
+    );
+    assert_errno(host_cap(&m.host("tool")), ENODATA, "host tool after EPERM").ok();
+    assert_host_unchanged(&before, &m.host(""), "setcap from a user namespace");
+    // The daemon refused it (the kernel let it through).
+    assert_audited(&audit, "setxattr", "tool", "EPERM");
+
+    // With allow_setid the host gets the namespaced capability: v3, rootid 1000, which
+    // takes effect in every user namespace whose root is host uid 1000.
+    m.reload_with(&hide_env_setid(true));
+    reloaded(&m, 1);
+    assert_eq!(
+        py_as(&m, 1000, unshare, &format!("setcap tool {CAP_V2}")),
+        "ok"
+    );
+    let v3 = hex("0100000300200000000000000000000000000000e8030000");
+    assert_eq!(
+        host_cap(&m.host("tool")).unwrap(),
+        v3,
+        "v3 with rootid 1000"
     );
 }

@@ -977,7 +977,10 @@ impl Shared {
         Ok(sys::listxattr_fd(fd.as_fd(), size as usize)?)
     }
 
-    /// setxattr: `write`.
+    /// setxattr: `write`. Setting `security.capability` (file capabilities) counts as
+    /// setting a set-ID bit: it needs `allow_setid`. The attribute lands on the host, where
+    /// a capability (v3, with the caller's user namespace root as `rootid`) takes effect in
+    /// every user namespace whose root is that host uid — outside the mount's `nosuid`.
     pub fn do_setxattr(
         &self,
         ctx: &Ctx,
@@ -986,7 +989,11 @@ impl Shared {
         value: &[u8],
         flags: i32,
     ) -> Res<()> {
-        self.allow_ino(ctx, "setxattr", ino, Need::Write, Special::default())?;
+        let sp = Special {
+            device: false,
+            setid: name == b"security.capability",
+        };
+        self.allow_ino(ctx, "setxattr", ino, Need::Write, sp)?;
         let (fd, ok) = self.xattr_target(ino)?;
         if !ok {
             return Err(Error(libc::EPERM));
