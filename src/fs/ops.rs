@@ -2,11 +2,11 @@
 //! handles. Each `do_*` returns `Result<T, Error>`; the glue in `mod.rs` only replies.
 
 use std::io;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
-use fuser::{FileAttr, TimeOrNow};
+use fuser::{FileAttr, FileType, TimeOrNow};
 
 use super::attr::{self, to_attr};
 use super::kcache::{Inval, KernelCache};
@@ -141,11 +141,17 @@ fn set_time(t: TimeOrNow) -> SetTime {
 }
 
 impl Shared {
-    /// Host attributes as the caller sees them (ids mapped).
-    fn attr(&self, ino: u64, st: &libc::stat) -> FileAttr {
+    /// Host attributes as the caller sees them (ids mapped). Every attribute reply to the
+    /// kernel is made here. When the policy may hide something, a directory's link count is
+    /// 1 (what `find` and fts read as "unknown", as btrfs reports): the host's count
+    /// includes hidden subdirectories.
+    fn attr(&self, ctx: &Ctx, ino: u64, st: &libc::stat) -> FileAttr {
         let mut a = to_attr(ino, st);
         a.uid = self.uids.to_caller(a.uid);
         a.gid = self.gids.to_caller(a.gid);
+        if a.kind == FileType::Directory && ctx.snap.policy.may_hide() {
+            a.nlink = 1;
+        }
         a
     }
 
@@ -361,11 +367,18 @@ impl Shared {
     /// Records an entry just created in `parent` (stat through the held parent handle: no
     /// descriptor needed). If even that fails, the entry is removed again: a create either
     /// happens completely or not at all.
-    fn finish_create(&self, parent: u64, pfd: &OwnedFd, name: &Name, dir: bool) -> Res<FileAttr> {
+    fn finish_create(
+        &self,
+        ctx: &Ctx,
+        parent: u64,
+        pfd: &OwnedFd,
+        name: &Name,
+        dir: bool,
+    ) -> Res<FileAttr> {
         match sys::fstatat_nofollow(pfd.as_fd(), name) {
             Ok(st) => {
                 let ino = self.inodes.adopt(parent, name, &st, true);
-                Ok(self.attr(ino, &st))
+                Ok(self.attr(ctx, ino, &st))
             }
             Err(e) => {
                 let flags = if dir { libc::AT_REMOVEDIR } else { 0 };
@@ -437,7 +450,7 @@ impl Shared {
             Err(e) => return Err(e),
         }
         let ino = self.inodes.adopt(parent, name, &st, true);
-        Ok(Lookup::Found(self.attr(ino, &st)))
+        Ok(Lookup::Found(self.attr(ctx, ino, &st)))
     }
 
     /// Whether the kernel may cache the hidden name `parent/name` as a negative entry
@@ -459,9 +472,9 @@ impl Shared {
         if let Some(h) = fh.and_then(|fh| self.handles.get(fh))
             && let Some(f) = h.file_fd()
         {
-            return Ok(self.attr(ino, &sys::fstat(f)?));
+            return Ok(self.attr(ctx, ino, &sys::fstat(f)?));
         }
-        Ok(self.attr(ino, &self.stat_ino(ino)?))
+        Ok(self.attr(ctx, ino, &self.stat_ino(ino)?))
     }
 
     /// setattr: chmod, chown, truncate, utimens — all need `write`; setting set-ID bits
@@ -527,7 +540,7 @@ impl Shared {
                 sys::utimens_fd(self.inodes.proc_fd.as_fd(), fd.as_fd(), a, m)?;
             }
         }
-        Ok(self.attr(ino, &sys::fstat(fd.as_fd())?))
+        Ok(self.attr(ctx, ino, &sys::fstat(fd.as_fd())?))
     }
 
     /// readlink: `list`; the stored target unchanged.
@@ -557,7 +570,7 @@ impl Shared {
         self.create_as_caller(ctx, &pfd, name, false, || {
             sys::mknodat(pfd.as_fd(), name, mode, rdev as u64)
         })?;
-        self.finish_create(parent, &pfd, name, false)
+        self.finish_create(ctx, parent, &pfd, name, false)
     }
 
     /// mkdir.
@@ -572,7 +585,7 @@ impl Shared {
         self.create_as_caller(ctx, &pfd, name, true, || {
             sys::mkdirat(pfd.as_fd(), name, mode & 0o7777)
         })?;
-        self.finish_create(parent, &pfd, name, true)
+        self.finish_create(ctx, parent, &pfd, name, true)
     }
 
     /// symlink: the target is stored as given; the caller's kernel resolves it later.
@@ -590,7 +603,7 @@ impl Shared {
         self.create_as_caller(ctx, &pfd, name, false, || {
             sys::symlinkat(target, pfd.as_fd(), name)
         })?;
-        self.finish_create(parent, &pfd, name, false)
+        self.finish_create(ctx, parent, &pfd, name, false)
     }
 
     /// The handle to keep for a node about to lose its name: an operation on it after the
@@ -606,16 +619,81 @@ impl Shared {
         }
     }
 
-    /// unlink / rmdir: `write` on the path.
+    /// The answer for a directory the host calls not empty (ENOTEMPTY, or EEXIST on some
+    /// file systems) when removing it or renaming onto it: if nothing in it is visible to
+    /// the caller (exactly as `readdir` filters), EACCES, audited as a refusal — ENOTEMPTY
+    /// would reveal the hidden entries. Every other host error passes through.
+    #[allow(clippy::too_many_arguments)]
+    fn not_empty(
+        &self,
+        ctx: &Ctx,
+        op: &'static str,
+        path: &[u8],
+        v: &Verdict,
+        dir: BorrowedFd<'_>,
+        name: &Name,
+        e: io::Error,
+    ) -> Error {
+        let err = Error::from(e);
+        if err.0 != libc::ENOTEMPTY && err.0 != libc::EEXIST {
+            return err;
+        }
+        match self.nothing_visible(ctx, path, dir, name) {
+            Some(hidden_by) => {
+                let by = hidden_by.unwrap_or(v.by);
+                self.audit(ctx, op, path, v, by, Some(libc::EACCES));
+                Error(libc::EACCES)
+            }
+            None => err,
+        }
+    }
+
+    /// `Some` when directory `dir/name` (workspace path `path`) holds no entry visible to
+    /// the caller, with what hides its first entry (`Some(None)`: it is empty by now);
+    /// `None` when some entry is visible or the directory cannot be read.
+    fn nothing_visible(
+        &self,
+        ctx: &Ctx,
+        path: &[u8],
+        dir: BorrowedFd<'_>,
+        name: &Name,
+    ) -> Option<Option<By>> {
+        let fd = sys::openat(dir, name, libc::O_RDONLY | libc::O_DIRECTORY, 0).ok()?;
+        let entries = sys::read_dir(fd.as_fd()).ok()?;
+        let mut p = join(path, b"");
+        let base = p.len();
+        let mut hidden_by = None;
+        for e in &entries {
+            p.truncate(base);
+            p.extend_from_slice(&e.name);
+            // As `list`: DT_UNKNOWN counts as a directory.
+            let is_dir = e.dtype == libc::DT_DIR || e.dtype == libc::DT_UNKNOWN;
+            let v = ctx.snap.policy.verdict_for(&p, ctx.caller, is_dir);
+            if v.effective != Access::None {
+                return None;
+            }
+            hidden_by.get_or_insert(v.by);
+        }
+        Some(hidden_by)
+    }
+
+    /// unlink / rmdir: `write` on the path; a directory holding only hidden entries is
+    /// refused with EACCES (see [`Shared::not_empty`]).
     pub fn do_remove(&self, ctx: &Ctx, parent: u64, name: &Name, dir: bool) -> Res<()> {
         let path = self.child_path(parent, name)?;
         let op = if dir { "rmdir" } else { "unlink" };
-        self.allow(ctx, op, &path, dir, Need::Write, Special::default())?;
+        let v = self.allow(ctx, op, &path, dir, Need::Write, Special::default())?;
         let pfd = self.inodes.fd(parent)?;
         let known = self.inodes.child(parent, name.bytes());
         let pin = known.and_then(|i| self.pin_handle(i));
         let flags = if dir { libc::AT_REMOVEDIR } else { 0 };
-        sys::unlinkat(pfd.as_fd(), name, flags)?;
+        if let Err(e) = sys::unlinkat(pfd.as_fd(), name, flags) {
+            return Err(if dir {
+                self.not_empty(ctx, op, &path, &v, pfd.as_fd(), name, e)
+            } else {
+                e.into()
+            });
+        }
         self.inodes.remove_alias(parent, name.bytes(), pin);
         Ok(())
     }
@@ -661,7 +739,17 @@ impl Shared {
         let src = self.inodes.child(parent, name.bytes());
         let dst = self.inodes.child(newparent, newname.bytes());
         let dst_pin = dst.and_then(|i| self.pin_handle(i));
-        sys::renameat2(pfd.as_fd(), name, npfd.as_fd(), newname, flags)?;
+        if let Err(e) = sys::renameat2(pfd.as_fd(), name, npfd.as_fd(), newname, flags) {
+            // Replacing a directory that holds only hidden entries: EACCES, not ENOTEMPTY.
+            let replaces_dir = flags & (libc::RENAME_EXCHANGE | libc::RENAME_NOREPLACE) == 0
+                && dst_st.as_ref().is_some_and(dir_of);
+            return Err(if replaces_dir {
+                let v = ctx.snap.policy.verdict_for(&new, ctx.caller, true);
+                self.not_empty(ctx, "rename", &new, &v, npfd.as_fd(), newname, e)
+            } else {
+                e.into()
+            });
+        }
         if exchange {
             self.inodes
                 .exchange_alias((parent, name.bytes()), (newparent, newname.bytes()));
@@ -704,7 +792,7 @@ impl Shared {
             newname,
         )?;
         let (ino, st) = self.inodes.lookup(newparent, newname, true)?;
-        Ok(self.attr(ino, &st))
+        Ok(self.attr(ctx, ino, &st))
     }
 
     // ---- files -------------------------------------------------------------------------
@@ -804,7 +892,7 @@ impl Shared {
             exec: false,
             slots,
         };
-        Ok((self.attr(ino, &st), opened))
+        Ok((self.attr(ctx, ino, &st), opened))
     }
 
     /// The existing-name half of a create without `O_EXCL`: opens `name` as the caller
@@ -1083,7 +1171,10 @@ impl Shared {
         Ok(sys::listxattr_fd(fd.as_fd(), size as usize)?)
     }
 
-    /// setxattr: `write`.
+    /// setxattr: `write`. Setting `security.capability` (file capabilities) counts as
+    /// setting a set-ID bit: it needs `allow_setid`. The attribute lands on the host, where
+    /// a capability (v3, with the caller's user namespace root as `rootid`) takes effect in
+    /// every user namespace whose root is that host uid — outside the mount's `nosuid`.
     pub fn do_setxattr(
         &self,
         ctx: &Ctx,
@@ -1092,7 +1183,11 @@ impl Shared {
         value: &[u8],
         flags: i32,
     ) -> Res<()> {
-        self.allow_ino(ctx, "setxattr", ino, Need::Write, Special::default())?;
+        let sp = Special {
+            device: false,
+            setid: name == b"security.capability",
+        };
+        self.allow_ino(ctx, "setxattr", ino, Need::Write, sp)?;
         let (fd, ok) = self.xattr_target(ino)?;
         if !ok {
             return Err(Error(libc::EPERM));

@@ -446,6 +446,8 @@ pub struct Policy {
     /// Rules granting `list` or more (candidates for the visibility lift).
     lift_rules: Vec<usize>,
     has_id_rules: bool,
+    /// `default` or some rule is `none` (see [`Policy::may_hide`]).
+    may_hide: bool,
     writable_roots: Vec<String>,
     protected: Vec<String>,
     roots: CoverSet,
@@ -681,9 +683,11 @@ impl Policy {
         let lift_rules = (0..rules.len())
             .filter(|&i| rules[i].access >= Access::List)
             .collect();
+        let may_hide = default == Access::None || rules.iter().any(|r| r.access == Access::None);
         Ok(Policy {
             mode,
             default,
+            may_hide,
             allow_setid: false,
             allow_devices: false,
             has_id_rules: has_ids.iter().any(|&b| b),
@@ -741,6 +745,13 @@ impl Policy {
     /// Some rule has a `uid` or `gid` list (answers may differ between callers).
     pub fn has_id_rules(&self) -> bool {
         self.has_id_rules
+    }
+
+    /// Whether some path could be hidden from some caller: `default` is `none`, or some
+    /// rule — whatever its `uid`/`gid` or the visibility lift — has access `none`.
+    /// When false, every caller sees every host entry (listings, link counts are exact).
+    pub fn may_hide(&self) -> bool {
+        self.may_hide
     }
 
     /// `allow_setid = true`.

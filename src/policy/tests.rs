@@ -459,6 +459,39 @@ fn builtin_default_policy() {
 }
 
 #[test]
+fn may_hide_table() {
+    let uid_rule = "[[rule]]\npath = 'x'\naccess = 'none'\nuid = [1]\n";
+    let cases: &[(String, bool)] = &[
+        (String::new(), false),
+        ("default = 'read'\n".into(), false),
+        ("default = 'list'\n".into(), false),
+        ("default = 'none'\n".into(), true),
+        // the visibility lift does not matter: something below `a` stays hidden
+        (
+            format!("default = 'none'\n{}", rules(&[("a/b", "read")])),
+            true,
+        ),
+        (rules(&[("docs", "read"), ("src", "list")]), false),
+        (rules(&[("**/.env", "none")]), true),
+        (rules(&[("secrets", "none"), ("secrets/pub", "read")]), true),
+        // a rule for one uid only still hides from that uid
+        (uid_rule.to_string(), true),
+        // the mode never hides
+        (
+            format!("mode = 'read-only'\n{}", rules(&[("a", "read")])),
+            false,
+        ),
+    ];
+    for (src, want) in cases {
+        assert_eq!(pol(src).may_hide(), *want, "{src}");
+    }
+    assert!(!Policy::builtin_default().may_hide());
+    let mut p = pol("default = 'none'\n");
+    p.set_mode(Mode::Danger);
+    assert!(p.may_hide(), "a mode override keeps what the rules hide");
+}
+
+#[test]
 fn defaults_and_accessors_of_a_parsed_policy() {
     let p = pol("");
     assert_eq!(p.mode(), Mode::ReadOnly);
