@@ -1,0 +1,199 @@
+#!/usr/bin/env bash
+# soak.sh [--secs N] [--bin PATH] — mixed hostile load against one real mount while a
+# well-behaved user builds a C project through it (issue 9's soak).
+#
+# Hostile uid 1000 (each loop its own process, killed by pid at the end):
+#   descriptor floods (open until refused, hold, release), FIFO games (mkfifo, O_CREAT
+#   opens of FIFOs, unlink), refused-open floods on a hidden path (audit flood), rename/
+#   mkdir/rmdir churn, hidden-name stat loops.
+# Root: a SIGHUP reload every 0.5 s, alternating between two policies.
+# Well-behaved uid 1001: `make clean all` of a 30-file C project in a loop, and an `ls` of
+# the mount every second that must answer within 2 s.
+# Pass: every build and every ls succeeded, the daemon is alive, its fds stayed under its
+# RLIMIT_NOFILE and its RSS under 256 MiB, and the audit files stayed bounded.
+# Default 600 s; scripts/test.sh runs it for 30 s. Needs root, fuse3, python3, make, cc.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+SECS=600
+BIN=
+while (($#)); do
+    case $1 in
+        --secs) SECS=$2; shift 2 ;;
+        --bin) BIN=$2; shift 2 ;;
+        *) echo "usage: soak.sh [--secs N] [--bin PATH]" >&2; exit 2 ;;
+    esac
+done
+if [[ -z $BIN ]]; then
+    cargo build --quiet --bin fencefs
+    BIN=target/debug/fencefs
+fi
+BIN=$(realpath "$BIN")
+PY=/usr/bin/python3
+[[ -x $PY ]] || PY=$(command -v python3)
+
+ROOT=$(realpath -m "target/tmp/soak-$$")
+SRC=$ROOT/src MNT=$ROOT/mnt POL=$ROOT/policy.toml AUDIT=$ROOT/audit.jsonl LOG=$ROOT/daemon.log
+DAEMON= PIDS=()
+cleanup() {
+    local rc=$?
+    for p in "${PIDS[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
+    if [[ -n $DAEMON ]] && kill -0 "$DAEMON" 2>/dev/null; then
+        kill -TERM "$DAEMON" 2>/dev/null || true
+        for _ in $(seq 100); do kill -0 "$DAEMON" 2>/dev/null || break; sleep 0.1; done
+        kill -KILL "$DAEMON" 2>/dev/null || true
+    fi
+    if grep -q " $MNT " /proc/self/mountinfo 2>/dev/null; then fusermount3 -u -z "$MNT" || true; fi
+    rm -rf "$ROOT"
+    exit $rc
+}
+trap cleanup EXIT
+mkdir -p "$SRC"/{w,pub,secrets,build} "$MNT"
+chmod 755 "$ROOT" "$SRC" "$MNT"
+for i in $(seq 50); do echo "key $i" >"$SRC/secrets/k$i"; done
+echo hello >"$SRC/pub/readme"
+bash scripts/bench/gen-cproject.sh "$SRC/build" 30 >/dev/null
+chown -R 1000:1000 "$SRC/w" "$SRC/pub"
+chown -R 1001:1001 "$SRC/build"
+
+policy() { # $1: extra hidden glob
+    printf 'mode = "workspace-write"\n[[rule]]\npath = "secrets"\naccess = "none"\n'
+    printf '[[rule]]\npath = "%s"\naccess = "none"\n' "$1"
+}
+policy "w/hidden*" >"$POL"
+policy "w/gone*" >"$ROOT/policy.b"
+policy "w/hidden*" >"$ROOT/policy.a"
+
+"$BIN" mount -p "$POL" --allow-other --audit "$AUDIT" --audit-max-size 1M --audit-keep 2 \
+    "$SRC" "$MNT" 2>"$LOG" &
+DAEMON=$!
+for _ in $(seq 100); do grep -q " $MNT " /proc/self/mountinfo && break; sleep 0.1; done
+grep -q " $MNT " /proc/self/mountinfo || { cat "$LOG"; echo "soak: mount failed" >&2; exit 1; }
+NOFILE=$(awk '/Max open files/ {print $4}' "/proc/$DAEMON/limits")
+
+as() { local u=$1; shift; setpriv --reuid="$u" --regid="$u" --clear-groups "$@"; }
+END=$((SECONDS + SECS))
+
+# --- hostile uid 1000 ---------------------------------------------------------------
+hostile_py() { as 1000 "$PY" -c "$1" "$MNT" "$END" & PIDS+=($!); }
+hostile_py '
+import os, sys, time
+os.chdir(sys.argv[1]); end = float(sys.argv[2])
+import resource; resource.setrlimit(resource.RLIMIT_NOFILE, (20000, 20000))
+while time.monotonic() < end:
+    fds = []
+    try:
+        while len(fds) < 19000:
+            # Directories hold a daemon fd (the per-uid share); files go through passthrough.
+            fds.append(os.open("pub", os.O_RDONLY | os.O_DIRECTORY) if len(fds) % 2 else os.open("pub/readme", os.O_RDONLY))
+    except OSError: pass
+    time.sleep(1)
+    for f in fds: os.close(f)
+' 2>/dev/null
+hostile_py '
+import os, sys, time, errno
+os.chdir(sys.argv[1]); end = float(sys.argv[2]); i = 0
+while time.monotonic() < end:
+    p = "w/fifo%d" % (i % 20); i += 1
+    try: os.mkfifo(p)
+    except OSError: pass
+    for fl in (os.O_CREAT | os.O_WRONLY | os.O_NONBLOCK, os.O_RDWR | os.O_NONBLOCK, os.O_CREAT | os.O_RDONLY | os.O_NONBLOCK):
+        try: os.close(os.open(p, fl, 0o644))
+        except OSError: pass
+    try: os.unlink(p)
+    except OSError: pass
+'
+hostile_py '
+import os, sys, time
+os.chdir(sys.argv[1]); end = float(sys.argv[2]); i = 0
+while time.monotonic() < end:
+    i += 1
+    for p in ("secrets/k1", "secrets/new%d" % (i % 5000), "w/hidden%d" % (i % 100)):
+        try: os.open(p, os.O_RDONLY)
+        except OSError: pass
+'
+hostile_py '
+import os, sys, time, shutil
+os.chdir(sys.argv[1]); end = float(sys.argv[2]); i = 0
+while time.monotonic() < end:
+    i += 1; a = "w/d%d" % (i % 7); b = "w/e%d" % (i % 11)
+    try:
+        os.makedirs(a + "/x/y", exist_ok=True); open(a + "/x/f", "w").write("z")
+        os.rename(a, b)
+    except OSError: pass
+    try: shutil.rmtree(b)
+    except OSError: pass
+    try: open("w/hidden%d" % (i % 100), "w").write("h")
+    except OSError: pass
+'
+hostile_py '
+import os, sys, time
+os.chdir(sys.argv[1]); end = float(sys.argv[2]); i = 0
+while time.monotonic() < end:
+    i += 1
+    for p in ("w/hidden%d" % (i % 100), "w/gone%d" % (i % 100), "w/absent%d" % (i % 100)):
+        try: os.stat(p)
+        except OSError: pass
+'
+
+# --- root: reloads -------------------------------------------------------------------
+(
+    n=0
+    while ((SECONDS < END)); do
+        n=$((n + 1))
+        if ((n % 2)); then cp "$ROOT/policy.b" "$POL.tmp"; else cp "$ROOT/policy.a" "$POL.tmp"; fi
+        mv "$POL.tmp" "$POL"
+        kill -HUP "$DAEMON" 2>/dev/null || exit 0
+        sleep 0.5
+    done
+) &
+PIDS+=($!)
+
+# --- well-behaved uid 1001, and the monitor -------------------------------------------
+builds=0 build_fail=0 ls_ok=0 ls_fail=0 max_fds=0 max_rss=0
+next_ls=$SECONDS
+as 1001 make -C "$MNT/build" -s -j2 clean all >/dev/null 2>"$ROOT/build.err" &
+BUILD=$!
+PIDS+=($BUILD)
+while ((SECONDS < END)); do
+    if ! kill -0 "$BUILD" 2>/dev/null; then
+        if wait "$BUILD"; then builds=$((builds + 1)); else build_fail=$((build_fail + 1)); cat "$ROOT/build.err" >&2; fi
+        as 1001 make -C "$MNT/build" -s -j2 clean all >/dev/null 2>"$ROOT/build.err" &
+        BUILD=$!
+        PIDS+=($BUILD)
+    fi
+    if ((SECONDS >= next_ls)); then
+        if timeout 2 setpriv --reuid=1001 --regid=1001 --clear-groups ls -la "$MNT/pub" >/dev/null 2>&1; then
+            ls_ok=$((ls_ok + 1))
+        else
+            ls_fail=$((ls_fail + 1)); echo "soak: ls by uid 1001 failed at ${SECONDS}s" >&2
+        fi
+        fds=$(ls "/proc/$DAEMON/fd" 2>/dev/null | wc -l)
+        rss=$(awk '/VmRSS/ {print $2}' "/proc/$DAEMON/status" 2>/dev/null || echo 0)
+        ((fds > max_fds)) && max_fds=$fds
+        ((rss > max_rss)) && max_rss=$rss
+        next_ls=$((SECONDS + 1))
+    fi
+    sleep 0.2
+done
+if wait "$BUILD"; then builds=$((builds + 1)); else build_fail=$((build_fail + 1)); fi
+for p in "${PIDS[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
+PIDS=()
+sleep 0.5
+alive=yes
+kill -0 "$DAEMON" 2>/dev/null || alive=no
+audit_bytes=$(cat "$AUDIT"* 2>/dev/null | wc -c)
+audit_files=$(ls "$AUDIT"* 2>/dev/null | wc -l)
+reloads=$(grep -c "policy reloaded" "$LOG" || true)
+echo "soak: ${SECS}s: builds ok $builds, failed $build_fail; ls ok $ls_ok, failed $ls_fail;" \
+    "daemon alive $alive, max fds $max_fds (limit $NOFILE), max RSS $((max_rss / 1024)) MiB;" \
+    "reloads $reloads; audit $audit_files files, $audit_bytes bytes"
+fail=0
+((builds >= 1 && build_fail == 0)) || { echo "soak: FAIL: the well-behaved build failed" >&2; fail=1; }
+((ls_fail == 0 && ls_ok >= 1)) || { echo "soak: FAIL: ls by another uid failed" >&2; fail=1; }
+[[ $alive == yes ]] || { echo "soak: FAIL: the daemon died" >&2; tail -20 "$LOG" >&2; fail=1; }
+((max_fds < NOFILE)) || { echo "soak: FAIL: daemon fds reached the limit" >&2; fail=1; }
+((max_rss < 256 * 1024)) || { echo "soak: FAIL: RSS ${max_rss} KiB" >&2; fail=1; }
+((audit_bytes <= 3 * 1024 * 1024 + 65536)) || { echo "soak: FAIL: audit $audit_bytes bytes" >&2; fail=1; }
+((reloads >= 1)) || { echo "soak: FAIL: no reload happened" >&2; fail=1; }
+exit $fail
