@@ -200,23 +200,34 @@ fn explain(a: ExplainArgs) -> i32 {
 
 /// The file system type of the topmost mount exactly at `path`, if one is there.
 fn top_mount_type(path: &Path) -> Option<String> {
-    let canon = path.canonicalize().ok()?;
+    top_mount(&path.canonicalize().ok()?).map(|m| m.fstype)
+}
+
+/// One mount as `/proc/self/mountinfo` lists it.
+struct MountEntry {
+    /// `major:minor` of the mounted file system (unique per FUSE connection).
+    dev: String,
+    fstype: String,
+}
+
+/// The topmost mount exactly at the canonical path `canon` (read from mountinfo only: no
+/// syscall on the path itself, which may be a FUSE mount nobody serves yet).
+fn top_mount(canon: &Path) -> Option<MountEntry> {
     let info = std::fs::read("/proc/self/mountinfo").ok()?;
     let target = canon.as_os_str().as_bytes();
     // Later lines are mounted on top of earlier ones.
     info.split(|&b| b == b'\n')
         .rev()
-        .filter(|line| {
-            line.split(|&b| b == b' ')
-                .nth(4)
-                .is_some_and(|mp| unescape(mp) == target)
-        })
         .filter_map(|line| {
             let fields: Vec<&[u8]> = line.split(|&b| b == b' ').collect();
+            if fields.get(4).is_none_or(|mp| unescape(mp) != target) {
+                return None;
+            }
             let sep = fields.iter().position(|f| *f == b"-")?;
-            fields
-                .get(sep + 1)
-                .map(|t| String::from_utf8_lossy(t).into_owned())
+            Some(MountEntry {
+                dev: String::from_utf8_lossy(fields.get(2)?).into_owned(),
+                fstype: String::from_utf8_lossy(fields.get(sep + 1)?).into_owned(),
+            })
         })
         .next()
 }
@@ -468,10 +479,21 @@ fn mount(a: MountArgs) -> Result<(), String> {
         confine(&shared, &src);
     }
     signal_ready(a.ready_fd, &mnt);
+    let ours = top_mount(&mnt).map(|m| m.dev);
     let r = session.run();
     SESSION_DONE.store(true, Ordering::SeqCst);
     r.map_err(|e| format!("session ended: {e}"))?;
-    log::info!("unmounted {}", mnt.display());
+    // fuser's own unmount at the end of the session fails (EINVAL, logged as a warning by
+    // fuser, which main() filters) whenever the mount is already gone — the normal case
+    // after `fusermount3 -u` or SIGTERM. Say what matters: whether it is really gone.
+    match top_mount(&mnt) {
+        Some(m) if ours.as_ref() == Some(&m.dev) => log::warn!(
+            "{} is still mounted but no longer served; detach it with `fusermount3 -u -z {}`",
+            mnt.display(),
+            mnt.display()
+        ),
+        _ => log::info!("unmounted {}", mnt.display()),
+    }
     Ok(())
 }
 
