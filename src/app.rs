@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use fuser::{Config, INodeNo, MountOption, Notifier, Session, SessionACL, SessionUnmounter};
 use nix::sys::signal::{SigSet, Signal};
 
-use crate::audit::{Audit, Target};
+use crate::audit::{Audit, Rotation, Target};
 use crate::cli::{Command, ExplainArgs, MountArgs};
 use crate::fs::FenceFs;
 use crate::fs::ops::{Settings, Shared};
@@ -352,8 +352,15 @@ fn mount(a: MountArgs) -> Result<(), String> {
                 Target::File(PathBuf::from(t))
             };
             Some(
-                Audit::start(target, a.audit_allowed)
-                    .map_err(|e| format!("audit file '{t}': {e}"))?,
+                Audit::start(
+                    target,
+                    a.audit_allowed,
+                    Rotation {
+                        max_size: a.audit_max_size,
+                        keep: a.audit_keep,
+                    },
+                )
+                .map_err(|e| format!("audit file '{t}': {e}"))?,
             )
         }
     };
