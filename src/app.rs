@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use fuser::{Config, INodeNo, MountOption, Notifier, Session, SessionACL, SessionUnmounter};
 use nix::sys::signal::{SigSet, Signal};
 
-use crate::audit::{Audit, Target};
+use crate::audit::{Audit, Rotation, Target};
 use crate::cli::{Command, ExplainArgs, MountArgs};
 use crate::fs::FenceFs;
 use crate::fs::kcache::{Inval, KernelCache};
@@ -369,7 +369,11 @@ fn start_audit(a: &MountArgs) -> Result<Option<Audit>, String> {
     } else {
         Target::File(PathBuf::from(t))
     };
-    Audit::start(target, a.audit_allowed)
+    let rotation = Rotation {
+        max_size: a.audit_max_size,
+        keep: a.audit_keep,
+    };
+    Audit::start(target, a.audit_allowed, rotation)
         .map(Some)
         .map_err(|e| format!("audit file '{t}': {e}"))
 }
@@ -482,6 +486,7 @@ fn mount(a: MountArgs) -> Result<(), String> {
     let ours = top_mount(&mnt).map(|m| m.dev);
     let r = session.run();
     SESSION_DONE.store(true, Ordering::SeqCst);
+    flush_audit(&shared);
     r.map_err(|e| format!("session ended: {e}"))?;
     // fuser's own unmount at the end of the session fails (EINVAL, logged as a warning by
     // fuser, which main() filters) whenever the mount is already gone — the normal case
@@ -546,6 +551,15 @@ fn confine(shared: &Shared, src: &Path) {
             "self-confinement: Landlock unavailable ({}); no_new_privs {nnp}",
             e.unwrap_or_default()
         ),
+    }
+}
+
+/// Writes the audit lines still pending (coalescing windows) before the daemon exits.
+fn flush_audit(shared: &Shared) {
+    if let Some(a) = &shared.audit
+        && !a.flush(Duration::from_secs(2))
+    {
+        log::warn!("audit: the writer did not flush within 2 s; the last lines may be missing");
     }
 }
 
@@ -717,6 +731,7 @@ fn signal_loop(
                     std::thread::sleep(Duration::from_millis(20));
                 }
                 log::warn!("files still open in the detached mount; closing the connection");
+                flush_audit(&shared);
                 std::process::exit(0);
             }
         }

@@ -44,6 +44,15 @@ pub struct MountArgs {
     /// Log allowed operations too (default: refusals only).
     #[arg(long)]
     pub audit_allowed: bool,
+    /// Rotate the audit file before it would exceed SIZE bytes (suffix K, M or G:
+    /// binary multiples; 0 = never rotate). Not for `--audit -`.
+    #[arg(long, value_name = "SIZE", default_value = "64M", value_parser = parse_size,
+          requires = "audit")]
+    pub audit_max_size: u64,
+    /// Rotated audit files kept (FILE.1 … FILE.N; 0 = none).
+    #[arg(long, value_name = "N", default_value_t = 4,
+          value_parser = clap::value_parser!(u32).range(0..=1000), requires = "audit")]
+    pub audit_keep: u32,
     /// Let other uids (container users) use the mount; the kernel checks Unix permissions.
     #[arg(long)]
     pub allow_other: bool,
@@ -112,4 +121,89 @@ pub struct ExplainArgs {
 
 fn parse_mode(s: &str) -> Result<Mode, String> {
     s.parse()
+}
+
+/// A byte count: digits with an optional K, M or G (×1024, ×1024², ×1024³; either case).
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let bad =
+        || format!("invalid size '{s}': expected a number of bytes, optionally with K, M or G");
+    let (digits, shift) = match s.as_bytes().last() {
+        Some(b'k' | b'K') => (&s[..s.len() - 1], 10),
+        Some(b'm' | b'M') => (&s[..s.len() - 1], 20),
+        Some(b'g' | b'G') => (&s[..s.len() - 1], 30),
+        _ => (s, 0),
+    };
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(bad());
+    }
+    let n: u64 = digits.parse().map_err(|_| bad())?;
+    n.checked_mul(1u64 << shift)
+        .ok_or_else(|| format!("invalid size '{s}': too large"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_take_binary_suffixes() {
+        assert_eq!(parse_size("0"), Ok(0));
+        assert_eq!(parse_size("123"), Ok(123));
+        assert_eq!(parse_size("64K"), Ok(65_536));
+        assert_eq!(parse_size("64k"), Ok(65_536));
+        assert_eq!(parse_size("64M"), Ok(64 << 20));
+        assert_eq!(parse_size("2G"), Ok(2 << 30));
+        for bad in ["", "K", "-1", "1.5M", "1T", "12 K", "0x10", "64MB"] {
+            assert!(parse_size(bad).is_err(), "{bad:?} accepted");
+        }
+        assert!(parse_size("99999999999999999999").is_err());
+        assert!(parse_size("17179869184G").is_err(), "overflow");
+    }
+
+    #[test]
+    fn audit_rotation_options_default_and_parse() {
+        let m = |args: &[&str]| match Cli::try_parse_from(args) {
+            Ok(Cli {
+                command: Command::Mount(m),
+            }) => Ok((m.audit_max_size, m.audit_keep)),
+            Ok(_) => unreachable!(),
+            Err(e) => Err(e.kind()),
+        };
+        assert_eq!(
+            m(&["fencefs", "mount", "--audit", "f", "s", "p"]),
+            Ok((64 << 20, 4))
+        );
+        assert_eq!(
+            m(&[
+                "fencefs",
+                "mount",
+                "--audit",
+                "f",
+                "--audit-max-size",
+                "64K",
+                "--audit-keep",
+                "2",
+                "s",
+                "p"
+            ]),
+            Ok((65_536, 2))
+        );
+        assert_eq!(
+            m(&["fencefs", "mount", "--audit-keep", "2", "s", "p"]),
+            Err(clap::error::ErrorKind::MissingRequiredArgument)
+        );
+        assert_eq!(
+            m(&[
+                "fencefs",
+                "mount",
+                "--audit",
+                "f",
+                "--audit-max-size",
+                "1T",
+                "s",
+                "p"
+            ]),
+            Err(clap::error::ErrorKind::ValueValidation)
+        );
+    }
 }

@@ -191,6 +191,10 @@ fn usage_errors_exit_2() {
         vec!["explain", "--mode", "yolo", "x"],
         vec!["explain", "x", "fly"],
         vec!["mount", "--threads", "many", "a", "b"],
+        vec!["mount", "--audit", "f", "--audit-max-size", "12X", "a", "b"],
+        vec!["mount", "--audit", "f", "--audit-keep", "-1", "a", "b"],
+        // Rotation options without --audit.
+        vec!["mount", "--audit-max-size", "1M", "a", "b"],
     ] {
         let o = run_fencefs(&args, T);
         assert_eq!(o.status.code(), Some(2), "fencefs {args:?}: {o:?}");
@@ -660,6 +664,7 @@ fn audit_logs_refusals_as_json_lines() {
             "decision",
             "mode",
             "generation",
+            "repeat",
         ] {
             assert!(v.get(k).is_some(), "audit record lacks {k:?}: {v}");
         }

@@ -1,20 +1,33 @@
 //! The audit trail: one JSON object per line, written by its own thread.
 //!
-//! Invariant: logging never blocks or fails a file operation. Events go through a bounded
-//! queue with `try_send`; when it is full they are counted, and the count is written as a
-//! `dropped` event as soon as the writer catches up.
+//! Modules, each with one job:
+//! - `mod.rs` (here): the handle the file system holds (`Audit`), the event and its JSON
+//!   form, the shared counters.
+//! - `coalesce.rs`: PURE — folds identical refusals (uid, op, path, errno) into one line
+//!   per 1 s window (`"repeat": N`); bounded number of open windows.
+//! - `rotate.rs`: the output — stderr, or a file rotated by size (FILE.1 … FILE.N).
+//! - `writer.rs`: the thread that ties them together, woken by events and by a timer.
+//!
+//! Invariant: logging never blocks or fails a file operation. `Audit::log` is O(1): a
+//! `try_send` on a bounded queue; when the queue is full the event is counted as dropped
+//! (two atomic adds) and the count is written as a `dropped` line once the writer catches
+//! up. The writer thread never panics; what it cannot write it counts as dropped.
 
-use std::fs::{File, OpenOptions};
-use std::io::{self, Write};
+use std::io;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{SyncSender, TrySendError, sync_channel};
 use std::time::SystemTime;
 
 use serde_json::{Map, Value, json};
 
-const QUEUE: usize = 8192;
+mod coalesce;
+mod rotate;
+mod writer;
+
+pub use rotate::Rotation;
+use writer::Tuning;
 
 /// One audited decision.
 #[derive(Debug, Clone)]
@@ -48,6 +61,8 @@ pub struct Event {
 enum Msg {
     Event(Box<Event>),
     Reopen,
+    /// Write every open window and pending count now, then answer.
+    Flush(std::sync::mpsc::SyncSender<()>),
 }
 
 /// Where audit lines go.
@@ -59,37 +74,58 @@ pub enum Target {
     File(PathBuf),
 }
 
+/// State shared by the handle and the writer thread.
+#[derive(Default)]
+struct Counters {
+    /// A reopen was asked for (SIGHUP). A flag, not only a message, so that a full queue
+    /// cannot lose it; the `Reopen` message just wakes the writer.
+    reopen: AtomicBool,
+    /// Dropped since the last `dropped` line (the writer swaps it to 0 when it reports).
+    pending_dropped: AtomicU64,
+    /// Dropped since start: queue full, or a line that could not be written.
+    dropped_total: AtomicU64,
+    /// Refusals folded into a window line instead of a line of their own.
+    coalesced_total: AtomicU64,
+}
+
+impl Counters {
+    fn drop_events(&self, n: u64) {
+        self.pending_dropped.fetch_add(n, Ordering::Relaxed);
+        self.dropped_total.fetch_add(n, Ordering::Relaxed);
+    }
+}
+
 /// Handle to the audit writer.
 pub struct Audit {
     tx: SyncSender<Msg>,
-    dropped: Arc<AtomicU64>,
+    counters: Arc<Counters>,
     /// Also log allowed operations.
     pub allowed: bool,
 }
 
-fn open_target(t: &Target) -> io::Result<Box<dyn Write + Send>> {
-    match t {
-        Target::Stderr => Ok(Box::new(io::stderr())),
-        Target::File(p) => {
-            let f: File = OpenOptions::new().create(true).append(true).open(p)?;
-            Ok(Box::new(f))
-        }
-    }
-}
-
 impl Audit {
     /// Opens the target (an error here is a startup error) and starts the writer thread.
-    pub fn start(target: Target, allowed: bool) -> io::Result<Audit> {
-        let out = open_target(&target)?;
-        let (tx, rx) = sync_channel(QUEUE);
-        let dropped = Arc::new(AtomicU64::new(0));
-        let d2 = dropped.clone();
+    /// `rotation` applies to a file target only.
+    pub fn start(target: Target, allowed: bool, rotation: Rotation) -> io::Result<Audit> {
+        Audit::start_tuned(target, allowed, rotation, Tuning::default())
+    }
+
+    fn start_tuned(
+        target: Target,
+        allowed: bool,
+        rotation: Rotation,
+        tuning: Tuning,
+    ) -> io::Result<Audit> {
+        let sink = rotate::Sink::open(target, rotation)?;
+        let (tx, rx) = sync_channel(tuning.queue);
+        let counters = Arc::new(Counters::default());
+        let c2 = counters.clone();
         std::thread::Builder::new()
             .name("fencefs-audit".into())
-            .spawn(move || writer(rx, out, target, d2))?;
+            .spawn(move || writer::run(rx, sink, c2, tuning))?;
         Ok(Audit {
             tx,
-            dropped,
+            counters,
             allowed,
         })
     }
@@ -99,53 +135,48 @@ impl Audit {
         match self.tx.try_send(Msg::Event(Box::new(ev))) {
             Ok(()) => {}
             Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
-                self.dropped.fetch_add(1, Ordering::Relaxed);
+                self.counters.drop_events(1);
             }
         }
+    }
+
+    /// Writes what is pending (open coalescing windows, drop counts) and waits for it, at
+    /// most `limit`; at shutdown, so the last second of refusals is not lost. `false` if the
+    /// writer did not answer in time.
+    pub fn flush(&self, limit: std::time::Duration) -> bool {
+        let deadline = std::time::Instant::now() + limit;
+        let (done_tx, done_rx) = sync_channel(1);
+        let mut msg = Msg::Flush(done_tx);
+        loop {
+            match self.tx.try_send(msg) {
+                Ok(()) => break,
+                Err(TrySendError::Full(m)) if std::time::Instant::now() < deadline => {
+                    msg = m;
+                    std::thread::sleep(std::time::Duration::from_millis(5));
+                }
+                Err(_) => return false,
+            }
+        }
+        done_rx
+            .recv_timeout(deadline.saturating_duration_since(std::time::Instant::now()))
+            .is_ok()
     }
 
     /// Reopens the audit file (after logrotate); never blocks.
     pub fn reopen(&self) {
+        self.counters.reopen.store(true, Ordering::Relaxed);
         let _ = self.tx.try_send(Msg::Reopen);
     }
-}
 
-fn writer(
-    rx: Receiver<Msg>,
-    mut out: Box<dyn Write + Send>,
-    target: Target,
-    dropped: Arc<AtomicU64>,
-) {
-    let mut buf = Vec::with_capacity(512);
-    while let Ok(msg) = rx.recv() {
-        match msg {
-            Msg::Reopen => match open_target(&target) {
-                Ok(o) => out = o,
-                Err(e) => log::error!("audit: cannot reopen {target:?}: {e}"),
-            },
-            Msg::Event(ev) => {
-                let n = dropped.swap(0, Ordering::Relaxed);
-                if n > 0 {
-                    let line = json!({"ts": timestamp(SystemTime::now()), "op": "audit",
-                        "event": "dropped", "count": n});
-                    if write_line(&mut out, &mut buf, &line).is_err() {
-                        dropped.fetch_add(n, Ordering::Relaxed);
-                    }
-                }
-                if write_line(&mut out, &mut buf, &ev.to_json()).is_err() {
-                    dropped.fetch_add(1, Ordering::Relaxed);
-                }
-            }
-        }
+    /// Events dropped since start (queue full, or not writable).
+    pub fn dropped_total(&self) -> u64 {
+        self.counters.dropped_total.load(Ordering::Relaxed)
     }
-}
 
-fn write_line(out: &mut Box<dyn Write + Send>, buf: &mut Vec<u8>, v: &Value) -> io::Result<()> {
-    buf.clear();
-    serde_json::to_writer(&mut *buf, v).map_err(io::Error::other)?;
-    buf.push(b'\n');
-    out.write_all(buf)?;
-    out.flush()
+    /// Refusals folded into a `repeat` line since start (as far as the writer got).
+    pub fn coalesced_total(&self) -> u64 {
+        self.counters.coalesced_total.load(Ordering::Relaxed)
+    }
 }
 
 /// Renders path bytes: UTF-8 as is; otherwise lossy text plus the exact bytes in hex.
@@ -166,8 +197,8 @@ pub fn path_fields(path: &[u8], m: &mut Map<String, Value>) {
 }
 
 impl Event {
-    /// The JSON object of this event.
-    pub fn to_json(&self) -> Value {
+    /// The JSON object of this event, standing for `repeat` identical events.
+    pub fn to_json(&self, repeat: u64) -> Value {
         let mut m = Map::new();
         m.insert("ts".into(), Value::String(timestamp(SystemTime::now())));
         m.insert("op".into(), Value::String(self.op.into()));
@@ -198,6 +229,7 @@ impl Event {
         }
         m.insert("mode".into(), Value::String(self.mode.into()));
         m.insert("generation".into(), json!(self.generation));
+        m.insert("repeat".into(), json!(repeat));
         Value::Object(m)
     }
 }
