@@ -59,15 +59,20 @@ fn tally(lines: &[Line], path: &str) -> (u64, u64) {
 #[test]
 fn a_refusal_flood_is_coalesced_and_every_attempt_is_counted() {
     let mut b = Mount::builder("audit-flood")
-        .policy("mode = \"workspace-write\"\n[[rule]]\npath = \"secrets\"\naccess = \"none\"\n")
+        .policy("mode = \"workspace-write\"\n[[rule]]\npath = \"docs\"\naccess = \"read\"\n")
         .arg("--allow-other");
     let audit = b.root().join("audit.jsonl");
     b = b.arg("--audit").arg(&audit);
-    put(&b.host("secrets/key"), b"k\n", 0o644);
+    put(&b.host("docs/a"), b"k\n", 0o644);
+    for p in [b.host("docs"), b.host("docs/a")] {
+        std::os::unix::fs::chown(p, Some(1000), Some(1000)).unwrap();
+    }
     let m = b.start();
 
-    // Open a hidden path for 3 s. Every attempt makes the kernel look up `secrets`,
-    // which the daemon refuses (ENOENT, not cached): one audited refusal per attempt.
+    // Open a read-only path for writing for 3 s. Opens are never cached by the kernel:
+    // every attempt reaches the daemon, which refuses it (EACCES): one audited refusal each.
+    // (A hidden name would not do: after the first lookup the kernel answers it from its
+    // negative entry, exactly as for an absent name, and the daemon never sees the rest.)
     let started = Instant::now();
     let out = python_as_1000(
         &m,
@@ -76,8 +81,8 @@ fn a_refusal_flood_is_coalesced_and_every_attempt_is_counted() {
          while time.monotonic() - t0 < 3.0:\n\
          \x20   for _ in range(500):\n\
          \x20       try:\n\
-         \x20           os.close(os.open('secrets/key', os.O_RDONLY)); ok += 1\n\
-         \x20       except FileNotFoundError:\n\
+         \x20           os.close(os.open('docs/a', os.O_WRONLY)); ok += 1\n\
+         \x20       except PermissionError:\n\
          \x20           n += 1\n\
          print(os.getpid(), n, ok)\n",
     );
@@ -93,11 +98,11 @@ fn a_refusal_flood_is_coalesced_and_every_attempt_is_counted() {
     // The last window ends at most 1 s after the last refusal; then every attempt is in
     // a `repeat` or in a `dropped` count.
     let settled = eventually(Duration::from_secs(10), || {
-        let (r, d) = tally(&parse_lines(&audit), "secrets");
+        let (r, d) = tally(&parse_lines(&audit), "docs/a");
         r + d == attempts
     });
     let lines = parse_lines(&audit);
-    let (repeats, dropped) = tally(&lines, "secrets");
+    let (repeats, dropped) = tally(&lines, "docs/a");
     assert!(
         settled,
         "Σ repeat {repeats} + Σ dropped {dropped} != {attempts} attempts; log:\n{lines:#?}"
@@ -132,14 +137,14 @@ fn a_refusal_flood_is_coalesced_and_every_attempt_is_counted() {
         "{lines:#?}"
     );
     for l in &events {
-        assert_eq!(l["op"], "lookup", "{l}");
-        assert_eq!(l["path"], "secrets", "{l}");
+        assert_eq!(l["op"], "open", "{l}");
+        assert_eq!(l["path"], "docs/a", "{l}");
         assert_eq!(l["decision"], "deny", "{l}");
-        assert_eq!(l["errno"], "ENOENT", "{l}");
+        assert_eq!(l["errno"], "EACCES", "{l}");
         assert_eq!(l["uid"], 1000, "{l}");
         assert_eq!(l["gid"], 1000, "{l}");
         assert_eq!(l["pid"], pid, "{l}");
-        assert_eq!(l["rule"], "secrets", "{l}");
+        assert_eq!(l["rule"], "docs", "{l}");
         assert!(l["repeat"].as_u64().unwrap() >= 1, "{l}");
     }
     for l in lines.iter().filter(|l| l["op"] == "audit") {
