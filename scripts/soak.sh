@@ -37,7 +37,7 @@ SRC=$ROOT/src MNT=$ROOT/mnt POL=$ROOT/policy.toml AUDIT=$ROOT/audit.jsonl LOG=$R
 DAEMON= PIDS=()
 cleanup() {
     local rc=$?
-    for p in "${PIDS[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
+    for p in "${PIDS[@]}"; do kill -KILL "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
     if [[ -n $DAEMON ]] && kill -0 "$DAEMON" 2>/dev/null; then
         kill -TERM "$DAEMON" 2>/dev/null || true
         for _ in $(seq 100); do kill -0 "$DAEMON" 2>/dev/null || break; sleep 0.1; done
@@ -75,10 +75,10 @@ as() { local u=$1; shift; setpriv --reuid="$u" --regid="$u" --clear-groups "$@";
 END=$((SECONDS + SECS))
 
 # --- hostile uid 1000 ---------------------------------------------------------------
-hostile_py() { as 1000 "$PY" -c "$1" "$MNT" "$END" & PIDS+=($!); }
+hostile_py() { as 1000 "$PY" -c "$1" "$MNT" "$SECS" & PIDS+=($!); }
 hostile_py '
 import os, sys, time
-os.chdir(sys.argv[1]); end = float(sys.argv[2])
+os.chdir(sys.argv[1]); end = time.monotonic() + float(sys.argv[2])
 import resource; resource.setrlimit(resource.RLIMIT_NOFILE, (20000, 20000))
 while time.monotonic() < end:
     fds = []
@@ -92,7 +92,7 @@ while time.monotonic() < end:
 ' 2>/dev/null
 hostile_py '
 import os, sys, time, errno
-os.chdir(sys.argv[1]); end = float(sys.argv[2]); i = 0
+os.chdir(sys.argv[1]); end = time.monotonic() + float(sys.argv[2]); i = 0
 while time.monotonic() < end:
     p = "w/fifo%d" % (i % 20); i += 1
     try: os.mkfifo(p)
@@ -105,7 +105,7 @@ while time.monotonic() < end:
 '
 hostile_py '
 import os, sys, time
-os.chdir(sys.argv[1]); end = float(sys.argv[2]); i = 0
+os.chdir(sys.argv[1]); end = time.monotonic() + float(sys.argv[2]); i = 0
 while time.monotonic() < end:
     i += 1
     for p in ("secrets/k1", "secrets/new%d" % (i % 5000), "w/hidden%d" % (i % 100)):
@@ -114,7 +114,7 @@ while time.monotonic() < end:
 '
 hostile_py '
 import os, sys, time, shutil
-os.chdir(sys.argv[1]); end = float(sys.argv[2]); i = 0
+os.chdir(sys.argv[1]); end = time.monotonic() + float(sys.argv[2]); i = 0
 while time.monotonic() < end:
     i += 1; a = "w/d%d" % (i % 7); b = "w/e%d" % (i % 11)
     try:
@@ -128,7 +128,7 @@ while time.monotonic() < end:
 '
 hostile_py '
 import os, sys, time
-os.chdir(sys.argv[1]); end = float(sys.argv[2]); i = 0
+os.chdir(sys.argv[1]); end = time.monotonic() + float(sys.argv[2]); i = 0
 while time.monotonic() < end:
     i += 1
     for p in ("w/hidden%d" % (i % 100), "w/gone%d" % (i % 100), "w/absent%d" % (i % 100)):
@@ -152,13 +152,14 @@ PIDS+=($!)
 # --- well-behaved uid 1001, and the monitor -------------------------------------------
 builds=0 build_fail=0 ls_ok=0 ls_fail=0 max_fds=0 max_rss=0
 next_ls=$SECONDS
-as 1001 make -C "$MNT/build" -s -j2 clean all >/dev/null 2>"$ROOT/build.err" &
+build() { as 1001 sh -c "cd '$MNT/build' && make -s clean && make -s -j2 app && ./app" >/dev/null 2>"$ROOT/build.err"; }
+build &
 BUILD=$!
 PIDS+=($BUILD)
 while ((SECONDS < END)); do
     if ! kill -0 "$BUILD" 2>/dev/null; then
         if wait "$BUILD"; then builds=$((builds + 1)); else build_fail=$((build_fail + 1)); cat "$ROOT/build.err" >&2; fi
-        as 1001 make -C "$MNT/build" -s -j2 clean all >/dev/null 2>"$ROOT/build.err" &
+        build &
         BUILD=$!
         PIDS+=($BUILD)
     fi
@@ -177,7 +178,7 @@ while ((SECONDS < END)); do
     sleep 0.2
 done
 if wait "$BUILD"; then builds=$((builds + 1)); else build_fail=$((build_fail + 1)); fi
-for p in "${PIDS[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
+for p in "${PIDS[@]}"; do kill -KILL "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
 PIDS=()
 sleep 0.5
 alive=yes

@@ -78,6 +78,9 @@ say "fsx through the mount, every I/O path (short run; scripts/conformance.sh ha
 bash scripts/conformance.sh --only fsx --ops 5000 --concurrent-ops 2000 \
     --io default,no-passthrough,revoke --bin target/debug/fencefs
 
+say "hostile soak (short run; scripts/soak.sh runs 10 minutes)"
+bash scripts/soak.sh --secs "${FENCEFS_SOAK_SECS:-30}" --bin target/debug/fencefs
+
 say "policy fuzzing (stable harness, 25 s)"
 FENCEFS_FUZZ_SECS="${FENCEFS_FUZZ_SECS:-25}" cargo test --quiet --test policy_prop -- \
     --ignored --exact fuzz_random_inputs
