@@ -170,6 +170,18 @@ impl Filesystem for FenceFs {
         let _ = config.add_capabilities(InitFlags::FUSE_ATOMIC_O_TRUNC);
         // Kernel passthrough: reads, writes and mmap of a handle go straight to the host
         // file. Not with --revoke, where every read and write must reach the daemon.
+        // --revoke serves files with direct I/O; without this the kernel refuses shared
+        // mmaps of them (ENODEV), which breaks SQLite's WAL index among others. With it,
+        // shared maps use the page cache: faults and writeback are READ/WRITE requests the
+        // daemon re-checks, and a reload drops the pages, so a revoked map faults afresh.
+        if self.shared.settings.revoke {
+            match config.add_capabilities(InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP) {
+                Ok(_) => log::info!("--revoke: shared mmap allowed (FUSE_DIRECT_IO_ALLOW_MMAP)"),
+                Err(_) => log::warn!(
+                    "--revoke: the kernel cannot mmap direct-I/O files shared (needs 6.6+): MAP_SHARED gives ENODEV"
+                ),
+            }
+        }
         if !self.shared.settings.revoke
             && self.shared.settings.passthrough
             && config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok()
