@@ -27,6 +27,22 @@ pub enum Command {
     },
     /// Print the access PATH gets and what decided it; with OP also allow/deny and the errno.
     Explain(ExplainArgs),
+    /// Send one command to a daemon's control socket and print the answer.
+    Ctl {
+        /// The daemon's `--control` socket.
+        socket: PathBuf,
+        /// status | reload | held
+        #[arg(value_parser = ["status", "reload", "held"])]
+        what: String,
+    },
+    /// Approve or deny held requests: an approver on this terminal (y / a / n).
+    Approve {
+        /// The daemon's `--control` socket.
+        socket: PathBuf,
+        /// Answer every request without asking (for scripts and tests).
+        #[arg(long, value_name = "allow|deny", value_parser = ["allow", "deny"])]
+        auto: Option<String>,
+    },
 }
 
 /// `fencefs mount`.
@@ -82,6 +98,16 @@ pub struct MountArgs {
     /// Map a caller gid to a host gid (CONTAINER:HOST, repeatable).
     #[arg(long, value_name = "CONTAINER:HOST")]
     pub map_gid: Vec<String>,
+    /// Serve the control socket (status, reload, approvals) at SOCKET; it must live
+    /// outside the mount and out of the agent's reach.
+    #[arg(long, value_name = "SOCKET")]
+    pub control: Option<PathBuf>,
+    /// Members of GROUP (name or gid) may also use the control socket (mode 0660).
+    #[arg(long, value_name = "GROUP", requires = "control")]
+    pub control_group: Option<String>,
+    /// Seconds a request held for an approver waits before it is refused.
+    #[arg(long, value_name = "SECONDS", default_value_t = 120, value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    pub ask_timeout: u64,
     /// At most N host descriptors held for one uid's open files and directories (default:
     /// a quarter of what the daemon has for open handles); past it that uid gets EMFILE.
     /// Kernel-passthrough files hold none.

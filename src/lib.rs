@@ -12,8 +12,10 @@
 //! never following a symlink.
 
 pub mod app;
+pub mod approvals;
 pub mod audit;
 pub mod cli;
+pub mod control;
 pub mod fs;
 pub mod harden;
 pub mod host;

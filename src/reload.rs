@@ -52,6 +52,11 @@ impl PolicyStore {
         }
     }
 
+    /// The policy file reloads read (`None`: the built-in policy).
+    pub fn file(&self) -> Option<&std::path::Path> {
+        self.file.as_deref()
+    }
+
     /// The snapshot in force now.
     pub fn get(&self) -> Arc<Snapshot> {
         self.cur.read().clone()

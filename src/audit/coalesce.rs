@@ -196,6 +196,8 @@ mod tests {
             gid: uid,
             pid,
             allowed: errno.is_none(),
+            held: false,
+            approver: None,
             errno,
             access: "none",
             by: "rule",

@@ -42,8 +42,12 @@ pub struct Event {
     pub gid: u32,
     /// Caller pid.
     pub pid: u32,
-    /// "allow" or "deny".
+    /// "allow" or "deny" (unless `held`).
     pub allowed: bool,
+    /// The request is held for an approver: decision "ask".
+    pub held: bool,
+    /// The uid of the approver whose answer decided (`by` = "approver").
+    pub approver: Option<u32>,
     /// Errno name for refusals.
     pub errno: Option<&'static str>,
     /// Effective access of the path.
@@ -208,7 +212,16 @@ impl Event {
         m.insert("pid".into(), json!(self.pid));
         m.insert(
             "decision".into(),
-            Value::String(if self.allowed { "allow" } else { "deny" }.into()),
+            Value::String(
+                if self.held {
+                    "ask"
+                } else if self.allowed {
+                    "allow"
+                } else {
+                    "deny"
+                }
+                .into(),
+            ),
         );
         // Every key is always present; what does not apply is null.
         m.insert(
@@ -230,6 +243,10 @@ impl Event {
         m.insert("mode".into(), Value::String(self.mode.into()));
         m.insert("generation".into(), json!(self.generation));
         m.insert("repeat".into(), json!(repeat));
+        m.insert(
+            "approver".into(),
+            self.approver.map_or(Value::Null, |u| json!(u)),
+        );
         Value::Object(m)
     }
 }

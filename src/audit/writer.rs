@@ -188,6 +188,8 @@ mod tests {
             gid: 1000,
             pid,
             allowed: false,
+            held: false,
+            approver: None,
             errno: Some("ENOENT"),
             access: "none",
             by: "rule",

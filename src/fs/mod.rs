@@ -3,17 +3,16 @@
 //! `access` ENOSYS means "allow"); each calls a `do_*` in [`ops`] and replies once.
 
 pub mod attr;
+mod core;
+mod decide;
 pub mod kcache;
 pub mod ops;
 
-use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::io;
-use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::Weak;
 use std::time::SystemTime;
 
 use fuser::{
@@ -24,27 +23,22 @@ use fuser::{
     ReplyOpen, ReplyPoll, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 
-use fuser::BackingId;
-use parking_lot::Mutex;
-
 use crate::host::sys::{Name, Xattr};
-use ops::{Ctx, Error, Lookup, Opened, Shared};
+use core::Core;
+use ops::{Error, Lookup, Shared};
+use std::sync::atomic::Ordering;
 
-/// The mounted file system.
+/// The mounted file system: the kernel's entry points, over a [`Core`] that held requests
+/// also reach when they resume on another thread.
 pub struct FenceFs {
-    /// State shared with the signal and notify threads.
-    pub shared: Arc<Shared>,
-    /// Kernel FUSE passthrough negotiated: file I/O bypasses the daemon.
-    passthrough: bool,
-    /// Backing ids by node (the kernel wants one per inode while any handle is open)
-    /// and the strong references held by each open handle.
-    backing: Mutex<Backing>,
+    core: Arc<Core>,
 }
 
-#[derive(Default)]
-struct Backing {
-    by_ino: HashMap<u64, Weak<BackingId>>,
-    by_fh: HashMap<u64, Arc<BackingId>>,
+impl std::ops::Deref for FenceFs {
+    type Target = Arc<Core>;
+    fn deref(&self) -> &Arc<Core> {
+        &self.core
+    }
 }
 
 fn errno(e: Error) -> Errno {
@@ -83,81 +77,7 @@ impl FenceFs {
     /// A file system serving `shared`.
     pub fn new(shared: Arc<Shared>) -> FenceFs {
         FenceFs {
-            shared,
-            passthrough: false,
-            backing: Mutex::new(Backing::default()),
-        }
-    }
-
-    /// The backing id to pass an opened file's I/O through to its host file, reusing the
-    /// inode's id while one is alive. `None`: serve I/O through the daemon.
-    fn backing_for(
-        &self,
-        ino: u64,
-        file: &OwnedFd,
-        open: impl Fn(&OwnedFd) -> io::Result<BackingId>,
-    ) -> Option<Arc<BackingId>> {
-        if !self.passthrough {
-            return None;
-        }
-        let mut b = self.backing.lock();
-        let id = match b.by_ino.get(&ino).and_then(Weak::upgrade) {
-            Some(id) => id,
-            None => match open(file) {
-                Ok(id) => {
-                    let id = Arc::new(id);
-                    b.by_ino.insert(ino, Arc::downgrade(&id));
-                    id
-                }
-                Err(e) => {
-                    log::debug!(
-                        "passthrough refused for inode {ino}: {e}; serving through the daemon"
-                    );
-                    return None;
-                }
-            },
-        };
-        Some(id)
-    }
-
-    /// Registers an opened file as a handle, through the kernel when it can (the handle
-    /// then keeps the backing id and gives its descriptor back); returns the `fh` and the
-    /// backing id.
-    fn register(
-        &self,
-        o: Opened,
-        open: impl Fn(&OwnedFd) -> io::Result<BackingId>,
-    ) -> (u64, Option<Arc<BackingId>>) {
-        let ino = o.ino;
-        let id = self.backing_for(ino, &o.file, open);
-        let fh = self.shared.register(o, id.is_some());
-        if let Some(id) = &id {
-            self.backing.lock().by_fh.insert(fh, id.clone());
-        }
-        (fh, id)
-    }
-
-    fn release_backing(&self, ino: u64, fh: u64) {
-        if !self.passthrough {
-            return;
-        }
-        let mut b = self.backing.lock();
-        b.by_fh.remove(&fh);
-        if b.by_ino.get(&ino).is_some_and(|w| w.strong_count() == 0) {
-            b.by_ino.remove(&ino);
-        }
-    }
-
-    fn ctx(&self, req: &Request) -> Ctx {
-        self.shared.ctx(req.uid(), req.gid(), req.pid())
-    }
-
-    fn open_flags(&self) -> FopenFlags {
-        if self.shared.settings.revoke {
-            // Every read and write must reach the daemon to be re-checked.
-            FopenFlags::FOPEN_DIRECT_IO
-        } else {
-            FopenFlags::empty()
+            core: Arc::new(Core::new(shared)),
         }
     }
 }
@@ -187,11 +107,11 @@ impl Filesystem for FenceFs {
             && config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok()
             && config.set_max_stack_depth(1).is_ok()
         {
-            self.passthrough = true;
+            self.core.passthrough.store(true, Ordering::Relaxed);
         }
         log::info!(
             "file I/O: {}",
-            if self.passthrough {
+            if self.core.passthrough.load(Ordering::Relaxed) {
                 "kernel passthrough (reads and writes bypass the daemon)"
             } else if self.shared.settings.revoke {
                 "through the daemon, direct I/O (--revoke: every read and write re-checked)"
@@ -265,16 +185,19 @@ impl Filesystem for FenceFs {
         _flags: Option<BsdFileFlags>,
         reply: ReplyAttr,
     ) {
-        let ctx = self.ctx(req);
-        let ttl = self.shared.ttl(&ctx);
         let fh = fh.map(|f| f.0);
-        match self
-            .shared
-            .do_setattr(&ctx, ino.0, mode, uid, gid, size, atime, mtime, fh)
-        {
-            Ok(a) => reply.attr(&ttl.attr, &a),
-            Err(e) => reply.error(errno(e)),
-        }
+        self.serve(
+            req,
+            reply,
+            move |c, ctx| {
+                c.shared
+                    .do_setattr(ctx, ino.0, mode, uid, gid, size, atime, mtime, fh)
+            },
+            |c, ctx, reply, r| match r {
+                Ok(a) => reply.attr(&c.shared.ttl(ctx).attr, &a),
+                Err(e) => reply.error(errno(e)),
+            },
+        );
     }
 
     fn readlink(&self, req: &Request, ino: INodeNo, reply: ReplyData) {
@@ -299,12 +222,18 @@ impl Filesystem for FenceFs {
             Ok(n) => n,
             Err(e) => return reply.error(e),
         };
-        let ctx = self.ctx(req);
-        let ttl = self.shared.ttl(&ctx);
-        match self.shared.do_mknod(&ctx, parent.0, &n, mode, rdev) {
-            Ok(a) => reply.entry_with_ttls(&ttl.attr, &ttl.entry, &a, GEN),
-            Err(e) => reply.error(errno(e)),
-        }
+        self.serve(
+            req,
+            reply,
+            move |c, ctx| c.shared.do_mknod(ctx, parent.0, &n, mode, rdev),
+            |c, ctx, reply, r| match r {
+                Ok(a) => {
+                    let ttl = c.shared.ttl(ctx);
+                    reply.entry_with_ttls(&ttl.attr, &ttl.entry, &a, GEN)
+                }
+                Err(e) => reply.error(errno(e)),
+            },
+        );
     }
 
     fn mkdir(
@@ -320,12 +249,18 @@ impl Filesystem for FenceFs {
             Ok(n) => n,
             Err(e) => return reply.error(e),
         };
-        let ctx = self.ctx(req);
-        let ttl = self.shared.ttl(&ctx);
-        match self.shared.do_mkdir(&ctx, parent.0, &n, mode) {
-            Ok(a) => reply.entry_with_ttls(&ttl.attr, &ttl.entry, &a, GEN),
-            Err(e) => reply.error(errno(e)),
-        }
+        self.serve(
+            req,
+            reply,
+            move |c, ctx| c.shared.do_mkdir(ctx, parent.0, &n, mode),
+            |c, ctx, reply, r| match r {
+                Ok(a) => {
+                    let ttl = c.shared.ttl(ctx);
+                    reply.entry_with_ttls(&ttl.attr, &ttl.entry, &a, GEN)
+                }
+                Err(e) => reply.error(errno(e)),
+            },
+        );
     }
 
     fn unlink(&self, req: &Request, parent: INodeNo, n: &OsStr, reply: ReplyEmpty) {
@@ -333,11 +268,15 @@ impl Filesystem for FenceFs {
             Ok(n) => n,
             Err(e) => return reply.error(e),
         };
-        let ctx = self.ctx(req);
-        match self.shared.do_remove(&ctx, parent.0, &n, false) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(e)),
-        }
+        self.serve(
+            req,
+            reply,
+            move |c, ctx| c.shared.do_remove(ctx, parent.0, &n, false),
+            |_, _, reply, r| match r {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(errno(e)),
+            },
+        );
     }
 
     fn rmdir(&self, req: &Request, parent: INodeNo, n: &OsStr, reply: ReplyEmpty) {
@@ -345,11 +284,15 @@ impl Filesystem for FenceFs {
             Ok(n) => n,
             Err(e) => return reply.error(e),
         };
-        let ctx = self.ctx(req);
-        match self.shared.do_remove(&ctx, parent.0, &n, true) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(e)),
-        }
+        self.serve(
+            req,
+            reply,
+            move |c, ctx| c.shared.do_remove(ctx, parent.0, &n, true),
+            |_, _, reply, r| match r {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(errno(e)),
+            },
+        );
     }
 
     fn symlink(
@@ -364,13 +307,19 @@ impl Filesystem for FenceFs {
             Ok(n) => n,
             Err(e) => return reply.error(e),
         };
-        let ctx = self.ctx(req);
-        let ttl = self.shared.ttl(&ctx);
-        let target = target.as_os_str().as_bytes();
-        match self.shared.do_symlink(&ctx, parent.0, &n, target) {
-            Ok(a) => reply.entry_with_ttls(&ttl.attr, &ttl.entry, &a, GEN),
-            Err(e) => reply.error(errno(e)),
-        }
+        let target = target.as_os_str().as_bytes().to_vec();
+        self.serve(
+            req,
+            reply,
+            move |c, ctx| c.shared.do_symlink(ctx, parent.0, &n, &target),
+            |c, ctx, reply, r| match r {
+                Ok(a) => {
+                    let ttl = c.shared.ttl(ctx);
+                    reply.entry_with_ttls(&ttl.attr, &ttl.entry, &a, GEN)
+                }
+                Err(e) => reply.error(errno(e)),
+            },
+        );
     }
 
     fn rename(
@@ -387,14 +336,19 @@ impl Filesystem for FenceFs {
             (Ok(a), Ok(b)) => (a, b),
             (Err(e), _) | (_, Err(e)) => return reply.error(e),
         };
-        let ctx = self.ctx(req);
-        match self
-            .shared
-            .do_rename(&ctx, parent.0, &n, newparent.0, &nn, flags.bits())
-        {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(e)),
-        }
+        let flags = flags.bits();
+        self.serve(
+            req,
+            reply,
+            move |c, ctx| {
+                c.shared
+                    .do_rename(ctx, parent.0, &n, newparent.0, &nn, flags)
+            },
+            |_, _, reply, r| match r {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(errno(e)),
+            },
+        );
     }
 
     fn link(
@@ -409,25 +363,36 @@ impl Filesystem for FenceFs {
             Ok(n) => n,
             Err(e) => return reply.error(e),
         };
-        let ctx = self.ctx(req);
-        let ttl = self.shared.ttl(&ctx);
-        match self.shared.do_link(&ctx, ino.0, newparent.0, &nn) {
-            Ok(a) => reply.entry_with_ttls(&ttl.attr, &ttl.entry, &a, GEN),
-            Err(e) => reply.error(errno(e)),
-        }
+        self.serve(
+            req,
+            reply,
+            move |c, ctx| c.shared.do_link(ctx, ino.0, newparent.0, &nn),
+            |c, ctx, reply, r| match r {
+                Ok(a) => {
+                    let ttl = c.shared.ttl(ctx);
+                    reply.entry_with_ttls(&ttl.attr, &ttl.entry, &a, GEN)
+                }
+                Err(e) => reply.error(errno(e)),
+            },
+        );
     }
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        let ctx = self.ctx(req);
-        match self.shared.do_open(&ctx, ino.0, flags.0) {
-            Ok(o) => match self.register(o, |f| reply.open_backing(f)) {
-                (fh, Some(id)) => {
-                    reply.opened_passthrough(FileHandle(fh), FopenFlags::empty(), &id)
-                }
-                (fh, None) => reply.opened(FileHandle(fh), self.open_flags()),
+        let flags = flags.0;
+        self.serve(
+            req,
+            reply,
+            move |c, ctx| c.shared.do_open(ctx, ino.0, flags),
+            |c, _, reply, r| match r {
+                Ok(o) => match c.register(o, |f| reply.open_backing(f)) {
+                    (fh, Some(id)) => {
+                        reply.opened_passthrough(FileHandle(fh), FopenFlags::empty(), &id)
+                    }
+                    (fh, None) => reply.opened(FileHandle(fh), c.open_flags()),
+                },
+                Err(e) => reply.error(errno(e)),
             },
-            Err(e) => reply.error(errno(e)),
-        }
+        );
     }
 
     fn read(
@@ -672,14 +637,17 @@ impl Filesystem for FenceFs {
         _position: u32,
         reply: ReplyEmpty,
     ) {
-        let ctx = self.ctx(req);
-        match self
-            .shared
-            .do_setxattr(&ctx, ino.0, n.as_bytes(), value, flags)
-        {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(e)),
-        }
+        let n = n.as_bytes().to_vec();
+        let value = value.to_vec();
+        self.serve(
+            req,
+            reply,
+            move |c, ctx| c.shared.do_setxattr(ctx, ino.0, &n, &value, flags),
+            |_, _, reply, r| match r {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(errno(e)),
+            },
+        );
     }
 
     fn getxattr(&self, req: &Request, ino: INodeNo, n: &OsStr, size: u32, reply: ReplyXattr) {
@@ -701,11 +669,16 @@ impl Filesystem for FenceFs {
     }
 
     fn removexattr(&self, req: &Request, ino: INodeNo, n: &OsStr, reply: ReplyEmpty) {
-        let ctx = self.ctx(req);
-        match self.shared.do_removexattr(&ctx, ino.0, n.as_bytes()) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(e)),
-        }
+        let n = n.as_bytes().to_vec();
+        self.serve(
+            req,
+            reply,
+            move |c, ctx| c.shared.do_removexattr(ctx, ino.0, &n),
+            |_, _, reply, r| match r {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(errno(e)),
+            },
+        );
     }
 
     fn access(&self, req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
@@ -730,22 +703,30 @@ impl Filesystem for FenceFs {
             Ok(n) => n,
             Err(e) => return reply.error(e),
         };
-        let ctx = self.ctx(req);
-        let ttl = self.shared.ttl(&ctx);
-        match self.shared.do_create(&ctx, parent.0, &n, mode, flags) {
-            Ok((a, o)) => match self.register(o, |f| reply.open_backing(f)) {
-                (fh, Some(id)) => reply.created_passthrough(
-                    &ttl.entry,
-                    &a,
-                    GEN,
-                    FileHandle(fh),
-                    FopenFlags::empty(),
-                    &id,
-                ),
-                (fh, None) => reply.created(&ttl.entry, &a, GEN, FileHandle(fh), self.open_flags()),
+        self.serve(
+            req,
+            reply,
+            move |c, ctx| c.shared.do_create(ctx, parent.0, &n, mode, flags),
+            |c, ctx, reply, r| {
+                let ttl = c.shared.ttl(ctx);
+                match r {
+                    Ok((a, o)) => match c.register(o, |f| reply.open_backing(f)) {
+                        (fh, Some(id)) => reply.created_passthrough(
+                            &ttl.entry,
+                            &a,
+                            GEN,
+                            FileHandle(fh),
+                            FopenFlags::empty(),
+                            &id,
+                        ),
+                        (fh, None) => {
+                            reply.created(&ttl.entry, &a, GEN, FileHandle(fh), c.open_flags())
+                        }
+                    },
+                    Err(e) => reply.error(errno(e)),
+                }
             },
-            Err(e) => reply.error(errno(e)),
-        }
+        );
     }
 
     fn getlk(
@@ -825,11 +806,15 @@ impl Filesystem for FenceFs {
         mode: i32,
         reply: ReplyEmpty,
     ) {
-        let ctx = self.ctx(req);
-        match self.shared.do_fallocate(&ctx, fh.0, offset, length, mode) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(e)),
-        }
+        self.serve(
+            req,
+            reply,
+            move |c, ctx| c.shared.do_fallocate(ctx, fh.0, offset, length, mode),
+            |_, _, reply, r| match r {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(errno(e)),
+            },
+        );
     }
 
     fn lseek(
@@ -860,13 +845,17 @@ impl Filesystem for FenceFs {
         _flags: CopyFileRangeFlags,
         reply: ReplyWrite,
     ) {
-        let ctx = self.ctx(req);
-        match self
-            .shared
-            .do_copy_file_range(&ctx, fh_in.0, offset_in, fh_out.0, offset_out, len)
-        {
-            Ok(n) => reply.written(n),
-            Err(e) => reply.error(errno(e)),
-        }
+        self.serve(
+            req,
+            reply,
+            move |c, ctx| {
+                c.shared
+                    .do_copy_file_range(ctx, fh_in.0, offset_in, fh_out.0, offset_out, len)
+            },
+            |_, _, reply, r| match r {
+                Ok(n) => reply.written(n),
+                Err(e) => reply.error(errno(e)),
+            },
+        );
     }
 }

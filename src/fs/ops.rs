@@ -1,16 +1,20 @@
 //! The operations: take one policy snapshot, decide, audit, then touch the host through
 //! handles. Each `do_*` returns `Result<T, Error>`; the glue in `mod.rs` only replies.
 
+use std::cell::RefCell;
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
 use std::time::{Duration, UNIX_EPOCH};
 
 use fuser::{FileAttr, FileType, TimeOrNow};
 
 use super::attr::{self, to_attr};
+use super::decide::Ask;
 use super::kcache::{Inval, KernelCache};
-use crate::audit::{Audit, Event, errno_name};
+use crate::approvals::{Approvals, Outcome};
+use crate::audit::Audit;
 use crate::host::handle::{Handle, HandleFd, Handles, ListEntry, Slots};
 use crate::host::inode::{Inodes, ROOT, join};
 use crate::host::sys::{self, Name, SetTime, Xattr};
@@ -45,6 +49,11 @@ pub struct Ctx {
     pub pid: u32,
     /// The policy in force when the request arrived.
     pub snap: Arc<Snapshot>,
+    /// Re-running a held request an approver allowed: refusals an approver could lift are
+    /// lifted (and audited with this outcome).
+    pub approved: Option<Outcome>,
+    /// Set by a refusal an approver could lift: what to ask (the glue holds the request).
+    pub ask: RefCell<Option<Ask>>,
 }
 
 /// Cache lifetimes for one reply.
@@ -87,6 +96,19 @@ pub struct Shared {
     pub gids: IdMap,
     /// What the kernel caches on the daemon's word (hidden negative entries, invalidations).
     pub kcache: KernelCache,
+    /// Requests held for an approver.
+    pub approvals: Arc<Approvals>,
+    /// Decisions made (for `status`).
+    pub stats: Stats,
+}
+
+/// Decision counters.
+#[derive(Default)]
+pub struct Stats {
+    /// Operations allowed.
+    pub allowed: AtomicU64,
+    /// Operations refused.
+    pub denied: AtomicU64,
 }
 
 /// What a lookup found.
@@ -111,14 +133,6 @@ pub struct Opened {
     write: bool,
     exec: bool,
     slots: Slots,
-}
-
-fn by_word(by: By) -> &'static str {
-    match by {
-        By::Rule(_) | By::Visibility(_) => "rule",
-        By::Default => "default",
-        By::Mode => "mode",
-    }
 }
 
 fn set_time(t: TimeOrNow) -> SetTime {
@@ -161,6 +175,8 @@ impl Shared {
             caller: Caller { uid, gid },
             pid,
             snap: self.policy.get(),
+            approved: None,
+            ask: RefCell::new(None),
         }
     }
 
@@ -178,125 +194,6 @@ impl Shared {
                 attr: self.settings.ttl,
             }
         }
-    }
-
-    fn audit(
-        &self,
-        ctx: &Ctx,
-        op: &'static str,
-        path: &[u8],
-        v: &Verdict,
-        by: By,
-        err: Option<i32>,
-    ) {
-        let Some(a) = &self.audit else { return };
-        if err.is_none() && !a.allowed {
-            return;
-        }
-        let rule = match by {
-            By::Rule(i) | By::Visibility(i) => {
-                let r = ctx.snap.policy.rule(i);
-                Some((r.pattern.clone(), r.line))
-            }
-            _ => None,
-        };
-        a.log(Event {
-            op,
-            path: path.to_vec(),
-            uid: ctx.caller.uid,
-            gid: ctx.caller.gid,
-            pid: ctx.pid,
-            allowed: err.is_none(),
-            errno: err.map(errno_name),
-            access: v.effective.as_str(),
-            by: by_word(by),
-            rule,
-            mode: ctx.snap.policy.mode().as_str(),
-            generation: ctx.snap.generation,
-        });
-    }
-
-    /// Decides `need` on one path; audits; refusals become the spec's errno.
-    fn allow(
-        &self,
-        ctx: &Ctx,
-        op: &'static str,
-        path: &[u8],
-        is_dir: bool,
-        need: Need,
-        sp: Special,
-    ) -> Res<Verdict> {
-        match ctx
-            .snap
-            .policy
-            .check_for(path, ctx.caller, need, sp, is_dir)
-        {
-            Ok(v) => {
-                self.audit(ctx, op, path, &v, v.by, None);
-                Ok(v)
-            }
-            Err(d) => {
-                self.audit(ctx, op, path, &d.verdict, d.by, Some(d.errno));
-                Err(Error(d.errno))
-            }
-        }
-    }
-
-    /// Decides several `(path, is_dir, need)` checks of one request (rename, link) against
-    /// the same snapshot; when more than one refuses, the spec's order picks the errno:
-    /// `none` first, then device/setid, then the mode, then a rule. Audits the answer.
-    fn allow_all(&self, ctx: &Ctx, op: &'static str, checks: &[(&[u8], bool, Need)]) -> Res<()> {
-        let rank = |d: &crate::policy::Denial| match d.errno {
-            _ if d.verdict.grant == Access::None => 0,
-            libc::EPERM => 1,
-            libc::EROFS => 2,
-            _ => 3,
-        };
-        let mut worst: Option<(&[u8], crate::policy::Denial)> = None;
-        let mut oks = Vec::new();
-        for &(path, is_dir, need) in checks {
-            match ctx
-                .snap
-                .policy
-                .check_for(path, ctx.caller, need, Special::default(), is_dir)
-            {
-                Ok(v) => oks.push((path, v)),
-                Err(d) => {
-                    if worst.as_ref().is_none_or(|(_, w)| rank(&d) < rank(w)) {
-                        worst = Some((path, d));
-                    }
-                }
-            }
-        }
-        match worst {
-            Some((path, d)) => {
-                self.audit(ctx, op, path, &d.verdict, d.by, Some(d.errno));
-                Err(Error(d.errno))
-            }
-            None => {
-                for (path, v) in oks {
-                    self.audit(ctx, op, path, &v, v.by, None);
-                }
-                Ok(())
-            }
-        }
-    }
-
-    /// Decides `need` on every path a node is known under (a hard link never widens
-    /// access). A node unlinked through the mount has no path: only `unlinked_ok` needs
-    /// pass (stat of an open file).
-    fn allow_ino(&self, ctx: &Ctx, op: &'static str, ino: u64, need: Need, sp: Special) -> Res<()> {
-        let (paths, kind) = self.inodes.paths_kind(ino)?;
-        if paths.is_empty() {
-            return match need {
-                Need::List => Ok(()),
-                _ => Err(Error(libc::ENOENT)),
-            };
-        }
-        for p in &paths {
-            self.allow(ctx, op, p, kind == libc::S_IFDIR, need, sp)?;
-        }
-        Ok(())
     }
 
     fn child_path(&self, parent: u64, name: &Name) -> Res<Vec<u8>> {

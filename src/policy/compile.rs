@@ -464,6 +464,44 @@ fn parse_access(word: &str) -> Option<Access> {
     }
 }
 
+/// `ask` is `read` or `write`, above the rule's `access`, which is at least `list` (a
+/// hidden path cannot be asked for).
+fn check_ask(
+    word: &Located<String>,
+    access: Option<Access>,
+    errors: &mut Vec<RawError>,
+) -> Option<Access> {
+    let err = |message: String| RawError {
+        span: word.span.clone(),
+        message,
+    };
+    let ask = match parse_access(&word.value) {
+        Some(a @ (Access::Read | Access::Write)) => a,
+        _ => {
+            errors.push(err(format!(
+                "unknown ask \"{}\" (expected read or write)",
+                word.value
+            )));
+            return None;
+        }
+    };
+    match access {
+        Some(Access::None) => {
+            errors.push(err(
+                "ask on an access = \"none\" rule: a hidden path cannot be asked for".into(),
+            ));
+            None
+        }
+        Some(a) if ask <= a => {
+            errors.push(err(format!(
+                "ask = \"{ask}\" must be higher than access = \"{a}\""
+            )));
+            None
+        }
+        _ => Some(ask),
+    }
+}
+
 fn bad_access(word: &Located<String>, what: &str) -> RawError {
     RawError {
         span: word.span.clone(),
@@ -616,10 +654,15 @@ impl Policy {
                 }
                 access
             });
+            let ask = r
+                .ask
+                .as_ref()
+                .and_then(|a| check_ask(a, access, &mut errors));
             if let (Some(path), Some(pattern), Some(access)) = (&r.path, pattern, access) {
                 rules.push(RuleInfo {
                     pattern: path.value.clone(),
                     access,
+                    ask,
                     line: line_col(src, r.header.start).0,
                     uids: r.uid.clone().unwrap_or_default(),
                     gids: r.gid.clone().unwrap_or_default(),

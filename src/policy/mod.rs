@@ -145,6 +145,25 @@ pub struct Denial {
     pub by: By,
 }
 
+impl Denial {
+    /// The access an approver could grant for this refusal of `need`: only a refusal by
+    /// a rule (EACCES, not the mode, not `none`, not device/setid) whose `ask` covers what
+    /// was needed.
+    pub fn askable(&self, policy: &crate::policy::Policy, need: Need) -> Option<Access> {
+        let By::Rule(i) = self.by else { return None };
+        if self.errno != libc::EACCES {
+            return None;
+        }
+        let ask = policy.rule(i).ask?;
+        let needed = match need {
+            Need::List => Access::List,
+            Need::Read => Access::Read,
+            Need::Write | Need::Create => Access::Write,
+        };
+        (ask >= needed).then_some(ask)
+    }
+}
+
 /// Special things a creating/chmod request asks for, refused with EPERM unless allowed.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct Special {
@@ -161,6 +180,8 @@ pub struct RuleInfo {
     pub pattern: String,
     /// Its access.
     pub access: Access,
+    /// `ask`: the higher access an approver may grant while the request waits.
+    pub ask: Option<Access>,
     /// 1-based line of the `[[rule]]` header (0 for rules not from a file).
     pub line: usize,
     /// `uid = [...]`, empty when absent.

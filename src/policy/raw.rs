@@ -51,6 +51,7 @@ pub(crate) struct RawRule {
     pub header: Range<usize>,
     pub path: Option<Located<String>>,
     pub access: Option<Located<String>>,
+    pub ask: Option<Located<String>>,
     pub uid: Option<Vec<u32>>,
     pub gid: Option<Vec<u32>>,
 }
@@ -68,7 +69,7 @@ pub(crate) struct RawPolicy {
 }
 
 const TOP_KEYS: &str = "mode, default, writable_roots, protected, allow_setid, allow_devices, rule";
-const RULE_KEYS: &str = "path, access, uid, gid";
+const RULE_KEYS: &str = "path, access, ask, uid, gid";
 
 /// Parses `src`. `Err` is a TOML syntax error (the parser stops at the first one);
 /// otherwise the raw policy plus every structural error found (possibly none).
@@ -263,6 +264,7 @@ fn rule(header: Range<usize>, table: &DeTable<'_>, errors: &mut Vec<RawError>) -
                 has_access = true;
                 r.access = string(name, value, errors);
             }
+            "ask" => r.ask = string(name, value, errors),
             "uid" => r.uid = ids(name, value, errors),
             "gid" => r.gid = ids(name, value, errors),
             _ => errors.push(unknown_key(key, RULE_KEYS)),

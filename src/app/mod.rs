@@ -1,31 +1,35 @@
-//! Running the commands: startup checks, the mount's life cycle, signals, reloads.
+//! Running the commands: startup checks, the mount's life cycle; `threads` has the
+//! daemon's own threads (signals, reloads, cache invalidations, the control socket).
 
-use std::ffi::OsStr;
+mod threads;
+
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{Receiver, Sender, channel};
+use std::sync::mpsc::{Sender, channel};
 use std::time::{Duration, Instant};
 
-use fuser::{Config, INodeNo, MountOption, Notifier, Session, SessionACL, SessionUnmounter};
+use fuser::{Config, MountOption, Session, SessionACL};
 use nix::sys::signal::{SigSet, Signal};
 
+use crate::approvals::Approvals;
 use crate::audit::{Audit, Rotation, Target};
 use crate::cli::{Command, ExplainArgs, MountArgs};
 use crate::fs::FenceFs;
 use crate::fs::kcache::{Inval, KernelCache};
-use crate::fs::ops::{Settings, Shared};
+use crate::fs::ops::{Settings, Shared, Stats};
 use crate::host::handle::Handles;
 use crate::host::inode::Inodes;
 use crate::host::sys;
 use crate::idmap::IdMap;
 use crate::policy::{By, Caller, Need, Policy, PolicyError, Special};
 use crate::reload::{self, PolicyStore};
+use threads::{notify_loop, signal_loop};
 
 /// Set once the FUSE session has ended (the signal thread waits for it on SIGTERM).
-static SESSION_DONE: AtomicBool = AtomicBool::new(false);
+pub(crate) static SESSION_DONE: AtomicBool = AtomicBool::new(false);
 
 /// Kernel cache lifetime (s) for names and attributes when host changes are watched.
 const WATCHED_TTL: f64 = 10.0;
@@ -47,6 +51,10 @@ pub fn run(cmd: Command) -> i32 {
         },
         Command::Check { policy } => check(&policy),
         Command::Explain(a) => explain(a),
+        Command::Ctl { socket, what } => crate::control::client::ctl(&socket, &what),
+        Command::Approve { socket, auto } => {
+            crate::control::client::approve(&socket, auto.map(|a| a == "allow"))
+        }
     }
 }
 
@@ -448,6 +456,8 @@ fn mount(a: MountArgs) -> Result<(), String> {
         uids,
         gids,
         kcache: KernelCache::default(),
+        approvals: Arc::new(Approvals::new(MAX_HELD, threads::ask_timeout(&a))),
+        stats: Stats::default(),
     });
     let config = session_config(&a, threads);
     let fs = FenceFs::new(shared.clone());
@@ -465,6 +475,7 @@ fn mount(a: MountArgs) -> Result<(), String> {
         })
         .map_err(|e| e.to_string())?;
     start_watch(fan, &shared, &tx, ttl)?;
+    let control = threads::start_control(&a, &shared, &tx, Instant::now())?;
     let s2 = shared.clone();
     let mnt2 = mnt.clone();
     std::thread::Builder::new()
@@ -483,9 +494,12 @@ fn mount(a: MountArgs) -> Result<(), String> {
         confine(&shared, &src);
     }
     signal_ready(a.ready_fd, &mnt);
+    threads::start_resume()?;
     let ours = top_mount(&mnt).map(|m| m.dev);
     let r = session.run();
     SESSION_DONE.store(true, Ordering::SeqCst);
+    shared.approvals.shutdown();
+    threads::remove_control(control.as_deref());
     flush_audit(&shared);
     r.map_err(|e| format!("session ended: {e}"))?;
     // fuser's own unmount at the end of the session fails (EINVAL, logged as a warning by
@@ -555,13 +569,16 @@ fn confine(shared: &Shared, src: &Path) {
 }
 
 /// Writes the audit lines still pending (coalescing windows) before the daemon exits.
-fn flush_audit(shared: &Shared) {
+pub(crate) fn flush_audit(shared: &Shared) {
     if let Some(a) = &shared.audit
         && !a.flush(Duration::from_secs(2))
     {
         log::warn!("audit: the writer did not flush within 2 s; the last lines may be missing");
     }
 }
+
+/// Requests held for an approver at once (SPEC.md: 1024).
+const MAX_HELD: usize = 1024;
 
 /// Descriptors kept back from open handles for the daemon's own work: the FUSE channels,
 /// the audit file, fanotify, and the short-lived opens of every worker.
@@ -614,126 +631,6 @@ fn signal_ready(fd: Option<i32>, mnt: &Path) {
         });
         if let Err(e) = r {
             log::warn!("NOTIFY_SOCKET: {e}");
-        }
-    }
-}
-
-fn notify_loop(n: Notifier, rx: Receiver<Inval>, shared: Arc<Shared>) {
-    while let Ok(first) = rx.recv() {
-        // Merge what queued up meanwhile (a burst of reloads or host events).
-        let mut jobs = vec![first];
-        while let Ok(more) = rx.try_recv() {
-            jobs.push(more);
-        }
-        let everything = jobs.iter().any(|j| j.everything);
-        let started = jobs.iter().filter_map(|j| j.started).min();
-        let (mut names, mut inos) = (0usize, 0usize);
-        if everything {
-            let (mut entries, inodes) = shared.inodes.snapshot();
-            // Hidden names the kernel may hold as negative entries: a reload may show them.
-            entries.extend(shared.kcache.take_hidden());
-            for (parent, name) in &entries {
-                let _ = n.inval_entry(INodeNo(*parent), OsStr::from_bytes(name));
-            }
-            // Attributes, and for directories the cached listing (filtered under the old
-            // policy); file pages only with --revoke (no data may outlive a lowered grant).
-            let pages = jobs.iter().any(|j| j.drop_pages);
-            for ino in &inodes {
-                let dir = shared.inodes.kind(*ino).is_ok_and(|k| k == libc::S_IFDIR);
-                let offset = if pages || dir { 0 } else { -1 };
-                let _ = n.inval_inode(INodeNo(*ino), offset, 0);
-            }
-            names += entries.len();
-            inos += inodes.len();
-        } else {
-            for job in &jobs {
-                for (parent, name) in &job.entries {
-                    let _ = n.inval_entry(INodeNo(*parent), OsStr::from_bytes(name));
-                }
-                for (ino, offset) in &job.inodes {
-                    let _ = n.inval_inode(INodeNo(*ino), *offset, 0);
-                }
-                names += job.entries.len();
-                inos += job.inodes.len();
-            }
-        }
-        match started {
-            Some(t) => log::info!(
-                "kernel caches invalidated: {names} names, {inos} inodes in {:?}",
-                t.elapsed()
-            ),
-            None => log::debug!("host changes: {names} names, {inos} inodes invalidated"),
-        }
-    }
-}
-
-fn signal_loop(
-    sigs: SigSet,
-    shared: Arc<Shared>,
-    tx: Sender<Inval>,
-    mut unmounter: SessionUnmounter,
-    mnt: PathBuf,
-) {
-    loop {
-        let sig = match sigs.wait() {
-            Ok(s) => s,
-            Err(e) => {
-                log::error!("sigwait: {e}");
-                return;
-            }
-        };
-        match sig {
-            Signal::SIGHUP => {
-                let started = Instant::now();
-                if let Some(a) = &shared.audit {
-                    a.reopen();
-                }
-                match shared.policy.reload() {
-                    Ok(snap) => {
-                        log::info!(
-                            "policy reloaded: generation {}, {} rules, mode {}",
-                            snap.generation,
-                            snap.policy.rules().len(),
-                            snap.policy.mode()
-                        );
-                        let _ = tx.send(Inval {
-                            everything: true,
-                            drop_pages: shared.settings.revoke,
-                            started: Some(started),
-                            ..Inval::default()
-                        });
-                    }
-                    Err(errs) => {
-                        for e in errs {
-                            log::error!("reload refused, old policy stays in force: {e}");
-                        }
-                    }
-                }
-            }
-            _ => {
-                log::info!("{sig:?}: unmounting {}", mnt.display());
-                if let Err(e) = unmounter.unmount() {
-                    log::warn!("unmount failed ({e}); detaching lazily");
-                    let _ = std::process::Command::new("fusermount3")
-                        .arg("-u")
-                        .arg("-z")
-                        .arg(&mnt)
-                        .status();
-                }
-                // A detached mount stays alive while a process still holds a file in it;
-                // give the session a moment to end, then end the connection by exiting
-                // (those files then fail with ENOTCONN, as after any unmount).
-                let deadline = Instant::now() + Duration::from_secs(2);
-                while Instant::now() < deadline {
-                    if SESSION_DONE.load(Ordering::SeqCst) {
-                        return;
-                    }
-                    std::thread::sleep(Duration::from_millis(20));
-                }
-                log::warn!("files still open in the detached mount; closing the connection");
-                flush_audit(&shared);
-                std::process::exit(0);
-            }
         }
     }
 }

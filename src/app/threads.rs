@@ -1,0 +1,306 @@
+//! The daemon's own threads besides the FUSE workers: the notify thread (kernel cache
+//! invalidations), the signal thread (reload, unmount), the reload procedure they and the
+//! control socket share, and the control socket's wiring (hooks, resume thread).
+
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::{Receiver, Sender, channel};
+use std::time::{Duration, Instant};
+
+use fuser::{INodeNo, Notifier, SessionUnmounter};
+use nix::sys::signal::{SigSet, Signal};
+use serde_json::json;
+
+use super::{SESSION_DONE, flush_audit};
+use crate::approvals::{self, Redecide};
+use crate::control::server::{self, Hooks};
+use crate::fs::kcache::Inval;
+use crate::fs::ops::Shared;
+use crate::policy::PolicyError;
+use crate::reload::Snapshot;
+
+/// Reloads the policy (SIGHUP, `ctl reload`): on success the kernel's caches are
+/// invalidated, remembered answers forgotten and every held request re-decided under the
+/// new policy; on error nothing changes and each error is logged.
+pub(super) fn reload_now(
+    shared: &Shared,
+    tx: &Sender<Inval>,
+) -> Result<Arc<Snapshot>, Vec<PolicyError>> {
+    let started = Instant::now();
+    match shared.policy.reload() {
+        Ok(snap) => {
+            log::info!(
+                "policy reloaded: generation {}, {} rules, mode {}",
+                snap.generation,
+                snap.policy.rules().len(),
+                snap.policy.mode()
+            );
+            let _ = tx.send(Inval {
+                everything: true,
+                drop_pages: shared.settings.revoke,
+                started: Some(started),
+                ..Inval::default()
+            });
+            let policy = &snap.policy;
+            shared.approvals.reload(|req| {
+                let caller = crate::policy::Caller {
+                    uid: req.uid,
+                    gid: req.gid,
+                };
+                let mut all_ok = true;
+                for (path, (is_dir, need)) in req.paths.iter().zip(&req.checks) {
+                    let sp = crate::policy::Special::default();
+                    match policy.check_for(path, caller, *need, sp, *is_dir) {
+                        Ok(_) => {}
+                        Err(d) if d.askable(policy, *need).is_some() => all_ok = false,
+                        Err(_) => return Redecide::Refuse,
+                    }
+                }
+                if all_ok {
+                    Redecide::Allow
+                } else {
+                    Redecide::Keep
+                }
+            });
+            Ok(snap)
+        }
+        Err(errs) => {
+            for e in &errs {
+                log::error!("reload refused, old policy stays in force: {e}");
+            }
+            Err(errs)
+        }
+    }
+}
+
+/// Binds `--control` and starts its server thread (before the workers are confined: it
+/// reads /proc and the policy file). Returns the socket path to remove at exit.
+pub(super) fn start_control(
+    a: &crate::cli::MountArgs,
+    shared: &Arc<Shared>,
+    tx: &Sender<Inval>,
+    started: Instant,
+) -> Result<Option<PathBuf>, String> {
+    let Some(path) = a.control.clone() else {
+        return Ok(None);
+    };
+    let group = match &a.control_group {
+        None => None,
+        Some(g) => Some(resolve_group(g)?),
+    };
+    let listener = server::bind(&path, group)
+        .map_err(|e| format!("control socket '{}': {e}", path.display()))?;
+    let (waker, wake_rx) = server::waker().map_err(|e| e.to_string())?;
+    let (ev_tx, ev_rx) = channel();
+    let (res_tx, res_rx) = channel();
+    shared.approvals.connect(
+        res_tx,
+        Box::new(move |ev| {
+            let _ = ev_tx.send(ev);
+            waker.wake();
+        }),
+    );
+    RESUME.with(|r| *r.borrow_mut() = Some(res_rx));
+    let hooks = hooks(shared, tx, started);
+    let access = server::Access {
+        daemon_uid: crate::host::sys::geteuid(),
+        group,
+    };
+    let approvals = shared.approvals.clone();
+    std::thread::Builder::new()
+        .name("fencefs-control".into())
+        .spawn(move || server::run(listener, wake_rx, ev_rx, approvals, access, hooks))
+        .map_err(|e| e.to_string())?;
+    log::info!(
+        "control socket at {} (ask timeout {} s)",
+        path.display(),
+        a.ask_timeout
+    );
+    Ok(Some(path))
+}
+
+thread_local! {
+    /// The resume queue, handed from `start_control` to `start_resume` on the main thread.
+    static RESUME: std::cell::RefCell<Option<Receiver<(approvals::Resume, approvals::Outcome)>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// Starts the thread that runs held requests' continuations; call after the workers'
+/// confinement, on the main thread, so it runs under the same Landlock domain.
+pub(super) fn start_resume() -> Result<(), String> {
+    let Some(rx) = RESUME.with(|r| r.borrow_mut().take()) else {
+        return Ok(());
+    };
+    std::thread::Builder::new()
+        .name("fencefs-resume".into())
+        .spawn(move || approvals::resume_loop(rx))
+        .map(drop)
+        .map_err(|e| e.to_string())
+}
+
+fn resolve_group(g: &str) -> Result<u32, String> {
+    if let Ok(n) = g.parse::<u32>() {
+        return Ok(n);
+    }
+    match nix::unistd::Group::from_name(g) {
+        Ok(Some(gr)) => Ok(gr.gid.as_raw()),
+        _ => Err(format!("--control-group '{g}': no such group")),
+    }
+}
+
+fn hooks(shared: &Arc<Shared>, tx: &Sender<Inval>, started: Instant) -> Hooks {
+    let s1 = shared.clone();
+    let s2 = shared.clone();
+    let s3 = shared.clone();
+    let tx = tx.clone();
+    Hooks {
+        status: Box::new(move || {
+            let snap = s1.policy.get();
+            let (dropped, coalesced) = s1
+                .audit
+                .as_ref()
+                .map_or((0, 0), |a| (a.dropped_total(), a.coalesced_total()));
+            json!({
+                "mode": snap.policy.mode().as_str(),
+                "policy": s1.policy.file().map(|p| p.display().to_string()),
+                "generation": snap.generation,
+                "rules": snap.policy.rules().len(),
+                "uptime_s": started.elapsed().as_secs(),
+                "held": s1.approvals.len(),
+                "approvers": s1.approvals.approvers(),
+                "allowed": s1.stats.allowed.load(Ordering::Relaxed),
+                "denied": s1.stats.denied.load(Ordering::Relaxed),
+                "audit_dropped": dropped,
+                "audit_coalesced": coalesced,
+            })
+        }),
+        reload: Box::new(move || match reload_now(&s2, &tx) {
+            Ok(snap) => Ok(json!({
+                "generation": snap.generation,
+                "rules": snap.policy.rules().len(),
+            })),
+            Err(errs) => Err(errs.iter().map(|e| e.to_string()).collect()),
+        }),
+        generation: Box::new(move || s3.policy.get().generation),
+    }
+}
+
+/// Ask timeout as a duration.
+pub(super) fn ask_timeout(a: &crate::cli::MountArgs) -> Duration {
+    Duration::from_secs(a.ask_timeout)
+}
+
+/// Removes the control socket file at exit (if it is still ours: a socket).
+pub(super) fn remove_control(path: Option<&Path>) {
+    if let Some(p) = path
+        && std::fs::symlink_metadata(p)
+            .is_ok_and(|m| std::os::unix::fs::FileTypeExt::is_socket(&m.file_type()))
+    {
+        let _ = std::fs::remove_file(p);
+    }
+}
+
+pub(super) fn notify_loop(n: Notifier, rx: Receiver<Inval>, shared: Arc<Shared>) {
+    while let Ok(first) = rx.recv() {
+        // Merge what queued up meanwhile (a burst of reloads or host events).
+        let mut jobs = vec![first];
+        while let Ok(more) = rx.try_recv() {
+            jobs.push(more);
+        }
+        let everything = jobs.iter().any(|j| j.everything);
+        let started = jobs.iter().filter_map(|j| j.started).min();
+        let (mut names, mut inos) = (0usize, 0usize);
+        if everything {
+            let (mut entries, inodes) = shared.inodes.snapshot();
+            // Hidden names the kernel may hold as negative entries: a reload may show them.
+            entries.extend(shared.kcache.take_hidden());
+            for (parent, name) in &entries {
+                let _ = n.inval_entry(INodeNo(*parent), OsStr::from_bytes(name));
+            }
+            // Attributes, and for directories the cached listing (filtered under the old
+            // policy); file pages only with --revoke (no data may outlive a lowered grant).
+            let pages = jobs.iter().any(|j| j.drop_pages);
+            for ino in &inodes {
+                let dir = shared.inodes.kind(*ino).is_ok_and(|k| k == libc::S_IFDIR);
+                let offset = if pages || dir { 0 } else { -1 };
+                let _ = n.inval_inode(INodeNo(*ino), offset, 0);
+            }
+            names += entries.len();
+            inos += inodes.len();
+        } else {
+            for job in &jobs {
+                for (parent, name) in &job.entries {
+                    let _ = n.inval_entry(INodeNo(*parent), OsStr::from_bytes(name));
+                }
+                for (ino, offset) in &job.inodes {
+                    let _ = n.inval_inode(INodeNo(*ino), *offset, 0);
+                }
+                names += job.entries.len();
+                inos += job.inodes.len();
+            }
+        }
+        match started {
+            Some(t) => log::info!(
+                "kernel caches invalidated: {names} names, {inos} inodes in {:?}",
+                t.elapsed()
+            ),
+            None => log::debug!("host changes: {names} names, {inos} inodes invalidated"),
+        }
+    }
+}
+
+pub(super) fn signal_loop(
+    sigs: SigSet,
+    shared: Arc<Shared>,
+    tx: Sender<Inval>,
+    mut unmounter: SessionUnmounter,
+    mnt: PathBuf,
+) {
+    loop {
+        let sig = match sigs.wait() {
+            Ok(s) => s,
+            Err(e) => {
+                log::error!("sigwait: {e}");
+                return;
+            }
+        };
+        match sig {
+            Signal::SIGHUP => {
+                if let Some(a) = &shared.audit {
+                    a.reopen();
+                }
+                let _ = reload_now(&shared, &tx);
+            }
+            _ => {
+                log::info!("{sig:?}: unmounting {}", mnt.display());
+                // Held requests are answered (refused) first: no caller waits on a
+                // daemon that is going away.
+                shared.approvals.shutdown();
+                if let Err(e) = unmounter.unmount() {
+                    log::warn!("unmount failed ({e}); detaching lazily");
+                    let _ = std::process::Command::new("fusermount3")
+                        .arg("-u")
+                        .arg("-z")
+                        .arg(&mnt)
+                        .status();
+                }
+                // A detached mount stays alive while a process still holds a file in it;
+                // give the session a moment to end, then end the connection by exiting
+                // (those files then fail with ENOTCONN, as after any unmount).
+                let deadline = Instant::now() + Duration::from_secs(2);
+                while Instant::now() < deadline {
+                    if SESSION_DONE.load(Ordering::SeqCst) {
+                        return;
+                    }
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                log::warn!("files still open in the detached mount; closing the connection");
+                flush_audit(&shared);
+                std::process::exit(0);
+            }
+        }
+    }
+}

@@ -1,0 +1,13 @@
+//! The control socket (`--control`): a Unix stream socket speaking JSON lines, for status,
+//! synchronous reloads and approvals of held requests (SPEC.md, "Control socket").
+//!
+//! - [`proto`]: the messages (pure).
+//! - [`server`]: the daemon side, one thread polling every peer.
+//! - [`client`]: `fencefs ctl` and `fencefs approve`.
+//!
+//! The socket must live outside the mount and out of the agent's reach: whoever may use
+//! it can approve what the policy only asks for.
+
+pub mod client;
+pub mod proto;
+pub mod server;

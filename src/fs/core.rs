@@ -1,0 +1,189 @@
+//! What the FUSE entry points share with requests that finish on another thread: the
+//! operations ([`Shared`]), the kernel-passthrough backing ids, and [`Core::serve`], which
+//! runs an operation and — when its refusal is one an approver could lift — parks the
+//! kernel's reply with the approvals table instead of answering.
+//!
+//! Invariants: a parked reply is answered exactly once, by its continuation (allowed: the
+//! operation re-runs under the policy in force then, as approved; refused: EACCES); no
+//! worker thread waits for an approver.
+
+use std::collections::HashMap;
+use std::io;
+use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
+
+use fuser::{BackingId, FopenFlags, Request};
+use parking_lot::Mutex;
+
+use super::decide::Line;
+use super::ops::{Ctx, Error, Opened, Res, Shared};
+use crate::approvals::{self, Outcome, Resume};
+
+#[derive(Default)]
+struct Backing {
+    by_ino: HashMap<u64, Weak<BackingId>>,
+    by_fh: HashMap<u64, Arc<BackingId>>,
+}
+
+/// State of the mounted file system reachable from any thread.
+pub struct Core {
+    /// The operations and everything they share with the signal and notify threads.
+    pub shared: Arc<Shared>,
+    /// Kernel FUSE passthrough negotiated: file I/O bypasses the daemon.
+    pub(super) passthrough: AtomicBool,
+    /// Backing ids by node (the kernel wants one per inode while any handle is open)
+    /// and the strong references held by each open handle.
+    backing: Mutex<Backing>,
+}
+
+impl Core {
+    pub(super) fn new(shared: Arc<Shared>) -> Core {
+        Core {
+            shared,
+            passthrough: AtomicBool::new(false),
+            backing: Mutex::new(Backing::default()),
+        }
+    }
+
+    /// The backing id to pass an opened file's I/O through to its host file, reusing the
+    /// inode's id while one is alive. `None`: serve I/O through the daemon.
+    fn backing_for(
+        &self,
+        ino: u64,
+        file: &OwnedFd,
+        open: impl Fn(&OwnedFd) -> io::Result<BackingId>,
+    ) -> Option<Arc<BackingId>> {
+        if !self.passthrough.load(Ordering::Relaxed) {
+            return None;
+        }
+        let mut b = self.backing.lock();
+        let id = match b.by_ino.get(&ino).and_then(Weak::upgrade) {
+            Some(id) => id,
+            None => match open(file) {
+                Ok(id) => {
+                    let id = Arc::new(id);
+                    b.by_ino.insert(ino, Arc::downgrade(&id));
+                    id
+                }
+                Err(e) => {
+                    log::debug!(
+                        "passthrough refused for inode {ino}: {e}; serving through the daemon"
+                    );
+                    return None;
+                }
+            },
+        };
+        Some(id)
+    }
+
+    /// Registers an opened file as a handle, through the kernel when it can (the handle
+    /// then keeps the backing id and gives its descriptor back); returns the `fh` and the
+    /// backing id.
+    pub(super) fn register(
+        &self,
+        o: Opened,
+        open: impl Fn(&OwnedFd) -> io::Result<BackingId>,
+    ) -> (u64, Option<Arc<BackingId>>) {
+        let ino = o.ino;
+        let id = self.backing_for(ino, &o.file, open);
+        let fh = self.shared.register(o, id.is_some());
+        if let Some(id) = &id {
+            self.backing.lock().by_fh.insert(fh, id.clone());
+        }
+        (fh, id)
+    }
+
+    pub(super) fn release_backing(&self, ino: u64, fh: u64) {
+        if !self.passthrough.load(Ordering::Relaxed) {
+            return;
+        }
+        let mut b = self.backing.lock();
+        b.by_fh.remove(&fh);
+        if b.by_ino.get(&ino).is_some_and(|w| w.strong_count() == 0) {
+            b.by_ino.remove(&ino);
+        }
+    }
+
+    pub(super) fn ctx(&self, req: &Request) -> Ctx {
+        self.shared.ctx(req.uid(), req.gid(), req.pid())
+    }
+
+    pub(super) fn open_flags(&self) -> FopenFlags {
+        if self.shared.settings.revoke {
+            // Every read and write must reach the daemon to be re-checked.
+            FopenFlags::FOPEN_DIRECT_IO
+        } else {
+            FopenFlags::empty()
+        }
+    }
+
+    /// Runs `op` for the kernel request `req` and answers with `answer`. When `op` was
+    /// refused in a way an approver could lift (`Ctx::ask`), the reply is parked with the
+    /// approvals table and this returns at once; the continuation re-runs `op` (allowed)
+    /// or answers EACCES (denied, timed out, no approver) from the resume thread.
+    pub(super) fn serve<R, T>(
+        self: &Arc<Self>,
+        req: &Request,
+        reply: R,
+        op: impl Fn(&Core, &Ctx) -> Res<T> + Send + 'static,
+        answer: impl FnOnce(&Core, &Ctx, R, Res<T>) + Send + 'static,
+    ) where
+        R: Send + 'static,
+        T: 'static,
+    {
+        let ctx = self.ctx(req);
+        let r = op(self, &ctx);
+        let ask = match &r {
+            Err(_) => ctx.ask.borrow_mut().take(),
+            Ok(_) => None,
+        };
+        let Some(ask) = ask else {
+            return answer(self, &ctx, reply, r);
+        };
+        let (uid, gid, pid) = (ctx.caller.uid, ctx.caller.gid, ctx.pid);
+        let request = approvals::Request {
+            op: ask.op,
+            paths: ask.paths.iter().map(|(p, _, _)| p.clone()).collect(),
+            need: ask.need.as_str(),
+            uid,
+            gid,
+            pid,
+            rule: ask.paths.first().and_then(|(_, _, by)| match by {
+                crate::policy::By::Rule(i) => {
+                    let r = ctx.snap.policy.rule(*i);
+                    Some((r.pattern.clone(), r.line))
+                }
+                _ => None,
+            }),
+            generation: ctx.snap.generation,
+            checks: ask.checks.clone(),
+        };
+        let core = self.clone();
+        let asked = ask.clone();
+        let resume: Resume = Box::new(move |o: Outcome| {
+            let mut again = core.shared.ctx(uid, gid, pid);
+            if o.allow {
+                again.approved = Some(o);
+                let r = op(&core, &again);
+                answer(&core, &again, reply, r);
+            } else {
+                // The refusal it would have had, audited with who ended it.
+                core.shared.audit_ask(&again, &asked, Line::Outcome(o));
+                answer(&core, &again, reply, Err(Error(libc::EACCES)));
+            }
+        });
+        match self.shared.approvals.hold(request, resume) {
+            Ok(_) => self.shared.audit_ask(&ctx, &ask, Line::Held),
+            Err((resume, why)) => resume(Outcome {
+                allow: false,
+                by: if why == "full" {
+                    "held-limit"
+                } else {
+                    "no-approver"
+                },
+                approver: None,
+            }),
+        }
+    }
+}

@@ -1,0 +1,287 @@
+//! Deciding one request against its policy snapshot: the check, the audit line, and —
+//! for a refusal a rule's `ask` could lift — the question to put to an approver.
+//!
+//! Invariants:
+//! - Every decision is counted (`status`) and, where the audit settings say so, logged
+//!   exactly once: a refusal that will be asked is not logged here (the glue logs `ask`
+//!   when it holds the request, or the refusal when it cannot).
+//! - A refusal is lifted only when it is a rule's EACCES whose `ask` covers the need, and
+//!   only for an approved re-run (`Ctx::approved`) or a remembered answer of this uid for
+//!   this path; `none`, device/setid and the mode are never lifted.
+
+use std::sync::atomic::Ordering;
+
+use super::ops::{Ctx, Error, Res, Shared};
+use crate::approvals::Outcome;
+use crate::audit::{Event, errno_name};
+use crate::policy::{Access, By, Denial, Need, Special, Verdict};
+
+/// A refusal an approver could lift, for every path of the request that needs it.
+#[derive(Clone, Debug)]
+pub struct Ask {
+    /// The operation.
+    pub op: &'static str,
+    /// `(path, verdict, by)` of each refused path.
+    pub paths: Vec<(Vec<u8>, Verdict, By)>,
+    /// `(is_dir, need)` of each refused path (a reload re-decides with them).
+    pub checks: Vec<(bool, Need)>,
+    /// The level asked for (the highest `ask` needed).
+    pub need: Access,
+}
+
+/// One refusal an approver could lift: path, is_dir, need, the denial, the `ask` level.
+type Refused<'a> = (&'a [u8], bool, Need, Denial, Access);
+
+fn by_word(by: By) -> &'static str {
+    match by {
+        By::Rule(_) | By::Visibility(_) => "rule",
+        By::Default => "default",
+        By::Mode => "mode",
+    }
+}
+
+/// How an audit line is written.
+#[derive(Clone, Copy)]
+pub(super) enum Line {
+    /// An ordinary allow (only with --audit-allowed) or refusal (errno).
+    Plain(Option<i32>),
+    /// Held for an approver.
+    Held,
+    /// The end of a held request (always logged).
+    Outcome(Outcome),
+}
+
+impl Shared {
+    pub(super) fn audit_line(
+        &self,
+        ctx: &Ctx,
+        op: &'static str,
+        path: &[u8],
+        v: &Verdict,
+        by: By,
+        line: Line,
+    ) {
+        let (allowed, errno, by_s, held, approver) = match line {
+            Line::Plain(err) => (err.is_none(), err, by_word(by), false, None),
+            Line::Held => (false, None, by_word(by), true, None),
+            Line::Outcome(o) => (
+                o.allow,
+                (!o.allow).then_some(libc::EACCES),
+                o.by,
+                false,
+                o.approver,
+            ),
+        };
+        let counter = if allowed {
+            &self.stats.allowed
+        } else {
+            &self.stats.denied
+        };
+        if !held {
+            counter.fetch_add(1, Ordering::Relaxed);
+        }
+        let Some(a) = &self.audit else { return };
+        if matches!(line, Line::Plain(None)) && !a.allowed {
+            return;
+        }
+        let rule = match by {
+            By::Rule(i) | By::Visibility(i) => {
+                let r = ctx.snap.policy.rule(i);
+                Some((r.pattern.clone(), r.line))
+            }
+            _ => None,
+        };
+        a.log(Event {
+            op,
+            path: path.to_vec(),
+            uid: ctx.caller.uid,
+            gid: ctx.caller.gid,
+            pid: ctx.pid,
+            allowed,
+            held,
+            approver,
+            errno: errno.map(errno_name),
+            access: v.effective.as_str(),
+            by: by_s,
+            rule,
+            mode: ctx.snap.policy.mode().as_str(),
+            generation: ctx.snap.generation,
+        });
+    }
+
+    /// Audits `path`'s plain decision.
+    pub(super) fn audit(
+        &self,
+        ctx: &Ctx,
+        op: &'static str,
+        path: &[u8],
+        v: &Verdict,
+        by: By,
+        err: Option<i32>,
+    ) {
+        self.audit_line(ctx, op, path, v, by, Line::Plain(err));
+    }
+
+    /// Audits every path of a held request (`Held`) or of its end (`Outcome`).
+    pub(super) fn audit_ask(&self, ctx: &Ctx, ask: &Ask, line: Line) {
+        for (path, v, by) in &ask.paths {
+            self.audit_line(ctx, ask.op, path, v, *by, line);
+        }
+    }
+
+    /// A refusal the caller's approver could lift: lifted for an approved re-run or a
+    /// remembered answer (`Ok`), else `None` after recording what to ask.
+    fn lift(&self, ctx: &Ctx, op: &'static str, refused: &[Refused<'_>]) -> Option<Res<()>> {
+        if let Some(o) = ctx.approved {
+            for (path, _, _, d, _) in refused {
+                self.audit_line(ctx, op, path, &d.verdict, d.by, Line::Outcome(o));
+            }
+            return Some(Ok(()));
+        }
+        if refused
+            .iter()
+            .all(|(p, _, _, _, _)| self.approvals.remembered(ctx.caller.uid, p))
+        {
+            let o = Outcome {
+                allow: true,
+                by: "remembered",
+                approver: None,
+            };
+            for (path, _, _, d, _) in refused {
+                self.audit_line(ctx, op, path, &d.verdict, d.by, Line::Outcome(o));
+            }
+            return Some(Ok(()));
+        }
+        *ctx.ask.borrow_mut() = Some(Ask {
+            op,
+            paths: refused
+                .iter()
+                .map(|(p, _, _, d, _)| (p.to_vec(), d.verdict, d.by))
+                .collect(),
+            checks: refused.iter().map(|(_, dir, n, _, _)| (*dir, *n)).collect(),
+            need: refused
+                .iter()
+                .map(|(_, _, _, _, a)| *a)
+                .max()
+                .unwrap_or(Access::Write),
+        });
+        None
+    }
+
+    /// Decides `need` on one path; audits; refusals become the spec's errno.
+    pub(super) fn allow(
+        &self,
+        ctx: &Ctx,
+        op: &'static str,
+        path: &[u8],
+        is_dir: bool,
+        need: Need,
+        sp: Special,
+    ) -> Res<Verdict> {
+        match ctx
+            .snap
+            .policy
+            .check_for(path, ctx.caller, need, sp, is_dir)
+        {
+            Ok(v) => {
+                self.audit(ctx, op, path, &v, v.by, None);
+                Ok(v)
+            }
+            Err(d) => {
+                if let Some(ask) = d.askable(&ctx.snap.policy, need) {
+                    return match self.lift(ctx, op, &[(path, is_dir, need, d, ask)]) {
+                        Some(Ok(())) => Ok(d.verdict),
+                        _ => Err(Error(d.errno)),
+                    };
+                }
+                self.audit(ctx, op, path, &d.verdict, d.by, Some(d.errno));
+                Err(Error(d.errno))
+            }
+        }
+    }
+
+    /// Decides several `(path, is_dir, need)` checks of one request (rename, link) against
+    /// the same snapshot; when more than one refuses, the spec's order picks the errno:
+    /// `none` first, then device/setid, then the mode, then a rule. Audits the answer.
+    /// When every refusal is one an approver could lift, the request is asked as one.
+    pub(super) fn allow_all(
+        &self,
+        ctx: &Ctx,
+        op: &'static str,
+        checks: &[(&[u8], bool, Need)],
+    ) -> Res<()> {
+        let rank = |d: &Denial| match d.errno {
+            _ if d.verdict.grant == Access::None => 0,
+            libc::EPERM => 1,
+            libc::EROFS => 2,
+            _ => 3,
+        };
+        let mut worst: Option<(&[u8], Denial)> = None;
+        let mut oks = Vec::new();
+        let mut askable = Vec::new();
+        let mut all_askable = true;
+        for &(path, is_dir, need) in checks {
+            match ctx
+                .snap
+                .policy
+                .check_for(path, ctx.caller, need, Special::default(), is_dir)
+            {
+                Ok(v) => oks.push((path, v)),
+                Err(d) => {
+                    match d.askable(&ctx.snap.policy, need) {
+                        Some(a) => askable.push((path, is_dir, need, d, a)),
+                        None => all_askable = false,
+                    }
+                    if worst.as_ref().is_none_or(|(_, w)| rank(&d) < rank(w)) {
+                        worst = Some((path, d));
+                    }
+                }
+            }
+        }
+        match worst {
+            Some((_, d)) if all_askable => match self.lift(ctx, op, &askable) {
+                Some(Ok(())) => {
+                    for (path, v) in oks {
+                        self.audit(ctx, op, path, &v, v.by, None);
+                    }
+                    Ok(())
+                }
+                _ => Err(Error(d.errno)),
+            },
+            Some((path, d)) => {
+                self.audit(ctx, op, path, &d.verdict, d.by, Some(d.errno));
+                Err(Error(d.errno))
+            }
+            None => {
+                for (path, v) in oks {
+                    self.audit(ctx, op, path, &v, v.by, None);
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Decides `need` on every path a node is known under (a hard link never widens
+    /// access). A node unlinked through the mount has no path: only `List` passes (stat
+    /// of an open file).
+    pub(super) fn allow_ino(
+        &self,
+        ctx: &Ctx,
+        op: &'static str,
+        ino: u64,
+        need: Need,
+        sp: Special,
+    ) -> Res<()> {
+        let (paths, kind) = self.inodes.paths_kind(ino)?;
+        if paths.is_empty() {
+            return match need {
+                Need::List => Ok(()),
+                _ => Err(Error(libc::ENOENT)),
+            };
+        }
+        for p in &paths {
+            self.allow(ctx, op, p, kind == libc::S_IFDIR, need, sp)?;
+        }
+        Ok(())
+    }
+}
