@@ -186,6 +186,11 @@ fn explain(a: ExplainArgs) -> i32 {
             );
         }
     }
+    if let By::Rule(i) = v.grant_by
+        && let Some(ask) = policy.rule(i).ask
+    {
+        println!("ask: {ask}");
+    }
     println!("mode: {}", policy.mode());
     if let Some(op) = a.op {
         let need = match op.as_str() {
@@ -196,6 +201,10 @@ fn explain(a: ExplainArgs) -> i32 {
         };
         match policy.check_for(&path, caller, need, Special::default(), as_dir) {
             Ok(_) => println!("{op}: allow"),
+            Err(d) if d.askable(&policy, need).is_some() => println!(
+                "{op}: ask (held for an approver; EACCES if refused, timed out or none is connected) (by {})",
+                describe_by_at(&policy, d.by, &file, &path)
+            ),
             Err(d) => println!(
                 "{op}: deny {} (by {})",
                 crate::audit::errno_name(d.errno),
@@ -488,6 +497,33 @@ fn mount(a: MountArgs) -> Result<(), String> {
         mnt.display(),
         if a.revoke { ", revoke" } else { "" }
     );
+    // What runs after the session ends but needs the host outside SOURCE (mountinfo, the
+    // control socket's file) runs on this thread, started before the main thread confines
+    // itself (and the workers it starts).
+    let (ended_tx, ended_rx) = channel::<()>();
+    let finisher = std::thread::Builder::new()
+        .name("fencefs-exit".into())
+        .spawn({
+            let mnt = mnt.clone();
+            let ours = top_mount(&mnt).map(|m| m.dev);
+            move || {
+                let _ = ended_rx.recv();
+                threads::remove_control(control.as_deref());
+                // fuser's own unmount at the end of the session fails (EINVAL, logged as a
+                // warning by fuser, which main() filters) whenever the mount is already
+                // gone — the normal case after `fusermount3 -u` or SIGTERM. Say what
+                // matters: whether it is really gone.
+                match top_mount(&mnt) {
+                    Some(m) if ours.as_ref() == Some(&m.dev) => log::warn!(
+                        "{} is still mounted but no longer served; detach it with `fusermount3 -u -z {}`",
+                        mnt.display(),
+                        mnt.display()
+                    ),
+                    _ => log::info!("unmounted {}", mnt.display()),
+                }
+            }
+        })
+        .map_err(|e| e.to_string())?;
     if a.no_confine {
         log::info!("self-confinement: off (--no-confine)");
     } else {
@@ -495,24 +531,13 @@ fn mount(a: MountArgs) -> Result<(), String> {
     }
     signal_ready(a.ready_fd, &mnt);
     threads::start_resume()?;
-    let ours = top_mount(&mnt).map(|m| m.dev);
     let r = session.run();
     SESSION_DONE.store(true, Ordering::SeqCst);
     shared.approvals.shutdown();
-    threads::remove_control(control.as_deref());
     flush_audit(&shared);
+    let _ = ended_tx.send(());
+    let _ = finisher.join();
     r.map_err(|e| format!("session ended: {e}"))?;
-    // fuser's own unmount at the end of the session fails (EINVAL, logged as a warning by
-    // fuser, which main() filters) whenever the mount is already gone — the normal case
-    // after `fusermount3 -u` or SIGTERM. Say what matters: whether it is really gone.
-    match top_mount(&mnt) {
-        Some(m) if ours.as_ref() == Some(&m.dev) => log::warn!(
-            "{} is still mounted but no longer served; detach it with `fusermount3 -u -z {}`",
-            mnt.display(),
-            mnt.display()
-        ),
-        _ => log::info!("unmounted {}", mnt.display()),
-    }
     Ok(())
 }
 

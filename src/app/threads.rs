@@ -93,6 +93,7 @@ pub(super) fn start_control(
     };
     let listener = server::bind(&path, group)
         .map_err(|e| format!("control socket '{}': {e}", path.display()))?;
+    let _ = CONTROL_SOCKET.set(path.clone());
     let (waker, wake_rx) = server::waker().map_err(|e| e.to_string())?;
     let (ev_tx, ev_rx) = channel();
     let (res_tx, res_rx) = channel();
@@ -121,6 +122,9 @@ pub(super) fn start_control(
     );
     Ok(Some(path))
 }
+
+/// The control socket's file, for the signal thread's last-resort exit.
+static CONTROL_SOCKET: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
 
 thread_local! {
     /// The resume queue, handed from `start_control` to `start_resume` on the main thread.
@@ -299,6 +303,7 @@ pub(super) fn signal_loop(
                 }
                 log::warn!("files still open in the detached mount; closing the connection");
                 flush_audit(&shared);
+                remove_control(CONTROL_SOCKET.get().map(PathBuf::as_path));
                 std::process::exit(0);
             }
         }
