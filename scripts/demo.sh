@@ -31,9 +31,11 @@ TMP=$(mktemp -d "${TMPDIR:-/tmp}/fencefs-demo.XXXXXX")
 WS=$TMP/workspace
 MNT=$TMP/mnt
 PID=
+APPROVER=
 
 cleanup() {
     local rc=$?
+    if [[ -n $APPROVER ]]; then kill "$APPROVER" 2>/dev/null || true; wait "$APPROVER" 2>/dev/null || true; fi
     if [[ -n $PID ]] && kill -0 "$PID" 2>/dev/null; then
         kill -TERM "$PID" 2>/dev/null || true
         for _ in $(seq 100); do kill -0 "$PID" 2>/dev/null || break; sleep 0.1; done
@@ -73,7 +75,8 @@ echo "== checking the policy"
 "$BIN" check "$POLICY"
 
 echo "== mounting $WS at $MNT"
-"$BIN" mount -p "$POLICY" "$WS" "$MNT" 2>"$TMP/daemon.log" &
+CTL=$TMP/control.sock
+"$BIN" mount -p "$POLICY" --control "$CTL" --ask-timeout 10 "$WS" "$MNT" 2>"$TMP/daemon.log" &
 PID=$!
 for _ in $(seq 200); do
     grep -qF " $MNT " /proc/self/mountinfo && break
@@ -117,6 +120,22 @@ echo "== read-only docs: readable, not writable (EACCES, a rule)"
 show 'cat docs/design.md'
 show 'echo vandalised > docs/design.md'
 show 'echo new > docs/x'
+
+echo
+echo "== ask instead of refusing: docs/ edits are held until an approver answers"
+echo "   (no approver connected above, so they were refused at once; now one is)"
+"$BIN" approve "$CTL" --auto allow >"$TMP/approver.out" 2>&1 &
+APPROVER=$!
+for _ in $(seq 100); do "$BIN" ctl "$CTL" status 2>/dev/null | grep -q '"approvers": 1' && break; sleep 0.05; done
+show 'echo "Reviewed by a person." >> docs/design.md && tail -1 docs/design.md'
+kill "$APPROVER"; wait "$APPROVER" 2>/dev/null || true; APPROVER=
+sed 's/^/    approver: /' "$TMP/approver.out"
+"$BIN" approve "$CTL" --auto deny >"$TMP/approver.out" 2>&1 &
+APPROVER=$!
+for _ in $(seq 100); do "$BIN" ctl "$CTL" status 2>/dev/null | grep -q '"approvers": 1' && break; sleep 0.05; done
+show "sed -i 's/Design/DESIGN/' docs/design.md"
+kill "$APPROVER"; wait "$APPROVER" 2>/dev/null || true; APPROVER=
+sed 's/^/    approver: /' "$TMP/approver.out"
 
 echo
 echo "== protected git internals: EROFS (the workspace-write ceiling)"
