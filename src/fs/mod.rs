@@ -440,11 +440,11 @@ impl Filesystem for FenceFs {
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        // Writes go straight to the host file; there is nothing buffered to flush.
-        match self.shared.handles.get(fh.0) {
-            Some(_) => reply.ok(),
-            None => reply.error(Errno::EBADF),
-        }
+        // Writes go straight to the host file, nothing is buffered, and POSIX locks stay in
+        // the kernel: there is nothing to flush on close. ENOSYS tells the kernel so once,
+        // and it stops sending FLUSH at all (one round trip less per close(2)).
+        let _ = fh;
+        reply.error(Errno::ENOSYS)
     }
 
     fn release(
