@@ -221,16 +221,23 @@ pub(super) fn notify_loop(n: Notifier, rx: Receiver<Inval>, shared: Arc<Shared>)
             let (mut entries, inodes) = shared.inodes.snapshot();
             // Hidden names the kernel may hold as negative entries: a reload may show them.
             entries.extend(shared.kcache.take_hidden());
-            for (parent, name) in &entries {
-                let _ = n.inval_entry(INodeNo(*parent), OsStr::from_bytes(name));
-            }
             // Attributes, and for directories the cached listing (filtered under the old
             // policy); file pages only with --revoke (no data may outlive a lowered grant).
+            // Before the names: once a hidden name is gone, no listing shows it either.
+            // Directories first: once any name or attribute answers under the new policy,
+            // no listing answers under the old one.
             let pages = jobs.iter().any(|j| j.drop_pages);
-            for ino in &inodes {
-                let dir = shared.inodes.kind(*ino).is_ok_and(|k| k == libc::S_IFDIR);
-                let offset = if pages || dir { 0 } else { -1 };
-                let _ = n.inval_inode(INodeNo(*ino), offset, 0);
+            let (dirs, files): (Vec<u64>, Vec<u64>) = inodes
+                .iter()
+                .partition(|ino| shared.inodes.kind(**ino).is_ok_and(|k| k == libc::S_IFDIR));
+            for ino in &dirs {
+                let _ = n.inval_inode(INodeNo(*ino), 0, 0);
+            }
+            for ino in &files {
+                let _ = n.inval_inode(INodeNo(*ino), if pages { 0 } else { -1 }, 0);
+            }
+            for (parent, name) in &entries {
+                let _ = n.inval_entry(INodeNo(*parent), OsStr::from_bytes(name));
             }
             names += entries.len();
             inos += inodes.len();
