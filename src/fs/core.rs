@@ -132,7 +132,8 @@ impl Core {
         R: Send + 'static,
         T: 'static,
     {
-        let ctx = self.ctx(req);
+        let mut ctx = self.ctx(req);
+        ctx.may_hold = true;
         let r = op(self, &ctx);
         let ask = match &r {
             Err(_) => ctx.ask.borrow_mut().take(),

@@ -130,7 +130,8 @@ impl Shared {
     }
 
     /// A refusal the caller's approver could lift: lifted for an approved re-run or a
-    /// remembered answer (`Ok`), else `None` after recording what to ask.
+    /// remembered answer (`Ok`); else, for a request the glue can hold, `None` after
+    /// recording what to ask; else (access(2), …) `Some(Err)` after auditing the refusal.
     fn lift(&self, ctx: &Ctx, op: &'static str, refused: &[Refused<'_>]) -> Option<Res<()>> {
         if let Some(o) = ctx.approved {
             for (path, _, _, d, _) in refused {
@@ -151,6 +152,12 @@ impl Shared {
                 self.audit_line(ctx, op, path, &d.verdict, d.by, Line::Outcome(o));
             }
             return Some(Ok(()));
+        }
+        if !ctx.may_hold {
+            for (path, _, _, d, _) in refused {
+                self.audit(ctx, op, path, &d.verdict, d.by, Some(d.errno));
+            }
+            return Some(Err(Error(libc::EACCES)));
         }
         *ctx.ask.borrow_mut() = Some(Ask {
             op,

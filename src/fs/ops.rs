@@ -54,6 +54,8 @@ pub struct Ctx {
     pub approved: Option<Outcome>,
     /// Set by a refusal an approver could lift: what to ask (the glue holds the request).
     pub ask: RefCell<Option<Ask>>,
+    /// The glue can hold this request (`Core::serve`); otherwise such a refusal is final.
+    pub may_hold: bool,
 }
 
 /// Cache lifetimes for one reply.
@@ -177,6 +179,7 @@ impl Shared {
             snap: self.policy.get(),
             approved: None,
             ask: RefCell::new(None),
+            may_hold: false,
         }
     }
 
