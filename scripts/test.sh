@@ -15,8 +15,11 @@ command -v setpriv >/dev/null 2>&1 || need+=(util-linux)
 command -v tar >/dev/null 2>&1 || need+=(tar)
 command -v sha256sum >/dev/null 2>&1 || need+=(coreutils)
 command -v bwrap >/dev/null 2>&1 || need+=(bubblewrap)
-command -v python3 >/dev/null 2>&1 || need+=(python3)
+# Tests run Debian's /usr/bin/python3 as other uids (a pyenv shim on PATH may not be theirs).
+[[ -x /usr/bin/python3 ]] || need+=(python3)
 command -v make >/dev/null 2>&1 || need+=(make)
+command -v sqlite3 >/dev/null 2>&1 || need+=(sqlite3)
+command -v unshare >/dev/null 2>&1 || need+=(util-linux)
 command -v cc >/dev/null 2>&1 || need+=(gcc libc6-dev)
 if ((${#need[@]})); then
     say "installing ${need[*]}"
