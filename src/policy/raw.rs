@@ -21,6 +21,7 @@
 //!             rule           = array of tables ([[rule]])
 //! [[rule]]    path   = string                  (required)
 //!             access = string                  (required)
+//!             except = [string, ...]           (globs; may be empty)
 //!             uid    = [integer 0..=u32::MAX, ...]  (non-empty)
 //!             gid    = [integer 0..=u32::MAX, ...]  (non-empty)
 //! ```
@@ -51,6 +52,9 @@ pub(crate) struct RawRule {
     pub header: Range<usize>,
     pub path: Option<Located<String>>,
     pub access: Option<Located<String>>,
+    /// `except = [...]`: globs whose matches (and what lies below them) the rule does not
+    /// cover.
+    pub except: Option<Vec<Located<String>>>,
     pub uid: Option<Vec<u32>>,
     pub gid: Option<Vec<u32>>,
 }
@@ -68,7 +72,7 @@ pub(crate) struct RawPolicy {
 }
 
 const TOP_KEYS: &str = "mode, default, writable_roots, protected, allow_setid, allow_devices, rule";
-const RULE_KEYS: &str = "path, access, uid, gid";
+const RULE_KEYS: &str = "path, access, except, uid, gid";
 
 /// Parses `src`. `Err` is a TOML syntax error (the parser stops at the first one);
 /// otherwise the raw policy plus every structural error found (possibly none).
@@ -263,6 +267,7 @@ fn rule(header: Range<usize>, table: &DeTable<'_>, errors: &mut Vec<RawError>) -
                 has_access = true;
                 r.access = string(name, value, errors);
             }
+            "except" => r.except = strings(name, value, errors),
             "uid" => r.uid = ids(name, value, errors),
             "gid" => r.gid = ids(name, value, errors),
             _ => errors.push(unknown_key(key, RULE_KEYS)),
