@@ -15,7 +15,7 @@ use crate::host::handle::{Handle, HandleFd, Handles, ListEntry, Slots};
 use crate::host::inode::{Inodes, ROOT, join};
 use crate::host::sys::{self, Name, SetTime, Xattr};
 use crate::idmap::IdMap;
-use crate::policy::{Access, By, Caller, Need, Special, Verdict};
+use crate::policy::{Access, By, Caller, CeilingBy, Need, Special, Verdict};
 use crate::reload::{PolicyStore, Snapshot};
 
 /// An errno for the kernel.
@@ -193,12 +193,22 @@ impl Shared {
         if err.is_none() && !a.allowed {
             return;
         }
-        let rule = match by {
+        let policy = &ctx.snap.policy;
+        let (by_word, rule) = match by {
             By::Rule(i) | By::Visibility(i) => {
-                let r = ctx.snap.policy.rule(i);
-                Some((r.pattern.clone(), r.line))
+                let r = policy.rule(i);
+                (by_word(by), Some((r.pattern.clone(), Some(r.line))))
             }
-            _ => None,
+            // What set the ceiling; an EPERM (device/setid) refusal stays "mode".
+            By::Mode if err != Some(libc::EPERM) => match policy.ceiling_by(path) {
+                CeilingBy::Protected(i) => {
+                    let (entry, line) = policy.protected_entry(i);
+                    ("protected", Some((entry.to_string(), line)))
+                }
+                CeilingBy::WritableRoots => ("writable_roots", None),
+                CeilingBy::ReadOnly | CeilingBy::Open => (by_word(by), None),
+            },
+            _ => (by_word(by), None),
         };
         a.log(Event {
             op,
@@ -209,7 +219,7 @@ impl Shared {
             allowed: err.is_none(),
             errno: err.map(errno_name),
             access: v.effective.as_str(),
-            by: by_word(by),
+            by: by_word,
             rule,
             mode: ctx.snap.policy.mode().as_str(),
             generation: ctx.snap.generation,
