@@ -16,6 +16,13 @@ command -v tar >/dev/null 2>&1 || need+=(tar)
 command -v sha256sum >/dev/null 2>&1 || need+=(coreutils)
 command -v bwrap >/dev/null 2>&1 || need+=(bubblewrap)
 command -v python3 >/dev/null 2>&1 || need+=(python3)
+# tests/example_policy.rs: `/usr/bin/python3 -m venv` with pip (Debian's ensurepip lives in
+# python3-venv), meson + ninja, sqlite3 and npm through a mount of policy.example.toml.
+/usr/bin/python3 -c 'import ensurepip' >/dev/null 2>&1 || need+=(python3-venv)
+command -v meson >/dev/null 2>&1 || need+=(meson)
+command -v ninja >/dev/null 2>&1 || need+=(ninja-build)
+command -v sqlite3 >/dev/null 2>&1 || need+=(sqlite3)
+command -v npm >/dev/null 2>&1 || need+=(npm)
 command -v make >/dev/null 2>&1 || need+=(make)
 command -v cc >/dev/null 2>&1 || need+=(gcc libc6-dev)
 if ((${#need[@]})); then

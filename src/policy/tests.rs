@@ -1328,3 +1328,39 @@ fn protected_entries_know_their_line() {
     assert_eq!(p.protected_entry(0), (".git/hooks", None));
     assert_eq!(p.ceiling_reason(b".git/hooks/x"), "protected path");
 }
+
+/// The shipped example policy: which directory renames it allows (the package-tree
+/// `except` lists must not block ordinary renames).
+#[test]
+fn example_policy_dir_renames() {
+    let p = Policy::parse(
+        include_str!("../../policy.example.toml"),
+        "policy.example.toml",
+    )
+    .unwrap();
+    #[rustfmt::skip]
+    let cases: &[(&[u8], &[u8], bool)] = &[
+        (b"src/app", b"src/app2", true),
+        (b"build", b"build.old", true),
+        (b"hello/targetAbC123", b"hello/target", true), // cargo creates target/ this way
+        (b".venv/lib/python3.11/site-packages/pip", b".venv/lib/python3.11/site-packages/~ip", true),
+        (b"node_modules/a", b"node_modules/.a-x", true),
+        (b"keys", b"node_modules/keys", false),
+        (b"keys", b".venv", false),
+        (b"src/app", b"venv/lib/python3.11/site-packages/app", false),
+        (b".venv", b"env2", false),
+        // multi-name except globs: alike while both names leave them at the same place
+        (b".cargo/registry/src/a", b".cargo/registry/src/b", true),
+        (b"x/.cargo", b"y/.cargo", true),
+        (b"src/a/.cargo", b"src/b", false),
+    ];
+    for (old, new, want) in cases {
+        assert_eq!(
+            p.dir_rename_allowed(old, new),
+            *want,
+            "{:?} -> {:?}",
+            String::from_utf8_lossy(old),
+            String::from_utf8_lossy(new)
+        );
+    }
+}
