@@ -11,9 +11,11 @@
 //!
 //! Besides "no panic", it asserts invariants that hold for every policy and every path:
 //! `effective == min(grant, ceiling)`, `verdict == verdict_for(.., true)`, every `By` index
-//! in range, `check_for` consistent with the verdict, and errors carrying a position.
+//! in range, `check_for` consistent with the verdict, `ceiling_by` agreeing with `ceiling`,
+//! a rule that an `except` glob takes out never deciding (`excepted`), and errors carrying
+//! a position.
 
-use fencefs::policy::{Access, By, Caller, Mode, Need, Policy, Special};
+use fencefs::policy::{Access, By, Caller, CeilingBy, Mode, Need, Policy, Special};
 
 /// Upper bound on paths queried per input (keeps one execution fast).
 const MAX_PATHS: usize = 16;
@@ -32,11 +34,12 @@ const CALLERS: [Caller; 3] = [
     },
 ];
 
-const FIXED_PATHS: [&[u8]; 9] = [
+const FIXED_PATHS: [&[u8]; 10] = [
     b"",
     b"a",
     b"a/b",
     b"secrets/x.pem",
+    b"a/site-packages/certifi/cacert.pem",
     b".git/hooks/pre-commit",
     b".git/config",
     b"docs/a/b/c/d",
@@ -119,6 +122,17 @@ fn check_by(p: &Policy, by: By) {
 fn decide(p: &Policy, path: &[u8], caller: Caller) {
     let ceiling = p.ceiling(path);
     assert!(ceiling >= Access::Read, "ceiling below read at {path:?}");
+    let ceiling_by = p.ceiling_by(path);
+    assert_eq!(
+        ceiling_by == CeilingBy::Open,
+        ceiling == Access::Write,
+        "{ceiling_by:?} at {path:?}"
+    );
+    if let CeilingBy::Protected(i) = ceiling_by {
+        assert!(i < p.protected().len(), "{ceiling_by:?} out of range");
+        let _ = p.protected_entry(i);
+    }
+    let excepted = p.excepted(path, caller);
     for is_dir in [true, false] {
         let v = p.verdict_for(path, caller, is_dir);
         assert_eq!(v.effective, v.grant.min(ceiling), "{v:?} at {path:?}");
@@ -135,6 +149,15 @@ fn decide(p: &Policy, path: &[u8], caller: Caller) {
         }
         check_by(p, v.by);
         check_by(p, v.grant_by);
+        for &(rule, k) in &excepted {
+            assert!(rule < p.rules().len() && k < p.rule(rule).except.len());
+            assert!(p.rule_applies(rule, caller));
+            assert_ne!(
+                v.grant_by,
+                By::Rule(rule),
+                "taken out, yet decides at {path:?}"
+            );
+        }
         if is_dir {
             assert_eq!(v, p.verdict(path, caller));
         }

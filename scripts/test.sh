@@ -17,8 +17,14 @@ command -v sha256sum >/dev/null 2>&1 || need+=(coreutils)
 command -v bwrap >/dev/null 2>&1 || need+=(bubblewrap)
 # Tests run Debian's /usr/bin/python3 as other uids (a pyenv shim on PATH may not be theirs).
 [[ -x /usr/bin/python3 ]] || need+=(python3)
-command -v make >/dev/null 2>&1 || need+=(make)
+# tests/example_policy.rs: `/usr/bin/python3 -m venv` with pip (Debian's ensurepip lives in
+# python3-venv), meson + ninja, sqlite3 and npm through a mount of policy.example.toml.
+/usr/bin/python3 -c 'import ensurepip' >/dev/null 2>&1 || need+=(python3-venv)
+command -v meson >/dev/null 2>&1 || need+=(meson)
+command -v ninja >/dev/null 2>&1 || need+=(ninja-build)
 command -v sqlite3 >/dev/null 2>&1 || need+=(sqlite3)
+command -v npm >/dev/null 2>&1 || need+=(npm)
+command -v make >/dev/null 2>&1 || need+=(make)
 command -v unshare >/dev/null 2>&1 || need+=(util-linux)
 command -v cc >/dev/null 2>&1 || need+=(gcc libc6-dev)
 if ((${#need[@]})); then

@@ -124,6 +124,26 @@ fn check_reports_errors_with_file_line_column() {
             3,
         ),
         ("syntax.toml", "mode = \"danger\"\n[[rule]\n", 2),
+        (
+            "except-glob.toml",
+            "[[rule]]\npath = \"**/*.pem\"\naccess = \"none\"\nexcept = [\"ok/**\", \"a/[b\"]\n",
+            4,
+        ),
+        (
+            "except-type.toml",
+            "[[rule]]\npath = \"**/*.pem\"\naccess = \"none\"\n\nexcept = \"vendor\"\n",
+            5,
+        ),
+        (
+            "except-abs.toml",
+            "[[rule]]\npath = \"**/*.pem\"\naccess = \"none\"\nexcept = [\n  \"/vendor\",\n]\n",
+            5,
+        ),
+        (
+            "except-dotdot.toml",
+            "[[rule]]\npath = \"**/*.pem\"\naccess = \"none\"\nexcept = [\"a/../b\"]\n",
+            4,
+        ),
         ("bad-default.toml", "default = \"everything\"\n", 1),
     ];
     for (name, text, line) in cases {
@@ -252,6 +272,66 @@ fn has(o: &Out, words: &[&str]) {
             o.stderr
         );
     }
+}
+
+/// `explain` names the rule an except glob took out, and what set the mode's ceiling
+/// (the same words the audit log uses: `protected` with the entry, `writable_roots`).
+#[test]
+fn explain_shows_excepts_and_what_set_the_ceiling() {
+    let ws = Workspace::new("explain-except");
+    let p = write_policy(
+        &ws,
+        "p.toml",
+        "mode = \"workspace-write\"\nwritable_roots = [\"src\", \".git\"]\n\
+         protected = [\".git/hooks\",\n  \".git/config\"]\n\n\
+         [[rule]]\npath = \"docs\"\naccess = \"read\"\n\n\
+         [[rule]]\npath = \"**/*.pem\"\naccess = \"none\"\n\
+         except = [\"**/node_modules/**\", \"**/site-packages/**\"]\n",
+    );
+    let file = p.display().to_string();
+    let o = explain(&p, &["src/.venv/site-packages/certifi/cacert.pem", "read"]);
+    has(
+        &o,
+        &[
+            "decided by: default",
+            &format!(
+                "excepted: rule #2 path = \"**/*.pem\" access = none ({file}:10) \
+                 except \"**/site-packages/**\": not covered"
+            ),
+            "read: allow",
+        ],
+    );
+    let o = explain(&p, &["src/keys/server.pem", "read"]);
+    has(&o, &["deny ENOENT", "rule #2 path = \"**/*.pem\""]);
+    assert!(!o.stdout.contains("excepted"), "{o:?}");
+    has(
+        &explain(&p, &[".git/hooks/x", "create"]),
+        &[
+            &format!("decided by: protected entry \".git/hooks\" ({file}:3)"),
+            &format!("create: deny EROFS (by protected entry \".git/hooks\" ({file}:3)"),
+        ],
+    );
+    has(
+        &explain(&p, &[".git/config", "write"]),
+        &[&format!("protected entry \".git/config\" ({file}:4)")],
+    );
+    has(
+        &explain(&p, &["README.md", "write"]),
+        &[
+            "decided by: writable_roots: outside every entry",
+            "deny EROFS",
+        ],
+    );
+    has(
+        &explain(&p, &["--mode", "read-only", "src/a.rs", "write"]),
+        &["mode read-only (no mutations anywhere)", "deny EROFS"],
+    );
+    // the built-in protected list has no line in the file
+    let q = write_policy(&ws, "q.toml", "mode = \"workspace-write\"\n");
+    has(
+        &explain(&q, &[".git/hooks/pre-commit", "write"]),
+        &["protected entry \".git/hooks\" (built-in default)"],
+    );
 }
 
 #[test]

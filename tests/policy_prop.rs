@@ -9,18 +9,25 @@
 //!
 //! - matching: its own component-wise glob matcher (`*` within a name, `?` one byte,
 //!   `[ab]`/`[!a]` one byte, `**` any number of components), no globset;
+//! - `except`: a rule one of whose except globs matches P or an ancestor of P does not exist
+//!   for P (SPEC: "A path that one of those globs matches, or that lies below such a match,
+//!   is not covered by that rule at all"), at whatever depth the rule itself matches;
 //! - the decision: walk P and its ancestors from the deepest to the root; at the first depth
-//!   where an applicable rule matches, rules with `uid`/`gid` beat those without, then the
-//!   most restrictive access wins; no match → `default`;
+//!   where an applicable rule that exists for P matches, rules with `uid`/`gid` beat those
+//!   without, then the most restrictive access wins; no match → `default`;
 //! - the visibility lift, for directories: `none` becomes `list` when an applicable rule
-//!   granting `list` or more could match a strict descendant, decided by *enumerating*
-//!   descendants (see [`could_match_below`]);
+//!   granting `list` or more (existing for P) could match a strict descendant, or when a
+//!   `none` rule covering P has an except glob that could match a strict descendant (a
+//!   hole) and below it a rule covering P or the default grants `list` or more; "could
+//!   match" decided by *enumerating* descendants (see [`could_match_below`]);
 //! - the mode ceiling and the errno order (none → ENOENT, EACCES for Create;
 //!   device/setid → EPERM; mode → EROFS; rule → EACCES);
 //! - directory renames: refused exactly when a non-floating rule (or, in workspace-write, a
-//!   `writable_roots`/`protected` entry) could match below the old or the new name, and,
-//!   semantically, an allowed rename never changes which rules and entries match any path
-//!   below the directory (the subtree's policy moves with it).
+//!   `writable_roots`/`protected` entry) could match below the old or the new name, or a
+//!   rule's except globs fail the README's rename conditions; and, semantically, an allowed
+//!   rename never changes which rules and entries match any path below the directory, and
+//!   every caller's grant of every `old/s` equals that of `new/s` or each equals its own
+//!   directory's (the subtree's policy moves with it).
 //!
 //! The case count is `PROPTEST_CASES` (default 2,000: about 10 s of CPU in a debug build).
 //!
@@ -105,6 +112,8 @@ const TRAILING_STARSTAR_NEEDS_ONE: bool = true;
 struct GenRule {
     path: String,
     access: Access,
+    /// `except = [...]`.
+    except: Option<Vec<String>>,
     uids: Option<Vec<u32>>,
     gids: Option<Vec<u32>>,
 }
@@ -161,6 +170,9 @@ impl GenPolicy {
                 .iter()
                 .map(|r| {
                     let mut t = format!("{{ path = '{}', access = \"{}\"", r.path, r.access);
+                    if let Some(x) = &r.except {
+                        write!(t, ", except = {}", list(x)).unwrap();
+                    }
                     if let Some(u) = &r.uids {
                         write!(t, ", uid = {}", ids(u)).unwrap();
                     }
@@ -179,6 +191,9 @@ impl GenPolicy {
                     r.path, r.access
                 )
                 .unwrap();
+                if let Some(x) = &r.except {
+                    writeln!(s, "except = {}", list(x)).unwrap();
+                }
                 if let Some(u) = &r.uids {
                     writeln!(s, "uid = {}", ids(u)).unwrap();
                 }
@@ -235,13 +250,67 @@ fn ids() -> impl Strategy<Value = Option<Vec<u32>>> {
     prop::option::weighted(0.25, prop::collection::vec(select(ID_POOL), 1..=2))
 }
 
+/// An `except` glob before it is placed: a free pattern, an *anywhere* glob (`**/N`,
+/// `**/N/**`), or a pattern below the rule's own path (most interesting for the depth
+/// rule: the rule matches at P, the except below P).
+#[derive(Clone, Debug)]
+enum GenExcept {
+    Free(String),
+    Child(String),
+}
+
+fn except_glob() -> impl Strategy<Value = GenExcept> {
+    let name = || prop_oneof![3 => select(NAMES), 1 => select(GLOBS)];
+    prop_oneof![
+        2 => pattern().prop_map(GenExcept::Free),
+        // anchored at a name that rename paths use: `a`, `a/**`, `.git/*`, ...
+        1 => (select(NAMES), select(vec!["", "/**", "/*", "/a"]))
+            .prop_map(|(n, tail)| GenExcept::Free(format!("{n}{tail}"))),
+        2 => (name(), any::<bool>()).prop_map(|(n, trailing)| GenExcept::Free(if trailing {
+            format!("**/{n}/**")
+        } else {
+            format!("**/{n}")
+        })),
+        3 => prop::collection::vec(prop_oneof![3 => select(NAMES), 2 => select(GLOBS)], 1..=2)
+            .prop_map(|c| GenExcept::Child(c.join("/"))),
+    ]
+}
+
+/// A rule path: mostly [`pattern`], sometimes a floating `**/<name>` like the example
+/// policy's `**/*.pem` (the rules `except` is mostly written for).
+fn rule_path() -> impl Strategy<Value = String> {
+    prop_oneof![
+        4 => pattern(),
+        1 => prop_oneof![3 => select(NAMES), 2 => select(GLOBS)].prop_map(|n| format!("**/{n}")),
+    ]
+}
+
 fn rule() -> impl Strategy<Value = GenRule> {
-    (pattern(), access(), ids(), ids()).prop_map(|(path, access, uids, gids)| GenRule {
-        path,
-        access,
-        uids,
-        gids,
-    })
+    (
+        rule_path(),
+        access(),
+        prop::option::weighted(0.35, prop::collection::vec(except_glob(), 0..=2)),
+        ids(),
+        ids(),
+    )
+        .prop_map(|(path, access, except, uids, gids)| {
+            let except = except.map(|list| {
+                list.into_iter()
+                    .map(|e| match e {
+                        GenExcept::Free(g) => g,
+                        GenExcept::Child(c) if normalize(&path).is_empty() => c,
+                        GenExcept::Child(c) => format!("{path}/{c}"),
+                    })
+                    .collect()
+            });
+            GenRule {
+                path,
+                access,
+                except,
+                uids,
+                gids,
+            }
+        })
 }
 
 fn gen_policy() -> impl Strategy<Value = GenPolicy> {
@@ -423,14 +492,32 @@ fn floating(pat: &Pat) -> bool {
     !pat.is_empty() && pat[..pat.len() - 1].iter().all(|c| c == b"**") && pat[0] == b"**"
 }
 
+/// Where a pattern stands after reading `path` (README, "Directory renames"): the lengths
+/// `i` of the pattern prefixes that match `path` exactly, each `**` taking zero or more
+/// names. Two paths after which a pattern stands alike get the same answer for every
+/// continuation.
+fn stands(pat: &Pat, path: &[Vec<u8>]) -> Vec<usize> {
+    (0..=pat.len())
+        .filter(|&i| comps_match(&pat[..i], path))
+        .collect()
+}
+
 struct RefRule {
     pat: Pat,
     access: Access,
+    /// `except` globs.
+    except: Vec<Pat>,
     uids: Vec<u32>,
     gids: Vec<u32>,
 }
 
 impl RefRule {
+    /// SPEC: "A path that one of those globs matches, or that lies below such a match, is
+    /// not covered by that rule at all".
+    fn taken_out(&self, path: &[Vec<u8>]) -> bool {
+        self.except.iter().any(|e| covers(e, path))
+    }
+
     fn has_ids(&self) -> bool {
         !self.uids.is_empty() || !self.gids.is_empty()
     }
@@ -490,6 +577,7 @@ impl Reference {
                 .map(|r| RefRule {
                     pat: normalize(&r.path),
                     access: r.access,
+                    except: r.except.iter().flatten().map(|e| normalize(e)).collect(),
                     uids: r.uids.clone().unwrap_or_default(),
                     gids: r.gids.clone().unwrap_or_default(),
                 })
@@ -529,11 +617,12 @@ impl Reference {
 
     fn verdict(&self, path: &[Vec<u8>], caller: Caller, is_dir: bool) -> RefVerdict {
         let mut decided = None;
+        // The rules that exist for this path: applicable, and no except glob of theirs
+        // matches the path or one of its ancestors.
+        let exists = |i: usize| self.rules[i].applies(caller) && !self.rules[i].taken_out(path);
         for depth in (0..=path.len()).rev() {
             let hits: Vec<usize> = (0..self.rules.len())
-                .filter(|&i| {
-                    self.rules[i].applies(caller) && matches(&self.rules[i].pat, &path[..depth])
-                })
+                .filter(|&i| exists(i) && matches(&self.rules[i].pat, &path[..depth]))
                 .collect();
             if hits.is_empty() {
                 continue;
@@ -554,12 +643,35 @@ impl Reference {
         }
         let (mut grant, mut source) = decided.unwrap_or((self.default, Source::Default));
         if is_dir && grant == Access::None {
-            let lifters: BTreeSet<usize> = (0..self.rules.len())
+            // 1. a rule granting list or more could match below, and exists here
+            let mut lifters: BTreeSet<usize> = (0..self.rules.len())
                 .filter(|&i| {
                     let r = &self.rules[i];
-                    r.access >= Access::List && r.applies(caller) && self.below(&r.pat, path)
+                    r.access >= Access::List && exists(i) && self.below(&r.pat, path)
                 })
                 .collect();
+            // 2. a hole: a `none` rule that covers the directory and exists here has an
+            //    except glob that could match below it; below that, a rule granting list
+            //    or more that covers the directory (and exists here), or the default,
+            //    decides.
+            let holes: BTreeSet<usize> = (0..self.rules.len())
+                .filter(|&i| {
+                    let r = &self.rules[i];
+                    r.access == Access::None
+                        && exists(i)
+                        && covers(&r.pat, path)
+                        && r.except.iter().any(|e| self.below(e, path))
+                })
+                .collect();
+            if !holes.is_empty() {
+                lifters.extend((0..self.rules.len()).filter(|&i| {
+                    let r = &self.rules[i];
+                    r.access >= Access::List && exists(i) && covers(&r.pat, path)
+                }));
+                if self.default >= Access::List {
+                    lifters.extend(holes);
+                }
+            }
             if !lifters.is_empty() {
                 grant = Access::List;
                 source = Source::Lift(lifters);
@@ -610,12 +722,42 @@ impl Reference {
         v
     }
 
-    /// The documented rule: refused iff a non-floating pattern could match below either.
+    /// The documented rule: refused iff a non-floating pattern could match below either,
+    /// or a rule's except globs could make it exist differently below the two names (or
+    /// unevenly below one of them).
     fn dir_rename_allowed(&self, old: &[Vec<u8>], new: &[Vec<u8>]) -> bool {
-        !self
+        let pinned = self
             .rename_patterns()
             .into_iter()
-            .any(|p| !floating(p) && (self.below(p, old) || self.below(p, new)))
+            .any(|p| !floating(p) && (self.below(p, old) || self.below(p, new)));
+        !pinned
+            && self
+                .rules
+                .iter()
+                .all(|r| self.except_rename_ok(r, old, new))
+    }
+
+    /// README "Directory renames", for one rule's `except` list.
+    fn except_rename_ok(&self, r: &RefRule, old: &[Vec<u8>], new: &[Vec<u8>]) -> bool {
+        if r.except.is_empty() {
+            return true;
+        }
+        // Where the rule covers a name and exists there, it must exist in the whole
+        // subtree: no except glob may match below that name.
+        for d in [old, new] {
+            if covers(&r.pat, d) && !r.taken_out(d) && r.except.iter().any(|e| self.below(e, d)) {
+                return false;
+            }
+        }
+        // Where it could match below (it is floating), it must exist alike below both.
+        if !self.below(&r.pat, old) && !self.below(&r.pat, new) {
+            return true;
+        }
+        match (r.taken_out(old), r.taken_out(new)) {
+            (true, true) => true,
+            (false, false) => r.except.iter().all(|e| stands(e, old) == stands(e, new)),
+            _ => false,
+        }
     }
 
     /// The semantic promise of an allowed rename: for every suffix `s` (one name, or two
@@ -623,6 +765,7 @@ impl Reference {
     /// the same rules, roots and protected entries match `old/s` and `new/s`, and (for a
     /// one-name `s`) the same rules could match below them. `Err` describes a difference.
     fn rename_preserves_policy(&self, old: &[Vec<u8>], new: &[Vec<u8>]) -> Result<(), String> {
+        self.subtree_follows(old, new)?;
         let mut names: Vec<Vec<u8>> = NAMES.iter().map(|n| n.as_bytes().to_vec()).collect();
         names.extend(PATH_ONLY.iter().map(|n| n.to_vec()));
         let pats = self.rename_patterns();
@@ -660,6 +803,42 @@ impl Reference {
                     show(&n.join(&b'/')),
                     below(&n)
                 ));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Reference {
+    /// The subtree's policy moves with the directory, for every caller: for every suffix
+    /// `s`, `old/s` and `new/s` get the same grant, or each gets what its directory gets
+    /// (SPEC: a rename is refused "when a rule could give any path below its old or its
+    /// new name a different access than the directory itself gets"; floating rules, which
+    /// give `old/s` and `new/s` the same answer, are the documented exception). Grants
+    /// without the visibility lift.
+    fn subtree_follows(&self, old: &[Vec<u8>], new: &[Vec<u8>]) -> Result<(), String> {
+        let mut names: Vec<Vec<u8>> = NAMES.iter().map(|n| n.as_bytes().to_vec()).collect();
+        names.extend(PATH_ONLY.iter().map(|n| n.to_vec()));
+        let mut suffixes: Vec<Vec<Vec<u8>>> = names.iter().map(|n| vec![n.clone()]).collect();
+        for a in [b"a".to_vec(), b".git".to_vec(), b"x.pem".to_vec()] {
+            for b in &names {
+                suffixes.push(vec![a.clone(), b.clone()]);
+            }
+        }
+        for &c in CALLERS {
+            let grant = |p: &[Vec<u8>]| self.verdict(p, c, false).grant;
+            let (g_old, g_new) = (grant(old), grant(new));
+            for s in &suffixes {
+                let (o, n) = ([old, s].concat(), [new, s].concat());
+                let (go, gn) = (grant(&o), grant(&n));
+                if go != gn && !(go == g_old && gn == g_new) {
+                    return Err(format!(
+                        "{c:?}: {} gets {go:?} (its directory {g_old:?}) but {} gets {gn:?} \
+                         (its directory {g_new:?})",
+                        show(&o.join(&b'/')),
+                        show(&n.join(&b'/')),
+                    ));
+                }
             }
         }
         Ok(())
@@ -871,13 +1050,23 @@ proptest! {
     fn invalid_entries_are_rejected(
         policy in gen_policy(),
         bad in select(vec!["", "/a", "/", "a/../b", "..", "./..", "[ab", "x/[!a"]),
-        place in 0..3u8,
+        place in 0..4u8,
     ) {
         let mut g = policy;
         let key = match place {
             0 => {
-                g.rules.push(GenRule { path: bad.to_string(), access: Access::Read, uids: None, gids: None });
+                g.rules.push(GenRule { path: bad.to_string(), access: Access::Read, except: None, uids: None, gids: None });
                 "path = "
+            }
+            3 => {
+                g.rules.push(GenRule {
+                    path: "a".to_string(),
+                    access: Access::Read,
+                    except: Some(vec!["b".to_string(), bad.to_string()]),
+                    uids: None,
+                    gids: None,
+                });
+                "except = "
             }
             1 => {
                 g.writable_roots.get_or_insert_with(Vec::new).push(bad.to_string());
@@ -971,6 +1160,73 @@ fn reference_matcher_examples() {
     assert!(!floating(&pat("**/a/**")) && !floating(&pat("a")) && !floating(&pat(".")));
 }
 
+/// The reference's except semantics on the SPEC's example and the depth rule.
+#[test]
+fn reference_except_examples() {
+    let rule = |path: &str, access, except: &[&str]| GenRule {
+        path: path.into(),
+        access,
+        except: Some(except.iter().map(|e| e.to_string()).collect()),
+        uids: None,
+        gids: None,
+    };
+    let g = GenPolicy {
+        mode: Some(Mode::Danger),
+        override_mode: None,
+        default: None,
+        writable_roots: None,
+        protected: None,
+        allow_setid: None,
+        allow_devices: None,
+        rules: vec![
+            rule(
+                "**/*.pem",
+                Access::None,
+                &["**/site-packages/**", "**/node_modules/**"],
+            ),
+            rule("a", Access::Read, &[]),
+            rule("a/b", Access::None, &["a/b/c"]),
+        ],
+        inline_rules: false,
+    };
+    let r = Reference::new(&g);
+    let me = CALLERS[1];
+    let grant = |path: &str, is_dir| r.verdict(&p(path), me, is_dir).grant;
+    assert_eq!(grant("k.pem", false), Access::None);
+    assert_eq!(
+        grant("x/site-packages/certifi/cacert.pem", false),
+        Access::Write
+    );
+    assert_eq!(grant("node_modules/t/k.pem", false), Access::Write);
+    assert_eq!(grant("x/site-packages.pem", false), Access::None);
+    // the rule at `a/b` does not exist below `a/b/c`: the one at `a` decides
+    assert_eq!(grant("a/b/x", false), Access::None);
+    assert_eq!(grant("a/b/c", false), Access::Read);
+    assert_eq!(grant("a/b/c/d/e", false), Access::Read);
+    // ... and the pem rule below both
+    assert_eq!(grant("a/b/c/k.pem", false), Access::None);
+    // directories needed to reach what the excepts uncover stay visible
+    assert_eq!(grant("a/b", true), Access::List);
+    assert_eq!(grant("k.pem", true), Access::List);
+    assert!(r.dir_rename_allowed(&p("x/a"), &p("x/b")));
+    assert!(!r.dir_rename_allowed(&p("keys"), &p("node_modules/keys")));
+    assert!(r.rename_preserves_policy(&p("x/a"), &p("x/b")).is_ok());
+    assert_eq!(
+        stands(&pat("**/a/**"), &p("x/y")),
+        stands(&pat("**/a/**"), &p("z"))
+    );
+    assert_ne!(
+        stands(&pat("**/a/**"), &p("x/a")),
+        stands(&pat("**/a/**"), &p("z"))
+    );
+    assert_eq!(
+        stands(&pat("**/a/**"), &p("x/a")),
+        stands(&pat("**/a/**"), &p("a"))
+    );
+    assert_eq!(stands(&pat("a/*/c"), &p("a/p")), vec![2]);
+    assert_eq!(stands(&pat("a/*/c"), &p("b")), Vec::<usize>::new());
+}
+
 /// The reference decides the SPEC's own examples as the SPEC says.
 #[test]
 fn reference_decides_spec_examples() {
@@ -994,6 +1250,7 @@ fn reference_decides_spec_examples() {
         .map(|(path, access, uids)| GenRule {
             path: path.into(),
             access,
+            except: None,
             uids,
             gids: None,
         })
@@ -1112,6 +1369,10 @@ fn fuzz_random_inputs() {
         b"access = ",
         b"uid = [",
         b"gid = [",
+        b"except = [",
+        b"except",
+        b"**/node_modules/**",
+        b"/**'",
         b"\"read-only\"",
         b"\"workspace-write\"",
         b"'danger'",

@@ -306,15 +306,21 @@ fn audit_lines_name_the_deciding_rule_for_each_refusal_class() {
     assert_eq!(l["repeat"], 1);
     let l = find("EROFS");
     assert_eq!(l["path"], "top.txt");
-    assert_eq!(l["by"], "mode");
+    // The mode refused because the path is outside every writable_roots entry.
+    assert_eq!(l["by"], "writable_roots");
     // Every key is present; what does not apply is null.
     assert!(l["rule"].is_null() && l.get("rule").is_some(), "{l}");
+    assert!(
+        l["rule_line"].is_null() && l.get("rule_line").is_some(),
+        "{l}"
+    );
     let l = find("EACCES");
     assert_eq!(l["path"], "work/docs/d.md");
     assert_eq!(l["rule"], "work/docs");
     assert_eq!(l["access"], "read");
     let l = find("EPERM");
     assert_eq!(l["path"], "work/dev");
+    assert_eq!(l["by"], "mode");
     // Refusals only, by default.
     assert!(lines.iter().all(|l| l["decision"] == "deny"), "{lines:#?}");
 
@@ -348,6 +354,115 @@ fn audit_lines_name_the_deciding_rule_for_each_refusal_class() {
     assert_eq!(l["repeat"], 1, "{l}");
     // The old lines stayed in the renamed file.
     assert!(audit_lines(&rotated).iter().all(|l| l["generation"] == 0));
+}
+
+/// SPEC "Audit": a mode refusal names what in the mode refused — the `protected` entry
+/// (with its line), `writable_roots`, or the read-only mode itself.
+#[test]
+fn audit_names_the_protected_entry_or_writable_roots() {
+    let policy = "mode = \"workspace-write\"\nwritable_roots = [\"work\", \".git\"]\n\
+                  protected = [\n    \".git/hooks\",\n    \".git/config\",\n]\n";
+    let mut b = Mount::builder("audit-ceiling").policy(policy);
+    let audit = b.root().join("audit.jsonl");
+    b = b.arg("--audit").arg(&audit);
+    mkdirp(&b.host(".git/hooks"));
+    put(&b.host(".git/config"), b"[core]\n", 0o644);
+    mkdirp(&b.host("work"));
+    put(&b.host("top.txt"), b"t", 0o644);
+    let m = b.start();
+    let before = snapshot(&m.host(""));
+
+    let _ = assert_errno(
+        fs::create_dir(m.mnt(".git/hooks/x")),
+        libc::EROFS,
+        "mkdir .git/hooks/x",
+    );
+    let _ = assert_errno(
+        fs::write(m.mnt(".git/config"), b"[core]\nhooksPath = /tmp\n"),
+        libc::EROFS,
+        "write .git/config",
+    );
+    let _ = assert_errno(
+        fs::write(m.mnt("top.txt"), b"x"),
+        libc::EROFS,
+        "write outside writable_roots",
+    );
+    let _ = assert_errno(
+        fs::write(m.mnt("new.txt"), b"x"),
+        libc::EROFS,
+        "create outside writable_roots",
+    );
+    assert!(eventually(Duration::from_secs(3), || audit_lines(&audit)
+        .len()
+        >= 4));
+    let lines = audit_lines(&audit);
+    let find = |path: &str| {
+        lines
+            .iter()
+            .find(|l| l["path"] == path && l["errno"] == "EROFS")
+            .unwrap_or_else(|| panic!("no EROFS line for {path} in {lines:#?}"))
+            .clone()
+    };
+    let l = find(".git/hooks/x");
+    assert_eq!(l["op"], "mkdir", "{l}");
+    assert_eq!(l["by"], "protected", "{l}");
+    assert_eq!(l["rule"], ".git/hooks", "{l}");
+    assert_eq!(l["rule_line"], 4, "{l}");
+    assert_eq!(l["access"], "read", "{l}");
+    let l = find(".git/config");
+    assert_eq!(
+        (&l["by"], &l["rule"], &l["rule_line"]),
+        (&"protected".into(), &".git/config".into(), &5.into()),
+        "{l}"
+    );
+    for path in ["top.txt", "new.txt"] {
+        let l = find(path);
+        assert_eq!(l["by"], "writable_roots", "{l}");
+        assert!(l["rule"].is_null() && l["rule_line"].is_null(), "{l}");
+    }
+    assert_host_unchanged(&before, &m.host(""), "after the mode refusals");
+
+    // The built-in protected list has no line in the file: rule_line is null. Read-only
+    // mode says "mode".
+    m.reload_with("mode = \"workspace-write\"\n");
+    assert!(eventually(Duration::from_secs(2), || m
+        .stderr()
+        .contains("generation 1")));
+    let _ = assert_errno(
+        fs::create_dir(m.mnt(".git/hooks/y")),
+        libc::EROFS,
+        "mkdir under the default protected list",
+    );
+    m.reload_with("mode = \"read-only\"\n");
+    assert!(eventually(Duration::from_secs(2), || m
+        .stderr()
+        .contains("generation 2")));
+    let _ = assert_errno(
+        fs::write(m.mnt("work/ro.txt"), b"x"),
+        libc::EROFS,
+        "create in read-only mode",
+    );
+    assert!(eventually(Duration::from_secs(3), || audit_lines(&audit)
+        .iter()
+        .any(|l| l["path"] == "work/ro.txt")));
+    let lines = audit_lines(&audit);
+    let l = lines
+        .iter()
+        .find(|l| l["path"] == ".git/hooks/y")
+        .unwrap_or_else(|| panic!("{lines:#?}"));
+    assert_eq!(
+        (&l["by"], &l["rule"]),
+        (&"protected".into(), &".git/hooks".into()),
+        "{l}"
+    );
+    assert!(l["rule_line"].is_null(), "{l}");
+    let l = lines.iter().find(|l| l["path"] == "work/ro.txt").unwrap();
+    assert_eq!(
+        (&l["by"], &l["errno"]),
+        (&"mode".into(), &"EROFS".into()),
+        "{l}"
+    );
+    assert!(l["rule"].is_null(), "{l}");
 }
 
 #[test]

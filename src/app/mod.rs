@@ -24,7 +24,7 @@ use crate::host::handle::Handles;
 use crate::host::inode::Inodes;
 use crate::host::sys;
 use crate::idmap::IdMap;
-use crate::policy::{By, Caller, Need, Policy, PolicyError, Special};
+use crate::policy::{Access, By, Caller, CeilingBy, Need, Policy, PolicyError, Special};
 use crate::reload::{self, PolicyStore};
 use threads::{notify_loop, signal_loop};
 
@@ -99,26 +99,31 @@ fn describe_by(p: &Policy, by: By, file: &str) -> String {
     describe_by_at(p, by, file, b"")
 }
 
+fn describe_rule(p: &Policy, i: usize, file: &str) -> String {
+    let r = p.rule(i);
+    format!(
+        "rule #{} path = \"{}\" access = {} ({}:{})",
+        i + 1,
+        r.pattern,
+        r.access,
+        file,
+        r.line
+    )
+}
+
 fn describe_by_at(p: &Policy, by: By, file: &str, path: &[u8]) -> String {
-    if by == By::Mode {
-        return format!("mode {} ({})", p.mode(), p.ceiling_reason(path));
-    }
     match by {
-        By::Rule(i) => {
-            let r = p.rule(i);
-            format!(
-                "rule #{} path = \"{}\" access = {} ({}:{})",
-                i + 1,
-                r.pattern,
-                r.access,
-                file,
-                r.line
-            )
-        }
+        By::Mode => describe_ceiling(p, file, path),
+        By::Rule(i) => describe_rule(p, i, file),
         By::Visibility(i) => {
             let r = p.rule(i);
+            let why = if r.access == Access::None {
+                "does not cover what its except globs match below"
+            } else {
+                "grants access below"
+            };
             format!(
-                "visibility: rule #{} path = \"{}\" ({}:{}) grants access below, so the directory stays listable",
+                "visibility: rule #{} path = \"{}\" ({}:{}) {why}, so the directory stays listable",
                 i + 1,
                 r.pattern,
                 file,
@@ -126,7 +131,31 @@ fn describe_by_at(p: &Policy, by: By, file: &str, path: &[u8]) -> String {
             )
         }
         By::Default => format!("default = {}", p.default_access()),
-        By::Mode => format!("mode {} (ceiling)", p.mode()),
+    }
+}
+
+/// What the mode's ceiling at `path` comes from, as the audit log's `by`/`rule` say it.
+fn describe_ceiling(p: &Policy, file: &str, path: &[u8]) -> String {
+    match p.ceiling_by(path) {
+        CeilingBy::Protected(i) => {
+            let (entry, line) = p.protected_entry(i);
+            let at = match line {
+                Some(l) => format!("{file}:{l}"),
+                None => "built-in default".to_string(),
+            };
+            format!(
+                "protected entry \"{entry}\" ({at}), mode {} (ceiling)",
+                p.mode()
+            )
+        }
+        CeilingBy::WritableRoots => format!(
+            "writable_roots: outside every entry of {:?}, mode {} (ceiling)",
+            p.writable_roots(),
+            p.mode()
+        ),
+        CeilingBy::ReadOnly | CeilingBy::Open => {
+            format!("mode {} ({})", p.mode(), p.ceiling_reason(path))
+        }
     }
 }
 
@@ -169,6 +198,13 @@ fn explain(a: ExplainArgs) -> i32 {
         "decided by: {}",
         describe_by_at(&policy, v.by, &file, &path)
     );
+    for (rule, k) in policy.excepted(&path, caller) {
+        println!(
+            "excepted: {} except \"{}\": not covered",
+            describe_rule(&policy, rule, &file),
+            policy.rule(rule).except[k]
+        );
+    }
     if v.by == By::Mode {
         println!(
             "grant: {} by {}",

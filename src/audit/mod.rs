@@ -52,10 +52,11 @@ pub struct Event {
     pub errno: Option<&'static str>,
     /// Effective access of the path.
     pub access: &'static str,
-    /// "rule" | "mode" | "default".
+    /// "rule" | "default" | "mode" | "protected" | "writable_roots".
     pub by: &'static str,
-    /// The deciding rule's pattern and line.
-    pub rule: Option<(String, usize)>,
+    /// The deciding rule's (or `protected` entry's) pattern and its line in the policy
+    /// file when known.
+    pub rule: Option<(String, Option<usize>)>,
     /// Mode in force.
     pub mode: &'static str,
     /// Policy generation.

@@ -193,7 +193,7 @@ mod tests {
             errno: Some("ENOENT"),
             access: "none",
             by: "rule",
-            rule: Some(("secrets".into(), 3)),
+            rule: Some(("secrets".into(), Some(3))),
             mode: "read-only",
             generation: 0,
         }

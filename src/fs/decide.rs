@@ -14,7 +14,7 @@ use std::sync::atomic::Ordering;
 use super::ops::{Ctx, Error, Res, Shared};
 use crate::approvals::Outcome;
 use crate::audit::{Event, errno_name};
-use crate::policy::{Access, By, Denial, Need, Special, Verdict};
+use crate::policy::{Access, By, CeilingBy, Denial, Need, Special, Verdict};
 
 /// A refusal an approver could lift, for every path of the request that needs it.
 #[derive(Clone, Debug)]
@@ -84,12 +84,24 @@ impl Shared {
         if matches!(line, Line::Plain(None)) && !a.allowed {
             return;
         }
-        let rule = match by {
+        let policy = &ctx.snap.policy;
+        let (by_s, rule) = match by {
             By::Rule(i) | By::Visibility(i) => {
-                let r = ctx.snap.policy.rule(i);
-                Some((r.pattern.clone(), r.line))
+                let r = policy.rule(i);
+                (by_s, Some((r.pattern.clone(), Some(r.line))))
             }
-            _ => None,
+            // What set the ceiling; an EPERM (device/setid) refusal stays "mode".
+            By::Mode if errno != Some(libc::EPERM) && matches!(line, Line::Plain(_)) => {
+                match policy.ceiling_by(path) {
+                    CeilingBy::Protected(i) => {
+                        let (entry, line) = policy.protected_entry(i);
+                        ("protected", Some((entry.to_string(), line)))
+                    }
+                    CeilingBy::WritableRoots => ("writable_roots", None),
+                    CeilingBy::ReadOnly | CeilingBy::Open => (by_s, None),
+                }
+            }
+            _ => (by_s, None),
         };
         a.log(Event {
             op,

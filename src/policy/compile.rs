@@ -14,13 +14,15 @@
 //! [[rule]]
 //! path = "secrets"           # glob, relative to the workspace root (required)
 //! access = "none"            # none | list | read | write          (required)
+//! except = ["secrets/pub"]   # optional globs: not covered by this rule
 //! uid = [1000]               # optional, non-empty
 //! gid = [100]                # optional, non-empty
 //! ```
 //!
-//! Every path (rule `path`, `writable_roots`, `protected`) is normalized: a leading `./`,
-//! a trailing `/`, empty and `.` components are dropped; `.` alone is the workspace root.
-//! Empty paths, absolute paths, `..` components and invalid globs are errors.
+//! Every path (rule `path` and `except`, `writable_roots`, `protected`) is normalized: a
+//! leading `./`, a trailing `/`, empty and `.` components are dropped; `.` alone is the
+//! workspace root. Empty paths, absolute paths, `..` components and invalid globs are
+//! errors.
 //!
 //! # Matching
 //!
@@ -31,9 +33,11 @@
 //! matches decides; at that depth a rule with `uid`/`gid` beats one without and the most
 //! restrictive access wins (file order never matters); no match → `default`. A rule with
 //! `uid` applies only to listed uids, with `gid` only to listed gids, with both to callers
-//! matching **either** list; a rule that does not apply is ignored for that caller. A `none`
-//! grant is lifted to `list` ([`By::Visibility`]) when an applicable rule granting `list`
-//! or more could match something strictly below P. The mode is a ceiling over the grant.
+//! matching **either** list; a rule that does not apply is ignored for that caller. A rule
+//! one of whose `except` globs matches P or an ancestor of P does not exist for P (whatever
+//! depth the rule itself matches at). A `none` grant is lifted to `list`
+//! ([`By::Visibility`]) when something strictly below P could get `list` or more (see
+//! `Policy::visibility`). The mode is a ceiling over the grant.
 
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
@@ -42,7 +46,9 @@ use std::path::Path;
 use globset::{Candidate, GlobBuilder, GlobSet, GlobSetBuilder};
 
 use super::raw::{self, Located, RawError};
-use super::{Access, By, Caller, Denial, Mode, Need, PolicyError, RuleInfo, Special, Verdict};
+use super::{
+    Access, By, Caller, CeilingBy, Denial, Mode, Need, PolicyError, RuleInfo, Special, Verdict,
+};
 
 /// The `protected` list used when the file does not set one.
 pub const DEFAULT_PROTECTED: &[&str] = &[".git/hooks", ".git/config"];
@@ -73,6 +79,9 @@ struct Pattern {
     /// `**/<one component>` (or only `**`s): matches by the last name alone, so it gives
     /// `old/s` and `new/s` the same answer for every `s` (see [`Policy::dir_rename_allowed`]).
     floating: bool,
+    /// `alts` is exactly the pattern (no alternative or component was replaced by a
+    /// conservative `**`), so the component automaton decides like the glob itself.
+    exact: bool,
 }
 
 /// What a pattern string compiles to: the full glob (absent for the root) and its
@@ -87,6 +96,58 @@ impl Pattern {
     /// `rest` such that the pattern matches `path/rest`.
     fn could_match_below(&self, path: &[u8]) -> bool {
         self.alts.iter().any(|comps| could_match_below(comps, path))
+    }
+
+    /// Whether the pattern stands at the same place after reading `old` as after reading
+    /// `new`, component by component: then for every `s` it matches `old/s` exactly when
+    /// it matches `new/s`, and matches a prefix of `old/s` reaching into `s` exactly when
+    /// it matches such a prefix of `new/s`. (Whether it matches `old` or an ancestor of
+    /// it is a separate question.) `false` for a pattern that is not [`Pattern::exact`].
+    ///
+    /// Examples: `**/node_modules/**` stands alike after `src/a` and `lib/b` (nothing
+    /// read yet) and after `node_modules/a` and `x/node_modules` (inside), but not after
+    /// `keys` and `node_modules/keys`; `a/*/c` stands alike after `a/p` and `a/q`.
+    fn stands_alike(&self, old: &[u8], new: &[u8]) -> bool {
+        self.exact
+            && self
+                .alts
+                .iter()
+                .all(|comps| states_after(comps, old) == states_after(comps, new))
+    }
+}
+
+/// The automaton's states after reading every name of `path` (see [`run_states`]).
+fn states_after(comps: &[Comp], path: &[u8]) -> Vec<bool> {
+    let m = comps.len();
+    let (mut cur, mut next) = (vec![false; m + 1], vec![false; m + 1]);
+    cur[0] = true;
+    close(comps, &mut cur);
+    if !path.is_empty() {
+        for name in path.split(|&b| b == b'/') {
+            next.fill(false);
+            for i in 0..m {
+                if cur[i] && comp_matches(&comps[i], name) {
+                    let to = if matches!(comps[i], Comp::AnyDirs) {
+                        i
+                    } else {
+                        i + 1
+                    };
+                    next[to] = true;
+                }
+            }
+            close(comps, &mut next);
+            std::mem::swap(&mut cur, &mut next);
+        }
+    }
+    cur
+}
+
+/// One component glob against one name.
+fn comp_matches(comp: &Comp, name: &[u8]) -> bool {
+    match comp {
+        Comp::AnyDirs => true,
+        Comp::Literal(lit) => **lit == *name,
+        Comp::Name(set) => set.is_match(as_path(name)),
     }
 }
 
@@ -258,8 +319,9 @@ fn split_components(s: &str) -> Vec<&str> {
     out
 }
 
-/// The component form of one (brace-free) alternative.
-fn components(alt: &str) -> Vec<Comp> {
+/// The component form of one (brace-free) alternative; clears `exact` when a component
+/// had to be replaced by a conservative `**`.
+fn components(alt: &str, exact: &mut bool) -> Vec<Comp> {
     split_components(alt)
         .into_iter()
         .map(|part| {
@@ -275,7 +337,13 @@ fn components(alt: &str) -> Vec<Comp> {
                 .build()
                 .ok()
                 .and_then(|g| GlobSetBuilder::new().add(g).build().ok())
-                .map_or(Comp::AnyDirs, Comp::Name)
+                .map_or_else(
+                    || {
+                        *exact = false;
+                        Comp::AnyDirs
+                    },
+                    Comp::Name,
+                )
         })
         .collect()
 }
@@ -313,6 +381,7 @@ fn compile_pattern(text: &str, what: &str) -> Result<CompiledPattern, String> {
                 alts: Vec::new(),
                 root: true,
                 floating: false,
+                exact: true,
             },
         });
     }
@@ -327,8 +396,13 @@ fn compile_pattern(text: &str, what: &str) -> Result<CompiledPattern, String> {
         .map_err(|e| format!("invalid glob \"{text}\" in {what}: {}", e.kind()))?;
     // The component form, one list per brace alternative; a pattern with too many
     // alternatives keeps one conservative list (`**`: could match anywhere below).
+    // `exact`: no brace explosion; `all_exact`: no component replaced either.
+    let mut all_exact = true;
     let (alts, exact): (Vec<Vec<Comp>>, bool) = match expand_braces(&normalized) {
-        Some(list) => (list.iter().map(|a| components(a)).collect(), true),
+        Some(list) => (
+            list.iter().map(|a| components(a, &mut all_exact)).collect(),
+            true,
+        ),
         None => (vec![vec![Comp::AnyDirs]], false),
     };
     let root = parts.iter().all(|p| *p == "**");
@@ -345,6 +419,7 @@ fn compile_pattern(text: &str, what: &str) -> Result<CompiledPattern, String> {
             alts,
             root,
             floating,
+            exact: exact && all_exact,
         },
     })
 }
@@ -384,6 +459,8 @@ fn as_path(bytes: &[u8]) -> &Path {
 #[derive(Clone, Debug)]
 struct CoverSet {
     set: GlobSet,
+    /// Glob index in `set` → entry index.
+    set_to_entry: Vec<usize>,
     /// Some entry matches the root, hence covers everything.
     root: bool,
     patterns: Vec<Pattern>,
@@ -392,20 +469,35 @@ struct CoverSet {
 impl CoverSet {
     fn build(items: Vec<CompiledPattern>) -> Result<CoverSet, globset::Error> {
         let mut builder = GlobSetBuilder::new();
+        let mut set_to_entry = Vec::new();
         let mut root = false;
         let mut patterns = Vec::with_capacity(items.len());
-        for item in items {
+        for (idx, item) in items.into_iter().enumerate() {
             if let Some(glob) = item.glob {
                 builder.add(glob);
+                set_to_entry.push(idx);
             }
             root |= item.pattern.root;
             patterns.push(item.pattern);
         }
         Ok(CoverSet {
             set: builder.build()?,
+            set_to_entry,
             root,
             patterns,
         })
+    }
+
+    /// The entry that covers `path`: the one matching the deepest of `path` and its
+    /// ancestors (the root last); among several at that depth, the first in the file.
+    fn covering_entry(&self, path: &[u8]) -> Option<usize> {
+        for prefix in prefixes(path).filter(|p| !p.is_empty()) {
+            let hits = self.set.matches_candidate(&Candidate::new(as_path(prefix)));
+            if let Some(first) = hits.iter().map(|&g| self.set_to_entry[g]).min() {
+                return Some(first);
+            }
+        }
+        self.patterns.iter().position(|p| p.root)
     }
 
     /// `path` is equal to or below a match of some entry.
@@ -421,6 +513,42 @@ impl CoverSet {
         self.patterns
             .iter()
             .any(|p| !p.floating && p.could_match_below(path))
+    }
+}
+
+/// The rules that an `except` glob takes out at one path, computed on first need (most
+/// decisions meet no rule with an `except` list and never compute it).
+struct Exclusions<'a> {
+    policy: &'a Policy,
+    path: &'a [u8],
+    /// Sorted rule indices, once computed.
+    rules: Option<Vec<usize>>,
+}
+
+impl<'a> Exclusions<'a> {
+    fn new(policy: &'a Policy, path: &'a [u8]) -> Self {
+        Exclusions {
+            policy,
+            path,
+            rules: None,
+        }
+    }
+
+    /// Rule `rule` does not exist at the path: one of its `except` globs matches the path
+    /// or one of its ancestors.
+    fn takes_out(&mut self, rule: usize) -> bool {
+        if self.policy.excepts[rule].is_empty() {
+            return false;
+        }
+        let (policy, path) = (self.policy, self.path);
+        self.rules
+            .get_or_insert_with(|| {
+                let mut v: Vec<usize> = policy.except_hits(path).iter().map(|h| h.0).collect();
+                v.dedup();
+                v
+            })
+            .binary_search(&rule)
+            .is_ok()
     }
 }
 
@@ -445,11 +573,24 @@ pub struct Policy {
     root_rules: Vec<usize>,
     /// Rules granting `list` or more (candidates for the visibility lift).
     lift_rules: Vec<usize>,
+    /// Parallel to `rules`: the component forms of the rule's `except` globs.
+    excepts: Vec<Vec<Pattern>>,
+    /// Every `except` glob of every rule, except root-only ones (`.`).
+    except_set: GlobSet,
+    /// Glob index in `except_set` → (rule index, index in the rule's `except`).
+    except_to: Vec<(usize, usize)>,
+    /// Rules with an `except` glob that matches the root: they cover nothing at all.
+    dead_rules: Vec<usize>,
+    /// Rules with access `none` and an `except` list: below a directory they hide, what an
+    /// except glob matches falls to other rules (see the visibility lift).
+    hole_rules: Vec<usize>,
     has_id_rules: bool,
     /// `default` or some rule is `none` (see [`Policy::may_hide`]).
     may_hide: bool,
     writable_roots: Vec<String>,
     protected: Vec<String>,
+    /// Parallel to `protected`: the entry's line in the file (`None` for the default list).
+    protected_lines: Vec<Option<usize>>,
     roots: CoverSet,
     protect: CoverSet,
 }
@@ -633,10 +774,20 @@ impl Policy {
             None => defaults(DEFAULT_PROTECTED, "protected entry"),
             Some(items) => compile_list(items, "protected entry", &mut errors),
         };
+        let protected_lines: Vec<Option<usize>> = match &raw.protected {
+            None => vec![None; protected.len()],
+            Some(items) => items
+                .iter()
+                .map(|l| Some(line_col(src, l.span.start).0))
+                .collect(),
+        };
 
         let mut rules = Vec::with_capacity(raw.rules.len());
         let mut compiled = Vec::with_capacity(raw.rules.len());
+        let mut excepts = Vec::with_capacity(raw.rules.len());
         for r in &raw.rules {
+            let except = r.except.as_deref().unwrap_or_default();
+            let except_compiled = compile_list(except, "except entry", &mut errors);
             let pattern = r.path.as_ref().and_then(|p| {
                 compile_pattern(&p.value, "rule path")
                     .map_err(|message| {
@@ -664,10 +815,12 @@ impl Policy {
                     access,
                     ask,
                     line: line_col(src, r.header.start).0,
+                    except: except.iter().map(|l| l.value.clone()).collect(),
                     uids: r.uid.clone().unwrap_or_default(),
                     gids: r.gid.clone().unwrap_or_default(),
                 });
                 compiled.push(pattern);
+                excepts.push(except_compiled);
             }
         }
 
@@ -677,10 +830,9 @@ impl Policy {
         let mut policy = Policy::build(
             mode,
             default,
-            rules,
-            compiled,
+            (rules, compiled, excepts),
             (writable_roots, roots),
-            (protected, protect),
+            (protected, protect, protected_lines),
         )
         .map_err(|e| {
             to_policy_errors(
@@ -700,10 +852,17 @@ impl Policy {
     fn build(
         mode: Mode,
         default: Access,
-        rules: Vec<RuleInfo>,
-        compiled: Vec<CompiledPattern>,
+        (rules, compiled, except_compiled): (
+            Vec<RuleInfo>,
+            Vec<CompiledPattern>,
+            Vec<Vec<CompiledPattern>>,
+        ),
         (writable_roots, roots): (Vec<String>, Vec<CompiledPattern>),
-        (protected, protect): (Vec<String>, Vec<CompiledPattern>),
+        (protected, protect, protected_lines): (
+            Vec<String>,
+            Vec<CompiledPattern>,
+            Vec<Option<usize>>,
+        ),
     ) -> Result<Policy, globset::Error> {
         let mut builder = GlobSetBuilder::new();
         let mut set_to_rule = Vec::new();
@@ -723,14 +882,45 @@ impl Policy {
             .iter()
             .map(|r| !r.uids.is_empty() || !r.gids.is_empty())
             .collect();
+        let mut except_builder = GlobSetBuilder::new();
+        let mut except_to = Vec::new();
+        let mut dead_rules = Vec::new();
+        let mut excepts = Vec::with_capacity(except_compiled.len());
+        for (rule, list) in except_compiled.into_iter().enumerate() {
+            let mut patterns = Vec::with_capacity(list.len());
+            for (k, c) in list.into_iter().enumerate() {
+                if let Some(glob) = c.glob {
+                    except_builder.add(glob);
+                    except_to.push((rule, k));
+                }
+                if c.pattern.root && dead_rules.last() != Some(&rule) {
+                    dead_rules.push(rule);
+                }
+                patterns.push(c.pattern);
+            }
+            excepts.push(patterns);
+        }
         let lift_rules = (0..rules.len())
             .filter(|&i| rules[i].access >= Access::List)
             .collect();
-        let may_hide = default == Access::None || rules.iter().any(|r| r.access == Access::None);
+        let hole_rules = (0..rules.len())
+            .filter(|&i| rules[i].access == Access::None && !excepts[i].is_empty())
+            .collect();
+        // A rule that an except glob takes out at the root covers nothing, so it hides
+        // nothing either.
+        let may_hide = default == Access::None
+            || (0..rules.len())
+                .any(|i| rules[i].access == Access::None && dead_rules.binary_search(&i).is_err());
         Ok(Policy {
             mode,
             default,
             may_hide,
+            excepts,
+            except_set: except_builder.build()?,
+            except_to,
+            dead_rules,
+            hole_rules,
+            protected_lines,
             allow_setid: false,
             allow_devices: false,
             has_id_rules: has_ids.iter().any(|&b| b),
@@ -851,12 +1041,24 @@ impl Policy {
         best.map(|(_, access, idx)| (access, idx))
     }
 
-    /// The deepest-matching rule for `path` (before the visibility lift).
-    fn deepest(&self, path: &[u8], caller: Caller) -> Option<(Access, usize)> {
+    /// The deepest-matching rule for `path` (before the visibility lift), ignoring the
+    /// rules `excl` takes out at `path`.
+    fn deepest(
+        &self,
+        path: &[u8],
+        caller: Caller,
+        excl: &mut Exclusions<'_>,
+    ) -> Option<(Access, usize)> {
         let mut hits = Vec::new();
         for prefix in prefixes(path) {
             let found = if prefix.is_empty() {
-                self.decide_among(self.root_rules.iter().copied(), caller)
+                self.decide_among(
+                    self.root_rules
+                        .iter()
+                        .copied()
+                        .filter(|&i| !excl.takes_out(i)),
+                    caller,
+                )
             } else {
                 // `hits` allocates only on a first match, i.e. at most once per call.
                 self.set
@@ -864,7 +1066,12 @@ impl Policy {
                 if hits.is_empty() {
                     continue;
                 }
-                self.decide_among(hits.iter().map(|&g| self.set_to_rule[g]), caller)
+                self.decide_among(
+                    hits.iter()
+                        .map(|&g| self.set_to_rule[g])
+                        .filter(|&i| !excl.takes_out(i)),
+                    caller,
+                )
             };
             if found.is_some() {
                 return found;
@@ -875,41 +1082,153 @@ impl Policy {
 
     /// What the grants give `path` (after the visibility lift when `lift`, before the mode).
     fn grant(&self, path: &[u8], caller: Caller, lift: bool) -> (Access, By) {
-        let (access, by) = match self.deepest(path, caller) {
+        let mut excl = Exclusions::new(self, path);
+        let (access, by) = match self.deepest(path, caller, &mut excl) {
             Some((access, idx)) => (access, By::Rule(idx)),
             None => (self.default, By::Default),
         };
         if lift
             && access == Access::None
-            && let Some(idx) = self.visibility(path, caller)
+            && let Some(idx) = self.visibility(path, caller, &mut excl)
         {
             return (Access::List, By::Visibility(idx));
         }
         (access, by)
     }
 
-    /// An applicable rule granting `list` or more that could match below `path`.
-    fn visibility(&self, path: &[u8], caller: Caller) -> Option<usize> {
-        self.lift_rules.iter().copied().find(|&idx| {
-            self.rule_applies(idx, caller) && self.patterns[idx].could_match_below(path)
-        })
+    /// Why a `none` directory `path` stays visible as `list`, if it does: something
+    /// strictly below it could get `list` or more.
+    ///
+    /// 1. An applicable rule granting `list` or more, not taken out at `path` by its own
+    ///    `except`, could match below `path` → that rule.
+    /// 2. Otherwise, when an applicable `none` rule that covers `path` (and is not taken out
+    ///    there) has an `except` glob that could match below `path` — a hole: below it that
+    ///    rule does not exist and the rules covering `path` from above, or the default,
+    ///    decide — then an applicable rule granting `list` or more that covers `path` and is
+    ///    not taken out there → that rule; failing that, `default` granting `list` or more →
+    ///    the `none` rule with the hole.
+    ///
+    /// Like the rest of the lift this is decided from the rules, conservatively: "could".
+    fn visibility(&self, path: &[u8], caller: Caller, excl: &mut Exclusions<'_>) -> Option<usize> {
+        let below = self.lift_rules.iter().copied().find(|&idx| {
+            self.rule_applies(idx, caller)
+                && self.patterns[idx].could_match_below(path)
+                && !excl.takes_out(idx)
+        });
+        if below.is_some() || self.hole_rules.is_empty() {
+            return below;
+        }
+        let covering = self.covering_rules(path);
+        let covers = |i: usize| covering.binary_search(&i).is_ok();
+        let hole = self.hole_rules.iter().copied().find(|&i| {
+            self.rule_applies(i, caller)
+                && covers(i)
+                && !excl.takes_out(i)
+                && self.excepts[i].iter().any(|e| e.could_match_below(path))
+        })?;
+        let from_above = self
+            .lift_rules
+            .iter()
+            .copied()
+            .find(|&i| self.rule_applies(i, caller) && covers(i) && !excl.takes_out(i));
+        match from_above {
+            Some(i) => Some(i),
+            None if self.default >= Access::List => Some(hole),
+            None => None,
+        }
+    }
+
+    /// The rules whose `path` matches `path` or one of its ancestors (whatever their
+    /// `uid`/`gid` and `except`), sorted.
+    fn covering_rules(&self, path: &[u8]) -> Vec<usize> {
+        let mut out = self.root_rules.clone();
+        let mut hits = Vec::new();
+        for prefix in prefixes(path).filter(|p| !p.is_empty()) {
+            self.set
+                .matches_candidate_into(&Candidate::new(as_path(prefix)), &mut hits);
+            out.extend(hits.iter().map(|&g| self.set_to_rule[g]));
+        }
+        out.sort_unstable();
+        out.dedup();
+        out
+    }
+
+    /// Every (rule, except index) whose `except` glob matches `path` or one of its
+    /// ancestors, sorted: those rules do not exist for `path`.
+    fn except_hits(&self, path: &[u8]) -> Vec<(usize, usize)> {
+        let mut out = Vec::new();
+        for &rule in &self.dead_rules {
+            if let Some(k) = self.excepts[rule].iter().position(|e| e.root) {
+                out.push((rule, k));
+            }
+        }
+        let mut hits = Vec::new();
+        for prefix in prefixes(path).filter(|p| !p.is_empty()) {
+            self.except_set
+                .matches_candidate_into(&Candidate::new(as_path(prefix)), &mut hits);
+            out.extend(hits.iter().map(|&g| self.except_to[g]));
+        }
+        out.sort_unstable();
+        out.dedup();
+        out
+    }
+
+    /// The rules applying to `caller` that cover `path` (their `path` matches it or an
+    /// ancestor) but that one of their `except` globs takes out there, each with the index
+    /// (in [`RuleInfo::except`]) of the first such glob. For `explain`.
+    pub fn excepted(&self, path: &[u8], caller: Caller) -> Vec<(usize, usize)> {
+        if self.except_to.is_empty() && self.dead_rules.is_empty() {
+            return Vec::new();
+        }
+        let covering = self.covering_rules(path);
+        let mut out: Vec<(usize, usize)> = Vec::new();
+        for (rule, k) in self.except_hits(path) {
+            if out.last().is_some_and(|&(r, _)| r == rule) {
+                continue; // sorted: the first glob of this rule is already in
+            }
+            if self.rule_applies(rule, caller) && covering.binary_search(&rule).is_ok() {
+                out.push((rule, k));
+            }
+        }
+        out
     }
 
     /// Why the mode caps `path` at `read` (for `explain` and logs).
     pub fn ceiling_reason(&self, path: &[u8]) -> &'static str {
+        match self.ceiling_by(path) {
+            CeilingBy::ReadOnly => "no mutations anywhere",
+            CeilingBy::WritableRoots => "outside writable_roots",
+            CeilingBy::Protected(_) => "protected path",
+            CeilingBy::Open if self.mode == Mode::Danger => "no ceiling",
+            CeilingBy::Open => "inside writable_roots",
+        }
+    }
+
+    /// What sets the mode's ceiling at `path`: agrees with [`Policy::ceiling`] (`Open`
+    /// exactly when the ceiling is `write`). Outside every `writable_roots` entry is
+    /// reported before `protected`; of several `protected` entries covering `path`, the
+    /// one matching the deepest of `path` and its ancestors, the first in the file among
+    /// equals.
+    pub fn ceiling_by(&self, path: &[u8]) -> CeilingBy {
         match self.mode {
-            Mode::ReadOnly => "no mutations anywhere",
-            Mode::Danger => "no ceiling",
+            Mode::ReadOnly => CeilingBy::ReadOnly,
+            Mode::Danger => CeilingBy::Open,
             Mode::WorkspaceWrite => {
                 if !self.roots.covers(path) {
-                    "outside writable_roots"
-                } else if self.protect.covers(path) {
-                    "protected path"
+                    CeilingBy::WritableRoots
+                } else if let Some(i) = self.protect.covering_entry(path) {
+                    CeilingBy::Protected(i)
                 } else {
-                    "inside writable_roots"
+                    CeilingBy::Open
                 }
             }
         }
+    }
+
+    /// `protected` entry `idx` (as in [`CeilingBy::Protected`]) as written, with its line in
+    /// the policy file (`None` for the built-in default list). Panics when out of range.
+    pub fn protected_entry(&self, idx: usize) -> (&str, Option<usize>) {
+        (&self.protected[idx], self.protected_lines[idx])
     }
 
     /// The mode's ceiling at `path`: `Write` or `Read` (never lower).
@@ -1039,7 +1358,11 @@ impl Policy {
     /// and `new/s` the same answer for every `s`; or
     /// (b) in mode workspace-write, any non-floating `writable_roots` or `protected` entry
     /// could match a strict descendant of `old` or `new` (floating ones are exempt for the
-    /// same reason). In the other modes those lists play no role.
+    /// same reason). In the other modes those lists play no role; or
+    /// (c) a rule's `except` globs could make the rule exist differently below the two
+    /// names, or non-uniformly below one of them (see `except_rename_ok`). An except glob
+    /// like `**/site-packages/**` blocks nothing as long as it cannot tell the two names
+    /// apart.
     ///
     /// "Could match" is a component-wise prefix check, conservative (it may refuse a
     /// rename that would in fact be harmless, never the reverse).
@@ -1057,6 +1380,54 @@ impl Policy {
         {
             return false;
         }
-        true
+        if self.excepts.iter().all(Vec::is_empty) {
+            return true;
+        }
+        let side = |d: &[u8]| {
+            let mut out: Vec<usize> = self.except_hits(d).iter().map(|h| h.0).collect();
+            out.dedup();
+            (self.covering_rules(d), out)
+        };
+        let (old_side, new_side) = (side(old), side(new));
+        (0..self.rules.len())
+            .filter(|&r| !self.excepts[r].is_empty())
+            .all(|r| self.except_rename_ok(r, (old, &old_side), (new, &new_side)))
+    }
+
+    /// The `except` part of [`Policy::dir_rename_allowed`] for rule `r` (whatever its
+    /// `uid`/`gid`); each side is (path, (rules covering it, rules taken out at it)).
+    ///
+    /// - Where `r` covers a side's directory and is not taken out there, no `except` glob
+    ///   of `r` may match below it: `r` must exist uniformly in that subtree, as it does at
+    ///   the directory itself.
+    /// - Where `r` could match below either name (it is floating: any other rule that
+    ///   could is refused above), it must exist alike at every `old/s` and `new/s`: taken
+    ///   out at both directories (so everywhere below both), or at neither and then every
+    ///   except glob stands alike after reading either name ([`Pattern::stands_alike`]:
+    ///   `**/node_modules/**` between `src/a` and `lib/b`, not between `keys` and
+    ///   `node_modules/keys`).
+    fn except_rename_ok(
+        &self,
+        r: usize,
+        (old, (old_cov, old_out)): (&[u8], &(Vec<usize>, Vec<usize>)),
+        (new, (new_cov, new_out)): (&[u8], &(Vec<usize>, Vec<usize>)),
+    ) -> bool {
+        let excepts = &self.excepts[r];
+        let has = |v: &Vec<usize>| v.binary_search(&r).is_ok();
+        let (out_old, out_new) = (has(old_out), has(new_out));
+        for (d, cov, out) in [(old, has(old_cov), out_old), (new, has(new_cov), out_new)] {
+            if cov && !out && excepts.iter().any(|e| e.could_match_below(d)) {
+                return false;
+            }
+        }
+        let p = &self.patterns[r];
+        if !p.could_match_below(old) && !p.could_match_below(new) {
+            return true;
+        }
+        match (out_old, out_new) {
+            (true, true) => true,
+            (false, false) => excepts.iter().all(|e| e.stands_alike(old, new)),
+            _ => false,
+        }
     }
 }

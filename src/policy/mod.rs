@@ -113,11 +113,28 @@ pub enum By {
     Rule(usize),
     /// No rule matched: the policy's `default`.
     Default,
-    /// The mode ceiling lowered the grant (read-only, outside writable_roots, protected).
+    /// The mode ceiling lowered the grant (read-only, outside writable_roots, protected;
+    /// [`Policy::ceiling_by`] says which), or a device/setid request was refused.
     Mode,
     /// The path's own grant is `none`, but the rule with this index grants `list` or more
     /// somewhere below it, so the directory stays visible as `list`.
     Visibility(usize),
+}
+
+/// What sets the mode's ceiling at a path (see [`Policy::ceiling_by`]): the detail behind
+/// [`By::Mode`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CeilingBy {
+    /// No ceiling below `write`: mode danger, or workspace-write inside `writable_roots`
+    /// and outside `protected`.
+    Open,
+    /// Mode read-only: no mutations anywhere.
+    ReadOnly,
+    /// workspace-write: the path lies outside every `writable_roots` entry.
+    WritableRoots,
+    /// workspace-write: the `protected` entry with this index covers the path (see
+    /// [`Policy::protected_entry`]).
+    Protected(usize),
 }
 
 /// A path's access for one caller, with provenance.
@@ -184,6 +201,9 @@ pub struct RuleInfo {
     pub ask: Option<Access>,
     /// 1-based line of the `[[rule]]` header (0 for rules not from a file).
     pub line: usize,
+    /// `except = [...]` as written (empty when absent): paths these globs match, and
+    /// everything below them, are not covered by this rule.
+    pub except: Vec<String>,
     /// `uid = [...]`, empty when absent.
     pub uids: Vec<u32>,
     /// `gid = [...]`, empty when absent.

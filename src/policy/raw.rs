@@ -21,6 +21,7 @@
 //!             rule           = array of tables ([[rule]])
 //! [[rule]]    path   = string                  (required)
 //!             access = string                  (required)
+//!             except = [string, ...]           (globs; may be empty)
 //!             uid    = [integer 0..=u32::MAX, ...]  (non-empty)
 //!             gid    = [integer 0..=u32::MAX, ...]  (non-empty)
 //! ```
@@ -52,6 +53,9 @@ pub(crate) struct RawRule {
     pub path: Option<Located<String>>,
     pub access: Option<Located<String>>,
     pub ask: Option<Located<String>>,
+    /// `except = [...]`: globs whose matches (and what lies below them) the rule does not
+    /// cover.
+    pub except: Option<Vec<Located<String>>>,
     pub uid: Option<Vec<u32>>,
     pub gid: Option<Vec<u32>>,
 }
@@ -69,7 +73,7 @@ pub(crate) struct RawPolicy {
 }
 
 const TOP_KEYS: &str = "mode, default, writable_roots, protected, allow_setid, allow_devices, rule";
-const RULE_KEYS: &str = "path, access, ask, uid, gid";
+const RULE_KEYS: &str = "path, access, ask, except, uid, gid";
 
 /// Parses `src`. `Err` is a TOML syntax error (the parser stops at the first one);
 /// otherwise the raw policy plus every structural error found (possibly none).
@@ -265,6 +269,7 @@ fn rule(header: Range<usize>, table: &DeTable<'_>, errors: &mut Vec<RawError>) -
                 r.access = string(name, value, errors);
             }
             "ask" => r.ask = string(name, value, errors),
+            "except" => r.except = strings(name, value, errors),
             "uid" => r.uid = ids(name, value, errors),
             "gid" => r.gid = ids(name, value, errors),
             _ => errors.push(unknown_key(key, RULE_KEYS)),

@@ -765,7 +765,7 @@ fn error_table() {
         // unknown keys
         ("modes = \"danger\"\n", &[(1, 1, "unknown key \"modes\"")]),
         ("mode = \"danger\"\n[extra]\nx = 1\n", &[(2, 2, "unknown key \"extra\"")]),
-        ("[[rule]]\npath = \"a\"\naccess = \"none\"\nuids = [1]\n", &[(4, 1, "unknown key \"uids\" (expected one of: path, access, ask, uid, gid)", )]),
+        ("[[rule]]\npath = \"a\"\naccess = \"none\"\nuids = [1]\n", &[(4, 1, "unknown key \"uids\" (expected one of: path, access, ask, except, uid, gid)", )]),
         // wrong types
         ("mode = 1\n", &[(1, 8, "\"mode\" must be a string, found integer")]),
         ("allow_setid = \"yes\"\n", &[(1, 15, "\"allow_setid\" must be a boolean")]),
@@ -809,6 +809,16 @@ fn error_table() {
         ("protected = [\"x/..\"]\n", &[(1, 14, "\"..\" is not allowed in protected entry")]),
         ("protected = [\"\"]\n", &[(1, 14, "empty protected entry")]),
         ("protected = [\"[z\"]\n", &[(1, 14, "invalid glob \"[z\" in protected entry")]),
+        // except: same checks as path, at the element
+        ("[[rule]]\npath = \"a\"\naccess = \"none\"\nexcept = \"a/b\"\n", &[(4, 10, "\"except\" must be an array of strings, found string")]),
+        ("[[rule]]\npath = \"a\"\naccess = \"none\"\nexcept = [\"a/b\", 7]\n", &[(4, 18, "an element of \"except\" must be a string")]),
+        ("[[rule]]\npath = \"a\"\naccess = \"none\"\nexcept = [\"a/b\", \"/etc\"]\n", &[(4, 18, "absolute except entry \"/etc\"")]),
+        ("[[rule]]\npath = \"a\"\naccess = \"none\"\nexcept = [\"a/../b\"]\n", &[(4, 11, "\"..\" is not allowed in except entry \"a/../b\"")]),
+        ("[[rule]]\npath = \"a\"\naccess = \"none\"\nexcept = [\"\"]\n", &[(4, 11, "empty except entry")]),
+        ("[[rule]]\npath = \"a\"\naccess = \"none\"\nexcept = [\"a[\"]\n", &[(4, 11, "invalid glob \"a[\" in except entry")]),
+        ("rule = [{ path = \"a\", access = \"none\", except = [\"..\"] }]\n", &[(1, 50, "\"..\" is not allowed in except entry")]),
+        // a bad except entry is reported even when the rule has other errors
+        ("[[rule]]\npath = \"/a\"\naccess = \"none\"\nexcept = [\"/b\"]\n", &[(2, 8, "absolute rule path"), (4, 11, "absolute except entry")]),
         // columns count characters, not bytes
         ("[[rule]]\npath = \"é\"\naccess = \"none\"\n\"né\" = 1\n", &[(4, 1, "unknown key \"né\"")]),
         ("[[rule]]\npath = \"a\"\naccess = \"none\"\nuid = [\"é\", \"x\"]\n", &[(4, 8, "must be an integer"), (4, 13, "must be an integer")]),
@@ -995,4 +1005,362 @@ fn long_patterns_use_the_heap_path() {
     assert_eq!(p.verdict(b"d0/x", ME).grant, No);
     assert_eq!(p.verdict(pattern.as_bytes(), ME).grant, Read);
     assert!(!p.dir_rename_allowed(b"d0", b"z"));
+}
+
+// ---------------------------------------------------------------- except
+
+/// `[[rule]]` tables from (path, access, except globs).
+fn xrules(list: &[(&str, &str, &[&str])]) -> String {
+    list.iter()
+        .map(|(p, a, x)| {
+            let items: Vec<String> = x.iter().map(|e| format!("'{e}'")).collect();
+            format!(
+                "[[rule]]\npath = '{p}'\naccess = \"{a}\"\nexcept = [{}]\n",
+                items.join(", ")
+            )
+        })
+        .collect()
+}
+
+/// The shape of the example policy's key rule.
+const PKG: &[&str] = &["**/site-packages/**", "**/node_modules/**", "**/.venv/**"];
+
+/// (rules, path, expected grant, expected grant_by); `verdict_for(.., false)`: no lift.
+type ExceptCase<'a> = (String, &'a [u8], Access, &'a str);
+
+#[test]
+fn except_matching_table() {
+    let pem = xrules(&[("**/*.pem", "none", PKG)]);
+    let deep = xrules(&[("a", "none", &["a/b/c"])]);
+    let shallower = format!(
+        "{}{}",
+        rules(&[("a", "read")]),
+        xrules(&[("a/b", "none", &["a/b/pub"])])
+    );
+    let same_depth = format!(
+        "{}{}",
+        rules(&[("a", "read")]),
+        xrules(&[("a", "none", &["a/x"])])
+    );
+    #[rustfmt::skip]
+    let cases: &[ExceptCase] = &[
+        // the example: key files hidden, package trees not covered
+        (pem.clone(), b"keys/server.pem", No, "rule **/*.pem"),
+        (pem.clone(), b"x.pem", No, "rule **/*.pem"),
+        (pem.clone(), b".venv/lib/python3.11/site-packages/pip/_vendor/certifi/cacert.pem", Write, "default"),
+        (pem.clone(), b"lib/site-packages/certifi/cacert.pem", Write, "default"),
+        (pem.clone(), b"site-packages/x.pem", Write, "default"),
+        (pem.clone(), b"node_modules/pkg/test/key.pem", Write, "default"),
+        // `**/x/**` needs a name below x: a file named like the tree is still covered
+        (pem.clone(), b"a/site-packages.pem", No, "rule **/*.pem"),
+        // covered below the rule's match, and below the except's match: not covered
+        (pem.clone(), b"a.pem/b", No, "rule **/*.pem"),
+        (pem.clone(), b"a.pem/node_modules/b", Write, "default"),
+        // the depth rule: the rule matches at `a`, the except at `a/b/c`
+        (deep.clone(), b"a", No, "rule a"),
+        (deep.clone(), b"a/b", No, "rule a"),
+        (deep.clone(), b"a/b/c", Write, "default"),
+        (deep.clone(), b"a/b/c/d/e", Write, "default"),
+        (deep.clone(), b"a/b/cd", No, "rule a"),
+        // where the deeper rule does not exist, the shallower one decides
+        (shallower.clone(), b"a/b/pub/x", Read, "rule a"),
+        (shallower.clone(), b"a/b/pub", Read, "rule a"),
+        (shallower.clone(), b"a/b/x", No, "rule a/b"),
+        // ... and at one depth, the most restrictive of the rules that still exist
+        (same_depth.clone(), b"a/x/y", Read, "rule a"),
+        (same_depth.clone(), b"a/y", No, "rule a"),
+        // an except glob matching an ancestor of the rule's own match
+        (xrules(&[("a/b", "none", &["a"])]), b"a/b/c", Write, "default"),
+        // an except glob matching the root: the rule covers nothing
+        (xrules(&[("a", "none", &["."])]), b"a/b", Write, "default"),
+        (xrules(&[("a", "none", &["**"])]), b"a", Write, "default"),
+        // trailing /**: what is inside, not the directory itself
+        (xrules(&[("s", "none", &["s/pub/**"])]), b"s/pub", No, "rule s"),
+        (xrules(&[("s", "none", &["s/pub/**"])]), b"s/pub/k", Write, "default"),
+        // an unrelated except glob changes nothing
+        (xrules(&[("a", "none", &["b"])]), b"a/x", No, "rule a"),
+        (xrules(&[("a", "none", &["b"])]), b"b", Write, "default"),
+        // the root rule with an except
+        (xrules(&[(".", "read", &["src"])]), b"src/main.rs", Write, "default"),
+        (xrules(&[(".", "read", &["src"])]), b"docs/x", Read, "rule ."),
+        (xrules(&[(".", "read", &["src"])]), b"", Read, "rule ."),
+        // braces, non-UTF-8
+        (xrules(&[("**/*.key", "none", &["{vendor,third_party}/**"])]), b"third_party/a/x.key", Write, "default"),
+        (xrules(&[("**/*.key", "none", &["{vendor,third_party}/**"])]), b"src/x.key", No, "rule **/*.key"),
+        (xrules(&[("**/*.key", "none", &["\u{e9}/**"])]), b"\xc3\xa9/x.key", Write, "default"),
+        (xrules(&[("**/*.key", "none", &["?/**"])]), b"\xff/x.key", Write, "default"),
+    ];
+    for (i, (src, path, want, want_by)) in cases.iter().enumerate() {
+        let p = pol(src);
+        let v = p.verdict_for(path, ME, false);
+        assert_eq!(
+            (v.grant, by_name(&p, v.grant_by)),
+            (*want, want_by.to_string()),
+            "case {i}: path {:?} with\n{src}",
+            String::from_utf8_lossy(path)
+        );
+    }
+}
+
+#[test]
+fn except_with_uid_rules() {
+    // The id rule beats the plain one at its depth, but where its except takes it out,
+    // it does not exist and the plain rule decides.
+    let src = format!(
+        "{}uid = [1000]\n{}",
+        xrules(&[("a", "write", &["a/pub"])]),
+        rules(&[("a", "read")])
+    );
+    let p = pol(&src);
+    assert_eq!(grant_of(&p, b"a/f", ME), (Write, "rule a".into()));
+    assert_eq!(p.verdict(b"a/f", ME).grant_by, By::Rule(0));
+    assert_eq!(p.verdict(b"a/pub/f", ME).grant_by, By::Rule(1));
+    assert_eq!(p.verdict(b"a/f", OTHER).grant_by, By::Rule(1));
+    // explain's view: the rule matched, the except took it out (only for callers it
+    // applies to)
+    assert_eq!(p.excepted(b"a/pub/f", ME), vec![(0, 0)]);
+    assert_eq!(p.excepted(b"a/pub/f", OTHER), vec![]);
+    assert_eq!(p.excepted(b"a/f", ME), vec![]);
+}
+
+#[test]
+fn excepted_names_the_first_covering_glob() {
+    let p = pol(&xrules(&[("**/*.pem", "none", PKG), ("x", "read", &["y"])]));
+    assert_eq!(
+        p.excepted(b"a/node_modules/b/site-packages/c.pem", ME),
+        vec![(0, 0)]
+    );
+    assert_eq!(p.excepted(b"a/node_modules/c.pem", ME), vec![(0, 1)]);
+    assert_eq!(p.rule(0).except[1], "**/node_modules/**");
+    // the rule did not match: nothing to say, even though an except glob matches
+    assert_eq!(p.excepted(b"a/node_modules/c.txt", ME), vec![]);
+    assert_eq!(p.excepted(b"y", ME), vec![]);
+    assert!(p.rule(1).except == ["y"] && pol(&rules(&[("a", "read")])).rule(0).except.is_empty());
+}
+
+#[test]
+fn except_visibility_lift_table() {
+    let hole = xrules(&[("s", "none", &["s/pub"])]);
+    let from_above = format!(
+        "{}{}",
+        rules(&[("a", "read")]),
+        xrules(&[("a/b", "none", &["a/b/pub"])])
+    );
+    let lifter_taken_out = format!(
+        "{}{}",
+        rules(&[("s", "none")]),
+        xrules(&[("s/**/pub", "read", &["s/x"])])
+    );
+    #[rustfmt::skip]
+    let cases: &[MatchCase] = &[
+        // below `s`, `s/pub` falls to the default (write): `s` is needed to reach it
+        (hole.as_str(), &[], b"s", ME, List, "visibility s"),
+        (hole.as_str(), &[], b"s/pub", ME, Write, "default"),
+        (hole.as_str(), &[], b"s/pub/x", ME, Write, "default"),
+        (hole.as_str(), &[], b"s/other", ME, No, "rule s"),
+        // ... unless the default hides it too
+        (&format!("default = 'none'\n{hole}"), &[], b"s", ME, No, "rule s"),
+        // a rule from above decides below the hole
+        (from_above.as_str(), &[], b"a/b", ME, List, "visibility a"),
+        (from_above.as_str(), &[], b"a/b/pub/x", ME, Read, "rule a"),
+        (from_above.as_str(), &[], b"a/b/c", ME, No, "rule a/b"),
+        (&format!("default = 'none'\n{from_above}"), &[], b"a/b", ME, List, "visibility a"),
+        // a rule that its own except takes out at the directory lifts nothing there
+        (lifter_taken_out.as_str(), &[], b"s/x", ME, No, "rule s"),
+        (lifter_taken_out.as_str(), &[], b"s/y", ME, List, "visibility s/**/pub"),
+        // a directory named like a key file in the example: what is below it in a
+        // package tree is not covered, so it stays listable
+        (&xrules(&[("**/*.pem", "none", PKG)]), &[], b"k.pem", ME, List, "visibility **/*.pem"),
+        (&xrules(&[("**/*.pem", "none", &["vendor"])]), &[], b"k.pem", ME, No, "rule **/*.pem"),
+        (&xrules(&[("**/*.pem", "none", &["vendor"])]), &[], b"vendor", ME, Write, "default"),
+        (&xrules(&[("**/*.pem", "none", &["vendor"])]), &[], b"vendor.pem", ME, No, "rule **/*.pem"),
+    ];
+    for (i, (head, rs, path, caller, want, want_by)) in cases.iter().enumerate() {
+        let src = format!("{head}\n{}", rules(rs));
+        let p = pol(&src);
+        assert_eq!(
+            grant_of(&p, path, *caller),
+            (*want, want_by.to_string()),
+            "case {i}: path {:?} with\n{src}",
+            String::from_utf8_lossy(path)
+        );
+    }
+    // only directories are lifted
+    let p = pol(&xrules(&[("**/*.pem", "none", PKG)]));
+    assert_eq!(p.verdict_for(b"k.pem", ME, false).grant, No);
+    // a hole of a rule that does not apply to the caller lifts nothing
+    let p = pol(&format!(
+        "{}uid = [2000]\n",
+        xrules(&[("s", "none", &["s/pub"])])
+    ));
+    assert_eq!(grant_of(&p, b"s", OTHER), (List, "visibility s".into()));
+    assert_eq!(grant_of(&p, b"s", ME), (Write, "default".into()));
+}
+
+#[test]
+fn except_may_hide() {
+    assert!(pol(&xrules(&[("a", "none", &["a/b"])])).may_hide());
+    assert!(!pol(&xrules(&[("a", "none", &["."])])).may_hide());
+    assert!(!pol(&xrules(&[("a", "none", &["./**"])])).may_hide());
+    assert!(!pol(&xrules(&[("a", "read", &["a/b"])])).may_hide());
+    // what an except leaves to a `none` default is hidden by the default
+    assert!(
+        pol(&format!(
+            "default = 'none'\n{}",
+            xrules(&[("a", "read", &["."])])
+        ))
+        .may_hide()
+    );
+}
+
+#[test]
+fn except_dir_rename_table() {
+    let pem = xrules(&[("**/*.pem", "none", PKG)]);
+    let vendor = xrules(&[("**/*.pem", "none", &["vendor"])]);
+    let inside = xrules(&[("**/*.pem", "none", &["x/**"])]);
+    let secrets = xrules(&[("secrets", "none", &["secrets/pub"])]);
+    // (policy src, old, new, allowed)
+    #[rustfmt::skip]
+    let cases: &[(String, &[u8], &[u8], bool)] = &[
+        // anywhere except globs: fine while both names agree on them
+        (pem.clone(), b"build", b"build2", true),
+        (pem.clone(), b"src/a", b"lib/b", true),
+        (pem.clone(), b"lib/site-packages/a", b"lib/site-packages/~a", true),
+        (pem.clone(), b"node_modules/a", b"x/node_modules/a", true),
+        (pem.clone(), b".venv/lib", b"y/.venv/lib", true),
+        // ... and refused when a directory would move into or out of a package tree:
+        // hidden keys inside would become visible (or visible ones hidden)
+        (pem.clone(), b"keys", b".venv/keys", false),
+        (pem.clone(), b"keys", b"node_modules", false),
+        (pem.clone(), b"node_modules/a", b"a", false),
+        (pem.clone(), b"site-packages", b"sp", false),
+        // from one package tree into another: the rule covers neither
+        (pem.clone(), b"a/node_modules/x", b"a/site-packages/x", true),
+        // a literal except glob: only where it cannot match below either name, and
+        // both names are taken out alike
+        (vendor.clone(), b"a", b"b", true),
+        (vendor.clone(), b"vendor/x", b"vendor/y", true),
+        (vendor.clone(), b"vendor/x", b"y", false),
+        (vendor.clone(), b"y", b"vendor/x", false),
+        (vendor.clone(), b"vendor", b"v2", false),
+        (inside.clone(), b"x/a", b"x/b", true),
+        (inside.clone(), b"x", b"y", false),
+        (inside.clone(), b"y", b"z", true),
+        // a non-floating rule: its except may not make it differ inside the subtree
+        (secrets.clone(), b"secrets/pub/a", b"b", true),
+        (secrets.clone(), b"secrets/pub", b"p", true),
+        (secrets.clone(), b"p", b"secrets/pub/p", true),
+        (secrets.clone(), b"secrets", b"s2", false),
+        (secrets.clone(), b"a", b"b", true),
+        // a rule covering the directory with an except that could match below it: what
+        // the except uncovers depends on the rules above each name
+        (format!("default = 'read'\n{}", xrules(&[("src", "write", &["**/gen"])])), b"src/a", b"src/b", false),
+        (format!("default = 'read'\n{}", xrules(&[("src", "write", &["**/gen"])])), b"x/a", b"x/b", true),
+        // id rules count whatever the caller
+        (format!("{}uid = [1]\n", xrules(&[("**/*.pem", "none", &["x/**"])])), b"x/a", b"b", false),
+        // still: a non-floating rule path below either name refuses, as before
+        (xrules(&[("a/b", "none", &["a/b/c"])]), b"a", b"z", false),
+    ];
+    for (i, (src, old, new, want)) in cases.iter().enumerate() {
+        let p = pol(src);
+        assert_eq!(
+            p.dir_rename_allowed(old, new),
+            *want,
+            "case {i}: {:?} -> {:?} with\n{src}",
+            String::from_utf8_lossy(old),
+            String::from_utf8_lossy(new)
+        );
+    }
+}
+
+// ---------------------------------------------------------------- what set the ceiling
+
+#[test]
+fn ceiling_by_table() {
+    let ww = "mode = 'workspace-write'\n";
+    // (policy src, path, expected)
+    #[rustfmt::skip]
+    let cases: &[(String, &[u8], CeilingBy)] = &[
+        ("mode = 'read-only'".into(), b"a", CeilingBy::ReadOnly),
+        ("mode = 'danger'".into(), b".git/hooks/x", CeilingBy::Open),
+        (ww.into(), b"src/a", CeilingBy::Open),
+        (ww.into(), b".git/hooks", CeilingBy::Protected(0)),
+        (ww.into(), b".git/hooks/pre-commit", CeilingBy::Protected(0)),
+        (ww.into(), b".git/config", CeilingBy::Protected(1)),
+        (format!("{ww}writable_roots = ['src']"), b"other/x", CeilingBy::WritableRoots),
+        (format!("{ww}writable_roots = ['src']"), b"", CeilingBy::WritableRoots),
+        // outside the roots is said first, even where a protected entry matches too
+        (format!("{ww}writable_roots = ['src']\nprotected = ['**/*.lock']"), b"a.lock", CeilingBy::WritableRoots),
+        (format!("{ww}writable_roots = ['src']\nprotected = ['**/*.lock']"), b"src/a.lock", CeilingBy::Protected(0)),
+        // several protected entries: the deepest match, then file order
+        (format!("{ww}protected = ['.git', '.git/hooks']"), b".git/hooks/x", CeilingBy::Protected(1)),
+        (format!("{ww}protected = ['.git', '.git/hooks']"), b".git/x", CeilingBy::Protected(0)),
+        (format!("{ww}protected = ['a', '**/*.lock']"), b"a/b.lock", CeilingBy::Protected(1)),
+        (format!("{ww}protected = ['**/*.lock', 'a/*.lock']"), b"a/b.lock", CeilingBy::Protected(0)),
+        (format!("{ww}protected = ['x', '.']"), b"y", CeilingBy::Protected(1)),
+        (format!("{ww}protected = ['x', '.']"), b"x/y", CeilingBy::Protected(0)),
+    ];
+    for (i, (src, path, want)) in cases.iter().enumerate() {
+        let p = pol(src);
+        let got = p.ceiling_by(path);
+        assert_eq!(
+            got,
+            *want,
+            "case {i}: {:?}\n{src}",
+            String::from_utf8_lossy(path)
+        );
+        assert_eq!(
+            got == CeilingBy::Open,
+            p.ceiling(path) == Write,
+            "case {i}: ceiling_by agrees with ceiling"
+        );
+    }
+}
+
+#[test]
+fn protected_entries_know_their_line() {
+    let p =
+        pol("mode = 'workspace-write'\n\nprotected = [\n  '.git/hooks',\n  '.git/config',\n]\n");
+    assert_eq!(p.protected_entry(0), (".git/hooks", Some(4)));
+    assert_eq!(p.protected_entry(1), (".git/config", Some(5)));
+    // the built-in list is not in the file
+    let p = pol("mode = 'workspace-write'\n");
+    assert_eq!(p.protected_entry(0), (".git/hooks", None));
+    assert_eq!(p.ceiling_reason(b".git/hooks/x"), "protected path");
+}
+
+/// The shipped example policy: which directory renames it allows (the package-tree
+/// `except` lists must not block ordinary renames).
+#[test]
+fn example_policy_dir_renames() {
+    let p = Policy::parse(
+        include_str!("../../policy.example.toml"),
+        "policy.example.toml",
+    )
+    .unwrap();
+    #[rustfmt::skip]
+    let cases: &[(&[u8], &[u8], bool)] = &[
+        (b"src/app", b"src/app2", true),
+        (b"build", b"build.old", true),
+        (b"hello/targetAbC123", b"hello/target", true), // cargo creates target/ this way
+        (b".venv/lib/python3.11/site-packages/pip", b".venv/lib/python3.11/site-packages/~ip", true),
+        (b"node_modules/a", b"node_modules/.a-x", true),
+        (b"keys", b"node_modules/keys", false),
+        (b"keys", b".venv", false),
+        (b"src/app", b"venv/lib/python3.11/site-packages/app", false),
+        (b".venv", b"env2", false),
+        // multi-name except globs: alike while both names leave them at the same place
+        (b".cargo/registry/src/a", b".cargo/registry/src/b", true),
+        (b"x/.cargo", b"y/.cargo", true),
+        (b"src/a/.cargo", b"src/b", false),
+    ];
+    for (old, new, want) in cases {
+        assert_eq!(
+            p.dir_rename_allowed(old, new),
+            *want,
+            "{:?} -> {:?}",
+            String::from_utf8_lossy(old),
+            String::from_utf8_lossy(new)
+        );
+    }
 }
