@@ -124,18 +124,17 @@ show 'echo new > docs/x'
 echo
 echo "== ask instead of refusing: docs/ edits are held until an approver answers"
 echo "   (no approver connected above, so they were refused at once; now one is)"
-"$BIN" approve "$CTL" --auto allow >"$TMP/approver.out" 2>&1 &
-APPROVER=$!
-for _ in $(seq 100); do "$BIN" ctl "$CTL" status 2>/dev/null | grep -q '"approvers": 1' && break; sleep 0.05; done
-show 'echo "Reviewed by a person." >> docs/design.md && tail -1 docs/design.md'
-kill "$APPROVER"; wait "$APPROVER" 2>/dev/null || true; APPROVER=
-sed 's/^/    approver: /' "$TMP/approver.out"
-"$BIN" approve "$CTL" --auto deny >"$TMP/approver.out" 2>&1 &
-APPROVER=$!
-for _ in $(seq 100); do "$BIN" ctl "$CTL" status 2>/dev/null | grep -q '"approvers": 1' && break; sleep 0.05; done
-show "sed -i 's/Design/DESIGN/' docs/design.md"
-kill "$APPROVER"; wait "$APPROVER" 2>/dev/null || true; APPROVER=
-sed 's/^/    approver: /' "$TMP/approver.out"
+# Runs a command while `fencefs approve --auto ANSWER` answers what it asks.
+with_approver() {
+    "$BIN" approve "$CTL" --auto "$1" >"$TMP/approver.out" 2>&1 &
+    APPROVER=$!
+    for _ in $(seq 100); do "$BIN" ctl "$CTL" status 2>/dev/null | grep -q '"approvers": 1' && break; sleep 0.05; done
+    show "$2"
+    kill "$APPROVER"; wait "$APPROVER" 2>/dev/null || true; APPROVER=
+    sed 's/^/    approver: /' "$TMP/approver.out"
+}
+with_approver allow 'echo "Reviewed by a person." >> docs/design.md && tail -1 docs/design.md'
+with_approver deny "sed -i 's/Design/DESIGN/' docs/design.md"
 
 echo
 echo "== protected git internals: EROFS (the workspace-write ceiling)"

@@ -349,29 +349,24 @@ impl Approvals {
         self.finish(done);
     }
 
-    /// The last approver left: nobody can answer what is held.
-    pub fn orphaned(&self) {
+    /// Refuses everything held now, `by` this reason.
+    fn deny_all(&self, by: &'static str) {
         let all = {
             let g = self.inner.lock();
-            g.held
-                .keys()
-                .map(|id| (*id, Outcome::deny("no-approver")))
-                .collect()
+            g.held.keys().map(|id| (*id, Outcome::deny(by))).collect()
         };
         self.finish(all);
+    }
+
+    /// The last approver left: nobody can answer what is held.
+    pub fn orphaned(&self) {
+        self.deny_all("no-approver");
     }
 
     /// The daemon stops: every held request is refused first, then nothing more is held.
     pub fn shutdown(&self) {
         *self.resume.lock() = None;
-        let all = {
-            let g = self.inner.lock();
-            g.held
-                .keys()
-                .map(|id| (*id, Outcome::deny("shutdown")))
-                .collect()
-        };
-        self.finish(all);
+        self.deny_all("shutdown");
     }
 
     /// Every request held now.

@@ -17,10 +17,15 @@ use common::*;
 
 type Line = serde_json::Value;
 
+/// Every line of `p` as JSON. A file that does not exist has no lines: during a rotation
+/// FILE is renamed to FILE.1 an instant before the fresh FILE is created.
 fn parse_lines(p: &Path) -> Vec<Line> {
-    fs::read_to_string(p)
-        .unwrap_or_else(|e| panic!("read {}: {e}", p.display()))
-        .lines()
+    let text = match fs::read_to_string(p) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+        Err(e) => panic!("read {}: {e}", p.display()),
+    };
+    text.lines()
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l:?}")))
         .collect()
 }

@@ -385,6 +385,8 @@ fn descriptor_flood_by_one_uid_leaves_the_others_working() {
 #[test]
 fn passthrough_opens_hold_no_daemon_descriptor() {
     let m = flood_mount("fd-passthrough", &[]);
+    // The INIT reply (and its log line) may come a moment after the mount appears.
+    eventually(Duration::from_secs(5), || m.stderr().contains("file I/O"));
     assert!(
         m.stderr().contains("kernel passthrough"),
         "this test needs kernel passthrough (root, kernel ≥ 6.9): {}",

@@ -28,6 +28,8 @@ fn sqlite_wal_with_two_writers_under_revoke() {
     let b = Mount::builder("revoke-wal").policy(OPEN).arg("--revoke");
     mkdirp(&b.host("db"));
     let m = b.start();
+    // The INIT reply (and its log line) may come a moment after the mount appears.
+    eventually(Duration::from_secs(5), || m.stderr().contains("file I/O"));
     assert!(
         m.stderr().contains("shared mmap allowed"),
         "stderr: {}",

@@ -145,21 +145,19 @@ impl Shared {
     /// remembered answer (`Ok`); else, for a request the glue can hold, `None` after
     /// recording what to ask; else (access(2), …) `Some(Err)` after auditing the refusal.
     fn lift(&self, ctx: &Ctx, op: &'static str, refused: &[Refused<'_>]) -> Option<Res<()>> {
-        if let Some(o) = ctx.approved {
-            for (path, _, _, d, _) in refused {
-                self.audit_line(ctx, op, path, &d.verdict, d.by, Line::Outcome(o));
-            }
-            return Some(Ok(()));
-        }
-        if refused
-            .iter()
-            .all(|(p, _, _, _, _)| self.approvals.remembered(ctx.caller.uid, p))
-        {
-            let o = Outcome {
+        let remembered = || {
+            refused
+                .iter()
+                .all(|(p, _, _, _, _)| self.approvals.remembered(ctx.caller.uid, p))
+        };
+        let lifted = ctx.approved.or_else(|| {
+            remembered().then_some(Outcome {
                 allow: true,
                 by: "remembered",
                 approver: None,
-            };
+            })
+        });
+        if let Some(o) = lifted {
             for (path, _, _, d, _) in refused {
                 self.audit_line(ctx, op, path, &d.verdict, d.by, Line::Outcome(o));
             }
