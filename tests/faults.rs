@@ -1572,7 +1572,18 @@ fn fd_exhaustion_gives_errno_never_a_crash() {
     );
     let pid = d.pid;
     assert_eq!(nofile_soft(pid), 128, "prlimit did not apply");
-    let base = fd_count(pid);
+    // The baseline once the daemon serves: a request answered means every worker (and
+    // its cloned /dev/fuse descriptor) runs; then the count must hold still.
+    fs::metadata(mnt.join("f000")).unwrap();
+    let mut base = fd_count(pid);
+    for _ in 0..20 {
+        thread::sleep(Duration::from_millis(50));
+        let now = fd_count(pid);
+        if now == base {
+            break;
+        }
+        base = now;
+    }
 
     let mut open = vec![];
     let mut errs: BTreeMap<String, usize> = BTreeMap::new();
@@ -1652,7 +1663,17 @@ fn fd_exhaustion_gives_errno_never_a_crash() {
     let after = fd_count(pid);
     assert!(
         after as u64 <= base as u64 + fd_cache_cap(128),
-        "{after} fds after closing everything (baseline {base})"
+        "{after} fds after closing everything (baseline {base}): {:?}",
+        fs::read_dir(format!("/proc/{pid}/fd"))
+            .map(|d| d
+                .flatten()
+                .map(|e| format!(
+                    "{} -> {:?}",
+                    e.file_name().to_string_lossy(),
+                    fs::read_link(e.path()).ok()
+                ))
+                .collect::<Vec<_>>())
+            .unwrap_or_default()
     );
     // Everything works again, one file at a time.
     for i in 0..FILES {
