@@ -545,13 +545,12 @@ XW=/ expect "layout 1 restarted: agent A's old working directory still ENOTCONN"
     "Transport endpoint is not connected" fencefs-et-l1-agent-a 'ls /proc/$(cat /tmp/holder.pid)/cwd/'
 XW=/ expect "layout 1 restarted: agent B (bound the old mount point) still ENOTCONN" \
     "Transport endpoint is not connected" fencefs-et-l1-agent-b 'ls /workspace'
-# Its working directory is the dead mount: the engine cannot even exec into it.
+# Its working directory is the dead mount. Whether the engine can still exec into it
+# depends on the engine and client (podman and docker CLI 28: "chdir … transport
+# endpoint is not connected"; Debian's docker 20.10 CLI: exit 0): reported, not judged.
 out=$(x fencefs-et-l1-agent-b true 2>&1)
-if [[ $out == *"ransport endpoint is not connected"* ]]; then
-    pass "layout 1 restarted: '$ENGINE exec' into agent B fails (its working directory is the dead mount)"
-else
-    fail "layout 1 restarted: '$ENGINE exec' into agent B: $out"
-fi
+rc=$?
+info "'$ENGINE exec' into agent B (its working directory is the dead mount): exit $rc${out:+: $out}"
 t=$(now)
 quiet e restart -t 10 fencefs-et-l1-agent-b
 d=$(since "$t")
