@@ -584,7 +584,7 @@ elif [[ $(id -u) -ne 0 ]]; then
     nope "real-engine test on $engine (needs root: sudo deploy/engine-test.sh)"
 else
     log=$WORK/engine-test.log
-    if ENGINE=$engine "$DEPLOY/engine-test.sh" 2>&1 | tee "$log" | grep -E '^(==|  (PASS|FAIL|SKIPPED)|engine-test)'; then
+    if ENGINE=$engine "$DEPLOY/engine-test.sh" 2>&1 | tee "$log" | grep -E '^(==|  (PASS|FAIL|SKIPPED|total time)|engine-test)'; then
         ok "real-engine test on $engine: $(grep -E '^engine-test \(' "$log" | tail -1)"
     else
         bad "real-engine test on $engine: $(grep -E '^engine-test' "$log" | tail -1) (full log above)"
