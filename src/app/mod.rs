@@ -505,9 +505,12 @@ fn mount(a: MountArgs) -> Result<(), String> {
         stats: Stats::default(),
     });
     let config = session_config(&a, threads);
+    let control = threads::bind_control(&a)?;
     let fs = FenceFs::new(shared.clone());
-    let mut session = Session::new(fs, &mnt, &config)
-        .map_err(|e| format!("cannot mount at '{}': {e}", mnt.display()))?;
+    let mut session = Session::new(fs, &mnt, &config).map_err(|e| {
+        threads::remove_control(a.control.as_deref());
+        format!("cannot mount at '{}': {e}", mnt.display())
+    })?;
     let notifier = session.notifier();
     let unmounter = session.unmount_callable();
     let (tx, rx) = channel::<Inval>();
@@ -520,7 +523,7 @@ fn mount(a: MountArgs) -> Result<(), String> {
         })
         .map_err(|e| e.to_string())?;
     start_watch(fan, &shared, &tx, ttl)?;
-    let control = threads::start_control(&a, &shared, &tx, Instant::now())?;
+    let control = threads::start_control(control, &a, &shared, &tx, Instant::now())?;
     let s2 = shared.clone();
     let mnt2 = mnt.clone();
     std::thread::Builder::new()

@@ -76,14 +76,16 @@ pub(super) fn reload_now(
     }
 }
 
-/// Binds `--control` and starts its server thread (before the workers are confined: it
-/// reads /proc and the policy file). Returns the socket path to remove at exit.
-pub(super) fn start_control(
-    a: &crate::cli::MountArgs,
-    shared: &Arc<Shared>,
-    tx: &Sender<Inval>,
-    started: Instant,
-) -> Result<Option<PathBuf>, String> {
+/// The bound control socket, before its server runs.
+pub(super) struct Control {
+    path: PathBuf,
+    group: Option<u32>,
+    listener: std::os::unix::net::UnixListener,
+}
+
+/// Binds `--control` (before mounting: once the mount is there, so is the socket; peers
+/// that connect early wait in the backlog until the server runs).
+pub(super) fn bind_control(a: &crate::cli::MountArgs) -> Result<Option<Control>, String> {
     let Some(path) = a.control.clone() else {
         return Ok(None);
     };
@@ -94,6 +96,30 @@ pub(super) fn start_control(
     let listener = server::bind(&path, group)
         .map_err(|e| format!("control socket '{}': {e}", path.display()))?;
     let _ = CONTROL_SOCKET.set(path.clone());
+    Ok(Some(Control {
+        path,
+        group,
+        listener,
+    }))
+}
+
+/// Starts the control server thread (before the workers are confined: it reads /proc and
+/// the policy file). Returns the socket path to remove at exit.
+pub(super) fn start_control(
+    control: Option<Control>,
+    a: &crate::cli::MountArgs,
+    shared: &Arc<Shared>,
+    tx: &Sender<Inval>,
+    started: Instant,
+) -> Result<Option<PathBuf>, String> {
+    let Some(Control {
+        path,
+        group,
+        listener,
+    }) = control
+    else {
+        return Ok(None);
+    };
     let (waker, wake_rx) = server::waker().map_err(|e| e.to_string())?;
     let (ev_tx, ev_rx) = channel();
     let (res_tx, res_rx) = channel();
