@@ -38,6 +38,18 @@ pub const EXIT_ERR: i32 = 1;
 /// Runs a parsed command; returns the exit code.
 pub fn run(cmd: Command) -> i32 {
     match cmd {
+        Command::GenerateDocs { dir } => match crate::docs::generate(&dir) {
+            Ok(files) => {
+                for f in files {
+                    println!("{}", f.display());
+                }
+                0
+            }
+            Err(e) => {
+                eprintln!("fencefs: {}: {e}", dir.display());
+                EXIT_ERR
+            }
+        },
         Command::Mount(a) => match mount(a) {
             Ok(()) => 0,
             Err(msg) => {
@@ -483,6 +495,9 @@ fn mount(a: MountArgs) -> Result<(), String> {
         confine(&shared, &src);
     }
     signal_ready(a.ready_fd, &mnt);
+    if a.daemonized {
+        crate::daemon::detach_stdio();
+    }
     let ours = top_mount(&mnt).map(|m| m.dev);
     let r = session.run();
     SESSION_DONE.store(true, Ordering::SeqCst);

@@ -14,7 +14,10 @@
 pub mod app;
 pub mod audit;
 pub mod cli;
+pub mod daemon;
+pub mod docs;
 pub mod fs;
+pub mod fuse_opts;
 pub mod harden;
 pub mod host;
 pub mod idmap;
