@@ -18,6 +18,7 @@ command -v bwrap >/dev/null 2>&1 || need+=(bubblewrap)
 command -v python3 >/dev/null 2>&1 || need+=(python3)
 command -v make >/dev/null 2>&1 || need+=(make)
 command -v cc >/dev/null 2>&1 || need+=(gcc libc6-dev)
+command -v man >/dev/null 2>&1 || need+=(man-db)
 if ((${#need[@]})); then
     say "installing ${need[*]}"
     if [[ $(id -u) -ne 0 ]]; then

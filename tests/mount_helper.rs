@@ -214,12 +214,14 @@ fn inner() {
         fs::write(format!("/srv/{w}/docs/a.md"), "doc\n").unwrap();
         must(sh(&format!("chown -R 1000:1000 /srv/{w}")), "chown");
     }
-    for m in ["work", "work2", "bad", "broken", "cli"] {
+    // work2's mount point is made by mount(8) itself (x-mount.mkdir), as at boot, where
+    // /run is empty.
+    for m in ["work", "bad", "broken", "cli"] {
         fs::create_dir_all(format!("/run/fencefs/{m}")).unwrap();
     }
     let fstab = "\
 /srv/work /run/fencefs/work fuse.fencefs policy=/etc/fencefs/work.toml,allow_other 0 0
-/srv/work2 /run/fencefs/work2 fuse.fencefs policy=/etc/fencefs/work.toml,mode=read-only,allow_other,audit=/run/fencefs/work2.jsonl,audit_max_size=1M,audit_keep=2,_netdev,nofail,x-systemd.requires=local-fs.target,x-systemd.mount-timeout=30 0 0
+/srv/work2 /run/fencefs/work2 fuse.fencefs policy=/etc/fencefs/work.toml,mode=read-only,allow_other,audit=/run/fencefs/work2.jsonl,audit_max_size=1M,audit_keep=2,_netdev,nofail,x-mount.mkdir,x-systemd.requires=local-fs.target,x-systemd.mount-timeout=30 0 0
 /srv/work /run/fencefs/bad fuse.fencefs policy=/etc/fencefs/work.toml,allow_other,bogus_opt 0 0
 /srv/work /run/fencefs/broken fuse.fencefs policy=/etc/fencefs/broken.toml 0 0
 ";
