@@ -167,6 +167,8 @@ if [[ $HARDENING == all ]]; then
     for _ in $(seq 100); do grep -q '"path":"docs/b.md"' "$A" 2>/dev/null && break; sleep 0.02; done
     grep -q '"path":"docs/b.md"' "$A" || bad "after logrotate: the new audit file gets no lines"
     grep -q '"path":"docs/b.md"' "$rotated" && bad "after logrotate: lines still go to $rotated"
+    # Created by the serving daemon (umask 0): still 0600.
+    [[ $(stat -c %a "$A") == 600 ]] || bad "reopened audit file mode $(stat -c %a "$A")"
     echo "   logrotate: $A -> $(basename "$rotated"), SIGHUP by postrotate, new lines in a new $A"
     rm -f /var/log/fencefs/pkgtest.jsonl-*
 fi
