@@ -3,20 +3,23 @@
 # way an operator would, and purges it, checking that nothing is left behind. Root only;
 # changes the machine's package state while it runs (fencefs installed, then purged).
 #
-#   scripts/package-test.sh          # about 1 minute when the release build is fresh
+#   scripts/package-test.sh          # 20-30 s when the release build exists (4 min if not)
 #
 # 1. scripts/package.sh, then `apt install ./target/debian/fencefs_*.deb`
 # 2. fencefs --version (this checkout's commit), man -w fencefs / fencefs-policy, the
 #    bash and fish completions complete, zsh's parses, dpkg -L = the .deb's file list
 # 3. systemd-analyze verify fencefs@pkgtest.service (the installed template)
-# 4. The installed unit, run as systemd would run it (scripts/unit-emulate.py: PID 1 here
-#    is not systemd, so systemctl cannot start it): ExecStartPre, ExecStart under a
-#    $NOTIFY_SOCKET (Type=notify), checks through the mount, ExecReload, KillSignal,
-#    ExecStopPost — with all hardening directives, with none, and with each one alone;
-#    logrotate with the installed /etc/logrotate.d/fencefs while the daemon runs.
-#    This runs in a private mount namespace (/etc is an overlay there, /run a tmpfs): the
-#    host's /etc/fencefs and /run are untouched; /var/log/fencefs is the host's (purge
-#    must remove it).
+# 4. The installed unit, with all hardening directives, with none, and with each one
+#    alone, each time checked through the mount and in /proc/MAINPID/status:
+#    a. emulated here (scripts/unit-emulate.py; PID 1 of this machine is not systemd):
+#       ExecStartPre, ExecStart under a $NOTIFY_SOCKET (Type=notify), ExecReload,
+#       KillSignal, ExecStopPost, the directives applied as systemd applies them, and
+#       logrotate with the installed /etc/logrotate.d/fencefs while the daemon runs. In a
+#       private mount namespace (/etc an overlay, /run a tmpfs): the host's /etc/fencefs
+#       and /run are untouched; /var/log/fencefs is the host's (purge must remove it).
+#    b. controls: the emulation bites (a smaller bounding set fails, seccomp probes).
+#    c. under a real systemd: the machine's OS tree booted in systemd-nspawn, systemctl
+#       start/reload/stop, SIGKILL + Restart= (scripts/unit-nspawn-test.sh).
 # 5. apt purge fencefs: every path the package brought (that did not exist before) is
 #    gone, /var/log/fencefs too.
 set -euo pipefail
@@ -45,6 +48,7 @@ command -v zsh >/dev/null || need+=(zsh)
 command -v fish >/dev/null || need+=(fish)
 command -v bc >/dev/null || need+=(bc)
 command -v unshare >/dev/null || need+=(util-linux)
+command -v systemd-nspawn >/dev/null || need+=(systemd-container)
 if ((${#need[@]})); then
     say "installing ${need[*]}"
     export DEBIAN_FRONTEND=noninteractive
@@ -117,11 +121,19 @@ cp /bin/true "$SRC/tool"
 chown -R 1000:1000 "$SRC"
 chmod 755 "$SRC"
 cat >"$WORK/checks.sh" <<'EOF'
-# Runs while the instance is up; $MAINPID is the daemon, $HARDENING what was applied.
+# Runs while the instance is up; $MAINPID is the daemon, $HARDENING what was applied, the
+# daemon's log in $LOG (or printed by $LOGCMD: the journal under systemd), $SECCOMP_BASE
+# the seccomp filters every process has there (nspawn's own).
 set -euo pipefail
+logtext() { if [[ -n ${LOGCMD:-} ]]; then eval "$LOGCMD"; else cat "$LOG"; fi; }
 M=/run/fencefs/pkgtest
 S=$SRC
 bad() { echo "   check FAILED: $*" >&2; exit 1; }
+# What a failed run (the control) may have left.
+rm -f "$S/new.txt" "$S/rootfile" "$S/null"
+setcap -r "$S/tool" 2>/dev/null || true
+echo hello >"$S/README.md"
+chown 1000:1000 "$S/README.md"
 opts=$(awk -v m="$M" '$5 == m && / - fuse.fencefs / { print $6 "," $NF }' /proc/self/mountinfo)
 [[ $opts == *nosuid* && $opts == *allow_other* ]] || bad "mountinfo: '$opts'"
 [[ $(ls "$M" | tr '\n' ' ') == "README.md docs tool " ]] || bad "ls: $(ls "$M")"
@@ -145,7 +157,7 @@ for _ in $(seq 50); do [[ $(cat "$M/README.md") == changed ]] && break; sleep 0.
 [[ $(cat "$M/README.md") == changed ]] || bad "host edit not visible within 1 s"
 for want in "host changes: watched (fanotify)" "self-confinement: FUSE workers limited by Landlock" \
     "file I/O: kernel passthrough"; do
-    grep -qF "$want" "$LOG" || bad "log lacks '$want'"
+    logtext | grep -qF "$want" || bad "log lacks '$want'"
 done
 A=/var/log/fencefs/pkgtest.jsonl
 for _ in $(seq 100); do grep -q '"path":"docs/a.md"' "$A" 2>/dev/null && break; sleep 0.02; done
@@ -160,8 +172,8 @@ if [[ $HARDENING == all ]]; then
     logrotate -f -s "$WORK/logrotate.state" /etc/logrotate.d/fencefs
     rotated=$(ls /var/log/fencefs/pkgtest.jsonl-* 2>/dev/null | head -1)
     [[ -n $rotated ]] || bad "logrotate: no rotated file"
-    for _ in $(seq 100); do grep -q 'policy reloaded: generation 1' "$LOG" && break; sleep 0.02; done
-    grep -q 'policy reloaded: generation 1' "$LOG" || bad "logrotate's postrotate sent no SIGHUP"
+    for _ in $(seq 100); do logtext | grep -q 'policy reloaded: generation 1' && break; sleep 0.02; done
+    logtext | grep -q 'policy reloaded: generation 1' || bad "logrotate's postrotate sent no SIGHUP"
     # A refusal that reaches the daemon (no kernel cache answers it): create in docs/.
     as1000 "echo x > $M/docs/b.md" 2>/dev/null && bad "docs/b.md created"
     for _ in $(seq 100); do grep -q '"path":"docs/b.md"' "$A" 2>/dev/null && break; sleep 0.02; done
@@ -177,7 +189,8 @@ fi
 st=/proc/$MAINPID/status
 sigtask=$(grep -lx fencefs-signals /proc/$MAINPID/task/*/comm | head -1)
 nnp=$(awk '/^NoNewPrivs:/ { print $2 }' "${sigtask%/comm}/status")
-sec=$(awk '/^Seccomp:/ { print $2 }' "$st")
+nfilters=$(awk '/^Seccomp_filters:/ { print $2 }' "$st")
+sec=$((nfilters > ${SECCOMP_BASE:-0} ? 2 : 0))
 got_bnd=$(capsh --decode="$(awk '/^CapBnd:/ { print $2 }' "$st")" | sed 's/.*=//' | tr ',' '\n' | sort | paste -sd,)
 want_bnd=$(sed -n 's/^CapabilityBoundingSet=//p' "$UNIT" | tr 'A-Z ' 'a-z\n' | sort | paste -sd,)
 case $HARDENING in
@@ -187,7 +200,7 @@ NoNewPrivileges) [[ $nnp == 1 && $sec == 0 ]] || bad "in force: nnp=$nnp seccomp
 CapabilityBoundingSet) [[ $got_bnd == "$want_bnd" && $nnp == 0 && $sec == 0 ]] || bad "in force: caps=$got_bnd" ;;
 *) [[ $sec == 2 && $nnp == 0 ]] || bad "in force: seccomp=$sec nnp=$nnp" ;;
 esac
-echo "   in force in the daemon: NoNewPrivs=$nnp Seccomp=$sec CapBnd=$([[ $got_bnd == "$want_bnd" ]] && echo "the unit's" || echo "all")"
+echo "   in force in the daemon: NoNewPrivs=$nnp seccomp filters=$nfilters CapBnd=$([[ $got_bnd == "$want_bnd" ]] && echo "the unit's" || echo "all")"
 rm -f "$S/new.txt" "$S/rootfile"
 echo hello >"$S/README.md"
 chown 1000:1000 "$S/README.md"
@@ -273,6 +286,11 @@ probe LockPersonality 'chk(libc.personality(0x0008))' EPERM
 probe MemoryDenyWriteExecute 'mmap.mmap(-1, 4096, prot=mmap.PROT_WRITE | mmap.PROT_EXEC)' EPERM
 probe RestrictRealtime 'os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))' EPERM
 probe SystemCallArchitectures 'socket.socket(socket.AF_INET).close()' allowed
+lap "$t"
+
+say "4c. the installed unit under a real systemd (PID 1 of a systemd-nspawn container)"
+t=$(date +%s.%N)
+bash scripts/unit-nspawn-test.sh || fail "the unit under systemd (see above)"
 lap "$t"
 
 say "5. apt purge fencefs"
