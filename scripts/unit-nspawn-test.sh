@@ -90,6 +90,35 @@ for h in all none $ALL; do
 done
 rm -rf $D
 systemctl daemon-reload
+
+# An fstab line under systemd: the fstab generator's mount unit runs mount(8), fencefs
+# daemonizes inside the unit's cgroup and keeps logging to the journal.
+echo "-- fstab line, systemd's mount unit"
+echo "/srv/pkgtest /run/fencefs/fstab fuse.fencefs policy=/etc/fencefs/pkgtest.toml,allow_other,nofail,x-mount.mkdir 0 0" >>/etc/fstab
+systemctl daemon-reload
+M=run-fencefs-fstab.mount
+since=$(date +%s.%N)
+if systemctl start $M && [ "$(cat /run/fencefs/fstab/README.md)" = hello ] &&
+    ! ls /run/fencefs/fstab/secrets 2>/dev/null; then
+    pid=$(systemctl show -p ControlGroup --value $M | xargs -I{} cat /sys/fs/cgroup/unified{}/cgroup.procs 2>/dev/null | head -1)
+    [ -z "$pid" ] && pid=$(pgrep -f "fencefs /srv/pkgtest /run/fencefs/fstab" | head -1)
+    echo "   systemctl start $M: mounted by mount(8), daemon pid $pid ($(tr '\0' ' ' </proc/$pid/cmdline))"
+    for _ in $(seq 50); do journalctl -u $M --since @$since -o cat | grep -q 'mounted /srv/pkgtest at /run/fencefs/fstab' && break; sleep 0.1; done
+    if journalctl -u $M --since @$since -o cat | grep -q 'mounted /srv/pkgtest at /run/fencefs/fstab'; then
+        echo "   the daemon's log is in the mount unit's journal (stderr kept: \$JOURNAL_STREAM)"
+    else
+        echo "   FAILED: no daemon log in the journal"; journalctl -u $M --since @$since -o cat; fails=$((fails + 1))
+    fi
+    systemctl stop $M
+    for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.05; done
+    if kill -0 "$pid" 2>/dev/null || grep -q ' /run/fencefs/fstab ' /proc/self/mountinfo; then
+        echo "   FAILED: after systemctl stop $M: daemon or mount still there"; fails=$((fails + 1))
+    else
+        echo "   systemctl stop $M: unmounted, the daemon exited"
+    fi
+else
+    echo "   FAILED: systemctl start $M"; journalctl -u $M --since @$since -o cat; fails=$((fails + 1))
+fi
 echo "$fails" >/root/measure.fails
 EOF
 cat >"$N/boot.sh" <<'EOF'
