@@ -201,7 +201,14 @@ pub fn to_mount_argv(args: &[OsString]) -> Result<Vec<OsString>, String> {
     let mut argv: Vec<OsString> = vec!["fencefs".into(), "mount".into()];
     let mut mode: Option<String> = None;
     let mut ro = false;
+    let mut seen: Vec<&str> = vec![];
     for opt in opts.iter().flat_map(|o| o.split(',')) {
+        // mount(8) may pass an option twice (fstab's and the command line's): the same
+        // text twice is once. Two different values of one option stay an error (clap's).
+        if seen.contains(&opt) {
+            continue;
+        }
+        seen.push(opt);
         let (name, value) = match opt.split_once('=') {
             Some((n, v)) => (n, Some(v)),
             None => (opt, None),
@@ -452,6 +459,25 @@ mod tests {
             parse_opts("audit_keep=2").unwrap_err(),
             "-o options: the following required arguments were not provided: audit=FILE|-"
         );
+    }
+
+    #[test]
+    fn the_same_option_twice_is_once() {
+        let m = parse_opts("allow_other,policy=/p,allow_other,policy=/p,map_uid=1:2,map_uid=1:2")
+            .unwrap();
+        assert!(m.allow_other);
+        assert_eq!(m.policy, Some(PathBuf::from("/p")));
+        assert_eq!(m.map_uid, vec!["1:2"]);
+        let m = parse(&os(&[
+            "/s",
+            "/m",
+            "-o",
+            "allow_other",
+            "-o",
+            "allow_other,rw",
+        ]))
+        .unwrap();
+        assert!(m.allow_other);
     }
 
     #[test]
