@@ -27,6 +27,7 @@ command -v npm >/dev/null 2>&1 || need+=(npm)
 command -v make >/dev/null 2>&1 || need+=(make)
 command -v unshare >/dev/null 2>&1 || need+=(util-linux)
 command -v cc >/dev/null 2>&1 || need+=(gcc libc6-dev)
+command -v man >/dev/null 2>&1 || need+=(man-db)
 if ((${#need[@]})); then
     say "installing ${need[*]}"
     if [[ $(id -u) -ne 0 ]]; then

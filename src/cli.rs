@@ -1,4 +1,5 @@
 //! The command line (clap): `mount`, `check`, `explain`. Parsing only; no I/O.
+//! (`fuse_opts` maps mount(8)'s `SOURCE MOUNTPOINT -o OPTS` form onto [`MountArgs`].)
 
 use std::path::PathBuf;
 
@@ -6,9 +7,18 @@ use clap::{Parser, Subcommand};
 
 use crate::policy::Mode;
 
+/// `fencefs --version`: the crate version and the git commit it was built from (build.rs;
+/// "unknown" outside a git checkout).
+pub const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("FENCEFS_COMMIT"),
+    ")"
+);
+
 /// fencefs: a FUSE mirror of a workspace where a policy decides every operation.
 #[derive(Parser, Debug)]
-#[command(name = "fencefs", version, about, long_about = None)]
+#[command(name = "fencefs", version = VERSION, long_about = None)]
 pub struct Cli {
     /// What to do.
     #[command(subcommand)]
@@ -18,6 +28,12 @@ pub struct Cli {
 /// Subcommands.
 #[derive(Subcommand, Debug)]
 pub enum Command {
+    /// Write the man pages and shell completions into DIR (packaging; see docs.rs).
+    #[command(hide = true)]
+    GenerateDocs {
+        /// Output directory (created): man/, completions/.
+        dir: PathBuf,
+    },
     /// Mount SOURCE at MOUNTPOINT and serve it until unmounted or SIGINT/SIGTERM.
     Mount(MountArgs),
     /// Validate a policy: `ok: N rules` (exit 0) or every error with file:line:column (exit 1).
@@ -117,6 +133,10 @@ pub struct MountArgs {
     /// requests. With $NOTIFY_SOCKET set, systemd also gets READY=1 (Type=notify).
     #[arg(long, value_name = "FD")]
     pub ready_fd: Option<i32>,
+    /// Set when started by mount(8) (`fuse_opts`): stdio is detached once the mount is
+    /// ready, after the waiting parent has been told.
+    #[arg(skip)]
+    pub daemonized: bool,
     /// The host directory to mirror.
     pub source: PathBuf,
     /// Where to mount it.

@@ -42,6 +42,18 @@ pub const EXIT_ERR: i32 = 1;
 /// Runs a parsed command; returns the exit code.
 pub fn run(cmd: Command) -> i32 {
     match cmd {
+        Command::GenerateDocs { dir } => match crate::docs::generate(&dir) {
+            Ok(files) => {
+                for f in files {
+                    println!("{}", f.display());
+                }
+                0
+            }
+            Err(e) => {
+                eprintln!("fencefs: {}: {e}", dir.display());
+                EXIT_ERR
+            }
+        },
         Command::Mount(a) => match mount(a) {
             Ok(()) => 0,
             Err(msg) => {
@@ -570,6 +582,9 @@ fn mount(a: MountArgs) -> Result<(), String> {
     }
     signal_ready(a.ready_fd, &mnt);
     threads::start_resume()?;
+    if a.daemonized {
+        crate::daemon::detach_stdio();
+    }
     let r = session.run();
     SESSION_DONE.store(true, Ordering::SeqCst);
     shared.approvals.shutdown();

@@ -17,6 +17,7 @@
 use std::ffi::OsString;
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use super::Target;
@@ -167,8 +168,17 @@ impl Sink {
     }
 }
 
+/// Mode of a new audit file: the daemon runs with umask 0 (files created through the
+/// mount get exactly the caller's mode), so the default 0666 would make the log writable
+/// by every user who can reach its directory.
+const AUDIT_FILE_MODE: u32 = 0o600;
+
 fn open_append(p: &Path) -> io::Result<(File, u64)> {
-    let f = OpenOptions::new().create(true).append(true).open(p)?;
+    let f = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .mode(AUDIT_FILE_MODE)
+        .open(p)?;
     let size = f.metadata()?.len();
     Ok((f, size))
 }
@@ -315,6 +325,28 @@ mod tests {
         }
         assert_eq!(read(&g), "H\n44444\n");
         assert!(!numbered(&g, 1).exists());
+    }
+
+    #[test]
+    fn new_audit_files_are_0600() {
+        use std::os::unix::fs::PermissionsExt;
+        // The daemon's umask is 0 while it serves; the test's (usually 022) is left alone
+        // (other tests run in parallel): 0600 is neither 0666 & !022 nor 0666.
+        let d = TempDir::new("mode");
+        let f = d.0.join("a.log");
+        let rot = Rotation {
+            max_size: 10,
+            keep: 1,
+        };
+        let mut s = Sink::open(Target::File(f.clone()), rot).unwrap();
+        s.write_line(b"12345678\n", &header).unwrap();
+        s.write_line(b"12345678\n", &header).unwrap(); // rotates: a new FILE
+        fs::rename(&f, d.0.join("moved")).unwrap();
+        s.reopen().unwrap(); // logrotate's SIGHUP: a new FILE
+        for p in [f.clone(), numbered(&f, 1), d.0.join("moved")] {
+            let mode = fs::metadata(&p).unwrap().permissions().mode() & 0o777;
+            assert_eq!(mode, 0o600, "{}", p.display());
+        }
     }
 
     #[test]
