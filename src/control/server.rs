@@ -161,8 +161,13 @@ fn authorized(a: Access, uid: u32, gid: u32, pid: i32) -> bool {
         .unwrap_or(false)
 }
 
-/// Whether process `pid` is being killed (SIGKILL pending) or is gone.
+/// Whether process `pid` is being killed (SIGKILL pending) or is gone. Pid 0 is a caller
+/// outside the daemon's pid namespace (fencefs in a container, the agent in another): it
+/// cannot be watched, and such a request ends by its answer or its timeout.
 fn dying(pid: u32) -> bool {
+    if pid == 0 {
+        return false;
+    }
     let Ok(s) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
         return true;
     };
@@ -174,6 +179,9 @@ fn dying(pid: u32) -> bool {
 }
 
 fn cmdline(pid: u32) -> Option<Vec<String>> {
+    if pid == 0 {
+        return None;
+    }
     let raw = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
     if raw.is_empty() {
         return None;
@@ -443,4 +451,17 @@ fn handle(c: &mut Conn, line: &[u8], approvals: &Approvals, hooks: &Hooks) -> Op
         }
     };
     Some(answer)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn callers_the_daemon_cannot_see_are_not_reaped() {
+        assert!(!dying(0), "pid 0: outside the daemon's pid namespace");
+        assert!(cmdline(0).is_none());
+        assert!(!dying(std::process::id()), "this process is alive");
+        assert!(cmdline(std::process::id()).is_some());
+    }
 }
