@@ -88,6 +88,11 @@ impl Filesystem for FenceFs {
         // O_TRUNC reaches `open` (instead of a separate setattr after an open for read),
         // so `O_RDONLY|O_TRUNC` is classified as the write it is.
         let _ = config.add_capabilities(InitFlags::FUSE_ATOMIC_O_TRUNC);
+        // READDIRPLUS when the reader stats what it lists (`ls -l`, `find -ls`): the kernel
+        // then needs no LOOKUP round trip per entry; plain listings stay plain READDIR.
+        let _ = config.add_capabilities(
+            InitFlags::FUSE_DO_READDIRPLUS | InitFlags::FUSE_READDIRPLUS_AUTO,
+        );
         // Kernel passthrough: reads, writes and mmap of a handle go straight to the host
         // file. Not with --revoke, where every read and write must reach the daemon.
         // --revoke serves files with direct I/O; without this the kernel refuses shared
