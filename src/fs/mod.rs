@@ -90,9 +90,8 @@ impl Filesystem for FenceFs {
         let _ = config.add_capabilities(InitFlags::FUSE_ATOMIC_O_TRUNC);
         // READDIRPLUS when the reader stats what it lists (`ls -l`, `find -ls`): the kernel
         // then needs no LOOKUP round trip per entry; plain listings stay plain READDIR.
-        let _ = config.add_capabilities(
-            InitFlags::FUSE_DO_READDIRPLUS | InitFlags::FUSE_READDIRPLUS_AUTO,
-        );
+        let _ = config
+            .add_capabilities(InitFlags::FUSE_DO_READDIRPLUS | InitFlags::FUSE_READDIRPLUS_AUTO);
         // Kernel passthrough: reads, writes and mmap of a handle go straight to the host
         // file. Not with --revoke, where every read and write must reach the daemon.
         // --revoke serves files with direct I/O; without this the kernel refuses shared
