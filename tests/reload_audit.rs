@@ -526,3 +526,47 @@ fn audit_to_a_full_file_system_never_stalls_the_mount() {
     drop(_guard);
     drop(m);
 }
+
+/// Symlink targets are cached by the kernel (FUSE_CACHE_SYMLINKS); a reload that hides a
+/// symlink takes the cached target back with everything else.
+#[test]
+fn reload_hides_a_cached_symlink_target() {
+    let m = Mount::with("reload-symlink", Some(OPEN), None, |src| {
+        mkdirp(&src.join("a"));
+        std::os::unix::fs::symlink("target-name", src.join("a/link")).unwrap();
+    });
+    // Through a handle of the symlink itself: no lookup stands between it and the cache.
+    let c = std::ffi::CString::new(m.mnt("a/link").into_os_string().into_encoded_bytes()).unwrap();
+    // SAFETY: a valid NUL-terminated path; the result is checked.
+    let fd = unsafe {
+        libc::open(
+            c.as_ptr(),
+            libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+        )
+    };
+    assert!(fd >= 0, "open O_PATH: {}", std::io::Error::last_os_error());
+    let readlink = || -> std::io::Result<Vec<u8>> {
+        let mut buf = [0u8; 256];
+        // SAFETY: a valid fd, an empty NUL-terminated path, a buffer of the given length.
+        let n = unsafe { libc::readlinkat(fd, c"".as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+        if n < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(buf[..n as usize].to_vec())
+    };
+    for _ in 0..3 {
+        assert_eq!(readlink().unwrap(), b"target-name");
+    }
+    m.reload_with(&hide("a/link"));
+    let gone = eventually(Duration::from_secs(1), || {
+        errno_of(&readlink()) == libc::ENOENT
+            && errno_of(&fs::read_link(m.mnt("a/link"))) == libc::ENOENT
+    });
+    // SAFETY: closing the descriptor opened above.
+    unsafe { libc::close(fd) };
+    assert!(
+        gone,
+        "readlink still answered after the reload: {}",
+        m.stderr()
+    );
+}

@@ -260,7 +260,10 @@ pub(super) fn notify_loop(n: Notifier, rx: Receiver<Inval>, shared: Arc<Shared>)
                 let _ = n.inval_inode(INodeNo(*ino), 0, 0);
             }
             for ino in &files {
-                let _ = n.inval_inode(INodeNo(*ino), if pages { 0 } else { -1 }, 0);
+                // Symlinks: their cached target too (readlink is decided by the policy).
+                let link = shared.inodes.kind(*ino).is_ok_and(|k| k == libc::S_IFLNK);
+                let offset = if pages || link { 0 } else { -1 };
+                let _ = n.inval_inode(INodeNo(*ino), offset, 0);
             }
             for (parent, name) in &entries {
                 let _ = n.inval_entry(INodeNo(*parent), OsStr::from_bytes(name));

@@ -88,6 +88,9 @@ impl Filesystem for FenceFs {
         // O_TRUNC reaches `open` (instead of a separate setattr after an open for read),
         // so `O_RDONLY|O_TRUNC` is classified as the write it is.
         let _ = config.add_capabilities(InitFlags::FUSE_ATOMIC_O_TRUNC);
+        // Symlink targets cached by the kernel (a symlink's target never changes in place;
+        // reloads drop them with the rest of the pages): no READLINK per path walk.
+        let _ = config.add_capabilities(InitFlags::FUSE_CACHE_SYMLINKS);
         // READDIRPLUS when the reader stats what it lists (`ls -l`, `find -ls`): the kernel
         // then needs no LOOKUP round trip per entry; plain listings stay plain READDIR.
         let _ = config
