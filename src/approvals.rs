@@ -19,7 +19,6 @@
 //! [`hold`]: Approvals::hold
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::Sender;
 use std::time::{Duration, Instant};
@@ -172,11 +171,6 @@ impl Approvals {
     /// Approvers connected now.
     pub fn approvers(&self) -> usize {
         self.approvers.load(Ordering::SeqCst)
-    }
-
-    /// The ask timeout.
-    pub fn timeout(&self) -> Duration {
-        self.timeout
     }
 
     fn emit(&self, ev: Event) {
@@ -402,9 +396,6 @@ pub fn resume_loop(rx: std::sync::mpsc::Receiver<(Resume, Outcome)>) {
         resume(outcome);
     }
 }
-
-/// Shared handle.
-pub type Shared = Arc<Approvals>;
 
 #[cfg(test)]
 mod tests {

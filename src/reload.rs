@@ -57,6 +57,11 @@ impl PolicyStore {
         self.file.as_deref()
     }
 
+    /// The generation in force now (no snapshot clone).
+    pub fn generation(&self) -> u64 {
+        self.cur.read().generation
+    }
+
     /// The snapshot in force now.
     pub fn get(&self) -> Arc<Snapshot> {
         self.cur.read().clone()

@@ -129,11 +129,12 @@ fn audit_lines(m: &Mount) -> Vec<Value> {
 #[test]
 fn an_approver_allows_denies_times_out_and_remembers() {
     let (m, sock) = mount("ask-basic", ASK, &["--ask-timeout", "1"]);
+    let before = snapshot(&m.root().join("src"));
     // No approver connected: refused at once with the refusal it would have had.
     let t = Instant::now();
     assert_eq!(output(agent(&m, WRITE_A)), "EACCES");
     assert!(t.elapsed() < Duration::from_secs(2));
-    let before = snapshot(&m.root().join("src"));
+    assert_host_unchanged(&before, &m.root().join("src"), "no approver");
 
     let mut ap = Peer::subscribe(&sock);
     // Deny.

@@ -531,3 +531,31 @@ fn supplementary_group_creates_still_belong_to_the_caller() {
     o.assert_fail("mkdir without the group");
     assert!(!m.host("team/x").exists());
 }
+
+#[test]
+fn an_exclusive_create_of_a_name_the_kernel_thinks_absent_is_eexist_and_forgotten() {
+    let b = Mount::builder("excl-stale")
+        .policy(ALLOW_ALL)
+        .arg("--no-watch")
+        .arg("--cache-ttl")
+        .arg("60");
+    mkdirp(&b.host("w"));
+    let m = b.start();
+    // The kernel learns "absent"; then the name appears on the host behind its back.
+    assert_eq!(errno_of(&std::fs::metadata(m.mnt("w/f"))), libc::ENOENT);
+    put(&m.host("w/f"), b"host", 0o644);
+    let before = snapshot(m.root().join("src").as_path());
+    let r = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(m.mnt("w/f"));
+    assert_eq!(errno_of(&r), libc::EEXIST, "O_CREAT|O_EXCL");
+    assert_host_unchanged(&before, m.root().join("src").as_path(), "exclusive create");
+    // The stale entry was dropped (the kernel does so itself on EEXIST): the file shows
+    // without waiting for the 60 s TTL.
+    assert!(
+        eventually(Duration::from_secs(2), || std::fs::read(m.mnt("w/f"))
+            .is_ok_and(|c| c == b"host")),
+        "the kernel still believes w/f absent"
+    );
+}

@@ -535,7 +535,8 @@ fn mount(a: MountArgs) -> Result<(), String> {
         })
         .map_err(|e| e.to_string())?;
     start_watch(fan, &shared, &tx, ttl)?;
-    let control = threads::start_control(control, &a, &shared, &tx, Instant::now())?;
+    let (control, resume) = threads::start_control(control, &a, &shared, &tx, Instant::now())?
+        .map_or((None, None), |(p, q)| (Some(p), Some(q)));
     let s2 = shared.clone();
     let mnt2 = mnt.clone();
     std::thread::Builder::new()
@@ -581,7 +582,7 @@ fn mount(a: MountArgs) -> Result<(), String> {
         confine(&shared, &src);
     }
     signal_ready(a.ready_fd, &mnt);
-    threads::start_resume()?;
+    threads::start_resume(resume)?;
     if a.daemonized {
         crate::daemon::detach_stdio();
     }

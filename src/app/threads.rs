@@ -103,15 +103,19 @@ pub(super) fn bind_control(a: &crate::cli::MountArgs) -> Result<Option<Control>,
     }))
 }
 
+/// The queue of held requests' continuations, for [`start_resume`].
+pub(super) type ResumeQueue = Receiver<(approvals::Resume, approvals::Outcome)>;
+
 /// Starts the control server thread (before the workers are confined: it reads /proc and
-/// the policy file). Returns the socket path to remove at exit.
+/// the policy file). Returns the socket path to remove at exit and the queue the resume
+/// thread must serve.
 pub(super) fn start_control(
     control: Option<Control>,
     a: &crate::cli::MountArgs,
     shared: &Arc<Shared>,
     tx: &Sender<Inval>,
     started: Instant,
-) -> Result<Option<PathBuf>, String> {
+) -> Result<Option<(PathBuf, ResumeQueue)>, String> {
     let Some(Control {
         path,
         group,
@@ -130,7 +134,6 @@ pub(super) fn start_control(
             waker.wake();
         }),
     );
-    RESUME.with(|r| *r.borrow_mut() = Some(res_rx));
     let hooks = hooks(shared, tx, started);
     let access = server::Access {
         daemon_uid: crate::host::sys::geteuid(),
@@ -146,22 +149,16 @@ pub(super) fn start_control(
         path.display(),
         a.ask_timeout
     );
-    Ok(Some(path))
+    Ok(Some((path, res_rx)))
 }
 
 /// The control socket's file, for the signal thread's last-resort exit.
 static CONTROL_SOCKET: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
 
-thread_local! {
-    /// The resume queue, handed from `start_control` to `start_resume` on the main thread.
-    static RESUME: std::cell::RefCell<Option<Receiver<(approvals::Resume, approvals::Outcome)>>> =
-        const { std::cell::RefCell::new(None) };
-}
-
 /// Starts the thread that runs held requests' continuations; call after the workers'
 /// confinement, on the main thread, so it runs under the same Landlock domain.
-pub(super) fn start_resume() -> Result<(), String> {
-    let Some(rx) = RESUME.with(|r| r.borrow_mut().take()) else {
+pub(super) fn start_resume(rx: Option<ResumeQueue>) -> Result<(), String> {
+    let Some(rx) = rx else {
         return Ok(());
     };
     std::thread::Builder::new()
@@ -214,7 +211,7 @@ fn hooks(shared: &Arc<Shared>, tx: &Sender<Inval>, started: Instant) -> Hooks {
             })),
             Err(errs) => Err(errs.iter().map(|e| e.to_string()).collect()),
         }),
-        generation: Box::new(move || s3.policy.get().generation),
+        generation: Box::new(move || s3.policy.generation()),
     }
 }
 

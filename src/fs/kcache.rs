@@ -109,7 +109,8 @@ impl KernelCache {
     }
 
     /// How many hidden negative entries the kernel may hold now.
-    pub fn hidden_len(&self) -> usize {
+    #[cfg(test)]
+    fn hidden_len(&self) -> usize {
         self.hidden.lock().set.len()
     }
 }

@@ -226,22 +226,12 @@ impl Shared {
         dir: bool,
         make: impl Fn() -> io::Result<T>,
     ) -> Res<T> {
-        if !self.as_root {
-            return Ok(make()?);
+        match self.as_caller(ctx, &make) {
+            Err(Error(libc::EACCES)) if self.as_root => {}
+            r => return r,
         }
         let uid = self.uids.to_host(ctx.caller.uid);
         let gid = self.gids.to_host(ctx.caller.gid);
-        if uid == 0 && gid == 0 {
-            return Ok(make()?);
-        }
-        let first = {
-            let _ids = sys::FsIds::assume(uid, gid)?;
-            make()
-        };
-        match first {
-            Err(e) if e.raw_os_error() == Some(libc::EACCES) => {}
-            r => return Ok(r?),
-        }
         let pst = sys::fstat(pfd.as_fd())?;
         let by_group = pst.st_mode & 0o030 == 0o030 && pst.st_gid != gid && pst.st_uid != uid;
         if !by_group {
@@ -262,6 +252,26 @@ impl Shared {
             return Err(e.into());
         }
         Ok(made)
+    }
+
+    /// Runs `f` under the caller's (mapped) file-system ids when the daemon runs as root:
+    /// what it creates belongs to the caller and the host checks the caller's permissions.
+    fn as_caller<T>(&self, ctx: &Ctx, f: impl FnOnce() -> io::Result<T>) -> Res<T> {
+        let uid = self.uids.to_host(ctx.caller.uid);
+        let gid = self.gids.to_host(ctx.caller.gid);
+        if !self.as_root || (uid, gid) == (0, 0) {
+            return Ok(f()?);
+        }
+        let _ids = sys::FsIds::assume(uid, gid)?;
+        Ok(f()?)
+    }
+
+    /// The kernel believed `parent/name` absent and it is not: tell it to forget that.
+    fn forget_entry(&self, parent: u64, name: &Name) {
+        self.kcache.send(Inval {
+            entries: vec![(parent, name.bytes().to_vec())],
+            ..Inval::default()
+        });
     }
 
     /// Records an entry just created in `parent` (stat through the held parent handle: no
@@ -363,7 +373,7 @@ impl Shared {
     /// and no reload has happened since the decision.
     pub fn cache_hidden(&self, ctx: &Ctx, parent: u64, name: &Name) -> bool {
         self.kcache.hidden_negative(parent, name.bytes())
-            && self.policy.get().generation == ctx.snap.generation
+            && self.policy.generation() == ctx.snap.generation
     }
 
     /// forget.
@@ -811,36 +821,16 @@ impl Shared {
         name: &Name,
         flags: i32,
     ) -> Res<OwnedFd> {
-        let stale = || {
-            self.kcache.send(Inval {
-                entries: vec![(parent, name.bytes().to_vec())],
-                ..Inval::default()
-            });
-            Error(libc::EEXIST)
-        };
-        let open = || sys::openat(pfd.as_fd(), name, flags, 0);
-        let uid = self.uids.to_host(ctx.caller.uid);
-        let gid = self.gids.to_host(ctx.caller.gid);
-        let file = if self.as_root && (uid, gid) != (0, 0) {
-            let _ids = sys::FsIds::assume(uid, gid)?;
-            open()
-        } else {
-            open()
-        };
-        let file = match file {
+        // Whatever is there, the kernel's "absent" was wrong.
+        self.forget_entry(parent, name);
+        let file = match self.as_caller(ctx, || sys::openat(pfd.as_fd(), name, flags, 0)) {
             Ok(f) => f,
             // A FIFO without a reader (ENXIO), a symlink (ELOOP), a device: not a file.
-            Err(e) if matches!(e.raw_os_error(), Some(libc::ENXIO | libc::ELOOP)) => {
-                return Err(stale());
-            }
-            Err(e) => {
-                // Whatever it is, the kernel's "absent" was wrong.
-                stale();
-                return Err(e.into());
-            }
+            Err(Error(libc::ENXIO | libc::ELOOP)) => return Err(Error(libc::EEXIST)),
+            Err(e) => return Err(e),
         };
         if sys::fstat(file.as_fd())?.st_mode & libc::S_IFMT != libc::S_IFREG {
-            return Err(stale());
+            return Err(Error(libc::EEXIST));
         }
         Ok(file)
     }

@@ -88,18 +88,21 @@ impl Budget {
     }
 
     /// Units held now: by everyone, and by `uid`.
-    pub fn used(&self, uid: u32) -> (usize, usize) {
+    #[cfg(test)]
+    fn used(&self, uid: u32) -> (usize, usize) {
         let u = self.used.lock();
         (u.all, u.by_uid.get(&uid).copied().unwrap_or(0))
     }
 
     /// The per-uid share.
-    pub fn per_uid(&self) -> usize {
+    #[cfg(test)]
+    fn per_uid(&self) -> usize {
         self.per_uid
     }
 
     /// The pool size.
-    pub fn total(&self) -> usize {
+    #[cfg(test)]
+    fn total(&self) -> usize {
         self.total
     }
 }
