@@ -519,10 +519,16 @@ fn mount(a: MountArgs) -> Result<(), String> {
     let config = session_config(&a, threads);
     let control = threads::bind_control(&a)?;
     let fs = FenceFs::new(shared.clone());
+    let core = fs.core();
     let mut session = Session::new(fs, &mnt, &config).map_err(|e| {
         threads::remove_control(a.control.as_deref());
         format!("cannot mount at '{}': {e}", mnt.display())
     })?;
+    // Backing ids for kernel passthrough are opened on the connection's device.
+    match session.as_fd().try_clone_to_owned() {
+        Ok(dev) => core.set_device(dev),
+        Err(e) => log::warn!("FUSE device: {e}; file I/O goes through the daemon"),
+    }
     let notifier = session.notifier();
     let unmounter = session.unmount_callable();
     let (tx, rx) = channel::<Inval>();

@@ -8,22 +8,57 @@
 //! worker thread waits for an approver.
 
 use std::collections::HashMap;
-use std::io;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, OnceLock, Weak};
 
-use fuser::{BackingId, FopenFlags, Request};
+use fuser::FopenFlags;
 use parking_lot::Mutex;
 
 use super::decide::Line;
 use super::ops::{Ctx, Error, Opened, Res, Shared};
 use crate::approvals::{self, Outcome, Resume};
 
+/// A kernel passthrough backing id, closed on the FUSE connection when dropped.
+pub struct BackingFile {
+    /// The id the kernel knows the host file by.
+    pub id: u32,
+    dev: Arc<OwnedFd>,
+}
+
+impl Drop for BackingFile {
+    fn drop(&mut self) {
+        if let Err(e) = crate::host::sys::fuse_backing_close(self.dev.as_fd(), self.id) {
+            log::debug!("closing backing id {}: {e}", self.id);
+        }
+    }
+}
+
 #[derive(Default)]
 struct Backing {
-    by_ino: HashMap<u64, Weak<BackingId>>,
-    by_fh: HashMap<u64, Arc<BackingId>>,
+    by_ino: HashMap<u64, Weak<BackingFile>>,
+    by_fh: HashMap<u64, Arc<BackingFile>>,
+}
+
+/// Who sent a request (from its FUSE header), whatever transport carried it.
+#[derive(Clone, Copy, Debug)]
+pub struct Rq {
+    /// Caller uid.
+    pub uid: u32,
+    /// Caller gid.
+    pub gid: u32,
+    /// Caller pid (0: the kernel itself).
+    pub pid: u32,
+}
+
+impl From<&fuser::Request> for Rq {
+    fn from(r: &fuser::Request) -> Rq {
+        Rq {
+            uid: r.uid(),
+            gid: r.gid(),
+            pid: r.pid(),
+        }
+    }
 }
 
 /// State of the mounted file system reachable from any thread.
@@ -35,6 +70,8 @@ pub struct Core {
     /// Backing ids by node (the kernel wants one per inode while any handle is open)
     /// and the strong references held by each open handle.
     backing: Mutex<Backing>,
+    /// The FUSE connection's device, for backing ids (set once the session is up).
+    dev: OnceLock<Arc<OwnedFd>>,
 }
 
 impl Core {
@@ -43,26 +80,32 @@ impl Core {
             shared,
             passthrough: AtomicBool::new(false),
             backing: Mutex::new(Backing::default()),
+            dev: OnceLock::new(),
         }
+    }
+
+    /// Gives the core the FUSE device (a descriptor of the connection) that backing ids
+    /// are opened and closed on. Without it, files are served through the daemon.
+    pub fn set_device(&self, dev: OwnedFd) {
+        let _ = self.dev.set(Arc::new(dev));
     }
 
     /// The backing id to pass an opened file's I/O through to its host file, reusing the
     /// inode's id while one is alive. `None`: serve I/O through the daemon.
-    fn backing_for(
-        &self,
-        ino: u64,
-        file: &OwnedFd,
-        open: impl Fn(&OwnedFd) -> io::Result<BackingId>,
-    ) -> Option<Arc<BackingId>> {
+    fn backing_for(&self, ino: u64, file: &OwnedFd) -> Option<Arc<BackingFile>> {
         if !self.passthrough.load(Ordering::Relaxed) {
             return None;
         }
+        let dev = self.dev.get()?;
         let mut b = self.backing.lock();
         let id = match b.by_ino.get(&ino).and_then(Weak::upgrade) {
             Some(id) => id,
-            None => match open(file) {
+            None => match fuser::BackingId::create_raw(dev.as_fd(), file.as_fd()) {
                 Ok(id) => {
-                    let id = Arc::new(id);
+                    let id = Arc::new(BackingFile {
+                        id,
+                        dev: dev.clone(),
+                    });
                     b.by_ino.insert(ino, Arc::downgrade(&id));
                     id
                 }
@@ -80,18 +123,15 @@ impl Core {
     /// Registers an opened file as a handle, through the kernel when it can (the handle
     /// then keeps the backing id and gives its descriptor back); returns the `fh` and the
     /// backing id.
-    pub(super) fn register(
-        &self,
-        o: Opened,
-        open: impl Fn(&OwnedFd) -> io::Result<BackingId>,
-    ) -> (u64, Option<Arc<BackingId>>) {
+    pub(super) fn register(&self, o: Opened) -> (u64, Option<u32>) {
         let ino = o.ino;
-        let id = self.backing_for(ino, &o.file, open);
+        let id = self.backing_for(ino, &o.file);
         let fh = self.shared.register(o, id.is_some());
-        if let Some(id) = &id {
-            self.backing.lock().by_fh.insert(fh, id.clone());
+        let raw = id.as_ref().map(|b| b.id);
+        if let Some(id) = id {
+            self.backing.lock().by_fh.insert(fh, id);
         }
-        (fh, id)
+        (fh, raw)
     }
 
     pub(super) fn release_backing(&self, ino: u64, fh: u64) {
@@ -105,8 +145,8 @@ impl Core {
         }
     }
 
-    pub(super) fn ctx(&self, req: &Request) -> Ctx {
-        self.shared.ctx(req.uid(), req.gid(), req.pid())
+    pub(super) fn ctx(&self, rq: Rq) -> Ctx {
+        self.shared.ctx(rq.uid, rq.gid, rq.pid)
     }
 
     pub(super) fn open_flags(&self) -> FopenFlags {
@@ -124,7 +164,7 @@ impl Core {
     /// or answers EACCES (denied, timed out, no approver) from the resume thread.
     pub(super) fn serve<R, T>(
         self: &Arc<Self>,
-        req: &Request,
+        rq: Rq,
         reply: R,
         op: impl Fn(&Core, &Ctx) -> Res<T> + Send + 'static,
         answer: impl FnOnce(&Core, &Ctx, R, Res<T>) + Send + 'static,
@@ -132,7 +172,7 @@ impl Core {
         R: Send + 'static,
         T: 'static,
     {
-        let mut ctx = self.ctx(req);
+        let mut ctx = self.ctx(rq);
         ctx.may_hold = true;
         let r = op(self, &ctx);
         let ask = match &r {

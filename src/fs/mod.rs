@@ -5,8 +5,12 @@
 pub mod attr;
 mod core;
 mod decide;
+pub mod handlers;
 pub mod kcache;
 pub mod ops;
+pub mod reply;
+
+pub use core::{Core, Rq};
 
 use std::ffi::OsStr;
 use std::io;
@@ -16,16 +20,15 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use fuser::{
-    AccessFlags, BsdFileFlags, CopyFileRangeFlags, Errno, FileHandle, Filesystem, FopenFlags,
-    Generation, INodeNo, InitFlags, IoctlFlags, KernelConfig, LockOwner, OpenFlags, PollEvents,
-    PollFlags, PollNotifier, RenameFlags, ReplyAttr, ReplyBmap, ReplyCreate, ReplyData,
-    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyLock, ReplyLseek,
-    ReplyOpen, ReplyPoll, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    AccessFlags, BsdFileFlags, CopyFileRangeFlags, Errno, FileHandle, Filesystem, Generation,
+    INodeNo, InitFlags, IoctlFlags, KernelConfig, LockOwner, OpenFlags, PollEvents, PollFlags,
+    PollNotifier, RenameFlags, ReplyAttr, ReplyBmap, ReplyCreate, ReplyData, ReplyDirectory,
+    ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyLock, ReplyLseek, ReplyOpen,
+    ReplyPoll, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 
-use crate::host::sys::{Name, Xattr};
-use core::Core;
-use ops::{Error, Lookup, Shared};
+use handlers::SetAttr;
+use ops::{Error, Shared};
 use std::sync::atomic::Ordering;
 
 /// The mounted file system: the kernel's entry points, over a [`Core`] that held requests
@@ -66,11 +69,6 @@ fn negative_attr() -> fuser::FileAttr {
     }
 }
 
-fn name(n: &OsStr) -> Result<Name, Errno> {
-    Name::from_os(n)
-        .map_err(|e: io::Error| Errno::from_i32(e.raw_os_error().unwrap_or(libc::EINVAL)))
-}
-
 const GEN: Generation = Generation(0);
 
 impl FenceFs {
@@ -79,6 +77,11 @@ impl FenceFs {
         FenceFs {
             core: Arc::new(Core::new(shared)),
         }
+    }
+
+    /// The core, shared with the other transport and the daemon's threads.
+    pub fn core(&self) -> Arc<Core> {
+        self.core.clone()
     }
 }
 
@@ -132,30 +135,7 @@ impl Filesystem for FenceFs {
     fn destroy(&mut self) {}
 
     fn lookup(&self, req: &Request, parent: INodeNo, n: &OsStr, reply: ReplyEntry) {
-        let n = match name(n) {
-            Ok(n) => n,
-            Err(e) => return reply.error(e),
-        };
-        let ctx = self.ctx(req);
-        let ttl = self.shared.ttl(&ctx);
-        // Absent and hidden names get the same negative entry, cached for the entry TTL
-        // (0 when rules depend on the caller), so repeated lookups cost the same; a hidden
-        // one only if a reload can take it back.
-        let cache = match self.shared.do_lookup(&ctx, parent.0, &n) {
-            Ok(Lookup::Found(a)) => {
-                return reply.entry_with_ttls(&ttl.attr, &ttl.entry, &a, GEN);
-            }
-            Ok(Lookup::Absent) => !ttl.entry.is_zero(),
-            Ok(Lookup::Hidden) => {
-                !ttl.entry.is_zero() && self.shared.cache_hidden(&ctx, parent.0, &n)
-            }
-            Err(e) => return reply.error(errno(e)),
-        };
-        if cache {
-            reply.entry_with_ttls(&ttl.attr, &ttl.entry, &negative_attr(), GEN)
-        } else {
-            reply.error(Errno::ENOENT)
-        }
+        self.core.lookup(req.into(), parent.0, n.as_bytes(), reply)
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
@@ -166,12 +146,7 @@ impl Filesystem for FenceFs {
     // not public, so the method cannot be written out here).
 
     fn getattr(&self, req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
-        let ctx = self.ctx(req);
-        let ttl = self.shared.ttl(&ctx);
-        match self.shared.do_getattr(&ctx, ino.0, fh.map(|f| f.0)) {
-            Ok(a) => reply.attr(&ttl.attr, &a),
-            Err(e) => reply.error(errno(e)),
-        }
+        self.core.getattr(req.into(), ino.0, fh.map(|f| f.0), reply)
     }
 
     fn setattr(
@@ -192,27 +167,20 @@ impl Filesystem for FenceFs {
         _flags: Option<BsdFileFlags>,
         reply: ReplyAttr,
     ) {
-        let fh = fh.map(|f| f.0);
-        self.serve(
-            req,
-            reply,
-            move |c, ctx| {
-                c.shared
-                    .do_setattr(ctx, ino.0, mode, uid, gid, size, atime, mtime, fh)
-            },
-            |c, ctx, reply, r| match r {
-                Ok(a) => reply.attr(&c.shared.ttl(ctx).attr, &a),
-                Err(e) => reply.error(errno(e)),
-            },
-        );
+        let s = SetAttr {
+            mode,
+            uid,
+            gid,
+            size,
+            atime,
+            mtime,
+            fh: fh.map(|f| f.0),
+        };
+        self.core.setattr(req.into(), ino.0, s, reply)
     }
 
     fn readlink(&self, req: &Request, ino: INodeNo, reply: ReplyData) {
-        let ctx = self.ctx(req);
-        match self.shared.do_readlink(&ctx, ino.0) {
-            Ok(t) => reply.data(&t),
-            Err(e) => reply.error(errno(e)),
-        }
+        self.core.readlink(req.into(), ino.0, reply)
     }
 
     fn mknod(
@@ -225,22 +193,8 @@ impl Filesystem for FenceFs {
         rdev: u32,
         reply: ReplyEntry,
     ) {
-        let n = match name(n) {
-            Ok(n) => n,
-            Err(e) => return reply.error(e),
-        };
-        self.serve(
-            req,
-            reply,
-            move |c, ctx| c.shared.do_mknod(ctx, parent.0, &n, mode, rdev),
-            |c, ctx, reply, r| match r {
-                Ok(a) => {
-                    let ttl = c.shared.ttl(ctx);
-                    reply.entry_with_ttls(&ttl.attr, &ttl.entry, &a, GEN)
-                }
-                Err(e) => reply.error(errno(e)),
-            },
-        );
+        self.core
+            .mknod(req.into(), parent.0, n.as_bytes(), mode, rdev, reply)
     }
 
     fn mkdir(
@@ -252,54 +206,18 @@ impl Filesystem for FenceFs {
         _umask: u32,
         reply: ReplyEntry,
     ) {
-        let n = match name(n) {
-            Ok(n) => n,
-            Err(e) => return reply.error(e),
-        };
-        self.serve(
-            req,
-            reply,
-            move |c, ctx| c.shared.do_mkdir(ctx, parent.0, &n, mode),
-            |c, ctx, reply, r| match r {
-                Ok(a) => {
-                    let ttl = c.shared.ttl(ctx);
-                    reply.entry_with_ttls(&ttl.attr, &ttl.entry, &a, GEN)
-                }
-                Err(e) => reply.error(errno(e)),
-            },
-        );
+        self.core
+            .mkdir(req.into(), parent.0, n.as_bytes(), mode, reply)
     }
 
     fn unlink(&self, req: &Request, parent: INodeNo, n: &OsStr, reply: ReplyEmpty) {
-        let n = match name(n) {
-            Ok(n) => n,
-            Err(e) => return reply.error(e),
-        };
-        self.serve(
-            req,
-            reply,
-            move |c, ctx| c.shared.do_remove(ctx, parent.0, &n, false),
-            |_, _, reply, r| match r {
-                Ok(()) => reply.ok(),
-                Err(e) => reply.error(errno(e)),
-            },
-        );
+        self.core
+            .remove(req.into(), parent.0, n.as_bytes(), false, reply)
     }
 
     fn rmdir(&self, req: &Request, parent: INodeNo, n: &OsStr, reply: ReplyEmpty) {
-        let n = match name(n) {
-            Ok(n) => n,
-            Err(e) => return reply.error(e),
-        };
-        self.serve(
-            req,
-            reply,
-            move |c, ctx| c.shared.do_remove(ctx, parent.0, &n, true),
-            |_, _, reply, r| match r {
-                Ok(()) => reply.ok(),
-                Err(e) => reply.error(errno(e)),
-            },
-        );
+        self.core
+            .remove(req.into(), parent.0, n.as_bytes(), true, reply)
     }
 
     fn symlink(
@@ -310,23 +228,9 @@ impl Filesystem for FenceFs {
         target: &Path,
         reply: ReplyEntry,
     ) {
-        let n = match name(link_name) {
-            Ok(n) => n,
-            Err(e) => return reply.error(e),
-        };
-        let target = target.as_os_str().as_bytes().to_vec();
-        self.serve(
-            req,
-            reply,
-            move |c, ctx| c.shared.do_symlink(ctx, parent.0, &n, &target),
-            |c, ctx, reply, r| match r {
-                Ok(a) => {
-                    let ttl = c.shared.ttl(ctx);
-                    reply.entry_with_ttls(&ttl.attr, &ttl.entry, &a, GEN)
-                }
-                Err(e) => reply.error(errno(e)),
-            },
-        );
+        let target = target.as_os_str().as_bytes();
+        self.core
+            .symlink(req.into(), parent.0, link_name.as_bytes(), target, reply)
     }
 
     fn rename(
@@ -339,23 +243,15 @@ impl Filesystem for FenceFs {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
-        let (n, nn) = match (name(n), name(newname)) {
-            (Ok(a), Ok(b)) => (a, b),
-            (Err(e), _) | (_, Err(e)) => return reply.error(e),
-        };
-        let flags = flags.bits();
-        self.serve(
-            req,
+        self.core.rename(
+            req.into(),
+            parent.0,
+            n.as_bytes(),
+            newparent.0,
+            newname.as_bytes(),
+            flags.bits(),
             reply,
-            move |c, ctx| {
-                c.shared
-                    .do_rename(ctx, parent.0, &n, newparent.0, &nn, flags)
-            },
-            |_, _, reply, r| match r {
-                Ok(()) => reply.ok(),
-                Err(e) => reply.error(errno(e)),
-            },
-        );
+        )
     }
 
     fn link(
@@ -366,40 +262,12 @@ impl Filesystem for FenceFs {
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
-        let nn = match name(newname) {
-            Ok(n) => n,
-            Err(e) => return reply.error(e),
-        };
-        self.serve(
-            req,
-            reply,
-            move |c, ctx| c.shared.do_link(ctx, ino.0, newparent.0, &nn),
-            |c, ctx, reply, r| match r {
-                Ok(a) => {
-                    let ttl = c.shared.ttl(ctx);
-                    reply.entry_with_ttls(&ttl.attr, &ttl.entry, &a, GEN)
-                }
-                Err(e) => reply.error(errno(e)),
-            },
-        );
+        self.core
+            .link(req.into(), ino.0, newparent.0, newname.as_bytes(), reply)
     }
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        let flags = flags.0;
-        self.serve(
-            req,
-            reply,
-            move |c, ctx| c.shared.do_open(ctx, ino.0, flags),
-            |c, _, reply, r| match r {
-                Ok(o) => match c.register(o, |f| reply.open_backing(f)) {
-                    (fh, Some(id)) => {
-                        reply.opened_passthrough(FileHandle(fh), FopenFlags::empty(), &id)
-                    }
-                    (fh, None) => reply.opened(FileHandle(fh), c.open_flags()),
-                },
-                Err(e) => reply.error(errno(e)),
-            },
-        );
+        self.core.open(req.into(), ino.0, flags.0, reply)
     }
 
     fn read(
@@ -413,11 +281,7 @@ impl Filesystem for FenceFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        let ctx = self.ctx(req);
-        match self.shared.do_read(&ctx, fh.0, offset, size) {
-            Ok(d) => reply.data(&d),
-            Err(e) => reply.error(errno(e)),
-        }
+        self.core.read(req.into(), fh.0, offset, size, reply)
     }
 
     fn write(
@@ -432,26 +296,18 @@ impl Filesystem for FenceFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        let ctx = self.ctx(req);
-        match self.shared.do_write(&ctx, fh.0, offset, data) {
-            Ok(n) => reply.written(n),
-            Err(e) => reply.error(errno(e)),
-        }
+        self.core.write(req.into(), fh.0, offset, data, reply)
     }
 
     fn flush(
         &self,
         _req: &Request,
         _ino: INodeNo,
-        fh: FileHandle,
+        _fh: FileHandle,
         _lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        // Writes go straight to the host file, nothing is buffered, and POSIX locks stay in
-        // the kernel: there is nothing to flush on close. ENOSYS tells the kernel so once,
-        // and it stops sending FLUSH at all (one round trip less per close(2)).
-        let _ = fh;
-        reply.error(Errno::ENOSYS)
+        self.core.flush(reply)
     }
 
     fn release(
@@ -464,9 +320,7 @@ impl Filesystem for FenceFs {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        self.shared.do_release(fh.0);
-        self.release_backing(ino.0, fh.0);
-        reply.ok();
+        self.core.release(ino.0, fh.0, reply)
     }
 
     fn fsync(
@@ -477,27 +331,11 @@ impl Filesystem for FenceFs {
         datasync: bool,
         reply: ReplyEmpty,
     ) {
-        match self.shared.do_fsync(fh.0, datasync) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(e)),
-        }
+        self.core.fsync(fh.0, datasync, reply)
     }
 
     fn opendir(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        let ctx = self.ctx(req);
-        // The kernel may keep a listing across opens (it drops it when the directory
-        // changes through the mount, and the daemon drops it on host changes and
-        // reloads) — but never when rules depend on the caller: listings are filtered
-        // per caller.
-        let cache = if self.shared.ttl(&ctx).entry.is_zero() {
-            FopenFlags::empty()
-        } else {
-            FopenFlags::FOPEN_CACHE_DIR | FopenFlags::FOPEN_KEEP_CACHE
-        };
-        match self.shared.do_opendir(&ctx, ino.0) {
-            Ok(fh) => reply.opened(FileHandle(fh), cache),
-            Err(e) => reply.error(errno(e)),
-        }
+        self.core.opendir(req.into(), ino.0, reply)
     }
 
     fn readdir(
@@ -506,40 +344,9 @@ impl Filesystem for FenceFs {
         ino: INodeNo,
         fh: FileHandle,
         offset: u64,
-        mut reply: ReplyDirectory,
+        reply: ReplyDirectory,
     ) {
-        let ctx = self.ctx(req);
-        let (_h, entries) = match self.shared.dir_entries(&ctx, fh.0, offset) {
-            Ok(x) => x,
-            Err(e) => return reply.error(errno(e)),
-        };
-        // Offsets: 1 = ".", 2 = "..", 3.. = entries.
-        let mut off = offset;
-        if off == 0 {
-            if reply.add(ino, 1, fuser::FileType::Directory, ".") {
-                return reply.ok();
-            }
-            off = 1;
-        }
-        if off == 1 {
-            let p = INodeNo(self.shared.parent_ino(ino.0));
-            if reply.add(p, 2, fuser::FileType::Directory, "..") {
-                return reply.ok();
-            }
-            off = 2;
-        }
-        for (i, e) in entries.iter().enumerate().skip((off - 2) as usize) {
-            let kind = attr::kind(e.kind);
-            if reply.add(
-                INodeNo(e.ino),
-                i as u64 + 3,
-                kind,
-                OsStr::from_bytes(&e.name),
-            ) {
-                break;
-            }
-        }
-        reply.ok();
+        self.core.readdir(req.into(), ino.0, fh.0, offset, reply)
     }
 
     fn readdirplus(
@@ -548,47 +355,10 @@ impl Filesystem for FenceFs {
         ino: INodeNo,
         fh: FileHandle,
         offset: u64,
-        mut reply: ReplyDirectoryPlus,
+        reply: ReplyDirectoryPlus,
     ) {
-        let ctx = self.ctx(req);
-        let ttl = self.shared.ttl(&ctx);
-        let (_h, entries) = match self.shared.dir_entries(&ctx, fh.0, offset) {
-            Ok(x) => x,
-            Err(e) => return reply.error(errno(e)),
-        };
-        // Same offsets as readdir: 1 = ".", 2 = "..", 3.. = entries. The kernel does not
-        // count lookups for the dot entries.
-        let mut off = offset;
-        for (o, dot, dino) in [(0u64, ".", ino.0), (1, "..", self.shared.parent_ino(ino.0))] {
-            if off == o {
-                let Ok(a) = self.shared.do_getattr(&ctx, dino, None) else {
-                    return reply.error(Errno::ESTALE);
-                };
-                if reply.add(INodeNo(dino), o + 1, dot, &ttl.entry, &a, GEN) {
-                    return reply.ok();
-                }
-                off = o + 1;
-            }
-        }
-        for (i, e) in entries.iter().enumerate().skip((off - 2) as usize) {
-            // Each entry returned counts as a lookup; hidden or vanished ones are skipped.
-            let Ok(a) = self.shared.plus_lookup(&ctx, ino.0, &e.name) else {
-                continue;
-            };
-            if reply.add(
-                a.ino,
-                i as u64 + 3,
-                OsStr::from_bytes(&e.name),
-                &ttl.entry,
-                &a,
-                GEN,
-            ) {
-                // Not sent: give the lookup back.
-                self.shared.do_forget(a.ino.0, 1);
-                break;
-            }
-        }
-        reply.ok();
+        self.core
+            .readdirplus(req.into(), ino.0, fh.0, offset, reply)
     }
 
     fn releasedir(
@@ -599,8 +369,7 @@ impl Filesystem for FenceFs {
         _flags: OpenFlags,
         reply: ReplyEmpty,
     ) {
-        self.shared.do_release(fh.0);
-        reply.ok();
+        self.core.releasedir(fh.0, reply)
     }
 
     fn fsyncdir(
@@ -611,27 +380,11 @@ impl Filesystem for FenceFs {
         datasync: bool,
         reply: ReplyEmpty,
     ) {
-        match self.shared.do_fsync(fh.0, datasync) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(e)),
-        }
+        self.core.fsync(fh.0, datasync, reply)
     }
 
     fn statfs(&self, req: &Request, ino: INodeNo, reply: ReplyStatfs) {
-        let ctx = self.ctx(req);
-        match self.shared.do_statfs(&ctx, ino.0) {
-            Ok(s) => reply.statfs(
-                s.f_blocks,
-                s.f_bfree,
-                s.f_bavail,
-                s.f_files,
-                s.f_ffree,
-                s.f_bsize as u32,
-                s.f_namemax as u32,
-                s.f_frsize as u32,
-            ),
-            Err(e) => reply.error(errno(e)),
-        }
+        self.core.statfs(req.into(), ino.0, reply)
     }
 
     fn setxattr(
@@ -644,56 +397,26 @@ impl Filesystem for FenceFs {
         _position: u32,
         reply: ReplyEmpty,
     ) {
-        let n = n.as_bytes().to_vec();
-        let value = value.to_vec();
-        self.serve(
-            req,
-            reply,
-            move |c, ctx| c.shared.do_setxattr(ctx, ino.0, &n, &value, flags),
-            |_, _, reply, r| match r {
-                Ok(()) => reply.ok(),
-                Err(e) => reply.error(errno(e)),
-            },
-        );
+        self.core
+            .setxattr(req.into(), ino.0, n.as_bytes(), value, flags, reply)
     }
 
     fn getxattr(&self, req: &Request, ino: INodeNo, n: &OsStr, size: u32, reply: ReplyXattr) {
-        let ctx = self.ctx(req);
-        match self.shared.do_getxattr(&ctx, ino.0, n.as_bytes(), size) {
-            Ok(Xattr::Size(n)) => reply.size(n as u32),
-            Ok(Xattr::Data(v)) => reply.data(&v),
-            Err(e) => reply.error(errno(e)),
-        }
+        self.core
+            .getxattr(req.into(), ino.0, n.as_bytes(), size, reply)
     }
 
     fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
-        let ctx = self.ctx(req);
-        match self.shared.do_listxattr(&ctx, ino.0, size) {
-            Ok(Xattr::Size(n)) => reply.size(n as u32),
-            Ok(Xattr::Data(v)) => reply.data(&v),
-            Err(e) => reply.error(errno(e)),
-        }
+        self.core.listxattr(req.into(), ino.0, size, reply)
     }
 
     fn removexattr(&self, req: &Request, ino: INodeNo, n: &OsStr, reply: ReplyEmpty) {
-        let n = n.as_bytes().to_vec();
-        self.serve(
-            req,
-            reply,
-            move |c, ctx| c.shared.do_removexattr(ctx, ino.0, &n),
-            |_, _, reply, r| match r {
-                Ok(()) => reply.ok(),
-                Err(e) => reply.error(errno(e)),
-            },
-        );
+        self.core
+            .removexattr(req.into(), ino.0, n.as_bytes(), reply)
     }
 
     fn access(&self, req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
-        let ctx = self.ctx(req);
-        match self.shared.do_access(&ctx, ino.0, mask.bits()) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(errno(e)),
-        }
+        self.core.access(req.into(), ino.0, mask.bits(), reply)
     }
 
     fn create(
@@ -706,34 +429,8 @@ impl Filesystem for FenceFs {
         flags: i32,
         reply: ReplyCreate,
     ) {
-        let n = match name(n) {
-            Ok(n) => n,
-            Err(e) => return reply.error(e),
-        };
-        self.serve(
-            req,
-            reply,
-            move |c, ctx| c.shared.do_create(ctx, parent.0, &n, mode, flags),
-            |c, ctx, reply, r| {
-                let ttl = c.shared.ttl(ctx);
-                match r {
-                    Ok((a, o)) => match c.register(o, |f| reply.open_backing(f)) {
-                        (fh, Some(id)) => reply.created_passthrough(
-                            &ttl.entry,
-                            &a,
-                            GEN,
-                            FileHandle(fh),
-                            FopenFlags::empty(),
-                            &id,
-                        ),
-                        (fh, None) => {
-                            reply.created(&ttl.entry, &a, GEN, FileHandle(fh), c.open_flags())
-                        }
-                    },
-                    Err(e) => reply.error(errno(e)),
-                }
-            },
-        );
+        self.core
+            .create(req.into(), parent.0, n.as_bytes(), mode, flags, reply)
     }
 
     fn getlk(
@@ -813,15 +510,8 @@ impl Filesystem for FenceFs {
         mode: i32,
         reply: ReplyEmpty,
     ) {
-        self.serve(
-            req,
-            reply,
-            move |c, ctx| c.shared.do_fallocate(ctx, fh.0, offset, length, mode),
-            |_, _, reply, r| match r {
-                Ok(()) => reply.ok(),
-                Err(e) => reply.error(errno(e)),
-            },
-        );
+        self.core
+            .fallocate(req.into(), fh.0, offset, length, mode, reply)
     }
 
     fn lseek(
@@ -833,10 +523,7 @@ impl Filesystem for FenceFs {
         whence: i32,
         reply: ReplyLseek,
     ) {
-        match self.shared.do_lseek(fh.0, offset, whence) {
-            Ok(o) => reply.offset(o),
-            Err(e) => reply.error(errno(e)),
-        }
+        self.core.lseek(fh.0, offset, whence, reply)
     }
 
     fn copy_file_range(
@@ -852,17 +539,14 @@ impl Filesystem for FenceFs {
         _flags: CopyFileRangeFlags,
         reply: ReplyWrite,
     ) {
-        self.serve(
-            req,
+        self.core.copy_file_range(
+            req.into(),
+            fh_in.0,
+            offset_in,
+            fh_out.0,
+            offset_out,
+            len,
             reply,
-            move |c, ctx| {
-                c.shared
-                    .do_copy_file_range(ctx, fh_in.0, offset_in, fh_out.0, offset_out, len)
-            },
-            |_, _, reply, r| match r {
-                Ok(n) => reply.written(n),
-                Err(e) => reply.error(errno(e)),
-            },
-        );
+        )
     }
 }

@@ -770,3 +770,22 @@ pub fn geteuid() -> u32 {
     // SAFETY: cannot fail.
     unsafe { libc::geteuid() }
 }
+
+/// `FUSE_DEV_IOC_BACKING_CLOSE` = `_IOW(229, 2, uint32_t)`.
+const FUSE_DEV_IOC_BACKING_CLOSE: libc::c_ulong = 0x4004_e502;
+
+/// Closes a kernel passthrough backing id on the FUSE connection `dev` belongs to.
+pub fn fuse_backing_close(dev: BorrowedFd<'_>, id: u32) -> io::Result<()> {
+    // SAFETY: the ioctl reads one u32 from the pointer, which outlives the call.
+    let r = unsafe {
+        libc::ioctl(
+            dev.as_raw_fd(),
+            FUSE_DEV_IOC_BACKING_CLOSE,
+            &id as *const u32,
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}

@@ -1,0 +1,590 @@
+//! The requests, transport-neutral: each handler takes a request's decoded arguments, runs
+//! the `do_*` operation (through [`Core::serve`] where an approver could lift a refusal)
+//! and answers through one of the [`super::reply`] traits. The fuser `Filesystem` impl
+//! (classic `/dev/fuse`) and the io_uring transport both call these, so the two cannot
+//! drift apart.
+//!
+//! Invariant: every handler answers its reply exactly once (possibly later, from the
+//! resume thread, when the request is held for an approver).
+
+use std::sync::Arc;
+
+use fuser::{Errno, FileType, FopenFlags, TimeOrNow};
+
+use super::attr;
+use super::core::{Core, Rq};
+use super::ops::{Error, Lookup};
+use super::reply::{
+    AttrReply, CreateReply, DataReply, DirPlusReply, DirReply, EmptyReply, EntryReply, LseekReply,
+    OpenReply, StatfsReply, WriteReply, XattrReply,
+};
+use super::{errno, negative_attr};
+use crate::host::sys::{Name, Xattr};
+
+/// A name from the kernel, validated.
+fn name(n: &[u8]) -> Result<Name, Errno> {
+    Name::new(n).map_err(|e| Errno::from_i32(e.raw_os_error().unwrap_or(libc::EINVAL)))
+}
+
+/// Answers an entry-or-error result.
+fn entry<R: EntryReply>(
+    c: &Core,
+    ctx: &super::ops::Ctx,
+    reply: R,
+    r: Result<fuser::FileAttr, Error>,
+) {
+    match r {
+        Ok(a) => {
+            let ttl = c.shared.ttl(ctx);
+            reply.entry(&ttl.attr, &ttl.entry, &a)
+        }
+        Err(e) => reply.error(errno(e)),
+    }
+}
+
+/// Answers an empty-or-error result.
+fn empty<R: EmptyReply>(reply: R, r: Result<(), Error>) {
+    match r {
+        Ok(()) => reply.ok(),
+        Err(e) => reply.error(errno(e)),
+    }
+}
+
+/// Setattr's arguments (what the kernel asks to change).
+#[derive(Default)]
+pub struct SetAttr {
+    /// New mode.
+    pub mode: Option<u32>,
+    /// New owner.
+    pub uid: Option<u32>,
+    /// New group.
+    pub gid: Option<u32>,
+    /// New size.
+    pub size: Option<u64>,
+    /// New access time.
+    pub atime: Option<TimeOrNow>,
+    /// New modification time.
+    pub mtime: Option<TimeOrNow>,
+    /// The handle the change came through (ftruncate, futimens).
+    pub fh: Option<u64>,
+}
+
+impl Core {
+    /// LOOKUP.
+    pub fn lookup(self: &Arc<Self>, rq: Rq, parent: u64, n: &[u8], reply: impl EntryReply) {
+        let n = match name(n) {
+            Ok(n) => n,
+            Err(e) => return reply.error(e),
+        };
+        let ctx = self.ctx(rq);
+        let ttl = self.shared.ttl(&ctx);
+        // Absent and hidden names get the same negative entry, cached for the entry TTL
+        // (0 when rules depend on the caller), so repeated lookups cost the same; a hidden
+        // one only if a reload can take it back.
+        let cache = match self.shared.do_lookup(&ctx, parent, &n) {
+            Ok(Lookup::Found(a)) => return reply.entry(&ttl.attr, &ttl.entry, &a),
+            Ok(Lookup::Absent) => !ttl.entry.is_zero(),
+            Ok(Lookup::Hidden) => {
+                !ttl.entry.is_zero() && self.shared.cache_hidden(&ctx, parent, &n)
+            }
+            Err(e) => return reply.error(errno(e)),
+        };
+        if cache {
+            reply.entry(&ttl.attr, &ttl.entry, &negative_attr())
+        } else {
+            reply.error(Errno::ENOENT)
+        }
+    }
+
+    /// GETATTR.
+    pub fn getattr(self: &Arc<Self>, rq: Rq, ino: u64, fh: Option<u64>, reply: impl AttrReply) {
+        let ctx = self.ctx(rq);
+        let ttl = self.shared.ttl(&ctx);
+        match self.shared.do_getattr(&ctx, ino, fh) {
+            Ok(a) => reply.attr(&ttl.attr, &a),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    /// SETATTR.
+    pub fn setattr(self: &Arc<Self>, rq: Rq, ino: u64, s: SetAttr, reply: impl AttrReply) {
+        self.serve(
+            rq,
+            reply,
+            move |c, ctx| {
+                c.shared.do_setattr(
+                    ctx, ino, s.mode, s.uid, s.gid, s.size, s.atime, s.mtime, s.fh,
+                )
+            },
+            |c, ctx, reply, r| match r {
+                Ok(a) => reply.attr(&c.shared.ttl(ctx).attr, &a),
+                Err(e) => reply.error(errno(e)),
+            },
+        );
+    }
+
+    /// READLINK.
+    pub fn readlink(self: &Arc<Self>, rq: Rq, ino: u64, reply: impl DataReply) {
+        let ctx = self.ctx(rq);
+        match self.shared.do_readlink(&ctx, ino) {
+            Ok(t) => reply.data(&t),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    /// MKNOD.
+    pub fn mknod(
+        self: &Arc<Self>,
+        rq: Rq,
+        parent: u64,
+        n: &[u8],
+        mode: u32,
+        rdev: u32,
+        reply: impl EntryReply,
+    ) {
+        let n = match name(n) {
+            Ok(n) => n,
+            Err(e) => return reply.error(e),
+        };
+        self.serve(
+            rq,
+            reply,
+            move |c, ctx| c.shared.do_mknod(ctx, parent, &n, mode, rdev),
+            entry,
+        );
+    }
+
+    /// MKDIR.
+    pub fn mkdir(
+        self: &Arc<Self>,
+        rq: Rq,
+        parent: u64,
+        n: &[u8],
+        mode: u32,
+        reply: impl EntryReply,
+    ) {
+        let n = match name(n) {
+            Ok(n) => n,
+            Err(e) => return reply.error(e),
+        };
+        self.serve(
+            rq,
+            reply,
+            move |c, ctx| c.shared.do_mkdir(ctx, parent, &n, mode),
+            entry,
+        );
+    }
+
+    /// UNLINK (`dir` false) and RMDIR (`dir` true).
+    pub fn remove(
+        self: &Arc<Self>,
+        rq: Rq,
+        parent: u64,
+        n: &[u8],
+        dir: bool,
+        reply: impl EmptyReply,
+    ) {
+        let n = match name(n) {
+            Ok(n) => n,
+            Err(e) => return reply.error(e),
+        };
+        self.serve(
+            rq,
+            reply,
+            move |c, ctx| c.shared.do_remove(ctx, parent, &n, dir),
+            |_, _, reply, r| empty(reply, r),
+        );
+    }
+
+    /// SYMLINK.
+    pub fn symlink(
+        self: &Arc<Self>,
+        rq: Rq,
+        parent: u64,
+        n: &[u8],
+        target: &[u8],
+        reply: impl EntryReply,
+    ) {
+        let n = match name(n) {
+            Ok(n) => n,
+            Err(e) => return reply.error(e),
+        };
+        let target = target.to_vec();
+        self.serve(
+            rq,
+            reply,
+            move |c, ctx| c.shared.do_symlink(ctx, parent, &n, &target),
+            entry,
+        );
+    }
+
+    /// RENAME / RENAME2.
+    #[allow(clippy::too_many_arguments)]
+    pub fn rename(
+        self: &Arc<Self>,
+        rq: Rq,
+        parent: u64,
+        n: &[u8],
+        newparent: u64,
+        newname: &[u8],
+        flags: u32,
+        reply: impl EmptyReply,
+    ) {
+        let (n, nn) = match (name(n), name(newname)) {
+            (Ok(a), Ok(b)) => (a, b),
+            (Err(e), _) | (_, Err(e)) => return reply.error(e),
+        };
+        self.serve(
+            rq,
+            reply,
+            move |c, ctx| c.shared.do_rename(ctx, parent, &n, newparent, &nn, flags),
+            |_, _, reply, r| empty(reply, r),
+        );
+    }
+
+    /// LINK.
+    pub fn link(
+        self: &Arc<Self>,
+        rq: Rq,
+        ino: u64,
+        newparent: u64,
+        newname: &[u8],
+        reply: impl EntryReply,
+    ) {
+        let nn = match name(newname) {
+            Ok(n) => n,
+            Err(e) => return reply.error(e),
+        };
+        self.serve(
+            rq,
+            reply,
+            move |c, ctx| c.shared.do_link(ctx, ino, newparent, &nn),
+            entry,
+        );
+    }
+
+    /// OPEN.
+    pub fn open(self: &Arc<Self>, rq: Rq, ino: u64, flags: i32, reply: impl OpenReply) {
+        self.serve(
+            rq,
+            reply,
+            move |c, ctx| c.shared.do_open(ctx, ino, flags),
+            |c, _, reply, r| match r {
+                Ok(o) => match c.register(o) {
+                    (fh, Some(id)) => reply.opened(fh, FopenFlags::empty(), Some(id)),
+                    (fh, None) => reply.opened(fh, c.open_flags(), None),
+                },
+                Err(e) => reply.error(errno(e)),
+            },
+        );
+    }
+
+    /// READ.
+    pub fn read(self: &Arc<Self>, rq: Rq, fh: u64, offset: u64, size: u32, reply: impl DataReply) {
+        let ctx = self.ctx(rq);
+        match self.shared.do_read(&ctx, fh, offset, size) {
+            Ok(d) => reply.data(&d),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    /// WRITE.
+    pub fn write(
+        self: &Arc<Self>,
+        rq: Rq,
+        fh: u64,
+        offset: u64,
+        data: &[u8],
+        reply: impl WriteReply,
+    ) {
+        let ctx = self.ctx(rq);
+        match self.shared.do_write(&ctx, fh, offset, data) {
+            Ok(n) => reply.written(n),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    /// FLUSH: writes go straight to the host file, nothing is buffered, and POSIX locks
+    /// stay in the kernel, so there is nothing to flush on close. ENOSYS tells the kernel
+    /// so once, and it stops sending FLUSH at all (one round trip less per close(2)).
+    pub fn flush(self: &Arc<Self>, reply: impl EmptyReply) {
+        reply.error(Errno::ENOSYS)
+    }
+
+    /// RELEASE.
+    pub fn release(self: &Arc<Self>, ino: u64, fh: u64, reply: impl EmptyReply) {
+        self.shared.do_release(fh);
+        self.release_backing(ino, fh);
+        reply.ok();
+    }
+
+    /// FSYNC and FSYNCDIR.
+    pub fn fsync(self: &Arc<Self>, fh: u64, datasync: bool, reply: impl EmptyReply) {
+        empty(reply, self.shared.do_fsync(fh, datasync))
+    }
+
+    /// OPENDIR.
+    pub fn opendir(self: &Arc<Self>, rq: Rq, ino: u64, reply: impl OpenReply) {
+        let ctx = self.ctx(rq);
+        // The kernel may keep a listing across opens (it drops it when the directory
+        // changes through the mount, and the daemon drops it on host changes and
+        // reloads) — but never when rules depend on the caller: listings are filtered
+        // per caller.
+        let cache = if self.shared.ttl(&ctx).entry.is_zero() {
+            FopenFlags::empty()
+        } else {
+            FopenFlags::FOPEN_CACHE_DIR | FopenFlags::FOPEN_KEEP_CACHE
+        };
+        match self.shared.do_opendir(&ctx, ino) {
+            Ok(fh) => reply.opened(fh, cache, None),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    /// READDIR.
+    pub fn readdir(
+        self: &Arc<Self>,
+        rq: Rq,
+        ino: u64,
+        fh: u64,
+        offset: u64,
+        mut reply: impl DirReply,
+    ) {
+        let ctx = self.ctx(rq);
+        let (_h, entries) = match self.shared.dir_entries(&ctx, fh, offset) {
+            Ok(x) => x,
+            Err(e) => return reply.error(errno(e)),
+        };
+        // Offsets: 1 = ".", 2 = "..", 3.. = entries.
+        let mut off = offset;
+        if off == 0 {
+            if reply.add(ino, 1, FileType::Directory, b".") {
+                return reply.ok();
+            }
+            off = 1;
+        }
+        if off == 1 {
+            let p = self.shared.parent_ino(ino);
+            if reply.add(p, 2, FileType::Directory, b"..") {
+                return reply.ok();
+            }
+            off = 2;
+        }
+        for (i, e) in entries.iter().enumerate().skip((off - 2) as usize) {
+            if reply.add(e.ino, i as u64 + 3, attr::kind(e.kind), &e.name) {
+                break;
+            }
+        }
+        reply.ok();
+    }
+
+    /// READDIRPLUS.
+    pub fn readdirplus(
+        self: &Arc<Self>,
+        rq: Rq,
+        ino: u64,
+        fh: u64,
+        offset: u64,
+        mut reply: impl DirPlusReply,
+    ) {
+        let ctx = self.ctx(rq);
+        let ttl = self.shared.ttl(&ctx);
+        let (_h, entries) = match self.shared.dir_entries(&ctx, fh, offset) {
+            Ok(x) => x,
+            Err(e) => return reply.error(errno(e)),
+        };
+        // Same offsets as readdir: 1 = ".", 2 = "..", 3.. = entries. The kernel does not
+        // count lookups for the dot entries.
+        let mut off = offset;
+        for (o, dot, dino) in [
+            (0u64, &b"."[..], ino),
+            (1, b"..", self.shared.parent_ino(ino)),
+        ] {
+            if off == o {
+                let Ok(a) = self.shared.do_getattr(&ctx, dino, None) else {
+                    return reply.error(Errno::ESTALE);
+                };
+                if reply.add(o + 1, dot, &ttl.entry, &a) {
+                    return reply.ok();
+                }
+                off = o + 1;
+            }
+        }
+        for (i, e) in entries.iter().enumerate().skip((off - 2) as usize) {
+            // Each entry returned counts as a lookup; hidden or vanished ones are skipped.
+            let Ok(a) = self.shared.plus_lookup(&ctx, ino, &e.name) else {
+                continue;
+            };
+            if reply.add(i as u64 + 3, &e.name, &ttl.entry, &a) {
+                // Not sent: give the lookup back.
+                self.shared.do_forget(a.ino.0, 1);
+                break;
+            }
+        }
+        reply.ok();
+    }
+
+    /// RELEASEDIR.
+    pub fn releasedir(self: &Arc<Self>, fh: u64, reply: impl EmptyReply) {
+        self.shared.do_release(fh);
+        reply.ok();
+    }
+
+    /// STATFS.
+    pub fn statfs(self: &Arc<Self>, rq: Rq, ino: u64, reply: impl StatfsReply) {
+        let ctx = self.ctx(rq);
+        match self.shared.do_statfs(&ctx, ino) {
+            Ok(s) => reply.statfs(&s),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    /// SETXATTR.
+    pub fn setxattr(
+        self: &Arc<Self>,
+        rq: Rq,
+        ino: u64,
+        n: &[u8],
+        value: &[u8],
+        flags: i32,
+        reply: impl EmptyReply,
+    ) {
+        let n = n.to_vec();
+        let value = value.to_vec();
+        self.serve(
+            rq,
+            reply,
+            move |c, ctx| c.shared.do_setxattr(ctx, ino, &n, &value, flags),
+            |_, _, reply, r| empty(reply, r),
+        );
+    }
+
+    /// GETXATTR.
+    pub fn getxattr(
+        self: &Arc<Self>,
+        rq: Rq,
+        ino: u64,
+        n: &[u8],
+        size: u32,
+        reply: impl XattrReply,
+    ) {
+        let ctx = self.ctx(rq);
+        xattr(reply, self.shared.do_getxattr(&ctx, ino, n, size))
+    }
+
+    /// LISTXATTR.
+    pub fn listxattr(self: &Arc<Self>, rq: Rq, ino: u64, size: u32, reply: impl XattrReply) {
+        let ctx = self.ctx(rq);
+        xattr(reply, self.shared.do_listxattr(&ctx, ino, size))
+    }
+
+    /// REMOVEXATTR.
+    pub fn removexattr(self: &Arc<Self>, rq: Rq, ino: u64, n: &[u8], reply: impl EmptyReply) {
+        let n = n.to_vec();
+        self.serve(
+            rq,
+            reply,
+            move |c, ctx| c.shared.do_removexattr(ctx, ino, &n),
+            |_, _, reply, r| empty(reply, r),
+        );
+    }
+
+    /// ACCESS.
+    pub fn access(self: &Arc<Self>, rq: Rq, ino: u64, mask: i32, reply: impl EmptyReply) {
+        let ctx = self.ctx(rq);
+        empty(reply, self.shared.do_access(&ctx, ino, mask))
+    }
+
+    /// CREATE.
+    pub fn create(
+        self: &Arc<Self>,
+        rq: Rq,
+        parent: u64,
+        n: &[u8],
+        mode: u32,
+        flags: i32,
+        reply: impl CreateReply,
+    ) {
+        let n = match name(n) {
+            Ok(n) => n,
+            Err(e) => return reply.error(e),
+        };
+        self.serve(
+            rq,
+            reply,
+            move |c, ctx| c.shared.do_create(ctx, parent, &n, mode, flags),
+            |c, ctx, reply, r| {
+                let ttl = c.shared.ttl(ctx);
+                match r {
+                    Ok((a, o)) => match c.register(o) {
+                        (fh, Some(id)) => {
+                            reply.created(&ttl.entry, &a, fh, FopenFlags::empty(), Some(id))
+                        }
+                        (fh, None) => reply.created(&ttl.entry, &a, fh, c.open_flags(), None),
+                    },
+                    Err(e) => reply.error(errno(e)),
+                }
+            },
+        );
+    }
+
+    /// FALLOCATE.
+    pub fn fallocate(
+        self: &Arc<Self>,
+        rq: Rq,
+        fh: u64,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: impl EmptyReply,
+    ) {
+        self.serve(
+            rq,
+            reply,
+            move |c, ctx| c.shared.do_fallocate(ctx, fh, offset, length, mode),
+            |_, _, reply, r| empty(reply, r),
+        );
+    }
+
+    /// LSEEK.
+    pub fn lseek(self: &Arc<Self>, fh: u64, offset: i64, whence: i32, reply: impl LseekReply) {
+        match self.shared.do_lseek(fh, offset, whence) {
+            Ok(o) => reply.offset(o),
+            Err(e) => reply.error(errno(e)),
+        }
+    }
+
+    /// COPY_FILE_RANGE.
+    #[allow(clippy::too_many_arguments)]
+    pub fn copy_file_range(
+        self: &Arc<Self>,
+        rq: Rq,
+        fh_in: u64,
+        offset_in: u64,
+        fh_out: u64,
+        offset_out: u64,
+        len: u64,
+        reply: impl WriteReply,
+    ) {
+        self.serve(
+            rq,
+            reply,
+            move |c, ctx| {
+                c.shared
+                    .do_copy_file_range(ctx, fh_in, offset_in, fh_out, offset_out, len)
+            },
+            |_, _, reply, r| match r {
+                Ok(n) => reply.written(n),
+                Err(e) => reply.error(errno(e)),
+            },
+        );
+    }
+}
+
+fn xattr(reply: impl XattrReply, r: Result<Xattr, Error>) {
+    match r {
+        Ok(Xattr::Size(n)) => reply.size(n as u32),
+        Ok(Xattr::Data(v)) => reply.data(&v),
+        Err(e) => reply.error(errno(e)),
+    }
+}
