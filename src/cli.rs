@@ -100,6 +100,11 @@ pub struct MountArgs {
     /// Serve file I/O through the daemon even where kernel passthrough is available.
     #[arg(long)]
     pub no_passthrough: bool,
+    /// How requests reach the daemon: FUSE over io_uring where the kernel offers it
+    /// (auto), io_uring or fail (io-uring; as root it turns the kernel's switch on), or
+    /// the classic /dev/fuse loop (dev-fuse).
+    #[arg(long, value_enum, value_name = "HOW", default_value = "auto")]
+    pub transport: crate::transport::Choice,
     /// Seconds the kernel may cache names and attributes (default: 10 when host changes
     /// are watched, 1 otherwise; 0 disables caching).
     #[arg(long, value_name = "SECONDS")]

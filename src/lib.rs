@@ -25,4 +25,5 @@ pub mod host;
 pub mod idmap;
 pub mod policy;
 pub mod reload;
+pub mod transport;
 pub mod watch;

@@ -518,15 +518,23 @@ fn mount(a: MountArgs) -> Result<(), String> {
     });
     let config = session_config(&a, threads);
     let control = threads::bind_control(&a)?;
+    let plan = crate::transport::plan(a.transport)?;
     let fs = FenceFs::new(shared.clone());
     let core = fs.core();
+    if matches!(plan, crate::transport::Plan::Offer) {
+        core.offer_uring.store(true, Ordering::Relaxed);
+    }
     let mut session = Session::new(fs, &mnt, &config).map_err(|e| {
         threads::remove_control(a.control.as_deref());
         format!("cannot mount at '{}': {e}", mnt.display())
     })?;
     // Backing ids for kernel passthrough are opened on the connection's device.
-    match session.as_fd().try_clone_to_owned() {
-        Ok(dev) => core.set_device(dev),
+    let dev = session.as_fd().try_clone_to_owned();
+    match &dev {
+        Ok(dev) => match dev.try_clone() {
+            Ok(d) => core.set_device(d),
+            Err(e) => log::warn!("FUSE device: {e}; file I/O goes through the daemon"),
+        },
         Err(e) => log::warn!("FUSE device: {e}; file I/O goes through the daemon"),
     }
     let notifier = session.notifier();
@@ -587,6 +595,8 @@ fn mount(a: MountArgs) -> Result<(), String> {
     } else {
         confine(&shared, &src);
     }
+    // After confinement: the queue threads inherit it.
+    start_transport(plan, dev.ok(), &core, &a);
     signal_ready(a.ready_fd, &mnt);
     threads::start_resume(resume)?;
     if a.daemonized {
@@ -600,6 +610,47 @@ fn mount(a: MountArgs) -> Result<(), String> {
     let _ = finisher.join();
     r.map_err(|e| format!("session ended: {e}"))?;
     Ok(())
+}
+
+/// Starts the io_uring queues when the kernel took the offer, and logs the transport.
+fn start_transport(
+    plan: crate::transport::Plan,
+    dev: Option<OwnedFd>,
+    core: &Arc<crate::fs::Core>,
+    a: &MountArgs,
+) {
+    use crate::transport::{self, Plan, dispatch::Acl};
+    let why = match (plan, dev) {
+        (Plan::Classic(why), _) => why,
+        (Plan::Offer, _) if !core.uring.load(Ordering::Relaxed) => {
+            "the kernel did not take FUSE over io_uring at INIT".into()
+        }
+        (Plan::Offer, None) => "no FUSE device descriptor".into(),
+        (Plan::Offer, Some(dev)) => {
+            let acl = if a.allow_other {
+                Acl::All
+            } else {
+                Acl::Owner(sys::geteuid())
+            };
+            let sizes = transport::sizes(crate::fs::MAX_WRITE);
+            match transport::start(&dev, core, acl, sizes) {
+                Ok(n) => {
+                    return log::info!(
+                        "transport: FUSE over io_uring ({n} queues x {} entries of {} KiB)",
+                        sizes.depth,
+                        sizes.payload / 1024
+                    );
+                }
+                Err(e) => {
+                    log::warn!(
+                        "transport: io_uring registration failed ({e}); the kernel falls back to /dev/fuse"
+                    );
+                    return;
+                }
+            }
+        }
+    };
+    log::info!("transport: /dev/fuse ({why})");
 }
 
 /// Starts the thread that turns host changes into kernel cache invalidations.

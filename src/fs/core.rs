@@ -67,6 +67,10 @@ pub struct Core {
     pub shared: Arc<Shared>,
     /// Kernel FUSE passthrough negotiated: file I/O bypasses the daemon.
     pub(super) passthrough: AtomicBool,
+    /// Offer FUSE over io_uring at INIT (the transport checked it can serve it).
+    pub offer_uring: AtomicBool,
+    /// The kernel took the offer: requests come on the rings once they are registered.
+    pub uring: AtomicBool,
     /// Backing ids by node (the kernel wants one per inode while any handle is open)
     /// and the strong references held by each open handle.
     backing: Mutex<Backing>,
@@ -79,6 +83,8 @@ impl Core {
         Core {
             shared,
             passthrough: AtomicBool::new(false),
+            offer_uring: AtomicBool::new(false),
+            uring: AtomicBool::new(false),
             backing: Mutex::new(Backing::default()),
             dev: OnceLock::new(),
         }

@@ -71,6 +71,9 @@ fn negative_attr() -> fuser::FileAttr {
 
 const GEN: Generation = Generation(0);
 
+/// Largest WRITE payload the kernel sends (and the io_uring payload buffer size).
+pub const MAX_WRITE: usize = 1 << 20;
+
 impl FenceFs {
     /// A file system serving `shared`.
     pub fn new(shared: Arc<Shared>) -> FenceFs {
@@ -87,6 +90,15 @@ impl FenceFs {
 
 impl Filesystem for FenceFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> io::Result<()> {
+        // Writes through the daemon (no passthrough, --revoke) come in pieces of at most
+        // this; it also sizes each io_uring entry's payload buffer.
+        let _ = config.set_max_write(MAX_WRITE as u32);
+        if self.core.offer_uring.load(Ordering::Relaxed) {
+            match config.add_capabilities(InitFlags::FUSE_OVER_IO_URING) {
+                Ok(_) => self.core.uring.store(true, Ordering::Relaxed),
+                Err(_) => log::info!("transport: the kernel did not offer FUSE over io_uring"),
+            }
+        }
         let _ = config.add_capabilities(InitFlags::FUSE_PARALLEL_DIROPS);
         // O_TRUNC reaches `open` (instead of a separate setattr after an open for read),
         // so `O_RDONLY|O_TRUNC` is classified as the write it is.

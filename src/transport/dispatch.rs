@@ -1,0 +1,267 @@
+//! Requests off the ring: decoded into owned arguments (the entry's buffers are reused for
+//! the reply), then handed to the same transport-neutral handlers the `/dev/fuse` path
+//! calls ([`crate::fs::handlers`]). Opcodes the daemon does not serve get the answer
+//! fuser's loop gives them (ENOSYS; ENOTTY for ioctl), so the kernel learns the same
+//! things on either transport.
+//!
+//! Invariant: every decoded request is answered exactly once; a malformed one with EINVAL.
+
+use std::sync::Arc;
+use std::time::{Duration, UNIX_EPOCH};
+
+use fuser::{Errno, TimeOrNow};
+
+use super::abi::{self, Args, InHeader, Short, fattr, op};
+use super::ring::{Incoming, RingDir, RingReply};
+use crate::fs::handlers::SetAttr;
+use crate::fs::reply::{EmptyReply, Reply};
+use crate::fs::{Core, Rq};
+
+/// A request with its arguments, owned.
+pub enum Req {
+    Lookup(u64, Vec<u8>),
+    GetAttr(u64, Option<u64>),
+    SetAttr(u64, SetAttr),
+    ReadLink(u64),
+    Symlink(u64, Vec<u8>, Vec<u8>),
+    Mknod(u64, Vec<u8>, u32, u32),
+    Mkdir(u64, Vec<u8>, u32),
+    Remove(u64, Vec<u8>, bool),
+    Rename(u64, Vec<u8>, u64, Vec<u8>, u32),
+    Link(u64, u64, Vec<u8>),
+    Open(u64, i32),
+    Read(u64, u64, u32),
+    Write(u64, u64, Vec<u8>),
+    StatFs(u64),
+    Release(u64, u64),
+    Fsync(u64, bool),
+    SetXattr(u64, Vec<u8>, Vec<u8>, i32),
+    GetXattr(u64, Vec<u8>, u32),
+    ListXattr(u64, u32),
+    RemoveXattr(u64, Vec<u8>),
+    Flush,
+    OpenDir(u64),
+    ReadDir(u64, u64, u64, u32),
+    ReadDirPlus(u64, u64, u64, u32),
+    ReleaseDir(u64),
+    Access(u64, i32),
+    Create(u64, Vec<u8>, u32, i32),
+    Fallocate(u64, u64, u64, i32),
+    Lseek(u64, i64, i32),
+    CopyFileRange(u64, u64, u64, u64, u64),
+    Destroy,
+    /// Answered with this errno at once.
+    Fail(Errno),
+}
+
+/// A decoded request: who sent it and what it asks.
+pub struct Decoded {
+    rq: Rq,
+    req: Req,
+}
+
+/// Who may use the mount besides the kernel's own checks (as fuser's `SessionACL`).
+#[derive(Clone, Copy, Debug)]
+pub enum Acl {
+    /// Everyone (`--allow-other`).
+    All,
+    /// Only this uid (the mount's owner).
+    Owner(u32),
+}
+
+fn time(secs: u64, nsec: u32, now: bool) -> TimeOrNow {
+    if now {
+        TimeOrNow::Now
+    } else {
+        let s = secs as i64;
+        let t = if s >= 0 {
+            UNIX_EPOCH + Duration::new(s as u64, nsec)
+        } else {
+            UNIX_EPOCH - Duration::from_secs(s.unsigned_abs()) + Duration::from_nanos(nsec.into())
+        };
+        TimeOrNow::SpecificTime(t)
+    }
+}
+
+fn setattr(a: Args<'_>) -> Result<SetAttr, Short> {
+    let valid = a.u32(0)?;
+    let has = |bit| valid & bit != 0;
+    Ok(SetAttr {
+        mode: has(fattr::MODE).then(|| a.u32(68)).transpose()?,
+        uid: has(fattr::UID).then(|| a.u32(76)).transpose()?,
+        gid: has(fattr::GID).then(|| a.u32(80)).transpose()?,
+        size: has(fattr::SIZE).then(|| a.u64(16)).transpose()?,
+        atime: if has(fattr::ATIME) {
+            Some(time(a.u64(32)?, a.u32(56)?, has(fattr::ATIME_NOW)))
+        } else {
+            None
+        },
+        mtime: if has(fattr::MTIME) {
+            Some(time(a.u64(40)?, a.u32(60)?, has(fattr::MTIME_NOW)))
+        } else {
+            None
+        },
+        fh: has(fattr::FH).then(|| a.u64(8)).transpose()?,
+    })
+}
+
+/// Decodes one request off the ring.
+pub fn decode(inc: &Incoming<'_>, acl: Acl) -> Decoded {
+    let h = match InHeader::parse(inc.in_header) {
+        Ok(h) => h,
+        Err(Short) => {
+            return Decoded {
+                rq: Rq {
+                    uid: 0,
+                    gid: 0,
+                    pid: 0,
+                },
+                req: Req::Fail(Errno::EIO),
+            };
+        }
+    };
+    let rq = Rq {
+        uid: h.uid,
+        gid: h.gid,
+        pid: h.pid,
+    };
+    let req = match decode_args(&h, Args(inc.op_in), Args(inc.payload)) {
+        Ok(r) => r,
+        Err(Short) => Req::Fail(Errno::EINVAL),
+    };
+    // Like fuser: without --allow-other only the owner's requests are served, except the
+    // ones the kernel may send on its own (no caller uid).
+    let req = match (acl, &req) {
+        (Acl::Owner(owner), _) if h.uid != owner => match req {
+            Req::Read(..)
+            | Req::ReadDir(..)
+            | Req::ReadDirPlus(..)
+            | Req::Write(..)
+            | Req::Fsync(..)
+            | Req::Release(..)
+            | Req::ReleaseDir(..)
+            | Req::Destroy => req,
+            _ => Req::Fail(Errno::EACCES),
+        },
+        _ => req,
+    };
+    Decoded { rq, req }
+}
+
+fn name(p: Args<'_>) -> Result<Vec<u8>, Short> {
+    Ok(p.cstr()?.0.to_vec())
+}
+
+fn decode_args(h: &InHeader, a: Args<'_>, p: Args<'_>) -> Result<Req, Short> {
+    let n = h.nodeid;
+    Ok(match h.opcode {
+        op::LOOKUP => Req::Lookup(n, name(p)?),
+        op::GETATTR => {
+            let fh = (a.u32(0)? & abi::GETATTR_FH != 0)
+                .then(|| a.u64(8))
+                .transpose()?;
+            Req::GetAttr(n, fh)
+        }
+        op::SETATTR => Req::SetAttr(n, setattr(a)?),
+        op::READLINK => Req::ReadLink(n),
+        op::SYMLINK => {
+            let (link, rest) = p.cstr()?;
+            Req::Symlink(n, link.to_vec(), rest.cstr()?.0.to_vec())
+        }
+        op::MKNOD => Req::Mknod(n, name(p)?, a.u32(0)?, a.u32(4)?),
+        op::MKDIR => Req::Mkdir(n, name(p)?, a.u32(0)?),
+        op::UNLINK => Req::Remove(n, name(p)?, false),
+        op::RMDIR => Req::Remove(n, name(p)?, true),
+        op::RENAME | op::RENAME2 => {
+            let flags = if h.opcode == op::RENAME2 {
+                a.u32(8)?
+            } else {
+                0
+            };
+            let (old, rest) = p.cstr()?;
+            Req::Rename(n, old.to_vec(), a.u64(0)?, rest.cstr()?.0.to_vec(), flags)
+        }
+        op::LINK => Req::Link(a.u64(0)?, n, name(p)?),
+        op::OPEN => Req::Open(n, a.u32(0)? as i32),
+        op::READ => Req::Read(a.u64(0)?, a.u64(8)?, a.u32(16)?),
+        op::WRITE => {
+            let size = a.u32(16)? as usize;
+            let data = p.0.get(..size).ok_or(Short)?;
+            Req::Write(a.u64(0)?, a.u64(8)?, data.to_vec())
+        }
+        op::STATFS => Req::StatFs(n),
+        op::RELEASE => Req::Release(n, a.u64(0)?),
+        op::FSYNC | op::FSYNCDIR => Req::Fsync(a.u64(0)?, a.u32(8)? & abi::FSYNC_FDATASYNC != 0),
+        op::SETXATTR => {
+            let size = a.u32(0)? as usize;
+            let (xname, rest) = p.cstr()?;
+            let value = rest.0.get(..size).ok_or(Short)?;
+            Req::SetXattr(n, xname.to_vec(), value.to_vec(), a.u32(4)? as i32)
+        }
+        op::GETXATTR => Req::GetXattr(n, name(p)?, a.u32(0)?),
+        op::LISTXATTR => Req::ListXattr(n, a.u32(0)?),
+        op::REMOVEXATTR => Req::RemoveXattr(n, name(p)?),
+        op::FLUSH => Req::Flush,
+        op::OPENDIR => Req::OpenDir(n),
+        op::READDIR => Req::ReadDir(n, a.u64(0)?, a.u64(8)?, a.u32(16)?),
+        op::READDIRPLUS => Req::ReadDirPlus(n, a.u64(0)?, a.u64(8)?, a.u32(16)?),
+        op::RELEASEDIR => Req::ReleaseDir(a.u64(0)?),
+        op::ACCESS => Req::Access(n, a.u32(0)? as i32),
+        op::CREATE => Req::Create(n, name(p)?, a.u32(4)?, a.u32(0)? as i32),
+        op::FALLOCATE => Req::Fallocate(a.u64(0)?, a.u64(8)?, a.u64(16)?, a.u32(24)? as i32),
+        op::LSEEK => Req::Lseek(a.u64(0)?, a.u64(8)? as i64, a.u32(16)? as i32),
+        op::COPY_FILE_RANGE => {
+            Req::CopyFileRange(a.u64(0)?, a.u64(8)?, a.u64(24)?, a.u64(32)?, a.u64(40)?)
+        }
+        op::DESTROY => Req::Destroy,
+        op::IOCTL => Req::Fail(Errno::ENOTTY),
+        // FORGET and BATCH_FORGET arrive on /dev/fuse; anything else is not served.
+        op::FORGET | op::BATCH_FORGET => Req::Fail(Errno::ENOSYS),
+        _ => Req::Fail(Errno::ENOSYS),
+    })
+}
+
+/// Runs a decoded request and answers through `reply`.
+pub fn run(core: &Arc<Core>, d: Decoded, reply: RingReply) {
+    let rq = d.rq;
+    match d.req {
+        Req::Lookup(p, n) => core.lookup(rq, p, &n, reply),
+        Req::GetAttr(i, fh) => core.getattr(rq, i, fh, reply),
+        Req::SetAttr(i, s) => core.setattr(rq, i, s, reply),
+        Req::ReadLink(i) => core.readlink(rq, i, reply),
+        Req::Symlink(p, n, t) => core.symlink(rq, p, &n, &t, reply),
+        Req::Mknod(p, n, mode, rdev) => core.mknod(rq, p, &n, mode, rdev, reply),
+        Req::Mkdir(p, n, mode) => core.mkdir(rq, p, &n, mode, reply),
+        Req::Remove(p, n, dir) => core.remove(rq, p, &n, dir, reply),
+        Req::Rename(p, n, np, nn, flags) => core.rename(rq, p, &n, np, &nn, flags, reply),
+        Req::Link(i, np, nn) => core.link(rq, i, np, &nn, reply),
+        Req::Open(i, flags) => core.open(rq, i, flags, reply),
+        Req::Read(fh, off, size) => core.read(rq, fh, off, size, reply),
+        Req::Write(fh, off, data) => core.write(rq, fh, off, &data, reply),
+        Req::StatFs(i) => core.statfs(rq, i, reply),
+        Req::Release(i, fh) => core.release(i, fh, reply),
+        Req::Fsync(fh, datasync) => core.fsync(fh, datasync, reply),
+        Req::SetXattr(i, n, v, flags) => core.setxattr(rq, i, &n, &v, flags, reply),
+        Req::GetXattr(i, n, size) => core.getxattr(rq, i, &n, size, reply),
+        Req::ListXattr(i, size) => core.listxattr(rq, i, size, reply),
+        Req::RemoveXattr(i, n) => core.removexattr(rq, i, &n, reply),
+        Req::Flush => core.flush(reply),
+        Req::OpenDir(i) => core.opendir(rq, i, reply),
+        Req::ReadDir(i, fh, off, size) => {
+            core.readdir(rq, i, fh, off, RingDir::new(reply, size as usize))
+        }
+        Req::ReadDirPlus(i, fh, off, size) => {
+            core.readdirplus(rq, i, fh, off, RingDir::new(reply, size as usize))
+        }
+        Req::ReleaseDir(fh) => core.releasedir(fh, reply),
+        Req::Access(i, mask) => core.access(rq, i, mask, reply),
+        Req::Create(p, n, mode, flags) => core.create(rq, p, &n, mode, flags, reply),
+        Req::Fallocate(fh, off, len, mode) => core.fallocate(rq, fh, off, len, mode, reply),
+        Req::Lseek(fh, off, whence) => core.lseek(fh, off, whence, reply),
+        Req::CopyFileRange(fh_in, off_in, fh_out, off_out, len) => {
+            core.copy_file_range(rq, fh_in, off_in, fh_out, off_out, len, reply)
+        }
+        Req::Destroy => reply.ok(),
+        Req::Fail(e) => reply.error(e),
+    }
+}

@@ -1,0 +1,160 @@
+//! How requests travel between the kernel and the operations. Two transports, chosen at
+//! mount and logged:
+//! - `/dev/fuse`: fuser's session loop, one `read(2)` and one `writev(2)` per request;
+//! - FUSE over io_uring ([`ring`], Linux 6.14+ with `CONFIG_FUSE_IO_URING` and the fuse
+//!   module's `enable_uring`): one queue per CPU, a request fetched and the previous
+//!   reply committed in one `io_uring_enter`.
+//!
+//! Both run the same handlers ([`crate::fs::handlers`]); FORGET, INTERRUPT and the
+//! daemon's cache notifications use `/dev/fuse` on both. Invariant: io_uring is only
+//! offered to the kernel (FUSE_OVER_IO_URING in INIT) after this process proved it can
+//! create the rings, because once offered the kernel holds every request until the rings
+//! are registered (or a registration fails, which sends it back to `/dev/fuse`).
+
+pub mod abi;
+pub mod dispatch;
+pub mod ring;
+
+use std::io;
+use std::os::fd::OwnedFd;
+use std::sync::Arc;
+use std::sync::mpsc::channel;
+
+use crate::fs::Core;
+use dispatch::Acl;
+
+/// The kernel's switch for FUSE over io_uring.
+pub const ENABLE_URING: &str = "/sys/module/fuse/parameters/enable_uring";
+
+/// What `--transport` asked for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Choice {
+    /// io_uring when the kernel offers it, `/dev/fuse` otherwise.
+    Auto,
+    /// FUSE over io_uring; the mount fails if the kernel cannot do it. As root, turns on
+    /// the fuse module's `enable_uring` when it is off.
+    IoUring,
+    /// The classic `/dev/fuse` read/write loop.
+    DevFuse,
+}
+
+/// The outcome of the checks made before mounting.
+#[derive(Debug)]
+pub enum Plan {
+    /// Offer io_uring to the kernel at INIT.
+    Offer,
+    /// `/dev/fuse` only, and why (logged).
+    Classic(String),
+}
+
+fn uring_enabled() -> io::Result<bool> {
+    let v = std::fs::read_to_string(ENABLE_URING)?;
+    Ok(v.trim() == "Y" || v.trim() == "1")
+}
+
+/// Decides before mounting whether to offer io_uring: the kernel must have it (and it
+/// enabled, or `io-uring` asked and we may enable it), and this process must be able to
+/// create SQE128 rings. `Err`: `io-uring` was asked for and cannot be had.
+pub fn plan(choice: Choice) -> Result<Plan, String> {
+    if choice == Choice::DevFuse {
+        return Ok(Plan::Classic("--transport dev-fuse".into()));
+    }
+    let why_not = match uring_enabled() {
+        Ok(true) => None,
+        Ok(false) if choice == Choice::IoUring => match std::fs::write(ENABLE_URING, "Y") {
+            Ok(()) => {
+                log::info!("transport: turned on FUSE over io_uring ({ENABLE_URING} = Y)");
+                None
+            }
+            Err(e) => Some(format!("cannot turn on {ENABLE_URING}: {e}")),
+        },
+        Ok(false) => Some(format!(
+            "the kernel has it switched off; `echo Y > {ENABLE_URING}` (as root) or --transport io-uring turns it on"
+        )),
+        Err(e) => Some(format!(
+            "this kernel has no FUSE over io_uring ({ENABLE_URING}: {e}; needs Linux 6.14+ with CONFIG_FUSE_IO_URING)"
+        )),
+    };
+    let why_not = why_not.or_else(|| {
+        ring::probe()
+            .err()
+            .map(|e| format!("io_uring cannot be used here: {e}"))
+    });
+    match (why_not, choice) {
+        (None, _) => Ok(Plan::Offer),
+        (Some(w), Choice::IoUring) => Err(format!("--transport io-uring: {w}")),
+        (Some(w), _) => Ok(Plan::Classic(w)),
+    }
+}
+
+/// Ring sizes for a connection whose largest request payload is `max_payload` bytes.
+pub fn sizes(max_payload: usize) -> ring::Sizes {
+    ring::Sizes {
+        depth: QUEUE_DEPTH,
+        payload: max_payload.max(8192),
+    }
+}
+
+/// Entries per queue: requests one CPU's queue can have in flight (held requests keep
+/// theirs until answered; more wait in the kernel's queue).
+const QUEUE_DEPTH: usize = 16;
+
+/// The CPUs the kernel may queue requests for (`num_possible_cpus()`: one queue each).
+pub fn possible_cpus() -> usize {
+    std::fs::read_to_string("/sys/devices/system/cpu/possible")
+        .ok()
+        .and_then(|s| {
+            s.trim()
+                .split(',')
+                .filter_map(|r| r.rsplit('-').next()?.parse::<usize>().ok())
+                .max()
+        })
+        .map(|m| m + 1)
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+}
+
+/// Starts one queue thread per possible CPU on the connection `dev` and waits until
+/// each has registered its entries. `Err`: a queue could not register; the kernel then
+/// serves the connection through `/dev/fuse` (the threads that did start stay idle).
+pub fn start(dev: &OwnedFd, core: &Arc<Core>, acl: Acl, sizes: ring::Sizes) -> io::Result<usize> {
+    let n = possible_cpus();
+    let (tx, rx) = channel();
+    for qid in 0..n {
+        let dev = dev.try_clone()?;
+        let core = core.clone();
+        let tx = tx.clone();
+        std::thread::Builder::new()
+            .name(format!("fencefs-uring{qid}"))
+            .spawn(move || {
+                pin_to_cpu(qid);
+                let r = ring::serve(
+                    dev,
+                    qid as u16,
+                    sizes,
+                    tx,
+                    |inc| dispatch::decode(inc, acl),
+                    |d, reply| dispatch::run(&core, d, reply),
+                );
+                if let Err(e) = r {
+                    log::debug!("io_uring queue {qid} ended: {e}");
+                }
+            })?;
+    }
+    drop(tx);
+    for _ in 0..n {
+        match rx.recv() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(e),
+            Err(_) => return Err(io::Error::other("a queue thread ended before registering")),
+        }
+    }
+    Ok(n)
+}
+
+/// Runs the calling thread on `cpu` (its queue's CPU) when that CPU is online.
+fn pin_to_cpu(cpu: usize) {
+    let mut set = nix::sched::CpuSet::new();
+    if set.set(cpu).is_ok() {
+        let _ = nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set);
+    }
+}
