@@ -18,6 +18,9 @@
 //!
 //! [`hold`]: Approvals::hold
 
+/// Requests held for an approver at once (SPEC.md: 1024).
+pub const MAX_HELD: usize = 1024;
+
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::Sender;

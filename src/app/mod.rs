@@ -513,7 +513,10 @@ fn mount(a: MountArgs) -> Result<(), String> {
         uids,
         gids,
         kcache: KernelCache::default(),
-        approvals: Arc::new(Approvals::new(MAX_HELD, threads::ask_timeout(&a))),
+        approvals: Arc::new(Approvals::new(
+            crate::approvals::MAX_HELD,
+            threads::ask_timeout(&a),
+        )),
         stats: Stats::default(),
     });
     let config = session_config(&a, threads);
@@ -713,9 +716,6 @@ pub(crate) fn flush_audit(shared: &Shared) {
         log::warn!("audit: the writer did not flush within 2 s; the last lines may be missing");
     }
 }
-
-/// Requests held for an approver at once (SPEC.md: 1024).
-const MAX_HELD: usize = 1024;
 
 /// Descriptors kept back from open handles for the daemon's own work: the FUSE channels,
 /// the audit file, fanotify, and the short-lived opens of every worker.

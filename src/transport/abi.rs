@@ -135,6 +135,9 @@ pub struct InHeader {
 impl InHeader {
     /// Decodes `struct fuse_in_header`.
     pub fn parse(b: &[u8]) -> Result<InHeader, Short> {
+        if b.len() < IN_HEADER {
+            return Err(Short);
+        }
         let a = Args(b);
         Ok(InHeader {
             opcode: a.u32(4)?,

@@ -90,13 +90,12 @@ pub fn plan(choice: Choice) -> Result<Plan, String> {
 /// Ring sizes for a connection whose largest request payload is `max_payload` bytes.
 pub fn sizes(max_payload: usize) -> ring::Sizes {
     ring::Sizes {
-        depth: QUEUE_DEPTH,
+        depth: QUEUE_DEPTH + crate::approvals::MAX_HELD,
         payload: max_payload.max(8192),
     }
 }
 
-/// Entries per queue: requests one CPU's queue can have in flight (held requests keep
-/// theirs until answered; more wait in the kernel's queue).
+/// Entries per queue besides those held requests may keep (see [`ring::Sizes::depth`]).
 const QUEUE_DEPTH: usize = 16;
 
 /// The CPUs the kernel may queue requests for (`num_possible_cpus()`: one queue each).

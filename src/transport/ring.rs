@@ -76,11 +76,12 @@ thread_local! {
 }
 
 impl Queue {
-    fn new(depth: usize, payload: usize) -> io::Result<Queue> {
-        let slots: Box<[Slot]> = (0..depth)
+    /// A queue of at most `max` entries (none registered yet).
+    fn new(max: usize) -> io::Result<Queue> {
+        let slots: Box<[Slot]> = (0..max)
             .map(|_| Slot {
                 header: UnsafeCell::new(Header([0; HEADER])),
-                payload: UnsafeCell::new(vec![0u8; payload].into_boxed_slice()),
+                payload: UnsafeCell::new(Box::default()),
                 iov: UnsafeCell::new(
                     [libc::iovec {
                         iov_base: std::ptr::null_mut(),
@@ -89,23 +90,6 @@ impl Queue {
                 ),
             })
             .collect();
-        for s in slots.iter() {
-            // SAFETY: nothing else holds the slots yet; the pointers stay valid because
-            // the header and payload never move (the header lives in the boxed slice,
-            // the payload in its own box) for as long as the queue lives.
-            unsafe {
-                let iov = &mut *s.iov.get();
-                iov[0] = libc::iovec {
-                    iov_base: (*s.header.get()).0.as_mut_ptr().cast(),
-                    iov_len: HEADER,
-                };
-                let p = &mut *s.payload.get();
-                iov[1] = libc::iovec {
-                    iov_base: p.as_mut_ptr().cast(),
-                    iov_len: p.len(),
-                };
-            }
-        }
         // SAFETY: eventfd has no memory preconditions; the result is checked.
         let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
         if fd < 0 {
@@ -118,6 +102,31 @@ impl Queue {
             wake: unsafe { OwnedFd::from_raw_fd(fd) },
             wake_buf: UnsafeCell::new([0; 8]),
         })
+    }
+
+    /// Gives entry `i` its payload buffer and returns the iovecs that register it.
+    ///
+    /// # Safety
+    /// Entry `i` was never registered, and only the queue thread calls this.
+    unsafe fn prepare(&self, i: usize, payload: usize) -> *const libc::iovec {
+        let s = &self.slots[i];
+        // SAFETY: nobody else can reach an unregistered entry. The buffers never move:
+        // the header lives in the boxed slice, the payload in its own box, and neither is
+        // replaced once registered.
+        unsafe {
+            let p = &mut *s.payload.get();
+            *p = vec![0u8; payload].into_boxed_slice();
+            let iov = &mut *s.iov.get();
+            iov[0] = libc::iovec {
+                iov_base: (*s.header.get()).0.as_mut_ptr().cast(),
+                iov_len: HEADER,
+            };
+            iov[1] = libc::iovec {
+                iov_base: p.as_mut_ptr().cast(),
+                iov_len: p.len(),
+            };
+            iov.as_ptr()
+        }
     }
 
     /// The header and payload of entry `i`, to read.
@@ -375,26 +384,48 @@ pub struct Incoming<'a> {
 /// Ring sizes.
 #[derive(Clone, Copy, Debug)]
 pub struct Sizes {
-    /// Entries per queue (requests in flight per CPU).
+    /// Entries per queue: requests one CPU can have with the daemon at once. A request
+    /// held for an approver keeps its entry, and the kernel hands requests that found no
+    /// free entry to the queue only when one is committed (registering more does not pick
+    /// them up), so a queue must never have all its entries held: it gets room for every
+    /// request the approvals table can hold, plus the ones that keep cycling.
     pub depth: usize,
     /// Payload buffer per entry (at least what the kernel computed from INIT).
     pub payload: usize,
 }
 
-fn build_ring(depth: usize) -> io::Result<IoUring<squeue::Entry128, cqueue::Entry>> {
-    let entries = (2 * depth + 2).next_power_of_two() as u32;
+fn build_ring(max: usize) -> io::Result<IoUring<squeue::Entry128, cqueue::Entry>> {
+    // Room for a commit or a registration per entry, and the eventfd read.
+    let entries = (max + 1).next_power_of_two().min(32768) as u32;
     // Task work (copying the next request into our buffer) runs when this thread enters
     // the kernel to wait, batched, not by interrupting it.
     IoUring::<squeue::Entry128, cqueue::Entry>::builder()
         .setup_single_issuer()
         .setup_defer_taskrun()
+        .setup_cqsize(2 * entries)
         .dontfork()
         .build(entries)
         .or_else(|_| {
             IoUring::<squeue::Entry128, cqueue::Entry>::builder()
+                .setup_cqsize(2 * entries)
                 .dontfork()
                 .build(entries)
         })
+}
+
+/// Pushes `e`, submitting first when the submission queue is full.
+fn push(
+    ring: &mut IoUring<squeue::Entry128, cqueue::Entry>,
+    e: &squeue::Entry128,
+) -> io::Result<()> {
+    loop {
+        // SAFETY: every entry pushed points only at memory of the never-freed queue (or
+        // at nothing).
+        if unsafe { ring.submission().push(e) }.is_ok() {
+            return Ok(());
+        }
+        ring.submit()?;
+    }
 }
 
 /// Checks, before mounting, that this process can create an SQE128 io_uring at all
@@ -433,8 +464,9 @@ fn command(
     }
 }
 
-/// Runs queue `qid` on the calling thread until the connection ends: registers `depth`
-/// entries, then serves requests through `dispatch`. Returns why it stopped.
+/// Runs queue `qid` on the calling thread until the connection ends: registers
+/// `sizes.depth` entries, then serves requests: `decode` reads one out of its entry,
+/// `run` answers it through the reply.
 pub fn serve<R>(
     dev: OwnedFd,
     qid: u16,
@@ -443,62 +475,35 @@ pub fn serve<R>(
     decode: impl Fn(&Incoming<'_>) -> R,
     run: impl Fn(R, RingReply),
 ) -> io::Result<()> {
-    let q = match Queue::new(sizes.depth, sizes.payload) {
-        Ok(q) => Arc::new(q),
-        Err(e) => {
-            let _ = registered.send(Err(io::Error::new(e.kind(), format!("eventfd: {e}"))));
-            return Err(e);
-        }
+    let fail = |what: &str, e: io::Error| {
+        let _ = registered.send(Err(io::Error::new(e.kind(), format!("{what}: {e}"))));
+        e
     };
+    let q = Arc::new(Queue::new(sizes.depth).map_err(|e| fail("eventfd", e))?);
     // The kernel may hold pointers into the queue's buffers until the ring is torn down,
     // which can finish after this thread is gone: the buffers are never freed (one set
     // per queue per mount; the daemon exits when the connection ends).
     std::mem::forget(q.clone());
-    let mut ring = match build_ring(sizes.depth) {
-        Ok(r) => r,
-        Err(e) => {
-            let _ = registered.send(Err(io::Error::new(
-                e.kind(),
-                format!("io_uring_setup: {e}"),
-            )));
-            return Err(e);
-        }
-    };
+    let mut ring = build_ring(sizes.depth).map_err(|e| fail("io_uring_setup", e))?;
     OWN.with(|o| o.set(Arc::as_ptr(&q) as usize));
     let fd = dev.as_raw_fd();
-    let wake_read = || {
+    let wake_read = || -> squeue::Entry128 {
         opcode::Read::new(types::Fd(q.wake.as_raw_fd()), q.wake_buf.get().cast(), 8)
             .build()
             .user_data(WAKE)
+            .into()
     };
-    {
-        let mut sq = ring.submission();
-        for (i, s) in q.slots.iter().enumerate() {
-            let e = command(
-                fd,
-                CMD_REGISTER,
-                qid,
-                0,
-                Some(s.iov.get().cast_const().cast()),
-            )
-            .user_data(i as u64);
-            // SAFETY: the iovecs and the buffers they point to live in `q`, which outlives
-            // the ring (dropped at the end of this function, after the ring is).
-            unsafe { sq.push(&e) }.map_err(|_| io::Error::other("submission queue full"))?;
-        }
-        let w: squeue::Entry128 = wake_read().into();
-        // SAFETY: `wake_buf` lives in the never-freed queue.
-        unsafe { sq.push(&w) }.map_err(|_| io::Error::other("submission queue full"))?;
+    for i in 0..sizes.depth {
+        // SAFETY: entry `i` was never registered; this is the queue thread.
+        let iov = unsafe { q.prepare(i, sizes.payload) };
+        let e = command(fd, CMD_REGISTER, qid, 0, Some(iov)).user_data(i as u64);
+        push(&mut ring, &e).map_err(|e| fail("register", e))?;
     }
-    if let Err(e) = ring.submit() {
-        let _ = registered.send(Err(io::Error::new(
-            e.kind(),
-            format!("io_uring_enter: {e}"),
-        )));
-        return Err(e);
-    }
-    // A registration completes only with a request or an error; errors show at once.
+    // Entries still alive (not ended by the connection going away).
     let mut live = sizes.depth;
+    push(&mut ring, &wake_read()).map_err(|e| fail("register", e))?;
+    ring.submit().map_err(|e| fail("io_uring_enter", e))?;
+    // A registration completes only with a request or an error; errors show at once.
     let mut ready: Vec<u16> = Vec::with_capacity(sizes.depth);
     let mut first_error = None;
     for c in ring.completion() {
@@ -513,11 +518,7 @@ pub fn serve<R>(
         }
     }
     if let Some(e) = first_error {
-        let _ = registered.send(Err(io::Error::new(
-            e.kind(),
-            format!("FUSE_IO_URING_CMD_REGISTER: {e}"),
-        )));
-        return Err(e);
+        return Err(fail("FUSE_IO_URING_CMD_REGISTER", e));
     }
     let _ = registered.send(Ok(()));
     let mut rearm = false;
@@ -539,41 +540,32 @@ pub fn serve<R>(
                 })
             };
             // SAFETY: as above (read only, no reply exists yet).
-            let unique =
-                u64::from_ne_bytes(unsafe { q.view(i) }.0[8..16].try_into().unwrap_or_default());
+            let head = unsafe { q.view(i) }.0;
+            let unique = u64::from_ne_bytes(head[8..16].try_into().unwrap_or_default());
             run(req, RingReply::new(q.clone(), i, unique));
         }
         ready.clear();
         if rearm {
             rearm = false;
-            let w: squeue::Entry128 = wake_read().into();
-            // SAFETY: as for the first read.
-            if unsafe { ring.submission().push(&w) }.is_err() {
-                log::error!("io_uring queue {qid}: submission queue full");
-            }
+            push(&mut ring, &wake_read())?;
+        }
+        // Commit what was answered (here or on other threads).
+        let answered = std::mem::take(&mut *q.done.lock());
+        for &i in &answered {
+            // SAFETY: answered entries are the queue thread's again.
+            let head = unsafe { q.view(i) }.0;
+            let unique = u64::from_ne_bytes(head[8..16].try_into().unwrap_or_default());
+            push(
+                &mut ring,
+                &command(fd, CMD_COMMIT_AND_FETCH, qid, unique, None).user_data(i as u64),
+            )?;
         }
         if live == 0 {
             return Ok(());
         }
-        // Commit what was answered (here or on other threads), then wait for more.
-        let mut answered = std::mem::take(&mut *q.done.lock());
-        {
-            let mut sq = ring.submission();
-            for i in answered.drain(..) {
-                // SAFETY: answered entries are the queue thread's again.
-                let (h, _) = unsafe { q.bufs(i) };
-                let unique = u64::from_ne_bytes(h[8..16].try_into().unwrap_or_default());
-                let e = command(fd, CMD_COMMIT_AND_FETCH, qid, unique, None).user_data(i as u64);
-                // SAFETY: a commit carries no pointer.
-                if unsafe { sq.push(&e) }.is_err() {
-                    // Cannot happen: at most `depth` commits and one read are queued.
-                    log::error!("io_uring queue {qid}: submission queue full");
-                }
-            }
-        }
         match ring.submit_and_wait(1) {
             Ok(_) => {}
-            Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
+            Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
             Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {}
             Err(e) => return Err(e),
         }

@@ -176,6 +176,13 @@ impl MountBuilder {
             mut args,
             watchdog,
         } = self;
+        // scripts/test.sh runs the mount tests once per transport.
+        if let Ok(t) = std::env::var("FENCEFS_TEST_TRANSPORT")
+            && !args.iter().any(|a| a == "--transport")
+        {
+            args.push("--transport".into());
+            args.push(t.into());
+        }
         if let Some(p) = &policy {
             fs::write(ws.policy_path(), p).unwrap();
             let mut pre: Vec<OsString> = vec!["-p".into(), ws.policy_path().into_os_string()];
