@@ -265,3 +265,103 @@ pub fn run(core: &Arc<Core>, d: Decoded, reply: RingReply) {
         Req::Fail(e) => reply.error(e),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn header(opcode: u32, nodeid: u64, uid: u32) -> Vec<u8> {
+        let mut h = vec![0u8; abi::IN_HEADER];
+        h[4..8].copy_from_slice(&opcode.to_ne_bytes());
+        h[8..16].copy_from_slice(&77u64.to_ne_bytes());
+        h[16..24].copy_from_slice(&nodeid.to_ne_bytes());
+        h[24..28].copy_from_slice(&uid.to_ne_bytes());
+        h
+    }
+
+    fn dec(opcode: u32, op_in: &[u8], payload: &[u8], uid: u32, acl: Acl) -> Decoded {
+        let h = header(opcode, 5, uid);
+        let mut o = [0u8; 128];
+        o[..op_in.len()].copy_from_slice(op_in);
+        decode(
+            &Incoming {
+                in_header: &h,
+                op_in: &o,
+                payload,
+            },
+            acl,
+        )
+    }
+
+    #[test]
+    fn names_and_arguments_are_read_where_the_kernel_puts_them() {
+        let mut r2 = 9u64.to_ne_bytes().to_vec();
+        r2.extend_from_slice(&1u32.to_ne_bytes());
+        let d = dec(op::RENAME2, &r2, b"old\0new\0", 0, Acl::All);
+        let Req::Rename(p, n, np, nn, flags) = d.req else {
+            panic!()
+        };
+        assert_eq!(
+            (p, &n[..], np, &nn[..], flags),
+            (5, &b"old"[..], 9, &b"new"[..], 1)
+        );
+        let d = dec(op::SYMLINK, &[], b"link\0/tar/get\0", 0, Acl::All);
+        assert!(matches!(d.req, Req::Symlink(5, ref l, ref t) if l == b"link" && t == b"/tar/get"));
+        let mut w = vec![0u8; 40];
+        w[0..8].copy_from_slice(&3u64.to_ne_bytes());
+        w[8..16].copy_from_slice(&4096u64.to_ne_bytes());
+        w[16..20].copy_from_slice(&5u32.to_ne_bytes());
+        let d = dec(op::WRITE, &w, b"hello, and more", 0, Acl::All);
+        assert!(matches!(d.req, Req::Write(3, 4096, ref v) if v == b"hello"));
+        // setattr: size and mtime "now", nothing else.
+        let mut sa = vec![0u8; 88];
+        let valid = fattr::SIZE | fattr::MTIME | fattr::MTIME_NOW;
+        sa[0..4].copy_from_slice(&valid.to_ne_bytes());
+        sa[16..24].copy_from_slice(&123u64.to_ne_bytes());
+        let d = dec(op::SETATTR, &sa, &[], 0, Acl::All);
+        let Req::SetAttr(5, s) = d.req else { panic!() };
+        assert_eq!(s.size, Some(123));
+        assert!(matches!(s.mtime, Some(TimeOrNow::Now)));
+        assert!(s.mode.is_none() && s.uid.is_none() && s.atime.is_none() && s.fh.is_none());
+    }
+
+    #[test]
+    fn malformed_requests_are_einval_and_unknown_ones_enosys() {
+        // A name without its NUL, write data shorter than announced.
+        assert!(
+            matches!(dec(op::LOOKUP, &[], b"abc", 0, Acl::All).req, Req::Fail(e) if e == Errno::EINVAL)
+        );
+        let mut w = vec![0u8; 40];
+        w[16..20].copy_from_slice(&100u32.to_ne_bytes());
+        assert!(
+            matches!(dec(op::WRITE, &w, b"short", 0, Acl::All).req, Req::Fail(e) if e == Errno::EINVAL)
+        );
+        assert!(matches!(dec(9999, &[], &[], 0, Acl::All).req, Req::Fail(e) if e == Errno::ENOSYS));
+        assert!(
+            matches!(dec(op::IOCTL, &[], &[], 0, Acl::All).req, Req::Fail(e) if e == Errno::ENOTTY)
+        );
+        let short = decode(
+            &Incoming {
+                in_header: &[0u8; 12],
+                op_in: &[],
+                payload: &[],
+            },
+            Acl::All,
+        );
+        assert!(matches!(short.req, Req::Fail(e) if e == Errno::EIO));
+    }
+
+    #[test]
+    fn without_allow_other_only_the_owner_is_served() {
+        let lookup = |uid| dec(op::LOOKUP, &[], b"a\0", uid, Acl::Owner(0)).req;
+        assert!(matches!(lookup(0), Req::Lookup(5, _)));
+        assert!(matches!(lookup(1000), Req::Fail(e) if e == Errno::EACCES));
+        // The kernel's own requests (no caller) still pass, as with fuser.
+        let rel = dec(op::RELEASE, &[0u8; 24], &[], 1000, Acl::Owner(0)).req;
+        assert!(matches!(rel, Req::Release(5, 0)));
+        assert!(matches!(
+            dec(op::LOOKUP, &[], b"a\0", 1000, Acl::All).req,
+            Req::Lookup(..)
+        ));
+    }
+}

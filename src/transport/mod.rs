@@ -56,18 +56,34 @@ fn uring_enabled() -> io::Result<bool> {
 /// enabled, or `io-uring` asked and we may enable it), and this process must be able to
 /// create SQE128 rings. `Err`: `io-uring` was asked for and cannot be had.
 pub fn plan(choice: Choice) -> Result<Plan, String> {
+    decide(
+        choice,
+        uring_enabled().map_err(|e| e.to_string()),
+        || {
+            std::fs::write(ENABLE_URING, "Y").map_err(|e| e.to_string())?;
+            log::info!("transport: turned on FUSE over io_uring ({ENABLE_URING} = Y)");
+            Ok(())
+        },
+        || ring::probe().map_err(|e| e.to_string()),
+    )
+}
+
+/// [`plan`] without the host: `enabled` is the kernel's switch (Err: no such switch),
+/// `enable` turns it on, `probe` creates a ring.
+fn decide(
+    choice: Choice,
+    enabled: Result<bool, String>,
+    enable: impl FnOnce() -> Result<(), String>,
+    probe: impl FnOnce() -> Result<(), String>,
+) -> Result<Plan, String> {
     if choice == Choice::DevFuse {
         return Ok(Plan::Classic("--transport dev-fuse".into()));
     }
-    let why_not = match uring_enabled() {
+    let why_not = match enabled {
         Ok(true) => None,
-        Ok(false) if choice == Choice::IoUring => match std::fs::write(ENABLE_URING, "Y") {
-            Ok(()) => {
-                log::info!("transport: turned on FUSE over io_uring ({ENABLE_URING} = Y)");
-                None
-            }
-            Err(e) => Some(format!("cannot turn on {ENABLE_URING}: {e}")),
-        },
+        Ok(false) if choice == Choice::IoUring => enable()
+            .err()
+            .map(|e| format!("cannot turn on {ENABLE_URING}: {e}")),
         Ok(false) => Some(format!(
             "the kernel has it switched off; `echo Y > {ENABLE_URING}` (as root) or --transport io-uring turns it on"
         )),
@@ -76,7 +92,7 @@ pub fn plan(choice: Choice) -> Result<Plan, String> {
         )),
     };
     let why_not = why_not.or_else(|| {
-        ring::probe()
+        probe()
             .err()
             .map(|e| format!("io_uring cannot be used here: {e}"))
     });
@@ -102,14 +118,20 @@ const QUEUE_DEPTH: usize = 16;
 pub fn possible_cpus() -> usize {
     std::fs::read_to_string("/sys/devices/system/cpu/possible")
         .ok()
-        .and_then(|s| {
-            s.trim()
-                .split(',')
-                .filter_map(|r| r.rsplit('-').next()?.parse::<usize>().ok())
-                .max()
-        })
-        .map(|m| m + 1)
+        .and_then(|s| parse_possible(&s))
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+}
+
+/// Queues for a CPU list like `0-3,8-11` (the highest CPU number plus one: the kernel
+/// indexes queues by CPU number).
+fn parse_possible(s: &str) -> Option<usize> {
+    s.trim()
+        .split(',')
+        .map(|r| r.rsplit('-').next()?.parse::<usize>().ok())
+        .collect::<Option<Vec<_>>>()?
+        .into_iter()
+        .max()
+        .map(|m| m + 1)
 }
 
 /// Starts one queue thread per possible CPU on the connection `dev` and waits until
@@ -155,5 +177,73 @@ fn pin_to_cpu(cpu: usize) {
     let mut set = nix::sched::CpuSet::new();
     if set.set(cpu).is_ok() {
         let _ = nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn never() -> Result<(), String> {
+        panic!("must not be called")
+    }
+
+    #[test]
+    fn auto_uses_io_uring_only_when_the_kernel_offers_it() {
+        let ok = || Ok(());
+        assert!(matches!(
+            decide(Choice::Auto, Ok(true), never, ok),
+            Ok(Plan::Offer)
+        ));
+        // Switched off: auto does not flip a system-wide switch, and says how to.
+        let Ok(Plan::Classic(why)) = decide(Choice::Auto, Ok(false), never, never) else {
+            panic!()
+        };
+        assert!(why.contains("echo Y >"), "{why}");
+        let Ok(Plan::Classic(why)) = decide(Choice::Auto, Err("No such file".into()), never, never)
+        else {
+            panic!()
+        };
+        assert!(why.contains("6.14"), "{why}");
+        // The kernel offers it but this process cannot create a ring (seccomp, sysctl).
+        let Ok(Plan::Classic(why)) = decide(Choice::Auto, Ok(true), never, || Err("EPERM".into()))
+        else {
+            panic!()
+        };
+        assert!(why.contains("EPERM"), "{why}");
+    }
+
+    #[test]
+    fn io_uring_turns_the_switch_on_or_fails_and_dev_fuse_never_asks() {
+        let mut turned = false;
+        let r = decide(
+            Choice::IoUring,
+            Ok(false),
+            || {
+                turned = true;
+                Ok(())
+            },
+            || Ok(()),
+        );
+        assert!(matches!(r, Ok(Plan::Offer)) && turned);
+        let e = decide(Choice::IoUring, Ok(false), || Err("EACCES".into()), never).unwrap_err();
+        assert!(
+            e.contains("--transport io-uring") && e.contains("EACCES"),
+            "{e}"
+        );
+        let e = decide(Choice::IoUring, Err("ENOENT".into()), never, never).unwrap_err();
+        assert!(e.contains("6.14"), "{e}");
+        assert!(matches!(
+            decide(Choice::DevFuse, Ok(true), never, never),
+            Ok(Plan::Classic(_))
+        ));
+    }
+
+    #[test]
+    fn possible_cpus_reads_ranges() {
+        assert_eq!(parse_possible("0\n"), Some(1));
+        assert_eq!(parse_possible("0-1\n"), Some(2));
+        assert_eq!(parse_possible("0-3,8-11"), Some(12));
+        assert_eq!(parse_possible("garbage"), None);
     }
 }
