@@ -12,6 +12,7 @@ use std::time::{Duration, UNIX_EPOCH};
 use fuser::{Errno, TimeOrNow};
 
 use super::abi::{self, Args, InHeader, Short, fattr, op};
+use super::pool::Pool;
 use super::ring::{Incoming, RingDir, RingReply};
 use crate::fs::handlers::SetAttr;
 use crate::fs::reply::{EmptyReply, Reply};
@@ -221,8 +222,25 @@ fn decode_args(h: &InHeader, a: Args<'_>, p: Args<'_>) -> Result<Req, Short> {
     })
 }
 
-/// Runs a decoded request and answers through `reply`.
-pub fn run(core: &Arc<Core>, d: Decoded, reply: RingReply) {
+/// Runs a decoded request and answers through `reply`: on a worker of `pool` when it
+/// waits for the disk by nature (flushes, allocation, copies, truncation), here
+/// otherwise (reads and writes through the daemon stay here: a hand-off per request
+/// would cost `--revoke` more than it saves).
+pub fn run(core: &Arc<Core>, pool: &Pool, d: Decoded, reply: RingReply) {
+    let slow = match &d.req {
+        Req::Fsync(..) | Req::Fallocate(..) | Req::CopyFileRange(..) => true,
+        Req::SetAttr(_, s) => s.size.is_some(),
+        _ => false,
+    };
+    if slow {
+        let core = core.clone();
+        pool.run(move || run_here(&core, d, reply));
+    } else {
+        run_here(core, d, reply)
+    }
+}
+
+fn run_here(core: &Arc<Core>, d: Decoded, reply: RingReply) {
     let rq = d.rq;
     match d.req {
         Req::Lookup(p, n) => core.lookup(rq, p, &n, reply),

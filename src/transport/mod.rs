@@ -13,6 +13,7 @@
 
 pub mod abi;
 pub mod dispatch;
+pub mod pool;
 pub mod ring;
 
 use std::io;
@@ -139,10 +140,12 @@ fn parse_possible(s: &str) -> Option<usize> {
 /// serves the connection through `/dev/fuse` (the threads that did start stay idle).
 pub fn start(dev: &OwnedFd, core: &Arc<Core>, acl: Acl, sizes: ring::Sizes) -> io::Result<usize> {
     let n = possible_cpus();
+    let pool = pool::Pool::start()?;
     let (tx, rx) = channel();
     for qid in 0..n {
         let dev = dev.try_clone()?;
         let core = core.clone();
+        let pool = pool.clone();
         let tx = tx.clone();
         std::thread::Builder::new()
             .name(format!("fencefs-uring{qid}"))
@@ -154,7 +157,7 @@ pub fn start(dev: &OwnedFd, core: &Arc<Core>, acl: Acl, sizes: ring::Sizes) -> i
                     sizes,
                     tx,
                     |inc| dispatch::decode(inc, acl),
-                    |d, reply| dispatch::run(&core, d, reply),
+                    |d, reply| dispatch::run(&core, &pool, d, reply),
                 );
                 if let Err(e) = r {
                     log::debug!("io_uring queue {qid} ended: {e}");
