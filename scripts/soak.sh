@@ -17,11 +17,13 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 SECS=600
 BIN=
+TRANSPORT=auto
 while (($#)); do
     case $1 in
         --secs) SECS=$2; shift 2 ;;
         --bin) BIN=$2; shift 2 ;;
-        *) echo "usage: soak.sh [--secs N] [--bin PATH]" >&2; exit 2 ;;
+        --transport) TRANSPORT=$2; shift 2 ;;
+        *) echo "usage: soak.sh [--secs N] [--bin PATH] [--transport auto|io-uring|dev-fuse]" >&2; exit 2 ;;
     esac
 done
 if [[ -z $BIN ]]; then
@@ -65,7 +67,7 @@ policy "w/gone*" >"$ROOT/policy.b"
 policy "w/hidden*" >"$ROOT/policy.a"
 
 "$BIN" mount -p "$POL" --allow-other --audit "$AUDIT" --audit-max-size 1M --audit-keep 2 \
-    "$SRC" "$MNT" 2>"$LOG" &
+    --transport "$TRANSPORT" "$SRC" "$MNT" 2>"$LOG" &
 DAEMON=$!
 for _ in $(seq 100); do grep -q " $MNT " /proc/self/mountinfo && break; sleep 0.1; done
 grep -q " $MNT " /proc/self/mountinfo || { cat "$LOG"; echo "soak: mount failed" >&2; exit 1; }

@@ -98,6 +98,9 @@ else
     trap 'echo "$was" >"$uring" 2>/dev/null || true' EXIT
     FENCEFS_TEST_TRANSPORT=io-uring \
         cargo test --quiet --no-fail-fast --test '*' -- --test-threads="${FENCEFS_TEST_THREADS:-2}"
+    say "hostile soak over io_uring (short run)"
+    bash scripts/soak.sh --secs "${FENCEFS_SOAK_SECS:-30}" --bin target/debug/fencefs \
+        --transport io-uring
     echo "$was" >"$uring"
 fi
 
@@ -105,8 +108,9 @@ say "fsx through the mount, every I/O path (short run; scripts/conformance.sh ha
 bash scripts/conformance.sh --only fsx --ops 5000 --concurrent-ops 2000 \
     --io default,no-passthrough,revoke --bin target/debug/fencefs
 
-say "hostile soak (short run; scripts/soak.sh runs 10 minutes)"
-bash scripts/soak.sh --secs "${FENCEFS_SOAK_SECS:-30}" --bin target/debug/fencefs
+say "hostile soak over /dev/fuse (short run; scripts/soak.sh runs 10 minutes)"
+bash scripts/soak.sh --secs "${FENCEFS_SOAK_SECS:-30}" --bin target/debug/fencefs \
+    --transport dev-fuse
 
 say "policy fuzzing (stable harness, 25 s)"
 FENCEFS_FUZZ_SECS="${FENCEFS_FUZZ_SECS:-25}" cargo test --quiet --test policy_prop -- \
