@@ -4,8 +4,8 @@
 use std::cell::RefCell;
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, UNIX_EPOCH};
 
 use fuser::{FileAttr, FileType, TimeOrNow};
@@ -337,6 +337,7 @@ impl Shared {
             exec,
             entries: None,
             slots,
+            kept: OnceLock::new(),
         })
     }
 
@@ -881,10 +882,14 @@ impl Shared {
         Ok(n as u32)
     }
 
-    /// fsync / fsyncdir.
+    /// fsync / fsyncdir. A passthrough handle keeps the descriptor its first fsync
+    /// reopens (see [`Handle::sync_fd`]): a database commits with an fsync every time.
     pub fn do_fsync(&self, fh: u64, datasync: bool) -> Res<()> {
         let h = self.handle(fh)?;
-        let fd = self.io_fd(&h, read_or_write(&h))?;
+        let fd = h.sync_fd(&self.handles.fds, || {
+            let node = self.inodes.fd(h.ino)?;
+            sys::reopen(self.inodes.proc_fd.as_fd(), node.as_fd(), read_or_write(&h))
+        })?;
         Ok(sys::fsync(fd.as_fd(), datasync)?)
     }
 
@@ -960,6 +965,7 @@ impl Shared {
             exec: false,
             entries: Some(parking_lot::Mutex::new(None)),
             slots,
+            kept: OnceLock::new(),
         }))
     }
 
