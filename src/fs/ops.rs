@@ -1052,8 +1052,12 @@ impl Shared {
         Ok((fd, ok))
     }
 
-    /// getxattr: `read`. Symlinks and special files report no attributes.
+    /// getxattr: `read`. Symlinks and special files report no attributes; names the mount
+    /// does not mirror ([`attr::unmirrored_xattr`]) are EOPNOTSUPP everywhere.
     pub fn do_getxattr(&self, ctx: &Ctx, ino: u64, name: &[u8], size: u32) -> Res<Xattr> {
+        if attr::unmirrored_xattr(name) {
+            return Err(Error(libc::EOPNOTSUPP));
+        }
         self.allow_ino(ctx, "getxattr", ino, Need::Read, Special::default())?;
         let (fd, ok) = self.xattr_target(ino)?;
         if !ok {
@@ -1062,14 +1066,24 @@ impl Shared {
         Ok(sys::getxattr_fd(fd.as_fd(), name, size as usize)?)
     }
 
-    /// listxattr: `read`.
+    /// listxattr: `read`; the names the mount does not mirror are left out (so the whole
+    /// list is read, at most `XATTR_LIST_MAX` bytes, and then sized for the caller).
     pub fn do_listxattr(&self, ctx: &Ctx, ino: u64, size: u32) -> Res<Xattr> {
         self.allow_ino(ctx, "listxattr", ino, Need::Read, Special::default())?;
         let (fd, ok) = self.xattr_target(ino)?;
         if !ok {
             return Ok(Xattr::empty(size as usize));
         }
-        Ok(sys::listxattr_fd(fd.as_fd(), size as usize)?)
+        let all = match sys::listxattr_fd(fd.as_fd(), XATTR_LIST_MAX)? {
+            Xattr::Data(v) => v,
+            Xattr::Size(_) => Vec::new(),
+        };
+        let list = attr::mirrored_xattr_list(&all);
+        match size as usize {
+            0 => Ok(Xattr::Size(list.len())),
+            n if n < list.len() => Err(Error(libc::ERANGE)),
+            _ => Ok(Xattr::Data(list)),
+        }
     }
 
     /// setxattr: `write`. Setting `security.capability` (file capabilities) counts as
@@ -1084,6 +1098,9 @@ impl Shared {
         value: &[u8],
         flags: i32,
     ) -> Res<()> {
+        if attr::unmirrored_xattr(name) {
+            return Err(Error(libc::EOPNOTSUPP));
+        }
         let sp = Special {
             device: false,
             setid: name == b"security.capability",
@@ -1098,6 +1115,9 @@ impl Shared {
 
     /// removexattr: `write`.
     pub fn do_removexattr(&self, ctx: &Ctx, ino: u64, name: &[u8]) -> Res<()> {
+        if attr::unmirrored_xattr(name) {
+            return Err(Error(libc::EOPNOTSUPP));
+        }
         self.allow_ino(ctx, "removexattr", ino, Need::Write, Special::default())?;
         let (fd, ok) = self.xattr_target(ino)?;
         if !ok {
@@ -1126,6 +1146,9 @@ impl Shared {
         Ok(())
     }
 }
+
+/// The longest name list a `listxattr` can return (the kernel's `XATTR_LIST_MAX`).
+const XATTR_LIST_MAX: usize = 65_536;
 
 /// The access mode a reopen for fsync/lseek needs: one the handle itself was granted.
 fn read_or_write(h: &Handle) -> i32 {
