@@ -155,3 +155,155 @@ access = "none"
     o.assert_ok("ls -l");
     assert!(o.stdout.contains("-rw-r--r--+"), "{}", o.stdout);
 }
+
+/// Mode bits of `p` as `stat -c %a` sees them: a statx for the mode alone, which the kernel
+/// answers from its cache unless that was invalidated.
+fn mode_seen(p: &Path) -> String {
+    let o = run("stat", &["-c", "%a", p.to_str().unwrap()]);
+    o.assert_ok("stat");
+    o.stdout.trim().to_string()
+}
+
+fn host_mode(p: &Path) -> String {
+    use std::os::unix::fs::PermissionsExt;
+    format!(
+        "{:o}",
+        std::fs::symlink_metadata(p).unwrap().permissions().mode() & 0o7777
+    )
+}
+
+/// What uid 1000 does to the file `f` (cwd: the mount).
+const AS_1000: [(&str, &str); 4] = [
+    (
+        "write",
+        "/usr/bin/python3 -c \"import os; f=os.open('f', os.O_WRONLY); os.pwrite(f, b'x', 0)\"",
+    ),
+    ("truncate", "truncate -s 2 f"),
+    (
+        "O_TRUNC",
+        "/usr/bin/python3 -c \"import os; os.open('f', os.O_WRONLY | os.O_TRUNC)\"",
+    ),
+    (
+        "fallocate",
+        "/usr/bin/python3 -c \"import os; f=os.open('f', os.O_WRONLY); os.posix_fallocate(f, 0, 8192)\"",
+    ),
+];
+
+/// (mode before, mode after an unprivileged write or truncate), as on a local disk: the
+/// set-user-ID bit always goes, the set-group-ID bit only from a group-executable file
+/// (the writer is in the file's group).
+const KILLS: [(u32, &str); 4] = [
+    (0o4755, "755"),
+    (0o2755, "755"),
+    (0o6711, "711"),
+    (0o2745, "2745"),
+];
+
+fn setid_mount(name: &str, io: &[&str]) -> Mount {
+    let mut b = Mount::builder(name)
+        .policy("mode = \"danger\"\ndefault = \"write\"\nallow_setid = true\n")
+        .arg("--allow-other");
+    for a in io {
+        b = b.arg(*a);
+    }
+    put(&b.host("f"), b"hello\n", 0o644);
+    std::fs::set_permissions(
+        b.host("."),
+        std::os::unix::fs::PermissionsExt::from_mode(0o777),
+    )
+    .unwrap();
+    b.start()
+}
+
+#[test]
+fn unprivileged_writes_and_truncates_clear_setid_bits_on_every_io_path() {
+    // FUSE_HANDLE_KILLPRIV_V2: the kernel leaves clearing set-ID bits to the daemon. For
+    // each file I/O path (kernel passthrough, the page cache, --revoke's direct I/O), every
+    // way uid 1000 modifies its own set-ID file clears the bits on the host and in what the
+    // mount shows at once, exactly as the native directory does.
+    let native = Workspace::new("setid-native");
+    let nf = native.src().join("f");
+    for (io, args) in [
+        ("passthrough", &[][..]),
+        ("page cache", &["--no-passthrough"][..]),
+        ("revoke", &["--revoke"][..]),
+    ] {
+        let m = setid_mount("setid-kill", args);
+        for (op, script) in AS_1000 {
+            for (before, after) in KILLS {
+                for (f, dir) in [(m.host("f"), m.mnt(".")), (nf.clone(), native.src())] {
+                    put(&f, b"hello\n", 0o644);
+                    lchown(&f, 1000, 1000).unwrap();
+                    chmod(&f, before).unwrap();
+                    sh_as(1000, &dir, script).assert_ok(op);
+                }
+                let what = format!("{io}: {op} of a {before:o} file by uid 1000");
+                assert_eq!(host_mode(&nf), after, "native, {what}");
+                assert_eq!(host_mode(&m.host("f")), after, "host, {what}");
+                assert_eq!(mode_seen(&m.mnt("f")), after, "through the mount, {what}");
+            }
+        }
+        // chmod u+s through the mount (allow_setid), then a write: cleared again.
+        put(&m.host("f"), b"hello\n", 0o644);
+        lchown(&m.host("f"), 1000, 1000).unwrap();
+        m.sh_as(
+            1000,
+            "chmod 4755 f && stat -c %a f && echo x >> f && stat -c %a f",
+        )
+        .assert_ok("chmod u+s, then append");
+        assert_eq!(
+            host_mode(&m.host("f")),
+            "755",
+            "{io}: append after chmod u+s"
+        );
+    }
+}
+
+#[test]
+fn setid_bits_set_behind_the_kernels_back_are_cleared_by_passthrough_writes() {
+    // The kernel asks the daemon to clear bits only when its cached mode shows them. A bit
+    // set on the host while the kernel caches the old mode (no watch, long TTL) is cleared
+    // by the write itself: the backing file writes with the opener's ids and no CAP_FSETID.
+    // The same when root opened the file first (one backing file serves both handles).
+    let m = setid_mount("setid-stale", &["--no-watch", "--cache-ttl", "3600"]);
+    lchown(&m.host("f"), 1000, 1000).unwrap();
+    assert_eq!(mode_seen(&m.mnt("f")), "644");
+    chmod(&m.host("f"), 0o4755).unwrap();
+    assert_eq!(
+        mode_seen(&m.mnt("f")),
+        "644",
+        "the kernel still caches the old mode"
+    );
+    m.sh_as(1000, AS_1000[0].1).assert_ok("write");
+    assert_eq!(host_mode(&m.host("f")), "755");
+
+    chmod(&m.host("f"), 0o6755).unwrap();
+    let mut root = std::fs::OpenOptions::new()
+        .write(true)
+        .open(m.mnt("f"))
+        .unwrap();
+    m.sh_as(1000, AS_1000[0].1)
+        .assert_ok("write beside root's handle");
+    assert_eq!(host_mode(&m.host("f")), "755", "root opened it first");
+    drop(std::io::Write::write_all(&mut root, b"r"));
+}
+
+#[test]
+fn writes_drop_file_capabilities() {
+    // security.capability goes on every write and truncate, whoever writes (the host does it;
+    // the kernel no longer asks for it before each write).
+    let m = setid_mount("setid-caps", &[]);
+    for (op, script) in AS_1000.iter().take(2) {
+        put(&m.host("f"), b"hello\n", 0o755);
+        lchown(&m.host("f"), 1000, 1000).unwrap();
+        run("setcap", &["cap_net_raw=ep", m.host("f").to_str().unwrap()]).assert_ok("setcap");
+        assert!(lgetxattr(&m.host("f"), b"security.capability").is_ok());
+        m.sh_as(1000, script).assert_ok(op);
+        assert_errno(
+            lgetxattr(&m.host("f"), b"security.capability"),
+            libc::ENODATA,
+            op,
+        )
+        .ok();
+    }
+}

@@ -19,6 +19,7 @@ use parking_lot::Mutex;
 use super::decide::Line;
 use super::ops::{Ctx, Error, Opened, Res, Shared};
 use crate::approvals::{self, Outcome, Resume};
+use crate::host::sys;
 
 #[derive(Default)]
 struct Backing {
@@ -52,6 +53,7 @@ impl Core {
         &self,
         ino: u64,
         file: &OwnedFd,
+        writer: (u32, u32),
         open: impl Fn(&OwnedFd) -> io::Result<BackingId>,
     ) -> Option<Arc<BackingId>> {
         if !self.passthrough.load(Ordering::Relaxed) {
@@ -60,7 +62,7 @@ impl Core {
         let mut b = self.backing.lock();
         let id = match b.by_ino.get(&ino).and_then(Weak::upgrade) {
             Some(id) => id,
-            None => match open(file) {
+            None => match self.as_writer(writer, || open(file)) {
                 Ok(id) => {
                     let id = Arc::new(id);
                     b.by_ino.insert(ino, Arc::downgrade(&id));
@@ -77,6 +79,28 @@ impl Core {
         Some(id)
     }
 
+    /// Runs `f` (the backing-file open) with the credentials the kernel should keep for
+    /// the backing file, with which it runs every write through it: the opener's
+    /// file-system ids (as root), and never CAP_FSETID, so the host clears set-ID bits on
+    /// those writes as for an unprivileged writer. FUSE_HANDLE_KILLPRIV_V2 leaves clearing
+    /// to the daemon, which never sees a passthrough write; the kernel's own "remove
+    /// privileges" request before a write (an empty SETATTR, `Shared::do_setattr`) covers
+    /// what the kernel knows of the mode, this covers the rest. One backing file serves
+    /// every handle of an inode, so later openers write with the first one's ids.
+    fn as_writer<T>(
+        &self,
+        (uid, gid): (u32, u32),
+        f: impl FnOnce() -> io::Result<T>,
+    ) -> io::Result<T> {
+        let _ids = if self.shared.as_root && (uid, gid) != (0, 0) {
+            Some(sys::FsIds::assume(uid, gid)?)
+        } else {
+            None
+        };
+        let _cap = sys::WithoutFsetid::new()?;
+        f()
+    }
+
     /// Registers an opened file as a handle, through the kernel when it can (the handle
     /// then keeps the backing id and gives its descriptor back); returns the `fh` and the
     /// backing id.
@@ -86,7 +110,7 @@ impl Core {
         open: impl Fn(&OwnedFd) -> io::Result<BackingId>,
     ) -> (u64, Option<Arc<BackingId>>) {
         let ino = o.ino;
-        let id = self.backing_for(ino, &o.file, open);
+        let id = self.backing_for(ino, &o.file, o.writer, open);
         let fh = self.shared.register(o, id.is_some());
         if let Some(id) = &id {
             self.backing.lock().by_fh.insert(fh, id.clone());

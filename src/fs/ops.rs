@@ -131,6 +131,9 @@ pub struct Opened {
     pub ino: u64,
     /// The open host file.
     pub file: OwnedFd,
+    /// The opener's host file-system ids (uid, gid): a passthrough backing file's writes
+    /// run with them.
+    pub writer: (u32, u32),
     read: bool,
     write: bool,
     exec: bool,
@@ -312,12 +315,57 @@ impl Shared {
         )?))
     }
 
+    /// The caller's host uid and gid.
+    fn host_ids(&self, ctx: &Ctx) -> (u32, u32) {
+        (
+            self.uids.to_host(ctx.caller.uid),
+            self.gids.to_host(ctx.caller.gid),
+        )
+    }
+
+    /// Whether the kernel would have the file system clear set-ID bits for this caller
+    /// (FUSE_HANDLE_KILLPRIV_V2: a write, truncate or fallocate by a caller without
+    /// CAP_FSETID). The kernel says so on writes; for truncates, opens with `O_TRUNC` and
+    /// fallocate fuser does not pass its flag on, so it is read from the caller: any host
+    /// uid but root, as the caller's own kernel would decide for an unprivileged process.
+    fn kills_setid(&self, ctx: &Ctx) -> bool {
+        self.uids.to_host(ctx.caller.uid) != 0
+    }
+
+    /// Clears the set-user-ID bit, and the set-group-ID bit of a group-executable file,
+    /// of the regular file behind `fd`, as a local disk does when a caller without
+    /// CAP_FSETID writes or truncates it (the daemon's own write, as root, would keep
+    /// them). `security.capability` needs no help: the host drops it on every write,
+    /// truncate and chown, whoever makes it.
+    ///
+    /// The kernel may hold the old mode (an open or a write replies without attributes),
+    /// so a change queues an invalidation of `ino`'s attributes.
+    fn kill_setid(&self, ino: u64, fd: BorrowedFd<'_>) -> Res<()> {
+        let st = sys::fstat(fd)?;
+        if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+            return Ok(());
+        }
+        let mut kill = st.st_mode & libc::S_ISUID;
+        if st.st_mode & (libc::S_ISGID | libc::S_IXGRP) == libc::S_ISGID | libc::S_IXGRP {
+            kill |= libc::S_ISGID;
+        }
+        if kill != 0 {
+            sys::fchmod_fd(self.inodes.proc_fd.as_fd(), fd, st.st_mode & 0o7777 & !kill)?;
+            self.kcache.send(Inval {
+                inodes: vec![(ino, -1)],
+                ..Inval::default()
+            });
+        }
+        Ok(())
+    }
+
     /// Registers an opened file as a handle; returns its `fh`. A passthrough file gives
     /// its descriptor (and the descriptor budget) back: the kernel holds the backing file.
     pub fn register(&self, o: Opened, passthrough: bool) -> u64 {
         let Opened {
             ino,
             file,
+            writer: _,
             read,
             write,
             exec,
@@ -429,6 +477,19 @@ impl Shared {
             let u = uid.map_or(u32::MAX, |u| self.uids.to_host(u));
             let g = gid.map_or(u32::MAX, |g| self.gids.to_host(g));
             sys::fchown_fd(fd.as_fd(), u, g)?;
+        }
+        // Nothing to set: the kernel's "remove privileges" before a write or after
+        // chown(-1, -1) (FUSE_HANDLE_KILLPRIV_V2 leaves the clearing to the daemon; the
+        // reply then carries the new mode). A truncate clears them too.
+        let nothing = [mode, uid, gid].iter().all(Option::is_none)
+            && size.is_none()
+            && atime.is_none()
+            && mtime.is_none();
+        if (nothing || (size.is_some() && mode.is_none()))
+            && kind == libc::S_IFREG
+            && self.kills_setid(ctx)
+        {
+            self.kill_setid(ino, fd.as_fd())?;
         }
         if let Some(sz) = size {
             match &handle {
@@ -742,9 +803,13 @@ impl Shared {
             fd.as_fd(),
             attr::host_open_flags(flags),
         )?;
+        if flags & libc::O_TRUNC != 0 && self.kills_setid(ctx) {
+            self.kill_setid(ino, file.as_fd())?;
+        }
         Ok(Opened {
             ino,
             file,
+            writer: self.host_ids(ctx),
             read: intent.read,
             write: intent.write,
             exec: flags & attr::FMODE_EXEC != 0,
@@ -790,19 +855,24 @@ impl Shared {
                 mode & 0o7777,
             )
         });
-        let file = match created {
-            Ok(f) => f,
+        let (file, existed) = match created {
+            Ok(f) => (f, false),
             Err(Error(libc::EEXIST)) if flags & libc::O_EXCL == 0 => {
-                self.open_existing(ctx, parent, &pfd, name, base)?
+                (self.open_existing(ctx, parent, &pfd, name, base)?, true)
             }
             Err(e) => return Err(e),
         };
-        let st = sys::fstat(file.as_fd())?;
+        let mut st = sys::fstat(file.as_fd())?;
         // The open file is exactly what is under that name now.
         let ino = self.inodes.adopt(parent, name, &st, true);
+        if existed && flags & libc::O_TRUNC != 0 && self.kills_setid(ctx) {
+            self.kill_setid(ino, file.as_fd())?;
+            st = sys::fstat(file.as_fd())?;
+        }
         let opened = Opened {
             ino,
             file,
+            writer: self.host_ids(ctx),
             read: intent.read,
             write: true,
             exec: false,
@@ -870,14 +940,25 @@ impl Shared {
         Ok(buf)
     }
 
-    /// write through a handle opened for writing.
-    pub fn do_write(&self, ctx: &Ctx, fh: u64, offset: u64, data: &[u8]) -> Res<u32> {
+    /// write through a handle opened for writing; `kill_setid`: the kernel's
+    /// FUSE_WRITE_KILL_SUIDGID (the writer lacks CAP_FSETID), see [`Shared::kill_setid`].
+    pub fn do_write(
+        &self,
+        ctx: &Ctx,
+        fh: u64,
+        offset: u64,
+        data: &[u8],
+        kill_setid: bool,
+    ) -> Res<u32> {
         let h = self.handle(fh)?;
         if !h.write {
             return Err(Error(libc::EBADF));
         }
         self.recheck(ctx, "write", &h, Need::Write)?;
         let fd = self.io_fd(&h, libc::O_WRONLY)?;
+        if kill_setid {
+            self.kill_setid(h.ino, fd.as_fd())?;
+        }
         let n = pwrite_all(fd.as_fd(), data, offset)?;
         Ok(n as u32)
     }
@@ -906,6 +987,9 @@ impl Shared {
         }
         self.recheck(ctx, "fallocate", &h, Need::Write)?;
         let fd = self.io_fd(&h, libc::O_WRONLY)?;
+        if self.kills_setid(ctx) {
+            self.kill_setid(h.ino, fd.as_fd())?;
+        }
         Ok(sys::fallocate(fd.as_fd(), mode, offset, len)?)
     }
 
@@ -937,6 +1021,9 @@ impl Shared {
         let len = len.min(u32::MAX as u64 & !0xfff);
         let fi = self.io_fd(&hi, libc::O_RDONLY)?;
         let fo = self.io_fd(&ho, libc::O_WRONLY)?;
+        if self.kills_setid(ctx) {
+            self.kill_setid(ho.ino, fo.as_fd())?;
+        }
         let n = sys::copy_file_range(fi.as_fd(), off_in, fo.as_fd(), off_out, len)?;
         Ok(n as u32)
     }
