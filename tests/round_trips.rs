@@ -243,6 +243,28 @@ fn unprivileged_writes_and_truncates_clear_setid_bits_on_every_io_path() {
                 assert_eq!(mode_seen(&m.mnt("f")), after, "through the mount, {what}");
             }
         }
+        // chown(f, -1, -1): the owner's clears the bits, anyone else's changes nothing
+        // (a local disk refuses it with EPERM; the kernel asks fencefs for nothing).
+        let chown_keep = "/usr/bin/python3 -c \"import os\ntry: os.chown('f', -1, -1)\nexcept PermissionError: pass\"";
+        for (who, after) in [(1001, "4757"), (1000, "757")] {
+            for (f, dir) in [(m.host("f"), m.mnt(".")), (nf.clone(), native.src())] {
+                put(&f, b"hello\n", 0o644);
+                lchown(&f, 1000, 1000).unwrap();
+                chmod(&f, 0o4757).unwrap();
+                sh_as(who, &dir, chown_keep).assert_ok("chown -1 -1");
+            }
+            assert_eq!(host_mode(&nf), after, "native, chown(-1, -1) by {who}");
+            assert_eq!(
+                host_mode(&m.host("f")),
+                after,
+                "{io}: chown(-1, -1) by {who}"
+            );
+            assert_eq!(
+                mode_seen(&m.mnt("f")),
+                after,
+                "{io}: chown(-1, -1) by {who}"
+            );
+        }
         // chmod u+s through the mount (allow_setid), then a write: cleared again.
         put(&m.host("f"), b"hello\n", 0o644);
         lchown(&m.host("f"), 1000, 1000).unwrap();

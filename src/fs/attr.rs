@@ -140,6 +140,8 @@ pub fn mirrored_xattr_list(list: &[u8]) -> Vec<u8> {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
     #[test]
     fn unmirrored_names_leave_the_list_and_the_rest_stays_in_order() {
         use super::mirrored_xattr_list as m;
@@ -156,8 +158,6 @@ mod tests {
         assert!(super::unmirrored_xattr(b"security.selinux"));
         assert!(!super::unmirrored_xattr(b"user.selinux"));
     }
-
-    use super::*;
 
     #[test]
     fn open_flags_are_classified_completely() {

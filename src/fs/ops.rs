@@ -478,13 +478,16 @@ impl Shared {
             let g = gid.map_or(u32::MAX, |g| self.gids.to_host(g));
             sys::fchown_fd(fd.as_fd(), u, g)?;
         }
-        // Nothing to set: the kernel's "remove privileges" before a write or after
-        // chown(-1, -1) (FUSE_HANDLE_KILLPRIV_V2 leaves the clearing to the daemon; the
-        // reply then carries the new mode). A truncate clears them too.
+        // Nothing to set: the kernel's "remove privileges" before a write (the file is
+        // open for writing) or for chown(-1, -1) by the owner (FUSE_HANDLE_KILLPRIV_V2
+        // leaves the clearing to the daemon; the reply then carries the new mode). Anyone
+        // else's chown(-1, -1) changes nothing, as a local disk refuses it the mode change.
+        // A truncate clears them too.
         let nothing = [mode, uid, gid].iter().all(Option::is_none)
             && size.is_none()
             && atime.is_none()
-            && mtime.is_none();
+            && mtime.is_none()
+            && (st.st_uid == self.host_ids(ctx).0 || self.handles.any_on(ino, |h| h.write));
         if (nothing || (size.is_some() && mode.is_none()))
             && kind == libc::S_IFREG
             && self.kills_setid(ctx)
