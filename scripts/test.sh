@@ -28,6 +28,8 @@ command -v make >/dev/null 2>&1 || need+=(make)
 command -v unshare >/dev/null 2>&1 || need+=(util-linux)
 command -v cc >/dev/null 2>&1 || need+=(gcc libc6-dev)
 command -v man >/dev/null 2>&1 || need+=(man-db)
+# tests/round_trips.rs: getfacl/setfacl through the mount.
+command -v setfacl >/dev/null 2>&1 || need+=(acl)
 if ((${#need[@]})); then
     say "installing ${need[*]}"
     if [[ $(id -u) -ne 0 ]]; then

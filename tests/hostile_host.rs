@@ -419,6 +419,70 @@ fn passthrough_opens_hold_no_daemon_descriptor() {
     }
 }
 
+/// Real opens (not `O_PATH`) the daemon `pid` holds of files under `under`.
+fn daemon_real_opens(pid: i32, under: &Path) -> usize {
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return 0;
+    };
+    dir.flatten()
+        .filter(|e| std::fs::read_link(e.path()).is_ok_and(|t| t.starts_with(under)))
+        .filter(|e| {
+            let info = std::fs::read_to_string(format!(
+                "/proc/{pid}/fdinfo/{}",
+                e.file_name().to_string_lossy()
+            ))
+            .unwrap_or_default();
+            let flags = info
+                .lines()
+                .find_map(|l| l.strip_prefix("flags:"))
+                .and_then(|v| u32::from_str_radix(v.trim(), 8).ok())
+                .unwrap_or(0);
+            flags & libc::O_PATH as u32 == 0
+        })
+        .count()
+}
+
+#[test]
+fn fsync_of_passthrough_handles_keeps_descriptors_only_within_half_the_share() {
+    // A passthrough handle keeps the descriptor its first fsync opens, from a spare unit of
+    // its uid's descriptor share (at most half of it: 8 → 4); past that, fsync reopens the
+    // file for each call and still works. Closing gives every kept descriptor back.
+    let m = flood_mount("fd-fsync", &["--max-open-per-uid", "8"]);
+    eventually(Duration::from_secs(5), || m.stderr().contains("file I/O"));
+    assert!(
+        m.stderr().contains("kernel passthrough"),
+        "this test needs kernel passthrough: {}",
+        m.stderr()
+    );
+    let src = m.host(".");
+    assert_eq!(daemon_real_opens(m.pid(), &src), 0);
+    let code = "import os, sys\n\
+         fds = [os.open('pub/f%d' % i, os.O_RDWR | os.O_CREAT, 0o644) for i in range(10)]\n\
+         for r in range(3):\n    for f in fds:\n        os.pwrite(f, b'x%d' % r, 0); os.fsync(f); os.fdatasync(f)\n\
+         print(len(fds), flush=True)\nsys.stdin.read()\n\
+         print(b''.join(os.pread(f, 2, 0) for f in fds).decode(), flush=True)\n";
+    let mut kid = spawn_py(AGENT, &m.mnt("."), code);
+    assert_eq!(read_line(&mut kid), "10", "every open and fsync succeeded");
+    let held = daemon_real_opens(m.pid(), &src);
+    assert_eq!(held, 4, "kept descriptors: half of the share of 8");
+    // The other half of the share is still there for opens that need a descriptor.
+    let o = m.sh_as(
+        AGENT,
+        "ls pub >/dev/null && ls pub >/dev/null && ls -la pub >/dev/null && echo ok",
+    );
+    o.assert_ok("directory opens by the same uid");
+    others_keep_working(&m);
+    drop(kid.stdin.take());
+    assert_eq!(read_line(&mut kid), "x2".repeat(10));
+    assert!(wait_or_kill(&mut kid, Duration::from_secs(10)).is_some_and(|s| s.success()));
+    assert!(
+        eventually(Duration::from_secs(5), || daemon_real_opens(m.pid(), &src)
+            == 0),
+        "closing the handles closes what they kept: {} left",
+        daemon_real_opens(m.pid(), &src)
+    );
+}
+
 /// Median seconds of one stat of a hidden and of an absent name, measured in one process
 /// as uid AGENT, alternating hidden and absent call by call so that both see the same
 /// machine noise: `(hidden, absent)`. Each name is stat'ed `rounds` times (1: first

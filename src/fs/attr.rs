@@ -1,4 +1,5 @@
-//! Conversions between host `stat`, FUSE attributes and open flags.
+//! Conversions between host `stat`, FUSE attributes and open flags, and which extended
+//! attribute names the mount mirrors.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -111,9 +112,52 @@ pub fn host_open_flags(flags: i32) -> i32 {
             | FMODE_EXEC)
 }
 
+/// Extended attributes the mount does not mirror: EOPNOTSUPP for get, set and remove on
+/// every path (before the policy, which it does not depend on), and never listed.
+///
+/// `security.selinux`: a kernel running SELinux answers it for a FUSE mount itself (from
+/// its policy, genfscon or `context=`), so only a kernel without SELinux asks the daemon,
+/// and for that kernel a host label means nothing. Saying "not supported" lets `ls -l`
+/// (gnulib's `getfilecon` cache per `st_dev`) stop asking after the first file: one FUSE
+/// round trip per listed file less, which the kernel could not cache.
+pub fn unmirrored_xattr(name: &[u8]) -> bool {
+    name == b"security.selinux"
+}
+
+/// A `listxattr` name list (NUL-terminated names) without the names the mount does not
+/// mirror.
+pub fn mirrored_xattr_list(list: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(list.len());
+    for n in list.split_inclusive(|b| *b == 0) {
+        let bare = n.strip_suffix(&[0]).unwrap_or(n);
+        if !bare.is_empty() && !unmirrored_xattr(bare) {
+            out.extend_from_slice(bare);
+            out.push(0);
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn unmirrored_names_leave_the_list_and_the_rest_stays_in_order() {
+        use super::mirrored_xattr_list as m;
+        assert_eq!(m(b""), b"");
+        assert_eq!(m(b"security.selinux\0"), b"");
+        assert_eq!(
+            m(b"user.a\0security.selinux\0system.posix_acl_access\0security.capability\0"),
+            b"user.a\0system.posix_acl_access\0security.capability\0"
+        );
+        assert_eq!(
+            m(b"user.a\0security.selinuxx\0"),
+            b"user.a\0security.selinuxx\0"
+        );
+        assert!(super::unmirrored_xattr(b"security.selinux"));
+        assert!(!super::unmirrored_xattr(b"user.selinux"));
+    }
 
     #[test]
     fn open_flags_are_classified_completely() {

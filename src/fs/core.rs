@@ -8,6 +8,7 @@
 //! worker thread waits for an approver.
 
 use std::collections::HashMap;
+use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
@@ -18,6 +19,7 @@ use parking_lot::Mutex;
 use super::decide::Line;
 use super::ops::{Ctx, Error, Opened, Res, Shared};
 use crate::approvals::{self, Outcome, Resume};
+use crate::host::sys;
 
 /// A kernel passthrough backing id, closed on the FUSE connection when dropped.
 pub struct BackingFile {
@@ -98,7 +100,12 @@ impl Core {
 
     /// The backing id to pass an opened file's I/O through to its host file, reusing the
     /// inode's id while one is alive. `None`: serve I/O through the daemon.
-    fn backing_for(&self, ino: u64, file: &OwnedFd) -> Option<Arc<BackingFile>> {
+    fn backing_for(
+        &self,
+        ino: u64,
+        file: &OwnedFd,
+        writer: (u32, u32),
+    ) -> Option<Arc<BackingFile>> {
         if !self.passthrough.load(Ordering::Relaxed) {
             return None;
         }
@@ -106,7 +113,9 @@ impl Core {
         let mut b = self.backing.lock();
         let id = match b.by_ino.get(&ino).and_then(Weak::upgrade) {
             Some(id) => id,
-            None => match fuser::BackingId::create_raw(dev.as_fd(), file.as_fd()) {
+            None => match self.as_writer(writer, || {
+                fuser::BackingId::create_raw(dev.as_fd(), file.as_fd())
+            }) {
                 Ok(id) => {
                     let id = Arc::new(BackingFile {
                         id,
@@ -126,12 +135,34 @@ impl Core {
         Some(id)
     }
 
+    /// Runs `f` (the backing-file open) with the credentials the kernel should keep for
+    /// the backing file, with which it runs every write through it: the opener's
+    /// file-system ids (as root), and never CAP_FSETID, so the host clears set-ID bits on
+    /// those writes as for an unprivileged writer. FUSE_HANDLE_KILLPRIV_V2 leaves clearing
+    /// to the daemon, which never sees a passthrough write; the kernel's own "remove
+    /// privileges" request before a write (an empty SETATTR, `Shared::do_setattr`) covers
+    /// what the kernel knows of the mode, this covers the rest. One backing file serves
+    /// every handle of an inode, so later openers write with the first one's ids.
+    fn as_writer<T>(
+        &self,
+        (uid, gid): (u32, u32),
+        f: impl FnOnce() -> io::Result<T>,
+    ) -> io::Result<T> {
+        let _ids = if self.shared.as_root && (uid, gid) != (0, 0) {
+            Some(sys::FsIds::assume(uid, gid)?)
+        } else {
+            None
+        };
+        let _cap = sys::WithoutFsetid::new()?;
+        f()
+    }
+
     /// Registers an opened file as a handle, through the kernel when it can (the handle
     /// then keeps the backing id and gives its descriptor back); returns the `fh` and the
     /// backing id.
     pub(super) fn register(&self, o: Opened) -> (u64, Option<u32>) {
         let ino = o.ino;
-        let id = self.backing_for(ino, &o.file);
+        let id = self.backing_for(ino, &o.file, o.writer);
         let fh = self.shared.register(o, id.is_some());
         let raw = id.as_ref().map(|b| b.id);
         if let Some(id) = id {

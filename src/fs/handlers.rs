@@ -288,17 +288,18 @@ impl Core {
         }
     }
 
-    /// WRITE.
+    /// WRITE (`kill`: the kernel asks to clear set-ID bits, FUSE_WRITE_KILL_SUIDGID).
     pub fn write(
         self: &Arc<Self>,
         rq: Rq,
         fh: u64,
         offset: u64,
         data: &[u8],
+        kill: bool,
         reply: impl WriteReply,
     ) {
         let ctx = self.ctx(rq);
-        match self.shared.do_write(&ctx, fh, offset, data) {
+        match self.shared.do_write(&ctx, fh, offset, data, kill) {
             Ok(n) => reply.written(n),
             Err(e) => reply.error(errno(e)),
         }

@@ -104,6 +104,11 @@ impl Filesystem for FenceFs {
         // O_TRUNC reaches `open` (instead of a separate setattr after an open for read),
         // so `O_RDONLY|O_TRUNC` is classified as the write it is.
         let _ = config.add_capabilities(InitFlags::FUSE_ATOMIC_O_TRUNC);
+        // The daemon clears set-ID bits on write, truncate and O_TRUNC by a caller without
+        // CAP_FSETID (ops.rs `kill_setid`; passthrough writes run with credentials without
+        // it, core.rs): the kernel then marks inodes "no security bits" and stops sending a
+        // GETXATTR(security.capability) before every write and truncate.
+        let _ = config.add_capabilities(InitFlags::FUSE_HANDLE_KILLPRIV_V2);
         // Symlink targets cached by the kernel (a symlink's target never changes in place;
         // reloads drop them with the rest of the pages): no READLINK per path walk.
         let _ = config.add_capabilities(InitFlags::FUSE_CACHE_SYMLINKS);
@@ -304,12 +309,13 @@ impl Filesystem for FenceFs {
         fh: FileHandle,
         offset: u64,
         data: &[u8],
-        _write_flags: WriteFlags,
+        write_flags: WriteFlags,
         _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        self.core.write(req.into(), fh.0, offset, data, reply)
+        let kill = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
+        self.core.write(req.into(), fh.0, offset, data, kill, reply)
     }
 
     fn flush(

@@ -4,8 +4,8 @@
 use std::cell::RefCell;
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, UNIX_EPOCH};
 
 use fuser::{FileAttr, FileType, TimeOrNow};
@@ -131,6 +131,9 @@ pub struct Opened {
     pub ino: u64,
     /// The open host file.
     pub file: OwnedFd,
+    /// The opener's host file-system ids (uid, gid): a passthrough backing file's writes
+    /// run with them.
+    pub writer: (u32, u32),
     read: bool,
     write: bool,
     exec: bool,
@@ -312,12 +315,57 @@ impl Shared {
         )?))
     }
 
+    /// The caller's host uid and gid.
+    fn host_ids(&self, ctx: &Ctx) -> (u32, u32) {
+        (
+            self.uids.to_host(ctx.caller.uid),
+            self.gids.to_host(ctx.caller.gid),
+        )
+    }
+
+    /// Whether the kernel would have the file system clear set-ID bits for this caller
+    /// (FUSE_HANDLE_KILLPRIV_V2: a write, truncate or fallocate by a caller without
+    /// CAP_FSETID). The kernel says so on writes; for truncates, opens with `O_TRUNC` and
+    /// fallocate fuser does not pass its flag on, so it is read from the caller: any host
+    /// uid but root, as the caller's own kernel would decide for an unprivileged process.
+    fn kills_setid(&self, ctx: &Ctx) -> bool {
+        self.uids.to_host(ctx.caller.uid) != 0
+    }
+
+    /// Clears the set-user-ID bit, and the set-group-ID bit of a group-executable file,
+    /// of the regular file behind `fd`, as a local disk does when a caller without
+    /// CAP_FSETID writes or truncates it (the daemon's own write, as root, would keep
+    /// them). `security.capability` needs no help: the host drops it on every write,
+    /// truncate and chown, whoever makes it.
+    ///
+    /// The kernel may hold the old mode (an open or a write replies without attributes),
+    /// so a change queues an invalidation of `ino`'s attributes.
+    fn kill_setid(&self, ino: u64, fd: BorrowedFd<'_>) -> Res<()> {
+        let st = sys::fstat(fd)?;
+        if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+            return Ok(());
+        }
+        let mut kill = st.st_mode & libc::S_ISUID;
+        if st.st_mode & (libc::S_ISGID | libc::S_IXGRP) == libc::S_ISGID | libc::S_IXGRP {
+            kill |= libc::S_ISGID;
+        }
+        if kill != 0 {
+            sys::fchmod_fd(self.inodes.proc_fd.as_fd(), fd, st.st_mode & 0o7777 & !kill)?;
+            self.kcache.send(Inval {
+                inodes: vec![(ino, -1)],
+                ..Inval::default()
+            });
+        }
+        Ok(())
+    }
+
     /// Registers an opened file as a handle; returns its `fh`. A passthrough file gives
     /// its descriptor (and the descriptor budget) back: the kernel holds the backing file.
     pub fn register(&self, o: Opened, passthrough: bool) -> u64 {
         let Opened {
             ino,
             file,
+            writer: _,
             read,
             write,
             exec,
@@ -337,6 +385,7 @@ impl Shared {
             exec,
             entries: None,
             slots,
+            kept: OnceLock::new(),
         })
     }
 
@@ -428,6 +477,22 @@ impl Shared {
             let u = uid.map_or(u32::MAX, |u| self.uids.to_host(u));
             let g = gid.map_or(u32::MAX, |g| self.gids.to_host(g));
             sys::fchown_fd(fd.as_fd(), u, g)?;
+        }
+        // Nothing to set: the kernel's "remove privileges" before a write (the file is
+        // open for writing) or for chown(-1, -1) by the owner (FUSE_HANDLE_KILLPRIV_V2
+        // leaves the clearing to the daemon; the reply then carries the new mode). Anyone
+        // else's chown(-1, -1) changes nothing, as a local disk refuses it the mode change.
+        // A truncate clears them too.
+        let nothing = [mode, uid, gid].iter().all(Option::is_none)
+            && size.is_none()
+            && atime.is_none()
+            && mtime.is_none()
+            && (st.st_uid == self.host_ids(ctx).0 || self.handles.any_on(ino, |h| h.write));
+        if (nothing || (size.is_some() && mode.is_none()))
+            && kind == libc::S_IFREG
+            && self.kills_setid(ctx)
+        {
+            self.kill_setid(ino, fd.as_fd())?;
         }
         if let Some(sz) = size {
             match &handle {
@@ -741,9 +806,13 @@ impl Shared {
             fd.as_fd(),
             attr::host_open_flags(flags),
         )?;
+        if flags & libc::O_TRUNC != 0 && self.kills_setid(ctx) {
+            self.kill_setid(ino, file.as_fd())?;
+        }
         Ok(Opened {
             ino,
             file,
+            writer: self.host_ids(ctx),
             read: intent.read,
             write: intent.write,
             exec: flags & attr::FMODE_EXEC != 0,
@@ -789,19 +858,24 @@ impl Shared {
                 mode & 0o7777,
             )
         });
-        let file = match created {
-            Ok(f) => f,
+        let (file, existed) = match created {
+            Ok(f) => (f, false),
             Err(Error(libc::EEXIST)) if flags & libc::O_EXCL == 0 => {
-                self.open_existing(ctx, parent, &pfd, name, base)?
+                (self.open_existing(ctx, parent, &pfd, name, base)?, true)
             }
             Err(e) => return Err(e),
         };
-        let st = sys::fstat(file.as_fd())?;
+        let mut st = sys::fstat(file.as_fd())?;
         // The open file is exactly what is under that name now.
         let ino = self.inodes.adopt(parent, name, &st, true);
+        if existed && flags & libc::O_TRUNC != 0 && self.kills_setid(ctx) {
+            self.kill_setid(ino, file.as_fd())?;
+            st = sys::fstat(file.as_fd())?;
+        }
         let opened = Opened {
             ino,
             file,
+            writer: self.host_ids(ctx),
             read: intent.read,
             write: true,
             exec: false,
@@ -869,22 +943,37 @@ impl Shared {
         Ok(buf)
     }
 
-    /// write through a handle opened for writing.
-    pub fn do_write(&self, ctx: &Ctx, fh: u64, offset: u64, data: &[u8]) -> Res<u32> {
+    /// write through a handle opened for writing; `kill_setid`: the kernel's
+    /// FUSE_WRITE_KILL_SUIDGID (the writer lacks CAP_FSETID), see [`Shared::kill_setid`].
+    pub fn do_write(
+        &self,
+        ctx: &Ctx,
+        fh: u64,
+        offset: u64,
+        data: &[u8],
+        kill_setid: bool,
+    ) -> Res<u32> {
         let h = self.handle(fh)?;
         if !h.write {
             return Err(Error(libc::EBADF));
         }
         self.recheck(ctx, "write", &h, Need::Write)?;
         let fd = self.io_fd(&h, libc::O_WRONLY)?;
+        if kill_setid {
+            self.kill_setid(h.ino, fd.as_fd())?;
+        }
         let n = pwrite_all(fd.as_fd(), data, offset)?;
         Ok(n as u32)
     }
 
-    /// fsync / fsyncdir.
+    /// fsync / fsyncdir. A passthrough handle keeps the descriptor its first fsync
+    /// reopens (see [`Handle::sync_fd`]): a database commits with an fsync every time.
     pub fn do_fsync(&self, fh: u64, datasync: bool) -> Res<()> {
         let h = self.handle(fh)?;
-        let fd = self.io_fd(&h, read_or_write(&h))?;
+        let fd = h.sync_fd(&self.handles.fds, || {
+            let node = self.inodes.fd(h.ino)?;
+            sys::reopen(self.inodes.proc_fd.as_fd(), node.as_fd(), read_or_write(&h))
+        })?;
         Ok(sys::fsync(fd.as_fd(), datasync)?)
     }
 
@@ -901,6 +990,9 @@ impl Shared {
         }
         self.recheck(ctx, "fallocate", &h, Need::Write)?;
         let fd = self.io_fd(&h, libc::O_WRONLY)?;
+        if self.kills_setid(ctx) {
+            self.kill_setid(h.ino, fd.as_fd())?;
+        }
         Ok(sys::fallocate(fd.as_fd(), mode, offset, len)?)
     }
 
@@ -932,6 +1024,9 @@ impl Shared {
         let len = len.min(u32::MAX as u64 & !0xfff);
         let fi = self.io_fd(&hi, libc::O_RDONLY)?;
         let fo = self.io_fd(&ho, libc::O_WRONLY)?;
+        if self.kills_setid(ctx) {
+            self.kill_setid(ho.ino, fo.as_fd())?;
+        }
         let n = sys::copy_file_range(fi.as_fd(), off_in, fo.as_fd(), off_out, len)?;
         Ok(n as u32)
     }
@@ -960,6 +1055,7 @@ impl Shared {
             exec: false,
             entries: Some(parking_lot::Mutex::new(None)),
             slots,
+            kept: OnceLock::new(),
         }))
     }
 
@@ -1046,8 +1142,12 @@ impl Shared {
         Ok((fd, ok))
     }
 
-    /// getxattr: `read`. Symlinks and special files report no attributes.
+    /// getxattr: `read`. Symlinks and special files report no attributes; names the mount
+    /// does not mirror ([`attr::unmirrored_xattr`]) are EOPNOTSUPP everywhere.
     pub fn do_getxattr(&self, ctx: &Ctx, ino: u64, name: &[u8], size: u32) -> Res<Xattr> {
+        if attr::unmirrored_xattr(name) {
+            return Err(Error(libc::EOPNOTSUPP));
+        }
         self.allow_ino(ctx, "getxattr", ino, Need::Read, Special::default())?;
         let (fd, ok) = self.xattr_target(ino)?;
         if !ok {
@@ -1056,14 +1156,24 @@ impl Shared {
         Ok(sys::getxattr_fd(fd.as_fd(), name, size as usize)?)
     }
 
-    /// listxattr: `read`.
+    /// listxattr: `read`; the names the mount does not mirror are left out (so the whole
+    /// list is read, at most `XATTR_LIST_MAX` bytes, and then sized for the caller).
     pub fn do_listxattr(&self, ctx: &Ctx, ino: u64, size: u32) -> Res<Xattr> {
         self.allow_ino(ctx, "listxattr", ino, Need::Read, Special::default())?;
         let (fd, ok) = self.xattr_target(ino)?;
         if !ok {
             return Ok(Xattr::empty(size as usize));
         }
-        Ok(sys::listxattr_fd(fd.as_fd(), size as usize)?)
+        let all = match sys::listxattr_fd(fd.as_fd(), XATTR_LIST_MAX)? {
+            Xattr::Data(v) => v,
+            Xattr::Size(_) => Vec::new(),
+        };
+        let list = attr::mirrored_xattr_list(&all);
+        match size as usize {
+            0 => Ok(Xattr::Size(list.len())),
+            n if n < list.len() => Err(Error(libc::ERANGE)),
+            _ => Ok(Xattr::Data(list)),
+        }
     }
 
     /// setxattr: `write`. Setting `security.capability` (file capabilities) counts as
@@ -1078,6 +1188,9 @@ impl Shared {
         value: &[u8],
         flags: i32,
     ) -> Res<()> {
+        if attr::unmirrored_xattr(name) {
+            return Err(Error(libc::EOPNOTSUPP));
+        }
         let sp = Special {
             device: false,
             setid: name == b"security.capability",
@@ -1092,6 +1205,9 @@ impl Shared {
 
     /// removexattr: `write`.
     pub fn do_removexattr(&self, ctx: &Ctx, ino: u64, name: &[u8]) -> Res<()> {
+        if attr::unmirrored_xattr(name) {
+            return Err(Error(libc::EOPNOTSUPP));
+        }
         self.allow_ino(ctx, "removexattr", ino, Need::Write, Special::default())?;
         let (fd, ok) = self.xattr_target(ino)?;
         if !ok {
@@ -1120,6 +1236,9 @@ impl Shared {
         Ok(())
     }
 }
+
+/// The longest name list a `listxattr` can return (the kernel's `XATTR_LIST_MAX`).
+const XATTR_LIST_MAX: usize = 65_536;
 
 /// The access mode a reopen for fsync/lseek needs: one the handle itself was granted.
 fn read_or_write(h: &Handle) -> i32 {

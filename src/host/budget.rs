@@ -87,6 +87,23 @@ impl Budget {
         })
     }
 
+    /// Takes one unit for `uid` for something the daemon merely keeps to save work (a
+    /// descriptor it could reopen): only while the uid holds less than half its share and
+    /// the pool is less than half used, so what is kept never costs a caller an open.
+    pub fn take_spare(self: &Arc<Budget>, uid: u32) -> Option<Slot> {
+        let mut u = self.used.lock();
+        let mine = u.by_uid.get(&uid).copied().unwrap_or(0);
+        if (mine + 1) * 2 > self.per_uid || (u.all + 1) * 2 > self.total {
+            return None;
+        }
+        u.all += 1;
+        *u.by_uid.entry(uid).or_insert(0) += 1;
+        Some(Slot {
+            budget: self.clone(),
+            uid,
+        })
+    }
+
     /// Units held now: by everyone, and by `uid`.
     #[cfg(test)]
     fn used(&self, uid: u32) -> (usize, usize) {
@@ -104,6 +121,13 @@ impl Budget {
     #[cfg(test)]
     fn total(&self) -> usize {
         self.total
+    }
+}
+
+impl Slot {
+    /// The uid this unit is counted for.
+    pub fn uid(&self) -> u32 {
+        self.uid
     }
 }
 
@@ -159,6 +183,25 @@ mod tests {
         assert_eq!(errno(b.take(0)), libc::EMFILE, "own share is checked first");
         held.pop();
         assert!(b.take(8).is_ok());
+    }
+
+    #[test]
+    fn spare_units_leave_half_of_every_share_for_real_opens() {
+        let b = Budget::new("fd", 20, 8);
+        let kept: Vec<Slot> = (0..4).map(|_| b.take_spare(1000).unwrap()).collect();
+        assert!(b.take_spare(1000).is_none(), "half of uid 1000's share");
+        assert_eq!(kept[0].uid(), 1000);
+        // The rest of the share is still there for opens.
+        let opens: Vec<Slot> = (0..4).map(|_| b.take(1000).unwrap()).collect();
+        assert_eq!(errno(b.take(1000)), libc::EMFILE);
+        drop(opens);
+        // Half the pool: other uids' spares stop there too.
+        let more: Vec<Slot> = (0..4).map(|_| b.take_spare(1001).unwrap()).collect();
+        assert_eq!(b.used(1001), (8, 4));
+        let tenth = (b.take_spare(1002), b.take_spare(1002));
+        assert!(tenth.0.is_some() && tenth.1.is_some(), "pool at 10 of 20");
+        assert!(b.take_spare(1003).is_none(), "pool half used");
+        drop((kept, more, tenth));
     }
 
     #[test]

@@ -4,13 +4,14 @@
 //! Invariants: every handle holds a [`Slot`] of the per-uid handle budget, and one of the
 //! descriptor budget exactly while it holds a host fd (a kernel-passthrough file holds
 //! none: the kernel keeps the backing file). Operations that need an fd of a handle that
-//! holds none reopen the node for the call ([`HandleFd::Temp`]).
+//! holds none reopen the node for the call ([`HandleFd::Temp`]); `fsync` keeps what it
+//! reopened ([`Handle::kept`]) while a spare unit of the descriptor budget can be had.
 
 use std::collections::HashMap;
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use parking_lot::{Mutex, RwLock};
 
@@ -45,6 +46,17 @@ pub struct Handle {
     pub entries: Option<Mutex<Option<Arc<Vec<ListEntry>>>>>,
     /// The budget units this handle holds (the table entry; the fd while `file` is set).
     pub slots: Slots,
+    /// A handle without its own descriptor (kernel passthrough): the node reopened by its
+    /// first `fsync` and kept, with a spare unit of the descriptor budget, so that the
+    /// next ones (SQLite: one per commit) need no reopen. Empty while the budget is short.
+    pub kept: OnceLock<Kept>,
+}
+
+/// A descriptor a handle keeps for `fsync`, and the budget unit it is counted in.
+pub struct Kept {
+    /// The reopened node.
+    pub fd: OwnedFd,
+    _slot: Slot,
 }
 
 /// The budget units one handle holds.
@@ -135,5 +147,28 @@ impl Handle {
     /// The handle's own descriptor, if it holds one.
     pub fn file_fd(&self) -> Option<BorrowedFd<'_>> {
         self.file.as_ref().map(|f| f.as_fd())
+    }
+
+    /// A descriptor to sync: the handle's own, the one it keeps, or — the first time, or
+    /// while the owner's descriptor budget has no spare unit — `reopen()`, kept when a
+    /// spare unit of `fds` can be had for the handle's uid.
+    pub fn sync_fd(
+        &self,
+        fds: &Arc<Budget>,
+        reopen: impl FnOnce() -> io::Result<OwnedFd>,
+    ) -> io::Result<HandleFd<'_>> {
+        if let Some(f) = &self.file {
+            return Ok(HandleFd::Held(f));
+        }
+        if let Some(k) = self.kept.get() {
+            return Ok(HandleFd::Held(&k.fd));
+        }
+        let fd = reopen()?;
+        let Some(slot) = fds.take_spare(self.slots.entry.uid()) else {
+            return Ok(HandleFd::Temp(fd));
+        };
+        // A concurrent fsync may have kept one first: then this one closes with its unit.
+        let k = self.kept.get_or_init(|| Kept { fd, _slot: slot });
+        Ok(HandleFd::Held(&k.fd))
     }
 }

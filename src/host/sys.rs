@@ -348,6 +348,81 @@ impl Drop for FsIds {
     }
 }
 
+/// `CAP_FSETID` (linux/capability.h): keep set-ID bits when writing, truncating, chmod.
+const CAP_FSETID: u32 = 4;
+/// `_LINUX_CAPABILITY_VERSION_3`: two 32-bit words per set.
+const CAP_VERSION_3: u32 = 0x2008_0522;
+
+#[repr(C)]
+struct CapHeader {
+    version: u32,
+    pid: libc::c_int,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct CapData {
+    effective: u32,
+    permitted: u32,
+    inheritable: u32,
+}
+
+fn caps(set: Option<&[CapData; 2]>) -> io::Result<[CapData; 2]> {
+    let mut hdr = CapHeader {
+        version: CAP_VERSION_3,
+        pid: 0,
+    };
+    let mut data = set.copied().unwrap_or_default();
+    let nr = if set.is_some() {
+        libc::SYS_capset
+    } else {
+        libc::SYS_capget
+    };
+    // SAFETY: capget/capset of the calling thread (pid 0) with a version-3 header and the
+    // two data words that version reads or writes.
+    cvt(unsafe { libc::syscall(nr, &mut hdr, data.as_mut_ptr()) } as libc::c_int)?;
+    Ok(data)
+}
+
+/// The calling thread without `CAP_FSETID` in its effective set while the guard lives
+/// (it stays permitted, and is raised again on drop). What the kernel captures of the
+/// thread's credentials meanwhile — a passthrough backing file, whose writes then run
+/// with them — keeps set-ID bits no better than an unprivileged writer: the host clears
+/// them on every write and truncate through it, as a local disk does for a caller without
+/// `CAP_FSETID`. A thread without the capability is left as it is.
+pub struct WithoutFsetid {
+    raise: bool,
+}
+
+impl WithoutFsetid {
+    /// Drops `CAP_FSETID` from this thread's effective set.
+    pub fn new() -> io::Result<WithoutFsetid> {
+        let bit = 1 << CAP_FSETID;
+        let mut d = caps(None)?;
+        if d[0].effective & bit == 0 {
+            return Ok(WithoutFsetid { raise: false });
+        }
+        d[0].effective &= !bit;
+        caps(Some(&d))?;
+        Ok(WithoutFsetid { raise: true })
+    }
+}
+
+impl Drop for WithoutFsetid {
+    fn drop(&mut self) {
+        if !self.raise {
+            return;
+        }
+        let raised = caps(None).and_then(|mut d| {
+            d[0].effective |= 1 << CAP_FSETID;
+            caps(Some(&d))
+        });
+        if let Err(e) = raised {
+            log::error!("cannot raise CAP_FSETID again on this worker: {e}");
+        }
+    }
+}
+
 /// chmod of the inode behind an `O_PATH` handle (not a symlink) via `/proc/self/fd/N`.
 pub fn fchmod_fd(proc_fd: BorrowedFd<'_>, fd: BorrowedFd<'_>, mode: u32) -> io::Result<()> {
     let n = fd_name(fd.as_raw_fd());

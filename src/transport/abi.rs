@@ -86,6 +86,8 @@ pub mod fattr {
 pub const FOPEN_PASSTHROUGH: u32 = 1 << 7;
 /// `FUSE_GETATTR_FH`.
 pub const GETATTR_FH: u32 = 1;
+/// `FUSE_WRITE_KILL_SUIDGID` (write_flags).
+pub const WRITE_KILL_SUIDGID: u32 = 1 << 2;
 /// `FUSE_FSYNC_FDATASYNC`.
 pub const FSYNC_FDATASYNC: u32 = 1;
 

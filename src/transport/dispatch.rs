@@ -32,7 +32,7 @@ pub enum Req {
     Link(u64, u64, Vec<u8>),
     Open(u64, i32),
     Read(u64, u64, u32),
-    Write(u64, u64, Vec<u8>),
+    Write(u64, u64, Vec<u8>, bool),
     StatFs(u64),
     Release(u64, u64),
     Fsync(u64, bool),
@@ -188,7 +188,8 @@ fn decode_args(h: &InHeader, a: Args<'_>, p: Args<'_>) -> Result<Req, Short> {
         op::WRITE => {
             let size = a.u32(16)? as usize;
             let data = p.0.get(..size).ok_or(Short)?;
-            Req::Write(a.u64(0)?, a.u64(8)?, data.to_vec())
+            let kill = a.u32(20)? & abi::WRITE_KILL_SUIDGID != 0;
+            Req::Write(a.u64(0)?, a.u64(8)?, data.to_vec(), kill)
         }
         op::STATFS => Req::StatFs(n),
         op::RELEASE => Req::Release(n, a.u64(0)?),
@@ -255,7 +256,7 @@ fn run_here(core: &Arc<Core>, d: Decoded, reply: RingReply) {
         Req::Link(i, np, nn) => core.link(rq, i, np, &nn, reply),
         Req::Open(i, flags) => core.open(rq, i, flags, reply),
         Req::Read(fh, off, size) => core.read(rq, fh, off, size, reply),
-        Req::Write(fh, off, data) => core.write(rq, fh, off, &data, reply),
+        Req::Write(fh, off, data, kill) => core.write(rq, fh, off, &data, kill, reply),
         Req::StatFs(i) => core.statfs(rq, i, reply),
         Req::Release(i, fh) => core.release(i, fh, reply),
         Req::Fsync(fh, datasync) => core.fsync(fh, datasync, reply),
@@ -330,7 +331,10 @@ mod tests {
         w[8..16].copy_from_slice(&4096u64.to_ne_bytes());
         w[16..20].copy_from_slice(&5u32.to_ne_bytes());
         let d = dec(op::WRITE, &w, b"hello, and more", 0, Acl::All);
-        assert!(matches!(d.req, Req::Write(3, 4096, ref v) if v == b"hello"));
+        assert!(matches!(d.req, Req::Write(3, 4096, ref v, false) if v == b"hello"));
+        w[20..24].copy_from_slice(&abi::WRITE_KILL_SUIDGID.to_ne_bytes());
+        let d = dec(op::WRITE, &w, b"hello", 0, Acl::All);
+        assert!(matches!(d.req, Req::Write(3, 4096, _, true)));
         // setattr: size and mtime "now", nothing else.
         let mut sa = vec![0u8; 88];
         let valid = fattr::SIZE | fattr::MTIME | fattr::MTIME_NOW;
