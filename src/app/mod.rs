@@ -524,7 +524,7 @@ fn mount(a: MountArgs) -> Result<(), String> {
     let plan = crate::transport::plan(a.transport)?;
     let fs = FenceFs::new(shared.clone());
     let core = fs.core();
-    if matches!(plan, crate::transport::Plan::Offer) {
+    if matches!(plan, crate::transport::Plan::Offer { .. }) {
         core.offer_uring.store(true, Ordering::Relaxed);
     }
     let mut session = Session::new(fs, &mnt, &config).map_err(|e| {
@@ -599,7 +599,12 @@ fn mount(a: MountArgs) -> Result<(), String> {
         confine(&shared, &src);
     }
     // After confinement: the queue threads inherit it.
-    start_transport(plan, dev.ok(), &core, &a);
+    if let Err(e) = start_transport(plan, dev.ok(), &core, &a) {
+        // The mount cannot serve a single request: end the connection (callers get
+        // ENOTCONN, not a hang) and fail.
+        let _ = session.unmount_callable().unmount();
+        return Err(format!("transport: {e}"));
+    }
     signal_ready(a.ready_fd, &mnt);
     threads::start_resume(resume)?;
     if a.daemonized {
@@ -616,44 +621,50 @@ fn mount(a: MountArgs) -> Result<(), String> {
 }
 
 /// Starts the io_uring queues when the kernel took the offer, and logs the transport.
+/// `Err`: the kernel holds every request and nothing can release it but ending the
+/// connection.
 fn start_transport(
     plan: crate::transport::Plan,
     dev: Option<OwnedFd>,
     core: &Arc<crate::fs::Core>,
     a: &MountArgs,
-) {
-    use crate::transport::{self, Plan, dispatch::Acl};
+) -> Result<(), String> {
+    use crate::transport::{self, Plan, Started, dispatch::Acl};
     let why = match (plan, dev) {
         (Plan::Classic(why), _) => why,
-        (Plan::Offer, _) if !core.uring.load(Ordering::Relaxed) => {
+        (Plan::Offer { .. }, _) if !core.uring.load(Ordering::Relaxed) => {
             "the kernel did not take FUSE over io_uring at INIT".into()
         }
-        (Plan::Offer, None) => "no FUSE device descriptor".into(),
-        (Plan::Offer, Some(dev)) => {
+        (Plan::Offer { .. }, None) => {
+            return Err("io_uring was negotiated but the FUSE device cannot be shared".into());
+        }
+        (Plan::Offer { queues }, Some(dev)) => {
             let acl = if a.allow_other {
                 Acl::All
             } else {
                 Acl::Owner(sys::geteuid())
             };
             let sizes = transport::sizes(crate::fs::MAX_WRITE);
-            match transport::start(&dev, core, acl, sizes) {
-                Ok(n) => {
-                    return log::info!(
-                        "transport: FUSE over io_uring ({n} queues x {} entries of {} KiB)",
+            match transport::start(&dev, core, acl, sizes, queues)? {
+                Started::Uring => {
+                    log::info!(
+                        "transport: FUSE over io_uring ({queues} queues x {} entries of {} KiB)",
                         sizes.depth,
                         sizes.payload / 1024
                     );
+                    return Ok(());
                 }
-                Err(e) => {
+                Started::FellBack(e) => {
                     log::warn!(
-                        "transport: io_uring registration failed ({e}); the kernel falls back to /dev/fuse"
+                        "transport: io_uring queues failed ({e}); the kernel serves the mount through /dev/fuse"
                     );
-                    return;
+                    return Ok(());
                 }
             }
         }
     };
     log::info!("transport: /dev/fuse ({why})");
+    Ok(())
 }
 
 /// Starts the thread that turns host changes into kernel cache invalidations.

@@ -42,8 +42,12 @@ pub enum Choice {
 /// The outcome of the checks made before mounting.
 #[derive(Debug)]
 pub enum Plan {
-    /// Offer io_uring to the kernel at INIT.
-    Offer,
+    /// Offer io_uring to the kernel at INIT, with one queue per possible CPU (counted
+    /// before the daemon confines itself away from /sys).
+    Offer {
+        /// `num_possible_cpus()`: the kernel wants a registered entry on every queue.
+        queues: usize,
+    },
     /// `/dev/fuse` only, and why (logged).
     Classic(String),
 }
@@ -57,6 +61,7 @@ fn uring_enabled() -> io::Result<bool> {
 /// enabled, or `io-uring` asked and we may enable it), and this process must be able to
 /// create SQE128 rings. `Err`: `io-uring` was asked for and cannot be had.
 pub fn plan(choice: Choice) -> Result<Plan, String> {
+    let queues = possible_cpus();
     decide(
         choice,
         uring_enabled().map_err(|e| e.to_string()),
@@ -65,8 +70,17 @@ pub fn plan(choice: Choice) -> Result<Plan, String> {
             log::info!("transport: turned on FUSE over io_uring ({ENABLE_URING} = Y)");
             Ok(())
         },
-        || ring::probe().map_err(|e| e.to_string()),
+        || {
+            queues
+                .as_ref()
+                .map_err(|e| e.clone())
+                .and_then(|_| ring::probe().map_err(|e| e.to_string()))
+        },
     )
+    .map(|p| match (p, queues) {
+        (Plan::Offer { .. }, Ok(queues)) => Plan::Offer { queues },
+        (p, _) => p,
+    })
 }
 
 /// [`plan`] without the host: `enabled` is the kernel's switch (Err: no such switch),
@@ -98,13 +112,14 @@ fn decide(
             .map(|e| format!("io_uring cannot be used here: {e}"))
     });
     match (why_not, choice) {
-        (None, _) => Ok(Plan::Offer),
+        (None, _) => Ok(Plan::Offer { queues: 0 }),
         (Some(w), Choice::IoUring) => Err(format!("--transport io-uring: {w}")),
         (Some(w), _) => Ok(Plan::Classic(w)),
     }
 }
 
 /// Ring sizes for a connection whose largest request payload is `max_payload` bytes.
+/// (Address space: `depth` × `payload` per queue, mapped without reserving memory.)
 pub fn sizes(max_payload: usize) -> ring::Sizes {
     ring::Sizes {
         depth: QUEUE_DEPTH + crate::approvals::MAX_HELD,
@@ -116,33 +131,79 @@ pub fn sizes(max_payload: usize) -> ring::Sizes {
 const QUEUE_DEPTH: usize = 16;
 
 /// The CPUs the kernel may queue requests for (`num_possible_cpus()`: one queue each).
-pub fn possible_cpus() -> usize {
-    std::fs::read_to_string("/sys/devices/system/cpu/possible")
-        .ok()
-        .and_then(|s| parse_possible(&s))
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+/// Not guessed when unreadable: too few queues and the kernel never uses the rings,
+/// holding every request.
+fn possible_cpus() -> Result<usize, String> {
+    const POSSIBLE: &str = "/sys/devices/system/cpu/possible";
+    let s = std::fs::read_to_string(POSSIBLE).map_err(|e| format!("{POSSIBLE}: {e}"))?;
+    parse_possible(&s).ok_or_else(|| format!("{POSSIBLE}: cannot parse {s:?}"))
 }
 
-/// Queues for a CPU list like `0-3,8-11` (the highest CPU number plus one: the kernel
-/// indexes queues by CPU number).
+/// The number of CPUs in a list like `0-3,8-11` (the kernel's `num_possible_cpus()`,
+/// a weight, not the highest number plus one).
 fn parse_possible(s: &str) -> Option<usize> {
-    s.trim()
-        .split(',')
-        .map(|r| r.rsplit('-').next()?.parse::<usize>().ok())
-        .collect::<Option<Vec<_>>>()?
-        .into_iter()
-        .max()
-        .map(|m| m + 1)
+    let mut n = 0;
+    for r in s.trim().split(',') {
+        let (a, b) = match r.split_once('-') {
+            Some((a, b)) => (a.parse::<usize>().ok()?, b.parse::<usize>().ok()?),
+            None => {
+                let a = r.parse::<usize>().ok()?;
+                (a, a)
+            }
+        };
+        n += b.checked_sub(a)? + 1;
+    }
+    (n > 0).then_some(n)
 }
 
-/// Starts one queue thread per possible CPU on the connection `dev` and waits until
-/// each has registered its entries. `Err`: a queue could not register; the kernel then
-/// serves the connection through `/dev/fuse` (the threads that did start stay idle).
-pub fn start(dev: &OwnedFd, core: &Arc<Core>, acl: Acl, sizes: ring::Sizes) -> io::Result<usize> {
-    let n = possible_cpus();
+/// Starts `queues` queue threads on the connection `dev` and waits until each has
+/// registered its entries. On any failure the connection is sent back to `/dev/fuse`
+/// ([`ring::abandon`]); `Err` only when even that failed (the kernel then holds every
+/// request: the caller must end the daemon, which ends the connection).
+pub fn start(
+    dev: &OwnedFd,
+    core: &Arc<Core>,
+    acl: Acl,
+    sizes: ring::Sizes,
+    queues: usize,
+) -> Result<Started, String> {
+    // Fault injection for tests/transport.rs: the queues fail after INIT took io_uring.
+    let started = if std::env::var_os("FENCEFS_FAULT_URING_QUEUES").is_some() {
+        Err(io::Error::other(
+            "fault injected (FENCEFS_FAULT_URING_QUEUES)",
+        ))
+    } else {
+        start_queues(dev, core, acl, sizes, queues)
+    };
+    match started {
+        Ok(()) => Ok(Started::Uring),
+        Err(e) => match ring::abandon(dev) {
+            Ok(()) => Ok(Started::FellBack(e.to_string())),
+            Err(e2) => Err(format!(
+                "io_uring queues failed ({e}) and the connection could not be sent back to /dev/fuse ({e2})"
+            )),
+        },
+    }
+}
+
+/// What [`start`] achieved.
+pub enum Started {
+    /// Every queue registered.
+    Uring,
+    /// The queues failed (why); the kernel serves the connection through `/dev/fuse`.
+    FellBack(String),
+}
+
+fn start_queues(
+    dev: &OwnedFd,
+    core: &Arc<Core>,
+    acl: Acl,
+    sizes: ring::Sizes,
+    queues: usize,
+) -> io::Result<()> {
     let pool = pool::Pool::start()?;
     let (tx, rx) = channel();
-    for qid in 0..n {
+    for qid in 0..queues {
         let dev = dev.try_clone()?;
         let core = core.clone();
         let pool = pool.clone();
@@ -165,14 +226,15 @@ pub fn start(dev: &OwnedFd, core: &Arc<Core>, acl: Acl, sizes: ring::Sizes) -> i
             })?;
     }
     drop(tx);
-    for _ in 0..n {
-        match rx.recv() {
+    for _ in 0..queues {
+        // Each queue reports once; one that died before reporting leaves a timeout.
+        match rx.recv_timeout(std::time::Duration::from_secs(10)) {
             Ok(Ok(())) => {}
             Ok(Err(e)) => return Err(e),
-            Err(_) => return Err(io::Error::other("a queue thread ended before registering")),
+            Err(_) => return Err(io::Error::other("a queue did not report its registration")),
         }
     }
-    Ok(n)
+    Ok(())
 }
 
 /// Runs the calling thread on `cpu` (its queue's CPU) when that CPU is online.
@@ -228,7 +290,7 @@ mod tests {
             },
             || Ok(()),
         );
-        assert!(matches!(r, Ok(Plan::Offer)) && turned);
+        assert!(matches!(r, Ok(Plan::Offer { .. })) && turned);
         let e = decide(Choice::IoUring, Ok(false), || Err("EACCES".into()), never).unwrap_err();
         assert!(
             e.contains("--transport io-uring") && e.contains("EACCES"),
@@ -246,7 +308,8 @@ mod tests {
     fn possible_cpus_reads_ranges() {
         assert_eq!(parse_possible("0\n"), Some(1));
         assert_eq!(parse_possible("0-1\n"), Some(2));
-        assert_eq!(parse_possible("0-3,8-11"), Some(12));
+        assert_eq!(parse_possible("0-3,8-11"), Some(8));
+        assert_eq!(parse_possible("0,2,4-5"), Some(4));
         assert_eq!(parse_possible("garbage"), None);
     }
 }

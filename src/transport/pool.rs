@@ -53,7 +53,12 @@ fn work(rx: &Mutex<Receiver<Job>>) {
     loop {
         let job = rx.lock().recv();
         match job {
-            Ok(job) => job(),
+            // A panicking job answers EIO as its reply unwinds; the worker goes on.
+            Ok(job) => {
+                if std::panic::catch_unwind(std::panic::AssertUnwindSafe(job)).is_err() {
+                    log::error!("a request handler panicked on a worker; answered EIO");
+                }
+            }
             Err(_) => return,
         }
     }

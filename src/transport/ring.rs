@@ -45,16 +45,19 @@ const WAKE: u64 = u64::MAX;
 #[repr(C, align(8))]
 struct Header([u8; HEADER]);
 
-/// One ring entry's buffers and the iovecs that register them.
+/// One ring entry's header and the iovecs that register it with its payload.
 struct Slot {
     header: UnsafeCell<Header>,
-    payload: UnsafeCell<Box<[u8]>>,
     iov: UnsafeCell<[libc::iovec; 2]>,
 }
 
 /// What a queue shares with the replies it handed out.
 pub struct Queue {
     slots: Box<[Slot]>,
+    /// Every entry's payload buffer, `payload` bytes each, in one anonymous mapping made
+    /// without reserving memory: pages exist only once the kernel or a reply touches them.
+    region: *mut u8,
+    payload: usize,
     /// Entries answered, waiting for their commit.
     done: Mutex<Vec<u16>>,
     /// Wakes the queue thread when a reply comes from another thread.
@@ -63,11 +66,12 @@ pub struct Queue {
     wake_buf: UnsafeCell<[u8; 8]>,
 }
 
-// SAFETY: the slots' cells are only touched by whoever owns the entry at the time (see
-// the module invariants); ownership moves with the completion, the `RingReply` value and
-// the `done` list, all of which synchronise (io_uring, moves between threads, the mutex).
+// SAFETY: the slots' cells and the region are only touched by whoever owns the entry at
+// the time (see the module invariants); ownership moves with the completion, the
+// `RingReply` value and the `done` list, all of which synchronise (io_uring, moves
+// between threads, the mutex).
 unsafe impl Sync for Queue {}
-// SAFETY: as above; the raw pointers in the iovecs point into the slots' own boxes.
+// SAFETY: as above; the raw pointers point into the queue's own, never-freed memory.
 unsafe impl Send for Queue {}
 
 thread_local! {
@@ -76,12 +80,11 @@ thread_local! {
 }
 
 impl Queue {
-    /// A queue of at most `max` entries (none registered yet).
-    fn new(max: usize) -> io::Result<Queue> {
-        let slots: Box<[Slot]> = (0..max)
+    /// A queue of `depth` entries with `payload` bytes each (none registered yet).
+    fn new(depth: usize, payload: usize) -> io::Result<Queue> {
+        let slots: Box<[Slot]> = (0..depth)
             .map(|_| Slot {
                 header: UnsafeCell::new(Header([0; HEADER])),
-                payload: UnsafeCell::new(Box::default()),
                 iov: UnsafeCell::new(
                     [libc::iovec {
                         iov_base: std::ptr::null_mut(),
@@ -90,6 +93,24 @@ impl Queue {
                 ),
             })
             .collect();
+        let len = depth
+            .checked_mul(payload)
+            .ok_or_else(|| io::Error::from_raw_os_error(libc::ENOMEM))?;
+        // SAFETY: a fresh private anonymous mapping; the result is checked. It is never
+        // unmapped (the kernel may write into it until the connection is torn down).
+        let region = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if region == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
         // SAFETY: eventfd has no memory preconditions; the result is checked.
         let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
         if fd < 0 {
@@ -97,6 +118,8 @@ impl Queue {
         }
         Ok(Queue {
             slots,
+            region: region.cast(),
+            payload,
             done: Mutex::new(Vec::new()),
             // SAFETY: a fresh descriptor nobody else owns.
             wake: unsafe { OwnedFd::from_raw_fd(fd) },
@@ -104,26 +127,28 @@ impl Queue {
         })
     }
 
-    /// Gives entry `i` its payload buffer and returns the iovecs that register it.
+    fn payload_ptr(&self, i: usize) -> *mut u8 {
+        // In bounds: i < depth and the region holds depth * payload bytes.
+        self.region.wrapping_add(i * self.payload)
+    }
+
+    /// The iovecs that register entry `i`.
     ///
     /// # Safety
     /// Entry `i` was never registered, and only the queue thread calls this.
-    unsafe fn prepare(&self, i: usize, payload: usize) -> *const libc::iovec {
+    unsafe fn prepare(&self, i: usize) -> *const libc::iovec {
         let s = &self.slots[i];
         // SAFETY: nobody else can reach an unregistered entry. The buffers never move:
-        // the header lives in the boxed slice, the payload in its own box, and neither is
-        // replaced once registered.
+        // the header lives in the boxed slice, the payload in the never-unmapped region.
         unsafe {
-            let p = &mut *s.payload.get();
-            *p = vec![0u8; payload].into_boxed_slice();
             let iov = &mut *s.iov.get();
             iov[0] = libc::iovec {
                 iov_base: (*s.header.get()).0.as_mut_ptr().cast(),
                 iov_len: HEADER,
             };
             iov[1] = libc::iovec {
-                iov_base: p.as_mut_ptr().cast(),
-                iov_len: p.len(),
+                iov_base: self.payload_ptr(i).cast(),
+                iov_len: self.payload,
             };
             iov.as_ptr()
         }
@@ -135,8 +160,13 @@ impl Queue {
     /// The caller owns entry `i` and nothing writes it while the slices are used.
     unsafe fn view(&self, i: u16) -> (&[u8; HEADER], &[u8]) {
         let s = &self.slots[i as usize];
-        // SAFETY: by the caller's contract.
-        unsafe { (&(*s.header.get()).0, &(&(*s.payload.get()))[..]) }
+        // SAFETY: by the caller's contract; the payload is `payload` bytes of the region.
+        unsafe {
+            (
+                &(*s.header.get()).0,
+                std::slice::from_raw_parts(self.payload_ptr(i as usize), self.payload),
+            )
+        }
     }
 
     /// The header and payload of entry `i`.
@@ -146,8 +176,14 @@ impl Queue {
     #[allow(clippy::mut_from_ref)]
     unsafe fn bufs(&self, i: u16) -> (&mut [u8; HEADER], &mut [u8]) {
         let s = &self.slots[i as usize];
-        // SAFETY: exclusive by the caller's contract.
-        unsafe { (&mut (*s.header.get()).0, &mut (&mut (*s.payload.get()))[..]) }
+        // SAFETY: exclusive by the caller's contract; the payload is `payload` bytes of
+        // the region.
+        unsafe {
+            (
+                &mut (*s.header.get()).0,
+                std::slice::from_raw_parts_mut(self.payload_ptr(i as usize), self.payload),
+            )
+        }
     }
 
     fn answered(&self, i: u16) {
@@ -428,6 +464,23 @@ fn push(
     }
 }
 
+/// Sends the connection back to `/dev/fuse` after INIT offered io_uring but the queues
+/// cannot all be served: a REGISTER the kernel must refuse (a queue id past the last)
+/// makes it clear the connection's io_uring flag and wake the requests waiting for the
+/// rings. Without this they would wait forever.
+pub fn abandon(dev: &OwnedFd) -> io::Result<()> {
+    let mut ring = IoUring::<squeue::Entry128, cqueue::Entry>::builder().build(2)?;
+    let e = command(dev.as_raw_fd(), CMD_REGISTER, u16::MAX, 0, None).user_data(1);
+    push(&mut ring, &e)?;
+    ring.submit_and_wait(1)?;
+    match ring.completion().next().map(|c| c.result()) {
+        Some(r) if r < 0 => Ok(()),
+        r => Err(io::Error::other(format!(
+            "the kernel accepted an invalid REGISTER ({r:?})"
+        ))),
+    }
+}
+
 /// Checks, before mounting, that this process can create an SQE128 io_uring at all
 /// (io_uring may be disabled by `kernel.io_uring_disabled` or a seccomp filter).
 pub fn probe() -> io::Result<()> {
@@ -479,7 +532,7 @@ pub fn serve<R>(
         let _ = registered.send(Err(io::Error::new(e.kind(), format!("{what}: {e}"))));
         e
     };
-    let q = Arc::new(Queue::new(sizes.depth).map_err(|e| fail("eventfd", e))?);
+    let q = Arc::new(Queue::new(sizes.depth, sizes.payload).map_err(|e| fail("eventfd", e))?);
     // The kernel may hold pointers into the queue's buffers until the ring is torn down,
     // which can finish after this thread is gone: the buffers are never freed (one set
     // per queue per mount; the daemon exits when the connection ends).
@@ -495,7 +548,7 @@ pub fn serve<R>(
     };
     for i in 0..sizes.depth {
         // SAFETY: entry `i` was never registered; this is the queue thread.
-        let iov = unsafe { q.prepare(i, sizes.payload) };
+        let iov = unsafe { q.prepare(i) };
         let e = command(fd, CMD_REGISTER, qid, 0, Some(iov)).user_data(i as u64);
         push(&mut ring, &e).map_err(|e| fail("register", e))?;
     }
@@ -506,8 +559,10 @@ pub fn serve<R>(
     // A registration completes only with a request or an error; errors show at once.
     let mut ready: Vec<u16> = Vec::with_capacity(sizes.depth);
     let mut first_error = None;
+    let mut rearm = false;
     for c in ring.completion() {
         if c.user_data() == WAKE {
+            rearm = true;
             continue;
         }
         if c.result() < 0 {
@@ -517,11 +572,19 @@ pub fn serve<R>(
             ready.push(c.user_data() as u16);
         }
     }
-    if let Some(e) = first_error {
-        return Err(fail("FUSE_IO_URING_CMD_REGISTER", e));
+    match first_error {
+        // Nothing registered: the kernel went back to /dev/fuse (a failed REGISTER does
+        // that) unless every queue got an entry.
+        Some(e) if live == 0 => return Err(fail("FUSE_IO_URING_CMD_REGISTER", e)),
+        // Some entries are in: the kernel may route this CPU's requests here, so serve
+        // them with what there is.
+        Some(e) => log::warn!(
+            "io_uring queue {qid}: {live} of {} entries registered ({e})",
+            sizes.depth
+        ),
+        None => {}
     }
     let _ = registered.send(Ok(()));
-    let mut rearm = false;
     loop {
         for &i in &ready {
             let req = {
@@ -542,7 +605,13 @@ pub fn serve<R>(
             // SAFETY: as above (read only, no reply exists yet).
             let head = unsafe { q.view(i) }.0;
             let unique = u64::from_ne_bytes(head[8..16].try_into().unwrap_or_default());
-            run(req, RingReply::new(q.clone(), i, unique));
+            let reply = RingReply::new(q.clone(), i, unique);
+            // A panic in a handler must not end the queue (every later request of this
+            // CPU would wait forever): the unwound reply answers EIO, the queue goes on.
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(req, reply)));
+            if r.is_err() {
+                log::error!("io_uring queue {qid}: a request handler panicked; answered EIO");
+            }
         }
         ready.clear();
         if rearm {
