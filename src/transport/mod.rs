@@ -258,7 +258,7 @@ mod tests {
         let ok = || Ok(());
         assert!(matches!(
             decide(Choice::Auto, Ok(true), never, ok),
-            Ok(Plan::Offer)
+            Ok(Plan::Offer { .. })
         ));
         // Switched off: auto does not flip a system-wide switch, and says how to.
         let Ok(Plan::Classic(why)) = decide(Choice::Auto, Ok(false), never, never) else {
