@@ -156,14 +156,12 @@ fn queues_that_fail_after_init_send_the_mount_back_to_dev_fuse() {
     // The kernel took io_uring at INIT and holds every request until the queues are
     // registered; when they cannot be, the daemon must hand the connection back to
     // /dev/fuse rather than leave every caller waiting.
-    // SAFETY: set before the daemon is spawned; tests in this file do not read it.
-    unsafe { std::env::set_var("FENCEFS_FAULT_URING_QUEUES", "1") };
     let m = Mount::builder("uring-fails")
         .policy(ALLOW_ALL)
+        .env("FENCEFS_FAULT_URING_QUEUES", "1")
         .arg("--transport")
         .arg("io-uring")
         .start();
-    unsafe { std::env::remove_var("FENCEFS_FAULT_URING_QUEUES") };
     let log = log_with(&m, "serves the mount through /dev/fuse");
     assert!(log.contains("fault injected"), "{log}");
     let t = Instant::now();

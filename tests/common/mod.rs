@@ -133,6 +133,7 @@ pub struct MountBuilder {
     ws: Workspace,
     policy: Option<String>,
     args: Vec<OsString>,
+    envs: Vec<(OsString, OsString)>,
     watchdog: Duration,
 }
 
@@ -151,6 +152,11 @@ impl MountBuilder {
     /// Any extra daemon argument (e.g. `--allow-other`).
     pub fn arg(mut self, a: impl Into<OsString>) -> Self {
         self.args.push(a.into());
+        self
+    }
+    /// An environment variable for the daemon only.
+    pub fn env(mut self, k: impl Into<OsString>, v: impl Into<OsString>) -> Self {
+        self.envs.push((k.into(), v.into()));
         self
     }
     pub fn watchdog(mut self, d: Duration) -> Self {
@@ -174,6 +180,7 @@ impl MountBuilder {
             ws,
             policy,
             mut args,
+            envs,
             watchdog,
         } = self;
         // scripts/test.sh runs the mount tests once per transport.
@@ -193,6 +200,7 @@ impl MountBuilder {
         let stderr = fs::File::create(&stderr_path).unwrap();
         let mnt = ws.mnt_dir();
         let child = Command::new(BIN)
+            .envs(envs)
             .arg("mount")
             .args(&args)
             .arg(ws.src())
@@ -234,6 +242,7 @@ impl Mount {
             ws: Workspace::new(name),
             policy: None,
             args: vec![],
+            envs: vec![],
             watchdog: WATCHDOG,
         }
     }
