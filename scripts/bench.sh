@@ -54,8 +54,8 @@
 # the host file system stays out of the create/delete rows; unmounted on exit.
 # --count (one untimed round) counts the FUSE requests each workload sends to each FUSE
 # target, by opcode, with the kernel's fuse:fuse_request_send tracepoint in a private
-# tracefs instance (filtered on the mount's connection; both transports), or, without
-# that tracepoint, with `strace -c -f -p DAEMON` (read(2) / io_uring_enter calls).
+# tracefs instance (filtered on the mount's connection; FORGETs not included), or,
+# without that tracepoint, with `strace -f -p DAEMON` (reads on /dev/fuse, io_uring_enter).
 # Results are only as quiet as the machine: check loadavg in the header and the
 # per-sample spread in *.samples.tsv / the JSON "samples" before trusting a ratio.
 #
@@ -362,8 +362,11 @@ remount() { # remount [cold]
 # Counts the FUSE requests of one timed command on the current FUSE target: the kernel's
 # fuse:fuse_request_send tracepoint in a private tracefs instance, filtered on the mount's
 # connection (works for /dev/fuse and io_uring alike, costs the daemon nothing); without
-# the tracepoint, `strace -c -f -p DAEMON` (read(2) on /dev/fuse, io_uring_enter: one per
-# request for /dev/fuse, batched for io_uring). FENCEFS_BENCH_COUNT=strace forces strace.
+# the tracepoint, `strace -f -y -p DAEMON`: successful read(2)s on /dev/fuse (one per
+# request) and io_uring_enter calls (batched, a lower bound). FENCEFS_BENCH_COUNT=strace
+# forces strace (slow: it stops the daemon at every read). The tracepoint does not see
+# FORGET/BATCH_FORGET (queued apart, no reply); strace's reads do (delete 1k files: 1,001
+# requests traced, ~1,975 reads).
 TRACEFS=/sys/kernel/tracing TRACE_INST="" TRACEFS_MOUNTED=0 COUNT_METHOD="" STRACE_PID=""
 COUNTS=$RES.counts.tsv
 count_setup() {
@@ -403,7 +406,7 @@ count_start() {
         echo "connection == $(((${mm%%:*} << 20) | ${mm##*:}))" >"$ev/filter" && echo 1 >"$ev/enable" &&
             : >"$TRACE_INST/trace" && echo 1 >"$TRACE_INST/tracing_on" ;;
     strace)
-        strace -q -c -f -e trace=read,io_uring_enter -o "$TMPD/strace.out" -p "$CUR_PID" 2>/dev/null &
+        strace -q -f -y -s 0 -e trace=read,io_uring_enter -e signal=none -o "$TMPD/strace.out" -p "$CUR_PID" 2>/dev/null &
         STRACE_PID=$!
         sleep 1 ;; # attach to every thread before the workload starts
     esac
@@ -420,8 +423,12 @@ count_stop() { # count_stop ROW TARGET: appends "row target op count" lines (op 
         echo 0 >"$TRACE_INST/events/fuse/fuse_request_send/enable" ;;
     strace)
         kill -INT "$STRACE_PID" 2>/dev/null; wait "$STRACE_PID" 2>/dev/null; STRACE_PID=""
-        awk -v r="$row" -v t="$tgt" '$NF == "read" || $NF == "io_uring_enter" { printf "%s\t%s\t%s\t%d\n", r, t, $NF, $4; all += $4 }
-            END { printf "%s\t%s\tALL\t%d\n", r, t, all }' "$TMPD/strace.out" >>"$COUNTS" ;;
+        # -f interleaves threads: "PID read(N</dev/fuse>, <unfinished ...>" ... "PID <... read resumed>..."
+        awk -v r="$row" -v t="$tgt" '/ read\([0-9]+<\/dev\/fuse>/ { if (/<unfinished \.\.\.>$/) { pend[$1] = 1; next }
+                    if (/ = [1-9][0-9]*$/) { n["read_dev_fuse"]++; all++ } }
+                /<\.\.\. read resumed>/ && pend[$1] { delete pend[$1]; if (/ = [1-9][0-9]*$/) { n["read_dev_fuse"]++; all++ } }
+                / io_uring_enter\(/ && !/resumed>/ { n["io_uring_enter"]++; all++ }
+            END { for (o in n) printf "%s\t%s\t%s\t%d\n", r, t, o, n[o]; printf "%s\t%s\tALL\t%d\n", r, t, all }' "$TMPD/strace.out" >>"$COUNTS" ;;
     esac
     ((lost)) && { printf '%s\t%s\tLOST\t%d\n' "$row" "$tgt" "$lost" >>"$COUNTS"; err "--count $tgt $row: $lost trace events lost (buffer overrun)"; }
     log "  $tgt $row: $(awk -F'\t' -v r="$row" -v t="$tgt" '$1 == r && $2 == t && $3 == "ALL" { print $4 }' "$COUNTS") FUSE requests"
@@ -988,7 +995,7 @@ if ((COUNT)); then
         echo "binary $BIN_SRC (built $BIN_MTIME, sha256 $BIN_SHA)  $POLICY_NOTE${THREADS:+, --threads $THREADS}"
         echo "transport: $TRANSPORT_NOTE"
         echo "work dir $ROOT ($(df -T "$SRC" | awk 'NR == 2 { print $2 }'))$( ((LOOPFS)) && echo "  loopfs: private ext4 image $LOOP_IMG ($LOOPFS_SIZE) via $LOOP_DEV")"
-        echo "FUSE requests per workload (one untimed round, counted with $COUNT_METHOD$([[ $COUNT_METHOD == strace ]] && echo ': read(2) + io_uring_enter calls of the daemon'))"
+        echo "FUSE requests per workload (one untimed round, counted with $COUNT_METHOD$([[ $COUNT_METHOD == strace ]] && echo ': successful read(2)s on /dev/fuse + io_uring_enter calls of the daemon'))"
         echo
         hdr=$(printf '%-46s' workload)
         for t in "${RCOLS[@]}"; do hdr+=$(printf ' %10s' "$(short "$t")"); done
