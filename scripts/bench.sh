@@ -663,10 +663,10 @@ EOF
 
 prepare_data() {
     if [[ $(cat "$DATA/ready" 2>/dev/null) == "$PARAMS" ]]; then
-        log "reusing generated data in $WORK ($PARAMS)"
+        log "reusing generated data in $ROOT ($PARAMS)"
         return 0
     fi
-    log "generating data in $WORK ($PARAMS)"
+    log "generating data in $ROOT ($PARAMS)"
     rm -rf "$SRC" "$DATA" && mkdir -p "$SRC" "$DATA"
     gen_tree "$SRC/tree" "$TREE_DIRS" "$TREE_FILES"
     (cd "$SRC/tree" && find . -type f | LC_ALL=C sort) >"$DATA/tree.list"
