@@ -51,7 +51,9 @@
 # **/.env none, docs read); --policy example / --policy small use one of them everywhere.
 # --loopfs puts everything the targets see (native source, FUSE sources, mount points) on
 # a private, freshly made ext4 image (loop mount), so other processes' journal traffic on
-# the host file system stays out of the create/delete rows; unmounted on exit.
+# the host file system stays out of the create/delete rows, and fencefs's fanotify watch
+# (a mark on SOURCE's whole file system) sees only the benchmark's own changes; the image
+# is unmounted, its loop device detached and the file removed on exit.
 # --count (one untimed round) counts the FUSE requests each workload sends to each FUSE
 # target, by opcode, with the kernel's fuse:fuse_request_send tracepoint in a private
 # tracefs instance (filtered on the mount's connection; FORGETs not included), or,
