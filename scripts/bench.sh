@@ -1,11 +1,16 @@
 #!/usr/bin/env bash
 # scripts/bench.sh — fencefs benchmark against the native directory and bindfs.
 #
-# Runs the same workloads on four targets, alternating targets inside every round:
+# Runs the same workloads on five targets, alternating targets inside every round:
 #   native          the source directory itself (no FUSE)
 #   bindfs          `bindfs -f SRC MNT` (a plain pass-through FUSE file system)
-#   fencefs         `fencefs mount -m danger -p POLICY SRC MNT`
-#   fencefs-revoke  the same with --revoke
+#   fencefs         `fencefs mount -m MODE -p POLICY [--transport dev-fuse] SRC MNT`
+#   fencefs-uring   the same with `--transport io-uring` (FUSE over io_uring; the script
+#                   sets /sys/module/fuse/parameters/enable_uring=Y for it and restores the
+#                   old value on exit). Only when `fencefs mount --help` lists --transport:
+#                   otherwise it is skipped (logged, noted in the header) and the other
+#                   fencefs targets run without the flag.
+#   fencefs-revoke  `fencefs ... --revoke` (with --transport dev-fuse when available)
 # Medians over --runs rounds are printed as one table with ratios to native and saved
 # as TSV + JSON (+ every sample, the errors and the daemon logs) under --out.
 # A workload that fails on a target is recorded as FAIL for that cell; the run goes on.
@@ -22,17 +27,47 @@
 #   dd     1 GiB sequential write with conv=fsync, sequential read cold and hot.
 #   fio    4k random reads, psync, 256 MiB file, 10 s, hot page cache (--invalidate=0).
 #   build  `make -j2` of a generated 50-file C project, then a no-op `make -j2`.
+#   agent  what a coding agent runs, each row in a fresh directory on the target
+#          (removed afterwards, untimed):
+#          - `/usr/bin/python3 -m venv .venv && .venv/bin/pip install --no-index
+#            --find-links WHEELHOUSE` of 12 real packages (requests, idna, urllib3, certifi,
+#            charset-normalizer, six, packaging, attrs, pygments, jinja2, markupsafe,
+#            click) from a local wheelhouse;
+#          - `git clone --no-hardlinks SRC.git dst`: SRC.git is a bare clone of THIS
+#            repository (fencefs, the largest real repository on the machine), taken once;
+#          - sqlite WAL: 10,000 single-row transactions (python sqlite3, a commit each,
+#            default synchronous = FULL);
+#          - `npm install --offline --cache CACHE` of lodash, express, chalk, commander
+#            (74 packages) from a local npm cache, in a fresh copy of the project;
+#          - `meson setup build && ninja -C build` of a generated 60-file C project.
+#          The wheelhouse, the npm cache and SRC.git are prepared once (the only network
+#          use: PyPI and the npm registry) under DIR/cache and reused by later runs.
 # "cold" = FUSE target unmounted and remounted (fresh daemon) + sync + drop_caches;
 # "warm" = the same command again right after. Every group mounts its target afresh.
-# The time is taken inside the child shell (process start-up excluded). Mode danger,
-# with a 4-rule policy (secrets none, **/*.pem none, **/.env none, docs read).
+# The time is taken inside the child shell (process start-up excluded).
+# Policy (--policy): by default the agent group runs under the repository's
+# policy.example.toml in workspace-write mode (the policy meant for agent workspaces),
+# every other group in mode danger with a 4-rule policy (secrets none, **/*.pem none,
+# **/.env none, docs read); --policy example / --policy small use one of them everywhere.
+# --loopfs puts everything the targets see (native source, FUSE sources, mount points) on
+# a private, freshly made ext4 image (loop mount), so other processes' journal traffic on
+# the host file system stays out of the create/delete rows, and fencefs's fanotify watch
+# (a mark on SOURCE's whole file system) sees only the benchmark's own changes; the image
+# is unmounted, its loop device detached and the file removed on exit.
+# --count (one untimed round) counts the FUSE requests each workload sends to each FUSE
+# target, by opcode, with the kernel's fuse:fuse_request_send tracepoint in a private
+# tracefs instance (filtered on the mount's connection; FORGETs not included), or,
+# without that tracepoint, with `strace -f -p DAEMON` (reads on /dev/fuse, io_uring_enter).
 # Results are only as quiet as the machine: check loadavg in the header and the
 # per-sample spread in *.samples.tsv / the JSON "samples" before trusting a ratio.
 #
-# Run as root (drop_caches, FUSE mounts). Needs: gcc, make, git, tar, fio, bindfs,
-# fusermount3; `apt-get install -y bindfs fio` is tried when they are missing.
+# Run as root (drop_caches, FUSE and loop mounts). Needs: gcc, make, git, tar, fio,
+# bindfs, fusermount3; for the agent group python3 (venv, pip), sqlite3 (python), npm,
+# meson, ninja; `apt-get install -y bindfs fio` is tried when they are missing.
 # Usage: scripts/bench.sh [--quick] [--runs N] [--dir DIR] [--out DIR] [--bin PATH]
-#        [--build] [--threads N] [--targets LIST] [--only GROUPS] [--help]
+#        [--build] [--threads N] [--targets LIST] [--only GROUPS] [--policy P]
+#        [--loopfs [SIZE]] [--count] [--timeout SEC] [--help]
+# shellcheck disable=SC2016 # commands and checks are strings, expanded when they run
 set -uo pipefail
 
 SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -54,8 +89,19 @@ usage: scripts/bench.sh [options]
                     concurrent rebuilds cannot swap it mid-run
   --build           run 'cargo build --release' first
   --threads N       pass --threads N to fencefs
-  --targets LIST    comma list out of native,bindfs,fencefs,fencefs-revoke (default all)
-  --only GROUPS     comma list out of tree,git,write,dd,fio,build (default all)
+  --targets LIST    comma list out of native,bindfs,fencefs,fencefs-uring,fencefs-revoke
+                    (default all; fencefs-uring is skipped when the binary has no
+                    --transport option)
+  --only GROUPS     comma list out of tree,git,write,dd,fio,build,agent (default all)
+  --policy P        auto (default): the agent group under policy.example.toml in
+                    workspace-write mode, the other groups under the 4-rule danger policy;
+                    example: policy.example.toml (workspace-write) for every group;
+                    small: the 4-rule danger policy for every group
+  --loopfs [SIZE]   put the work data and the mount points on a private ext4 image
+                    (sparse DIR/loopfs.img, default size 8G, made afresh every run: the
+                    data is regenerated), loop-mounted on DIR/loopfs; removed on exit
+  --count           one untimed round that counts the FUSE requests every workload sends
+                    to each FUSE target (by opcode); prints that table instead of times
   --timeout SEC     per-command timeout, a hung command is killed and recorded FAIL
                     (default 600)
 EOF
@@ -63,8 +109,8 @@ EOF
 
 # ---------------------------------------------------------------- options
 QUICK=0 RUNS="" WORK=/tmp/fencefs-bench-work OUT=/tmp/fencefs-bench BIN_SRC="" BUILD=0
-THREADS="" TARGETS_OPT="native,bindfs,fencefs,fencefs-revoke" ONLY="tree,git,write,dd,fio,build"
-TMO=600
+THREADS="" TARGETS_OPT="native,bindfs,fencefs,fencefs-uring,fencefs-revoke" ONLY="tree,git,write,dd,fio,build,agent"
+TMO=600 POLICY_OPT=auto LOOPFS=0 LOOPFS_SIZE=8G COUNT=0
 while (($#)); do
     case $1 in
     --quick) QUICK=1 ;;
@@ -77,12 +123,19 @@ while (($#)); do
     --targets) TARGETS_OPT=$2; shift ;;
     --only) ONLY=$2; shift ;;
     --timeout) TMO=$2; shift ;;
+    --policy) POLICY_OPT=$2; shift ;;
+    --loopfs)
+        LOOPFS=1
+        if [[ ${2:-} =~ ^[0-9]+[KMGT]?$ ]]; then LOOPFS_SIZE=$2; shift; fi ;;
+    --count) COUNT=1 ;;
     -h | --help) usage; exit 0 ;;
     *) echo "bench.sh: unknown option '$1'" >&2; usage >&2; exit 2 ;;
     esac
     shift
 done
 [[ -z $RUNS ]] && { ((QUICK)) && RUNS=1 || RUNS=3; }
+((COUNT)) && RUNS=1
+case $POLICY_OPT in auto | small | example) ;; *) echo "bench.sh: --policy is auto, small or example" >&2; exit 2 ;; esac
 [[ $RUNS =~ ^[1-9][0-9]*$ ]] || { echo "bench.sh: --runs needs a positive integer" >&2; exit 2; }
 [[ $WORK =~ [[:space:]] || $OUT =~ [[:space:]] ]] && { echo "bench.sh: --dir/--out must not contain whitespace" >&2; exit 2; }
 [[ $(id -u) == 0 ]] || { echo "bench.sh: run as root (drop_caches, mounts)" >&2; exit 2; }
@@ -90,9 +143,13 @@ mkdir -p "$WORK" "$OUT" || exit 1
 WORK=$(cd "$WORK" && pwd) OUT=$(cd "$OUT" && pwd)
 IFS=, read -r -a TARGETS <<<"$TARGETS_OPT"
 for t in "${TARGETS[@]}"; do
-    case $t in native | bindfs | fencefs | fencefs-revoke) ;; *) echo "bench.sh: unknown target $t" >&2; exit 2 ;; esac
+    case $t in native | bindfs | fencefs | fencefs-uring | fencefs-revoke) ;; *) echo "bench.sh: unknown target $t" >&2; exit 2 ;; esac
 done
-ALL_TARGETS=(native bindfs fencefs fencefs-revoke)
+ALL_TARGETS=(native bindfs fencefs fencefs-uring fencefs-revoke)
+if ((COUNT)); then # counting is about FUSE requests: native has none
+    read -r -a TARGETS <<<"$(for t in "${TARGETS[@]}"; do [[ $t != native ]] && printf '%s ' "$t"; done)"
+    ((${#TARGETS[@]})) || { echo "bench.sh: --count needs a FUSE target" >&2; exit 2; }
+fi
 
 # ---------------------------------------------------------------- sizes
 if ((QUICK)); then
@@ -103,6 +160,7 @@ if ((QUICK)); then
     DD_MB=128
     FIO_SIZE=64M FIO_RT=3
     C_FILES=8
+    SQL_N=2000 MESON_FILES=12
     SKIP_SLOW=1
 else
     TREE_DIRS=150 TREE_FILES=100      # 15,000 files
@@ -112,6 +170,7 @@ else
     DD_MB=1024
     FIO_SIZE=256M FIO_RT=10
     C_FILES=50
+    SQL_N=10000 MESON_FILES=60
     SKIP_SLOW=0
 fi
 TREE_N=$((TREE_DIRS * TREE_FILES))
@@ -119,11 +178,15 @@ NRULES=1000
 MAKE_J=2
 
 DATASET=full; ((QUICK)) && DATASET=quick
-SRC=$WORK/$DATASET/src DATA=$WORK/$DATASET/data MNT=$WORK/mnt BINDIR=$WORK/bin
+# --loopfs: everything the targets see lives on the ext4 image mounted on $LOOP_MNT; the
+# agent group's prepared inputs (wheelhouse, npm cache, bare repository) stay in $CACHE
+LOOP_IMG=$WORK/loopfs.img LOOP_MNT=$WORK/loopfs CACHE=$WORK/cache
+ROOT=$WORK; ((LOOPFS)) && ROOT=$LOOP_MNT
+SRC=$ROOT/$DATASET/src DATA=$ROOT/$DATASET/data MNT=$ROOT/mnt BINDIR=$ROOT/bin
 STAMP_RUN=$(date +%Y%m%d-%H%M%S)
 RES=$OUT/bench-$STAMP_RUN
 LOGDIR=$RES.logs
-mkdir -p "$SRC" "$MNT" "$DATA" "$BINDIR" "$LOGDIR" || exit 1
+mkdir -p "$LOGDIR" "$CACHE" || exit 1
 SAMPLES=$RES.samples.tsv ERRORS=$RES.errors.log
 printf 'round\trow\ttarget\tvalue\tstatus\n' >"$SAMPLES"
 : >"$ERRORS"
@@ -133,7 +196,7 @@ log() { printf '[bench %(%H:%M:%S)T] %s\n' -1 "$*" >&2; }
 err() { printf '[%s] %s\n' "$(date +%T)" "$*" >>"$ERRORS"; log "ERROR: $*"; }
 
 # ---------------------------------------------------------------- mounts / cleanup
-CUR_TARGET="" CUR_PID="" CUR_POLICY="" TIMED_PID=""
+CUR_TARGET="" CUR_PID="" CUR_POLICY="" CUR_GROUP="" TIMED_PID=""
 STARTED_PIDS=()
 
 is_mounted() { awk -v m="$1" '$5 == m { f = 1 } END { exit !f }' /proc/self/mountinfo; }
@@ -175,26 +238,90 @@ cleanup() {
     unmount_current
     for p in "${STARTED_PIDS[@]}"; do pid_is_ours "$p" && kill -KILL "$p" 2>/dev/null; done
     is_mounted "$MNT" && { umount -l "$MNT" 2>/dev/null || fusermount3 -u -z "$MNT" 2>/dev/null; }
+    count_teardown
+    loopfs_teardown
+    if [[ -n $URING_PREV ]]; then
+        echo "$URING_PREV" >"$URING_PARAM" 2>/dev/null || log "WARNING: could not restore $URING_PARAM to $URING_PREV"
+        URING_PREV=""
+    fi
     rm -rf "$TMPD"
 }
 trap cleanup EXIT
 trap 'log "interrupted"; exit 130' INT TERM
 
+# ---------------------------------------------------------------- --loopfs
+LOOP_DEV="" LOOP_MOUNTED=0
+loopfs_setup() {
+    is_mounted "$LOOP_MNT" && { echo "bench.sh: $LOOP_MNT is already mounted (left by a killed run? umount it by hand)" >&2; exit 1; }
+    need mkfs.ext4 || { echo "bench.sh: --loopfs needs mkfs.ext4 (e2fsprogs)" >&2; exit 1; }
+    mkdir -p "$LOOP_MNT" && rm -f "$LOOP_IMG" && truncate -s "$LOOPFS_SIZE" "$LOOP_IMG" || exit 1
+    # inode tables and journal written now: no ext4lazyinit thread writing during the rows
+    mkfs.ext4 -q -F -E lazy_itable_init=0,lazy_journal_init=0 "$LOOP_IMG" >"$TMPD/mkfs.log" 2>&1 ||
+        { echo "bench.sh: mkfs.ext4 $LOOP_IMG failed: $(tail -n 2 "$TMPD/mkfs.log")" >&2; rm -f "$LOOP_IMG"; exit 1; }
+    mount -o loop "$LOOP_IMG" "$LOOP_MNT" || { echo "bench.sh: mount -o loop $LOOP_IMG failed" >&2; rm -f "$LOOP_IMG"; exit 1; }
+    LOOP_MOUNTED=1
+    LOOP_DEV=$(awk -v m="$LOOP_MNT" '$5 == m { for (j = 7; j <= NF; j++) if ($j == "-") { d = $(j + 2); break } } END { print d }' /proc/self/mountinfo)
+    log "loopfs: $LOOP_IMG ($LOOPFS_SIZE, ext4) on $LOOP_MNT via $LOOP_DEV"
+}
+loopfs_teardown() { # unmount what loopfs_setup mounted, detach its loop device, drop the image
+    local i
+    ((LOOP_MOUNTED)) || return 0
+    LOOP_MOUNTED=0
+    for ((i = 0; i < 20; i++)); do
+        is_mounted "$LOOP_MNT" || break
+        umount "$LOOP_MNT" 2>/dev/null && break
+        sleep 0.25
+    done
+    if is_mounted "$LOOP_MNT"; then
+        log "WARNING: $LOOP_MNT busy; lazy unmount (the loop device is released with the last user)"
+        umount -l "$LOOP_MNT"
+    fi
+    # mount -o loop sets autoclear, so the device is normally gone already; detach it only
+    # when it is still bound to our image
+    if [[ $LOOP_DEV == /dev/loop* ]] && [[ $(losetup -n -O BACK-FILE "$LOOP_DEV" 2>/dev/null) == "$LOOP_IMG"* ]]; then
+        losetup -d "$LOOP_DEV" 2>/dev/null || log "WARNING: could not detach $LOOP_DEV"
+    fi
+    is_mounted "$LOOP_MNT" || rm -f "$LOOP_IMG"
+}
+
+# ---------------------------------------------------------------- FUSE over io_uring
+URING_PARAM=/sys/module/fuse/parameters/enable_uring URING_PREV=""
+uring_enable() { # enable_uring=Y for fencefs-uring; the old value is restored on exit
+    local v
+    [[ -r $URING_PARAM ]] || { err "fencefs-uring: $URING_PARAM missing (kernel without FUSE over io_uring)"; return 1; }
+    v=$(cat "$URING_PARAM")
+    [[ $v == Y ]] && return 0
+    echo Y >"$URING_PARAM" 2>/dev/null || { err "fencefs-uring: cannot set $URING_PARAM=Y"; return 1; }
+    [[ -z $URING_PREV ]] && URING_PREV=$v
+    log "set $URING_PARAM=Y (was $v; restored on exit)"
+}
+
+# the policy a group runs under (--policy), and the mode a policy file is mounted with
+group_policy() {
+    case $POLICY_OPT in example) echo "$POLICY_EXAMPLE" ;; small) echo "$POLICY_SMALL" ;;
+    *) if [[ $CUR_GROUP == agent ]]; then echo "$POLICY_EXAMPLE"; else echo "$POLICY_SMALL"; fi ;; esac
+}
+pol_mode() { if [[ $1 == "$POLICY_EXAMPLE" ]]; then echo workspace-write; else echo danger; fi; }
+
 # mount TARGET [POLICY]; sets TP (the path the workloads use). Returns 1 on failure.
 mount_target() {
-    local tgt=$1 pol=${2:-$POLICY_SMALL} pid i
+    local tgt=$1 pol=${2:-$(group_policy)} pid i args
     unmount_current
     if [[ $tgt == native ]]; then TP=$SRC; CUR_TARGET=native; return 0; fi
     TP=$MNT
     is_mounted "$MNT" && { err "$MNT still mounted before mounting $tgt"; return 1; }
     local log=$LOGDIR/$tgt.log logsz
     logsz=$(stat -c %s "$log" 2>/dev/null || echo 0)
-    printf -- '--- %(%T)T mount (policy %s)\n' -1 "$pol" >>"$log"
+    args=(mount -p "$pol" -m "$(pol_mode "$pol")" ${THREADS:+--threads "$THREADS"})
     case $tgt in
-    bindfs) bindfs -f "$SRC" "$MNT" >>"$log" 2>&1 & ;;
-    fencefs) "$BIN" mount -p "$pol" -m danger ${THREADS:+--threads "$THREADS"} "$SRC" "$MNT" >>"$log" 2>&1 & ;;
-    fencefs-revoke) "$BIN" mount -p "$pol" -m danger --revoke ${THREADS:+--threads "$THREADS"} "$SRC" "$MNT" >>"$log" 2>&1 & ;;
+    fencefs) ((HAS_TRANSPORT)) && args+=(--transport dev-fuse) ;;
+    fencefs-uring) args+=(--transport io-uring); uring_enable || return 1 ;;
+    fencefs-revoke) args+=(--revoke); ((HAS_TRANSPORT)) && args+=(--transport dev-fuse) ;;
     esac
+    [[ $tgt == bindfs ]] && args=(bindfs -f)
+    printf -- '--- %(%T)T %s\n' -1 "${args[*]}" >>"$log"
+    if [[ $tgt == bindfs ]]; then bindfs -f "$SRC" "$MNT" >>"$log" 2>&1 &
+    else "$BIN" "${args[@]}" "$SRC" "$MNT" >>"$log" 2>&1 & fi
     pid=$!
     STARTED_PIDS+=("$pid")
     for ((i = 0; i < 400; i++)); do
@@ -233,6 +360,82 @@ remount() { # remount [cold]
     mount_target "$tgt" "$pol"
 }
 
+# ---------------------------------------------------------------- --count
+# Counts the FUSE requests of one timed command on the current FUSE target: the kernel's
+# fuse:fuse_request_send tracepoint in a private tracefs instance, filtered on the mount's
+# connection (works for /dev/fuse and io_uring alike, costs the daemon nothing); without
+# the tracepoint, `strace -f -y -p DAEMON`: successful read(2)s on /dev/fuse (one per
+# request) and io_uring_enter calls (batched, a lower bound). FENCEFS_BENCH_COUNT=strace
+# forces strace (slow: it stops the daemon at every read). The tracepoint does not see
+# FORGET/BATCH_FORGET (queued apart, no reply); strace's reads do (delete 1k files: 1,001
+# requests traced, ~1,975 reads).
+TRACEFS=/sys/kernel/tracing TRACE_INST="" TRACEFS_MOUNTED=0 COUNT_METHOD="" STRACE_PID=""
+COUNTS=$RES.counts.tsv
+count_setup() {
+    if [[ ${FENCEFS_BENCH_COUNT:-} != strace ]]; then
+        if [[ ! -d $TRACEFS/events ]] && mount -t tracefs nodev "$TRACEFS" 2>/dev/null; then TRACEFS_MOUNTED=1; fi
+        if [[ -d $TRACEFS/events/fuse/fuse_request_send ]] && mkdir "$TRACEFS/instances/fencefs-bench-$$" 2>/dev/null; then
+            TRACE_INST=$TRACEFS/instances/fencefs-bench-$$
+            echo 0 >"$TRACE_INST/tracing_on"
+            echo 65536 >"$TRACE_INST/buffer_size_kb" || echo 16384 >"$TRACE_INST/buffer_size_kb"
+            COUNT_METHOD=tracefs
+        fi
+    fi
+    if [[ -z $COUNT_METHOD ]]; then
+        need strace || { echo "bench.sh: --count needs the fuse tracepoints (tracefs) or strace" >&2; exit 1; }
+        COUNT_METHOD=strace
+    fi
+    printf 'row\ttarget\top\tcount\n' >"$COUNTS"
+    log "--count: counting FUSE requests with $COUNT_METHOD"
+}
+count_teardown() {
+    if [[ -n $STRACE_PID ]] && kill -0 "$STRACE_PID" 2>/dev/null; then kill -INT "$STRACE_PID"; wait "$STRACE_PID" 2>/dev/null; fi
+    STRACE_PID=""
+    if [[ -n $TRACE_INST && -d $TRACE_INST ]]; then
+        echo 0 >"$TRACE_INST/tracing_on"
+        echo 0 >"$TRACE_INST/events/fuse/fuse_request_send/enable"
+        rmdir "$TRACE_INST" || log "WARNING: could not remove tracefs instance $TRACE_INST"
+    fi
+    TRACE_INST=""
+    if ((TRACEFS_MOUNTED)); then umount "$TRACEFS" 2>/dev/null; TRACEFS_MOUNTED=0; fi
+}
+count_start() {
+    local mm ev
+    case $COUNT_METHOD in
+    tracefs)
+        mm=$(awk -v m="$MNT" '$5 == m { d = $3 } END { print d }' /proc/self/mountinfo) # MAJOR:MINOR
+        ev=$TRACE_INST/events/fuse/fuse_request_send
+        echo "connection == $(((${mm%%:*} << 20) | ${mm##*:}))" >"$ev/filter" && echo 1 >"$ev/enable" &&
+            : >"$TRACE_INST/trace" && echo 1 >"$TRACE_INST/tracing_on" ;;
+    strace)
+        strace -q -f -y -s 0 -e trace=read,io_uring_enter -e signal=none -o "$TMPD/strace.out" -p "$CUR_PID" 2>/dev/null &
+        STRACE_PID=$!
+        sleep 1 ;; # attach to every thread before the workload starts
+    esac
+}
+count_stop() { # count_stop ROW TARGET: appends "row target op count" lines (op ALL = total)
+    local row=$1 tgt=$2 lost=0
+    case $COUNT_METHOD in
+    tracefs)
+        echo 0 >"$TRACE_INST/tracing_on"
+        lost=$(cat "$TRACE_INST"/per_cpu/cpu*/stats 2>/dev/null | awk '/^overrun:/ { n += $2 } END { print n + 0 }')
+        awk -v r="$row" -v t="$tgt" '/ opcode [0-9]+ \(/ { match($0, / opcode [0-9]+ \([A-Z_0-9]+\)/); s = substr($0, RSTART, RLENGTH)
+                sub(/.*\(FUSE_/, "", s); sub(/\)$/, "", s); n[s]++; all++ }
+            END { for (o in n) printf "%s\t%s\t%s\t%d\n", r, t, o, n[o]; printf "%s\t%s\tALL\t%d\n", r, t, all }' "$TRACE_INST/trace" >>"$COUNTS"
+        echo 0 >"$TRACE_INST/events/fuse/fuse_request_send/enable" ;;
+    strace)
+        kill -INT "$STRACE_PID" 2>/dev/null; wait "$STRACE_PID" 2>/dev/null; STRACE_PID=""
+        # -f interleaves threads: "PID read(N</dev/fuse>, <unfinished ...>" ... "PID <... read resumed>..."
+        awk -v r="$row" -v t="$tgt" '/ read\([0-9]+<\/dev\/fuse>/ { if (/<unfinished \.\.\.>$/) { pend[$1] = 1; next }
+                    if (/ = [1-9][0-9]*$/) { n["read_dev_fuse"]++; all++ } }
+                /<\.\.\. read resumed>/ && pend[$1] { delete pend[$1]; if (/ = [1-9][0-9]*$/) { n["read_dev_fuse"]++; all++ } }
+                / io_uring_enter\(/ && !/resumed>/ { n["io_uring_enter"]++; all++ }
+            END { for (o in n) printf "%s\t%s\t%s\t%d\n", r, t, o, n[o]; printf "%s\t%s\tALL\t%d\n", r, t, all }' "$TMPD/strace.out" >>"$COUNTS" ;;
+    esac
+    ((lost)) && { printf '%s\t%s\tLOST\t%d\n' "$row" "$tgt" "$lost" >>"$COUNTS"; err "--count $tgt $row: $lost trace events lost (buffer overrun)"; }
+    log "  $tgt $row: $(awk -F'\t' -v r="$row" -v t="$tgt" '$1 == r && $2 == t && $3 == "ALL" { print $4 }' "$COUNTS") FUSE requests"
+}
+
 # ---------------------------------------------------------------- measuring
 ROUND=0
 # timed ROW TARGET DIR CMD [CHECK]
@@ -248,6 +451,8 @@ timed() {
         record "$row" "$tgt" FAIL "target not mounted (daemon died earlier?)"
         return 1
     fi
+    local counting=0
+    ((COUNT)) && [[ $tgt != native && $row != _* ]] && { counting=1; count_start; }
     timeout -k 5 "$TMO" bash -c '
         set -o pipefail
         cd "$1" || exit 97
@@ -261,6 +466,7 @@ timed() {
     wait "$TIMED_PID"
     rc=$?
     TIMED_PID=""
+    ((counting)) && count_stop "$row" "$tgt"
     if ((rc != 0)); then
         local why="exit status $rc"
         ((rc == 124 || rc == 137)) && why="timed out after ${TMO}s"
@@ -328,6 +534,13 @@ row dd_read_hot "read $DD_MB MiB seq, hot (dd)" time s
 row fio_iops "fio 4k randread psync ${FIO_SIZE}B [T]" tput IOPS
 row build "make -j$MAKE_J, $C_FILES-file C project" time s
 row build_noop "make -j$MAKE_J, nothing to rebuild" time s
+PIP_PKGS="requests idna urllib3 certifi charset-normalizer six packaging attrs pygments jinja2 markupsafe click"
+NPM_DEPS='"lodash": "^4.17.21", "express": "^4.21.0", "chalk": "^5.3.0", "commander": "^12.1.0"'
+row agent_pip "python venv + pip install, 12 local wheels" time s
+row agent_clone "git clone --no-hardlinks, fencefs repo" time s
+row agent_sqlite "sqlite WAL, $(k $SQL_N) one-row commits" time s
+row agent_npm "npm install --offline, 4 deps (74 pkgs)" time s
+row agent_meson "meson setup + ninja, $MESON_FILES-file C project" time s
 row d_rss "daemon VmRSS after tree walk" info MiB
 row d_hwm "daemon VmHWM after tree walk" info MiB
 row d_fds "daemon open fds after tree walk" info fds
@@ -344,6 +557,8 @@ for p in bindfs fio; do
     fi
 done
 for p in gcc make git tar fusermount3 timeout; do need $p || { echo "bench.sh: $p is required" >&2; exit 1; }; done
+((LOOPFS)) && loopfs_setup
+mkdir -p "$SRC" "$MNT" "$DATA" "$BINDIR" || exit 1
 
 if [[ -z $BIN_SRC ]]; then
     BIN_SRC=$REPO/target/release/fencefs
@@ -357,6 +572,16 @@ BIN=$BINDIR/fencefs
 BIN_MTIME=$(stat -c %y "$BIN_SRC" | cut -d. -f1)
 cp -f "$BIN_SRC" "$BIN.tmp" && mv -f "$BIN.tmp" "$BIN" || exit 1
 BIN_SHA=$(sha256sum "$BIN" | cut -c1-12)
+# --transport (dev-fuse | io-uring) is newer than some binaries: use it only when listed
+HAS_TRANSPORT=0 TRANSPORT_NOTE="this fencefs has no --transport option: fencefs-uring skipped, fencefs targets without the flag"
+if "$BIN" mount --help 2>/dev/null | grep -q -- '--transport'; then
+    HAS_TRANSPORT=1 TRANSPORT_NOTE="fencefs and revoke: --transport dev-fuse, fencefs-uring: --transport io-uring"
+fi
+if [[ ",$TARGETS_OPT," == *,fencefs-uring,* ]] && ! ((HAS_TRANSPORT)); then
+    log "fencefs-uring skipped: '$BIN_SRC mount --help' does not list --transport (this build cannot choose FUSE over io_uring)"
+    read -r -a TARGETS <<<"$(for t in "${TARGETS[@]}"; do [[ $t != fencefs-uring ]] && printf '%s ' "$t"; done)"
+    ((${#TARGETS[@]})) || { echo "bench.sh: no target left" >&2; exit 2; }
+fi
 gcc -O2 -o "$BINDIR/fsops" "$SCRIPT_DIR/bench/fsops.c" || { echo "bench.sh: cannot build fsops" >&2; exit 1; }
 FSOPS=$BINDIR/fsops
 
@@ -365,7 +590,7 @@ export GIT_CONFIG_NOSYSTEM=1 GIT_CONFIG_GLOBAL=/dev/null
 export GIT_AUTHOR_NAME=bench GIT_AUTHOR_EMAIL=bench@example.invalid GIT_COMMITTER_NAME=bench
 export GIT_COMMITTER_EMAIL=bench@example.invalid GIT_AUTHOR_DATE='2026-01-01T00:00:00Z' GIT_COMMITTER_DATE='2026-01-01T00:00:00Z'
 
-POLICY_SMALL=$DATA/policy-small.toml POLICY_1K=$DATA/policy-1k.toml
+POLICY_SMALL=$DATA/policy-small.toml POLICY_1K=$DATA/policy-1k.toml POLICY_EXAMPLE=$DATA/policy.example.toml
 PARAMS="v1 tree=${TREE_DIRS}x$TREE_FILES git=$GIT_FILES tar=$TAR_FILES c=$C_FILES rules=$NRULES"
 
 gen_tree() { # gen_tree DIR NDIRS NFILES — small text files, sizes 16..~1 KiB
@@ -440,10 +665,10 @@ EOF
 
 prepare_data() {
     if [[ $(cat "$DATA/ready" 2>/dev/null) == "$PARAMS" ]]; then
-        log "reusing generated data in $WORK ($PARAMS)"
+        log "reusing generated data in $ROOT ($PARAMS)"
         return 0
     fi
-    log "generating data in $WORK ($PARAMS)"
+    log "generating data in $ROOT ($PARAMS)"
     rm -rf "$SRC" "$DATA" && mkdir -p "$SRC" "$DATA"
     gen_tree "$SRC/tree" "$TREE_DIRS" "$TREE_FILES"
     (cd "$SRC/tree" && find . -type f | LC_ALL=C sort) >"$DATA/tree.list"
@@ -462,6 +687,82 @@ prepare_data() {
     # C project template
     bash "$SCRIPT_DIR/bench/gen-cproject.sh" "$DATA/cproject" "$C_FILES" || exit 1
     echo "$PARAMS" >"$DATA/ready"
+}
+
+# agent group inputs: fetched once into $CACHE (network: PyPI, npm registry), reused later
+WHEELS=$CACHE/wheels NPM_DIR=$CACHE/npm GIT_SRC=$CACHE/fencefs.git
+NPM_CACHE=$NPM_DIR/cache NPM_PROJ=$NPM_DIR/project
+NPM_FLAGS="--cache $NPM_CACHE --no-audit --no-fund --no-update-notifier --loglevel=error"
+AGENT_PARAMS="v1 sql=$SQL_N meson=$MESON_FILES"
+GIT_SRC_HEAD="" GIT_SRC_FILES=0 NPM_PKGS=0
+declare -A AGENT_BAD # row -> why it cannot run (recorded FAIL on every target)
+prepare_agent() {
+    local d=$DATA/agent f
+    if ! need /usr/bin/python3; then AGENT_BAD[agent_pip]="no /usr/bin/python3"; AGENT_BAD[agent_sqlite]="no /usr/bin/python3"; fi
+    need npm || AGENT_BAD[agent_npm]="npm not installed"
+    { need meson && need ninja; } || AGENT_BAD[agent_meson]="meson/ninja not installed"
+    if [[ -z ${AGENT_BAD[agent_pip]:-} && ! -f $WHEELS/ready ]]; then
+        log "agent: pip download $PIP_PKGS -> $WHEELS (once)"
+        rm -rf "$WHEELS" && mkdir -p "$WHEELS"
+        # shellcheck disable=SC2086 # PIP_PKGS is a word list
+        if /usr/bin/python3 -m pip download -q --disable-pip-version-check --only-binary=:all: -d "$WHEELS" $PIP_PKGS >"$TMPD/prep.log" 2>&1; then
+            touch "$WHEELS/ready"
+        else AGENT_BAD[agent_pip]="pip download failed: $(tail -n 2 "$TMPD/prep.log" | tr '\n' ' ')"; fi
+    fi
+    if [[ -z ${AGENT_BAD[agent_npm]:-} && ! -f $NPM_DIR/ready ]]; then
+        log "agent: npm install ($NPM_DEPS) to fill $NPM_CACHE (once)"
+        rm -rf "$NPM_DIR" && mkdir -p "$NPM_PROJ"
+        printf '{\n  "name": "fencefs-bench-npm",\n  "version": "1.0.0",\n  "private": true,\n  "dependencies": { %s }\n}\n' "$NPM_DEPS" >"$NPM_PROJ/package.json"
+        # 1. resolve and write package-lock.json; 2. install from the lockfile online, which
+        # caches the (abbreviated) metadata an install from the lockfile asks for; 3. check
+        # that an --offline install from the cache works
+        # shellcheck disable=SC2086 # NPM_FLAGS is a word list
+        if (cd "$NPM_PROJ" && npm install $NPM_FLAGS && rm -rf node_modules) >"$TMPD/prep.log" 2>&1 &&
+            for f in "" --offline; do
+                rm -rf "$NPM_DIR/tmp" && mkdir "$NPM_DIR/tmp" && cp "$NPM_PROJ"/package*.json "$NPM_DIR/tmp/" &&
+                    (cd "$NPM_DIR/tmp" && npm install $f $NPM_FLAGS) >>"$TMPD/prep.log" 2>&1 || break
+            done && [[ -f $NPM_DIR/tmp/node_modules/express/package.json ]]; then
+            touch "$NPM_DIR/ready"
+        else AGENT_BAD[agent_npm]="npm cache preparation failed: $(tail -n 2 "$TMPD/prep.log" | tr '\n' ' ')"; fi
+        rm -rf "$NPM_DIR/tmp"
+    fi
+    [[ -f $NPM_PROJ/package-lock.json ]] && NPM_PKGS=$(grep -c '"node_modules/' "$NPM_PROJ/package-lock.json")
+    if [[ ! -f $GIT_SRC/bench-ready ]]; then
+        log "agent: git clone --bare $REPO -> $GIT_SRC (once)"
+        rm -rf "$GIT_SRC"
+        if git clone -q --bare --no-hardlinks "$REPO" "$GIT_SRC" >"$TMPD/prep.log" 2>&1; then touch "$GIT_SRC/bench-ready"
+        else AGENT_BAD[agent_clone]="git clone --bare $REPO failed: $(tail -n 2 "$TMPD/prep.log" | tr '\n' ' ')"; fi
+    fi
+    if [[ -f $GIT_SRC/bench-ready ]]; then
+        GIT_SRC_HEAD=$(git -C "$GIT_SRC" rev-parse HEAD)
+        GIT_SRC_FILES=$(git -C "$GIT_SRC" ls-tree -r HEAD | wc -l)
+    fi
+    [[ $(cat "$d/ready" 2>/dev/null) == "$AGENT_PARAMS" ]] && return 0
+    rm -rf "$d" && mkdir -p "$d"
+    cat >"$d/sqlite_wal.py" <<'EOF'
+# sqlite_wal.py DB N: N single-row transactions (a commit each) in a WAL database,
+# default synchronous; prints "count journal_mode synchronous"
+import sqlite3, sys
+db, n = sys.argv[1], int(sys.argv[2])
+c = sqlite3.connect(db, isolation_level=None)
+mode = c.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+c.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, k TEXT NOT NULL, v BLOB)")
+for i in range(n):
+    c.execute("BEGIN")
+    c.execute("INSERT INTO t (k, v) VALUES (?, ?)", ("key%06d" % i, b"x" * 100))
+    c.execute("COMMIT")
+print(c.execute("SELECT count(*) FROM t").fetchone()[0], mode, c.execute("PRAGMA synchronous").fetchone()[0])
+c.close()
+EOF
+    bash "$SCRIPT_DIR/bench/gen-cproject.sh" "$d/meson" "$MESON_FILES" || exit 1
+    rm -f "$d/meson/Makefile"
+    {
+        echo "project('benchapp', 'c')"
+        echo "executable('app',"
+        (cd "$d/meson" && for f in src/*.c; do echo "  '$f',"; done)
+        echo "  include_directories: include_directories('include'))"
+    } >"$d/meson/meson.build"
+    echo "$AGENT_PARAMS" >"$d/ready"
 }
 
 # ---------------------------------------------------------------- workload groups
@@ -484,7 +785,7 @@ grp_tree() {
     if [[ $t != native ]] && kill -0 "$CUR_PID" 2>/dev/null; then
         record d_rss "$t" "$(awk '/^VmRSS/ { printf "%.1f", $2 / 1024 }' "/proc/$CUR_PID/status")"
         record d_hwm "$t" "$(awk '/^VmHWM/ { printf "%.1f", $2 / 1024 }' "/proc/$CUR_PID/status")"
-        record d_fds "$t" "$(ls "/proc/$CUR_PID/fd" | wc -l)"
+        record d_fds "$t" "$(find "/proc/$CUR_PID/fd" -mindepth 1 -maxdepth 1 | wc -l)"
     fi
     if ! slow tree_stat_1k; then
         if [[ $t == fencefs* ]]; then
@@ -578,9 +879,48 @@ grp_build() {
     rm -rf "${SRC:?}/$s"
 }
 
+grp_agent() {
+    local t=$1 s=agent/$1 r d
+    local rows=(agent_pip agent_clone agent_sqlite agent_npm agent_meson)
+    rm -rf "${SRC:?}/$s" && mkdir -p "$SRC/$s"
+    mount_target "$t" || { fail_rows "$t" "mount failed" "${rows[@]}"; return; }
+    for r in "${rows[@]}"; do
+        if [[ -n ${AGENT_BAD[$r]:-} ]]; then record "$r" "$t" FAIL "${AGENT_BAD[$r]}"; continue; fi
+        # a fresh directory, made (and the project copied in) through the target, untimed
+        d=$TP/$s/${r#agent_}
+        if ! mkdir "$d" 2>"$TMPD/mk"; then record "$r" "$t" FAIL "mkdir $d: $(cat "$TMPD/mk")"; continue; fi
+        case $r in
+        agent_npm) cp "$NPM_PROJ/package.json" "$NPM_PROJ/package-lock.json" "$d/" ;;
+        agent_meson) cp -a "$DATA/agent/meson/." "$d/" ;;
+        esac || { record "$r" "$t" FAIL "copying the project into $d failed"; continue; }
+        sync
+        case $r in
+        agent_pip)
+            timed "$r" "$t" "$d" "unset PIP_FIND_LINKS; export PIP_CONFIG_FILE=/dev/null PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+                /usr/bin/python3 -m venv .venv && .venv/bin/pip install -q --no-index --find-links $WHEELS $PIP_PKGS" \
+                "$d/.venv/bin/python -c 'import requests, attrs, six, packaging, jinja2, click, pygments, certifi; certifi.contents()'" ;;
+        agent_clone)
+            timed "$r" "$t" "$d" "git clone -q --no-hardlinks $GIT_SRC dst" \
+                "[[ \$(git -C $d/dst rev-parse HEAD) == $GIT_SRC_HEAD && -z \$(git -C $d/dst status --porcelain) ]]" ;;
+        agent_sqlite)
+            timed "$r" "$t" "$d" "/usr/bin/python3 $DATA/agent/sqlite_wal.py bench.db $SQL_N" "grep -q '^$SQL_N wal ' \$OUT_F" ;;
+        agent_npm)
+            timed "$r" "$t" "$d" "npm install --offline $NPM_FLAGS" "[[ -f $d/node_modules/express/package.json && -f $d/node_modules/chalk/package.json ]]" ;;
+        agent_meson)
+            timed "$r" "$t" "$d" "meson setup build >/dev/null && ninja -C build >/dev/null" "[[ \$($d/build/app) == 'built ok '* ]]" ;;
+        esac
+    done
+    unmount_current
+    rm -rf "${SRC:?}/$s"
+}
+
 # ---------------------------------------------------------------- main loop
 prepare_data
 gen_policies
+cp -f "$REPO/policy.example.toml" "$POLICY_EXAMPLE" || exit 1
+[[ ",$ONLY," == *,agent,* ]] && prepare_agent
+((COUNT)) && count_setup
+"$BIN" check "$POLICY_EXAMPLE" >"$TMPD/check" 2>&1 || err "fencefs check $POLICY_EXAMPLE failed: $(head -c 400 "$TMPD/check")"
 "$BIN" check "$POLICY_1K" >"$TMPD/check" 2>&1 || err "fencefs check $POLICY_1K failed: $(head -c 400 "$TMPD/check")"
 "$BIN" check "$POLICY_SMALL" >"$TMPD/check" 2>&1 || err "fencefs check $POLICY_SMALL failed: $(head -c 400 "$TMPD/check")"
 drop_caches
@@ -592,6 +932,7 @@ log "results: $RES.{txt,tsv,json}  (quick=$QUICK runs=$RUNS targets=${TARGETS[*]
 for ((ROUND = 1; ROUND <= RUNS; ROUND++)); do
     for g in "${GROUPS_SEL[@]}"; do
         declare -F "grp_$g" >/dev/null || { log "unknown group $g"; continue; }
+        CUR_GROUP=$g
         n=${#TARGETS[@]}
         for ((j = 0; j < n; j++)); do # alternate targets, rotating the order every round
             t=${TARGETS[$(((j + ROUND - 1) % n))]}
@@ -634,13 +975,71 @@ ratio() { # ratio VALUE NATIVE
     else printf '%s' "-"; fi
 }
 
+# columns: the targets that ran, in the canonical order; ratio columns for the non-native ones
+COLS=() RCOLS=()
+for t in "${ALL_TARGETS[@]}"; do
+    [[ " ${TARGETS[*]} " == *" $t "* ]] || continue
+    COLS+=("$t")
+    [[ $t != native ]] && RCOLS+=("$t")
+done
+short() { local x=${1/fencefs-revoke/revoke}; printf '%s' "${x/fencefs-uring/uring}"; }
+POLICY_NOTE="mode danger, policy 4 rules (+ a $NRULES-rule row)"
+case $POLICY_OPT in
+example) POLICY_NOTE="policy.example.toml, mode workspace-write (+ a $NRULES-rule danger row)" ;;
+auto) [[ ",$ONLY," == *,agent,* ]] && POLICY_NOTE+="; agent group: policy.example.toml, mode workspace-write" ;;
+esac
+
 TXT=$RES.txt TSV=$RES.tsv JSON=$RES.json
+if ((COUNT)); then
+    # ---------------------------------------------------------------- --count report
+    {
+        echo "fencefs benchmark --count  $(date -Is)  host $(uname -n) kernel $(uname -r) cpus $(nproc)"
+        echo "binary $BIN_SRC (built $BIN_MTIME, sha256 $BIN_SHA)  $POLICY_NOTE${THREADS:+, --threads $THREADS}"
+        echo "transport: $TRANSPORT_NOTE"
+        echo "work dir $ROOT ($(df -T "$SRC" | awk 'NR == 2 { print $2 }'))$( ((LOOPFS)) && echo "  loopfs: private ext4 image $LOOP_IMG ($LOOPFS_SIZE) via $LOOP_DEV")"
+        echo "FUSE requests per workload (one untimed round, counted with $COUNT_METHOD$([[ $COUNT_METHOD == strace ]] && echo ': successful read(2)s on /dev/fuse + io_uring_enter calls of the daemon'))"
+        echo
+        hdr=$(printf '%-46s' workload)
+        for t in "${RCOLS[@]}"; do hdr+=$(printf ' %10s' "$(short "$t")"); done
+        echo "$hdr"; printf '%*s\n' ${#hdr} '' | tr ' ' '-'
+        for r in "${ROWS[@]}"; do
+            grep -q "^$r	" "$COUNTS" || continue
+            line=$(printf '%-46s' "${LABEL[$r]}")
+            for t in "${RCOLS[@]}"; do
+                v=$(awk -F'\t' -v r="$r" -v t="$t" '$1 == r && $2 == t && $3 == "ALL" { print $4; f = 1 } END { if (!f) print "-" }' "$COUNTS")
+                awk -F'\t' -v r="$r" -v t="$t" '$1 == r && $2 == t && $3 == "LOST" { f = 1 } END { exit !f }' "$COUNTS" && v+="+"
+                line+=$(printf ' %10s' "$v")
+            done
+            echo "$line"
+        done
+        echo
+        echo "top opcodes (fencefs targets):"
+        for r in "${ROWS[@]}"; do
+            for t in "${RCOLS[@]}"; do
+                [[ $t == fencefs* ]] || continue
+                top=$(awk -F'\t' -v r="$r" -v t="$t" '$1 == r && $2 == t && $3 != "ALL" && $3 != "LOST" { print $4 "\t" $3 }' "$COUNTS" |
+                    sort -k1,1nr | head -n 6 | awk -F'\t' '{ printf "%s%s %s", (NR > 1 ? ", " : ""), $2, $1 }')
+                [[ -n $top ]] && printf '  %-24s %-15s %s\n' "$r" "$(short "$t")" "$top"
+            done
+        done
+        nerr=$(grep -c . "$ERRORS")
+        echo
+        if ((nerr)); then echo "$nerr error(s) in $ERRORS:"; sed 's/^/  /' "$ERRORS" | cut -c1-400; else echo "no errors"; fi
+        echo "('+' = trace events lost, the count is a lower bound)  saved: $RES.counts.txt $COUNTS"
+    } >"$RES.counts.txt"
+    ln -sfn "$(basename "$RES.counts.txt")" "$OUT/latest-counts.txt"
+    cat "$RES.counts.txt"
+    exit 0
+fi
 {
     echo "fencefs benchmark  $(date -Is)  host $(uname -n) kernel $(uname -r) cpus $(nproc)"
-    echo "binary $BIN_SRC (built $BIN_MTIME, sha256 $BIN_SHA)  mode danger, policy 4 rules (+ a $NRULES-rule row)${THREADS:+, --threads $THREADS}"
+    echo "binary $BIN_SRC (built $BIN_MTIME, sha256 $BIN_SHA)  $POLICY_NOTE${THREADS:+, --threads $THREADS}"
+    echo "transport: $TRANSPORT_NOTE"
     echo "runs $RUNS (median)$( ((QUICK)) && echo ', --quick: small sizes, cold/1k-rule/no-op rows skipped')  elapsed ${ELAPSED}s  loadavg at start $LOADAVG_START"
-    echo "work dir $WORK ($(df -T "$SRC" | awk 'NR == 2 { print $2 }'))$( ((DROP_OK)) || echo '  WARNING: drop_caches unavailable, cold = remount only')"
-    for t in fencefs fencefs-revoke; do
+    echo "work dir $ROOT ($(df -T "$SRC" | awk 'NR == 2 { print $2 }'))$( ((DROP_OK)) || echo '  WARNING: drop_caches unavailable, cold = remount only')"
+    ((LOOPFS)) && echo "loopfs in use: private ext4 image $LOOP_IMG ($LOOPFS_SIZE, sparse) loop-mounted via $LOOP_DEV on $LOOP_MNT"
+    [[ ",$ONLY," == *,agent,* ]] && echo "agent inputs: $CACHE (wheelhouse $(find "$WHEELS" -name '*.whl' 2>/dev/null | wc -l) wheels, npm cache for $NPM_PKGS packages, git source: bare clone of $REPO, $GIT_SRC_FILES files at ${GIT_SRC_HEAD:0:12})"
+    for t in fencefs fencefs-uring fencefs-revoke; do
         m=$(grep -h -m1 -o 'file I/O: .*' "$LOGDIR/$t.log" 2>/dev/null)
         [[ -n $m ]] && echo "$t $m"
     done
@@ -651,12 +1050,12 @@ TXT=$RES.txt TSV=$RES.tsv JSON=$RES.json
 } >"$TXT"
 
 hdr=$(printf '%-46s %-5s' workload unit)
-for t in "${ALL_TARGETS[@]}"; do hdr+=$(printf ' %10s' "${t/fencefs-revoke/revoke}"); done
-for t in bindfs fencefs fencefs-revoke; do hdr+=$(printf ' %8s' "${t/fencefs-revoke/revoke}/n"); done
+for t in "${COLS[@]}"; do hdr+=$(printf ' %10s' "$(short "$t")"); done
+for t in "${RCOLS[@]}"; do hdr+=$(printf ' %8s' "$(short "$t")/n"); done
 { echo "$hdr"; printf '%*s\n' ${#hdr} '' | tr ' ' '-'; } >>"$TXT"
 printf 'row\tlabel\tkind\tunit' >"$TSV"
-for t in "${ALL_TARGETS[@]}"; do printf '\t%s' "$t" >>"$TSV"; done
-for t in bindfs fencefs fencefs-revoke; do printf '\tratio_%s' "$t" >>"$TSV"; done
+for t in "${COLS[@]}"; do printf '\t%s' "$t" >>"$TSV"; done
+for t in "${RCOLS[@]}"; do printf '\tratio_%s' "$t" >>"$TSV"; done
 echo >>"$TSV"
 
 json_num() { [[ $1 =~ ^[0-9.e+-]*[0-9][0-9.e+-]*$ ]] && printf '%s' "$1" || printf '"%s"' "$1"; }
@@ -673,12 +1072,12 @@ first=1
 for r in "${ROWS[@]}"; do
     nat=$(get_med "$r" native)
     any=0
-    for t in "${ALL_TARGETS[@]}"; do [[ $(get_med "$r" "$t") != - ]] && any=1; done
+    for t in "${COLS[@]}"; do [[ $(get_med "$r" "$t") != - ]] && any=1; done
     ((any)) || continue
     line=$(printf '%-46s %-5s' "${LABEL[$r]}" "${UNIT[$r]}")
     tsv=$(printf '%s\t%s\t%s\t%s' "$r" "${LABEL[$r]}" "${KIND[$r]}" "${UNIT[$r]}")
     jmed="" jratio="" jsamp="" jmin=""
-    for t in "${ALL_TARGETS[@]}"; do
+    for t in "${COLS[@]}"; do
         v=$(get_med "$r" "$t")
         line+=$(printf ' %10s' "$(fmt "$v" "${KIND[$r]}" "${UNIT[$r]}")")
         tsv+=$(printf '\t%s' "$v")
@@ -688,7 +1087,7 @@ for r in "${ROWS[@]}"; do
         mn=$(awk -F'\t' -v r="$r" -v t="$t" -v k="${KIND[$r]}" '$2 == r && $3 == t && $5 == "ok" { x = $4 + 0; if (!n++ || (k == "tput" ? x > m : x < m)) m = x } END { if (n) print m }' "$SAMPLES")
         [[ -n $mn ]] && jmin+="${jmin:+, }\"$t\": $mn"
     done
-    for t in bindfs fencefs fencefs-revoke; do
+    for t in "${RCOLS[@]}"; do
         v=$(get_med "$r" "$t")
         if [[ ${KIND[$r]} == info ]]; then x=-; else x=$(ratio "$v" "$nat"); fi
         [[ $v == FAIL ]] && x=FAIL
