@@ -13,7 +13,8 @@ use fuser::{Errno, TimeOrNow};
 
 use super::abi::{self, Args, InHeader, Short, fattr, op};
 use super::pool::Pool;
-use super::ring::{Incoming, RingDir, RingReply};
+use super::reply::{RingDir, RingReply};
+use super::ring::Incoming;
 use crate::fs::handlers::SetAttr;
 use crate::fs::reply::{EmptyReply, Reply};
 use crate::fs::{Core, Rq};

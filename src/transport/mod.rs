@@ -14,6 +14,7 @@
 pub mod abi;
 pub mod dispatch;
 pub mod pool;
+pub mod reply;
 pub mod ring;
 
 use std::io;

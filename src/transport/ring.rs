@@ -12,32 +12,27 @@
 //! dispatch, then the [`RingReply`] until it answers (possibly on another thread: requests
 //! held for an approver), then the queue thread again until it submits the commit. A reply
 //! from another thread is queued and the queue thread woken through an eventfd; an idle
-//! queue thread sleeps in `io_uring_enter` (no polling). This and `abi.rs` hold the
-//! transport's `unsafe`, each with its reason.
+//! queue thread sleeps in `io_uring_enter` (no polling). This and `reply.rs` hold the
+//! transport's `unsafe`, each with its reason (`abi.rs` has none).
 #![allow(unsafe_code)]
 
 use std::cell::UnsafeCell;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::Arc;
-use std::time::Duration;
 
-use fuser::{Errno, FileAttr, FileType, FopenFlags};
 use io_uring::{IoUring, cqueue, opcode, squeue, types};
 use parking_lot::Mutex;
 
-use super::abi::{self, OUT_HEADER};
-use crate::fs::reply::{
-    AttrReply, CreateReply, DataReply, DirPlusReply, DirReply, EmptyReply, EntryReply, LseekReply,
-    OpenReply, Reply, StatfsReply, WriteReply, XattrReply,
-};
+use super::abi;
+use super::reply::RingReply;
 
 const CMD_REGISTER: u32 = 1;
 const CMD_COMMIT_AND_FETCH: u32 = 2;
 /// `sizeof(struct fuse_uring_req_header)`: in_out (128), op_in (128), ent_in_out (32).
 const HEADER: usize = 288;
 const OP_IN: usize = 128;
-const ENT_IN_OUT: usize = 256;
+pub(super) const ENT_IN_OUT: usize = 256;
 /// user_data of the eventfd read (entries use their index).
 const WAKE: u64 = u64::MAX;
 
@@ -174,7 +169,7 @@ impl Queue {
     /// # Safety
     /// The caller owns entry `i` (module invariants) for as long as it uses the slices.
     #[allow(clippy::mut_from_ref)]
-    unsafe fn bufs(&self, i: u16) -> (&mut [u8; HEADER], &mut [u8]) {
+    pub(super) unsafe fn bufs(&self, i: u16) -> (&mut [u8; HEADER], &mut [u8]) {
         let s = &self.slots[i as usize];
         // SAFETY: exclusive by the caller's contract; the payload is `payload` bytes of
         // the region.
@@ -186,224 +181,13 @@ impl Queue {
         }
     }
 
-    fn answered(&self, i: u16) {
+    pub(super) fn answered(&self, i: u16) {
         self.done.lock().push(i);
         if OWN.with(|o| o.get()) != self as *const Queue as usize {
             let one: u64 = 1;
             // SAFETY: writes 8 bytes from a live u64 to our eventfd.
             let _ = unsafe { libc::write(self.wake.as_raw_fd(), (&one as *const u64).cast(), 8) };
         }
-    }
-}
-
-/// A request in ring entry `slot`, to be answered once (then committed by the queue
-/// thread). Dropped unanswered, it answers EIO, as fuser's replies do.
-pub struct RingReply {
-    q: Arc<Queue>,
-    slot: u16,
-    unique: u64,
-    sent: bool,
-}
-
-impl RingReply {
-    /// The reply for the request now in `slot` (the caller hands over the entry).
-    pub(super) fn new(q: Arc<Queue>, slot: u16, unique: u64) -> RingReply {
-        RingReply {
-            q,
-            slot,
-            unique,
-            sent: false,
-        }
-    }
-
-    /// Writes the out header for `len` payload bytes already in place and queues the commit.
-    fn finish(mut self, error: i32, len: usize) {
-        self.sent = true;
-        // SAFETY: this reply owns the entry until `answered`.
-        let (h, _) = unsafe { self.q.bufs(self.slot) };
-        abi::out_header(&mut h[..OUT_HEADER], OUT_HEADER + len, error, self.unique);
-        h[ENT_IN_OUT + 16..ENT_IN_OUT + 20].copy_from_slice(&(len as u32).to_ne_bytes());
-        self.q.answered(self.slot);
-    }
-
-    /// The payload buffer to write a reply into.
-    fn payload(&mut self) -> &mut [u8] {
-        // SAFETY: this reply owns the entry.
-        unsafe { self.q.bufs(self.slot).1 }
-    }
-
-    /// Replies with `n` bytes written by `fill` (EIO if the buffer cannot hold them).
-    fn with(mut self, n: usize, fill: impl FnOnce(&mut [u8])) {
-        let p = self.payload();
-        if n > p.len() {
-            log::warn!("io_uring reply of {n} bytes does not fit the ring buffer");
-            return self.finish(-libc::EIO, 0);
-        }
-        fill(&mut p[..n]);
-        self.finish(0, n)
-    }
-}
-
-impl Drop for RingReply {
-    fn drop(&mut self) {
-        if !self.sent {
-            self.sent = true;
-            // SAFETY: this reply still owns the entry.
-            let (h, _) = unsafe { self.q.bufs(self.slot) };
-            abi::out_header(&mut h[..OUT_HEADER], OUT_HEADER, -libc::EIO, self.unique);
-            h[ENT_IN_OUT + 16..ENT_IN_OUT + 20].copy_from_slice(&0u32.to_ne_bytes());
-            self.q.answered(self.slot);
-        }
-    }
-}
-
-impl Reply for RingReply {
-    fn error(self, e: Errno) {
-        let n = i32::from(e);
-        self.finish(-n.abs(), 0)
-    }
-}
-
-impl EmptyReply for RingReply {
-    fn ok(self) {
-        self.finish(0, 0)
-    }
-}
-
-impl EntryReply for RingReply {
-    fn entry(self, attr_ttl: &Duration, entry_ttl: &Duration, attr: &FileAttr) {
-        self.with(abi::ENTRY_OUT, |b| {
-            abi::entry_out(b, attr_ttl, entry_ttl, attr)
-        })
-    }
-}
-
-impl AttrReply for RingReply {
-    fn attr(self, ttl: &Duration, attr: &FileAttr) {
-        self.with(abi::ATTR_OUT, |b| abi::attr_out(b, ttl, attr))
-    }
-}
-
-impl DataReply for RingReply {
-    fn data(self, data: &[u8]) {
-        self.with(data.len(), |b| b.copy_from_slice(data))
-    }
-}
-
-impl OpenReply for RingReply {
-    fn opened(self, fh: u64, flags: FopenFlags, backing: Option<u32>) {
-        self.with(abi::OPEN_OUT, |b| {
-            abi::open_out(b, fh, flags.bits(), backing)
-        })
-    }
-}
-
-impl WriteReply for RingReply {
-    fn written(self, n: u32) {
-        self.with(8, |b| abi::u32_out(b, n))
-    }
-}
-
-impl CreateReply for RingReply {
-    fn created(
-        self,
-        ttl: &Duration,
-        attr: &FileAttr,
-        fh: u64,
-        flags: FopenFlags,
-        backing: Option<u32>,
-    ) {
-        self.with(abi::ENTRY_OUT + abi::OPEN_OUT, |b| {
-            abi::entry_out(&mut b[..abi::ENTRY_OUT], ttl, ttl, attr);
-            abi::open_out(&mut b[abi::ENTRY_OUT..], fh, flags.bits(), backing);
-        })
-    }
-}
-
-impl StatfsReply for RingReply {
-    fn statfs(self, s: &libc::statvfs) {
-        self.with(abi::STATFS_OUT, |b| abi::statfs_out(b, s))
-    }
-}
-
-impl XattrReply for RingReply {
-    fn size(self, n: u32) {
-        self.with(8, |b| abi::u32_out(b, n))
-    }
-    fn data(self, d: &[u8]) {
-        self.with(d.len(), |b| b.copy_from_slice(d))
-    }
-}
-
-impl LseekReply for RingReply {
-    fn offset(self, o: i64) {
-        self.with(8, |b| abi::u64_out(b, o as u64))
-    }
-}
-
-/// A readdir(plus) reply filled in place, up to the size the kernel asked for.
-pub struct RingDir {
-    reply: RingReply,
-    max: usize,
-    used: usize,
-}
-
-impl RingDir {
-    pub(super) fn new(reply: RingReply, max: usize) -> RingDir {
-        RingDir {
-            reply,
-            max,
-            used: 0,
-        }
-    }
-
-    fn room(&mut self, n: usize) -> Option<&mut [u8]> {
-        let end = self.used + n;
-        let cap = self.max.min(self.reply.payload().len());
-        if end > cap {
-            return None;
-        }
-        let start = self.used;
-        self.used = end;
-        Some(&mut self.reply.payload()[start..end])
-    }
-}
-
-impl Reply for RingDir {
-    fn error(self, e: Errno) {
-        self.reply.error(e)
-    }
-}
-
-impl DirReply for RingDir {
-    fn add(&mut self, ino: u64, offset: u64, kind: FileType, name: &[u8]) -> bool {
-        match self.room(abi::dirent_len(name.len())) {
-            Some(b) => {
-                abi::dirent(b, ino, offset, kind, name);
-                false
-            }
-            None => true,
-        }
-    }
-    fn ok(self) {
-        let n = self.used;
-        self.reply.finish(0, n)
-    }
-}
-
-impl DirPlusReply for RingDir {
-    fn add(&mut self, offset: u64, name: &[u8], ttl: &Duration, attr: &FileAttr) -> bool {
-        match self.room(abi::direntplus_len(name.len())) {
-            Some(b) => {
-                abi::direntplus(b, offset, name, ttl, attr);
-                false
-            }
-            None => true,
-        }
-    }
-    fn ok(self) {
-        let n = self.used;
-        self.reply.finish(0, n)
     }
 }
 
@@ -517,6 +301,52 @@ fn command(
     }
 }
 
+type Ring = IoUring<squeue::Entry128, cqueue::Entry>;
+
+/// Completions sorted: requests to serve, entries ended, the wake read done, the first
+/// error.
+#[derive(Default)]
+struct Reaped {
+    ready: Vec<u16>,
+    ended: usize,
+    woken: bool,
+    error: Option<io::Error>,
+}
+
+/// Takes every completion off the ring.
+fn reap(ring: &mut Ring, qid: u16) -> Reaped {
+    let mut r = Reaped::default();
+    for c in ring.completion() {
+        if c.user_data() == WAKE {
+            r.woken = true;
+            continue;
+        }
+        let i = c.user_data() as u16;
+        if c.result() >= 0 {
+            r.ready.push(i);
+            continue;
+        }
+        // ENOTCONN/ECONNABORTED/ENODEV: the connection is going away; the entry is gone.
+        let e = -c.result();
+        if ![libc::ENOTCONN, libc::ECONNABORTED, libc::ENODEV].contains(&e) {
+            log::warn!(
+                "io_uring queue {qid}: entry {i}: {}",
+                io::Error::from_raw_os_error(e)
+            );
+        }
+        r.error.get_or_insert(io::Error::from_raw_os_error(e));
+        r.ended += 1;
+    }
+    r
+}
+
+/// The unique id of the request (or reply) in entry `i`'s header.
+fn unique_of(q: &Queue, i: u16) -> u64 {
+    // SAFETY: the caller owns entry `i` (fetched, or answered and not yet committed).
+    let head = unsafe { q.view(i) }.0;
+    u64::from_ne_bytes(head[8..16].try_into().unwrap_or_default())
+}
+
 /// Runs queue `qid` on the calling thread until the connection ends: registers
 /// `sizes.depth` entries, then serves requests: `decode` reads one out of its entry,
 /// `run` answers it through the reply.
@@ -552,27 +382,13 @@ pub fn serve<R>(
         let e = command(fd, CMD_REGISTER, qid, 0, Some(iov)).user_data(i as u64);
         push(&mut ring, &e).map_err(|e| fail("register", e))?;
     }
-    // Entries still alive (not ended by the connection going away).
-    let mut live = sizes.depth;
     push(&mut ring, &wake_read()).map_err(|e| fail("register", e))?;
     ring.submit().map_err(|e| fail("io_uring_enter", e))?;
     // A registration completes only with a request or an error; errors show at once.
-    let mut ready: Vec<u16> = Vec::with_capacity(sizes.depth);
-    let mut first_error = None;
-    let mut rearm = false;
-    for c in ring.completion() {
-        if c.user_data() == WAKE {
-            rearm = true;
-            continue;
-        }
-        if c.result() < 0 {
-            first_error.get_or_insert(io::Error::from_raw_os_error(-c.result()));
-            live -= 1;
-        } else {
-            ready.push(c.user_data() as u16);
-        }
-    }
-    match first_error {
+    let mut got = reap(&mut ring, qid);
+    // Entries still alive (not ended by the connection going away).
+    let mut live = sizes.depth - got.ended;
+    match got.error.take() {
         // Nothing registered: the kernel went back to /dev/fuse (a failed REGISTER does
         // that) unless every queue got an entry.
         Some(e) if live == 0 => return Err(fail("FUSE_IO_URING_CMD_REGISTER", e)),
@@ -586,7 +402,7 @@ pub fn serve<R>(
     }
     let _ = registered.send(Ok(()));
     loop {
-        for &i in &ready {
+        for &i in &got.ready {
             let req = {
                 // SAFETY: a completed fetch hands the entry to this thread; it is only read
                 // here, and the borrow ends with `decode`, before the reply takes the entry.
@@ -602,10 +418,7 @@ pub fn serve<R>(
                     payload: &p[..payload_sz.min(p.len())],
                 })
             };
-            // SAFETY: as above (read only, no reply exists yet).
-            let head = unsafe { q.view(i) }.0;
-            let unique = u64::from_ne_bytes(head[8..16].try_into().unwrap_or_default());
-            let reply = RingReply::new(q.clone(), i, unique);
+            let reply = RingReply::new(q.clone(), i, unique_of(&q, i));
             // A panic in a handler must not end the queue (every later request of this
             // CPU would wait forever): the unwound reply answers EIO, the queue goes on.
             let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(req, reply)));
@@ -613,51 +426,24 @@ pub fn serve<R>(
                 log::error!("io_uring queue {qid}: a request handler panicked; answered EIO");
             }
         }
-        ready.clear();
-        if rearm {
-            rearm = false;
+        if got.woken {
             push(&mut ring, &wake_read())?;
         }
         // Commit what was answered (here or on other threads).
         let answered = std::mem::take(&mut *q.done.lock());
         for &i in &answered {
-            // SAFETY: answered entries are the queue thread's again.
-            let head = unsafe { q.view(i) }.0;
-            let unique = u64::from_ne_bytes(head[8..16].try_into().unwrap_or_default());
-            push(
-                &mut ring,
-                &command(fd, CMD_COMMIT_AND_FETCH, qid, unique, None).user_data(i as u64),
-            )?;
+            let commit = command(fd, CMD_COMMIT_AND_FETCH, qid, unique_of(&q, i), None);
+            push(&mut ring, &commit.user_data(i as u64))?;
         }
         if live == 0 {
             return Ok(());
         }
         match ring.submit_and_wait(1) {
             Ok(_) => {}
-            Err(e) if e.raw_os_error() == Some(libc::EINTR) => {}
-            Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {}
+            Err(e) if [Some(libc::EINTR), Some(libc::EBUSY)].contains(&e.raw_os_error()) => {}
             Err(e) => return Err(e),
         }
-        for c in ring.completion() {
-            let ud = c.user_data();
-            if ud == WAKE {
-                rearm = true;
-                continue;
-            }
-            let i = ud as u16;
-            if c.result() < 0 {
-                // ENOTCONN/ECONNABORTED: the connection is going away; the entry is gone.
-                let e = -c.result();
-                if e != libc::ENOTCONN && e != libc::ECONNABORTED && e != libc::ENODEV {
-                    log::warn!(
-                        "io_uring queue {qid}: entry {i}: {}",
-                        io::Error::from_raw_os_error(e)
-                    );
-                }
-                live -= 1;
-                continue;
-            }
-            ready.push(i);
-        }
+        got = reap(&mut ring, qid);
+        live -= got.ended.min(live);
     }
 }
