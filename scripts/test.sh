@@ -82,22 +82,26 @@ if [[ -d $tmp ]]; then
     rm -rf "$tmp"
 fi
 
+# Some tests (tests/transport.rs) and the io_uring pass turn the kernel's FUSE-over-io_uring
+# switch on (we are root); it is put back as it was before the first test.
+uring=/sys/module/fuse/parameters/enable_uring
+if [[ -e $uring ]]; then
+    was=$(cat "$uring")
+    trap 'echo "$was" >"$uring" 2>/dev/null || true' EXIT
+fi
+
 say "cargo test (mount tests over /dev/fuse)"
 # Each mount test runs its own daemon; two at a time suits a 2-core machine.
 FENCEFS_TEST_TRANSPORT=dev-fuse \
     cargo test --quiet --no-fail-fast -- --test-threads="${FENCEFS_TEST_THREADS:-2}"
 
 say "cargo test (mount tests over FUSE over io_uring)"
-# The same mount tests on the other transport. --transport io-uring turns the kernel's
-# switch on (we are root); it is put back as it was.
-uring=/sys/module/fuse/parameters/enable_uring
+# The same mount tests on the other transport.
 if [[ ! -e $uring ]]; then
     echo "test.sh: this kernel has no FUSE over io_uring ($uring missing; needs Linux 6.14+" >&2
     echo "  with CONFIG_FUSE_IO_URING). FENCEFS_TEST_NO_URING=1 runs without that pass." >&2
     [[ ${FENCEFS_TEST_NO_URING:-} == 1 ]] || exit 1
 else
-    was=$(cat "$uring")
-    trap 'echo "$was" >"$uring" 2>/dev/null || true' EXIT
     FENCEFS_TEST_TRANSPORT=io-uring \
         cargo test --quiet --no-fail-fast --test '*' -- --test-threads="${FENCEFS_TEST_THREADS:-2}"
     say "hostile soak over io_uring (short run)"

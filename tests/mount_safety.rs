@@ -324,14 +324,33 @@ fn fuse_workers_are_confined_to_the_source() {
         "no Landlock line in:\n{}",
         m.stderr()
     );
-    // Every thread named fuser-N (the workers) has no_new_privs set.
+    // Every thread that serves requests — fuser-N (the /dev/fuse workers), and with io_uring
+    // fencefs-uringN (the queues) and fencefs-slowN (their workers) — has no_new_privs
+    // set. (fuser's workers start once the io_uring queues have registered.)
+    let serving = |comm: &str| {
+        ["fuser-", "fencefs-uring", "fencefs-slow"]
+            .iter()
+            .any(|p| comm.starts_with(p))
+    };
+    let threads = || -> Vec<(String, String)> {
+        std::fs::read_dir(format!("/proc/{}/task", m.pid()))
+            .unwrap()
+            .flatten()
+            .map(|t| {
+                let t = t.path();
+                let comm = std::fs::read_to_string(t.join("comm")).unwrap_or_default();
+                let status = std::fs::read_to_string(t.join("status")).unwrap_or_default();
+                (comm.trim().to_string(), status)
+            })
+            .collect()
+    };
+    eventually(std::time::Duration::from_secs(5), || {
+        threads().iter().any(|(c, _)| c.starts_with("fuser-"))
+    });
     let mut workers = 0;
-    for t in std::fs::read_dir(format!("/proc/{}/task", m.pid())).unwrap() {
-        let t = t.unwrap().path();
-        let comm = std::fs::read_to_string(t.join("comm")).unwrap_or_default();
-        if comm.starts_with("fuser-") {
+    for (comm, status) in threads() {
+        if serving(&comm) {
             workers += 1;
-            let status = std::fs::read_to_string(t.join("status")).unwrap();
             assert!(status.contains("NoNewPrivs:\t1"), "{comm}: {status}");
         }
     }
