@@ -492,13 +492,21 @@ fn floating(pat: &Pat) -> bool {
     !pat.is_empty() && pat[..pat.len() - 1].iter().all(|c| c == b"**") && pat[0] == b"**"
 }
 
-/// Where a pattern stands after reading `path` (README, "Directory renames"): the lengths
-/// `i` of the pattern prefixes that match `path` exactly, each `**` taking zero or more
-/// names. Two paths after which a pattern stands alike get the same answer for every
-/// continuation.
+/// Where a pattern stands after reading `path` (README, "Directory renames"): the
+/// positions `i` the pattern can be at, `pat[..i]` consumed, each `**` taking zero or more
+/// names: `pat[..i]` matches `path` exactly, or `pat[i]` is a `**` that has already
+/// absorbed the last names (`pat[..=i]` matches `path`) and may absorb more. Two paths after
+/// which a pattern stands alike get the same answer for every continuation.
+///
+/// (Only the exact prefix matches is too fine: `*/**/.env` would stand at {1, 2} after `a`
+/// but at {2} after `a/a`, though both continue exactly alike. It refused renames that
+/// change nothing, e.g. `a/a` to `a` under `**/.env` except `*/**/.env`.)
 fn stands(pat: &Pat, path: &[Vec<u8>]) -> Vec<usize> {
     (0..=pat.len())
-        .filter(|&i| comps_match(&pat[..i], path))
+        .filter(|&i| {
+            comps_match(&pat[..i], path)
+                || (pat.get(i).is_some_and(|c| c == b"**") && comps_match(&pat[..=i], path))
+        })
         .collect()
 }
 
@@ -1531,4 +1539,75 @@ fn visibility_lift_does_not_leak_unrelated_directories() {
         Access::Read
     );
     assert_eq!(p.verdict_for(b"src/other", me, true).grant, Access::None);
+}
+
+/// Was a failure of `engine_matches_reference` (random seed, not persisted), fixed in the
+/// reference: `**/.env` `none` except `*/**/.env` (so only the root's `.env` is hidden), and
+/// the directory `a/a` renamed to `a`. The rule exists nowhere below either name (every
+/// `.env` there is at depth 2 or more), so the rename changes no path's policy and the
+/// engine allows it. The reference refused it because its "place" of an except glob after
+/// reading a path ([`stands`]) was only the pattern prefixes matching the path exactly: for
+/// `*/**/.env` that is {1, 2} after `a` but {2} after `a/a`, although a `**` that has
+/// already absorbed names stands where it stood before (it may absorb more), as in the
+/// engine's automaton; the README's "stands at a different place ... component by
+/// component" means that state.
+#[test]
+fn dir_rename_except_starstar_absorbing_regression() {
+    let case = Case {
+        policy: GenPolicy {
+            mode: None,
+            override_mode: None,
+            default: None,
+            writable_roots: None,
+            protected: None,
+            allow_setid: None,
+            allow_devices: None,
+            rules: vec![GenRule {
+                path: "./**/.env".into(),
+                access: Access::None,
+                except: Some(vec!["./*/**/.env".into()]),
+                uids: None,
+                gids: None,
+            }],
+            inline_rules: false,
+        },
+        paths: vec![(b"a/a/.env".to_vec(), 1), (b".env".to_vec(), 1)],
+        rename: ((b"a/a".to_vec(), 1), (b"a".to_vec(), 1)),
+    };
+    // in every mode (the mode plays no role in this rename: no non-floating pattern)
+    for mode in [Mode::ReadOnly, Mode::WorkspaceWrite, Mode::Danger] {
+        let mut c = case.clone();
+        c.policy.mode = Some(mode);
+        run_case(&c).unwrap();
+    }
+    run_case(&case).unwrap();
+    // and the other direction, and between other places of the same kind
+    for (old, new) in [(&b"a"[..], &b"a/a"[..]), (b"a/b", b"b/a/c"), (b"a", b"b")] {
+        let mut c = case.clone();
+        c.rename = ((old.to_vec(), 0), (new.to_vec(), 0));
+        run_case(&c).unwrap();
+    }
+    let r = Reference::new(&case.policy);
+    assert_eq!(
+        stands(&pat("*/**/.env"), &p("a")),
+        stands(&pat("*/**/.env"), &p("a/a"))
+    );
+    assert!(r.dir_rename_allowed(&p("a/a"), &p("a")));
+    // a `**` that has absorbed nothing yet is not that place: before `*` is read
+    assert_ne!(
+        stands(&pat("*/**/.env"), &p("")),
+        stands(&pat("*/**/.env"), &p("a"))
+    );
+    // the same rename where the except does tell the names apart: `*/*/**/.env` leaves
+    // `.env` hidden at depth 1 and 2, so `a/a/.env` (visible) would become `a/.env`
+    // (hidden); both sides refuse
+    let mut c = case.clone();
+    c.policy.rules[0].except = Some(vec!["*/*/**/.env".into()]);
+    run_case(&c).unwrap();
+    assert!(!Reference::new(&c.policy).dir_rename_allowed(&p("a/a"), &p("a")));
+    assert!(
+        !Policy::parse(&c.policy.toml(), "prop.toml")
+            .unwrap()
+            .dir_rename_allowed(b"a/a", b"a")
+    );
 }

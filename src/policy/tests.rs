@@ -1260,6 +1260,16 @@ fn except_dir_rename_table() {
         (format!("{}uid = [1]\n", xrules(&[("**/*.pem", "none", &["x/**"])])), b"x/a", b"b", false),
         // still: a non-floating rule path below either name refuses, as before
         (xrules(&[("a/b", "none", &["a/b/c"])]), b"a", b"z", false),
+        // an except `**` that has absorbed names stands where it stood: `*/**/.env` takes
+        // out every `.env` below the root's, alike below `a/a` and `a` (was a proptest
+        // failure: the reference refused this, the engine rightly allows it)
+        (xrules(&[("./**/.env", "none", &["./*/**/.env"])]), b"a/a", b"a", true),
+        (xrules(&[("**/.env", "none", &["*/**/.env"])]), b"a", b"a/a", true),
+        (xrules(&[("**/.env", "none", &["*/**/.env"])]), b"a/b", b"c/d/e", true),
+        // ... but `*/*/**/.env` hides `.env` at depth 1 and 2 only: `a/a/.env` (visible)
+        // would become `a/.env` (hidden)
+        (xrules(&[("**/.env", "none", &["*/*/**/.env"])]), b"a/a", b"a", false),
+        (xrules(&[("**/.env", "none", &["*/*/**/.env"])]), b"a/a", b"b/b", true),
     ];
     for (i, (src, old, new, want)) in cases.iter().enumerate() {
         let p = pol(src);
