@@ -1,0 +1,223 @@
+//! The commands that read a policy without mounting: `check` (does it compile?) and
+//! `explain` (what the policy decides for one path, and which rule or ceiling decided it).
+//!
+//! Invariants: pure reporting. Nothing here mounts, opens the workspace or changes a
+//! verdict; the lines printed name the same rule, ceiling or default that the audit log's
+//! `by`/`rule` fields would name for the same request.
+
+use std::path::Path;
+
+use super::EXIT_ERR;
+use crate::cli::ExplainArgs;
+use crate::policy::{Access, By, Caller, CeilingBy, Need, Policy, PolicyError, Special};
+use crate::reload;
+
+fn print_errors(errs: &[PolicyError]) {
+    for e in errs {
+        eprintln!("{e}");
+    }
+}
+
+pub(super) fn check(path: &Path) -> i32 {
+    match crate::policy::load(path) {
+        Ok(p) => {
+            println!("ok: {} rules", p.rules().len());
+            0
+        }
+        Err(errs) => {
+            print_errors(&errs);
+            EXIT_ERR
+        }
+    }
+}
+
+/// Normalizes a user-given workspace path: `./a//b/` → `a/b`; `..` is refused.
+pub fn normalize(path: &str) -> Result<Vec<u8>, String> {
+    let mut out: Vec<u8> = Vec::new();
+    for comp in path.as_bytes().split(|&b| b == b'/') {
+        match comp {
+            b"" | b"." => {}
+            b".." => return Err(format!("path '{path}' must not contain '..'")),
+            c => {
+                if !out.is_empty() {
+                    out.push(b'/');
+                }
+                out.extend_from_slice(c);
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn describe_by(p: &Policy, by: By, file: &str) -> String {
+    describe_by_at(p, by, file, b"")
+}
+
+fn describe_rule(p: &Policy, i: usize, file: &str) -> String {
+    let r = p.rule(i);
+    format!(
+        "rule #{} path = \"{}\" access = {} ({}:{})",
+        i + 1,
+        r.pattern,
+        r.access,
+        file,
+        r.line
+    )
+}
+
+fn describe_by_at(p: &Policy, by: By, file: &str, path: &[u8]) -> String {
+    match by {
+        By::Mode => describe_ceiling(p, file, path),
+        By::Rule(i) => describe_rule(p, i, file),
+        By::Visibility(i) => {
+            let r = p.rule(i);
+            let why = if r.access == Access::None {
+                "does not cover what its except globs match below"
+            } else {
+                "grants access below"
+            };
+            format!(
+                "visibility: rule #{} path = \"{}\" ({}:{}) {why}, so the directory stays listable",
+                i + 1,
+                r.pattern,
+                file,
+                r.line
+            )
+        }
+        By::Default => format!("default = {}", p.default_access()),
+    }
+}
+
+/// What the mode's ceiling at `path` comes from, as the audit log's `by`/`rule` say it.
+fn describe_ceiling(p: &Policy, file: &str, path: &[u8]) -> String {
+    match p.ceiling_by(path) {
+        CeilingBy::Protected(i) => {
+            let (entry, line) = p.protected_entry(i);
+            let at = match line {
+                Some(l) => format!("{file}:{l}"),
+                None => "built-in default".to_string(),
+            };
+            format!(
+                "protected entry \"{entry}\" ({at}), mode {} (ceiling)",
+                p.mode()
+            )
+        }
+        CeilingBy::WritableRoots => format!(
+            "writable_roots: outside every entry of {:?}, mode {} (ceiling)",
+            p.writable_roots(),
+            p.mode()
+        ),
+        CeilingBy::ReadOnly | CeilingBy::Open => {
+            format!("mode {} ({})", p.mode(), p.ceiling_reason(path))
+        }
+    }
+}
+
+pub(super) fn explain(a: ExplainArgs) -> i32 {
+    let policy = match reload::load(a.policy.as_ref(), a.mode) {
+        Ok(p) => p,
+        Err(errs) => {
+            print_errors(&errs);
+            return EXIT_ERR;
+        }
+    };
+    let path = match normalize(&a.path) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("fencefs: {e}");
+            return 2;
+        }
+    };
+    let file = a
+        .policy
+        .as_ref()
+        .map(|p| p.display().to_string())
+        .unwrap_or_else(|| "<built-in>".into());
+    let caller = Caller {
+        uid: a.uid,
+        gid: a.gid,
+    };
+    // PATH is taken as a file unless it ends with '/', is the root, or OP is `list`: only
+    // directories are lifted to `list` to reach granted paths below them.
+    let as_dir = a.path.ends_with('/') || path.is_empty() || a.op.as_deref() == Some("list");
+    let v = policy.verdict_for(&path, caller, as_dir);
+    let shown = if path.is_empty() {
+        ".".to_string()
+    } else {
+        String::from_utf8_lossy(&path).into_owned()
+    };
+    println!("path: {shown}");
+    println!("access: {}", v.effective);
+    println!(
+        "decided by: {}",
+        describe_by_at(&policy, v.by, &file, &path)
+    );
+    for (rule, k) in policy.excepted(&path, caller) {
+        println!(
+            "excepted: {} except \"{}\": not covered",
+            describe_rule(&policy, rule, &file),
+            policy.rule(rule).except[k]
+        );
+    }
+    if v.by == By::Mode {
+        println!(
+            "grant: {} by {}",
+            v.grant,
+            describe_by(&policy, v.grant_by, &file)
+        );
+    }
+    if !as_dir {
+        let vd = policy.verdict_for(&path, caller, true);
+        if vd.effective != v.effective {
+            println!(
+                "as a directory: {} ({})",
+                vd.effective,
+                describe_by_at(&policy, vd.by, &file, &path)
+            );
+        }
+    }
+    if let By::Rule(i) = v.grant_by
+        && let Some(ask) = policy.rule(i).ask
+    {
+        println!("ask: {ask}");
+    }
+    println!("mode: {}", policy.mode());
+    if let Some(op) = a.op {
+        print_op(&policy, &path, caller, as_dir, &file, &op);
+    }
+    0
+}
+
+/// The `explain` line for OP: what the policy answers to that request on `path`.
+fn print_op(policy: &Policy, path: &[u8], caller: Caller, as_dir: bool, file: &str, op: &str) {
+    let need = match op {
+        "read" => Need::Read,
+        "list" => Need::List,
+        "create" => Need::Create,
+        _ => Need::Write,
+    };
+    match policy.check_for(path, caller, need, Special::default(), as_dir) {
+        Ok(_) => println!("{op}: allow"),
+        Err(d) if d.askable(policy, need).is_some() => println!(
+            "{op}: ask (held for an approver; EACCES if refused, timed out or none is connected) (by {})",
+            describe_by_at(policy, d.by, file, path)
+        ),
+        Err(d) => println!(
+            "{op}: deny {} (by {})",
+            crate::audit::errno_name(d.errno),
+            describe_by_at(policy, d.by, file, path)
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn explain_paths_are_normalized() {
+        assert_eq!(normalize("./a//b/").unwrap(), b"a/b");
+        assert_eq!(normalize("/").unwrap(), b"");
+        assert!(normalize("a/../b").is_err());
+    }
+}
