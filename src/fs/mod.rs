@@ -105,7 +105,7 @@ impl Filesystem for FenceFs {
         // so `O_RDONLY|O_TRUNC` is classified as the write it is.
         let _ = config.add_capabilities(InitFlags::FUSE_ATOMIC_O_TRUNC);
         // The daemon clears set-ID bits on write, truncate and O_TRUNC by a caller without
-        // CAP_FSETID (ops.rs `kill_setid`; passthrough writes run with credentials without
+        // CAP_FSETID (ops/mod.rs `kill_setid`; passthrough writes run with credentials without
         // it, core.rs): the kernel then marks inodes "no security bits" and stops sending a
         // GETXATTR(security.capability) before every write and truncate.
         let _ = config.add_capabilities(InitFlags::FUSE_HANDLE_KILLPRIV_V2);

@@ -1,0 +1,239 @@
+//! File data: open, read, write, fsync, fallocate, lseek, copy_file_range, release, and
+//! registering an opened file as a handle.
+//!
+//! Invariants: the rights a handle carries are decided once, at open, and kept server-side
+//! (read/write/exec); every I/O checks them, and with `--revoke` re-decides against the
+//! policy in force. Only regular files and directories are ever opened on the host, never
+//! waiting (`O_NONBLOCK`), after the caller's descriptor budget is reserved. A passthrough
+//! handle holds no descriptor (the kernel holds the backing file): I/O the daemon must do
+//! on it reopens the node with an access mode the handle was granted. Writes, truncating
+//! opens and fallocate by a caller without CAP_FSETID clear set-ID bits first.
+
+use std::io;
+use std::os::fd::AsFd;
+use std::sync::OnceLock;
+
+use super::{Ctx, Error, Opened, Res, Shared};
+use crate::fs::attr;
+use crate::host::handle::Handle;
+use crate::host::sys;
+use crate::policy::{Need, Special};
+
+impl Shared {
+    /// Registers an opened file as a handle; returns its `fh`. A passthrough file gives
+    /// its descriptor (and the descriptor budget) back: the kernel holds the backing file.
+    pub fn register(&self, o: Opened, passthrough: bool) -> u64 {
+        let Opened {
+            ino,
+            file,
+            writer: _,
+            read,
+            write,
+            exec,
+            mut slots,
+        } = o;
+        let file = if passthrough {
+            slots.fd = None;
+            None
+        } else {
+            Some(file)
+        };
+        self.handles.insert(Handle {
+            ino,
+            file,
+            read,
+            write,
+            exec,
+            entries: None,
+            slots,
+            kept: OnceLock::new(),
+        })
+    }
+
+    /// open: the flags decide the level needed; the handle keeps what was granted. Only
+    /// regular files and directories are ever opened on the host (the type is checked on
+    /// the handle first, and the open is `O_NONBLOCK`), so an open never waits. The caller's
+    /// descriptor budget is taken before the open.
+    pub fn do_open(&self, ctx: &Ctx, ino: u64, flags: i32) -> Res<Opened> {
+        let intent = attr::classify(flags);
+        self.allow_ino(ctx, "open", ino, intent.need, Special::default())?;
+        // O_TRUNC is applied by the host open itself (atomic O_TRUNC): refuse it for a
+        // running program before the host file is touched, as a local disk would.
+        if flags & libc::O_TRUNC != 0 && self.handles.executing(ino) {
+            return Err(Error(libc::ETXTBSY));
+        }
+        let fd = self.inodes.fd(ino)?;
+        let st = sys::fstat(fd.as_fd())?;
+        match st.st_mode & libc::S_IFMT {
+            libc::S_IFREG => {}
+            libc::S_IFDIR => {
+                if intent.write {
+                    return Err(Error(libc::EISDIR));
+                }
+            }
+            _ => return Err(Error(libc::EINVAL)),
+        }
+        let slots = self.handles.reserve(ctx.caller.uid)?;
+        let file = sys::reopen(
+            self.inodes.proc_fd.as_fd(),
+            fd.as_fd(),
+            attr::host_open_flags(flags),
+        )?;
+        if flags & libc::O_TRUNC != 0 && self.kills_setid(ctx) {
+            self.kill_setid(ino, file.as_fd())?;
+        }
+        Ok(Opened {
+            ino,
+            file,
+            writer: self.host_ids(ctx),
+            read: intent.read,
+            write: intent.write,
+            exec: flags & attr::FMODE_EXEC != 0,
+            slots,
+        })
+    }
+
+    /// With `--revoke`, re-decides a handle's I/O against the policy in force.
+    fn recheck(&self, ctx: &Ctx, op: &'static str, h: &Handle, need: Need) -> Res<()> {
+        if self.settings.revoke {
+            self.allow_ino(ctx, op, h.ino, need, Special::default())?;
+        }
+        Ok(())
+    }
+
+    /// read through a handle opened for reading.
+    pub fn do_read(&self, ctx: &Ctx, fh: u64, offset: u64, size: u32) -> Res<Vec<u8>> {
+        let h = self.handle(fh)?;
+        if !h.read {
+            return Err(Error(libc::EBADF));
+        }
+        self.recheck(ctx, "read", &h, Need::Read)?;
+        let fd = self.io_fd(&h, libc::O_RDONLY)?;
+        let mut buf = vec![0u8; size as usize];
+        let mut done = 0;
+        while done < buf.len() {
+            match sys::pread(fd.as_fd(), &mut buf[done..], offset + done as u64) {
+                Ok(0) => break,
+                Ok(n) => done += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        buf.truncate(done);
+        Ok(buf)
+    }
+
+    /// write through a handle opened for writing; `kill_setid`: the kernel's
+    /// FUSE_WRITE_KILL_SUIDGID (the writer lacks CAP_FSETID), see [`Shared::kill_setid`].
+    pub fn do_write(
+        &self,
+        ctx: &Ctx,
+        fh: u64,
+        offset: u64,
+        data: &[u8],
+        kill_setid: bool,
+    ) -> Res<u32> {
+        let h = self.handle(fh)?;
+        if !h.write {
+            return Err(Error(libc::EBADF));
+        }
+        self.recheck(ctx, "write", &h, Need::Write)?;
+        let fd = self.io_fd(&h, libc::O_WRONLY)?;
+        if kill_setid {
+            self.kill_setid(h.ino, fd.as_fd())?;
+        }
+        let n = pwrite_all(fd.as_fd(), data, offset)?;
+        Ok(n as u32)
+    }
+
+    /// fsync / fsyncdir. A passthrough handle keeps the descriptor its first fsync
+    /// reopens (see [`Handle::sync_fd`]): a database commits with an fsync every time.
+    pub fn do_fsync(&self, fh: u64, datasync: bool) -> Res<()> {
+        let h = self.handle(fh)?;
+        let fd = h.sync_fd(&self.handles.fds, || {
+            let node = self.inodes.fd(h.ino)?;
+            sys::reopen(self.inodes.proc_fd.as_fd(), node.as_fd(), read_or_write(&h))
+        })?;
+        Ok(sys::fsync(fd.as_fd(), datasync)?)
+    }
+
+    /// release / releasedir.
+    pub fn do_release(&self, fh: u64) {
+        self.handles.remove(fh);
+    }
+
+    /// fallocate (a write).
+    pub fn do_fallocate(&self, ctx: &Ctx, fh: u64, offset: u64, len: u64, mode: i32) -> Res<()> {
+        let h = self.handle(fh)?;
+        if !h.write {
+            return Err(Error(libc::EBADF));
+        }
+        self.recheck(ctx, "fallocate", &h, Need::Write)?;
+        let fd = self.io_fd(&h, libc::O_WRONLY)?;
+        if self.kills_setid(ctx) {
+            self.kill_setid(h.ino, fd.as_fd())?;
+        }
+        Ok(sys::fallocate(fd.as_fd(), mode, offset, len)?)
+    }
+
+    /// lseek (SEEK_DATA / SEEK_HOLE).
+    pub fn do_lseek(&self, fh: u64, offset: i64, whence: i32) -> Res<i64> {
+        let h = self.handle(fh)?;
+        let fd = self.io_fd(&h, read_or_write(&h))?;
+        Ok(sys::lseek(fd.as_fd(), offset, whence)?)
+    }
+
+    /// copy_file_range: read on the source handle, write on the destination handle.
+    #[allow(clippy::too_many_arguments)]
+    pub fn do_copy_file_range(
+        &self,
+        ctx: &Ctx,
+        fh_in: u64,
+        off_in: u64,
+        fh_out: u64,
+        off_out: u64,
+        len: u64,
+    ) -> Res<u32> {
+        let hi = self.handle(fh_in)?;
+        let ho = self.handle(fh_out)?;
+        if !hi.read || !ho.write {
+            return Err(Error(libc::EBADF));
+        }
+        self.recheck(ctx, "read", &hi, Need::Read)?;
+        self.recheck(ctx, "write", &ho, Need::Write)?;
+        let len = len.min(u32::MAX as u64 & !0xfff);
+        let fi = self.io_fd(&hi, libc::O_RDONLY)?;
+        let fo = self.io_fd(&ho, libc::O_WRONLY)?;
+        if self.kills_setid(ctx) {
+            self.kill_setid(ho.ino, fo.as_fd())?;
+        }
+        let n = sys::copy_file_range(fi.as_fd(), off_in, fo.as_fd(), off_out, len)?;
+        Ok(n as u32)
+    }
+}
+
+/// The access mode a reopen for fsync/lseek needs: one the handle itself was granted.
+fn read_or_write(h: &Handle) -> i32 {
+    if h.read || !h.write {
+        libc::O_RDONLY
+    } else {
+        libc::O_WRONLY
+    }
+}
+
+fn pwrite_all(fd: std::os::fd::BorrowedFd<'_>, data: &[u8], offset: u64) -> io::Result<usize> {
+    let mut done = 0;
+    while done < data.len() {
+        match sys::pwrite(fd, &data[done..], offset + done as u64) {
+            Ok(0) => break,
+            Ok(n) => done += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) if done > 0 => {
+                log::debug!("short write after {done} bytes: {e}");
+                break;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(done)
+}

@@ -1,0 +1,113 @@
+//! Directories: opendir and the listing behind readdir / readdirplus.
+//!
+//! Invariants: a listing holds only the entries the caller may see (the same verdicts a
+//! lookup would give; an entry of unknown type counts as a directory); it is read for the
+//! caller of the first readdir and again on a rewind (offset 0), and kept in the handle
+//! between; readdirplus answers each entry through the ordinary lookup.
+
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::{Arc, OnceLock};
+
+use fuser::FileAttr;
+
+use super::{Ctx, Error, Lookup, Res, Shared};
+use crate::fs::attr;
+use crate::host::handle::{Handle, ListEntry};
+use crate::host::inode::{ROOT, join};
+use crate::host::sys::{self, Name};
+use crate::policy::{Access, Need, Special};
+
+impl Shared {
+    /// opendir: `list`; the listing shows only what the caller may see.
+    pub fn do_opendir(&self, ctx: &Ctx, ino: u64) -> Res<u64> {
+        self.allow_ino(ctx, "opendir", ino, Need::List, Special::default())?;
+        if self.inodes.kind(ino)? != libc::S_IFDIR {
+            return Err(Error(libc::ENOTDIR));
+        }
+        let fd = self.inodes.fd(ino)?;
+        let slots = self.handles.reserve(ctx.caller.uid)?;
+        let file = sys::reopen(
+            self.inodes.proc_fd.as_fd(),
+            fd.as_fd(),
+            libc::O_RDONLY | libc::O_DIRECTORY,
+        )?;
+        // The listing is read by the first readdir (and again on rewind), for its caller.
+        Ok(self.handles.insert(Handle {
+            ino,
+            file: Some(file),
+            read: true,
+            write: false,
+            exec: false,
+            entries: Some(parking_lot::Mutex::new(None)),
+            slots,
+            kept: OnceLock::new(),
+        }))
+    }
+
+    fn list(&self, ctx: &Ctx, ino: u64, file: Option<&OwnedFd>) -> Res<Vec<ListEntry>> {
+        let file = file.ok_or(Error(libc::EBADF))?;
+        let dir = self.inodes.path(ino)?;
+        let mut raw = sys::read_dir(file.as_fd())?;
+        let mut path = join(&dir, b"");
+        let base = path.len();
+        raw.retain(|e| {
+            // One buffer for every entry's path; DT_UNKNOWN counts as a directory.
+            path.truncate(base);
+            path.extend_from_slice(&e.name);
+            let is_dir = e.dtype == libc::DT_DIR || e.dtype == libc::DT_UNKNOWN;
+            ctx.snap
+                .policy
+                .verdict_for(&path, ctx.caller, is_dir)
+                .effective
+                != Access::None
+        });
+        let ids = self.inodes.ids_for(raw.iter().map(|e| e.ino));
+        Ok(raw
+            .into_iter()
+            .zip(ids)
+            .map(|(e, ino)| ListEntry {
+                ino,
+                kind: attr::dtype_to_mode(e.dtype),
+                name: e.name,
+            })
+            .collect())
+    }
+
+    /// The listing for a readdir at `offset` (0 re-reads the directory, like rewinddir).
+    pub fn dir_entries(
+        &self,
+        ctx: &Ctx,
+        fh: u64,
+        offset: u64,
+    ) -> Res<(Arc<Handle>, Arc<Vec<ListEntry>>)> {
+        let h = self.handle(fh)?;
+        let Some(entries) = &h.entries else {
+            return Err(Error(libc::EBADF));
+        };
+        let mut cur = entries.lock();
+        let listing = match &*cur {
+            Some(l) if offset != 0 => l.clone(),
+            _ => {
+                let fresh = Arc::new(self.list(ctx, h.ino, h.file.as_ref())?);
+                *cur = Some(fresh.clone());
+                fresh
+            }
+        };
+        drop(cur);
+        Ok((h, listing))
+    }
+
+    /// Parent id of a directory node (for `..`).
+    pub fn parent_ino(&self, ino: u64) -> u64 {
+        self.inodes.alias(ino).map_or(ROOT, |(parent, _)| parent)
+    }
+
+    /// readdirplus: a lookup for one listed entry.
+    pub fn plus_lookup(&self, ctx: &Ctx, parent: u64, name: &[u8]) -> Res<FileAttr> {
+        let name = Name::new(name)?;
+        match self.do_lookup(ctx, parent, &name)? {
+            Lookup::Found(a) => Ok(a),
+            Lookup::Absent | Lookup::Hidden => Err(Error(libc::ENOENT)),
+        }
+    }
+}

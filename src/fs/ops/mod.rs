@@ -1,0 +1,285 @@
+//! The operations: take one policy snapshot, decide, audit, then touch the host through
+//! handles. Each `do_*` returns `Result<T, Error>`; the glue in `fs/mod.rs` only replies.
+//!
+//! This file holds what every family of operations shares: the errno type ([`Error`],
+//! [`Res`]), the per-request context ([`Ctx`]: one policy snapshot for the whole request),
+//! the daemon-wide state ([`Shared`], [`Settings`], [`Stats`]), the results handed to the
+//! glue ([`Lookup`], [`Opened`]), and the helpers more than one family calls: `attr` (every
+//! attribute reply is made there, ids mapped), `stat_ino`, `io_fd`, the caller's host ids
+//! and the set-ID clearing a write or truncate owes (`kills_setid` / `kill_setid`).
+//! The operations themselves are `impl Shared` blocks, one file per family:
+//!
+//! - `names`: lookup, forget, readlink, mknod / mkdir / symlink / create, unlink / rmdir,
+//!   rename, link: everything that adds, removes or moves a name;
+//! - `data`: open, read, write, fsync, fallocate, lseek, copy_file_range, release, and
+//!   registering an opened file as a handle;
+//! - `dirs`: opendir and the filtered listing behind readdir / readdirplus;
+//! - `attrs`: getattr, setattr, access, statfs;
+//! - `xattr`: getxattr, listxattr, setxattr, removexattr.
+//!
+//! Invariants for all of them: an operation on a name or node is decided (and audited)
+//! against `ctx.snap`, the one snapshot of the request, before anything on the host is
+//! changed or returned; I/O on a handle relies on the rights decided at open (re-decided
+//! with `--revoke`); the host is reached only through inode handles, never a path string;
+//! every host error keeps its errno (`From<io::Error> for Error`).
+
+use std::cell::RefCell;
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+use std::time::Duration;
+
+use fuser::{FileAttr, FileType};
+
+use super::attr::to_attr;
+use super::decide::Ask;
+use super::kcache::{Inval, KernelCache};
+use crate::approvals::{Approvals, Outcome};
+use crate::audit::Audit;
+use crate::host::handle::{Handle, HandleFd, Handles, Slots};
+use crate::host::inode::{Inodes, join};
+use crate::host::sys::{self, Name};
+use crate::idmap::IdMap;
+use crate::policy::Caller;
+use crate::reload::{PolicyStore, Snapshot};
+
+mod attrs;
+mod data;
+mod dirs;
+mod names;
+mod xattr;
+
+/// An errno for the kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Error(pub i32);
+
+impl From<io::Error> for Error {
+    fn from(e: io::Error) -> Error {
+        match e.raw_os_error() {
+            Some(n) => Error(n),
+            None => {
+                log::warn!("host error without errno: {e}");
+                Error(libc::EIO)
+            }
+        }
+    }
+}
+
+/// Result of an operation.
+pub type Res<T> = Result<T, Error>;
+
+/// Who asks, and the policy snapshot the whole request is decided against.
+pub struct Ctx {
+    /// uid/gid of the caller.
+    pub caller: Caller,
+    /// pid of the caller.
+    pub pid: u32,
+    /// The policy in force when the request arrived.
+    pub snap: Arc<Snapshot>,
+    /// Re-running a held request an approver allowed: refusals an approver could lift are
+    /// lifted (and audited with this outcome).
+    pub approved: Option<Outcome>,
+    /// Set by a refusal an approver could lift: what to ask (the glue holds the request).
+    pub ask: RefCell<Option<Ask>>,
+    /// The glue can hold this request (`Core::serve`); otherwise such a refusal is final.
+    pub may_hold: bool,
+}
+
+/// Cache lifetimes for one reply.
+#[derive(Clone, Copy)]
+pub struct Ttl {
+    /// Entry (name → inode) lifetime.
+    pub entry: Duration,
+    /// Attribute lifetime.
+    pub attr: Duration,
+}
+
+/// Daemon-wide settings.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Re-check every read and write against the policy in force.
+    pub revoke: bool,
+    /// Kernel cache lifetime for names and attributes when no rule depends on the caller.
+    pub ttl: Duration,
+    /// Use kernel FUSE passthrough for file I/O where the kernel allows it.
+    pub passthrough: bool,
+}
+
+/// Everything the operations share.
+pub struct Shared {
+    /// Inode table.
+    pub inodes: Inodes,
+    /// Open handles.
+    pub handles: Handles,
+    /// Policy in force.
+    pub policy: PolicyStore,
+    /// Audit writer.
+    pub audit: Option<Audit>,
+    /// Settings.
+    pub settings: Settings,
+    /// The daemon runs as root: created files are chowned to the caller.
+    pub as_root: bool,
+    /// Caller ↔ host uid map.
+    pub uids: IdMap,
+    /// Caller ↔ host gid map.
+    pub gids: IdMap,
+    /// What the kernel caches on the daemon's word (hidden negative entries, invalidations).
+    pub kcache: KernelCache,
+    /// Requests held for an approver.
+    pub approvals: Arc<Approvals>,
+    /// Decisions made (for `status`).
+    pub stats: Stats,
+}
+
+/// Decision counters.
+#[derive(Default)]
+pub struct Stats {
+    /// Operations allowed.
+    pub allowed: AtomicU64,
+    /// Operations refused.
+    pub denied: AtomicU64,
+}
+
+/// What a lookup found.
+#[derive(Debug)]
+pub enum Lookup {
+    /// A visible file.
+    Found(FileAttr),
+    /// No such name on the host.
+    Absent,
+    /// The policy hides the name (answered exactly like `Absent`).
+    Hidden,
+}
+
+/// A host file opened for a caller, not yet registered as a handle: the glue first offers
+/// it to the kernel as a passthrough backing file.
+pub struct Opened {
+    /// The node.
+    pub ino: u64,
+    /// The open host file.
+    pub file: OwnedFd,
+    /// The opener's host file-system ids (uid, gid): a passthrough backing file's writes
+    /// run with them.
+    pub writer: (u32, u32),
+    read: bool,
+    write: bool,
+    exec: bool,
+    slots: Slots,
+}
+
+impl Shared {
+    /// Host attributes as the caller sees them (ids mapped). Every attribute reply to the
+    /// kernel is made here. When the policy may hide something, a directory's link count is
+    /// 1 (what `find` and fts read as "unknown", as btrfs reports): the host's count
+    /// includes hidden subdirectories.
+    fn attr(&self, ctx: &Ctx, ino: u64, st: &libc::stat) -> FileAttr {
+        let mut a = to_attr(ino, st);
+        a.uid = self.uids.to_caller(a.uid);
+        a.gid = self.gids.to_caller(a.gid);
+        if a.kind == FileType::Directory && ctx.snap.policy.may_hide() {
+            a.nlink = 1;
+        }
+        a
+    }
+
+    /// Builds the request context (one policy snapshot).
+    pub fn ctx(&self, uid: u32, gid: u32, pid: u32) -> Ctx {
+        Ctx {
+            caller: Caller { uid, gid },
+            pid,
+            snap: self.policy.get(),
+            approved: None,
+            ask: RefCell::new(None),
+            may_hold: false,
+        }
+    }
+
+    /// Cache lifetimes under this snapshot: zero when rules depend on the caller, so a
+    /// name or attribute cached for one caller never serves another.
+    pub fn ttl(&self, ctx: &Ctx) -> Ttl {
+        if ctx.snap.policy.has_id_rules() {
+            Ttl {
+                entry: Duration::ZERO,
+                attr: Duration::ZERO,
+            }
+        } else {
+            Ttl {
+                entry: self.settings.ttl,
+                attr: self.settings.ttl,
+            }
+        }
+    }
+
+    fn child_path(&self, parent: u64, name: &Name) -> Res<Vec<u8>> {
+        let pp = self.inodes.path(parent)?;
+        Ok(join(&pp, name.bytes()))
+    }
+
+    fn stat_ino(&self, ino: u64) -> Res<libc::stat> {
+        let fd = self.inodes.fd(ino)?;
+        Ok(sys::fstat(fd.as_fd())?)
+    }
+
+    /// A descriptor for I/O on handle `h`: its own, or (a passthrough handle, whose file
+    /// the kernel holds) the node reopened with `flags` for this call.
+    fn io_fd<'a>(&self, h: &'a Handle, flags: i32) -> Res<HandleFd<'a>> {
+        if let Some(f) = &h.file {
+            return Ok(HandleFd::Held(f));
+        }
+        let node = self.inodes.fd(h.ino)?;
+        Ok(HandleFd::Temp(sys::reopen(
+            self.inodes.proc_fd.as_fd(),
+            node.as_fd(),
+            flags,
+        )?))
+    }
+
+    /// The caller's host uid and gid.
+    fn host_ids(&self, ctx: &Ctx) -> (u32, u32) {
+        (
+            self.uids.to_host(ctx.caller.uid),
+            self.gids.to_host(ctx.caller.gid),
+        )
+    }
+
+    /// Whether the kernel would have the file system clear set-ID bits for this caller
+    /// (FUSE_HANDLE_KILLPRIV_V2: a write, truncate or fallocate by a caller without
+    /// CAP_FSETID). The kernel says so on writes; for truncates, opens with `O_TRUNC` and
+    /// fallocate fuser does not pass its flag on, so it is read from the caller: any host
+    /// uid but root, as the caller's own kernel would decide for an unprivileged process.
+    fn kills_setid(&self, ctx: &Ctx) -> bool {
+        self.uids.to_host(ctx.caller.uid) != 0
+    }
+
+    /// Clears the set-user-ID bit, and the set-group-ID bit of a group-executable file,
+    /// of the regular file behind `fd`, as a local disk does when a caller without
+    /// CAP_FSETID writes or truncates it (the daemon's own write, as root, would keep
+    /// them). `security.capability` needs no help: the host drops it on every write,
+    /// truncate and chown, whoever makes it.
+    ///
+    /// The kernel may hold the old mode (an open or a write replies without attributes),
+    /// so a change queues an invalidation of `ino`'s attributes.
+    fn kill_setid(&self, ino: u64, fd: BorrowedFd<'_>) -> Res<()> {
+        let st = sys::fstat(fd)?;
+        if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+            return Ok(());
+        }
+        let mut kill = st.st_mode & libc::S_ISUID;
+        if st.st_mode & (libc::S_ISGID | libc::S_IXGRP) == libc::S_ISGID | libc::S_IXGRP {
+            kill |= libc::S_ISGID;
+        }
+        if kill != 0 {
+            sys::fchmod_fd(self.inodes.proc_fd.as_fd(), fd, st.st_mode & 0o7777 & !kill)?;
+            self.kcache.send(Inval {
+                inodes: vec![(ino, -1)],
+                ..Inval::default()
+            });
+        }
+        Ok(())
+    }
+
+    fn handle(&self, fh: u64) -> Res<Arc<Handle>> {
+        self.handles.get(fh).ok_or(Error(libc::EBADF))
+    }
+}

@@ -1,0 +1,495 @@
+//! Operations on names: lookup, forget, readlink, mknod / mkdir / symlink / create,
+//! unlink / rmdir, rename, link.
+//!
+//! Invariants: a name absent on the host and a name the policy hides give the same answer
+//! (and cost the same policy work); a new entry belongs to the caller from its first
+//! instant (`create_as_caller`) and either is recorded completely or is removed again
+//! (`finish_create`), never a daemon-owned leftover; `create` makes the host file with
+//! `O_CREAT|O_EXCL` and opens an existing one only as the caller and only if it is a
+//! regular file; removing or replacing a directory whose entries are all hidden answers
+//! EACCES, never ENOTEMPTY; a directory moves only when the move cannot change any path's
+//! policy.
+
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::Arc;
+
+use fuser::FileAttr;
+
+use super::{Ctx, Error, Lookup, Opened, Res, Shared};
+use crate::fs::attr;
+use crate::fs::kcache::Inval;
+use crate::host::inode::join;
+use crate::host::sys::{self, Name};
+use crate::policy::{Access, By, Need, Special, Verdict};
+
+impl Shared {
+    /// Creates `name` in directory `pfd` with `make`, owned by the caller from the first
+    /// instant: when the daemon runs as root, `make` runs under the caller's (mapped)
+    /// file-system ids, so the host also checks permissions as the caller, and a set-group-ID
+    /// parent gives its group, as on a local disk. The one exception: a parent directory
+    /// writable through its group, which is not the caller's primary group — the kernel
+    /// allowed the request with the caller's supplementary groups (`default_permissions`),
+    /// which this thread does not carry. Then, on EACCES, the entry is made as the daemon
+    /// and given to the caller, and removed again if that fails — never a daemon-owned
+    /// leftover.
+    fn create_as_caller<T>(
+        &self,
+        ctx: &Ctx,
+        pfd: &OwnedFd,
+        name: &Name,
+        dir: bool,
+        make: impl Fn() -> io::Result<T>,
+    ) -> Res<T> {
+        match self.as_caller(ctx, &make) {
+            Err(Error(libc::EACCES)) if self.as_root => {}
+            r => return r,
+        }
+        let uid = self.uids.to_host(ctx.caller.uid);
+        let gid = self.gids.to_host(ctx.caller.gid);
+        let pst = sys::fstat(pfd.as_fd())?;
+        let by_group = pst.st_mode & 0o030 == 0o030 && pst.st_gid != gid && pst.st_uid != uid;
+        if !by_group {
+            return Err(Error(libc::EACCES));
+        }
+        let made = make()?;
+        let owner_gid = if pst.st_mode & libc::S_ISGID != 0 {
+            pst.st_gid
+        } else {
+            gid
+        };
+        let give = sys::fchownat_nofollow(pfd.as_fd(), name, uid, owner_gid);
+        if let Err(e) = give {
+            let flags = if dir { libc::AT_REMOVEDIR } else { 0 };
+            if let Err(e2) = sys::unlinkat(pfd.as_fd(), name, flags) {
+                log::error!("cannot remove an entry whose ownership failed ({e}): {e2}");
+            }
+            return Err(e.into());
+        }
+        Ok(made)
+    }
+
+    /// Runs `f` under the caller's (mapped) file-system ids when the daemon runs as root:
+    /// what it creates belongs to the caller and the host checks the caller's permissions.
+    fn as_caller<T>(&self, ctx: &Ctx, f: impl FnOnce() -> io::Result<T>) -> Res<T> {
+        let uid = self.uids.to_host(ctx.caller.uid);
+        let gid = self.gids.to_host(ctx.caller.gid);
+        if !self.as_root || (uid, gid) == (0, 0) {
+            return Ok(f()?);
+        }
+        let _ids = sys::FsIds::assume(uid, gid)?;
+        Ok(f()?)
+    }
+
+    /// The kernel believed `parent/name` absent and it is not: tell it to forget that.
+    fn forget_entry(&self, parent: u64, name: &Name) {
+        self.kcache.send(Inval {
+            entries: vec![(parent, name.bytes().to_vec())],
+            ..Inval::default()
+        });
+    }
+
+    /// Records an entry just created in `parent` (stat through the held parent handle: no
+    /// descriptor needed). If even that fails, the entry is removed again: a create either
+    /// happens completely or not at all.
+    fn finish_create(
+        &self,
+        ctx: &Ctx,
+        parent: u64,
+        pfd: &OwnedFd,
+        name: &Name,
+        dir: bool,
+    ) -> Res<FileAttr> {
+        match sys::fstatat_nofollow(pfd.as_fd(), name) {
+            Ok(st) => {
+                let ino = self.inodes.adopt(parent, name, &st, true);
+                Ok(self.attr(ctx, ino, &st))
+            }
+            Err(e) => {
+                let flags = if dir { libc::AT_REMOVEDIR } else { 0 };
+                let _ = sys::unlinkat(pfd.as_fd(), name, flags);
+                Err(e.into())
+            }
+        }
+    }
+
+    /// lookup: one `fstatat(parent, name, AT_SYMLINK_NOFOLLOW)` (the type decides whether
+    /// the visibility lift applies), then `list` on the child path. A name absent on the
+    /// host and a name the policy hides give the same answer (`Absent` / `Hidden`), which
+    /// the glue sends as the same negative entry.
+    pub fn do_lookup(&self, ctx: &Ctx, parent: u64, name: &Name) -> Res<Lookup> {
+        let path = self.child_path(parent, name)?;
+        let st = match self.inodes.probe(parent, name) {
+            Ok(st) => st,
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
+                // The same policy work as for a present name, so that the time of a
+                // lookup does not tell an absent name from a hidden one.
+                std::hint::black_box(ctx.snap.policy.verdict_for(&path, ctx.caller, false));
+                return Ok(Lookup::Absent);
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let is_dir = st.st_mode & libc::S_IFMT == libc::S_IFDIR;
+        match self.allow(ctx, "lookup", &path, is_dir, Need::List, Special::default()) {
+            Ok(_) => {}
+            Err(Error(libc::ENOENT)) => return Ok(Lookup::Hidden),
+            Err(e) => return Err(e),
+        }
+        let ino = self.inodes.adopt(parent, name, &st, true);
+        Ok(Lookup::Found(self.attr(ctx, ino, &st)))
+    }
+
+    /// Whether the kernel may cache the hidden name `parent/name` as a negative entry
+    /// decided under `ctx`'s snapshot: only if a reload can take it back (it is recorded)
+    /// and no reload has happened since the decision.
+    pub fn cache_hidden(&self, ctx: &Ctx, parent: u64, name: &Name) -> bool {
+        self.kcache.hidden_negative(parent, name.bytes())
+            && self.policy.generation() == ctx.snap.generation
+    }
+
+    /// forget.
+    pub fn do_forget(&self, ino: u64, n: u64) {
+        self.inodes.forget(ino, n);
+    }
+
+    /// readlink: `list`; the stored target unchanged.
+    pub fn do_readlink(&self, ctx: &Ctx, ino: u64) -> Res<Vec<u8>> {
+        self.allow_ino(ctx, "readlink", ino, Need::List, Special::default())?;
+        let fd = self.inodes.fd(ino)?;
+        Ok(sys::readlink_fd(fd.as_fd())?)
+    }
+
+    /// mknod: `write` on the new path; device nodes need `allow_devices`.
+    pub fn do_mknod(
+        &self,
+        ctx: &Ctx,
+        parent: u64,
+        name: &Name,
+        mode: u32,
+        rdev: u32,
+    ) -> Res<FileAttr> {
+        let path = self.child_path(parent, name)?;
+        let fmt = mode & libc::S_IFMT;
+        let sp = Special {
+            device: fmt == libc::S_IFCHR || fmt == libc::S_IFBLK,
+            setid: mode & (libc::S_ISUID | libc::S_ISGID) != 0,
+        };
+        self.allow(ctx, "mknod", &path, false, Need::Create, sp)?;
+        let pfd = self.inodes.fd(parent)?;
+        self.create_as_caller(ctx, &pfd, name, false, || {
+            sys::mknodat(pfd.as_fd(), name, mode, rdev as u64)
+        })?;
+        self.finish_create(ctx, parent, &pfd, name, false)
+    }
+
+    /// mkdir.
+    pub fn do_mkdir(&self, ctx: &Ctx, parent: u64, name: &Name, mode: u32) -> Res<FileAttr> {
+        let path = self.child_path(parent, name)?;
+        let sp = Special {
+            device: false,
+            setid: mode & (libc::S_ISUID | libc::S_ISGID) != 0,
+        };
+        self.allow(ctx, "mkdir", &path, true, Need::Create, sp)?;
+        let pfd = self.inodes.fd(parent)?;
+        self.create_as_caller(ctx, &pfd, name, true, || {
+            sys::mkdirat(pfd.as_fd(), name, mode & 0o7777)
+        })?;
+        self.finish_create(ctx, parent, &pfd, name, true)
+    }
+
+    /// symlink: the target is stored as given; the caller's kernel resolves it later.
+    pub fn do_symlink(&self, ctx: &Ctx, parent: u64, name: &Name, target: &[u8]) -> Res<FileAttr> {
+        let path = self.child_path(parent, name)?;
+        self.allow(
+            ctx,
+            "symlink",
+            &path,
+            false,
+            Need::Create,
+            Special::default(),
+        )?;
+        let pfd = self.inodes.fd(parent)?;
+        self.create_as_caller(ctx, &pfd, name, false, || {
+            sys::symlinkat(target, pfd.as_fd(), name)
+        })?;
+        self.finish_create(ctx, parent, &pfd, name, false)
+    }
+
+    /// create: `write` on the new path (EACCES if hidden, host untouched); set-ID bits
+    /// need `allow_setid`. Returns attributes and the opened file. The host file is made
+    /// with `O_CREAT|O_EXCL` as the caller; only when the caller did not ask for `O_EXCL`
+    /// and the name turns out to exist after all (the kernel's negative entry was stale) is
+    /// the existing file opened — as the caller, never waiting, and only a regular file:
+    /// anything else answers EEXIST and the kernel is told to forget its stale entry.
+    pub fn do_create(
+        &self,
+        ctx: &Ctx,
+        parent: u64,
+        name: &Name,
+        mode: u32,
+        flags: i32,
+    ) -> Res<(FileAttr, Opened)> {
+        let path = self.child_path(parent, name)?;
+        let sp = Special {
+            device: false,
+            setid: mode & (libc::S_ISUID | libc::S_ISGID) != 0,
+        };
+        self.allow(ctx, "create", &path, false, Need::Create, sp)?;
+        let intent = attr::classify(flags);
+        if flags & libc::O_TRUNC != 0
+            && let Some(existing) = self.inodes.child(parent, name.bytes())
+            && self.handles.executing(existing)
+        {
+            return Err(Error(libc::ETXTBSY));
+        }
+        let slots = self.handles.reserve(ctx.caller.uid)?;
+        let pfd = self.inodes.fd(parent)?;
+        let base = attr::host_open_flags(flags);
+        let created = self.create_as_caller(ctx, &pfd, name, false, || {
+            sys::openat(
+                pfd.as_fd(),
+                name,
+                base | libc::O_CREAT | libc::O_EXCL,
+                mode & 0o7777,
+            )
+        });
+        let (file, existed) = match created {
+            Ok(f) => (f, false),
+            Err(Error(libc::EEXIST)) if flags & libc::O_EXCL == 0 => {
+                (self.open_existing(ctx, parent, &pfd, name, base)?, true)
+            }
+            Err(e) => return Err(e),
+        };
+        let mut st = sys::fstat(file.as_fd())?;
+        // The open file is exactly what is under that name now.
+        let ino = self.inodes.adopt(parent, name, &st, true);
+        if existed && flags & libc::O_TRUNC != 0 && self.kills_setid(ctx) {
+            self.kill_setid(ino, file.as_fd())?;
+            st = sys::fstat(file.as_fd())?;
+        }
+        let opened = Opened {
+            ino,
+            file,
+            writer: self.host_ids(ctx),
+            read: intent.read,
+            write: true,
+            exec: false,
+            slots,
+        };
+        Ok((self.attr(ctx, ino, &st), opened))
+    }
+
+    /// The existing-name half of a create without `O_EXCL`: opens `name` as the caller
+    /// (the kernel checked no permission on a file it believed absent), `O_NONBLOCK`, and
+    /// keeps it only if it is a regular file.
+    fn open_existing(
+        &self,
+        ctx: &Ctx,
+        parent: u64,
+        pfd: &OwnedFd,
+        name: &Name,
+        flags: i32,
+    ) -> Res<OwnedFd> {
+        // Whatever is there, the kernel's "absent" was wrong.
+        self.forget_entry(parent, name);
+        let file = match self.as_caller(ctx, || sys::openat(pfd.as_fd(), name, flags, 0)) {
+            Ok(f) => f,
+            // A FIFO without a reader (ENXIO), a symlink (ELOOP), a device: not a file.
+            Err(Error(libc::ENXIO | libc::ELOOP)) => return Err(Error(libc::EEXIST)),
+            Err(e) => return Err(e),
+        };
+        if sys::fstat(file.as_fd())?.st_mode & libc::S_IFMT != libc::S_IFREG {
+            return Err(Error(libc::EEXIST));
+        }
+        Ok(file)
+    }
+
+    /// The handle to keep for a node about to lose its name: an operation on it after the
+    /// unlink (fchmod on an open file, stat of a removed cwd) can no longer resolve it by
+    /// name. Opened only for directories and files still open; otherwise what is cached.
+    fn pin_handle(&self, ino: u64) -> Option<Arc<OwnedFd>> {
+        let needed = self.inodes.kind(ino).is_ok_and(|k| k == libc::S_IFDIR)
+            || self.handles.any_on(ino, |_| true);
+        if needed {
+            self.inodes.fd(ino).ok()
+        } else {
+            self.inodes.cached_fd(ino)
+        }
+    }
+
+    /// The answer for a directory the host calls not empty (ENOTEMPTY, or EEXIST on some
+    /// file systems) when removing it or renaming onto it: if nothing in it is visible to
+    /// the caller (exactly as `readdir` filters), EACCES, audited as a refusal — ENOTEMPTY
+    /// would reveal the hidden entries. Every other host error passes through.
+    #[allow(clippy::too_many_arguments)]
+    fn not_empty(
+        &self,
+        ctx: &Ctx,
+        op: &'static str,
+        path: &[u8],
+        v: &Verdict,
+        dir: BorrowedFd<'_>,
+        name: &Name,
+        e: io::Error,
+    ) -> Error {
+        let err = Error::from(e);
+        if err.0 != libc::ENOTEMPTY && err.0 != libc::EEXIST {
+            return err;
+        }
+        match self.nothing_visible(ctx, path, dir, name) {
+            Some(hidden_by) => {
+                let by = hidden_by.unwrap_or(v.by);
+                self.audit(ctx, op, path, v, by, Some(libc::EACCES));
+                Error(libc::EACCES)
+            }
+            None => err,
+        }
+    }
+
+    /// `Some` when directory `dir/name` (workspace path `path`) holds no entry visible to
+    /// the caller, with what hides its first entry (`Some(None)`: it is empty by now);
+    /// `None` when some entry is visible or the directory cannot be read.
+    fn nothing_visible(
+        &self,
+        ctx: &Ctx,
+        path: &[u8],
+        dir: BorrowedFd<'_>,
+        name: &Name,
+    ) -> Option<Option<By>> {
+        let fd = sys::openat(dir, name, libc::O_RDONLY | libc::O_DIRECTORY, 0).ok()?;
+        let entries = sys::read_dir(fd.as_fd()).ok()?;
+        let mut p = join(path, b"");
+        let base = p.len();
+        let mut hidden_by = None;
+        for e in &entries {
+            p.truncate(base);
+            p.extend_from_slice(&e.name);
+            // As `list`: DT_UNKNOWN counts as a directory.
+            let is_dir = e.dtype == libc::DT_DIR || e.dtype == libc::DT_UNKNOWN;
+            let v = ctx.snap.policy.verdict_for(&p, ctx.caller, is_dir);
+            if v.effective != Access::None {
+                return None;
+            }
+            hidden_by.get_or_insert(v.by);
+        }
+        Some(hidden_by)
+    }
+
+    /// unlink / rmdir: `write` on the path; a directory holding only hidden entries is
+    /// refused with EACCES (see [`Shared::not_empty`]).
+    pub fn do_remove(&self, ctx: &Ctx, parent: u64, name: &Name, dir: bool) -> Res<()> {
+        let path = self.child_path(parent, name)?;
+        let op = if dir { "rmdir" } else { "unlink" };
+        let v = self.allow(ctx, op, &path, dir, Need::Write, Special::default())?;
+        let pfd = self.inodes.fd(parent)?;
+        let known = self.inodes.child(parent, name.bytes());
+        let pin = known.and_then(|i| self.pin_handle(i));
+        let flags = if dir { libc::AT_REMOVEDIR } else { 0 };
+        if let Err(e) = sys::unlinkat(pfd.as_fd(), name, flags) {
+            return Err(if dir {
+                self.not_empty(ctx, op, &path, &v, pfd.as_fd(), name, e)
+            } else {
+                e.into()
+            });
+        }
+        self.inodes.remove_alias(parent, name.bytes(), pin);
+        Ok(())
+    }
+
+    /// rename (with `RENAME_NOREPLACE` / `RENAME_EXCHANGE`): `write` on both names; a
+    /// directory moves only when no rule could give a path below either name a different
+    /// access (a rename never changes a path's policy).
+    pub fn do_rename(
+        &self,
+        ctx: &Ctx,
+        parent: u64,
+        name: &Name,
+        newparent: u64,
+        newname: &Name,
+        flags: u32,
+    ) -> Res<()> {
+        let old = self.child_path(parent, name)?;
+        let new = self.child_path(newparent, newname)?;
+        let exchange = flags & libc::RENAME_EXCHANGE != 0;
+        let pfd = self.inodes.fd(parent)?;
+        let npfd = self.inodes.fd(newparent)?;
+        let src_st = sys::fstatat_nofollow(pfd.as_fd(), name)?;
+        let dst_st = sys::fstatat_nofollow(npfd.as_fd(), newname).ok();
+        let dir_of = |st: &libc::stat| st.st_mode & libc::S_IFMT == libc::S_IFDIR;
+        let src_dir = dir_of(&src_st);
+        let dst_dir = if exchange {
+            dst_st.as_ref().is_some_and(dir_of)
+        } else {
+            src_dir
+        };
+        let new_need = if exchange { Need::Write } else { Need::Create };
+        self.allow_all(
+            ctx,
+            "rename",
+            &[(&old, src_dir, Need::Write), (&new, dst_dir, new_need)],
+        )?;
+        let moves_dir = src_dir || (exchange && dst_dir);
+        if moves_dir && !ctx.snap.policy.dir_rename_allowed(&old, &new) {
+            let v = ctx.snap.policy.verdict(&old, ctx.caller);
+            self.audit(ctx, "rename", &old, &v, v.grant_by, Some(libc::EACCES));
+            return Err(Error(libc::EACCES));
+        }
+        let src = self.inodes.child(parent, name.bytes());
+        let dst = self.inodes.child(newparent, newname.bytes());
+        let dst_pin = dst.and_then(|i| self.pin_handle(i));
+        if let Err(e) = sys::renameat2(pfd.as_fd(), name, npfd.as_fd(), newname, flags) {
+            // Replacing a directory that holds only hidden entries: EACCES, not ENOTEMPTY.
+            let replaces_dir = flags & (libc::RENAME_EXCHANGE | libc::RENAME_NOREPLACE) == 0
+                && dst_st.as_ref().is_some_and(dir_of);
+            return Err(if replaces_dir {
+                let v = ctx.snap.policy.verdict_for(&new, ctx.caller, true);
+                self.not_empty(ctx, "rename", &new, &v, npfd.as_fd(), newname, e)
+            } else {
+                e.into()
+            });
+        }
+        if exchange {
+            self.inodes
+                .exchange_alias((parent, name.bytes()), (newparent, newname.bytes()));
+        } else {
+            if dst.is_some() {
+                self.inodes
+                    .remove_alias(newparent, newname.bytes(), dst_pin);
+            }
+            match src {
+                Some(ino) => {
+                    self.inodes
+                        .rename_alias(ino, parent, name.bytes(), newparent, newname.bytes())
+                }
+                None => self.inodes.remove_alias(parent, name.bytes(), None),
+            }
+        }
+        Ok(())
+    }
+
+    /// link: `write` on the existing file (every name it is known under) and on the new name.
+    pub fn do_link(&self, ctx: &Ctx, ino: u64, newparent: u64, newname: &Name) -> Res<FileAttr> {
+        let new = self.child_path(newparent, newname)?;
+        let sources = self.inodes.paths(ino)?;
+        if sources.is_empty() {
+            return Err(Error(libc::ENOENT));
+        }
+        let is_dir = self.inodes.kind(ino)? == libc::S_IFDIR;
+        let mut checks: Vec<(&[u8], bool, Need)> = sources
+            .iter()
+            .map(|p| (p.as_slice(), is_dir, Need::Write))
+            .collect();
+        checks.push((&new, false, Need::Create));
+        self.allow_all(ctx, "link", &checks)?;
+        let fd = self.inodes.fd(ino)?;
+        let npfd = self.inodes.fd(newparent)?;
+        sys::linkat_fd(
+            self.inodes.proc_fd.as_fd(),
+            fd.as_fd(),
+            npfd.as_fd(),
+            newname,
+        )?;
+        let (ino, st) = self.inodes.lookup(newparent, newname, true)?;
+        Ok(self.attr(ctx, ino, &st))
+    }
+}

@@ -1,0 +1,100 @@
+//! Extended attributes: getxattr, listxattr, setxattr, removexattr.
+//!
+//! Invariants: reading needs `read`, changing needs `write`; setting
+//! `security.capability` counts as setting a set-ID bit (`allow_setid`); names the mount
+//! does not mirror are EOPNOTSUPP everywhere and left out of lists; only regular files and
+//! directories carry attributes (symlinks and special files report none and accept none).
+
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::Arc;
+
+use super::{Ctx, Error, Res, Shared};
+use crate::fs::attr;
+use crate::host::sys::{self, Xattr};
+use crate::policy::{Need, Special};
+
+/// The longest name list a `listxattr` can return (the kernel's `XATTR_LIST_MAX`).
+const XATTR_LIST_MAX: usize = 65_536;
+
+impl Shared {
+    fn xattr_target(&self, ino: u64) -> Res<(Arc<OwnedFd>, bool)> {
+        // The node's type is fixed (a different type under the same number is a new node).
+        let ok = matches!(self.inodes.kind(ino)?, libc::S_IFREG | libc::S_IFDIR);
+        let fd = self.inodes.fd(ino)?;
+        Ok((fd, ok))
+    }
+
+    /// getxattr: `read`. Symlinks and special files report no attributes; names the mount
+    /// does not mirror ([`attr::unmirrored_xattr`]) are EOPNOTSUPP everywhere.
+    pub fn do_getxattr(&self, ctx: &Ctx, ino: u64, name: &[u8], size: u32) -> Res<Xattr> {
+        if attr::unmirrored_xattr(name) {
+            return Err(Error(libc::EOPNOTSUPP));
+        }
+        self.allow_ino(ctx, "getxattr", ino, Need::Read, Special::default())?;
+        let (fd, ok) = self.xattr_target(ino)?;
+        if !ok {
+            return Err(Error(libc::ENODATA));
+        }
+        Ok(sys::getxattr_fd(fd.as_fd(), name, size as usize)?)
+    }
+
+    /// listxattr: `read`; the names the mount does not mirror are left out (so the whole
+    /// list is read, at most `XATTR_LIST_MAX` bytes, and then sized for the caller).
+    pub fn do_listxattr(&self, ctx: &Ctx, ino: u64, size: u32) -> Res<Xattr> {
+        self.allow_ino(ctx, "listxattr", ino, Need::Read, Special::default())?;
+        let (fd, ok) = self.xattr_target(ino)?;
+        if !ok {
+            return Ok(Xattr::empty(size as usize));
+        }
+        let all = match sys::listxattr_fd(fd.as_fd(), XATTR_LIST_MAX)? {
+            Xattr::Data(v) => v,
+            Xattr::Size(_) => Vec::new(),
+        };
+        let list = attr::mirrored_xattr_list(&all);
+        match size as usize {
+            0 => Ok(Xattr::Size(list.len())),
+            n if n < list.len() => Err(Error(libc::ERANGE)),
+            _ => Ok(Xattr::Data(list)),
+        }
+    }
+
+    /// setxattr: `write`. Setting `security.capability` (file capabilities) counts as
+    /// setting a set-ID bit: it needs `allow_setid`. The attribute lands on the host, where
+    /// a capability (v3, with the caller's user namespace root as `rootid`) takes effect in
+    /// every user namespace whose root is that host uid — outside the mount's `nosuid`.
+    pub fn do_setxattr(
+        &self,
+        ctx: &Ctx,
+        ino: u64,
+        name: &[u8],
+        value: &[u8],
+        flags: i32,
+    ) -> Res<()> {
+        if attr::unmirrored_xattr(name) {
+            return Err(Error(libc::EOPNOTSUPP));
+        }
+        let sp = Special {
+            device: false,
+            setid: name == b"security.capability",
+        };
+        self.allow_ino(ctx, "setxattr", ino, Need::Write, sp)?;
+        let (fd, ok) = self.xattr_target(ino)?;
+        if !ok {
+            return Err(Error(libc::EPERM));
+        }
+        Ok(sys::setxattr_fd(fd.as_fd(), name, value, flags)?)
+    }
+
+    /// removexattr: `write`.
+    pub fn do_removexattr(&self, ctx: &Ctx, ino: u64, name: &[u8]) -> Res<()> {
+        if attr::unmirrored_xattr(name) {
+            return Err(Error(libc::EOPNOTSUPP));
+        }
+        self.allow_ino(ctx, "removexattr", ino, Need::Write, Special::default())?;
+        let (fd, ok) = self.xattr_target(ino)?;
+        if !ok {
+            return Err(Error(libc::ENODATA));
+        }
+        Ok(sys::removexattr_fd(fd.as_fd(), name)?)
+    }
+}
