@@ -9,7 +9,7 @@
 
 use std::sync::Arc;
 
-use fuser::{Errno, FileType, FopenFlags, TimeOrNow};
+use fuser::{Errno, FileType, FopenFlags};
 
 use super::attr;
 use super::core::{Core, Rq};
@@ -50,24 +50,7 @@ fn empty<R: EmptyReply>(reply: R, r: Result<(), Error>) {
     }
 }
 
-/// Setattr's arguments (what the kernel asks to change).
-#[derive(Default)]
-pub struct SetAttr {
-    /// New mode.
-    pub mode: Option<u32>,
-    /// New owner.
-    pub uid: Option<u32>,
-    /// New group.
-    pub gid: Option<u32>,
-    /// New size.
-    pub size: Option<u64>,
-    /// New access time.
-    pub atime: Option<TimeOrNow>,
-    /// New modification time.
-    pub mtime: Option<TimeOrNow>,
-    /// The handle the change came through (ftruncate, futimens).
-    pub fh: Option<u64>,
-}
+pub use super::ops::SetAttr;
 
 impl Core {
     /// LOOKUP.
@@ -111,11 +94,7 @@ impl Core {
         self.serve(
             rq,
             reply,
-            move |c, ctx| {
-                c.shared.do_setattr(
-                    ctx, ino, s.mode, s.uid, s.gid, s.size, s.atime, s.mtime, s.fh,
-                )
-            },
+            move |c, ctx| c.shared.do_setattr(ctx, ino, &s),
             |c, ctx, reply, r| match r {
                 Ok(a) => reply.attr(&c.shared.ttl(ctx).attr, &a),
                 Err(e) => reply.error(errno(e)),

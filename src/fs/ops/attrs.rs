@@ -35,6 +35,25 @@ fn set_time(t: TimeOrNow) -> SetTime {
     }
 }
 
+/// Setattr's arguments (what the kernel asks to change).
+#[derive(Default, Clone, Copy, Debug)]
+pub struct SetAttr {
+    /// New mode.
+    pub mode: Option<u32>,
+    /// New owner.
+    pub uid: Option<u32>,
+    /// New group.
+    pub gid: Option<u32>,
+    /// New size.
+    pub size: Option<u64>,
+    /// New access time.
+    pub atime: Option<TimeOrNow>,
+    /// New modification time.
+    pub mtime: Option<TimeOrNow>,
+    /// The handle the change came through (ftruncate, futimens).
+    pub fh: Option<u64>,
+}
+
 impl Shared {
     /// getattr (through the open handle when the kernel names one).
     pub fn do_getattr(&self, ctx: &Ctx, ino: u64, fh: Option<u64>) -> Res<FileAttr> {
@@ -49,19 +68,16 @@ impl Shared {
 
     /// setattr: chmod, chown, truncate, utimens — all need `write`; setting set-ID bits
     /// needs `allow_setid`.
-    #[allow(clippy::too_many_arguments)]
-    pub fn do_setattr(
-        &self,
-        ctx: &Ctx,
-        ino: u64,
-        mode: Option<u32>,
-        uid: Option<u32>,
-        gid: Option<u32>,
-        size: Option<u64>,
-        atime: Option<TimeOrNow>,
-        mtime: Option<TimeOrNow>,
-        fh: Option<u64>,
-    ) -> Res<FileAttr> {
+    pub fn do_setattr(&self, ctx: &Ctx, ino: u64, s: &SetAttr) -> Res<FileAttr> {
+        let SetAttr {
+            mode,
+            uid,
+            gid,
+            size,
+            atime,
+            mtime,
+            fh,
+        } = *s;
         let st = self.stat_ino(ino)?;
         let mut sp = Special::default();
         if let Some(m) = mode {

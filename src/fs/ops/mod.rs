@@ -50,6 +50,8 @@ mod dirs;
 mod names;
 mod xattr;
 
+pub use attrs::SetAttr;
+
 /// An errno for the kernel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Error(pub i32);
