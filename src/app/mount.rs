@@ -85,6 +85,8 @@ struct ExitThread {
 
 /// Mounts and serves until unmounted. The steps run in exactly this order (module docs).
 pub(super) fn mount(a: MountArgs) -> Result<(), String> {
+    // Few malloc arenas: memory freed after a big walk goes back to the system.
+    sys::limit_malloc_arenas(2);
     let sigs = block_signals()?;
     let (state, fan) = build_state(&a)?;
     let mut m = mount_session(&a, &state)?;
