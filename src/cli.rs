@@ -88,7 +88,8 @@ pub struct MountArgs {
     /// Let other uids (container users) use the mount; the kernel checks Unix permissions.
     #[arg(long)]
     pub allow_other: bool,
-    /// FUSE worker threads (default: number of CPUs).
+    /// FUSE worker threads of the /dev/fuse loop (default: number of CPUs); with io_uring
+    /// they only carry FORGET and INTERRUPT (the rings have one queue thread per CPU).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=256))]
     pub threads: Option<u16>,
     /// Re-check every read and write against the policy in force (slower).

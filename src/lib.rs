@@ -2,9 +2,10 @@
 //! operation against a TOML policy of per-path grants and a sandbox mode.
 //!
 //! ```text
-//!  kernel ──FUSE──▶ fs (glue: translate only) ──▶ fs::ops (snapshot → decide → audit → host)
-//!                                                    │             │
-//!                                   policy (pure: parse, compile, decide)   host (handles, *at syscalls)
+//!  kernel ──/dev/fuse──▶ fs (fuser glue) ──┐
+//!  kernel ──io_uring──▶ transport (rings) ─┴─▶ fs::handlers ──▶ fs::ops (snapshot → decide → audit → host)
+//!                                                                   │             │
+//!                                          policy (pure: parse, compile, decide)   host (handles, *at syscalls)
 //! ```
 //! Threat model: the callers of the mount (agents and everything they exec) are untrusted;
 //! the host side may change concurrently. The policy decides on the logical path a caller

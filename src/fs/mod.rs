@@ -1,6 +1,8 @@
-//! The `fuser::Filesystem` implementation: translation only. Every operation is written
-//! out (none falls back to fuser's defaults, whose `open`/`opendir` succeed and whose
-//! `access` ENOSYS means "allow"); each calls a `do_*` in [`ops`] and replies once.
+//! The `fuser::Filesystem` implementation (the `/dev/fuse` transport): translation only.
+//! Every operation is written out (none falls back to fuser's defaults, whose
+//! `open`/`opendir` succeed and whose `access` ENOSYS means "allow"); each hands its
+//! arguments and reply to the transport-neutral handler in [`handlers`], which the
+//! io_uring transport (`crate::transport`) calls too.
 
 pub mod attr;
 mod core;

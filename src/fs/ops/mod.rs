@@ -1,5 +1,5 @@
 //! The operations: take one policy snapshot, decide, audit, then touch the host through
-//! handles. Each `do_*` returns `Result<T, Error>`; the glue in `fs/mod.rs` only replies.
+//! handles. Each `do_*` returns `Result<T, Error>`; the handlers in `fs/handlers.rs` only reply.
 //!
 //! This file holds what every family of operations shares: the errno type ([`Error`],
 //! [`Res`]), the per-request context ([`Ctx`]: one policy snapshot for the whole request),
