@@ -6,8 +6,15 @@
 //! - Every held request is resumed exactly once: its [`Resume`] is taken out of the table
 //!   under the lock and run on the resume thread (never on the thread that decided, never
 //!   under the lock), so a slow continuation cannot stall the control socket.
-//! - At most `cap` requests are held; past it, or with no approver connected, [`hold`]
-//!   hands the continuation back and the caller refuses at once.
+//! - At most `cap` questions are open; one uid alone may fill them, but when they are full
+//!   a uid with fewer than the uid with the most makes room: the longest-open question of
+//!   the uid with the most is refused (`held-limit`). Otherwise, or with no approver
+//!   connected, [`hold`] hands the continuation back and the caller refuses at once.
+//! - A directory change ([`Request::retry`]) is held at most `--ask-dir-hold` (less when
+//!   its directory's window ends sooner, see [`dirs`]); then its caller is refused and its
+//!   question stays open until answered or timed out, and an allow given then lets that
+//!   uid's retry through ([`dirs::RETRY_GRANT`]). While it is open, the same uid's further
+//!   askable changes in those directories are refused at once (`dir-pending`), unasked.
 //! - Remembered answers are per uid and per path (and everything below a path), and are
 //!   all forgotten on reload: they never widen access for another uid, never outlive the
 //!   policy they were given under.
@@ -21,6 +28,8 @@
 /// Requests held for an approver at once (SPEC.md: 1024).
 pub const MAX_HELD: usize = 1024;
 
+pub mod dirs;
+
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::Sender;
@@ -28,19 +37,23 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
+use dirs::{Admit, Grants, Windows};
+
 /// How a held request ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Outcome {
     /// Proceed as if the grant were the rule's `ask`.
     pub allow: bool,
-    /// `approver`, `timeout`, `no-approver`, `reload`, `killed`, `shutdown`.
+    /// `approver`, `timeout`, `no-approver`, `held-limit`, `dir-hold` (a directory
+    /// change's hold ran out), `dir-pending`, `reload`, `killed`, `shutdown`.
     pub by: &'static str,
     /// The uid of the approver who answered.
     pub approver: Option<u32>,
 }
 
 impl Outcome {
-    fn deny(by: &'static str) -> Outcome {
+    /// A refusal, `by` this reason.
+    pub fn deny(by: &'static str) -> Outcome {
         Outcome {
             allow: false,
             by,
@@ -76,6 +89,10 @@ pub struct Request {
     pub generation: u64,
     /// `(is_dir, need)` of each path, to re-decide it after a reload.
     pub checks: Vec<(bool, crate::policy::Need)>,
+    /// A directory change (create, mkdir, mknod, symlink, link, unlink, rmdir, rename):
+    /// held at most `--ask-dir-hold`, then refused with the question left open for the
+    /// caller's retry (the ask event's `"retry":true`).
+    pub retry: bool,
 }
 
 /// A held request as approvers see it.
@@ -116,18 +133,99 @@ pub enum Redecide {
     Keep,
 }
 
+/// What [`Approvals::hold`] did with a request.
+pub enum Hold {
+    /// Held under this id: its continuation runs when it ends.
+    Held(u64),
+    /// A directory change whose question is posted under this id, but which is not held
+    /// (`--ask-dir-hold 0`, or its directory rests): refuse it now (`dir-hold`) with the
+    /// continuation given back.
+    Posted(u64, Resume),
+    /// Not held, nothing asked: refuse it now, `by` this reason (`no-approver`,
+    /// `held-limit`, `dir-pending`).
+    Refused(Resume, &'static str),
+}
+
 struct Entry {
     req: Request,
+    /// When the question times out.
     expires: Instant,
-    resume: Resume,
+    /// The caller's continuation; `None` once a directory change's hold ran out (its
+    /// caller was refused, the question stays open for the retry).
+    resume: Option<Resume>,
+    /// A directory change: audits how its question ended once its caller is gone.
+    late: Option<Resume>,
+    /// A directory change still held: when its caller is refused if nobody answered.
+    release: Option<Instant>,
+    /// A directory change: its paths' parent directories (empty otherwise).
+    dirs: Vec<Vec<u8>>,
+}
+
+impl Entry {
+    /// What runs when its question ends: the caller's continuation if it still waits,
+    /// else the late audit.
+    fn ending(self) -> Option<Resume> {
+        self.resume.or(self.late)
+    }
 }
 
 #[derive(Default)]
 struct Inner {
     held: BTreeMap<u64, Entry>,
     next: u64,
+    /// Open questions per uid (every uid in it has at least one).
+    per_uid: HashMap<u32, usize>,
     /// uid → remembered paths (allowed, with everything below them).
     remembered: HashMap<u32, Vec<Vec<u8>>>,
+    /// Directory changes' hold windows.
+    windows: Windows,
+    /// Allows given after a directory change's caller was refused.
+    grants: Grants,
+}
+
+impl Inner {
+    fn insert(&mut self, id: u64, e: Entry) {
+        *self.per_uid.entry(e.req.uid).or_default() += 1;
+        self.held.insert(id, e);
+    }
+
+    fn take(&mut self, id: u64) -> Option<Entry> {
+        let e = self.held.remove(&id)?;
+        if let Some(n) = self.per_uid.get_mut(&e.req.uid) {
+            *n -= 1;
+            if *n == 0 {
+                self.per_uid.remove(&e.req.uid);
+            }
+        }
+        Some(e)
+    }
+
+    /// Room for one more question of `uid` among `cap`: `Ok(None)` there is room,
+    /// `Ok(Some(id))` once question `id` is refused (the longest-open question of the uid
+    /// with the most, when `uid` has fewer), `Err` none.
+    fn room(&self, uid: u32, cap: usize) -> Result<Option<u64>, ()> {
+        if self.held.len() < cap {
+            return Ok(None);
+        }
+        let mine = self.per_uid.get(&uid).copied().unwrap_or(0);
+        let most = self.per_uid.values().copied().max().unwrap_or(0);
+        if mine >= most {
+            return Err(());
+        }
+        // Ids grow, so the first in order is the longest open (of the uids tied for most).
+        self.held
+            .iter()
+            .find(|(_, e)| self.per_uid.get(&e.req.uid) == Some(&most))
+            .map(|(id, _)| Some(*id))
+            .ok_or(())
+    }
+
+    /// Whether `uid` has a directory change's question open in one of `dirs`.
+    fn pending(&self, uid: u32, dirs: &[Vec<u8>]) -> bool {
+        self.held
+            .values()
+            .any(|e| e.req.uid == uid && dirs::overlap(&e.dirs, dirs))
+    }
 }
 
 /// The table of held requests.
@@ -135,6 +233,7 @@ pub struct Approvals {
     inner: Mutex<Inner>,
     cap: usize,
     timeout: Duration,
+    dir_hold: Duration,
     approvers: AtomicUsize,
     events: Mutex<Option<EventSink>>,
     resume: Mutex<Option<Sender<(Resume, Outcome)>>>,
@@ -147,17 +246,28 @@ fn covers(base: &[u8], path: &[u8]) -> bool {
         || (path.len() > base.len() && path.starts_with(base) && path[base.len()] == b'/')
 }
 
+/// `--ask-dir-hold`'s default (SPEC.md).
+pub const DIR_HOLD: Duration = Duration::from_secs(5);
+
 impl Approvals {
-    /// A table holding at most `cap` requests, each for at most `timeout`.
+    /// A table holding at most `cap` requests, each for at most `timeout` (directory
+    /// changes for at most [`DIR_HOLD`], see [`Approvals::with_dir_hold`]).
     pub fn new(cap: usize, timeout: Duration) -> Approvals {
         Approvals {
             inner: Mutex::new(Inner::default()),
             cap,
             timeout,
+            dir_hold: DIR_HOLD,
             approvers: AtomicUsize::new(0),
             events: Mutex::new(None),
             resume: Mutex::new(None),
         }
+    }
+
+    /// Directory changes are held at most `d` (`--ask-dir-hold`; zero: never held).
+    pub fn with_dir_hold(mut self, d: Duration) -> Approvals {
+        self.dir_hold = d;
+        self
     }
 
     /// Connects the resume thread's queue and the control server's event queue.
@@ -193,36 +303,80 @@ impl Approvals {
         }
     }
 
-    /// Holds a request. `Err` gives the continuation back with the reason to refuse it at
-    /// once: `no-approver` (nobody subscribed) or `full` (the cap is reached).
-    pub fn hold(&self, req: Request, resume: Resume) -> Result<u64, (Resume, &'static str)> {
+    /// Holds a request (or, for a directory change that cannot be held now, posts its
+    /// question) and tells approvers. `late` audits how a directory change's question
+    /// ended after its caller was refused (`None`: nothing to audit then).
+    pub fn hold(&self, req: Request, resume: Resume, late: Option<Resume>) -> Hold {
         if self.approvers() == 0 || self.resume.lock().is_none() {
-            return Err((resume, "no-approver"));
+            return Hold::Refused(resume, "no-approver");
         }
-        let held = {
+        let now = Instant::now();
+        let dirs = if req.retry {
+            dirs::parents(&req.paths)
+        } else {
+            Vec::new()
+        };
+        let (held, evicted, posted) = {
             let mut g = self.inner.lock();
-            if g.held.len() >= self.cap {
-                return Err((resume, "full"));
+            if req.retry && g.pending(req.uid, &dirs) {
+                return Hold::Refused(resume, "dir-pending");
             }
+            let victim = match g.room(req.uid, self.cap) {
+                Ok(v) => v,
+                Err(()) => return Hold::Refused(resume, "held-limit"),
+            };
+            let expires = now + self.timeout;
+            let admit = if req.retry {
+                g.windows.admit(&dirs, now, self.dir_hold)
+            } else {
+                Admit::Hold(expires)
+            };
+            let evicted = victim.and_then(|id| g.take(id).map(|e| (id, e)));
             g.next += 1;
             let id = g.next;
-            g.held.insert(
+            let (resume, release, posted) = match admit {
+                Admit::Hold(t) => (Some(resume), (t < expires).then_some(t), None),
+                Admit::Post => (None, None, Some(resume)),
+            };
+            g.insert(
                 id,
                 Entry {
                     req: req.clone(),
-                    expires: Instant::now() + self.timeout,
+                    expires,
                     resume,
+                    late,
+                    release,
+                    dirs,
                 },
             );
-            Held {
+            let held = Held {
                 id,
                 req,
                 expires_in: self.timeout,
-            }
+            };
+            (held, evicted, posted)
         };
+        if let Some((id, e)) = evicted {
+            self.end(id, e, Outcome::deny("held-limit"));
+        }
         let id = held.id;
         self.emit(Event::Ask(held));
-        Ok(id)
+        match posted {
+            Some(resume) => Hold::Posted(id, resume),
+            None => Hold::Held(id),
+        }
+    }
+
+    /// Tells approvers question `id` ended and runs what waits on it.
+    fn end(&self, id: u64, e: Entry, o: Outcome) {
+        self.emit(Event::Done {
+            id,
+            allow: o.allow,
+            by: o.by,
+        });
+        if let Some(f) = e.ending() {
+            self.run(f, o);
+        }
     }
 
     fn finish(&self, ids: Vec<(u64, Outcome)>) {
@@ -230,24 +384,21 @@ impl Approvals {
         {
             let mut g = self.inner.lock();
             for (id, o) in ids {
-                if let Some(e) = g.held.remove(&id) {
+                if let Some(e) = g.take(id) {
                     taken.push((id, e, o));
                 }
             }
         }
         for (id, e, o) in taken {
-            self.emit(Event::Done {
-                id,
-                allow: o.allow,
-                by: o.by,
-            });
-            self.run(e.resume, o);
+            self.end(id, e, o);
         }
     }
 
     /// An approver's answer. `remember_path`: also allow this uid on these paths (and
-    /// below) until the next reload. `Err` when the request is no longer held (answered,
-    /// timed out, or never existed): the first answer wins.
+    /// below) until the next reload. An allow of a directory change whose caller was
+    /// already refused lets that uid's retry through for [`dirs::RETRY_GRANT`] (or, with
+    /// `remember_path`, until the next reload). `Err` when the request is no longer held
+    /// (answered, timed out, or never existed): the first answer wins.
     pub fn decide(
         &self,
         id: u64,
@@ -257,7 +408,7 @@ impl Approvals {
     ) -> Result<(), &'static str> {
         let entry = {
             let mut g = self.inner.lock();
-            let e = g.held.remove(&id).ok_or("no such held request")?;
+            let e = g.take(id).ok_or("no such held request")?;
             if allow && remember_path {
                 let list = g.remembered.entry(e.req.uid).or_default();
                 for p in &e.req.paths {
@@ -265,6 +416,10 @@ impl Approvals {
                         list.push(p.clone());
                     }
                 }
+            } else if allow && e.resume.is_none() {
+                let now = Instant::now();
+                g.grants
+                    .grant(e.req.uid, &e.req.paths, now + dirs::RETRY_GRANT, now);
             }
             e
         };
@@ -273,44 +428,68 @@ impl Approvals {
             by: "approver",
             approver: Some(approver),
         };
-        self.emit(Event::Done {
-            id,
-            allow,
-            by: o.by,
-        });
-        self.run(entry.resume, o);
+        self.end(id, entry, o);
         Ok(())
     }
 
-    /// Whether `uid` was allowed `path` (or a directory above it) with `remember: path`.
+    /// Whether `uid` was allowed `path` (or a directory above it) with `remember: path`,
+    /// or `path` itself by an answer that came after its directory change was refused.
     pub fn remembered(&self, uid: u32, path: &[u8]) -> bool {
-        self.inner
-            .lock()
-            .remembered
+        let g = self.inner.lock();
+        g.remembered
             .get(&uid)
             .is_some_and(|l| l.iter().any(|b| covers(b, path)))
+            || g.grants.covers(uid, path, Instant::now())
     }
 
-    /// Times out what is due; returns the next deadline, if anything is held.
+    /// Times out what is due and refuses the callers of directory changes whose hold ran
+    /// out (their questions stay); returns the next deadline, if anything is open.
     pub fn expire(&self, now: Instant) -> Option<Instant> {
-        let due: Vec<(u64, Outcome)> = {
-            let g = self.inner.lock();
-            g.held
+        let (due, released) = {
+            let mut guard = self.inner.lock();
+            let g = &mut *guard;
+            let due: Vec<(u64, Outcome)> = g
+                .held
                 .iter()
                 .filter(|(_, e)| e.expires <= now)
                 .map(|(id, _)| (*id, Outcome::deny("timeout")))
-                .collect()
+                .collect();
+            let mut released = Vec::new();
+            for e in g.held.values_mut() {
+                if e.expires > now && e.release.is_some_and(|t| t <= now) {
+                    e.release = None;
+                    if let Some(r) = e.resume.take() {
+                        g.windows.ran_out(&e.dirs, now, self.dir_hold);
+                        released.push(r);
+                    }
+                }
+            }
+            (due, released)
         };
+        for r in released {
+            self.run(r, Outcome::deny("dir-hold"));
+        }
         self.finish(due);
-        self.inner.lock().held.values().map(|e| e.expires).min()
+        self.inner
+            .lock()
+            .held
+            .values()
+            .flat_map(|e| [Some(e.expires), e.release])
+            .flatten()
+            .min()
     }
 
     /// Ends the requests whose asking process is being killed (`dying(pid)`): their
-    /// answer would be dropped by the kernel anyway.
+    /// answer would be dropped by the kernel anyway. A directory change whose caller was
+    /// already refused keeps its question: another process of that uid may retry.
     pub fn reap(&self, dying: impl Fn(u32) -> bool) {
         let pids: Vec<(u64, u32)> = {
             let g = self.inner.lock();
-            g.held.iter().map(|(id, e)| (*id, e.req.pid)).collect()
+            g.held
+                .iter()
+                .filter(|(_, e)| e.resume.is_some())
+                .map(|(id, e)| (*id, e.req.pid))
+                .collect()
         };
         let gone = pids
             .into_iter()
@@ -326,6 +505,7 @@ impl Approvals {
         let reqs: Vec<(u64, Request)> = {
             let mut g = self.inner.lock();
             g.remembered.clear();
+            g.grants.clear();
             g.held.iter().map(|(id, e)| (*id, e.req.clone())).collect()
         };
         let mut done = Vec::new();
@@ -401,167 +581,4 @@ pub fn resume_loop(rx: std::sync::mpsc::Receiver<(Resume, Outcome)>) {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use std::sync::mpsc::channel;
-
-    fn req(uid: u32, path: &str) -> Request {
-        Request {
-            op: "open",
-            paths: vec![path.as_bytes().to_vec()],
-            need: "write",
-            uid,
-            gid: uid,
-            pid: 42,
-            rule: None,
-            generation: 0,
-            checks: vec![(false, crate::policy::Need::Write)],
-        }
-    }
-
-    /// A table with one approver, whose continuations report their outcome on a channel.
-    fn table(
-        cap: usize,
-    ) -> (
-        Approvals,
-        std::sync::mpsc::Receiver<(Resume, Outcome)>,
-        std::sync::mpsc::Receiver<Event>,
-    ) {
-        let a = Approvals::new(cap, Duration::from_secs(60));
-        let (rtx, rrx) = channel();
-        let (etx, erx) = channel();
-        a.connect(
-            rtx,
-            Box::new(move |e| {
-                let _ = etx.send(e);
-            }),
-        );
-        a.set_approvers(1);
-        (a, rrx, erx)
-    }
-
-    fn resumed(rx: &std::sync::mpsc::Receiver<(Resume, Outcome)>) -> Vec<Outcome> {
-        rx.try_iter()
-            .map(|(r, o)| {
-                r(o);
-                o
-            })
-            .collect()
-    }
-
-    #[test]
-    fn without_an_approver_nothing_is_held() {
-        let a = Approvals::new(4, Duration::from_secs(1));
-        let (rtx, _r) = channel();
-        let (etx, _e) = channel();
-        a.connect(
-            rtx,
-            Box::new(move |e| {
-                let _ = etx.send(e);
-            }),
-        );
-        let r = a.hold(req(1000, "docs/a"), Box::new(|_| {}));
-        assert_eq!(r.err().map(|e| e.1), Some("no-approver"));
-        assert!(a.is_empty());
-    }
-
-    #[test]
-    fn the_cap_refuses_at_once() {
-        let (a, _r, _e) = table(2);
-        assert!(a.hold(req(1, "a"), Box::new(|_| {})).is_ok());
-        assert!(a.hold(req(1, "b"), Box::new(|_| {})).is_ok());
-        let r = a.hold(req(1, "c"), Box::new(|_| {}));
-        assert_eq!(r.err().map(|e| e.1), Some("full"));
-        assert_eq!(a.len(), 2);
-    }
-
-    #[test]
-    fn the_first_answer_wins_and_runs_the_continuation_once() {
-        let (a, r, e) = table(8);
-        let id = a.hold(req(1000, "docs/a"), Box::new(|_| {})).ok().unwrap();
-        assert!(matches!(e.try_recv(), Ok(Event::Ask(h)) if h.id == id));
-        assert!(a.decide(id, true, false, 0).is_ok());
-        assert!(a.decide(id, false, false, 0).is_err(), "a late answer");
-        let outs = resumed(&r);
-        assert_eq!(outs.len(), 1);
-        assert!(outs[0].allow && outs[0].by == "approver" && outs[0].approver == Some(0));
-        assert!(matches!(e.try_recv(), Ok(Event::Done { allow: true, .. })));
-    }
-
-    #[test]
-    fn remembered_paths_are_per_uid_cover_below_and_end_at_reload() {
-        let (a, _r, _e) = table(8);
-        let id = a.hold(req(1000, "docs"), Box::new(|_| {})).ok().unwrap();
-        a.decide(id, true, true, 0).unwrap();
-        assert!(a.remembered(1000, b"docs"));
-        assert!(a.remembered(1000, b"docs/x/y"));
-        assert!(!a.remembered(1000, b"docsx"), "a sibling is not below");
-        assert!(!a.remembered(1001, b"docs"), "never for another uid");
-        a.reload(|_| Redecide::Keep);
-        assert!(!a.remembered(1000, b"docs"), "forgotten at reload");
-    }
-
-    #[test]
-    fn a_denial_is_never_remembered() {
-        let (a, _r, _e) = table(8);
-        let id = a.hold(req(1000, "docs"), Box::new(|_| {})).ok().unwrap();
-        a.decide(id, false, true, 0).unwrap();
-        assert!(!a.remembered(1000, b"docs"));
-    }
-
-    #[test]
-    fn timeouts_reload_reaping_and_shutdown_end_requests() {
-        let a = Approvals::new(8, Duration::from_millis(0));
-        let (rtx, r) = channel();
-        let (etx, _e) = channel();
-        a.connect(
-            rtx,
-            Box::new(move |e| {
-                let _ = etx.send(e);
-            }),
-        );
-        a.set_approvers(1);
-        a.hold(req(1, "t"), Box::new(|_| {})).ok().unwrap();
-        assert_eq!(a.expire(Instant::now()), None, "timed out, nothing left");
-        assert_eq!(resumed(&r)[0].by, "timeout");
-
-        let (a, r, _e) = table(8);
-        a.hold(req(1, "allow"), Box::new(|_| {})).ok().unwrap();
-        a.hold(req(1, "refuse"), Box::new(|_| {})).ok().unwrap();
-        a.hold(req(1, "keep"), Box::new(|_| {})).ok().unwrap();
-        a.reload(|q| match &q.paths[0][..] {
-            b"allow" => Redecide::Allow,
-            b"refuse" => Redecide::Refuse,
-            _ => Redecide::Keep,
-        });
-        let outs = resumed(&r);
-        assert_eq!(outs.len(), 2);
-        assert!(outs.iter().all(|o| o.by == "reload"));
-        assert_eq!(outs.iter().filter(|o| o.allow).count(), 1);
-        assert_eq!(a.len(), 1);
-
-        let mut q = req(1, "k");
-        q.pid = 77;
-        a.hold(q, Box::new(|_| {})).ok().unwrap();
-        a.reap(|pid| pid == 77);
-        assert_eq!(resumed(&r)[0].by, "killed");
-        assert_eq!(a.len(), 1);
-
-        let (tx, rx) = channel();
-        let (a2, _r2, _e2) = table(8);
-        a2.hold(
-            req(1, "s"),
-            Box::new(move |o| {
-                let _ = tx.send(o);
-            }),
-        )
-        .ok()
-        .unwrap();
-        a2.shutdown();
-        let o = rx
-            .try_recv()
-            .expect("answered at shutdown, on the caller's thread");
-        assert_eq!((o.allow, o.by), (false, "shutdown"));
-        assert!(a2.hold(req(1, "late"), Box::new(|_| {})).is_err());
-    }
-}
+mod tests;

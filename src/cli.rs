@@ -130,6 +130,13 @@ pub struct MountArgs {
     /// Seconds a request held for an approver waits before it is refused.
     #[arg(long, value_name = "SECONDS", default_value_t = 120, value_parser = clap::value_parser!(u64).range(1..=86_400))]
     pub ask_timeout: u64,
+    /// Seconds a held directory change (create, mkdir, mknod, symlink, link, unlink,
+    /// rmdir, rename: the kernel keeps its directory locked meanwhile) waits at most; then
+    /// it fails with EACCES, its question stays open until --ask-timeout, and an allow
+    /// given then lets the same uid's retry through for 120 s. 0: never held (refused at
+    /// once, question posted).
+    #[arg(long, value_name = "SECONDS", default_value_t = 5, value_parser = clap::value_parser!(u64).range(0..=86_400))]
+    pub ask_dir_hold: u64,
     /// At most N host descriptors held for one uid's open files and directories (default:
     /// a quarter of what the daemon has for open handles); past it that uid gets EMFILE.
     /// Kernel-passthrough files hold none.

@@ -151,10 +151,10 @@ fn build_state(a: &MountArgs) -> Result<(State, Result<OwnedFd, String>), String
         uids,
         gids,
         kcache: KernelCache::default(),
-        approvals: Arc::new(Approvals::new(
-            crate::approvals::MAX_HELD,
-            threads::ask_timeout(a),
-        )),
+        approvals: Arc::new(
+            Approvals::new(crate::approvals::MAX_HELD, threads::ask_timeout(a))
+                .with_dir_hold(Duration::from_secs(a.ask_dir_hold)),
+        ),
         stats: Stats::default(),
     });
     let state = State {

@@ -94,6 +94,7 @@ pub fn ask_event(h: &Held, cmdline: Option<Vec<String>>) -> Value {
         "rule": rule,
         "rule_line": line,
         "expires_in_ms": h.expires_in.as_millis() as u64,
+        "retry": h.req.retry,
     })
 }
 

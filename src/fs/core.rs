@@ -18,7 +18,7 @@ use parking_lot::Mutex;
 
 use super::decide::Line;
 use super::ops::{Ctx, Error, Opened, Res, Shared};
-use crate::approvals::{self, Outcome, Resume};
+use crate::approvals::{self, Hold, Outcome, Resume};
 use crate::host::sys;
 
 /// A kernel passthrough backing id, closed on the FUSE connection when dropped.
@@ -198,7 +198,9 @@ impl Core {
     /// Runs `op` for the kernel request `req` and answers with `answer`. When `op` was
     /// refused in a way an approver could lift (`Ctx::ask`), the reply is parked with the
     /// approvals table and this returns at once; the continuation re-runs `op` (allowed)
-    /// or answers EACCES (denied, timed out, no approver) from the resume thread.
+    /// or answers EACCES (denied, timed out, no approver) from the resume thread. A
+    /// directory change is answered EACCES once its `--ask-dir-hold` runs out, or at once
+    /// when it cannot be held (`approvals::Hold`); its question may outlive it.
     pub(super) fn serve<R, T>(
         self: &Arc<Self>,
         rq: Rq,
@@ -236,6 +238,7 @@ impl Core {
             }),
             generation: ctx.snap.generation,
             checks: ask.checks.clone(),
+            retry: approvals::dirs::is_dir_change(ask.op),
         };
         let core = self.clone();
         let asked = ask.clone();
@@ -251,17 +254,23 @@ impl Core {
                 answer(&core, &again, reply, Err(Error(libc::EACCES)));
             }
         });
-        match self.shared.approvals.hold(request, resume) {
-            Ok(_) => self.shared.audit_ask(&ctx, &ask, Line::Held),
-            Err((resume, why)) => resume(Outcome {
-                allow: false,
-                by: if why == "full" {
-                    "held-limit"
-                } else {
-                    "no-approver"
-                },
-                approver: None,
-            }),
+        // A directory change's question may end after its caller was refused (its hold ran
+        // out): that end is audited too.
+        let late: Option<Resume> = request.retry.then(|| {
+            let core = self.clone();
+            let asked = ask.clone();
+            Box::new(move |o: Outcome| {
+                let again = core.shared.ctx(uid, gid, pid);
+                core.shared.audit_ask(&again, &asked, Line::Outcome(o));
+            }) as Resume
+        });
+        match self.shared.approvals.hold(request, resume, late) {
+            Hold::Held(_) => self.shared.audit_ask(&ctx, &ask, Line::Held),
+            Hold::Posted(_, resume) => {
+                self.shared.audit_ask(&ctx, &ask, Line::Held);
+                resume(Outcome::deny("dir-hold"));
+            }
+            Hold::Refused(resume, by) => resume(Outcome::deny(by)),
         }
     }
 }
