@@ -564,6 +564,7 @@ mod tests {
             "map_uid",
             "map_gid",
             "max_open_per_uid",
+            "ask_dir_hold",
         ] {
             assert!(
                 names.iter().any(|n| n == want),

@@ -163,7 +163,7 @@ fn a_held_create_holds_its_directory_at_most_ask_dir_hold() {
     let (m, sock) = mount(
         "dirhold-bystander",
         POLICY,
-        &["--ask-dir-hold", "1", "--ask-timeout", "30"],
+        &["--ask-dir-hold", "3", "--ask-timeout", "30"],
     );
     let mut ap = Peer::subscribe(&sock);
     let create = timed("open('docs/new.txt', 'w').write('new\\n')");
@@ -178,7 +178,8 @@ fn a_held_create_holds_its_directory_at_most_ask_dir_hold() {
 
     // A bystander (uid 1001, which may write docs) lists docs, looks up a name nobody
     // looked up yet and creates a file there, while the create is held: it waits for the
-    // directory at most about --ask-dir-hold (1 s), not --ask-timeout (30 s).
+    // directory at most about --ask-dir-hold (3 s), not --ask-timeout (30 s). (Bounds are
+    // generous for a loaded machine; "at once" below is under half the hold.)
     let t = Instant::now();
     let o = m.sh_as(
         1001,
@@ -188,15 +189,15 @@ fn a_held_create_holds_its_directory_at_most_ask_dir_hold() {
     eprintln!("bystander's ls + stat + create during a held create: {waited:?}");
     assert_eq!(o.stdout.trim(), "ok", "{}", o.stderr);
     assert!(
-        waited < Duration::from_secs(6),
+        waited < Duration::from_secs(10),
         "the bystander waited {waited:?} in docs"
     );
     assert_eq!(std::fs::read(m.host("docs/by.txt")).unwrap(), b"by\n");
 
-    // The held create itself failed with EACCES after about a second; host untouched.
+    // The held create itself failed with EACCES after about 3 s; host untouched.
     let (r, secs) = result(agent);
     assert_eq!(r, "EACCES");
-    assert!((0.8..6.0).contains(&secs), "held {secs} s");
+    assert!((2.8..10.0).contains(&secs), "held {secs} s");
     assert!(!m.host("docs/new.txt").exists());
 
     // Its question is still open, and says so.
@@ -214,7 +215,7 @@ fn a_held_create_holds_its_directory_at_most_ask_dir_hold() {
     ] {
         let (r, secs) = result(py_as(&m, 1000, &timed(stmt)));
         assert_eq!(r, "EACCES", "{stmt}");
-        assert!(secs < 0.5, "{stmt} waited {secs} s");
+        assert!(secs < 1.5, "{stmt} waited {secs} s");
     }
     assert!(!m.host("docs/sub").exists() && m.host("docs/b.md").exists());
     assert_eq!(
@@ -230,7 +231,7 @@ fn a_held_create_holds_its_directory_at_most_ask_dir_hold() {
     assert_eq!(a["ok"], true, "{a}");
     let (r, secs) = result(py_as(&m, 1000, &create));
     assert_eq!(r, "ok");
-    assert!(secs < 0.5, "the retry waited {secs} s");
+    assert!(secs < 1.5, "the retry waited {secs} s");
     assert_eq!(std::fs::read(m.host("docs/new.txt")).unwrap(), b"new\n");
     // Only that path: another create in docs is asked (and, unanswered, refused again).
     let other = py_as(&m, 1000, &timed("open('docs/other.txt', 'w')"));
@@ -273,7 +274,7 @@ fn with_ask_dir_hold_0_directory_changes_are_never_held() {
     let rename = timed("os.rename('docs/a.md', 'docs/renamed.md')");
     let (r, secs) = result(py_as(&m, 1000, &rename));
     assert_eq!(r, "EACCES");
-    assert!(secs < 0.5, "the rename waited {secs} s");
+    assert!(secs < 1.5, "the rename waited {secs} s");
     assert_host_unchanged(&before, &m.root().join("src"), "refused rename");
     let ev = ap.next(Some("ask"));
     assert_eq!(ev["op"], "rename");
@@ -291,14 +292,14 @@ fn with_ask_dir_hold_0_directory_changes_are_never_held() {
         (w["op"].clone(), w["retry"].clone()),
         (json!("open"), json!(false))
     );
-    std::thread::sleep(Duration::from_millis(1500));
+    std::thread::sleep(Duration::from_millis(2500));
     assert_eq!(
         ap.call(json!({"cmd": "decide", "id": w["id"], "allow": true}))["ok"],
         true
     );
     let (r, secs) = result(write);
     assert_eq!(r, "ok");
-    assert!(secs >= 1.4, "the write was held {secs} s");
+    assert!(secs >= 2.4, "the write was held {secs} s");
     assert_eq!(std::fs::read(m.host("docs/c.md")).unwrap(), b"w\n");
 
     // The posted rename, allowed later: the retry goes through, unasked.
