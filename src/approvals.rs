@@ -338,6 +338,10 @@ impl Approvals {
                 Admit::Hold(t) => (Some(resume), (t < expires).then_some(t), None),
                 Admit::Post => (None, None, Some(resume)),
             };
+            // A directory change that times out before its hold would run out (a short
+            // --ask-timeout) ends with its caller: no retry to answer for.
+            let mut req = req;
+            req.retry &= release.is_some() || posted.is_some();
             g.insert(
                 id,
                 Entry {

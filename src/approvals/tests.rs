@@ -48,15 +48,20 @@ fn none() -> Resume {
     Box::new(|_| {})
 }
 
-/// A table with one approver, whose continuations report their outcome on a channel.
-fn table(
-    cap: usize,
-) -> (
+type Table = (
     Approvals,
     std::sync::mpsc::Receiver<(Resume, Outcome)>,
     std::sync::mpsc::Receiver<Event>,
-) {
-    let a = Approvals::new(cap, Duration::from_secs(60));
+);
+
+/// A table with one approver, whose continuations report their outcome on a channel.
+fn table(cap: usize) -> Table {
+    table_timing(cap, Duration::from_secs(60))
+}
+
+/// [`table`] with this ask timeout.
+fn table_timing(cap: usize, timeout: Duration) -> Table {
+    let a = Approvals::new(cap, timeout);
     let (rtx, rrx) = channel();
     let (etx, erx) = channel();
     a.connect(
@@ -141,16 +146,7 @@ fn a_denial_is_never_remembered() {
 
 #[test]
 fn timeouts_reload_reaping_and_shutdown_end_requests() {
-    let a = Approvals::new(8, Duration::from_millis(0));
-    let (rtx, r) = channel();
-    let (etx, _e) = channel();
-    a.connect(
-        rtx,
-        Box::new(move |e| {
-            let _ = etx.send(e);
-        }),
-    );
-    a.set_approvers(1);
+    let (a, r, _e) = table_timing(8, Duration::ZERO);
     id(a.hold(req(1, "t"), none(), None));
     assert_eq!(a.expire(Instant::now()), None, "timed out, nothing left");
     assert_eq!(resumed(&r)[0].by, "timeout");
@@ -337,4 +333,17 @@ fn with_no_dir_hold_a_directory_change_is_posted_not_held() {
     // A later "path" answer remembers the path and below until reload.
     a.decide(q, true, true, 0).unwrap();
     assert!(a.remembered(1000, b"docs/new/x"));
+}
+
+#[test]
+fn a_directory_change_that_times_out_first_is_an_ordinary_hold() {
+    // --ask-timeout 1 s, --ask-dir-hold 5 s: held until the timeout, caller and question
+    // end together, and approvers are not told to expect a retry.
+    let (a, r, e) = table_timing(16, Duration::from_secs(1));
+    let a = a.with_dir_hold(Duration::from_secs(5));
+    let q = id(a.hold(change(1000, "docs/new"), none(), None));
+    assert!(matches!(e.try_recv(), Ok(Event::Ask(h)) if h.id == q && !h.req.retry));
+    a.expire(Instant::now() + Duration::from_secs(2));
+    assert_eq!(resumed(&r)[0].by, "timeout");
+    assert!(a.is_empty());
 }
