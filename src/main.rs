@@ -4,14 +4,22 @@ use clap::Parser;
 use fencefs::cli::{Cli, Command};
 
 fn main() {
+    let args: Vec<OsString> = std::env::args_os().collect();
+    let helper = fencefs::fuse_opts::is_helper_form(&args, |p| p.exists());
+    // As mount(8)'s helper, silent on success: INFO lines ("transport: ...") only when
+    // stderr is the journal or a file; warnings and errors always. RUST_LOG overrides.
+    let level = if helper && !fencefs::daemon::stderr_is_a_log() {
+        "warn"
+    } else {
+        "info"
+    };
     // fuser's session warns "Failed to umount filesystem" on every clean unmount (its check
     // for a mount that is already gone never says gone); fencefs reports the real state.
     env_logger::Builder::from_env(
-        env_logger::Env::default().default_filter_or("info,fuser::session=error"),
+        env_logger::Env::default().default_filter_or(format!("{level},fuser::session=error")),
     )
     .init();
-    let args: Vec<OsString> = std::env::args_os().collect();
-    let command = if fencefs::fuse_opts::is_helper_form(&args, |p| p.exists()) {
+    let command = if helper {
         Command::Mount(mount_helper(&args[1..]))
     } else {
         Cli::parse().command

@@ -172,7 +172,7 @@ fn build_state(a: &MountArgs) -> Result<(State, Result<OwnedFd, String>), String
 /// Binds the control socket, plans the transport, then mounts (in that order: the socket
 /// exists once the mount does; the plan decides what INIT offers).
 fn mount_session(a: &MountArgs, state: &State) -> Result<Mounted, String> {
-    let config = session_config(a, state.threads);
+    let config = session_config(a, &state.src, state.threads);
     let control = threads::bind_control(a)?;
     let plan = crate::transport::plan(a.transport)?;
     let fs = FenceFs::new(state.shared.clone());
