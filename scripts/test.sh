@@ -63,6 +63,9 @@ fi
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
 export RUST_BACKTRACE="${RUST_BACKTRACE:-1}"
 
+say "layout: no file under src/ over 800 lines, no import cycle (scripts/check-layout.sh)"
+bash scripts/check-layout.sh
+
 say "cargo fmt --check"
 cargo fmt --all -- --check
 
