@@ -1,7 +1,8 @@
 //! The documentation follows the code: every policy key the parser accepts is described in
-//! fencefs-policy(5) and the README; every command-line option and every `-o` mount option
-//! is in fencefs(1) and the README; the man pages render without groff warnings; the bash
-//! completion completes; `--version` names the commit the binary was built from.
+//! fencefs-policy(5) and the book's policy chapter (docs/src/policy.md); every command-line
+//! option and every `-o` mount option is in fencefs(1) and the book (docs/src/); the man
+//! pages render without groff warnings; the bash completion completes; `--version` names
+//! the commit the binary was built from.
 
 mod common;
 
@@ -15,8 +16,23 @@ use clap::CommandFactory;
 
 const T: Duration = Duration::from_secs(30);
 
-fn readme() -> String {
-    fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap()
+/// One chapter of the book (docs/src/NAME).
+fn chapter(name: &str) -> String {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/src").join(name);
+    fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+}
+
+/// Every chapter of the book, in file-name order.
+fn book() -> String {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/src");
+    let mut names: Vec<PathBuf> = fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "md"))
+        .collect();
+    names.sort();
+    assert!(names.len() >= 10, "the book has only {names:?}");
+    names.iter().map(|p| fs::read_to_string(p).unwrap()).collect()
 }
 
 /// Roff source as plain text: `\-` is `-`, font escapes go.
@@ -102,13 +118,13 @@ fn no_overstrike(s: &str) -> String {
 }
 
 #[test]
-fn every_policy_key_is_in_the_policy_man_page_and_the_readme() {
+fn every_policy_key_is_in_the_policy_man_page_and_the_book() {
     let (top, rule) = policy_keys();
     assert_eq!(top.len(), 7, "{top:?}");
     assert!(rule.contains(&"path".to_string()) && rule.contains(&"access".to_string()));
     let man = fencefs::docs::POLICY_MAN;
-    let readme = readme();
-    let policy_section = &readme[readme.find("## Policy file").unwrap()..];
+    let policy = chapter("policy.md");
+    let policy_section = &policy[policy.find("# Policy file").unwrap()..];
     for k in top.iter().chain(&rule) {
         let in_man = if k == "rule" {
             man.contains("\\fB[[rule]]\\fR")
@@ -119,14 +135,14 @@ fn every_policy_key_is_in_the_policy_man_page_and_the_readme() {
             in_man,
             "policy key '{k}' is not described in doc/fencefs-policy.5"
         );
-        let in_readme = if k == "rule" {
+        let in_book = if k == "rule" {
             policy_section.contains("[[rule]]")
         } else {
             assigned(policy_section, k)
         };
         assert!(
-            in_readme,
-            "policy key '{k}' is not in the README's Policy file section"
+            in_book,
+            "policy key '{k}' is not in the book's Policy file chapter (docs/src/policy.md)"
         );
     }
     for word in [
@@ -146,8 +162,8 @@ fn every_policy_key_is_in_the_policy_man_page_and_the_readme() {
 }
 
 #[test]
-fn every_option_is_in_fencefs_1_and_the_readme() {
-    let readme = readme();
+fn every_option_is_in_fencefs_1_and_the_book() {
+    let book = book();
     let (_ws, out) = generated_docs();
     let man = plain(&fs::read_to_string(out.join("man/fencefs.1")).unwrap());
     let cli = fencefs::cli::Cli::command();
@@ -160,8 +176,8 @@ fn every_option_is_in_fencefs_1_and_the_readme() {
             sub.get_name()
         );
         assert!(
-            readme.contains(&format!("fencefs {}", sub.get_name())),
-            "README lacks `fencefs {}`",
+            book.contains(&format!("fencefs {}", sub.get_name())),
+            "the book (docs/src) lacks `fencefs {}`",
             sub.get_name()
         );
         for a in sub.get_arguments().filter(|a| !a.is_hide_set()) {
@@ -176,15 +192,16 @@ fn every_option_is_in_fencefs_1_and_the_readme() {
                 sub.get_name()
             );
             assert!(
-                readme.contains(&flag),
-                "README lacks {flag} of `{}`",
+                book.contains(&flag),
+                "the book (docs/src) lacks {flag} of `{}`",
                 sub.get_name()
             );
         }
     }
     assert!(n >= 20, "only {n} options found");
-    let fstab = &readme[readme
-        .find("### fstab and `mount -t fuse.fencefs`")
+    let operating = chapter("operating.md");
+    let fstab = &operating[operating
+        .find("## fstab and `mount -t fuse.fencefs`")
         .unwrap()..];
     for o in fencefs::fuse_opts::options() {
         let spelled = match &o.value {
@@ -193,7 +210,7 @@ fn every_option_is_in_fencefs_1_and_the_readme() {
         };
         assert!(
             fstab.contains(&spelled),
-            "README's fstab section lacks -o {spelled}"
+            "the book's fstab section (docs/src/operating.md) lacks -o {spelled}"
         );
         assert!(
             man.contains(&format!("\n{}", o.name)),
@@ -204,7 +221,7 @@ fn every_option_is_in_fencefs_1_and_the_readme() {
     for (g, _) in fencefs::fuse_opts::GENERIC {
         assert!(
             fstab.contains(&format!("`{g}`")),
-            "README lacks generic option {g}"
+            "the book's fstab section (docs/src/operating.md) lacks generic option {g}"
         );
         assert!(
             man.contains(&format!("\n{g}\n")),
