@@ -18,7 +18,9 @@ const T: Duration = Duration::from_secs(30);
 
 /// One chapter of the book (docs/src/NAME).
 fn chapter(name: &str) -> String {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/src").join(name);
+    let p = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("docs/src")
+        .join(name);
     fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
 }
 
@@ -32,7 +34,10 @@ fn book() -> String {
         .collect();
     names.sort();
     assert!(names.len() >= 10, "the book has only {names:?}");
-    names.iter().map(|p| fs::read_to_string(p).unwrap()).collect()
+    names
+        .iter()
+        .map(|p| fs::read_to_string(p).unwrap())
+        .collect()
 }
 
 /// Roff source as plain text: `\-` is `-`, font escapes go.
