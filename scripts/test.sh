@@ -126,6 +126,6 @@ bash scripts/soak.sh --secs "${FENCEFS_SOAK_SECS:-30}" --bin target/debug/fencef
 
 say "policy fuzzing (stable harness, 25 s)"
 FENCEFS_FUZZ_SECS="${FENCEFS_FUZZ_SECS:-25}" cargo test --quiet --test policy_prop -- \
-    --ignored --exact fuzz_random_inputs
+    --ignored --exact fuzz::fuzz_random_inputs
 
 say "all checks passed"

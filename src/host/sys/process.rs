@@ -91,7 +91,7 @@ pub fn fuse_backing_close(dev: BorrowedFd<'_>, id: u32) -> io::Result<()> {
 /// With an arena per thread, nodes allocated by the io_uring queue threads and freed by
 /// the FORGET workers left whole arenas fragmented: after a second 200,000-file walk was
 /// forgotten the daemon kept 74 MiB (io_uring) and 35 MiB (/dev/fuse); with two arenas
-/// 19 and 16 MiB (`tests/faults.rs`).
+/// 19 and 16 MiB (`tests/faults/`).
 pub fn limit_malloc_arenas(n: i32) {
     if std::env::var_os("MALLOC_ARENA_MAX").is_some() {
         return;
