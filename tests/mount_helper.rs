@@ -424,6 +424,26 @@ fn inner() {
     );
     assert_eq!(reap(pid, Duration::from_secs(10)), Some(0));
 
+    // ---- RUST_LOG brings the INFO lines back (mount(8) passes it on) ------------------------
+    let o = must(
+        run(Command::new("mount")
+            .args(["-t", "fuse.fencefs", "/srv/work", "/run/fencefs/cli"])
+            .args(["-o", "policy=/etc/fencefs/work.toml,ro"])
+            .env("RUST_LOG", "info")),
+        "RUST_LOG=info mount -t fuse.fencefs",
+    );
+    let err = text(&o.stderr);
+    assert!(
+        err.contains("mounted /srv/work at /run/fencefs/cli") && err.contains("transport: "),
+        "RUST_LOG=info: {err}"
+    );
+    let pid = *daemon_children().first().expect("daemon");
+    must(
+        run(Command::new("umount").arg("/run/fencefs/cli")),
+        "umount cli (RUST_LOG)",
+    );
+    assert_eq!(reap(pid, Duration::from_secs(10)), Some(0));
+
     must(
         sh("umount /usr/local/sbin /run /srv /etc"),
         "namespace teardown",
