@@ -1,7 +1,8 @@
 //! The documentation follows the code: every policy key the parser accepts is described in
 //! fencefs-policy(5) and the book's policy chapter (docs/src/policy.md); every command-line
-//! option and every `-o` mount option is in fencefs(1) and the book (docs/src/); the man
-//! pages render without groff warnings; the bash completion completes; `--version` names
+//! option and every `-o` mount option is in fencefs(1) and the book (docs/src/); every
+//! TOML policy the README and the book show compiles; the man pages render without groff
+//! warnings; the bash completion completes; `--version` names
 //! the commit the binary was built from.
 
 mod common;
@@ -303,4 +304,35 @@ fn version_names_the_commit() {
         o.stdout,
         format!("fencefs {} (commit {commit})\n", env!("CARGO_PKG_VERSION"))
     );
+}
+
+#[test]
+fn every_policy_in_the_readme_and_the_book_compiles() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files = vec![root.join("README.md")];
+    let mut chapters: Vec<PathBuf> = fs::read_dir(root.join("docs/src"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "md"))
+        .collect();
+    chapters.sort();
+    files.extend(chapters);
+    let mut n = 0;
+    for f in &files {
+        let text = fs::read_to_string(f).unwrap();
+        let mut rest = text.as_str();
+        while let Some(start) = rest.find("```toml\n") {
+            let block = &rest[start + 8..];
+            let end = block.find("```").expect("an unterminated ```toml block");
+            let line = text.len() - rest.len() + start;
+            let line = text[..line].lines().count() + 1;
+            let name = format!("{}:{line}", f.display());
+            if let Err(errors) = fencefs::policy::Policy::parse(&block[..end], &name) {
+                panic!("the policy block at {name} does not compile: {errors:?}");
+            }
+            n += 1;
+            rest = &block[end + 3..];
+        }
+    }
+    assert!(n >= 3, "only {n} policy blocks found");
 }
