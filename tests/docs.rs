@@ -2,8 +2,8 @@
 //! fencefs-policy(5) and the book's policy chapter (docs/src/policy.md); every command-line
 //! option and every `-o` mount option is in fencefs(1) and the book (docs/src/); every
 //! TOML policy the README and the book show compiles; the man pages render without groff
-//! warnings; the bash completion completes; `--version` names
-//! the commit the binary was built from.
+//! warnings; the bash completion completes; `--version` names the commit the binary was
+//! built from.
 
 mod common;
 
