@@ -25,17 +25,31 @@ fn chapter(name: &str) -> String {
     fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
 }
 
+/// The book's Markdown files (docs/src/**/*.md), sorted.
+fn book_files() -> Vec<PathBuf> {
+    fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
+        for e in fs::read_dir(dir).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                walk(&p, out);
+            } else if p.extension().is_some_and(|x| x == "md") {
+                out.push(p);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/src"),
+        &mut out,
+    );
+    out.sort();
+    assert!(out.len() >= 10, "the book has only {out:?}");
+    out
+}
+
 /// Every chapter of the book, in file-name order.
 fn book() -> String {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/src");
-    let mut names: Vec<PathBuf> = fs::read_dir(&dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|x| x == "md"))
-        .collect();
-    names.sort();
-    assert!(names.len() >= 10, "the book has only {names:?}");
-    names
+    book_files()
         .iter()
         .map(|p| fs::read_to_string(p).unwrap())
         .collect()
@@ -310,13 +324,7 @@ fn version_names_the_commit() {
 fn every_policy_in_the_readme_and_the_book_compiles() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let mut files = vec![root.join("README.md")];
-    let mut chapters: Vec<PathBuf> = fs::read_dir(root.join("docs/src"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.extension().is_some_and(|x| x == "md"))
-        .collect();
-    chapters.sort();
-    files.extend(chapters);
+    files.extend(book_files());
     let mut n = 0;
     for f in &files {
         let text = fs::read_to_string(f).unwrap();
