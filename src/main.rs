@@ -4,22 +4,14 @@ use clap::Parser;
 use fencefs::cli::{Cli, Command};
 
 fn main() {
-    let args: Vec<OsString> = std::env::args_os().collect();
-    let helper = fencefs::fuse_opts::is_helper_form(&args, |p| p.exists());
-    // As mount(8)'s helper, silent on success: INFO lines ("transport: ...") only when
-    // stderr is the journal or a file; warnings and errors always. RUST_LOG overrides.
-    let level = if helper && !fencefs::daemon::stderr_is_a_log() {
-        "warn"
-    } else {
-        "info"
-    };
     // fuser's session warns "Failed to umount filesystem" on every clean unmount (its check
     // for a mount that is already gone never says gone); fencefs reports the real state.
     env_logger::Builder::from_env(
-        env_logger::Env::default().default_filter_or(format!("{level},fuser::session=error")),
+        env_logger::Env::default().default_filter_or("info,fuser::session=error"),
     )
     .init();
-    let command = if helper {
+    let args: Vec<OsString> = std::env::args_os().collect();
+    let command = if fencefs::fuse_opts::is_helper_form(&args, |p| p.exists()) {
         Command::Mount(mount_helper(&args[1..]))
     } else {
         Cli::parse().command
@@ -34,6 +26,12 @@ const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/s
 /// options, then daemonize (returns in the child, which mounts; the parent exits 0 once
 /// the mount is ready, or with the child's error).
 fn mount_helper(args: &[OsString]) -> fencefs::cli::MountArgs {
+    // Silent on success, as mount helpers are (boot logs, `mount -a`): the INFO lines
+    // ("transport: ...") only when stderr is the journal or a file; warnings and errors
+    // always. RUST_LOG, when set, decides instead.
+    if std::env::var_os("RUST_LOG").is_none() && !fencefs::daemon::stderr_is_a_log() {
+        log::set_max_level(log::LevelFilter::Warn);
+    }
     let fail = |code: i32, msg: String| -> ! {
         eprintln!("fencefs: {msg}");
         std::process::exit(code)
