@@ -1,7 +1,7 @@
 //! The policy fuzz harness: arbitrary bytes → policy text + paths → parse, compile, decide.
 //!
 //! Shared, via `#[path]`, by the cargo-fuzz target (`fuzz/fuzz_targets/policy.rs`, libFuzzer,
-//! nightly features) and by the stable-Rust replay/random tests in `tests/policy_prop.rs`, so
+//! nightly features) and by the stable-Rust replay/random tests in `tests/policy_prop/`, so
 //! a crash found by either is reproduced by the same code.
 //!
 //! Input layout: the bytes up to the first NUL are the policy (UTF-8, lossily); the bytes

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Full local/CI check: installs what a fresh Debian machine lacks, then
-# fmt, clippy, build, and every test (unit + mount tests against the real daemon).
+# Full local/CI check: installs what a fresh Debian machine lacks, then the layout and
+# docs checks, fmt, clippy, build, and every test (unit + mount tests against the real daemon).
 # Idempotent; exits non-zero on the first failing step.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -63,6 +63,12 @@ fi
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
 export RUST_BACKTRACE="${RUST_BACKTRACE:-1}"
 
+say "layout: no file under src/ over 800 lines, no import cycle (scripts/check-layout.sh)"
+bash scripts/check-layout.sh
+
+say "docs: the book builds and its links resolve (scripts/check-docs.sh)"
+bash scripts/check-docs.sh
+
 say "cargo fmt --check"
 cargo fmt --all -- --check
 
@@ -120,6 +126,6 @@ bash scripts/soak.sh --secs "${FENCEFS_SOAK_SECS:-30}" --bin target/debug/fencef
 
 say "policy fuzzing (stable harness, 25 s)"
 FENCEFS_FUZZ_SECS="${FENCEFS_FUZZ_SECS:-25}" cargo test --quiet --test policy_prop -- \
-    --ignored --exact fuzz_random_inputs
+    --ignored --exact fuzz::fuzz_random_inputs
 
 say "all checks passed"

@@ -75,13 +75,20 @@ fn redirect(fd: i32) {
 /// a regular file, where the daemon's log keeps going. A terminal or a pipe is let go.
 pub fn detach_stdio() {
     redirect(1);
+    if !stderr_is_a_log() {
+        redirect(2);
+    }
+}
+
+/// Whether stderr is a log rather than a person: systemd's journal stream
+/// (`$JOURNAL_STREAM`) or a regular file. The mount helper logs at INFO only there; on a
+/// terminal or a pipe it prints warnings and errors only (mount helpers are silent on
+/// success).
+pub fn stderr_is_a_log() -> bool {
     // /proc/self/fd/2 resolves to stderr's file, socket or pipe, whatever it is.
-    let keep = std::fs::metadata("/proc/self/fd/2").is_ok_and(|m| {
+    std::fs::metadata("/proc/self/fd/2").is_ok_and(|m| {
         m.file_type().is_file()
             || std::env::var("JOURNAL_STREAM")
                 .is_ok_and(|j| j == format!("{}:{}", m.dev(), m.ino()))
-    });
-    if !keep {
-        redirect(2);
-    }
+    })
 }

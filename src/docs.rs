@@ -5,7 +5,7 @@
 //!   synopses and option lists), the mount(8) form with every `-o` option
 //!   ([`crate::fuse_opts`]), signals, exit status, files.
 //! - `man/fencefs-policy.5`: the policy format, written by hand in `doc/` (a test keeps it
-//!   and the README in step with the policy parser's keys).
+//!   and the book's policy chapter, docs/src/policy.md, in step with the parser's keys).
 //! - `completions/fencefs.bash`, `_fencefs` (zsh), `fencefs.fish`: clap_complete.
 
 use std::io::{self, Write};
@@ -176,10 +176,13 @@ pub fn fencefs_1() -> io::Result<Vec<u8>> {
         "mount -t fuse.fencefs SOURCE MOUNTPOINT -o OPTIONS, and /etc/fstab lines of type \
          fuse.fencefs, run mount.fuse3(8), which runs fencefs SOURCE MOUNTPOINT -o OPTIONS. \
          fencefs then mounts like fencefs mount and puts itself in the background: mount(8) \
-         returns 0 once the mount answers requests, or fails with the error. umount(8) \
-         unmounts it, and the daemon exits. In the background, log lines go to systemd's \
-         journal when mount(8) ran under systemd (fstab at boot, .mount units), and \
-         otherwise nowhere (use audit=FILE, or fencefs mount in the foreground).",
+         returns 0 once the mount answers requests, printing nothing, or fails with the \
+         error on one line. umount(8) unmounts it, and the daemon exits. Log lines go to \
+         systemd's journal when mount(8) ran under systemd (fstab at boot, .mount units) \
+         or to stderr when it is a regular file; on a terminal or a pipe only warnings and \
+         errors are printed (RUST_LOG overrides), and in the background nothing (use \
+         audit=FILE, or fencefs mount in the foreground). The mount table (findmnt, df) \
+         shows SOURCE as the mount's source.",
     );
     para(
         &mut r,

@@ -26,6 +26,12 @@ const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/s
 /// options, then daemonize (returns in the child, which mounts; the parent exits 0 once
 /// the mount is ready, or with the child's error).
 fn mount_helper(args: &[OsString]) -> fencefs::cli::MountArgs {
+    // Silent on success, as mount helpers are (boot logs, `mount -a`): the INFO lines
+    // ("transport: ...") only when stderr is the journal or a file; warnings and errors
+    // always. RUST_LOG, when set, decides instead.
+    if std::env::var_os("RUST_LOG").is_none() && !fencefs::daemon::stderr_is_a_log() {
+        log::set_max_level(log::LevelFilter::Warn);
+    }
     let fail = |code: i32, msg: String| -> ! {
         eprintln!("fencefs: {msg}");
         std::process::exit(code)

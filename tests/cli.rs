@@ -533,6 +533,11 @@ fn mount_shows_as_fuse_fencefs_nosuid_nodev() {
     );
     let opts = mount_options(&m.mnt("")).unwrap();
     assert!(opts.contains("nosuid") && opts.contains("nodev"), "{opts}");
+    // The mount's source is SOURCE (canonical), as bindfs and sshfs show theirs.
+    let f: Vec<&str> = opts.split(' ').collect();
+    let sep = f.iter().position(|x| *x == "-").unwrap();
+    let src = m.host("").canonicalize().unwrap();
+    assert_eq!(f[sep + 2], src.to_str().unwrap(), "source in {opts}");
 }
 
 #[test]

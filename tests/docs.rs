@@ -1,7 +1,9 @@
 //! The documentation follows the code: every policy key the parser accepts is described in
-//! fencefs-policy(5) and the README; every command-line option and every `-o` mount option
-//! is in fencefs(1) and the README; the man pages render without groff warnings; the bash
-//! completion completes; `--version` names the commit the binary was built from.
+//! fencefs-policy(5) and the book's policy chapter (docs/src/policy.md); every command-line
+//! option and every `-o` mount option is in fencefs(1) and the book (docs/src/); every
+//! TOML policy the README and the book show compiles; the man pages render without groff
+//! warnings; the bash completion completes; `--version` names the commit the binary was
+//! built from.
 
 mod common;
 
@@ -15,8 +17,42 @@ use clap::CommandFactory;
 
 const T: Duration = Duration::from_secs(30);
 
-fn readme() -> String {
-    fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap()
+/// One chapter of the book (docs/src/NAME).
+fn chapter(name: &str) -> String {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("docs/src")
+        .join(name);
+    fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+}
+
+/// The book's Markdown files (docs/src/**/*.md), sorted.
+fn book_files() -> Vec<PathBuf> {
+    fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
+        for e in fs::read_dir(dir).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                walk(&p, out);
+            } else if p.extension().is_some_and(|x| x == "md") {
+                out.push(p);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/src"),
+        &mut out,
+    );
+    out.sort();
+    assert!(out.len() >= 10, "the book has only {out:?}");
+    out
+}
+
+/// Every chapter of the book, in file-name order.
+fn book() -> String {
+    book_files()
+        .iter()
+        .map(|p| fs::read_to_string(p).unwrap())
+        .collect()
 }
 
 /// Roff source as plain text: `\-` is `-`, font escapes go.
@@ -102,13 +138,13 @@ fn no_overstrike(s: &str) -> String {
 }
 
 #[test]
-fn every_policy_key_is_in_the_policy_man_page_and_the_readme() {
+fn every_policy_key_is_in_the_policy_man_page_and_the_book() {
     let (top, rule) = policy_keys();
     assert_eq!(top.len(), 7, "{top:?}");
     assert!(rule.contains(&"path".to_string()) && rule.contains(&"access".to_string()));
     let man = fencefs::docs::POLICY_MAN;
-    let readme = readme();
-    let policy_section = &readme[readme.find("## Policy file").unwrap()..];
+    let policy = chapter("policy.md");
+    let policy_section = &policy[policy.find("# Policy file").unwrap()..];
     for k in top.iter().chain(&rule) {
         let in_man = if k == "rule" {
             man.contains("\\fB[[rule]]\\fR")
@@ -119,14 +155,14 @@ fn every_policy_key_is_in_the_policy_man_page_and_the_readme() {
             in_man,
             "policy key '{k}' is not described in doc/fencefs-policy.5"
         );
-        let in_readme = if k == "rule" {
+        let in_book = if k == "rule" {
             policy_section.contains("[[rule]]")
         } else {
             assigned(policy_section, k)
         };
         assert!(
-            in_readme,
-            "policy key '{k}' is not in the README's Policy file section"
+            in_book,
+            "policy key '{k}' is not in the book's Policy file chapter (docs/src/policy.md)"
         );
     }
     for word in [
@@ -146,8 +182,8 @@ fn every_policy_key_is_in_the_policy_man_page_and_the_readme() {
 }
 
 #[test]
-fn every_option_is_in_fencefs_1_and_the_readme() {
-    let readme = readme();
+fn every_option_is_in_fencefs_1_and_the_book() {
+    let book = book();
     let (_ws, out) = generated_docs();
     let man = plain(&fs::read_to_string(out.join("man/fencefs.1")).unwrap());
     let cli = fencefs::cli::Cli::command();
@@ -160,8 +196,8 @@ fn every_option_is_in_fencefs_1_and_the_readme() {
             sub.get_name()
         );
         assert!(
-            readme.contains(&format!("fencefs {}", sub.get_name())),
-            "README lacks `fencefs {}`",
+            book.contains(&format!("fencefs {}", sub.get_name())),
+            "the book (docs/src) lacks `fencefs {}`",
             sub.get_name()
         );
         for a in sub.get_arguments().filter(|a| !a.is_hide_set()) {
@@ -176,15 +212,16 @@ fn every_option_is_in_fencefs_1_and_the_readme() {
                 sub.get_name()
             );
             assert!(
-                readme.contains(&flag),
-                "README lacks {flag} of `{}`",
+                book.contains(&flag),
+                "the book (docs/src) lacks {flag} of `{}`",
                 sub.get_name()
             );
         }
     }
     assert!(n >= 20, "only {n} options found");
-    let fstab = &readme[readme
-        .find("### fstab and `mount -t fuse.fencefs`")
+    let operating = chapter("operating.md");
+    let fstab = &operating[operating
+        .find("## fstab and `mount -t fuse.fencefs`")
         .unwrap()..];
     for o in fencefs::fuse_opts::options() {
         let spelled = match &o.value {
@@ -193,7 +230,7 @@ fn every_option_is_in_fencefs_1_and_the_readme() {
         };
         assert!(
             fstab.contains(&spelled),
-            "README's fstab section lacks -o {spelled}"
+            "the book's fstab section (docs/src/operating.md) lacks -o {spelled}"
         );
         assert!(
             man.contains(&format!("\n{}", o.name)),
@@ -204,7 +241,7 @@ fn every_option_is_in_fencefs_1_and_the_readme() {
     for (g, _) in fencefs::fuse_opts::GENERIC {
         assert!(
             fstab.contains(&format!("`{g}`")),
-            "README lacks generic option {g}"
+            "the book's fstab section (docs/src/operating.md) lacks generic option {g}"
         );
         assert!(
             man.contains(&format!("\n{g}\n")),
@@ -281,4 +318,29 @@ fn version_names_the_commit() {
         o.stdout,
         format!("fencefs {} (commit {commit})\n", env!("CARGO_PKG_VERSION"))
     );
+}
+
+#[test]
+fn every_policy_in_the_readme_and_the_book_compiles() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files = vec![root.join("README.md")];
+    files.extend(book_files());
+    let mut n = 0;
+    for f in &files {
+        let text = fs::read_to_string(f).unwrap();
+        let mut rest = text.as_str();
+        while let Some(start) = rest.find("```toml\n") {
+            let block = &rest[start + 8..];
+            let end = block.find("```").expect("an unterminated ```toml block");
+            let line = text.len() - rest.len() + start;
+            let line = text[..line].lines().count() + 1;
+            let name = format!("{}:{line}", f.display());
+            if let Err(errors) = fencefs::policy::Policy::parse(&block[..end], &name) {
+                panic!("the policy block at {name} does not compile: {errors:?}");
+            }
+            n += 1;
+            rest = &block[end + 3..];
+        }
+    }
+    assert!(n >= 3, "only {n} policy blocks found");
 }

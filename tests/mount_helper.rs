@@ -116,6 +116,40 @@ fn mounted_type(mnt: &str) -> Option<(String, String)> {
     })
 }
 
+/// The source field of the last mount at `mnt` in /proc/self/mountinfo.
+fn mounted_source(mnt: &str) -> Option<String> {
+    let info = fs::read_to_string("/proc/self/mountinfo").unwrap();
+    info.lines().rev().find_map(|l| {
+        let f: Vec<&str> = l.split(' ').collect();
+        if f.get(4) != Some(&mnt) {
+            return None;
+        }
+        let sep = f.iter().position(|x| *x == "-")?;
+        f.get(sep + 2).map(|s| s.to_string())
+    })
+}
+
+/// Nothing on stdout or stderr.
+fn assert_silent(o: &Output, what: &str) {
+    assert_eq!(
+        (text(&o.stdout), text(&o.stderr)),
+        (String::new(), String::new()),
+        "{what} must print nothing on success"
+    );
+}
+
+/// Exactly one line on stderr, nothing on stdout.
+fn one_error_line(o: &Output, what: &str) -> String {
+    let err = text(&o.stderr);
+    assert_eq!(text(&o.stdout), "", "{what}: stdout");
+    assert_eq!(
+        err.lines().count(),
+        1,
+        "{what}: one error line, got {err:?}"
+    );
+    err
+}
+
 fn must(o: Output, what: &str) -> Output {
     assert!(
         o.status.success(),
@@ -235,14 +269,34 @@ fn inner() {
 
     // ---- the README's line: `mount MOUNTPOINT` ----------------------------------------
     let t = Instant::now();
-    must(
+    let o = must(
         run(Command::new("mount").arg("/run/fencefs/work")),
         "mount /run/fencefs/work",
     );
     eprintln!("mount /run/fencefs/work returned after {:?}", t.elapsed());
+    // A mount helper is silent on success (boot logs, `mount -a`): no INFO line.
+    assert_silent(&o, "mount /run/fencefs/work");
     // mount(8) returned: the mount is there and answers at once.
     let (fstype, opts) = mounted_type("/run/fencefs/work").expect("mounted after mount(8)");
     assert_eq!(fstype, "fuse.fencefs");
+    // The mount table names SOURCE, as bindfs and sshfs do; findmnt and df agree.
+    assert_eq!(
+        mounted_source("/run/fencefs/work").as_deref(),
+        Some("/srv/work")
+    );
+    let o = must(
+        run(Command::new("findmnt").args(["-n", "-o", "SOURCE", "/run/fencefs/work"])),
+        "findmnt",
+    );
+    assert_eq!(text(&o.stdout).trim(), "/srv/work");
+    let o = must(
+        run(Command::new("df").args(["--output=source", "/run/fencefs/work"])),
+        "df",
+    );
+    assert_eq!(
+        text(&o.stdout).lines().nth(1).map(str::trim),
+        Some("/srv/work")
+    );
     for o in ["nosuid", "nodev", "allow_other", "default_permissions"] {
         assert!(opts.split(',').any(|x| x == o), "{o} missing in {opts}");
     }
@@ -321,7 +375,7 @@ fn inner() {
     // ---- an unknown option: an error naming it, nothing mounted, no daemon --------------
     let o = run(Command::new("mount").arg("/run/fencefs/bad"));
     assert!(!o.status.success());
-    let err = text(&o.stderr);
+    let err = one_error_line(&o, "mount /run/fencefs/bad");
     assert!(
         err.contains("fencefs: unknown mount option 'bogus_opt'; fencefs options: policy=FILE"),
         "{err}"
@@ -332,7 +386,7 @@ fn inner() {
     // ---- an invalid policy: mount(8) fails with the daemon's error ----------------------
     let o = run(Command::new("mount").arg("/run/fencefs/broken"));
     assert!(!o.status.success());
-    let err = text(&o.stderr);
+    let err = one_error_line(&o, "mount /run/fencefs/broken");
     assert!(
         err.contains(
             "fencefs: invalid policy: /etc/fencefs/broken.toml:2:1: unknown key \"bogus\""
@@ -343,7 +397,7 @@ fn inner() {
     assert_eq!(daemon_children(), Vec::<i32>::new());
 
     // ---- mount -t fuse.fencefs without fstab ---------------------------------------------
-    must(
+    let o = must(
         run(Command::new("mount").args([
             "-t",
             "fuse.fencefs",
@@ -354,6 +408,11 @@ fn inner() {
         ])),
         "mount -t fuse.fencefs",
     );
+    assert_silent(&o, "mount -t fuse.fencefs");
+    assert_eq!(
+        mounted_source("/run/fencefs/cli").as_deref(),
+        Some("/srv/work")
+    );
     let pid = *daemon_children().first().expect("daemon");
     assert_eq!(
         fs::read_to_string("/run/fencefs/cli/README.md").unwrap(),
@@ -362,6 +421,26 @@ fn inner() {
     must(
         run(Command::new("umount").arg("/run/fencefs/cli")),
         "umount cli",
+    );
+    assert_eq!(reap(pid, Duration::from_secs(10)), Some(0));
+
+    // ---- RUST_LOG brings the INFO lines back (mount(8) passes it on) ------------------------
+    let o = must(
+        run(Command::new("mount")
+            .args(["-t", "fuse.fencefs", "/srv/work", "/run/fencefs/cli"])
+            .args(["-o", "policy=/etc/fencefs/work.toml,ro"])
+            .env("RUST_LOG", "info")),
+        "RUST_LOG=info mount -t fuse.fencefs",
+    );
+    let err = text(&o.stderr);
+    assert!(
+        err.contains("mounted /srv/work at /run/fencefs/cli") && err.contains("transport: "),
+        "RUST_LOG=info: {err}"
+    );
+    let pid = *daemon_children().first().expect("daemon");
+    must(
+        run(Command::new("umount").arg("/run/fencefs/cli")),
+        "umount cli (RUST_LOG)",
     );
     assert_eq!(reap(pid, Duration::from_secs(10)), Some(0));
 

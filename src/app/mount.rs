@@ -14,6 +14,17 @@
 //!   queue threads inherit it and nobody is told "ready" before it applies;
 //! - after the session ends: `SESSION_DONE`, held requests released, the audit flushed,
 //!   then the exit thread reports whether the mount is really gone.
+//!
+//! Where each step is (`mount` calls them one after the other):
+//!
+//! | step | functions | file |
+//! |---|---|---|
+//! | 1. check: signal mask, SOURCE/MOUNTPOINT, policy, audit writer | `block_signals`; then, from `build_state`, `startup_checks`, `load_policy`, `start_audit` | `startup.rs` |
+//! | 2. open SOURCE and build the shared state (budgets, node table, fanotify) | `build_state`, `handle_budget` | here, `startup.rs` |
+//! | 3. mount: control socket, transport plan, session options (fsname = SOURCE), `Session::new` | `mount_session`, `bind_control`, `session_config` | here, `threads.rs`, `startup.rs` |
+//! | 4. start the daemon's threads: notify, watch, control, signals, exit | `start_threads`, `start_watch`, `start_control`, `start_exit_thread` | here, `threads.rs` |
+//! | 5. serve: confine, io_uring queues, readiness, resume thread, detach stdio, `session.run` | `serve`, `confine`, `start_transport`, `signal_ready`, `start_resume` | here, `threads.rs` |
+//! | 6. tear down: `SESSION_DONE`, held requests refused, audit flushed, exit thread joined | the end of `serve`, `flush_audit` | here |
 
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
@@ -172,7 +183,7 @@ fn build_state(a: &MountArgs) -> Result<(State, Result<OwnedFd, String>), String
 /// Binds the control socket, plans the transport, then mounts (in that order: the socket
 /// exists once the mount does; the plan decides what INIT offers).
 fn mount_session(a: &MountArgs, state: &State) -> Result<Mounted, String> {
-    let config = session_config(a, state.threads);
+    let config = session_config(a, &state.src, state.threads);
     let control = threads::bind_control(a)?;
     let plan = crate::transport::plan(a.transport)?;
     let fs = FenceFs::new(state.shared.clone());

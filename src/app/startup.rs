@@ -201,9 +201,10 @@ pub(super) fn start_audit(a: &MountArgs) -> Result<Option<Audit>, String> {
 }
 
 /// FUSE session settings: mount options, who may use the mount, worker threads.
-pub(super) fn session_config(a: &MountArgs, threads: usize) -> Config {
+/// `src` is the canonical SOURCE: the mount table names it as the mount's source.
+pub(super) fn session_config(a: &MountArgs, src: &Path, threads: usize) -> Config {
     let mut opts = vec![
-        MountOption::FSName("fencefs".into()),
+        MountOption::FSName(fsname(src)),
         // As root fuser calls mount(2) itself, which ignores `Subtype`; the kernel takes
         // `subtype=` as a mount option, so the type reads `fuse.fencefs` either way.
         MountOption::CUSTOM("subtype=fencefs".into()),
@@ -223,6 +224,17 @@ pub(super) fn session_config(a: &MountArgs, threads: usize) -> Config {
     config.n_threads = Some(threads);
     config.clone_fd = true;
     config
+}
+
+/// The mount's source in the mount table (findmnt, df, /proc/self/mountinfo): SOURCE, as
+/// bindfs and sshfs show theirs. A path that is not UTF-8, or holds a comma, a backslash
+/// or a control character (which fusermount3's option list and mount(2) would read
+/// differently), shows as `fencefs`.
+pub(super) fn fsname(src: &Path) -> String {
+    match src.to_str() {
+        Some(s) if !s.chars().any(|c| c == ',' || c == '\\' || c.is_control()) => s.to_string(),
+        _ => "fencefs".to_string(),
+    }
 }
 
 /// Descriptors kept back from open handles for the daemon's own work: the FUSE channels,
@@ -260,5 +272,16 @@ mod tests {
     fn mountinfo_escapes_are_decoded() {
         assert_eq!(unescape(b"/tmp/a\\040b"), b"/tmp/a b");
         assert_eq!(unescape(b"/x"), b"/x");
+    }
+
+    #[test]
+    fn fsname_is_source_unless_it_would_be_misread() {
+        assert_eq!(fsname(Path::new("/srv/work")), "/srv/work");
+        assert_eq!(fsname(Path::new("/srv/my work")), "/srv/my work");
+        for odd in ["/srv/a,b", "/srv/a\\b", "/srv/a\nb"] {
+            assert_eq!(fsname(Path::new(odd)), "fencefs", "{odd:?}");
+        }
+        let not_utf8 = std::ffi::OsStr::from_bytes(b"/srv/\xff");
+        assert_eq!(fsname(Path::new(not_utf8)), "fencefs");
     }
 }

@@ -2,7 +2,7 @@
 //!
 //! PURE: no I/O and no clock of its own — every call takes `now`, so tests drive time.
 //!
-//! Semantics (the README's Audit section says the same):
+//! Semantics (docs/src/audit.md says the same):
 //! - A refusal's key is (uid, op, path, errno). The first refusal of a key opens a window
 //!   and is returned at once as a line with `repeat` 1.
 //! - Further refusals of that key less than `window` after the first are only counted;

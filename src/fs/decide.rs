@@ -11,23 +11,10 @@
 
 use std::sync::atomic::Ordering;
 
-use super::ops::{Ctx, Error, Res, Shared};
+use super::ops::{Ask, Ctx, Error, Res, Shared};
 use crate::approvals::Outcome;
 use crate::audit::{Event, errno_name};
 use crate::policy::{Access, By, CeilingBy, Denial, Need, Special, Verdict};
-
-/// A refusal an approver could lift, for every path of the request that needs it.
-#[derive(Clone, Debug)]
-pub struct Ask {
-    /// The operation.
-    pub op: &'static str,
-    /// `(path, verdict, by)` of each refused path.
-    pub paths: Vec<(Vec<u8>, Verdict, By)>,
-    /// `(is_dir, need)` of each refused path (a reload re-decides with them).
-    pub checks: Vec<(bool, Need)>,
-    /// The level asked for (the highest `ask` needed).
-    pub need: Access,
-}
 
 /// One refusal an approver could lift: path, is_dir, need, the denial, the `ask` level.
 type Refused<'a> = (&'a [u8], bool, Need, Denial, Access);

@@ -237,12 +237,14 @@ impl fmt::Display for PolicyError {
     }
 }
 
-mod compile;
+mod build;
+mod decide;
+mod glob;
 mod raw;
 #[cfg(test)]
 mod tests;
 
-pub use compile::Policy;
+pub use build::Policy;
 
 /// Reads and compiles a policy file; every error found (not just the first).
 pub fn load(path: &Path) -> Result<Policy, Vec<PolicyError>> {

@@ -8,38 +8,19 @@
 //! ownership makes exclusive.
 #![allow(unsafe_code)]
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use fuser::{Errno, FileAttr, FileType, FopenFlags};
 
 use super::abi::{self, OUT_HEADER};
-use super::ring::{ENT_IN_OUT, Queue};
+use super::ring::ENT_IN_OUT;
+pub use super::ring::RingReply;
 use crate::fs::reply::{
     AttrReply, CreateReply, DataReply, DirPlusReply, DirReply, EmptyReply, EntryReply, LseekReply,
     OpenReply, Reply, StatfsReply, WriteReply, XattrReply,
 };
 
-/// A request in ring entry `slot`, to be answered once (then committed by the queue
-/// thread). Dropped unanswered, it answers EIO, as fuser's replies do.
-pub struct RingReply {
-    q: Arc<Queue>,
-    slot: u16,
-    unique: u64,
-    sent: bool,
-}
-
 impl RingReply {
-    /// The reply for the request now in `slot` (the caller hands over the entry).
-    pub(super) fn new(q: Arc<Queue>, slot: u16, unique: u64) -> RingReply {
-        RingReply {
-            q,
-            slot,
-            unique,
-            sent: false,
-        }
-    }
-
     /// Writes the out header for `len` payload bytes already in place and queues the commit.
     fn finish(mut self, error: i32, len: usize) {
         self.sent = true;

@@ -25,7 +25,6 @@ use io_uring::{IoUring, cqueue, opcode, squeue, types};
 use parking_lot::Mutex;
 
 use super::abi;
-use super::reply::RingReply;
 
 const CMD_REGISTER: u32 = 1;
 const CMD_COMMIT_AND_FETCH: u32 = 2;
@@ -44,6 +43,28 @@ struct Header([u8; HEADER]);
 struct Slot {
     header: UnsafeCell<Header>,
     iov: UnsafeCell<[libc::iovec; 2]>,
+}
+
+/// A request in ring entry `slot`, to be answered once (then committed by the queue
+/// thread). Dropped unanswered, it answers EIO, as fuser's replies do. Answering is in
+/// `reply.rs`.
+pub struct RingReply {
+    pub(super) q: Arc<Queue>,
+    pub(super) slot: u16,
+    pub(super) unique: u64,
+    pub(super) sent: bool,
+}
+
+impl RingReply {
+    /// The reply for the request now in `slot` (the caller hands over the entry).
+    pub(super) fn new(q: Arc<Queue>, slot: u16, unique: u64) -> RingReply {
+        RingReply {
+            q,
+            slot,
+            unique,
+            sent: false,
+        }
+    }
 }
 
 /// What a queue shares with the replies it handed out.

@@ -33,7 +33,6 @@ use std::time::Duration;
 use fuser::{FileAttr, FileType};
 
 use super::attr::to_attr;
-use super::decide::Ask;
 use super::kcache::{Inval, KernelCache};
 use crate::approvals::{Approvals, Outcome};
 use crate::audit::Audit;
@@ -41,7 +40,7 @@ use crate::host::handle::{Handle, HandleFd, Handles, Slots};
 use crate::host::inode::{Inodes, join};
 use crate::host::sys::{self, Name};
 use crate::idmap::IdMap;
-use crate::policy::Caller;
+use crate::policy::{Access, By, Caller, Need, Verdict};
 use crate::reload::{PolicyStore, Snapshot};
 
 mod attrs;
@@ -49,6 +48,19 @@ mod data;
 mod dirs;
 mod names;
 mod xattr;
+
+/// A refusal (decided in `fs/decide.rs`) an approver could lift, for every path of the request that needs it.
+#[derive(Clone, Debug)]
+pub struct Ask {
+    /// The operation.
+    pub op: &'static str,
+    /// `(path, verdict, by)` of each refused path.
+    pub paths: Vec<(Vec<u8>, Verdict, By)>,
+    /// `(is_dir, need)` of each refused path (a reload re-decides with them).
+    pub checks: Vec<(bool, Need)>,
+    /// The level asked for (the highest `ask` needed).
+    pub need: Access,
+}
 
 pub use attrs::SetAttr;
 

@@ -3,8 +3,23 @@
 //! Invariants: every call is relative to a held directory handle and names exactly one
 //! component (validated by [`Name`]); nothing here follows a symlink on the host
 //! (`O_NOFOLLOW` / `AT_SYMLINK_NOFOLLOW` / `AT_EMPTY_PATH` on `O_PATH` handles); errors keep
-//! their raw errno. This is the only module with `unsafe`.
+//! their raw errno. With the ring module, the only code with `unsafe`.
+//!
+//! The parts: this file (names, opens, stat, mutations, data I/O, directory reads, file
+//! handles), `creds` (a worker's ids and capabilities while it works for a caller),
+//! `xattr` (extended attributes), `process` (the daemon's own limits and settings).
 #![allow(unsafe_code)]
+
+mod creds;
+mod process;
+mod xattr;
+
+pub use creds::{FsIds, WithoutFsetid};
+pub use process::{
+    fuse_backing_close, geteuid, limit_malloc_arenas, raise_nofile_limit, set_umask, trim_heap,
+    write_and_close,
+};
+pub use xattr::{Xattr, getxattr_fd, listxattr_fd, removexattr_fd, setxattr_fd};
 
 use std::ffi::{CStr, CString, OsStr};
 use std::io;
@@ -300,129 +315,6 @@ pub fn fchownat_nofollow(dir: BorrowedFd<'_>, name: &Name, uid: u32, gid: u32) -
     .map(drop)
 }
 
-/// The calling thread's file-system ids switched to a caller's for as long as the guard
-/// lives (`setfsgid` then `setfsuid`; restored in reverse order on drop). Files created
-/// meanwhile belong to the caller from the start, and the host's permission checks are made
-/// as the caller. Per thread: the other workers keep the daemon's ids.
-pub struct FsIds {
-    uid: u32,
-    gid: u32,
-}
-
-impl FsIds {
-    /// Switches to `uid`/`gid`; fails with EPERM when the kernel refuses (not root).
-    pub fn assume(uid: u32, gid: u32) -> io::Result<FsIds> {
-        // SAFETY: setfsgid/setfsuid only change this thread's credentials; they return the
-        // previous id and never fail in a way that leaves memory unsafe.
-        let (old_uid, old_gid) = unsafe {
-            let g = libc::setfsgid(gid) as u32;
-            let u = libc::setfsuid(uid) as u32;
-            (u, g)
-        };
-        let guard = FsIds {
-            uid: old_uid,
-            gid: old_gid,
-        };
-        // The syscalls report no error: read the ids back (-1 changes nothing).
-        // SAFETY: as above; -1 only queries.
-        let (now_u, now_g) = unsafe {
-            (
-                libc::setfsuid(u32::MAX) as u32,
-                libc::setfsgid(u32::MAX) as u32,
-            )
-        };
-        if now_u != uid || now_g != gid {
-            return Err(io::Error::from_raw_os_error(libc::EPERM));
-        }
-        Ok(guard)
-    }
-}
-
-impl Drop for FsIds {
-    fn drop(&mut self) {
-        // SAFETY: restores this thread's previous file-system ids.
-        unsafe {
-            libc::setfsuid(self.uid);
-            libc::setfsgid(self.gid);
-        }
-    }
-}
-
-/// `CAP_FSETID` (linux/capability.h): keep set-ID bits when writing, truncating, chmod.
-const CAP_FSETID: u32 = 4;
-/// `_LINUX_CAPABILITY_VERSION_3`: two 32-bit words per set.
-const CAP_VERSION_3: u32 = 0x2008_0522;
-
-#[repr(C)]
-struct CapHeader {
-    version: u32,
-    pid: libc::c_int,
-}
-
-#[repr(C)]
-#[derive(Clone, Copy, Default)]
-struct CapData {
-    effective: u32,
-    permitted: u32,
-    inheritable: u32,
-}
-
-fn caps(set: Option<&[CapData; 2]>) -> io::Result<[CapData; 2]> {
-    let mut hdr = CapHeader {
-        version: CAP_VERSION_3,
-        pid: 0,
-    };
-    let mut data = set.copied().unwrap_or_default();
-    let nr = if set.is_some() {
-        libc::SYS_capset
-    } else {
-        libc::SYS_capget
-    };
-    // SAFETY: capget/capset of the calling thread (pid 0) with a version-3 header and the
-    // two data words that version reads or writes.
-    cvt(unsafe { libc::syscall(nr, &mut hdr, data.as_mut_ptr()) } as libc::c_int)?;
-    Ok(data)
-}
-
-/// The calling thread without `CAP_FSETID` in its effective set while the guard lives
-/// (it stays permitted, and is raised again on drop). What the kernel captures of the
-/// thread's credentials meanwhile — a passthrough backing file, whose writes then run
-/// with them — keeps set-ID bits no better than an unprivileged writer: the host clears
-/// them on every write and truncate through it, as a local disk does for a caller without
-/// `CAP_FSETID`. A thread without the capability is left as it is.
-pub struct WithoutFsetid {
-    raise: bool,
-}
-
-impl WithoutFsetid {
-    /// Drops `CAP_FSETID` from this thread's effective set.
-    pub fn new() -> io::Result<WithoutFsetid> {
-        let bit = 1 << CAP_FSETID;
-        let mut d = caps(None)?;
-        if d[0].effective & bit == 0 {
-            return Ok(WithoutFsetid { raise: false });
-        }
-        d[0].effective &= !bit;
-        caps(Some(&d))?;
-        Ok(WithoutFsetid { raise: true })
-    }
-}
-
-impl Drop for WithoutFsetid {
-    fn drop(&mut self) {
-        if !self.raise {
-            return;
-        }
-        let raised = caps(None).and_then(|mut d| {
-            d[0].effective |= 1 << CAP_FSETID;
-            caps(Some(&d))
-        });
-        if let Err(e) = raised {
-            log::error!("cannot raise CAP_FSETID again on this worker: {e}");
-        }
-    }
-}
-
 /// chmod of the inode behind an `O_PATH` handle (not a symlink) via `/proc/self/fd/N`.
 pub fn fchmod_fd(proc_fd: BorrowedFd<'_>, fd: BorrowedFd<'_>, mode: u32) -> io::Result<()> {
     let n = fd_name(fd.as_raw_fd());
@@ -575,98 +467,12 @@ pub fn copy_file_range(
     }
 }
 
-fn xattr_name(name: &[u8]) -> io::Result<CString> {
-    CString::new(name).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
-}
-
-fn proc_path(fd: BorrowedFd<'_>) -> CString {
-    CString::new(format!("/proc/self/fd/{}", fd.as_raw_fd())).unwrap_or_default()
-}
-
 fn size_result(r: isize) -> io::Result<usize> {
     if r < 0 {
         Err(io::Error::last_os_error())
     } else {
         Ok(r as usize)
     }
-}
-
-/// An xattr answer: the size asked for (buffer size 0) or the bytes.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Xattr {
-    /// The size a buffer would need.
-    Size(usize),
-    /// The value or the name list.
-    Data(Vec<u8>),
-}
-
-impl Xattr {
-    /// An empty answer in the form the caller asked for.
-    pub fn empty(size: usize) -> Xattr {
-        if size == 0 {
-            Xattr::Size(0)
-        } else {
-            Xattr::Data(Vec::new())
-        }
-    }
-}
-
-/// Runs a get/list xattr call with a buffer of `size` bytes (a null buffer for 0).
-fn xattr_call(
-    size: usize,
-    call: impl FnOnce(*mut libc::c_void, usize) -> isize,
-) -> io::Result<Xattr> {
-    if size == 0 {
-        return size_result(call(std::ptr::null_mut(), 0)).map(Xattr::Size);
-    }
-    let mut buf = vec![0u8; size];
-    let len = size_result(call(buf.as_mut_ptr().cast(), size))?;
-    buf.truncate(len);
-    Ok(Xattr::Data(buf))
-}
-
-/// `getxattr` on the inode behind an `O_PATH` handle (regular file or directory).
-pub fn getxattr_fd(fd: BorrowedFd<'_>, name: &[u8], size: usize) -> io::Result<Xattr> {
-    let p = proc_path(fd);
-    let n = xattr_name(name)?;
-    // SAFETY: NUL-terminated strings; `buf` is null or points to `len` writable bytes.
-    xattr_call(size, |buf, len| unsafe {
-        libc::getxattr(p.as_ptr(), n.as_ptr(), buf, len)
-    })
-}
-
-/// `listxattr` on the inode behind an `O_PATH` handle.
-pub fn listxattr_fd(fd: BorrowedFd<'_>, size: usize) -> io::Result<Xattr> {
-    let p = proc_path(fd);
-    // SAFETY: NUL-terminated path; `buf` is null or points to `len` writable bytes.
-    xattr_call(size, |buf, len| unsafe {
-        libc::listxattr(p.as_ptr(), buf.cast(), len)
-    })
-}
-
-/// `setxattr` on the inode behind an `O_PATH` handle.
-pub fn setxattr_fd(fd: BorrowedFd<'_>, name: &[u8], value: &[u8], flags: i32) -> io::Result<()> {
-    let p = proc_path(fd);
-    let n = xattr_name(name)?;
-    // SAFETY: NUL-terminated strings; value buffer with its length.
-    cvt(unsafe {
-        libc::setxattr(
-            p.as_ptr(),
-            n.as_ptr(),
-            value.as_ptr().cast(),
-            value.len(),
-            flags,
-        )
-    })
-    .map(drop)
-}
-
-/// `removexattr` on the inode behind an `O_PATH` handle.
-pub fn removexattr_fd(fd: BorrowedFd<'_>, name: &[u8]) -> io::Result<()> {
-    let p = proc_path(fd);
-    let n = xattr_name(name)?;
-    // SAFETY: NUL-terminated strings.
-    cvt(unsafe { libc::removexattr(p.as_ptr(), n.as_ptr()) }).map(drop)
 }
 
 /// One directory entry read from the host.
@@ -729,42 +535,6 @@ pub fn read_dir(fd: BorrowedFd<'_>) -> io::Result<Vec<DirEntry>> {
     Ok(out)
 }
 
-/// Current RLIMIT_NOFILE soft limit after trying to raise it to the hard limit.
-pub fn raise_nofile_limit() -> u64 {
-    let mut rl = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: rl is a valid out-pointer.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) } != 0 {
-        return 1024;
-    }
-    if rl.rlim_cur < rl.rlim_max {
-        let new = libc::rlimit {
-            rlim_cur: rl.rlim_max,
-            rlim_max: rl.rlim_max,
-        };
-        // SAFETY: valid pointer to a rlimit.
-        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &new) } == 0 {
-            return new.rlim_cur;
-        }
-    }
-    rl.rlim_cur
-}
-
-/// Writes `data` to an inherited descriptor and closes it (readiness notification).
-pub fn write_and_close(fd: i32, data: &[u8]) -> io::Result<()> {
-    if fd < 0 {
-        return Err(io::Error::from_raw_os_error(libc::EBADF));
-    }
-    // SAFETY: fcntl on an arbitrary number only queries it; fails with EBADF if not open.
-    cvt(unsafe { libc::fcntl(fd, libc::F_GETFD) })?;
-    // SAFETY: the descriptor is open (checked above) and handed to us by the caller to own.
-    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
-    let mut f = std::fs::File::from(owned);
-    std::io::Write::write_all(&mut f, data)
-}
-
 /// `fstatat(dir, name, AT_SYMLINK_NOFOLLOW)`.
 pub fn fstatat_nofollow(dir: BorrowedFd<'_>, name: &Name) -> io::Result<libc::stat> {
     let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
@@ -822,60 +592,4 @@ fn handle_impl(fd: BorrowedFd<'_>, name: &CStr, flags: i32) -> io::Result<Vec<u8
     out.extend_from_slice(&fh.kind.to_ne_bytes());
     out.extend_from_slice(&fh.data[..n]);
     Ok(out)
-}
-
-/// Returns freed heap memory to the kernel (glibc `malloc_trim`, every arena).
-pub fn trim_heap() {
-    // SAFETY: malloc_trim only releases free memory; it has no preconditions.
-    unsafe {
-        libc::malloc_trim(0);
-    }
-}
-
-/// Sets the process umask (0 at startup: modes from the kernel are already masked).
-pub fn set_umask(mask: u32) {
-    // SAFETY: umask cannot fail.
-    unsafe {
-        libc::umask(mask as libc::mode_t);
-    }
-}
-
-/// The effective uid of the daemon.
-pub fn geteuid() -> u32 {
-    // SAFETY: cannot fail.
-    unsafe { libc::geteuid() }
-}
-
-/// `FUSE_DEV_IOC_BACKING_CLOSE` = `_IOW(229, 2, uint32_t)`.
-const FUSE_DEV_IOC_BACKING_CLOSE: libc::c_ulong = 0x4004_e502;
-
-/// Closes a kernel passthrough backing id on the FUSE connection `dev` belongs to.
-pub fn fuse_backing_close(dev: BorrowedFd<'_>, id: u32) -> io::Result<()> {
-    // SAFETY: the ioctl reads one u32 from the pointer, which outlives the call.
-    let r = unsafe {
-        libc::ioctl(
-            dev.as_raw_fd(),
-            FUSE_DEV_IOC_BACKING_CLOSE,
-            &id as *const u32,
-        )
-    };
-    if r < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
-}
-
-/// Caps glibc's malloc arenas at `n` (unless `MALLOC_ARENA_MAX` is set, which wins).
-/// With an arena per thread, nodes allocated by the io_uring queue threads and freed by
-/// the FORGET workers left whole arenas fragmented: after a second 200,000-file walk was
-/// forgotten the daemon kept 74 MiB (io_uring) and 35 MiB (/dev/fuse); with two arenas
-/// 19 and 16 MiB (`tests/faults.rs`).
-pub fn limit_malloc_arenas(n: i32) {
-    if std::env::var_os("MALLOC_ARENA_MAX").is_some() {
-        return;
-    }
-    // SAFETY: mallopt only sets an allocator parameter; called before other threads start.
-    unsafe {
-        libc::mallopt(libc::M_ARENA_MAX, n);
-    }
 }

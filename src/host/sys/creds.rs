@@ -1,0 +1,133 @@
+//! The calling thread's credentials while it works for a caller: file-system ids switched
+//! to the caller's ([`FsIds`]), `CAP_FSETID` dropped ([`WithoutFsetid`]). Per thread, raw
+//! syscalls (glibc's wrappers would switch every thread).
+//!
+//! Invariant: each guard restores exactly what it changed, in reverse order, on drop.
+#![allow(unsafe_code)]
+
+use std::io;
+
+use super::cvt;
+
+/// The calling thread's file-system ids switched to a caller's for as long as the guard
+/// lives (`setfsgid` then `setfsuid`; restored in reverse order on drop). Files created
+/// meanwhile belong to the caller from the start, and the host's permission checks are made
+/// as the caller. Per thread: the other workers keep the daemon's ids.
+pub struct FsIds {
+    uid: u32,
+    gid: u32,
+}
+
+impl FsIds {
+    /// Switches to `uid`/`gid`; fails with EPERM when the kernel refuses (not root).
+    pub fn assume(uid: u32, gid: u32) -> io::Result<FsIds> {
+        // SAFETY: setfsgid/setfsuid only change this thread's credentials; they return the
+        // previous id and never fail in a way that leaves memory unsafe.
+        let (old_uid, old_gid) = unsafe {
+            let g = libc::setfsgid(gid) as u32;
+            let u = libc::setfsuid(uid) as u32;
+            (u, g)
+        };
+        let guard = FsIds {
+            uid: old_uid,
+            gid: old_gid,
+        };
+        // The syscalls report no error: read the ids back (-1 changes nothing).
+        // SAFETY: as above; -1 only queries.
+        let (now_u, now_g) = unsafe {
+            (
+                libc::setfsuid(u32::MAX) as u32,
+                libc::setfsgid(u32::MAX) as u32,
+            )
+        };
+        if now_u != uid || now_g != gid {
+            return Err(io::Error::from_raw_os_error(libc::EPERM));
+        }
+        Ok(guard)
+    }
+}
+
+impl Drop for FsIds {
+    fn drop(&mut self) {
+        // SAFETY: restores this thread's previous file-system ids.
+        unsafe {
+            libc::setfsuid(self.uid);
+            libc::setfsgid(self.gid);
+        }
+    }
+}
+
+/// `CAP_FSETID` (linux/capability.h): keep set-ID bits when writing, truncating, chmod.
+const CAP_FSETID: u32 = 4;
+/// `_LINUX_CAPABILITY_VERSION_3`: two 32-bit words per set.
+const CAP_VERSION_3: u32 = 0x2008_0522;
+
+#[repr(C)]
+struct CapHeader {
+    version: u32,
+    pid: libc::c_int,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct CapData {
+    effective: u32,
+    permitted: u32,
+    inheritable: u32,
+}
+
+fn caps(set: Option<&[CapData; 2]>) -> io::Result<[CapData; 2]> {
+    let mut hdr = CapHeader {
+        version: CAP_VERSION_3,
+        pid: 0,
+    };
+    let mut data = set.copied().unwrap_or_default();
+    let nr = if set.is_some() {
+        libc::SYS_capset
+    } else {
+        libc::SYS_capget
+    };
+    // SAFETY: capget/capset of the calling thread (pid 0) with a version-3 header and the
+    // two data words that version reads or writes.
+    cvt(unsafe { libc::syscall(nr, &mut hdr, data.as_mut_ptr()) } as libc::c_int)?;
+    Ok(data)
+}
+
+/// The calling thread without `CAP_FSETID` in its effective set while the guard lives
+/// (it stays permitted, and is raised again on drop). What the kernel captures of the
+/// thread's credentials meanwhile — a passthrough backing file, whose writes then run
+/// with them — keeps set-ID bits no better than an unprivileged writer: the host clears
+/// them on every write and truncate through it, as a local disk does for a caller without
+/// `CAP_FSETID`. A thread without the capability is left as it is.
+pub struct WithoutFsetid {
+    raise: bool,
+}
+
+impl WithoutFsetid {
+    /// Drops `CAP_FSETID` from this thread's effective set.
+    pub fn new() -> io::Result<WithoutFsetid> {
+        let bit = 1 << CAP_FSETID;
+        let mut d = caps(None)?;
+        if d[0].effective & bit == 0 {
+            return Ok(WithoutFsetid { raise: false });
+        }
+        d[0].effective &= !bit;
+        caps(Some(&d))?;
+        Ok(WithoutFsetid { raise: true })
+    }
+}
+
+impl Drop for WithoutFsetid {
+    fn drop(&mut self) {
+        if !self.raise {
+            return;
+        }
+        let raised = caps(None).and_then(|mut d| {
+            d[0].effective |= 1 << CAP_FSETID;
+            caps(Some(&d))
+        });
+        if let Err(e) = raised {
+            log::error!("cannot raise CAP_FSETID again on this worker: {e}");
+        }
+    }
+}

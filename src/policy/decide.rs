@@ -1,0 +1,488 @@
+//! The decision: what a compiled [`Policy`] grants a caller at a path, what the mode's
+//! ceiling is there, the errno a request gets, and whether a directory rename keeps every
+//! path's policy. PURE (`&self` only; no I/O, no clock).
+//!
+//! # Matching
+//!
+//! For a path P the deepest of P, its parent, …, the root that an applicable rule
+//! matches decides; at that depth a rule with `uid`/`gid` beats one without and the most
+//! restrictive access wins (file order never matters); no match → `default`. A rule with
+//! `uid` applies only to listed uids, with `gid` only to listed gids, with both to callers
+//! matching **either** list; a rule that does not apply is ignored for that caller. A rule
+//! one of whose `except` globs matches P or an ancestor of P does not exist for P (whatever
+//! depth the rule itself matches at). A `none` grant is lifted to `list`
+//! ([`By::Visibility`]) when something strictly below P could get `list` or more (see
+//! `Policy::visibility`). The mode is a ceiling over the grant.
+//!
+//! Invariants: the same (policy, path, caller, need) always gets the same answer; errnos
+//! come in the contract's order (ENOENT, EPERM, EROFS, EACCES); wherever a question is
+//! answered from the rules rather than the host ("could match below"), the answer is
+//! conservative: it may refuse a harmless rename, never allow a harmful one.
+
+use super::glob::{Pattern, as_path, prefixes};
+use globset::Candidate;
+
+use super::build::Policy;
+use super::{Access, By, Caller, CeilingBy, Denial, Mode, Need, Special, Verdict};
+
+/// The rules that an `except` glob takes out at one path, computed on first need (most
+/// decisions meet no rule with an `except` list and never compute it).
+struct Exclusions<'a> {
+    policy: &'a Policy,
+    path: &'a [u8],
+    /// Sorted rule indices, once computed.
+    rules: Option<Vec<usize>>,
+}
+
+impl<'a> Exclusions<'a> {
+    fn new(policy: &'a Policy, path: &'a [u8]) -> Self {
+        Exclusions {
+            policy,
+            path,
+            rules: None,
+        }
+    }
+
+    /// Rule `rule` does not exist at the path: one of its `except` globs matches the path
+    /// or one of its ancestors.
+    fn takes_out(&mut self, rule: usize) -> bool {
+        if self.policy.excepts[rule].is_empty() {
+            return false;
+        }
+        let (policy, path) = (self.policy, self.path);
+        self.rules
+            .get_or_insert_with(|| {
+                let mut v: Vec<usize> = policy.except_hits(path).iter().map(|h| h.0).collect();
+                v.dedup();
+                v
+            })
+            .binary_search(&rule)
+            .is_ok()
+    }
+}
+
+impl Policy {
+    /// Whether rule `idx` applies to `caller`. A rule without `uid`/`gid` applies to
+    /// everybody; with `uid` only, to callers whose uid is listed; with `gid` only, to
+    /// callers whose gid is listed; with **both**, to callers whose uid **or** gid is
+    /// listed (either match suffices). Panics when `idx` is out of range.
+    pub fn rule_applies(&self, idx: usize, caller: Caller) -> bool {
+        let r = &self.rules[idx];
+        !self.has_ids[idx] || r.uids.contains(&caller.uid) || r.gids.contains(&caller.gid)
+    }
+
+    /// The rule deciding at exactly one depth among `candidates`: id rules beat plain
+    /// ones, then the lowest access, then the lowest index (only for a stable `By`).
+    fn decide_among(
+        &self,
+        candidates: impl Iterator<Item = usize>,
+        caller: Caller,
+    ) -> Option<(Access, usize)> {
+        let mut best: Option<(bool, Access, usize)> = None;
+        for idx in candidates {
+            if !self.rule_applies(idx, caller) {
+                continue;
+            }
+            let cand = (self.has_ids[idx], self.rules[idx].access, idx);
+            best = match best {
+                None => Some(cand),
+                Some(b) => {
+                    let better =
+                        (cand.0 && !b.0) || (cand.0 == b.0 && (cand.1, cand.2) < (b.1, b.2));
+                    Some(if better { cand } else { b })
+                }
+            };
+        }
+        best.map(|(_, access, idx)| (access, idx))
+    }
+
+    /// The deepest-matching rule for `path` (before the visibility lift), ignoring the
+    /// rules `excl` takes out at `path`.
+    fn deepest(
+        &self,
+        path: &[u8],
+        caller: Caller,
+        excl: &mut Exclusions<'_>,
+    ) -> Option<(Access, usize)> {
+        let mut hits = Vec::new();
+        for prefix in prefixes(path) {
+            let found = if prefix.is_empty() {
+                self.decide_among(
+                    self.root_rules
+                        .iter()
+                        .copied()
+                        .filter(|&i| !excl.takes_out(i)),
+                    caller,
+                )
+            } else {
+                // `hits` allocates only on a first match, i.e. at most once per call.
+                self.set
+                    .matches_candidate_into(&Candidate::new(as_path(prefix)), &mut hits);
+                if hits.is_empty() {
+                    continue;
+                }
+                self.decide_among(
+                    hits.iter()
+                        .map(|&g| self.set_to_rule[g])
+                        .filter(|&i| !excl.takes_out(i)),
+                    caller,
+                )
+            };
+            if found.is_some() {
+                return found;
+            }
+        }
+        None
+    }
+
+    /// What the grants give `path` (after the visibility lift when `lift`, before the mode).
+    fn grant(&self, path: &[u8], caller: Caller, lift: bool) -> (Access, By) {
+        let mut excl = Exclusions::new(self, path);
+        let (access, by) = match self.deepest(path, caller, &mut excl) {
+            Some((access, idx)) => (access, By::Rule(idx)),
+            None => (self.default, By::Default),
+        };
+        if lift
+            && access == Access::None
+            && let Some(idx) = self.visibility(path, caller, &mut excl)
+        {
+            return (Access::List, By::Visibility(idx));
+        }
+        (access, by)
+    }
+
+    /// Why a `none` directory `path` stays visible as `list`, if it does: something
+    /// strictly below it could get `list` or more.
+    ///
+    /// 1. An applicable rule granting `list` or more, not taken out at `path` by its own
+    ///    `except`, could match below `path` → that rule.
+    /// 2. Otherwise, when an applicable `none` rule that covers `path` (and is not taken out
+    ///    there) has an `except` glob that could match below `path` — a hole: below it that
+    ///    rule does not exist and the rules covering `path` from above, or the default,
+    ///    decide — then an applicable rule granting `list` or more that covers `path` and is
+    ///    not taken out there → that rule; failing that, `default` granting `list` or more →
+    ///    the `none` rule with the hole.
+    ///
+    /// Like the rest of the lift this is decided from the rules, conservatively: "could".
+    fn visibility(&self, path: &[u8], caller: Caller, excl: &mut Exclusions<'_>) -> Option<usize> {
+        let below = self.lift_rules.iter().copied().find(|&idx| {
+            self.rule_applies(idx, caller)
+                && self.patterns[idx].could_match_below(path)
+                && !excl.takes_out(idx)
+        });
+        if below.is_some() || self.hole_rules.is_empty() {
+            return below;
+        }
+        let covering = self.covering_rules(path);
+        let covers = |i: usize| covering.binary_search(&i).is_ok();
+        let hole = self.hole_rules.iter().copied().find(|&i| {
+            self.rule_applies(i, caller)
+                && covers(i)
+                && !excl.takes_out(i)
+                && self.excepts[i].iter().any(|e| e.could_match_below(path))
+        })?;
+        let from_above = self
+            .lift_rules
+            .iter()
+            .copied()
+            .find(|&i| self.rule_applies(i, caller) && covers(i) && !excl.takes_out(i));
+        match from_above {
+            Some(i) => Some(i),
+            None if self.default >= Access::List => Some(hole),
+            None => None,
+        }
+    }
+
+    /// The rules whose `path` matches `path` or one of its ancestors (whatever their
+    /// `uid`/`gid` and `except`), sorted.
+    fn covering_rules(&self, path: &[u8]) -> Vec<usize> {
+        let mut out = self.root_rules.clone();
+        let mut hits = Vec::new();
+        for prefix in prefixes(path).filter(|p| !p.is_empty()) {
+            self.set
+                .matches_candidate_into(&Candidate::new(as_path(prefix)), &mut hits);
+            out.extend(hits.iter().map(|&g| self.set_to_rule[g]));
+        }
+        out.sort_unstable();
+        out.dedup();
+        out
+    }
+
+    /// Every (rule, except index) whose `except` glob matches `path` or one of its
+    /// ancestors, sorted: those rules do not exist for `path`.
+    fn except_hits(&self, path: &[u8]) -> Vec<(usize, usize)> {
+        let mut out = Vec::new();
+        for &rule in &self.dead_rules {
+            if let Some(k) = self.excepts[rule].iter().position(|e| e.root) {
+                out.push((rule, k));
+            }
+        }
+        let mut hits = Vec::new();
+        for prefix in prefixes(path).filter(|p| !p.is_empty()) {
+            self.except_set
+                .matches_candidate_into(&Candidate::new(as_path(prefix)), &mut hits);
+            out.extend(hits.iter().map(|&g| self.except_to[g]));
+        }
+        out.sort_unstable();
+        out.dedup();
+        out
+    }
+
+    /// The rules applying to `caller` that cover `path` (their `path` matches it or an
+    /// ancestor) but that one of their `except` globs takes out there, each with the index
+    /// (in [`RuleInfo::except`]) of the first such glob. For `explain`.
+    pub fn excepted(&self, path: &[u8], caller: Caller) -> Vec<(usize, usize)> {
+        if self.except_to.is_empty() && self.dead_rules.is_empty() {
+            return Vec::new();
+        }
+        let covering = self.covering_rules(path);
+        let mut out: Vec<(usize, usize)> = Vec::new();
+        for (rule, k) in self.except_hits(path) {
+            if out.last().is_some_and(|&(r, _)| r == rule) {
+                continue; // sorted: the first glob of this rule is already in
+            }
+            if self.rule_applies(rule, caller) && covering.binary_search(&rule).is_ok() {
+                out.push((rule, k));
+            }
+        }
+        out
+    }
+
+    /// Why the mode caps `path` at `read` (for `explain` and logs).
+    pub fn ceiling_reason(&self, path: &[u8]) -> &'static str {
+        match self.ceiling_by(path) {
+            CeilingBy::ReadOnly => "no mutations anywhere",
+            CeilingBy::WritableRoots => "outside writable_roots",
+            CeilingBy::Protected(_) => "protected path",
+            CeilingBy::Open if self.mode == Mode::Danger => "no ceiling",
+            CeilingBy::Open => "inside writable_roots",
+        }
+    }
+
+    /// What sets the mode's ceiling at `path`: agrees with [`Policy::ceiling`] (`Open`
+    /// exactly when the ceiling is `write`). Outside every `writable_roots` entry is
+    /// reported before `protected`; of several `protected` entries covering `path`, the
+    /// one matching the deepest of `path` and its ancestors, the first in the file among
+    /// equals.
+    pub fn ceiling_by(&self, path: &[u8]) -> CeilingBy {
+        match self.mode {
+            Mode::ReadOnly => CeilingBy::ReadOnly,
+            Mode::Danger => CeilingBy::Open,
+            Mode::WorkspaceWrite => {
+                if !self.roots.covers(path) {
+                    CeilingBy::WritableRoots
+                } else if let Some(i) = self.protect.covering_entry(path) {
+                    CeilingBy::Protected(i)
+                } else {
+                    CeilingBy::Open
+                }
+            }
+        }
+    }
+
+    /// `protected` entry `idx` (as in [`CeilingBy::Protected`]) as written, with its line in
+    /// the policy file (`None` for the built-in default list). Panics when out of range.
+    pub fn protected_entry(&self, idx: usize) -> (&str, Option<usize>) {
+        (&self.protected[idx], self.protected_lines[idx])
+    }
+
+    /// The mode's ceiling at `path`: `Write` or `Read` (never lower).
+    pub fn ceiling(&self, path: &[u8]) -> Access {
+        match self.mode {
+            Mode::ReadOnly => Access::Read,
+            Mode::Danger => Access::Write,
+            Mode::WorkspaceWrite => {
+                if self.roots.covers(path) && !self.protect.covers(path) {
+                    Access::Write
+                } else {
+                    Access::Read
+                }
+            }
+        }
+    }
+
+    /// Combines a grant with the ceiling.
+    fn combine(grant: Access, grant_by: By, ceiling: Access) -> Verdict {
+        if ceiling < grant {
+            Verdict {
+                grant,
+                effective: ceiling,
+                by: By::Mode,
+                grant_by,
+            }
+        } else {
+            Verdict {
+                grant,
+                effective: grant,
+                by: grant_by,
+                grant_by,
+            }
+        }
+    }
+
+    /// The access `path` gets for `caller`, with what decided it. The visibility lift
+    /// applies (as for a directory); see [`Policy::verdict_for`].
+    pub fn verdict(&self, path: &[u8], caller: Caller) -> Verdict {
+        self.verdict_for(path, caller, true)
+    }
+
+    /// Like [`Policy::verdict`], knowing whether `path` is a directory. The visibility
+    /// lift only exists to reach things *below* a path, so for a non-directory
+    /// (`is_dir == false`) it is skipped: a file under a `none` rule stays `none` even when
+    /// some rule (say `**/*.md`) could match "below" it. Use this when the type is known.
+    pub fn verdict_for(&self, path: &[u8], caller: Caller, is_dir: bool) -> Verdict {
+        let (grant, grant_by) = self.grant(path, caller, is_dir);
+        // The ceiling is never below Read: only a Write grant can be lowered.
+        let ceiling = if grant == Access::Write {
+            self.ceiling(path)
+        } else {
+            Access::Read
+        };
+        Self::combine(grant, grant_by, ceiling)
+    }
+
+    /// Decides one request on one path, errno in the spec's order:
+    /// grant `none` → ENOENT (EACCES for [`Need::Create`]), by the grant;
+    /// a device node / setid bit not allowed → EPERM, by [`By::Mode`] (the refusal comes from
+    /// the policy's global switches, not from a path's rule);
+    /// `Write`/`Create` above the mode ceiling → EROFS, by [`By::Mode`];
+    /// grant below the need (`List` < `Read` < `Write`; `Create` needs `Write`) → EACCES,
+    /// by the grant. The visibility lift applies (as for a directory); see
+    /// [`Policy::check_for`].
+    pub fn check(
+        &self,
+        path: &[u8],
+        caller: Caller,
+        need: Need,
+        special: Special,
+    ) -> Result<Verdict, Denial> {
+        self.check_for(path, caller, need, special, true)
+    }
+
+    /// Like [`Policy::check`], knowing whether `path` is a directory (see
+    /// [`Policy::verdict_for`]); for a path that does not exist yet either answer gives
+    /// the same errno.
+    pub fn check_for(
+        &self,
+        path: &[u8],
+        caller: Caller,
+        need: Need,
+        special: Special,
+        is_dir: bool,
+    ) -> Result<Verdict, Denial> {
+        let needed = match need {
+            Need::List => Access::List,
+            Need::Read => Access::Read,
+            Need::Write | Need::Create => Access::Write,
+        };
+        let (grant, grant_by) = self.grant(path, caller, is_dir);
+        let ceiling = if grant == Access::Write || needed == Access::Write {
+            self.ceiling(path)
+        } else {
+            Access::Read // the ceiling is never lower, so this cannot change the result
+        };
+        let verdict = Self::combine(grant, grant_by, ceiling);
+        let deny = |errno, by| Err(Denial { errno, verdict, by });
+        if grant == Access::None {
+            let errno = if need == Need::Create {
+                libc::EACCES
+            } else {
+                libc::ENOENT
+            };
+            return deny(errno, grant_by);
+        }
+        if (special.device && !self.allow_devices) || (special.setid && !self.allow_setid) {
+            return deny(libc::EPERM, By::Mode);
+        }
+        if needed == Access::Write && ceiling < Access::Write {
+            return deny(libc::EROFS, By::Mode);
+        }
+        if grant < needed {
+            return deny(libc::EACCES, grant_by);
+        }
+        Ok(verdict)
+    }
+
+    /// Whether a directory may be renamed from `old` to `new` without changing any path's
+    /// policy. Assumes the caller has already checked `write` on `old` and on `new`.
+    ///
+    /// Refused when
+    /// (a) any rule — whatever its `uid`/`gid` — could match a strict descendant of `old`
+    /// or of `new`, unless it is *floating*: `**/<one name glob>` (e.g. `**/*.pem`,
+    /// `**/.env`) or only `**`s, which decide by the last name alone and so give `old/s`
+    /// and `new/s` the same answer for every `s`; or
+    /// (b) in mode workspace-write, any non-floating `writable_roots` or `protected` entry
+    /// could match a strict descendant of `old` or `new` (floating ones are exempt for the
+    /// same reason). In the other modes those lists play no role; or
+    /// (c) a rule's `except` globs could make the rule exist differently below the two
+    /// names, or non-uniformly below one of them (see `except_rename_ok`). An except glob
+    /// like `**/site-packages/**` blocks nothing as long as it cannot tell the two names
+    /// apart.
+    ///
+    /// "Could match" is a component-wise prefix check, conservative (it may refuse a
+    /// rename that would in fact be harmless, never the reverse).
+    pub fn dir_rename_allowed(&self, old: &[u8], new: &[u8]) -> bool {
+        let pinned =
+            |p: &Pattern| !p.floating && (p.could_match_below(old) || p.could_match_below(new));
+        if self.patterns.iter().any(pinned) {
+            return false;
+        }
+        if self.mode == Mode::WorkspaceWrite
+            && (self.roots.pins_below(old)
+                || self.roots.pins_below(new)
+                || self.protect.pins_below(old)
+                || self.protect.pins_below(new))
+        {
+            return false;
+        }
+        if self.excepts.iter().all(Vec::is_empty) {
+            return true;
+        }
+        let side = |d: &[u8]| {
+            let mut out: Vec<usize> = self.except_hits(d).iter().map(|h| h.0).collect();
+            out.dedup();
+            (self.covering_rules(d), out)
+        };
+        let (old_side, new_side) = (side(old), side(new));
+        (0..self.rules.len())
+            .filter(|&r| !self.excepts[r].is_empty())
+            .all(|r| self.except_rename_ok(r, (old, &old_side), (new, &new_side)))
+    }
+
+    /// The `except` part of [`Policy::dir_rename_allowed`] for rule `r` (whatever its
+    /// `uid`/`gid`); each side is (path, (rules covering it, rules taken out at it)).
+    ///
+    /// - Where `r` covers a side's directory and is not taken out there, no `except` glob
+    ///   of `r` may match below it: `r` must exist uniformly in that subtree, as it does at
+    ///   the directory itself.
+    /// - Where `r` could match below either name (it is floating: any other rule that
+    ///   could is refused above), it must exist alike at every `old/s` and `new/s`: taken
+    ///   out at both directories (so everywhere below both), or at neither and then every
+    ///   except glob stands alike after reading either name ([`Pattern::stands_alike`]:
+    ///   `**/node_modules/**` between `src/a` and `lib/b`, not between `keys` and
+    ///   `node_modules/keys`).
+    fn except_rename_ok(
+        &self,
+        r: usize,
+        (old, (old_cov, old_out)): (&[u8], &(Vec<usize>, Vec<usize>)),
+        (new, (new_cov, new_out)): (&[u8], &(Vec<usize>, Vec<usize>)),
+    ) -> bool {
+        let excepts = &self.excepts[r];
+        let has = |v: &Vec<usize>| v.binary_search(&r).is_ok();
+        let (out_old, out_new) = (has(old_out), has(new_out));
+        for (d, cov, out) in [(old, has(old_cov), out_old), (new, has(new_cov), out_new)] {
+            if cov && !out && excepts.iter().any(|e| e.could_match_below(d)) {
+                return false;
+            }
+        }
+        let p = &self.patterns[r];
+        if !p.could_match_below(old) && !p.could_match_below(new) {
+            return true;
+        }
+        match (out_old, out_new) {
+            (true, true) => true,
+            (false, false) => excepts.iter().all(|e| e.stands_alike(old, new)),
+            _ => false,
+        }
+    }
+}
