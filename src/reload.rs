@@ -69,13 +69,23 @@ impl PolicyStore {
 
     /// Re-reads the policy file; on success swaps it in and returns the new snapshot.
     pub fn reload(&self) -> Result<Arc<Snapshot>, Vec<PolicyError>> {
-        let p = load(self.file.as_ref(), self.mode)?;
+        Ok(self.install(self.prepare()?))
+    }
+
+    /// Reads and compiles the policy file without putting it in force (a reload first
+    /// takes back what the kernel caches, then [`install`](Self::install)s it).
+    pub fn prepare(&self) -> Result<Policy, Vec<PolicyError>> {
+        load(self.file.as_ref(), self.mode)
+    }
+
+    /// Puts a prepared policy in force as the next generation.
+    pub fn install(&self, p: Policy) -> Arc<Snapshot> {
         let mut cur = self.cur.write();
         let snap = Arc::new(Snapshot {
             policy: p,
             generation: cur.generation + 1,
         });
         *cur = snap.clone();
-        Ok(snap)
+        snap
     }
 }
