@@ -111,3 +111,144 @@ fn once_one_path_shows_a_reload_every_other_path_does() {
     );
     assert!(visible(&m, "stays"));
 }
+
+/// A control-socket approver (just enough for these tests).
+struct Approver {
+    w: std::os::unix::net::UnixStream,
+    r: std::io::BufReader<std::os::unix::net::UnixStream>,
+}
+
+impl Approver {
+    fn subscribe(sock: &Path) -> Approver {
+        let s = std::os::unix::net::UnixStream::connect(sock).expect("control socket");
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        let r = std::io::BufReader::new(s.try_clone().unwrap());
+        let mut a = Approver { w: s, r };
+        let _hello = a.line();
+        a.send(serde_json::json!({"cmd": "subscribe"}));
+        assert_eq!(a.next(None)["ok"], true);
+        a
+    }
+    fn send(&mut self, v: serde_json::Value) {
+        use std::io::Write;
+        let mut b = serde_json::to_vec(&v).unwrap();
+        b.push(b'\n');
+        self.w.write_all(&b).unwrap();
+    }
+    fn line(&mut self) -> serde_json::Value {
+        use std::io::BufRead;
+        let mut l = String::new();
+        self.r.read_line(&mut l).expect("a line from the daemon");
+        serde_json::from_str(&l).unwrap_or_else(|e| panic!("bad line {l:?}: {e}"))
+    }
+    /// The next event `ev`, or (None) the next answer.
+    fn next(&mut self, ev: Option<&str>) -> serde_json::Value {
+        loop {
+            let v = self.line();
+            match (ev, v.get("event").and_then(|e| e.as_str())) {
+                (None, None) => return v,
+                (Some(e), Some(x)) if e == x => return v,
+                _ => {}
+            }
+        }
+    }
+}
+
+/// `python3 -c code` as uid 1000 in the mount.
+fn agent(m: &Mount, code: &str) -> Child {
+    Command::new("setpriv")
+        .args(["--reuid=1000", "--regid=1000", "--clear-groups"])
+        .args(["/usr/bin/python3", "-c", code])
+        .current_dir(m.mnt("."))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+const ASK_DOCS: &str = "[[rule]]\npath = \"docs\"\naccess = \"read\"\nask = \"write\"\n";
+
+#[test]
+fn a_held_directory_change_does_not_delay_a_reload() {
+    let base = format!("{OPEN}{ASK_DOCS}");
+    let mut b = Mount::builder("reload-held")
+        .policy(&base)
+        .arg("--allow-other")
+        .arg("--ask-timeout")
+        .arg("60");
+    let sock = b.root().join("ctl.sock");
+    b = b.arg("--control").arg(&sock);
+    for d in ["docs", "other", "other2"] {
+        mkdirp(&b.host(d));
+        put(&b.host(format!("{d}/f")), b"x", 0o644);
+    }
+    let st = Command::new("chown")
+        .args(["-R", "1000:1000"])
+        .arg(b.host("."))
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let m = b.start();
+    let mut approver = Approver::subscribe(&sock);
+    // Everything cached: names, attributes, listings — docs/f too, whose entry the
+    // reload must take back from a directory the held create keeps locked.
+    for p in ["docs/f", "other/f", "other2/f"] {
+        assert!(visible(&m, p));
+    }
+    let _ = names(&m.mnt(""));
+    let create = agent(
+        &m,
+        "import os, errno\n\
+         try:\n    os.open('docs/new', os.O_CREAT | os.O_WRONLY, 0o644); print('created')\n\
+         except OSError as e:\n    print(errno.errorcode[e.errno])\n",
+    );
+    let ask = approver.next(Some("ask"));
+    assert_eq!(ask["paths"][0], "docs/new", "{ask}");
+    let id = ask["id"].as_u64().unwrap();
+
+    // Two reloads while the create is held: each takes effect at once.
+    for (round, (hide, shown)) in [("other", "other2"), ("other2", "other")]
+        .into_iter()
+        .enumerate()
+    {
+        let before = m.stderr().matches("policy reloaded").count();
+        let t = Instant::now();
+        m.reload_with(&format!(
+            "{base}[[rule]]\npath = \"{hide}\"\naccess = \"none\"\n"
+        ));
+        let mut took = None;
+        while t.elapsed() < Duration::from_secs(20) {
+            if m.stderr().matches("policy reloaded").count() > before
+                && !visible(&m, hide)
+                && !visible(&m, &format!("{hide}/f"))
+                && visible(&m, &format!("{shown}/f"))
+                && !names_str(&m.mnt("")).unwrap().contains(&hide.to_string())
+            {
+                took = Some(t.elapsed());
+                break;
+            }
+            thread::sleep(Duration::from_millis(5));
+        }
+        let took = took.unwrap_or_else(|| {
+            panic!(
+                "reload {round} never took effect while a create was held:\n{}",
+                m.stderr()
+            )
+        });
+        eprintln!("reload {round} with a create held in docs/: {hide}/ hidden in {took:?}");
+        assert!(
+            took < Duration::from_secs(3),
+            "reload {round}: {hide}/ still reachable {took:?} after SIGHUP (a held create in docs/)\n{}",
+            m.stderr()
+        );
+    }
+    let log = m.stderr();
+    assert!(log.contains("deferred"), "docs/ entries deferred:\n{log}");
+
+    // The create is still held (the policy still asks) until the approver says no.
+    approver.send(serde_json::json!({"cmd": "decide", "id": id, "allow": false}));
+    assert_eq!(approver.next(None)["ok"], true);
+    let out = create.wait_with_output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "EACCES");
+    assert!(!m.host("docs/new").exists(), "refused create left no file");
+}
