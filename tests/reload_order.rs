@@ -252,3 +252,163 @@ fn a_held_directory_change_does_not_delay_a_reload() {
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "EACCES");
     assert!(!m.host("docs/new").exists(), "refused create left no file");
 }
+
+/// Kernel stacks of the daemon's threads (root reads them): where a hang waits.
+fn stacks(pid: i32) -> String {
+    let mut out = String::new();
+    if let Ok(tasks) = fs::read_dir(format!("/proc/{pid}/task")) {
+        for t in tasks.flatten() {
+            let p = t.path();
+            let comm = fs::read_to_string(p.join("comm")).unwrap_or_default();
+            let stack = fs::read_to_string(p.join("stack")).unwrap_or_default();
+            out.push_str(&format!(
+                "--- {} {}{stack}",
+                t.file_name().to_string_lossy(),
+                comm
+            ));
+        }
+    }
+    out
+}
+
+/// Issue 17 finding 11: xfstests generic/236 (create, sleep 1 s, link, the ctime changed)
+/// once hung past a 60 s watchdog on a loaded machine. The same workload, with many
+/// threads creating, linking, renaming, unlinking and stat-ing, host-side churn in SOURCE
+/// (fanotify events) and a reload every 50 ms; every thread must make progress.
+#[test]
+fn link_rename_unlink_stat_under_reloads_and_load_never_hang() {
+    const THREADS: usize = 6;
+    const RUN: Duration = Duration::from_secs(12);
+    const STUCK: Duration = Duration::from_secs(20);
+    let pa = hiding(&["secret"]);
+    let pb = hiding(&["secret", "w0/hidden*"]);
+    let m = Mount::builder("reload-hang")
+        .policy(&pa)
+        .watchdog(Duration::from_secs(120));
+    for i in 0..THREADS {
+        mkdirp(&m.host(format!("w{i}")));
+    }
+    mkdirp(&m.host("churn"));
+    put(&m.host("secret"), b"s", 0o600);
+    let m = Arc::new(m.start());
+    let stop = Arc::new(AtomicBool::new(false));
+    let progress: Arc<Vec<AtomicU64>> =
+        Arc::new((0..THREADS + 2).map(|_| AtomicU64::new(0)).collect());
+    let t0 = Instant::now();
+    let now_ms = move || t0.elapsed().as_millis() as u64;
+    let mut workers = Vec::new();
+    for i in 0..THREADS {
+        let (m, stop, progress) = (m.clone(), stop.clone(), progress.clone());
+        workers.push(thread::spawn(move || -> Result<u64, String> {
+            let dir = m.mnt(format!("w{i}"));
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let f = dir.join(format!("f{n}"));
+                let l = dir.join(format!("l{n}"));
+                let r = dir.join(format!("r{n}"));
+                let e = |what: &str, e: std::io::Error| format!("w{i} {what} #{n}: {e}");
+                fs::write(&f, b"data").map_err(|x| e("create", x))?;
+                let before = fs::metadata(&f).map_err(|x| e("stat", x))?;
+                if i == 0 {
+                    // generic/236 itself: the link must change the ctime.
+                    thread::sleep(Duration::from_millis(1100));
+                }
+                fs::hard_link(&f, &l).map_err(|x| e("link", x))?;
+                let after = fs::metadata(&f).map_err(|x| e("stat after link", x))?;
+                if i == 0
+                    && (after.ctime(), after.ctime_nsec()) <= (before.ctime(), before.ctime_nsec())
+                {
+                    return Err(format!("w0 #{n}: link kept the ctime ({})", before.ctime()));
+                }
+                if after.nlink() != 2 {
+                    return Err(format!("w{i} #{n}: nlink {} after link", after.nlink()));
+                }
+                fs::rename(&l, &r).map_err(|x| e("rename", x))?;
+                fs::remove_file(&f).map_err(|x| e("unlink", x))?;
+                fs::remove_file(&r).map_err(|x| e("unlink renamed", x))?;
+                let _ = fs::metadata(m.mnt("secret"));
+                let _ = names(&dir);
+                n += 1;
+                progress[i].store(now_ms(), Ordering::Relaxed);
+            }
+            Ok(n)
+        }));
+    }
+    // Reloads, and another process changing SOURCE behind the mount.
+    let reloader = {
+        let (m, stop, progress) = (m.clone(), stop.clone(), progress.clone());
+        thread::spawn(move || {
+            let mut k = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                m.reload_with(if k % 2 == 0 { &pb } else { &pa });
+                k += 1;
+                progress[THREADS].store(now_ms(), Ordering::Relaxed);
+                thread::sleep(Duration::from_millis(50));
+            }
+            k
+        })
+    };
+    let churn = {
+        let (m, stop, progress) = (m.clone(), stop.clone(), progress.clone());
+        thread::spawn(move || {
+            let mut k = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let p = m.host(format!("churn/c{}", k % 64));
+                let _ = fs::write(&p, b"c");
+                let _ = fs::remove_file(&p);
+                let _ = fs::write(
+                    m.host(format!("w{}/host{}", k % THREADS as u64, k % 8)),
+                    b"h",
+                );
+                k += 1;
+                progress[THREADS + 1].store(now_ms(), Ordering::Relaxed);
+            }
+        })
+    };
+    let mut hung = None;
+    while t0.elapsed() < RUN + STUCK {
+        thread::sleep(Duration::from_millis(500));
+        let done = t0.elapsed() >= RUN;
+        if done && !stop.swap(true, Ordering::Relaxed) {
+            eprintln!("load: stopping after {RUN:?}");
+        }
+        if workers.iter().all(|w| w.is_finished()) {
+            break;
+        }
+        let now = now_ms();
+        if let Some((who, _)) = progress
+            .iter()
+            .enumerate()
+            .find(|(_, p)| now.saturating_sub(p.load(Ordering::Relaxed)) > STUCK.as_millis() as u64)
+        {
+            hung = Some((who, stacks(m.pid())));
+            break;
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    if let Some((who, st)) = hung {
+        // End the daemon (our child) so that every blocked syscall returns and the
+        // threads let the mount go (it is unmounted when the last of them is done).
+        let log = m.stderr();
+        m.signal(libc::SIGKILL);
+        for w in workers {
+            let _ = w.join();
+        }
+        let _ = (reloader.join(), churn.join());
+        panic!(
+            "thread {who} made no progress for {STUCK:?}; daemon threads' kernel stacks:\n{st}\nstderr:\n{log}"
+        );
+    }
+    let mut total = 0;
+    for w in workers {
+        match w.join().unwrap() {
+            Ok(n) => total += n,
+            Err(e) => panic!("{e}\nstderr:\n{}", m.stderr()),
+        }
+    }
+    let reloads = reloader.join().unwrap();
+    churn.join().unwrap();
+    eprintln!("load: {total} create/link/rename/unlink rounds, {reloads} reloads, no thread stuck");
+    assert!(total > THREADS as u64, "hardly any progress: {total}");
+    assert!(reloads > 10, "{reloads} reloads");
+}
