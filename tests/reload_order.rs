@@ -340,7 +340,7 @@ fn link_rename_unlink_stat_under_reloads_and_load_never_hang() {
         thread::spawn(move || {
             let mut k = 0u64;
             while !stop.load(Ordering::Relaxed) {
-                m.reload_with(if k % 2 == 0 { &pb } else { &pa });
+                m.reload_with(if k.is_multiple_of(2) { &pb } else { &pa });
                 k += 1;
                 progress[THREADS].store(now_ms(), Ordering::Relaxed);
                 thread::sleep(Duration::from_millis(50));
