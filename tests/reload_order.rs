@@ -172,7 +172,9 @@ const ASK_DOCS: &str = "[[rule]]\npath = \"docs\"\naccess = \"read\"\nask = \"wr
 fn a_held_directory_change_does_not_delay_a_reload() {
     let base = format!("{OPEN}{ASK_DOCS}");
     let mut b = Mount::builder("reload-held")
-        .policy(&base)
+        .policy(&format!(
+            "{base}[[rule]]\npath = \"docs/shown\"\naccess = \"none\"\n"
+        ))
         .arg("--allow-other")
         .arg("--ask-timeout")
         .arg("60");
@@ -182,6 +184,7 @@ fn a_held_directory_change_does_not_delay_a_reload() {
         mkdirp(&b.host(d));
         put(&b.host(format!("{d}/f")), b"x", 0o644);
     }
+    put(&b.host("docs/shown"), b"s", 0o644);
     let st = Command::new("chown")
         .args(["-R", "1000:1000"])
         .arg(b.host("."))
@@ -195,6 +198,9 @@ fn a_held_directory_change_does_not_delay_a_reload() {
     for p in ["docs/f", "other/f", "other2/f"] {
         assert!(visible(&m, p));
     }
+    // A hidden name, cached as a negative entry in docs/: the reloads show it, but its
+    // directory stays locked by the held create, so its invalidation waits in the lane.
+    assert!(!visible(&m, "docs/shown"));
     let _ = names(&m.mnt(""));
     let create = agent(
         &m,
@@ -251,6 +257,16 @@ fn a_held_directory_change_does_not_delay_a_reload() {
     let out = create.wait_with_output().unwrap();
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "EACCES");
     assert!(!m.host("docs/new").exists(), "refused create left no file");
+    // Once docs/ is free the lane takes the stale negative entry back (well before the
+    // 10 s entry TTL would).
+    let t = Instant::now();
+    assert!(
+        eventually(Duration::from_secs(2), || visible(&m, "docs/shown")),
+        "docs/shown still ENOENT {:?} after the hold ended:\n{}",
+        t.elapsed(),
+        m.stderr()
+    );
+    eprintln!("docs/shown visible {:?} after the hold ended", t.elapsed());
 }
 
 /// Kernel stacks of the daemon's threads (root reads them): where a hang waits.
