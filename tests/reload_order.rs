@@ -60,9 +60,13 @@ fn once_one_path_shows_a_reload_every_other_path_does() {
             }
         }
         put(&src.join("stays"), b"y", 0o644);
+        // Unchanged names the kernel caches too: the reload's invalidations take longer.
+        for i in 0..300 {
+            put(&src.join(format!("plain/p{i}")), b"p", 0o644);
+        }
     });
     let changed: Vec<&str> = A_ONLY.iter().chain(B_ONLY).copied().collect();
-    let rounds = 30;
+    let rounds = 40;
     let mut halves = Vec::new();
     let mut to_a = false;
     for round in 0..rounds {
@@ -79,6 +83,9 @@ fn once_one_path_shows_a_reload_every_other_path_does() {
         let _ = names(&m.mnt(""));
         let _ = names(&m.mnt("w"));
         let _ = names(&m.mnt("d"));
+        for p in names(&m.mnt("plain")).unwrap() {
+            let _ = fs::symlink_metadata(m.mnt("plain").join(bpath(&p)));
+        }
         let canary = changed[round % changed.len()];
         m.reload_with(if to_a { &a } else { &b });
         let t = Instant::now();
@@ -90,11 +97,21 @@ fn once_one_path_shows_a_reload_every_other_path_does() {
             );
             thread::yield_now();
         }
-        let stale: Vec<&str> = changed
+        let mut stale: Vec<String> = changed
             .iter()
-            .copied()
             .filter(|p| shows_a(&m, p) != to_a)
+            .map(|p| p.to_string())
             .collect();
+        // Listings too (the kernel may keep them across opens).
+        for p in &changed {
+            let (dir, base) = p.rsplit_once('/').unwrap_or(("", p));
+            let listed = names_str(&m.mnt(dir)).is_ok_and(|n| n.iter().any(|x| x == base));
+            let in_a = A_ONLY.contains(p);
+            let parent_shown = dir.is_empty() || !(dir.starts_with('d') && !to_a);
+            if parent_shown && listed != (in_a == to_a) {
+                stale.push(format!("ls {dir}: {base}"));
+            }
+        }
         if !stale.is_empty() {
             halves.push(format!(
                 "round {round} (to {}): {canary} showed it, still old: {stale:?}",
