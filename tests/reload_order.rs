@@ -193,6 +193,7 @@ fn a_held_directory_change_does_not_delay_a_reload() {
             "{base}[[rule]]\npath = \"docs/shown\"\naccess = \"none\"\n"
         ))
         .arg("--allow-other")
+        .arg("--revoke")
         .arg("--ask-timeout")
         .arg("60");
     let sock = b.root().join("ctl.sock");
@@ -202,6 +203,7 @@ fn a_held_directory_change_does_not_delay_a_reload() {
         put(&b.host(format!("{d}/f")), b"x", 0o644);
     }
     put(&b.host("docs/shown"), b"s", 0o644);
+    put(&b.host("other2/m"), &[b'm'; 8192], 0o644);
     let st = Command::new("chown")
         .args(["-R", "1000:1000"])
         .arg(b.host("."))
@@ -219,6 +221,27 @@ fn a_held_directory_change_does_not_delay_a_reload() {
     // directory stays locked by the held create, so its invalidation waits in the lane.
     assert!(!visible(&m, "docs/shown"));
     let _ = names(&m.mnt(""));
+    // A shared map of other2/m, which the second reload hides: --revoke must stop it
+    // (its next fault gets SIGBUS) although a held request locks docs/.
+    let mut holder = Command::new("/usr/bin/python3")
+        .arg("-c")
+        .arg(
+            "import mmap, os, sys\n\
+             fd = os.open('other2/m', os.O_RDONLY)\n\
+             mm = mmap.mmap(fd, 8192, mmap.MAP_SHARED, mmap.PROT_READ)\n\
+             print(mm[0:3].decode(), flush=True)\n\
+             sys.stdin.readline()\n\
+             print(mm[4096:4099].decode(), flush=True)\n",
+        )
+        .current_dir(m.mnt("."))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut mapped = std::io::BufReader::new(holder.stdout.take().unwrap());
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut mapped, &mut line).unwrap();
+    assert_eq!(line.trim(), "mmm", "the map reads the file");
     let create = agent(
         &m,
         "import os, errno\n\
@@ -267,6 +290,14 @@ fn a_held_directory_change_does_not_delay_a_reload() {
     }
     let log = m.stderr();
     assert!(log.contains("deferred"), "docs/ entries deferred:\n{log}");
+    std::io::Write::write_all(holder.stdin.as_mut().unwrap(), b"go\n").unwrap();
+    let st = holder.wait().unwrap();
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(
+        st.signal(),
+        Some(libc::SIGBUS),
+        "the map of other2/m, hidden by the reload, still reads ({st})"
+    );
 
     // The create is still held (the policy still asks) until the approver says no.
     approver.send(serde_json::json!({"cmd": "decide", "id": id, "allow": false}));
