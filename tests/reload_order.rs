@@ -27,6 +27,15 @@ fn hiding(paths: &[&str]) -> String {
     p
 }
 
+/// Replaces the policy file atomically (as the README asks: a half-written file that
+/// parses is a valid policy too) and sends SIGHUP.
+fn reload_atomic(m: &Mount, toml: &str) {
+    let tmp = m.policy_path().with_extension("new");
+    fs::write(&tmp, toml).unwrap();
+    fs::rename(&tmp, m.policy_path()).unwrap();
+    m.reload();
+}
+
 /// Paths the two policies disagree on: visible under A, hidden under B, and the reverse.
 const A_ONLY: &[&str] = &[
     "d", "d/c0", "d/c1", "d/c2", "d/c3", "d/sub", "d/sub/s0", "v0", "v1", "w/x",
@@ -87,7 +96,7 @@ fn once_one_path_shows_a_reload_every_other_path_does() {
             let _ = fs::symlink_metadata(m.mnt("plain").join(bpath(&p)));
         }
         let canary = changed[round % changed.len()];
-        m.reload_with(if to_a { &a } else { &b });
+        reload_atomic(&m, if to_a { &a } else { &b });
         let t = Instant::now();
         while shows_a(&m, canary) != to_a {
             assert!(
@@ -259,9 +268,10 @@ fn a_held_directory_change_does_not_delay_a_reload() {
     {
         let before = m.stderr().matches("policy reloaded").count();
         let t = Instant::now();
-        m.reload_with(&format!(
-            "{base}[[rule]]\npath = \"{hide}\"\naccess = \"none\"\n"
-        ));
+        reload_atomic(
+            &m,
+            &format!("{base}[[rule]]\npath = \"{hide}\"\naccess = \"none\"\n"),
+        );
         let mut took = None;
         while t.elapsed() < Duration::from_secs(20) {
             if m.stderr().matches("policy reloaded").count() > before
@@ -357,14 +367,24 @@ fn link_rename_unlink_stat_under_reloads_and_load_never_hang() {
     let m = Arc::new(m.start());
     let stop = Arc::new(AtomicBool::new(false));
     let progress: Arc<Vec<AtomicU64>> =
-        Arc::new((0..THREADS + 2).map(|_| AtomicU64::new(0)).collect());
+        Arc::new((0..THREADS + 3).map(|_| AtomicU64::new(0)).collect());
     let t0 = Instant::now();
     let now_ms = move || t0.elapsed().as_millis() as u64;
     let mut workers = Vec::new();
     for i in 0..THREADS {
         let (m, stop, progress) = (m.clone(), stop.clone(), progress.clone());
         workers.push(thread::spawn(move || -> Result<u64, String> {
-            let dir = m.mnt(format!("w{i}"));
+            // Odd threads work like a process whose cwd is its directory (no walk from the
+            // root: through /proc/self/fd/N, the open directory itself).
+            let held = fs::File::open(m.mnt(format!("w{i}"))).map_err(|e| e.to_string())?;
+            let dir = if i % 2 == 1 {
+                std::path::PathBuf::from(format!(
+                    "/proc/self/fd/{}",
+                    std::os::fd::AsRawFd::as_raw_fd(&held)
+                ))
+            } else {
+                m.mnt(format!("w{i}"))
+            };
             let mut n = 0u64;
             while !stop.load(Ordering::Relaxed) {
                 let f = dir.join(format!("f{n}"));
@@ -398,13 +418,30 @@ fn link_rename_unlink_stat_under_reloads_and_load_never_hang() {
             Ok(n)
         }));
     }
+    // At the root: names never seen before (each lookup takes the root's lock) and a
+    // create + unlink there.
+    let prober = {
+        let (m, stop, progress) = (m.clone(), stop.clone(), progress.clone());
+        thread::spawn(move || -> Result<u64, String> {
+            let mut k = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let _ = fs::symlink_metadata(m.mnt(format!("absent{k}")));
+                let p = m.mnt(format!("top{}", k % 4));
+                fs::write(&p, b"t").map_err(|e| format!("root create #{k}: {e}"))?;
+                fs::remove_file(&p).map_err(|e| format!("root unlink #{k}: {e}"))?;
+                k += 1;
+                progress[THREADS + 2].store(now_ms(), Ordering::Relaxed);
+            }
+            Ok(k)
+        })
+    };
     // Reloads, and another process changing SOURCE behind the mount.
     let reloader = {
         let (m, stop, progress) = (m.clone(), stop.clone(), progress.clone());
         thread::spawn(move || {
             let mut k = 0u64;
             while !stop.load(Ordering::Relaxed) {
-                m.reload_with(if k.is_multiple_of(2) { &pb } else { &pa });
+                reload_atomic(&m, if k.is_multiple_of(2) { &pb } else { &pa });
                 k += 1;
                 progress[THREADS].store(now_ms(), Ordering::Relaxed);
                 thread::sleep(Duration::from_millis(50));
@@ -458,7 +495,7 @@ fn link_rename_unlink_stat_under_reloads_and_load_never_hang() {
         for w in workers {
             let _ = w.join();
         }
-        let _ = (reloader.join(), churn.join());
+        let _ = (reloader.join(), churn.join(), prober.join());
         panic!(
             "thread {who} made no progress for {STUCK:?}; daemon threads' kernel stacks:\n{st}\nstderr:\n{log}"
         );
@@ -472,7 +509,13 @@ fn link_rename_unlink_stat_under_reloads_and_load_never_hang() {
     }
     let reloads = reloader.join().unwrap();
     churn.join().unwrap();
-    eprintln!("load: {total} create/link/rename/unlink rounds, {reloads} reloads, no thread stuck");
+    let probes = prober
+        .join()
+        .unwrap()
+        .unwrap_or_else(|e| panic!("{e}\nstderr:\n{}", m.stderr()));
+    eprintln!(
+        "load: {total} create/link/rename/unlink rounds, {probes} root probes, {reloads} reloads, no thread stuck"
+    );
     assert!(total > THREADS as u64, "hardly any progress: {total}");
     assert!(reloads > 10, "{reloads} reloads");
 }
