@@ -351,7 +351,7 @@ fn stacks(pid: i32) -> String {
 /// (fanotify events) and a reload every 50 ms; every thread must make progress.
 #[test]
 fn link_rename_unlink_stat_under_reloads_and_load_never_hang() {
-    const THREADS: usize = 6;
+    const THREADS: usize = 8;
     const RUN: Duration = Duration::from_secs(12);
     const STUCK: Duration = Duration::from_secs(20);
     let pa = hiding(&["secret"]);
