@@ -7,6 +7,7 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::RwLock;
 
@@ -23,6 +24,8 @@ pub struct Snapshot {
 /// The current policy and where it comes from.
 pub struct PolicyStore {
     cur: RwLock<Arc<Snapshot>>,
+    /// `cur`'s generation, read without the lock (every cacheable reply checks it).
+    generation: AtomicU64,
     file: Option<PathBuf>,
     mode: Option<Mode>,
 }
@@ -47,6 +50,7 @@ impl PolicyStore {
                 policy,
                 generation: 0,
             })),
+            generation: AtomicU64::new(0),
             file,
             mode,
         }
@@ -59,7 +63,7 @@ impl PolicyStore {
 
     /// The generation in force now (no snapshot clone).
     pub fn generation(&self) -> u64 {
-        self.cur.read().generation
+        self.generation.load(Ordering::SeqCst)
     }
 
     /// The snapshot in force now.
@@ -69,13 +73,24 @@ impl PolicyStore {
 
     /// Re-reads the policy file; on success swaps it in and returns the new snapshot.
     pub fn reload(&self) -> Result<Arc<Snapshot>, Vec<PolicyError>> {
-        let p = load(self.file.as_ref(), self.mode)?;
+        Ok(self.install(self.prepare()?))
+    }
+
+    /// Reads and compiles the policy file without putting it in force (a reload first
+    /// takes back what the kernel caches, then [`install`](Self::install)s it).
+    pub fn prepare(&self) -> Result<Policy, Vec<PolicyError>> {
+        load(self.file.as_ref(), self.mode)
+    }
+
+    /// Puts a prepared policy in force as the next generation.
+    pub fn install(&self, p: Policy) -> Arc<Snapshot> {
         let mut cur = self.cur.write();
         let snap = Arc::new(Snapshot {
             policy: p,
             generation: cur.generation + 1,
         });
         *cur = snap.clone();
-        Ok(snap)
+        self.generation.store(snap.generation, Ordering::SeqCst);
+        snap
     }
 }

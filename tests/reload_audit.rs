@@ -333,7 +333,7 @@ fn audit_lines_name_the_deciding_rule_for_each_refusal_class() {
     assert!(
         eventually(Duration::from_secs(2), || m
             .stderr()
-            .contains("kernel caches invalidated")),
+            .contains("policy reloaded")),
         "{}",
         m.stderr()
     );

@@ -123,7 +123,7 @@ fn shared_maps_under_revoke_write_through_and_fault_once_revoked() {
     assert!(
         eventually(Duration::from_secs(2), || m
             .stderr()
-            .contains("kernel caches invalidated")),
+            .contains("policy reloaded")),
         "reload: {}",
         m.stderr()
     );

@@ -3,11 +3,12 @@
 //! - `startup`: before the mount (checks on SOURCE and MOUNTPOINT, signal mask, policy,
 //!   audit writer, session settings, descriptor budget, mountinfo);
 //! - `mount`: the mount's life cycle, step by step, in an order that must be kept;
-//! - `threads`: the daemon's own threads (signals, reloads, cache invalidations, the
-//!   control socket).
+//! - `threads`: the daemon's own threads (signals, reloads, the control socket);
+//! - `notify`: the notify thread (kernel cache invalidations) and its held-directory lane.
 
 mod explain;
 mod mount;
+mod notify;
 mod startup;
 mod threads;
 

@@ -40,11 +40,12 @@ use fuser::Session;
 use nix::sys::signal::SigSet;
 
 use super::SESSION_DONE;
+use super::notify::notify_loop;
 use super::startup::{
     block_signals, handle_budget, load_policy, session_config, start_audit, startup_checks,
     top_mount,
 };
-use super::threads::{self, notify_loop, signal_loop};
+use super::threads::{self, signal_loop};
 use crate::approvals::Approvals;
 use crate::cli::MountArgs;
 use crate::fs::kcache::{Inval, KernelCache};

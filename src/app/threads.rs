@@ -1,79 +1,139 @@
-//! The daemon's own threads besides the FUSE workers: the notify thread (kernel cache
-//! invalidations), the signal thread (reload, unmount), the reload procedure they and the
-//! control socket share, and the control socket's wiring (hooks, resume thread).
+//! The daemon's own threads besides the FUSE workers and the notify thread (`notify.rs`):
+//! the signal thread (reload, unmount), the reload procedure it and the control socket
+//! share, and the control socket's wiring (hooks, resume thread).
 
-use std::ffi::OsStr;
-use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, Sender, channel};
 use std::time::{Duration, Instant};
 
-use fuser::{INodeNo, Notifier, SessionUnmounter};
+use fuser::SessionUnmounter;
 use nix::sys::signal::{SigSet, Signal};
 use serde_json::json;
 
 use super::{SESSION_DONE, flush_audit};
 use crate::approvals::{self, Redecide};
 use crate::control::server::{self, Hooks};
-use crate::fs::kcache::Inval;
+use crate::fs::kcache::{Done, Inval};
 use crate::fs::ops::Shared;
 use crate::policy::PolicyError;
 use crate::reload::Snapshot;
 
-/// Reloads the policy (SIGHUP, `ctl reload`): on success the kernel's caches are
-/// invalidated, remembered answers forgotten and every held request re-decided under the
-/// new policy; on error nothing changes and each error is logged.
+/// One reload at a time (SIGHUP and `ctl reload` may come together).
+static RELOADING: parking_lot::Mutex<()> = parking_lot::Mutex::new(());
+
+/// How long a reload waits for one pass of the notify thread before it goes on (the pass
+/// waits only for requests in flight, so this is a safety net, never the normal case).
+const PASS_LIMIT: Duration = Duration::from_secs(10);
+
+/// Reloads the policy (SIGHUP, `ctl reload`) as one instant for every caller:
+/// 1. the new file is read and compiled (on error nothing changes and each error is logged);
+/// 2. the no-cache window opens and the notify thread takes back every name, attribute and
+///    listing the kernel holds — meanwhile the *old* policy answers, uncached;
+/// 3. the new policy goes in force and the window closes: from here every answer is the
+///    new policy's, and nothing the kernel still holds says otherwise (but the entries of
+///    directories a held request locks, deferred to the held-directory lane);
+/// 4. remembered answers are forgotten and every held request is re-decided;
+/// 5. listings again and, with `--revoke`, cached file pages are dropped.
+///
+/// It returns (and logs `policy reloaded`) only when all of that is done.
 pub(super) fn reload_now(
     shared: &Shared,
     tx: &Sender<Inval>,
 ) -> Result<Arc<Snapshot>, Vec<PolicyError>> {
+    let _one = RELOADING.lock();
     let started = Instant::now();
-    match shared.policy.reload() {
-        Ok(snap) => {
-            log::info!(
-                "policy reloaded: generation {}, {} rules, mode {}",
-                snap.generation,
-                snap.policy.rules().len(),
-                snap.policy.mode()
-            );
-            let _ = tx.send(Inval {
-                everything: true,
-                drop_pages: shared.settings.revoke,
-                started: Some(started),
-                ..Inval::default()
-            });
-            let policy = &snap.policy;
-            shared.approvals.reload(|req| {
-                let caller = crate::policy::Caller {
-                    uid: req.uid,
-                    gid: req.gid,
-                };
-                let mut all_ok = true;
-                for (path, (is_dir, need)) in req.paths.iter().zip(&req.checks) {
-                    let sp = crate::policy::Special::default();
-                    match policy.check_for(path, caller, *need, sp, *is_dir) {
-                        Ok(_) => {}
-                        Err(d) if d.askable(policy, *need).is_some() => all_ok = false,
-                        Err(_) => return Redecide::Refuse,
-                    }
-                }
-                if all_ok {
-                    Redecide::Allow
-                } else {
-                    Redecide::Keep
-                }
-            });
-            Ok(snap)
-        }
+    let next = match shared.policy.prepare() {
+        Ok(p) => p,
         Err(errs) => {
             for e in &errs {
                 log::error!("reload refused, old policy stays in force: {e}");
             }
-            Err(errs)
+            return Err(errs);
+        }
+    };
+    shared.kcache.begin_window();
+    let first = pass(
+        tx,
+        Inval {
+            everything: true,
+            ..Inval::default()
+        },
+    );
+    let snap = shared.policy.install(next);
+    shared.kcache.end_window();
+    redecide(shared, &snap);
+    let second = pass(
+        tx,
+        Inval {
+            after_swap: true,
+            drop_pages: shared.settings.revoke,
+            ..Inval::default()
+        },
+    );
+    let deferred = if first.deferred > 0 {
+        format!(
+            ", {} names in directories held for an approver deferred",
+            first.deferred
+        )
+    } else {
+        String::new()
+    };
+    log::info!(
+        "policy reloaded: generation {}, {} rules, mode {} (kernel caches: {} names, {} inodes invalidated in {:?}{deferred})",
+        snap.generation,
+        snap.policy.rules().len(),
+        snap.policy.mode(),
+        first.names,
+        first.inodes + second.inodes,
+        started.elapsed()
+    );
+    Ok(snap)
+}
+
+/// Hands one job to the notify thread and waits until it is done (at most [`PASS_LIMIT`]).
+fn pass(tx: &Sender<Inval>, mut job: Inval) -> Done {
+    let (done_tx, done_rx) = channel();
+    job.done = Some(done_tx);
+    if tx.send(job).is_err() {
+        return Done::default();
+    }
+    match done_rx.recv_timeout(PASS_LIMIT) {
+        Ok(d) => d,
+        Err(_) => {
+            log::warn!(
+                "reload: the kernel cache invalidation did not finish within {PASS_LIMIT:?}; going on"
+            );
+            Done::default()
         }
     }
+}
+
+/// Re-decides every held request under the new policy (SPEC, Approvals): allowed,
+/// refused, or still held.
+fn redecide(shared: &Shared, snap: &Snapshot) {
+    let policy = &snap.policy;
+    shared.approvals.reload(|req| {
+        let caller = crate::policy::Caller {
+            uid: req.uid,
+            gid: req.gid,
+        };
+        let mut all_ok = true;
+        for (path, (is_dir, need)) in req.paths.iter().zip(&req.checks) {
+            let sp = crate::policy::Special::default();
+            match policy.check_for(path, caller, *need, sp, *is_dir) {
+                Ok(_) => {}
+                Err(d) if d.askable(policy, *need).is_some() => all_ok = false,
+                Err(_) => return Redecide::Refuse,
+            }
+        }
+        if all_ok {
+            Redecide::Allow
+        } else {
+            Redecide::Keep
+        }
+    });
 }
 
 /// The bound control socket, before its server runs.
@@ -227,65 +287,6 @@ pub(super) fn remove_control(path: Option<&Path>) {
             .is_ok_and(|m| std::os::unix::fs::FileTypeExt::is_socket(&m.file_type()))
     {
         let _ = std::fs::remove_file(p);
-    }
-}
-
-pub(super) fn notify_loop(n: Notifier, rx: Receiver<Inval>, shared: Arc<Shared>) {
-    while let Ok(first) = rx.recv() {
-        // Merge what queued up meanwhile (a burst of reloads or host events).
-        let mut jobs = vec![first];
-        while let Ok(more) = rx.try_recv() {
-            jobs.push(more);
-        }
-        let everything = jobs.iter().any(|j| j.everything);
-        let started = jobs.iter().filter_map(|j| j.started).min();
-        let (mut names, mut inos) = (0usize, 0usize);
-        if everything {
-            let (mut entries, inodes) = shared.inodes.snapshot();
-            // Hidden names the kernel may hold as negative entries: a reload may show them.
-            entries.extend(shared.kcache.take_hidden());
-            // Attributes, and for directories the cached listing (filtered under the old
-            // policy); file pages only with --revoke (no data may outlive a lowered grant).
-            // Before the names: once a hidden name is gone, no listing shows it either.
-            // Directories first: once any name or attribute answers under the new policy,
-            // no listing answers under the old one.
-            let pages = jobs.iter().any(|j| j.drop_pages);
-            let (dirs, files): (Vec<u64>, Vec<u64>) = inodes
-                .iter()
-                .partition(|ino| shared.inodes.kind(**ino).is_ok_and(|k| k == libc::S_IFDIR));
-            for ino in &dirs {
-                let _ = n.inval_inode(INodeNo(*ino), 0, 0);
-            }
-            for ino in &files {
-                // Symlinks: their cached target too (readlink is decided by the policy).
-                let link = shared.inodes.kind(*ino).is_ok_and(|k| k == libc::S_IFLNK);
-                let offset = if pages || link { 0 } else { -1 };
-                let _ = n.inval_inode(INodeNo(*ino), offset, 0);
-            }
-            for (parent, name) in &entries {
-                let _ = n.inval_entry(INodeNo(*parent), OsStr::from_bytes(name));
-            }
-            names += entries.len();
-            inos += inodes.len();
-        } else {
-            for job in &jobs {
-                for (parent, name) in &job.entries {
-                    let _ = n.inval_entry(INodeNo(*parent), OsStr::from_bytes(name));
-                }
-                for (ino, offset) in &job.inodes {
-                    let _ = n.inval_inode(INodeNo(*ino), *offset, 0);
-                }
-                names += job.entries.len();
-                inos += job.inodes.len();
-            }
-        }
-        match started {
-            Some(t) => log::info!(
-                "kernel caches invalidated: {names} names, {inos} inodes in {:?}",
-                t.elapsed()
-            ),
-            None => log::debug!("host changes: {names} names, {inos} inodes invalidated"),
-        }
     }
 }
 

@@ -211,6 +211,23 @@ impl Core {
         R: Send + 'static,
         T: 'static,
     {
+        self.serve_in(&[], rq, reply, op, answer)
+    }
+
+    /// [`serve`](Self::serve) for a directory change: the kernel holds `dirs` (the parent
+    /// directories) locked while the request is in flight, so while it is held they are
+    /// marked busy and the notify thread does not wait for them (`kcache`).
+    pub(super) fn serve_in<R, T>(
+        self: &Arc<Self>,
+        dirs: &[u64],
+        rq: Rq,
+        reply: R,
+        op: impl Fn(&Core, &Ctx) -> Res<T> + Send + 'static,
+        answer: impl FnOnce(&Core, &Ctx, R, Res<T>) + Send + 'static,
+    ) where
+        R: Send + 'static,
+        T: 'static,
+    {
         let mut ctx = self.ctx(rq);
         ctx.may_hold = true;
         let r = op(self, &ctx);
@@ -242,6 +259,8 @@ impl Core {
         };
         let core = self.clone();
         let asked = ask.clone();
+        // Busy from before the request is held until its answer is sent.
+        let busy = self.shared.kcache.hold_dirs(dirs);
         let resume: Resume = Box::new(move |o: Outcome| {
             let mut again = core.shared.ctx(uid, gid, pid);
             if o.allow {
@@ -253,6 +272,7 @@ impl Core {
                 core.shared.audit_ask(&again, &asked, Line::Outcome(o));
                 answer(&core, &again, reply, Err(Error(libc::EACCES)));
             }
+            drop(busy);
         });
         // A directory change's question may end after its caller was refused (its hold ran
         // out): that end is audited too.

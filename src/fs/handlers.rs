@@ -60,11 +60,13 @@ impl Core {
             Err(e) => return reply.error(e),
         };
         let ctx = self.ctx(rq);
-        let ttl = self.shared.ttl(&ctx);
         // Absent and hidden names get the same negative entry, cached for the entry TTL
         // (0 when rules depend on the caller), so repeated lookups cost the same; a hidden
-        // one only if a reload can take it back.
-        let cache = match self.shared.do_lookup(&ctx, parent, &n) {
+        // one only if a reload can take it back. The TTL is read after the lookup
+        // registered the node (kcache's invariant).
+        let found = self.shared.do_lookup(&ctx, parent, &n);
+        let ttl = self.shared.ttl(&ctx);
+        let cache = match found {
             Ok(Lookup::Found(a)) => return reply.entry(&ttl.attr, &ttl.entry, &a),
             Ok(Lookup::Absent) => !ttl.entry.is_zero(),
             Ok(Lookup::Hidden) => {
@@ -82,9 +84,9 @@ impl Core {
     /// GETATTR.
     pub fn getattr(self: &Arc<Self>, rq: Rq, ino: u64, fh: Option<u64>, reply: impl AttrReply) {
         let ctx = self.ctx(rq);
-        let ttl = self.shared.ttl(&ctx);
-        match self.shared.do_getattr(&ctx, ino, fh) {
-            Ok(a) => reply.attr(&ttl.attr, &a),
+        let r = self.shared.do_getattr(&ctx, ino, fh);
+        match r {
+            Ok(a) => reply.attr(&self.shared.ttl(&ctx).attr, &a),
             Err(e) => reply.error(errno(e)),
         }
     }
@@ -125,7 +127,8 @@ impl Core {
             Ok(n) => n,
             Err(e) => return reply.error(e),
         };
-        self.serve(
+        self.serve_in(
+            &[parent],
             rq,
             reply,
             move |c, ctx| c.shared.do_mknod(ctx, parent, &n, mode, rdev),
@@ -146,7 +149,8 @@ impl Core {
             Ok(n) => n,
             Err(e) => return reply.error(e),
         };
-        self.serve(
+        self.serve_in(
+            &[parent],
             rq,
             reply,
             move |c, ctx| c.shared.do_mkdir(ctx, parent, &n, mode),
@@ -167,7 +171,8 @@ impl Core {
             Ok(n) => n,
             Err(e) => return reply.error(e),
         };
-        self.serve(
+        self.serve_in(
+            &[parent],
             rq,
             reply,
             move |c, ctx| c.shared.do_remove(ctx, parent, &n, dir),
@@ -189,7 +194,8 @@ impl Core {
             Err(e) => return reply.error(e),
         };
         let target = target.to_vec();
-        self.serve(
+        self.serve_in(
+            &[parent],
             rq,
             reply,
             move |c, ctx| c.shared.do_symlink(ctx, parent, &n, &target),
@@ -213,7 +219,8 @@ impl Core {
             (Ok(a), Ok(b)) => (a, b),
             (Err(e), _) | (_, Err(e)) => return reply.error(e),
         };
-        self.serve(
+        self.serve_in(
+            &[parent, newparent],
             rq,
             reply,
             move |c, ctx| c.shared.do_rename(ctx, parent, &n, newparent, &nn, flags),
@@ -234,7 +241,8 @@ impl Core {
             Ok(n) => n,
             Err(e) => return reply.error(e),
         };
-        self.serve(
+        self.serve_in(
+            &[newparent],
             rq,
             reply,
             move |c, ctx| c.shared.do_link(ctx, ino, newparent, &nn),
@@ -306,16 +314,17 @@ impl Core {
     /// OPENDIR.
     pub fn opendir(self: &Arc<Self>, rq: Rq, ino: u64, reply: impl OpenReply) {
         let ctx = self.ctx(rq);
+        let r = self.shared.do_opendir(&ctx, ino);
         // The kernel may keep a listing across opens (it drops it when the directory
         // changes through the mount, and the daemon drops it on host changes and
         // reloads) — but never when rules depend on the caller: listings are filtered
-        // per caller.
+        // per caller — nor from a reload's window.
         let cache = if self.shared.ttl(&ctx).entry.is_zero() {
             FopenFlags::empty()
         } else {
             FopenFlags::FOPEN_CACHE_DIR | FopenFlags::FOPEN_KEEP_CACHE
         };
-        match self.shared.do_opendir(&ctx, ino) {
+        match r {
             Ok(fh) => reply.opened(fh, cache, None),
             Err(e) => reply.error(errno(e)),
         }
@@ -368,7 +377,6 @@ impl Core {
         mut reply: impl DirPlusReply,
     ) {
         let ctx = self.ctx(rq);
-        let ttl = self.shared.ttl(&ctx);
         let (_h, entries) = match self.shared.dir_entries(&ctx, fh, offset) {
             Ok(x) => x,
             Err(e) => return reply.error(errno(e)),
@@ -384,7 +392,7 @@ impl Core {
                 let Ok(a) = self.shared.do_getattr(&ctx, dino, None) else {
                     return reply.error(Errno::ESTALE);
                 };
-                if reply.add(o + 1, dot, &ttl.entry, &a) {
+                if reply.add(o + 1, dot, &self.shared.ttl(&ctx).entry, &a) {
                     return reply.ok();
                 }
                 off = o + 1;
@@ -395,6 +403,8 @@ impl Core {
             let Ok(a) = self.shared.plus_lookup(&ctx, ino, &e.name) else {
                 continue;
             };
+            // After the lookup registered the node (kcache's invariant).
+            let ttl = self.shared.ttl(&ctx);
             if reply.add(i as u64 + 3, &e.name, &ttl.entry, &a) {
                 // Not sent: give the lookup back.
                 self.shared.do_forget(a.ino.0, 1);
@@ -489,7 +499,8 @@ impl Core {
             Ok(n) => n,
             Err(e) => return reply.error(e),
         };
-        self.serve(
+        self.serve_in(
+            &[parent],
             rq,
             reply,
             move |c, ctx| c.shared.do_create(ctx, parent, &n, mode, flags),

@@ -4,6 +4,19 @@
 //! waits for the directory lock, which the kernel holds while the worker's own request is
 //! in flight): they queue an [`Inval`] for the notify thread.
 //!
+//! A reload is one instant for every caller (`app/threads.rs` `reload_now`): while the notify thread
+//! takes back what the kernel holds, the **no-cache window** is open and nothing the daemon
+//! answers may be cached ([`KernelCache::caching`] is false, hidden negative entries are not
+//! handed out); the new policy goes in force only once that is done. Invariant: a reply is
+//! cacheable only if the name or node it is about was registered (inode table, hidden set)
+//! *before* the caching check — so either the window's snapshot saw it and takes it back,
+//! or the check saw the window and the reply is not cacheable.
+//!
+//! A directory change held for an approver keeps its parent locked in the kernel, and an
+//! entry invalidation in that directory would wait for the lock: such directories are
+//! registered as **busy** ([`KernelCache::hold_dirs`]) while the request is held, and the
+//! notify thread leaves their entries to a lane of their own (`app/notify.rs`).
+//!
 //! Hidden names are answered like absent ones, as negative entries the kernel may cache, so
 //! that repeated lookups cost the same and time reveals nothing. Unlike a name absent on the
 //! host, a reload can make a hidden name visible, so every hidden negative entry handed out
@@ -11,10 +24,10 @@
 //! hidden negative entry the kernel may still hold is in the set, or an invalidation for it
 //! has been queued (eviction queues one).
 
-use std::collections::{HashSet, VecDeque};
-use std::sync::OnceLock;
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::Sender;
-use std::time::Instant;
+use std::sync::{Arc, OnceLock};
 
 use parking_lot::Mutex;
 
@@ -27,10 +40,24 @@ pub struct Inval {
     pub inodes: Vec<(u64, i64)>,
     /// Invalidate every name and inode known (a reload, a lost host event).
     pub everything: bool,
-    /// Also drop cached file pages when invalidating everything (--revoke).
+    /// A reload's second pass, once the new policy is in force: directory listings again
+    /// and, with `drop_pages`, cached file pages.
+    pub after_swap: bool,
+    /// Also drop cached file pages (--revoke, after a reload's swap).
     pub drop_pages: bool,
-    /// Set for reloads: the time is logged.
-    pub started: Option<Instant>,
+    /// Told when the job is done (a reload waits for its passes).
+    pub done: Option<Sender<Done>>,
+}
+
+/// What a pass of the notify thread did.
+#[derive(Default, Clone, Copy, Debug)]
+pub struct Done {
+    /// Names invalidated.
+    pub names: usize,
+    /// Inodes invalidated.
+    pub inodes: usize,
+    /// Names left to the held-directory lane (their directory is locked by a held request).
+    pub deferred: usize,
 }
 
 /// Hidden names given out as cacheable negative entries, at most this many at once.
@@ -44,11 +71,38 @@ struct Hidden {
     order: VecDeque<EntryKey>,
 }
 
+/// Directories locked in the kernel by a held request: node → number of such requests.
+type Busy = Arc<Mutex<HashMap<u64, u32>>>;
+
 /// The daemon's side of the kernel's caches.
 #[derive(Default)]
 pub struct KernelCache {
     tx: OnceLock<Sender<Inval>>,
     hidden: Mutex<Hidden>,
+    /// The no-cache window of a reload is open.
+    window: AtomicBool,
+    busy: Busy,
+}
+
+/// Marks directories busy while a request that locks them in the kernel is held; dropped
+/// once the request is answered.
+pub struct BusyDirs {
+    busy: Busy,
+    dirs: Vec<u64>,
+}
+
+impl Drop for BusyDirs {
+    fn drop(&mut self) {
+        let mut b = self.busy.lock();
+        for d in &self.dirs {
+            if let Some(n) = b.get_mut(d) {
+                *n -= 1;
+                if *n == 0 {
+                    b.remove(d);
+                }
+            }
+        }
+    }
 }
 
 impl KernelCache {
@@ -63,9 +117,44 @@ impl KernelCache {
         self.tx.get().is_some_and(|tx| tx.send(inval).is_ok())
     }
 
+    /// Opens a reload's no-cache window (under the hidden set's lock, so a hidden negative
+    /// entry is either recorded before the reload takes the set, or not cached).
+    pub fn begin_window(&self) {
+        let _h = self.hidden.lock();
+        self.window.store(true, Ordering::SeqCst);
+    }
+
+    /// Closes the window: the new policy is in force.
+    pub fn end_window(&self) {
+        self.window.store(false, Ordering::SeqCst);
+    }
+
+    /// Whether a reply may let the kernel cache what it says (no reload under way). Check
+    /// it after the reply's name or node is registered (see the module invariant).
+    pub fn caching(&self) -> bool {
+        !self.window.load(Ordering::SeqCst)
+    }
+
+    /// Marks `dirs` busy until the guard is dropped (a held request locking them).
+    pub fn hold_dirs(&self, dirs: &[u64]) -> BusyDirs {
+        let mut b = self.busy.lock();
+        for d in dirs {
+            *b.entry(*d).or_default() += 1;
+        }
+        BusyDirs {
+            busy: self.busy.clone(),
+            dirs: dirs.to_vec(),
+        }
+    }
+
+    /// Whether a held request locks directory `dir` in the kernel now.
+    pub fn is_busy(&self, dir: u64) -> bool {
+        self.busy.lock().contains_key(&dir)
+    }
+
     /// Records that `parent/name`, hidden by the policy, was answered as a cacheable
-    /// negative entry. `false`: it cannot be taken back (no notify thread), so the caller
-    /// must not let the kernel cache it.
+    /// negative entry. `false`: it cannot be taken back (no notify thread, or a reload's
+    /// window is open), so the caller must not let the kernel cache it.
     pub fn hidden_negative(&self, parent: u64, name: &[u8]) -> bool {
         if self.tx.get().is_none() {
             return false;
@@ -73,6 +162,9 @@ impl KernelCache {
         let key: EntryKey = (parent, name.into());
         let evicted = {
             let mut h = self.hidden.lock();
+            if self.window.load(Ordering::SeqCst) {
+                return false;
+            }
             if !h.set.insert(key.clone()) {
                 return true;
             }
@@ -132,6 +224,28 @@ mod tests {
         assert_eq!(k.take_hidden(), vec![(1, b"secret".to_vec())]);
         assert_eq!(k.hidden_len(), 0);
         assert!(rx.try_recv().is_err(), "nothing evicted");
+        k.begin_window();
+        assert!(!k.caching());
+        assert!(
+            !k.hidden_negative(1, b"other"),
+            "not during a reload's window"
+        );
+        assert_eq!(k.hidden_len(), 0);
+        k.end_window();
+        assert!(k.caching());
+        assert!(k.hidden_negative(1, b"other"));
+    }
+
+    #[test]
+    fn busy_directories_are_counted_per_held_request() {
+        let k = KernelCache::default();
+        let a = k.hold_dirs(&[5, 6]);
+        let b = k.hold_dirs(&[5]);
+        assert!(k.is_busy(5) && k.is_busy(6) && !k.is_busy(7));
+        drop(a);
+        assert!(k.is_busy(5) && !k.is_busy(6));
+        drop(b);
+        assert!(!k.is_busy(5));
     }
 
     #[test]

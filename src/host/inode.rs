@@ -409,7 +409,19 @@ impl Inodes {
         let mut t = self.table.lock();
         let existing = t.by_key.get(&key).copied();
         let ino = match existing {
-            Some(id) if t.nodes.get(&id).is_some_and(|n| n.kind == kind) => id,
+            // The same file — unless every name it had was removed through the mount and
+            // nothing of ours held it open: then the host has freed its inode number and
+            // now reuses it for a new file, while the kernel may still hold the old inode
+            // (until its FORGET). Handing the kernel the old node id would make it take the
+            // new file for the old one (its unlinked state, nlink 0 — `link` then fails
+            // with ENOENT); the new file gets a node of its own.
+            Some(id)
+                if t.nodes.get(&id).is_some_and(|n| {
+                    n.kind == kind && !(n.gone.is_some() && n.pinned.is_none())
+                }) =>
+            {
+                id
+            }
             _ => {
                 let id = if st.st_dev == self.root_dev
                     && st.st_ino != ROOT
@@ -423,7 +435,8 @@ impl Inodes {
                     t.next_synth
                 };
                 if existing.is_some() {
-                    // The host reused an inode number for a different kind of file.
+                    // The host reused an inode number (for a different kind of file, or
+                    // after the old one was removed).
                     t.by_key.remove(&key);
                 }
                 t.nodes.insert(
@@ -690,5 +703,54 @@ fn maybe_remove(t: &mut Table, ino: u64, removed: &mut Vec<u64>) {
                 stack.push(p);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn table() -> (Inodes, std::path::PathBuf) {
+        let dir = std::env::temp_dir().join(format!("fencefs-inode-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let root = std::fs::File::open(&dir).unwrap();
+        (Inodes::new(root.into(), 16).unwrap(), dir)
+    }
+
+    /// A regular file's stat, with the inode number under test.
+    fn stat_of(dev: u64, ino: u64) -> libc::stat {
+        let f = std::fs::File::open("/proc/self/exe").unwrap();
+        let mut st = sys::fstat(f.as_fd()).unwrap();
+        st.st_dev = dev;
+        st.st_ino = ino;
+        st
+    }
+
+    #[test]
+    fn a_reused_inode_number_after_a_removal_is_a_new_node() {
+        let (t, dir) = table();
+        let dev = t.root_dev;
+        let a = t.insert(ROOT, b"a", &stat_of(dev, 5000), true);
+        assert_eq!(a, 5000, "the host inode number is the node id");
+        assert_eq!(
+            t.insert(ROOT, b"a", &stat_of(dev, 5000), true),
+            a,
+            "the same file"
+        );
+        // Removed through the mount with no handle to keep it: the kernel still holds
+        // the node (no FORGET yet) when the host hands the number to a new file.
+        t.remove_alias(ROOT, b"a", None);
+        let b = t.insert(ROOT, b"b", &stat_of(dev, 5000), true);
+        assert_ne!(b, a, "a new file gets its own node");
+        assert_eq!(t.paths(b).unwrap(), vec![b"b".to_vec()]);
+        assert_eq!(
+            t.paths(a).unwrap(),
+            vec![b"a".to_vec()],
+            "the old node keeps only the name it was removed under"
+        );
+        // The old node's FORGET leaves the new one alone.
+        t.forget(a, 2);
+        assert_eq!(t.insert(ROOT, b"b", &stat_of(dev, 5000), true), b);
+        let _ = std::fs::remove_dir(dir);
     }
 }

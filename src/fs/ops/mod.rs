@@ -210,9 +210,14 @@ impl Shared {
     }
 
     /// Cache lifetimes under this snapshot: zero when rules depend on the caller, so a
-    /// name or attribute cached for one caller never serves another.
+    /// name or attribute cached for one caller never serves another; zero too while a
+    /// reload takes back the kernel's caches, and for a request decided under a policy no
+    /// longer in force (see `kcache`: call this after the reply's node is registered).
     pub fn ttl(&self, ctx: &Ctx) -> Ttl {
-        if ctx.snap.policy.has_id_rules() {
+        if ctx.snap.policy.has_id_rules()
+            || !self.kcache.caching()
+            || ctx.snap.generation != self.policy.generation()
+        {
             Ttl {
                 entry: Duration::ZERO,
                 attr: Duration::ZERO,
