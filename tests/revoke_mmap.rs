@@ -136,3 +136,119 @@ fn shared_maps_under_revoke_write_through_and_fault_once_revoked() {
         "a revoked shared map faults ({st})"
     );
 }
+
+/// python3 as `uid` (and gid), in the mount.
+fn py_as(m: &Mount, uid: u32, code: &str) -> std::process::Child {
+    use std::os::unix::process::CommandExt;
+    Command::new(PY)
+        .arg("-c")
+        .arg(code)
+        .current_dir(m.mnt("."))
+        .uid(uid)
+        .gid(uid)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run python3")
+}
+
+/// Maps `f` shared and writable, stores `hello` at 0 and msyncs; prints `first: ok` (or
+/// the error); then waits for a line on stdin, stores `world` at 0, msyncs and prints
+/// `second: ok` (or the error). The kernel writes dirty shared pages back on its own,
+/// with no caller in the request (uid 0, pid 0).
+const MAP_WRITER: &str = r#"
+import mmap, os, sys
+fd = os.open('f', os.O_RDWR)
+mm = mmap.mmap(fd, 8192, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+def store(what, data):
+    try:
+        mm[0:5] = data; mm.flush(); print(what + ': ok', flush=True)
+    except OSError as e:
+        print(what + ': ' + os.strerror(e.errno), flush=True)
+store('first', b'hello')
+sys.stdin.readline()
+store('second', b'world')
+try:
+    os.close(fd)
+except OSError:
+    pass
+"#;
+
+/// The writer's next line; at its end of output, what it wrote to stderr.
+fn line(w: &mut std::process::Child, r: &mut impl std::io::BufRead) -> String {
+    let mut s = String::new();
+    r.read_line(&mut s).unwrap();
+    if s.is_empty() {
+        let mut e = String::new();
+        let _ = std::io::Read::read_to_string(w.stderr.as_mut().unwrap(), &mut e);
+        return format!("(no output; stderr: {e})");
+    }
+    s.trim().to_string()
+}
+
+#[test]
+fn writeback_of_a_revoked_uids_shared_map_is_refused() {
+    // Everyone may write; a reload then cuts uid 1000 to read. Its pwrite fails, and so
+    // must the kernel's writeback of what it stores through a map it already holds: the
+    // writeback carries no caller and is decided for the uid that opened the file.
+    let b = Mount::builder("revoke-wb-cut")
+        .policy(OPEN)
+        .arg("--revoke")
+        .arg("--allow-other");
+    put(&b.host("f"), &vec![b'a'; 8192], 0o666);
+    let m = b.start();
+    let mut w = py_as(&m, 1000, MAP_WRITER);
+    let mut out = std::io::BufReader::new(w.stdout.take().unwrap());
+    assert_eq!(line(&mut w, &mut out), "first: ok", "a granted shared-map write");
+    assert_eq!(&std::fs::read(m.host("f")).unwrap()[..6], b"helloa");
+    m.reload_with(
+        "mode = \"danger\"\ndefault = \"write\"\n[[rule]]\npath = \"f\"\naccess = \"read\"\nuid = [1000]\n",
+    );
+    assert!(
+        eventually(Duration::from_secs(5), || m
+            .stderr()
+            .contains("kernel caches invalidated")),
+        "reload: {}",
+        m.stderr()
+    );
+    // The same uid's write is refused now (the reference for the writeback below).
+    let o = m.sh_as(1000, "printf x | dd of=f conv=notrunc status=none");
+    o.assert_fail("write by the revoked uid");
+    assert!(o.stderr.contains("Permission denied"), "{}", o.stderr);
+    std::io::Write::write_all(w.stdin.as_mut().unwrap(), b"go\n").unwrap();
+    let second = line(&mut w, &mut out);
+    let _ = w.wait();
+    let host = std::fs::read(m.host("f")).unwrap();
+    assert_eq!(
+        &host[..6],
+        b"helloa",
+        "the revoked uid's store through its map reached the host (msync: {second})"
+    );
+    assert_eq!(second, "second: Permission denied", "msync of a refused writeback");
+}
+
+#[test]
+fn writeback_granted_only_to_the_opener_is_not_refused() {
+    // Only uid 1000 may write `f` (a uid rule); the kernel's writeback of its shared map
+    // (no caller: uid 0) is that uid's write, not root's, and must reach the host.
+    let b = Mount::builder("revoke-wb-owner")
+        .policy(
+            "mode = \"danger\"\ndefault = \"read\"\n[[rule]]\npath = \"f\"\naccess = \"write\"\nuid = [1000]\n",
+        )
+        .arg("--revoke")
+        .arg("--allow-other");
+    put(&b.host("f"), &vec![b'a'; 8192], 0o666);
+    let m = b.start();
+    let mut w = py_as(&m, 1000, MAP_WRITER);
+    let mut out = std::io::BufReader::new(w.stdout.take().unwrap());
+    assert_eq!(line(&mut w, &mut out), "first: ok", "the opener's writeback was refused");
+    assert_eq!(&std::fs::read(m.host("f")).unwrap()[..6], b"helloa");
+    std::io::Write::write_all(w.stdin.as_mut().unwrap(), b"go\n").unwrap();
+    assert_eq!(line(&mut w, &mut out), "second: ok");
+    assert!(w.wait().unwrap().success());
+    assert_eq!(&std::fs::read(m.host("f")).unwrap()[..6], b"worlda");
+    // Root itself still cannot write it.
+    let r = std::fs::OpenOptions::new().write(true).open(m.mnt("f"));
+    assert_errno(r, libc::EACCES, "root opens f for writing");
+}
