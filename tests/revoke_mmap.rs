@@ -200,7 +200,11 @@ fn writeback_of_a_revoked_uids_shared_map_is_refused() {
     let m = b.start();
     let mut w = py_as(&m, 1000, MAP_WRITER);
     let mut out = std::io::BufReader::new(w.stdout.take().unwrap());
-    assert_eq!(line(&mut w, &mut out), "first: ok", "a granted shared-map write");
+    assert_eq!(
+        line(&mut w, &mut out),
+        "first: ok",
+        "a granted shared-map write"
+    );
     assert_eq!(&std::fs::read(m.host("f")).unwrap()[..6], b"helloa");
     m.reload_with(
         "mode = \"danger\"\ndefault = \"write\"\n[[rule]]\npath = \"f\"\naccess = \"read\"\nuid = [1000]\n",
@@ -225,7 +229,10 @@ fn writeback_of_a_revoked_uids_shared_map_is_refused() {
         b"helloa",
         "the revoked uid's store through its map reached the host (msync: {second})"
     );
-    assert_eq!(second, "second: Permission denied", "msync of a refused writeback");
+    assert_eq!(
+        second, "second: Permission denied",
+        "msync of a refused writeback"
+    );
 }
 
 #[test]
@@ -242,7 +249,11 @@ fn writeback_granted_only_to_the_opener_is_not_refused() {
     let m = b.start();
     let mut w = py_as(&m, 1000, MAP_WRITER);
     let mut out = std::io::BufReader::new(w.stdout.take().unwrap());
-    assert_eq!(line(&mut w, &mut out), "first: ok", "the opener's writeback was refused");
+    assert_eq!(
+        line(&mut w, &mut out),
+        "first: ok",
+        "the opener's writeback was refused"
+    );
     assert_eq!(&std::fs::read(m.host("f")).unwrap()[..6], b"helloa");
     std::io::Write::write_all(w.stdin.as_mut().unwrap(), b"go\n").unwrap();
     assert_eq!(line(&mut w, &mut out), "second: ok");
@@ -250,5 +261,5 @@ fn writeback_granted_only_to_the_opener_is_not_refused() {
     assert_eq!(&std::fs::read(m.host("f")).unwrap()[..6], b"worlda");
     // Root itself still cannot write it.
     let r = std::fs::OpenOptions::new().write(true).open(m.mnt("f"));
-    assert_errno(r, libc::EACCES, "root opens f for writing");
+    let _ = assert_errno(r, libc::EACCES, "root opens f for writing");
 }

@@ -175,3 +175,117 @@ fn queues_that_fail_after_init_send_the_mount_back_to_dev_fuse() {
         t.elapsed()
     );
 }
+
+extern "C" fn on_usr2(_: libc::c_int) {}
+
+/// Four threads of this process make requests (lookups of fresh names) for `secs` while
+/// another signals them without pause (SIGUSR2, a handler that does nothing, SA_RESTART):
+/// every signal that lands while a thread waits in FUSE makes the kernel send an
+/// INTERRUPT. Returns the signals sent.
+fn interrupt_flood(dir: &Path, secs: u64) -> u64 {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    // SAFETY: installs a handler that does nothing for SIGUSR2 (async-signal-safe); no
+    // other test of this binary uses SIGUSR2.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = on_usr2 as *const () as usize;
+        sa.sa_flags = libc::SA_RESTART;
+        libc::sigemptyset(&mut sa.sa_mask);
+        assert_eq!(libc::sigaction(libc::SIGUSR2, &sa, std::ptr::null_mut()), 0);
+    }
+    let stop = std::sync::Arc::new(AtomicBool::new(false));
+    let (tx, rx) = std::sync::mpsc::channel();
+    let workers: Vec<_> = (0..4)
+        .map(|k| {
+            let (dir, stop, tx) = (dir.to_path_buf(), stop.clone(), tx.clone());
+            std::thread::spawn(move || {
+                // SAFETY: pthread_self has no preconditions.
+                tx.send(unsafe { libc::pthread_self() }).unwrap();
+                let mut i = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    let _ = fs::symlink_metadata(dir.join(format!("int-{k}-{i}")));
+                    i += 1;
+                }
+            })
+        })
+        .collect();
+    let threads: Vec<libc::pthread_t> = (0..4).map(|_| rx.recv().unwrap()).collect();
+    let sent = AtomicU64::new(0);
+    let until = Instant::now() + Duration::from_secs(secs);
+    while Instant::now() < until {
+        for &t in &threads {
+            // SAFETY: the threads are alive until `stop` is set and they are joined below.
+            if unsafe { libc::pthread_kill(t, libc::SIGUSR2) } == 0 {
+                sent.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        std::thread::yield_now();
+    }
+    stop.store(true, Ordering::Relaxed);
+    for w in workers {
+        w.join().unwrap();
+    }
+    sent.into_inner()
+}
+
+#[test]
+fn an_interrupt_flood_does_not_flood_the_log() {
+    // Issue 17, finding 9: fuser logged "Failed to send FUSE reply: No such file or
+    // directory" at error level for every interrupt whose request was answered first
+    // (always over io_uring, where the kernel never finds the request on /dev/fuse),
+    // ~140 KB a second, so journald then dropped the lines that matter.
+    for transport in ["dev-fuse", "io-uring"] {
+        // Default logging: the spurious ENOENT is debug-level, nothing shows.
+        let m = Mount::builder("int-flood")
+            .policy(ALLOW_ALL)
+            .arg("--transport")
+            .arg(transport)
+            .start();
+        log_with(&m, "transport:");
+        let before = m.stderr().len();
+        let sent = interrupt_flood(&m.mnt("."), 3);
+        let log = m.stderr();
+        let grown = log.len() - before;
+        eprintln!("{transport}: {sent} signals, log grew {grown} bytes");
+        assert!(sent > 10_000, "{transport}: only {sent} signals sent");
+        assert!(
+            grown < 20_000,
+            "{transport}: the log grew {grown} bytes during the flood:\n{}",
+            &log[before..before + grown.min(2000)]
+        );
+        assert!(
+            !log.contains("Failed to send FUSE reply: No such file or directory"),
+            "{transport}: the spurious ENOENT is still logged above debug level"
+        );
+        let mut m = m;
+        m.assert_alive("after the interrupt flood");
+        drop(m);
+        // With that message's debug level switched on, the flood shows — rate-limited,
+        // with the count of what was left out.
+        let m = Mount::builder("int-flood-debug")
+            .policy(ALLOW_ALL)
+            .env("RUST_LOG", "info,fuser::reply=debug")
+            .arg("--transport")
+            .arg(transport)
+            .start();
+        log_with(&m, "transport:");
+        let before = m.stderr().len();
+        interrupt_flood(&m.mnt("."), 3);
+        // The count of what was suppressed is logged with the next line or at exit.
+        let mut m = m;
+        m.terminate();
+        let log = m.stderr();
+        let grown = log.len() - before;
+        eprintln!("{transport}, debug: log grew {grown} bytes");
+        assert!(
+            log.contains("Failed to send FUSE reply: No such file or directory"),
+            "{transport}: no interrupt was answered late (the flood did not happen?)"
+        );
+        assert!(
+            log.contains("similar messages suppressed"),
+            "{transport}: the flood was not rate-limited:\n{}",
+            &log[before..before + grown.min(2000)]
+        );
+        assert!(grown < 20_000, "{transport}: the log grew {grown} bytes");
+    }
+}

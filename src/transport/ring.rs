@@ -327,12 +327,14 @@ fn reap(ring: &mut Ring, qid: u16) -> Reaped {
             continue;
         }
         // ENOTCONN/ECONNABORTED/ENODEV: the connection is going away; the entry is gone.
+        // ENOENT: the kernel no longer waited for the request committed (it was ended
+        // while the daemon worked on it): normal, debug-level like fuser's equivalent.
         let e = -c.result();
-        if ![libc::ENOTCONN, libc::ECONNABORTED, libc::ENODEV].contains(&e) {
-            log::warn!(
-                "io_uring queue {qid}: entry {i}: {}",
-                io::Error::from_raw_os_error(e)
-            );
+        let err = io::Error::from_raw_os_error(e);
+        if e == libc::ENOENT {
+            log::debug!("io_uring queue {qid}: entry {i}: {err}");
+        } else if ![libc::ENOTCONN, libc::ECONNABORTED, libc::ENODEV].contains(&e) {
+            log::warn!("io_uring queue {qid}: entry {i}: {err}");
         }
         r.error.get_or_insert(io::Error::from_raw_os_error(e));
         r.ended += 1;
