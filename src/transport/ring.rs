@@ -181,6 +181,53 @@ impl Queue {
         }
     }
 
+    /// Gives back the pages of the entries in `back` (entry, bytes from its start), in as
+    /// few `madvise` calls as the entries' order allows.
+    ///
+    /// # Safety
+    /// The kernel holds every entry in `back` idle and cannot copy a request into it
+    /// before this returns (see [`super::pages`]), and no reply owns it.
+    unsafe fn give_back(&self, back: &mut [(u16, usize)]) {
+        back.sort_unstable_by_key(|&(i, _)| i);
+        let mut run: Option<(usize, usize)> = None;
+        let flush = |(start, end): (usize, usize)| {
+            // SAFETY: [start, end) lies within the region (entries < depth, bytes <=
+            // payload), page-aligned (the region is, and `payload` is a page multiple);
+            // by the caller's contract nobody reads or writes these pages now, and
+            // MADV_DONTNEED leaves them mapped, reading as zeros.
+            let r = unsafe {
+                libc::madvise(
+                    self.region.wrapping_add(start).cast(),
+                    end - start,
+                    libc::MADV_DONTNEED,
+                )
+            };
+            if r != 0 {
+                log::debug!("madvise: {}", io::Error::last_os_error());
+            }
+        };
+        for &(i, n) in back.iter() {
+            let start = i as usize * self.payload;
+            run = match run {
+                Some((s, e)) if e == start => Some((s, start + n)),
+                Some(r) => {
+                    flush(r);
+                    Some((start, start + n))
+                }
+                None => Some((start, start + n)),
+            };
+            // Only a whole entry joins the next one.
+            if n < self.payload
+                && let Some(r) = run.take()
+            {
+                flush(r);
+            }
+        }
+        if let Some(r) = run {
+            flush(r);
+        }
+    }
+
     pub(super) fn answered(&self, i: u16) {
         self.done.lock().push(i);
         if OWN.with(|o| o.get()) != self as *const Queue as usize {
@@ -214,23 +261,28 @@ pub struct Sizes {
     pub payload: usize,
 }
 
-fn build_ring(max: usize) -> io::Result<IoUring<squeue::Entry128, cqueue::Entry>> {
+/// A ring with room for `max` entries' commands; `true` when its task work runs only when
+/// the owning thread enters the kernel to wait (`IORING_SETUP_DEFER_TASKRUN`), which giving
+/// idle entries' pages back relies on ([`super::pages`]).
+fn build_ring(max: usize) -> io::Result<(Ring, bool)> {
     // Room for a commit or a registration per entry, and the eventfd read.
     let entries = (max + 1).next_power_of_two().min(32768) as u32;
     // Task work (copying the next request into our buffer) runs when this thread enters
     // the kernel to wait, batched, not by interrupting it.
-    IoUring::<squeue::Entry128, cqueue::Entry>::builder()
+    match Ring::builder()
         .setup_single_issuer()
         .setup_defer_taskrun()
         .setup_cqsize(2 * entries)
         .dontfork()
         .build(entries)
-        .or_else(|_| {
-            IoUring::<squeue::Entry128, cqueue::Entry>::builder()
-                .setup_cqsize(2 * entries)
-                .dontfork()
-                .build(entries)
-        })
+    {
+        Ok(r) => Ok((r, true)),
+        Err(_) => Ring::builder()
+            .setup_cqsize(2 * entries)
+            .dontfork()
+            .build(entries)
+            .map(|r| (r, false)),
+    }
 }
 
 /// Pushes `e`, submitting first when the submission queue is full.
@@ -349,6 +401,49 @@ fn unique_of(q: &Queue, i: u16) -> u64 {
     u64::from_ne_bytes(head[8..16].try_into().unwrap_or_default())
 }
 
+/// Requests served between two commits: the replies of a burst are handed back (and their
+/// pages can be given back) a few at a time, not after the whole burst.
+const CHUNK: usize = 16;
+
+/// The payload bytes of the request in entry `i` (the kernel's `ent_in_out.payload_sz`).
+fn payload_sz(q: &Queue, i: u16) -> usize {
+    // SAFETY: the caller owns entry `i` (fetched, or answered and not yet committed).
+    let h = unsafe { q.view(i) }.0;
+    u32::from_ne_bytes(
+        h[ENT_IN_OUT + 16..ENT_IN_OUT + 20]
+            .try_into()
+            .unwrap_or_default(),
+    ) as usize
+}
+
+/// Decodes the request in entry `i` and runs it; the reply owns the entry from here.
+fn serve_one<R>(
+    q: &Arc<Queue>,
+    qid: u16,
+    i: u16,
+    decode: &impl Fn(&Incoming<'_>) -> R,
+    run: &impl Fn(R, RingReply),
+) {
+    let req = {
+        let n = payload_sz(q, i);
+        // SAFETY: a completed fetch hands the entry to this thread; it is only read
+        // here, and the borrow ends with `decode`, before the reply takes the entry.
+        let (h, p) = unsafe { q.view(i) };
+        decode(&Incoming {
+            in_header: &h[..abi::IN_HEADER],
+            op_in: &h[128..128 + OP_IN],
+            payload: &p[..n.min(p.len())],
+        })
+    };
+    let reply = RingReply::new(q.clone(), i, unique_of(q, i));
+    // A panic in a handler must not end the queue (every later request of this CPU
+    // would wait forever): the unwound reply answers EIO, the queue goes on.
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(req, reply)));
+    if r.is_err() {
+        log::error!("io_uring queue {qid}: a request handler panicked; answered EIO");
+    }
+}
+
 /// Runs queue `qid` on the calling thread until the connection ends: registers
 /// `sizes.depth` entries, then serves requests: `decode` reads one out of its entry,
 /// `run` answers it through the reply.
@@ -369,7 +464,7 @@ pub fn serve<R>(
     // which can finish after this thread is gone: the buffers are never freed (one set
     // per queue per mount; the daemon exits when the connection ends).
     std::mem::forget(q.clone());
-    let mut ring = build_ring(sizes.depth).map_err(|e| fail("io_uring_setup", e))?;
+    let (mut ring, deferred) = build_ring(sizes.depth).map_err(|e| fail("io_uring_setup", e))?;
     OWN.with(|o| o.set(Arc::as_ptr(&q) as usize));
     let fd = dev.as_raw_fd();
     let wake_read = || -> squeue::Entry128 {
@@ -403,29 +498,32 @@ pub fn serve<R>(
         None => {}
     }
     let _ = registered.send(Ok(()));
+    let mut pages = super::pages::Pages::new(
+        sizes.depth,
+        sizes.payload,
+        super::pages::HIGH,
+        super::pages::LOW,
+    );
+    let mut ready = std::collections::VecDeque::new();
     loop {
         for &i in &got.ready {
-            let req = {
-                // SAFETY: a completed fetch hands the entry to this thread; it is only read
-                // here, and the borrow ends with `decode`, before the reply takes the entry.
-                let (h, p) = unsafe { q.view(i) };
-                let payload_sz = u32::from_ne_bytes(
-                    h[ENT_IN_OUT + 16..ENT_IN_OUT + 20]
-                        .try_into()
-                        .unwrap_or_default(),
-                ) as usize;
-                decode(&Incoming {
-                    in_header: &h[..abi::IN_HEADER],
-                    op_in: &h[128..128 + OP_IN],
-                    payload: &p[..payload_sz.min(p.len())],
-                })
-            };
-            let reply = RingReply::new(q.clone(), i, unique_of(&q, i));
-            // A panic in a handler must not end the queue (every later request of this
-            // CPU would wait forever): the unwound reply answers EIO, the queue goes on.
-            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(req, reply)));
-            if r.is_err() {
-                log::error!("io_uring queue {qid}: a request handler panicked; answered EIO");
+            pages.fetched(i, payload_sz(&q, i));
+        }
+        ready.extend(got.ready.drain(..));
+        for i in ready.drain(..CHUNK.min(ready.len())).collect::<Vec<_>>() {
+            serve_one(&q, qid, i, &decode, &run);
+        }
+        // Every completion was taken off the ring and every command submitted before the
+        // chunk: until this thread next enters the kernel, nothing is copied into an
+        // idle entry. Give back what is past the budget (or, before waiting, past `LOW`).
+        if deferred && ring.submission().is_empty() {
+            let mut back = pages.reclaim(ready.is_empty());
+            if !back.is_empty() {
+                // SAFETY: `reclaim` names only entries the kernel holds idle: committed,
+                // and not handed back with a request at the last reap, which took every
+                // completion; with deferred task work nothing is copied into them before
+                // the next `io_uring_enter`; the entries being answered are not idle.
+                unsafe { q.give_back(&mut back) };
             }
         }
         if got.woken {
@@ -434,13 +532,16 @@ pub fn serve<R>(
         // Commit what was answered (here or on other threads).
         let answered = std::mem::take(&mut *q.done.lock());
         for &i in &answered {
+            pages.committed(i, payload_sz(&q, i));
             let commit = command(fd, CMD_COMMIT_AND_FETCH, qid, unique_of(&q, i), None);
             push(&mut ring, &commit.user_data(i as u64))?;
         }
         if live == 0 {
             return Ok(());
         }
-        match ring.submit_and_wait(1) {
+        // With requests still to serve, only hand the commits over; otherwise wait.
+        let want = usize::from(ready.is_empty());
+        match ring.submit_and_wait(want) {
             Ok(_) => {}
             Err(e) if [Some(libc::EINTR), Some(libc::EBUSY)].contains(&e.raw_os_error()) => {}
             Err(e) => return Err(e),
