@@ -488,6 +488,17 @@ fn io_uring_payload_memory_follows_what_is_in_flight() {
         "daemon VmRSS: 2,000 concurrent 128 KiB O_DIRECT writes: peak {peak_w}, after {} KiB",
         rss_kib(pid)
     );
+    // Giving pages back costs an idle queue one timed wait after a burst, no polling.
+    std::thread::sleep(Duration::from_millis(1500));
+    let ring = |v: &[(String, u64)]| sum(v, |n| n.starts_with("fencefs-uring"));
+    let before = ring(&switches(pid));
+    std::thread::sleep(Duration::from_secs(3));
+    let woke = ring(&switches(pid)) - before;
+    eprintln!(
+        "idle queue threads woke {woke} times in 3 s; VmRSS {} KiB",
+        rss_kib(pid)
+    );
+    assert!(woke <= 4, "idle queue threads woke {woke} times in 3 s");
     eprintln!(
         "daemon VmRSS: idle {idle} KiB; 2,000 concurrent 64 KiB getxattrs: peak {peak_x}, \
          after {after_x}; 2,000 concurrent 128 KiB O_DIRECT reads: peak {peak_r}, after {after_r}"

@@ -12,7 +12,8 @@
 //! until the queue thread next waits. The entries kept are the most recently committed:
 //! the kernel hands out the entry committed last first, so a steady load reuses the same
 //! few entries and never pays for a page fault; only a burst past [`HIGH`] bytes costs
-//! `madvise` calls and fresh pages.
+//! `madvise` calls and fresh pages. A queue that rests (a second without a request) keeps
+//! [`LOW`].
 
 /// Payload bytes a queue may keep resident in idle entries before it gives pages back.
 pub const HIGH: usize = 4 << 20;
@@ -86,7 +87,7 @@ impl Pages {
     }
 
     /// The entries whose pages to give back now, with the bytes each may hold: when more
-    /// than `high` bytes may be resident — or the queue is `idle` and more than `low` —
+    /// than `high` bytes may be resident — or the queue rested (`idle`) and more than `low` —
     /// the least recently committed idle entries, until `low` bytes remain (or no idle
     /// entry has any). They count as untouched from here on: the caller must give them
     /// back before the kernel next runs the queue's task work.

@@ -12,8 +12,12 @@
 //! dispatch, then the [`RingReply`] until it answers (possibly on another thread: requests
 //! held for an approver), then the queue thread again until it submits the commit. A reply
 //! from another thread is queued and the queue thread woken through an eventfd; an idle
-//! queue thread sleeps in `io_uring_enter` (no polling). This and `reply.rs` hold the
-//! transport's `unsafe`, each with its reason (`abi.rs` has none).
+//! queue thread sleeps in `io_uring_enter` (no polling; one wait of at most a second after
+//! a burst, to give pages back). Payload pages of idle entries are given back past a
+//! budget ([`super::pages`]), only between taking every completion off the ring and the
+//! next `io_uring_enter`, on a ring with deferred task work, so never while the kernel
+//! may be copying a request in. This and `reply.rs` hold the transport's `unsafe`, each
+//! with its reason (`abi.rs` has none).
 #![allow(unsafe_code)]
 
 use std::cell::UnsafeCell;
@@ -228,6 +232,18 @@ impl Queue {
         }
     }
 
+    /// The read of the wake-up eventfd's counter.
+    fn wake_read(&self) -> squeue::Entry128 {
+        opcode::Read::new(
+            types::Fd(self.wake.as_raw_fd()),
+            self.wake_buf.get().cast(),
+            8,
+        )
+        .build()
+        .user_data(WAKE)
+        .into()
+    }
+
     pub(super) fn answered(&self, i: u16) {
         self.done.lock().push(i);
         if OWN.with(|o| o.get()) != self as *const Queue as usize {
@@ -404,6 +420,8 @@ fn unique_of(q: &Queue, i: u16) -> u64 {
 /// Requests served between two commits: the replies of a burst are handed back (and their
 /// pages can be given back) a few at a time, not after the whole burst.
 const CHUNK: usize = 16;
+/// A queue that waited this long without a request keeps only `pages::LOW`.
+const REST: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// The payload bytes of the request in entry `i` (the kernel's `ent_in_out.payload_sz`).
 fn payload_sz(q: &Queue, i: u16) -> usize {
@@ -444,6 +462,57 @@ fn serve_one<R>(
     }
 }
 
+/// Registers entries `0..depth` of `q` with queue `qid` and starts the eventfd read.
+fn register(ring: &mut Ring, q: &Queue, fd: i32, qid: u16, depth: usize) -> io::Result<()> {
+    for i in 0..depth {
+        // SAFETY: entry `i` was never registered; this is the queue thread.
+        let iov = unsafe { q.prepare(i) };
+        let e = command(fd, CMD_REGISTER, qid, 0, Some(iov)).user_data(i as u64);
+        push(ring, &e)?;
+    }
+    push(ring, &q.wake_read())?;
+    ring.submit().map(drop)
+}
+
+/// Gives back what is past the queue's budget (after a rest: past `pages::LOW`). Called
+/// between taking every completion off the ring and the next `io_uring_enter`, on a ring
+/// with deferred task work.
+fn give_back_idle(ring: &mut Ring, q: &Queue, pages: &mut super::pages::Pages, rested: bool) {
+    // A command not yet submitted (an interrupted submit) may be a commit whose reply
+    // is still to be read from its entry: then wait for the next round.
+    if !ring.submission().is_empty() {
+        return;
+    }
+    let mut back = pages.reclaim(rested);
+    if !back.is_empty() {
+        // SAFETY: `reclaim` names only entries the kernel holds idle: committed (and
+        // submitted: the queue is empty), and not handed back with a request at the last
+        // reap, which took every completion; with deferred task work nothing is copied
+        // into them before this thread's next `io_uring_enter`. The entries in service are
+        // not idle.
+        unsafe { q.give_back(&mut back) };
+    }
+}
+
+/// Submits what was pushed and, if `wait`, waits for a completion — at most [`REST`] if
+/// `timed`. `Ok(true)`: that wait ended without one.
+fn enter(ring: &mut Ring, wait: bool, timed: bool) -> io::Result<bool> {
+    let want = usize::from(wait);
+    let r = if wait && timed {
+        let ts = types::Timespec::new().sec(REST.as_secs());
+        ring.submitter()
+            .submit_with_args(want, &types::SubmitArgs::new().timespec(&ts))
+    } else {
+        ring.submit_and_wait(want)
+    };
+    match r {
+        Ok(_) => Ok(false),
+        Err(e) if e.raw_os_error() == Some(libc::ETIME) => Ok(true),
+        Err(e) if [Some(libc::EINTR), Some(libc::EBUSY)].contains(&e.raw_os_error()) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
 /// Runs queue `qid` on the calling thread until the connection ends: registers
 /// `sizes.depth` entries, then serves requests: `decode` reads one out of its entry,
 /// `run` answers it through the reply.
@@ -467,20 +536,7 @@ pub fn serve<R>(
     let (mut ring, deferred) = build_ring(sizes.depth).map_err(|e| fail("io_uring_setup", e))?;
     OWN.with(|o| o.set(Arc::as_ptr(&q) as usize));
     let fd = dev.as_raw_fd();
-    let wake_read = || -> squeue::Entry128 {
-        opcode::Read::new(types::Fd(q.wake.as_raw_fd()), q.wake_buf.get().cast(), 8)
-            .build()
-            .user_data(WAKE)
-            .into()
-    };
-    for i in 0..sizes.depth {
-        // SAFETY: entry `i` was never registered; this is the queue thread.
-        let iov = unsafe { q.prepare(i) };
-        let e = command(fd, CMD_REGISTER, qid, 0, Some(iov)).user_data(i as u64);
-        push(&mut ring, &e).map_err(|e| fail("register", e))?;
-    }
-    push(&mut ring, &wake_read()).map_err(|e| fail("register", e))?;
-    ring.submit().map_err(|e| fail("io_uring_enter", e))?;
+    register(&mut ring, &q, fd, qid, sizes.depth).map_err(|e| fail("register", e))?;
     // A registration completes only with a request or an error; errors show at once.
     let mut got = reap(&mut ring, qid);
     // Entries still alive (not ended by the connection going away).
@@ -505,29 +561,25 @@ pub fn serve<R>(
         super::pages::LOW,
     );
     let mut ready = std::collections::VecDeque::new();
+    // The last wait ended after `REST` without a request; and whether the next may be
+    // timed (not again after a rest, until a request comes: what stays resident then is
+    // in entries the daemon holds).
+    let (mut rested, mut may_rest) = (false, true);
     loop {
+        may_rest |= !got.ready.is_empty();
         for &i in &got.ready {
             pages.fetched(i, payload_sz(&q, i));
         }
         ready.extend(got.ready.drain(..));
-        for i in ready.drain(..CHUNK.min(ready.len())).collect::<Vec<_>>() {
+        for _ in 0..CHUNK {
+            let Some(i) = ready.pop_front() else { break };
             serve_one(&q, qid, i, &decode, &run);
         }
-        // Every completion was taken off the ring and every command submitted before the
-        // chunk: until this thread next enters the kernel, nothing is copied into an
-        // idle entry. Give back what is past the budget (or, before waiting, past `LOW`).
-        if deferred && ring.submission().is_empty() {
-            let mut back = pages.reclaim(ready.is_empty());
-            if !back.is_empty() {
-                // SAFETY: `reclaim` names only entries the kernel holds idle: committed,
-                // and not handed back with a request at the last reap, which took every
-                // completion; with deferred task work nothing is copied into them before
-                // the next `io_uring_enter`; the entries being answered are not idle.
-                unsafe { q.give_back(&mut back) };
-            }
+        if deferred {
+            give_back_idle(&mut ring, &q, &mut pages, rested);
         }
         if got.woken {
-            push(&mut ring, &wake_read())?;
+            push(&mut ring, &q.wake_read())?;
         }
         // Commit what was answered (here or on other threads).
         let answered = std::mem::take(&mut *q.done.lock());
@@ -539,13 +591,11 @@ pub fn serve<R>(
         if live == 0 {
             return Ok(());
         }
-        // With requests still to serve, only hand the commits over; otherwise wait.
-        let want = usize::from(ready.is_empty());
-        match ring.submit_and_wait(want) {
-            Ok(_) => {}
-            Err(e) if [Some(libc::EINTR), Some(libc::EBUSY)].contains(&e.raw_os_error()) => {}
-            Err(e) => return Err(e),
-        }
+        // With requests still to serve, only hand the commits over; otherwise wait — for
+        // at most a second while there are pages to give back once the queue rests.
+        may_rest &= !rested;
+        let timed = may_rest && deferred && pages.resident() > super::pages::LOW;
+        rested = enter(&mut ring, ready.is_empty(), timed)?;
         got = reap(&mut ring, qid);
         live -= got.ended.min(live);
     }
