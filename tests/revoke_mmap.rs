@@ -1,7 +1,9 @@
 //! `--revoke` and shared memory maps: SQLite in WAL mode (its `-shm` index is a shared
 //! writable map) works with two concurrent writers, shared maps read and write the host
 //! file, and a reload that revokes a path makes its existing map fault instead of serving
-//! the old pages.
+//! the old pages. The kernel's writeback carries no caller: it is decided for the uid that
+//! opened the file, both ways (a revoked uid's map stops reaching the host; a write only a
+//! uid rule grants is not refused as root's).
 
 mod common;
 
@@ -262,4 +264,54 @@ fn writeback_granted_only_to_the_opener_is_not_refused() {
     // Root itself still cannot write it.
     let r = std::fs::OpenOptions::new().write(true).open(m.mnt("f"));
     let _ = assert_errno(r, libc::EACCES, "root opens f for writing");
+}
+
+#[test]
+fn sqlite_wal_of_a_uid_granted_by_a_uid_rule_under_revoke() {
+    // SQLite's WAL index (`-shm`) is a shared writable map; the kernel writes it back with
+    // no caller. Only uid 1000 may write `db` here: none of its writes, the writeback
+    // included, may be refused (they were, as root's, and the index pages lost).
+    let b = Mount::builder("revoke-wal-uid")
+        .policy(
+            "mode = \"danger\"\ndefault = \"read\"\n[[rule]]\npath = \"db\"\naccess = \"write\"\nuid = [1000]\n",
+        )
+        .arg("--revoke")
+        .arg("--allow-other");
+    mkdirp(&b.host("db"));
+    let audit = b.root().join("audit.jsonl");
+    std::fs::set_permissions(
+        b.host("db"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o777),
+    )
+    .unwrap();
+    let m = b.arg("--audit").arg(&audit).start();
+    let run = |code: &str| {
+        let mut c = py_as(&m, 1000, code);
+        let st = c.wait().unwrap();
+        let mut e = String::new();
+        let _ = std::io::Read::read_to_string(c.stderr.as_mut().unwrap(), &mut e);
+        let mut o = String::new();
+        let _ = std::io::Read::read_to_string(c.stdout.as_mut().unwrap(), &mut o);
+        assert!(st.success(), "{code}: {e}");
+        o
+    };
+    run("import sqlite3\n\
+         c = sqlite3.connect('db/t.sqlite')\n\
+         c.execute('pragma journal_mode=wal')\n\
+         c.execute('create table t (i int)'); c.commit()\n\
+         for i in range(200):\n    c.execute('insert into t values (?)', (i,)); c.commit()\n\
+         c.close()\n");
+    let out = run("import sqlite3\n\
+         c = sqlite3.connect('db/t.sqlite')\n\
+         print(c.execute('select count(*) from t').fetchone()[0], \
+         c.execute('pragma integrity_check').fetchone()[0])\n");
+    assert_eq!(out.trim(), "200 ok");
+    // The audit writer flushes on its timer.
+    std::thread::sleep(Duration::from_millis(1500));
+    let log = std::fs::read_to_string(&audit).unwrap_or_default();
+    let refused: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("\"decision\":\"deny\""))
+        .collect();
+    assert!(refused.is_empty(), "refused: {refused:#?}");
 }
