@@ -263,7 +263,13 @@ fn an_interrupt_flood_does_not_flood_the_log() {
         m.assert_alive("after the interrupt flood");
         drop(m);
         // With that message's debug level switched on, the flood shows — rate-limited,
-        // with the count of what was left out.
+        // with the count of what was left out. Over io_uring every INTERRUPT's reply is
+        // refused (the kernel never finds those requests on /dev/fuse); over /dev/fuse only
+        // the ones that lose the race with their request's answer are, and the first that
+        // wins stops the kernel sending INTERRUPTs at all: not a flood to count on.
+        if transport == "dev-fuse" {
+            continue;
+        }
         let m = Mount::builder("int-flood-debug")
             .policy(ALLOW_ALL)
             .env("RUST_LOG", "info,fuser::reply=debug")
