@@ -24,6 +24,7 @@ pub mod fuse_opts;
 pub mod harden;
 pub mod host;
 pub mod idmap;
+pub mod logging;
 pub mod policy;
 pub mod reload;
 pub mod transport;

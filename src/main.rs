@@ -4,19 +4,17 @@ use clap::Parser;
 use fencefs::cli::{Cli, Command};
 
 fn main() {
-    // fuser's session warns "Failed to umount filesystem" on every clean unmount (its check
-    // for a mount that is already gone never says gone); fencefs reports the real state.
-    env_logger::Builder::from_env(
-        env_logger::Env::default().default_filter_or("info,fuser::session=error"),
-    )
-    .init();
+    fencefs::logging::init();
     let args: Vec<OsString> = std::env::args_os().collect();
     let command = if fencefs::fuse_opts::is_helper_form(&args, |p| p.exists()) {
         Command::Mount(mount_helper(&args[1..]))
     } else {
         Cli::parse().command
     };
-    std::process::exit(fencefs::app::run(command));
+    let code = fencefs::app::run(command);
+    // The counts of rate-limited lines not yet reported.
+    log::logger().flush();
+    std::process::exit(code);
 }
 
 /// PATH for a daemon started by mount(8), which passes none (the shell's default).

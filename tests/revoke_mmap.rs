@@ -1,7 +1,9 @@
 //! `--revoke` and shared memory maps: SQLite in WAL mode (its `-shm` index is a shared
 //! writable map) works with two concurrent writers, shared maps read and write the host
 //! file, and a reload that revokes a path makes its existing map fault instead of serving
-//! the old pages.
+//! the old pages. The kernel's writeback carries no caller: it is decided for the uid that
+//! opened the file, both ways (a revoked uid's map stops reaching the host; a write only a
+//! uid rule grants is not refused as root's).
 
 mod common;
 
@@ -135,4 +137,181 @@ fn shared_maps_under_revoke_write_through_and_fault_once_revoked() {
         Some(libc::SIGBUS),
         "a revoked shared map faults ({st})"
     );
+}
+
+/// python3 as `uid` (and gid), in the mount.
+fn py_as(m: &Mount, uid: u32, code: &str) -> std::process::Child {
+    use std::os::unix::process::CommandExt;
+    Command::new(PY)
+        .arg("-c")
+        .arg(code)
+        .current_dir(m.mnt("."))
+        .uid(uid)
+        .gid(uid)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run python3")
+}
+
+/// Maps `f` shared and writable, stores `hello` at 0 and msyncs; prints `first: ok` (or
+/// the error); then waits for a line on stdin, stores `world` at 0, msyncs and prints
+/// `second: ok` (or the error). The kernel writes dirty shared pages back on its own,
+/// with no caller in the request (uid 0, pid 0).
+const MAP_WRITER: &str = r#"
+import mmap, os, sys
+fd = os.open('f', os.O_RDWR)
+mm = mmap.mmap(fd, 8192, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+def store(what, data):
+    try:
+        mm[0:5] = data; mm.flush(); print(what + ': ok', flush=True)
+    except OSError as e:
+        print(what + ': ' + os.strerror(e.errno), flush=True)
+store('first', b'hello')
+sys.stdin.readline()
+store('second', b'world')
+try:
+    os.close(fd)
+except OSError:
+    pass
+"#;
+
+/// The writer's next line; at its end of output, what it wrote to stderr.
+fn line(w: &mut std::process::Child, r: &mut impl std::io::BufRead) -> String {
+    let mut s = String::new();
+    r.read_line(&mut s).unwrap();
+    if s.is_empty() {
+        let mut e = String::new();
+        let _ = std::io::Read::read_to_string(w.stderr.as_mut().unwrap(), &mut e);
+        return format!("(no output; stderr: {e})");
+    }
+    s.trim().to_string()
+}
+
+#[test]
+fn writeback_of_a_revoked_uids_shared_map_is_refused() {
+    // Everyone may write; a reload then cuts uid 1000 to read. Its pwrite fails, and so
+    // must the kernel's writeback of what it stores through a map it already holds: the
+    // writeback carries no caller and is decided for the uid that opened the file.
+    let b = Mount::builder("revoke-wb-cut")
+        .policy(OPEN)
+        .arg("--revoke")
+        .arg("--allow-other");
+    put(&b.host("f"), &vec![b'a'; 8192], 0o666);
+    let m = b.start();
+    let mut w = py_as(&m, 1000, MAP_WRITER);
+    let mut out = std::io::BufReader::new(w.stdout.take().unwrap());
+    assert_eq!(
+        line(&mut w, &mut out),
+        "first: ok",
+        "a granted shared-map write"
+    );
+    assert_eq!(&std::fs::read(m.host("f")).unwrap()[..6], b"helloa");
+    m.reload_with(
+        "mode = \"danger\"\ndefault = \"write\"\n[[rule]]\npath = \"f\"\naccess = \"read\"\nuid = [1000]\n",
+    );
+    assert!(
+        eventually(Duration::from_secs(5), || m
+            .stderr()
+            .contains("kernel caches invalidated")),
+        "reload: {}",
+        m.stderr()
+    );
+    // The same uid's write is refused now (the reference for the writeback below).
+    let o = m.sh_as(1000, "printf x | dd of=f conv=notrunc status=none");
+    o.assert_fail("write by the revoked uid");
+    assert!(o.stderr.contains("Permission denied"), "{}", o.stderr);
+    std::io::Write::write_all(w.stdin.as_mut().unwrap(), b"go\n").unwrap();
+    let second = line(&mut w, &mut out);
+    let _ = w.wait();
+    let host = std::fs::read(m.host("f")).unwrap();
+    assert_eq!(
+        &host[..6],
+        b"helloa",
+        "the revoked uid's store through its map reached the host (msync: {second})"
+    );
+    assert_eq!(
+        second, "second: Permission denied",
+        "msync of a refused writeback"
+    );
+}
+
+#[test]
+fn writeback_granted_only_to_the_opener_is_not_refused() {
+    // Only uid 1000 may write `f` (a uid rule); the kernel's writeback of its shared map
+    // (no caller: uid 0) is that uid's write, not root's, and must reach the host.
+    let b = Mount::builder("revoke-wb-owner")
+        .policy(
+            "mode = \"danger\"\ndefault = \"read\"\n[[rule]]\npath = \"f\"\naccess = \"write\"\nuid = [1000]\n",
+        )
+        .arg("--revoke")
+        .arg("--allow-other");
+    put(&b.host("f"), &vec![b'a'; 8192], 0o666);
+    let m = b.start();
+    let mut w = py_as(&m, 1000, MAP_WRITER);
+    let mut out = std::io::BufReader::new(w.stdout.take().unwrap());
+    assert_eq!(
+        line(&mut w, &mut out),
+        "first: ok",
+        "the opener's writeback was refused"
+    );
+    assert_eq!(&std::fs::read(m.host("f")).unwrap()[..6], b"helloa");
+    std::io::Write::write_all(w.stdin.as_mut().unwrap(), b"go\n").unwrap();
+    assert_eq!(line(&mut w, &mut out), "second: ok");
+    assert!(w.wait().unwrap().success());
+    assert_eq!(&std::fs::read(m.host("f")).unwrap()[..6], b"worlda");
+    // Root itself still cannot write it.
+    let r = std::fs::OpenOptions::new().write(true).open(m.mnt("f"));
+    let _ = assert_errno(r, libc::EACCES, "root opens f for writing");
+}
+
+#[test]
+fn sqlite_wal_of_a_uid_granted_by_a_uid_rule_under_revoke() {
+    // SQLite's WAL index (`-shm`) is a shared writable map; the kernel writes it back with
+    // no caller. Only uid 1000 may write `db` here: none of its writes, the writeback
+    // included, may be refused (they were, as root's, and the index pages lost).
+    let b = Mount::builder("revoke-wal-uid")
+        .policy(
+            "mode = \"danger\"\ndefault = \"read\"\n[[rule]]\npath = \"db\"\naccess = \"write\"\nuid = [1000]\n",
+        )
+        .arg("--revoke")
+        .arg("--allow-other");
+    mkdirp(&b.host("db"));
+    let audit = b.root().join("audit.jsonl");
+    std::fs::set_permissions(
+        b.host("db"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o777),
+    )
+    .unwrap();
+    let m = b.arg("--audit").arg(&audit).start();
+    let run = |code: &str| {
+        let mut c = py_as(&m, 1000, code);
+        let st = c.wait().unwrap();
+        let mut e = String::new();
+        let _ = std::io::Read::read_to_string(c.stderr.as_mut().unwrap(), &mut e);
+        let mut o = String::new();
+        let _ = std::io::Read::read_to_string(c.stdout.as_mut().unwrap(), &mut o);
+        assert!(st.success(), "{code}: {e}");
+        o
+    };
+    run("import sqlite3\n\
+         c = sqlite3.connect('db/t.sqlite')\n\
+         c.execute('pragma journal_mode=wal')\n\
+         c.execute('create table t (i int)'); c.commit()\n\
+         for i in range(200):\n    c.execute('insert into t values (?)', (i,)); c.commit()\n\
+         c.close()\n");
+    let out = run("import sqlite3\n\
+         c = sqlite3.connect('db/t.sqlite')\n\
+         print(c.execute('select count(*) from t').fetchone()[0], \
+         c.execute('pragma integrity_check').fetchone()[0])\n");
+    assert_eq!(out.trim(), "200 ok");
+    // The audit writer flushes on its timer.
+    std::thread::sleep(Duration::from_millis(1500));
+    let log = std::fs::read_to_string(&audit).unwrap_or_default();
+    let refused: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("\"decision\":\"deny\""))
+        .collect();
+    assert!(refused.is_empty(), "refused: {refused:#?}");
 }

@@ -35,6 +35,10 @@ pub struct Handle {
     /// The open host file (a real fd, not `O_PATH`); `None` once the kernel holds it as a
     /// passthrough backing file.
     pub file: Option<OwnedFd>,
+    /// The caller that opened it (uid, gid, as the policy sees them). With `--revoke`, I/O
+    /// the kernel does on its own (writeback of a shared map: no caller, uid 0) is
+    /// re-decided for it.
+    pub opener: (u32, u32),
     /// Reads allowed through this handle.
     pub read: bool,
     /// Writes allowed through this handle.

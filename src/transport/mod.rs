@@ -13,6 +13,7 @@
 
 pub mod abi;
 pub mod dispatch;
+pub mod pages;
 pub mod pool;
 pub mod reply;
 pub mod ring;
@@ -124,7 +125,8 @@ fn decide(
 pub fn sizes(max_payload: usize) -> ring::Sizes {
     ring::Sizes {
         depth: QUEUE_DEPTH + crate::approvals::MAX_HELD,
-        payload: max_payload.max(8192),
+        // A page multiple: pages of an entry are given back whole (`pages.rs`).
+        payload: max_payload.max(8192).next_multiple_of(4096),
     }
 }
 

@@ -12,8 +12,12 @@
 //! dispatch, then the [`RingReply`] until it answers (possibly on another thread: requests
 //! held for an approver), then the queue thread again until it submits the commit. A reply
 //! from another thread is queued and the queue thread woken through an eventfd; an idle
-//! queue thread sleeps in `io_uring_enter` (no polling). This and `reply.rs` hold the
-//! transport's `unsafe`, each with its reason (`abi.rs` has none).
+//! queue thread sleeps in `io_uring_enter` (no polling; one wait of at most a second after
+//! a burst, to give pages back). Payload pages of idle entries are given back past a
+//! budget ([`super::pages`]), only between taking every completion off the ring and the
+//! next `io_uring_enter`, on a ring with deferred task work, so never while the kernel
+//! may be copying a request in. This and `reply.rs` hold the transport's `unsafe`, each
+//! with its reason (`abi.rs` has none).
 #![allow(unsafe_code)]
 
 use std::cell::UnsafeCell;
@@ -202,6 +206,65 @@ impl Queue {
         }
     }
 
+    /// Gives back the pages of the entries in `back` (entry, bytes from its start), in as
+    /// few `madvise` calls as the entries' order allows.
+    ///
+    /// # Safety
+    /// The kernel holds every entry in `back` idle and cannot copy a request into it
+    /// before this returns (see [`super::pages`]), and no reply owns it.
+    unsafe fn give_back(&self, back: &mut [(u16, usize)]) {
+        back.sort_unstable_by_key(|&(i, _)| i);
+        let mut run: Option<(usize, usize)> = None;
+        let flush = |(start, end): (usize, usize)| {
+            // SAFETY: [start, end) lies within the region (entries < depth, bytes <=
+            // payload), page-aligned (the region is, and `payload` is a page multiple);
+            // by the caller's contract nobody reads or writes these pages now, and
+            // MADV_DONTNEED leaves them mapped, reading as zeros.
+            let r = unsafe {
+                libc::madvise(
+                    self.region.wrapping_add(start).cast(),
+                    end - start,
+                    libc::MADV_DONTNEED,
+                )
+            };
+            if r != 0 {
+                log::debug!("madvise: {}", io::Error::last_os_error());
+            }
+        };
+        for &(i, n) in back.iter() {
+            let start = i as usize * self.payload;
+            run = match run {
+                Some((s, e)) if e == start => Some((s, start + n)),
+                Some(r) => {
+                    flush(r);
+                    Some((start, start + n))
+                }
+                None => Some((start, start + n)),
+            };
+            // Only a whole entry joins the next one.
+            if n < self.payload
+                && let Some(r) = run.take()
+            {
+                flush(r);
+            }
+        }
+        if let Some(r) = run {
+            flush(r);
+        }
+    }
+
+    /// The read of the wake-up eventfd's counter.
+    fn wake_read(&self) -> squeue::Entry128 {
+        opcode::Read::new(
+            types::Fd(self.wake.as_raw_fd()),
+            self.wake_buf.get().cast(),
+            8,
+        )
+        .build()
+        .user_data(WAKE)
+        .into()
+    }
+
     pub(super) fn answered(&self, i: u16) {
         self.done.lock().push(i);
         if OWN.with(|o| o.get()) != self as *const Queue as usize {
@@ -235,23 +298,28 @@ pub struct Sizes {
     pub payload: usize,
 }
 
-fn build_ring(max: usize) -> io::Result<IoUring<squeue::Entry128, cqueue::Entry>> {
+/// A ring with room for `max` entries' commands; `true` when its task work runs only when
+/// the owning thread enters the kernel to wait (`IORING_SETUP_DEFER_TASKRUN`), which giving
+/// idle entries' pages back relies on ([`super::pages`]).
+fn build_ring(max: usize) -> io::Result<(Ring, bool)> {
     // Room for a commit or a registration per entry, and the eventfd read.
     let entries = (max + 1).next_power_of_two().min(32768) as u32;
     // Task work (copying the next request into our buffer) runs when this thread enters
     // the kernel to wait, batched, not by interrupting it.
-    IoUring::<squeue::Entry128, cqueue::Entry>::builder()
+    match Ring::builder()
         .setup_single_issuer()
         .setup_defer_taskrun()
         .setup_cqsize(2 * entries)
         .dontfork()
         .build(entries)
-        .or_else(|_| {
-            IoUring::<squeue::Entry128, cqueue::Entry>::builder()
-                .setup_cqsize(2 * entries)
-                .dontfork()
-                .build(entries)
-        })
+    {
+        Ok(r) => Ok((r, true)),
+        Err(_) => Ring::builder()
+            .setup_cqsize(2 * entries)
+            .dontfork()
+            .build(entries)
+            .map(|r| (r, false)),
+    }
 }
 
 /// Pushes `e`, submitting first when the submission queue is full.
@@ -348,12 +416,14 @@ fn reap(ring: &mut Ring, qid: u16) -> Reaped {
             continue;
         }
         // ENOTCONN/ECONNABORTED/ENODEV: the connection is going away; the entry is gone.
+        // ENOENT: the kernel no longer waited for the request committed (it was ended
+        // while the daemon worked on it): normal, debug-level like fuser's equivalent.
         let e = -c.result();
-        if ![libc::ENOTCONN, libc::ECONNABORTED, libc::ENODEV].contains(&e) {
-            log::warn!(
-                "io_uring queue {qid}: entry {i}: {}",
-                io::Error::from_raw_os_error(e)
-            );
+        let err = io::Error::from_raw_os_error(e);
+        if e == libc::ENOENT {
+            log::debug!("io_uring queue {qid}: entry {i}: {err}");
+        } else if ![libc::ENOTCONN, libc::ECONNABORTED, libc::ENODEV].contains(&e) {
+            log::warn!("io_uring queue {qid}: entry {i}: {err}");
         }
         r.error.get_or_insert(io::Error::from_raw_os_error(e));
         r.ended += 1;
@@ -366,6 +436,102 @@ fn unique_of(q: &Queue, i: u16) -> u64 {
     // SAFETY: the caller owns entry `i` (fetched, or answered and not yet committed).
     let head = unsafe { q.view(i) }.0;
     u64::from_ne_bytes(head[8..16].try_into().unwrap_or_default())
+}
+
+/// Requests served between two commits: the replies of a burst are handed back (and their
+/// pages can be given back) a few at a time, not after the whole burst.
+const CHUNK: usize = 16;
+/// A queue that waited this long without a request keeps only `pages::LOW`.
+const REST: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// The payload bytes of the request in entry `i` (the kernel's `ent_in_out.payload_sz`).
+fn payload_sz(q: &Queue, i: u16) -> usize {
+    // SAFETY: the caller owns entry `i` (fetched, or answered and not yet committed).
+    let h = unsafe { q.view(i) }.0;
+    u32::from_ne_bytes(
+        h[ENT_IN_OUT + 16..ENT_IN_OUT + 20]
+            .try_into()
+            .unwrap_or_default(),
+    ) as usize
+}
+
+/// Decodes the request in entry `i` and runs it; the reply owns the entry from here.
+fn serve_one<R>(
+    q: &Arc<Queue>,
+    qid: u16,
+    i: u16,
+    decode: &impl Fn(&Incoming<'_>) -> R,
+    run: &impl Fn(R, RingReply),
+) {
+    let req = {
+        let n = payload_sz(q, i);
+        // SAFETY: a completed fetch hands the entry to this thread; it is only read
+        // here, and the borrow ends with `decode`, before the reply takes the entry.
+        let (h, p) = unsafe { q.view(i) };
+        decode(&Incoming {
+            in_header: &h[..abi::IN_HEADER],
+            op_in: &h[128..128 + OP_IN],
+            payload: &p[..n.min(p.len())],
+        })
+    };
+    let reply = RingReply::new(q.clone(), i, unique_of(q, i));
+    // A panic in a handler must not end the queue (every later request of this CPU
+    // would wait forever): the unwound reply answers EIO, the queue goes on.
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(req, reply)));
+    if r.is_err() {
+        log::error!("io_uring queue {qid}: a request handler panicked; answered EIO");
+    }
+}
+
+/// Registers entries `0..depth` of `q` with queue `qid` and starts the eventfd read.
+fn register(ring: &mut Ring, q: &Queue, fd: i32, qid: u16, depth: usize) -> io::Result<()> {
+    for i in 0..depth {
+        // SAFETY: entry `i` was never registered; this is the queue thread.
+        let iov = unsafe { q.prepare(i) };
+        let e = command(fd, CMD_REGISTER, qid, 0, Some(iov)).user_data(i as u64);
+        push(ring, &e)?;
+    }
+    push(ring, &q.wake_read())?;
+    ring.submit().map(drop)
+}
+
+/// Gives back what is past the queue's budget (after a rest: past `pages::LOW`). Called
+/// between taking every completion off the ring and the next `io_uring_enter`, on a ring
+/// with deferred task work.
+fn give_back_idle(ring: &mut Ring, q: &Queue, pages: &mut super::pages::Pages, rested: bool) {
+    // A command not yet submitted (an interrupted submit) may be a commit whose reply
+    // is still to be read from its entry: then wait for the next round.
+    if !ring.submission().is_empty() {
+        return;
+    }
+    let mut back = pages.reclaim(rested);
+    if !back.is_empty() {
+        // SAFETY: `reclaim` names only entries the kernel holds idle: committed (and
+        // submitted: the queue is empty), and not handed back with a request at the last
+        // reap, which took every completion; with deferred task work nothing is copied
+        // into them before this thread's next `io_uring_enter`. The entries in service are
+        // not idle.
+        unsafe { q.give_back(&mut back) };
+    }
+}
+
+/// Submits what was pushed and, if `wait`, waits for a completion — at most [`REST`] if
+/// `timed`. `Ok(true)`: that wait ended without one.
+fn enter(ring: &mut Ring, wait: bool, timed: bool) -> io::Result<bool> {
+    let want = usize::from(wait);
+    let r = if wait && timed {
+        let ts = types::Timespec::new().sec(REST.as_secs());
+        ring.submitter()
+            .submit_with_args(want, &types::SubmitArgs::new().timespec(&ts))
+    } else {
+        ring.submit_and_wait(want)
+    };
+    match r {
+        Ok(_) => Ok(false),
+        Err(e) if e.raw_os_error() == Some(libc::ETIME) => Ok(true),
+        Err(e) if [Some(libc::EINTR), Some(libc::EBUSY)].contains(&e.raw_os_error()) => Ok(false),
+        Err(e) => Err(e),
+    }
 }
 
 /// Runs queue `qid` on the calling thread until the connection ends: registers
@@ -388,23 +554,10 @@ pub fn serve<R>(
     // which can finish after this thread is gone: the buffers are never freed (one set
     // per queue per mount; the daemon exits when the connection ends).
     std::mem::forget(q.clone());
-    let mut ring = build_ring(sizes.depth).map_err(|e| fail("io_uring_setup", e))?;
+    let (mut ring, deferred) = build_ring(sizes.depth).map_err(|e| fail("io_uring_setup", e))?;
     OWN.with(|o| o.set(Arc::as_ptr(&q) as usize));
     let fd = dev.as_raw_fd();
-    let wake_read = || -> squeue::Entry128 {
-        opcode::Read::new(types::Fd(q.wake.as_raw_fd()), q.wake_buf.get().cast(), 8)
-            .build()
-            .user_data(WAKE)
-            .into()
-    };
-    for i in 0..sizes.depth {
-        // SAFETY: entry `i` was never registered; this is the queue thread.
-        let iov = unsafe { q.prepare(i) };
-        let e = command(fd, CMD_REGISTER, qid, 0, Some(iov)).user_data(i as u64);
-        push(&mut ring, &e).map_err(|e| fail("register", e))?;
-    }
-    push(&mut ring, &wake_read()).map_err(|e| fail("register", e))?;
-    ring.submit().map_err(|e| fail("io_uring_enter", e))?;
+    register(&mut ring, &q, fd, qid, sizes.depth).map_err(|e| fail("register", e))?;
     // A registration completes only with a request or an error; errors show at once.
     let mut got = reap(&mut ring, qid);
     // Entries still alive (not ended by the connection going away).
@@ -422,48 +575,48 @@ pub fn serve<R>(
         None => {}
     }
     let _ = registered.send(Ok(()));
+    let mut pages = super::pages::Pages::new(
+        sizes.depth,
+        sizes.payload,
+        super::pages::HIGH,
+        super::pages::LOW,
+    );
+    let mut ready = std::collections::VecDeque::new();
+    // The last wait ended after `REST` without a request; and whether the next may be
+    // timed (not again after a rest, until a request comes: what stays resident then is
+    // in entries the daemon holds).
+    let (mut rested, mut may_rest) = (false, true);
     loop {
+        may_rest |= !got.ready.is_empty();
         for &i in &got.ready {
-            let req = {
-                // SAFETY: a completed fetch hands the entry to this thread; it is only read
-                // here, and the borrow ends with `decode`, before the reply takes the entry.
-                let (h, p) = unsafe { q.view(i) };
-                let payload_sz = u32::from_ne_bytes(
-                    h[ENT_IN_OUT + 16..ENT_IN_OUT + 20]
-                        .try_into()
-                        .unwrap_or_default(),
-                ) as usize;
-                decode(&Incoming {
-                    in_header: &h[..abi::IN_HEADER],
-                    op_in: &h[128..128 + OP_IN],
-                    payload: &p[..payload_sz.min(p.len())],
-                })
-            };
-            let reply = RingReply::new(q.clone(), i, unique_of(&q, i));
-            // A panic in a handler must not end the queue (every later request of this
-            // CPU would wait forever): the unwound reply answers EIO, the queue goes on.
-            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(req, reply)));
-            if r.is_err() {
-                log::error!("io_uring queue {qid}: a request handler panicked; answered EIO");
-            }
+            pages.fetched(i, payload_sz(&q, i));
+        }
+        ready.extend(got.ready.drain(..));
+        for _ in 0..CHUNK {
+            let Some(i) = ready.pop_front() else { break };
+            serve_one(&q, qid, i, &decode, &run);
+        }
+        if deferred {
+            give_back_idle(&mut ring, &q, &mut pages, rested);
         }
         if got.woken {
-            push(&mut ring, &wake_read())?;
+            push(&mut ring, &q.wake_read())?;
         }
         // Commit what was answered (here or on other threads).
         let answered = std::mem::take(&mut *q.done.lock());
         for &i in &answered {
+            pages.committed(i, payload_sz(&q, i));
             let commit = command(fd, CMD_COMMIT_AND_FETCH, qid, unique_of(&q, i), None);
             push(&mut ring, &commit.user_data(i as u64))?;
         }
         if live == 0 {
             return Ok(());
         }
-        match ring.submit_and_wait(1) {
-            Ok(_) => {}
-            Err(e) if [Some(libc::EINTR), Some(libc::EBUSY)].contains(&e.raw_os_error()) => {}
-            Err(e) => return Err(e),
-        }
+        // With requests still to serve, only hand the commits over; otherwise wait — for
+        // at most a second while there are pages to give back once the queue rests.
+        may_rest &= !rested;
+        let timed = may_rest && deferred && pages.resident() > super::pages::LOW;
+        rested = enter(&mut ring, ready.is_empty(), timed)?;
         got = reap(&mut ring, qid);
         live -= got.ended.min(live);
     }

@@ -9,6 +9,7 @@
 //! on it reopens the node with an access mode the handle was granted. Writes, truncating
 //! opens and fallocate by a caller without CAP_FSETID clear set-ID bits first.
 
+use std::cell::RefCell;
 use std::io;
 use std::os::fd::AsFd;
 use std::sync::OnceLock;
@@ -17,7 +18,7 @@ use super::{Ctx, Error, Opened, Res, Shared};
 use crate::fs::attr;
 use crate::host::handle::Handle;
 use crate::host::sys;
-use crate::policy::{Need, Special};
+use crate::policy::{Caller, Need, Special};
 
 impl Shared {
     /// Registers an opened file as a handle; returns its `fh`. A passthrough file gives
@@ -27,6 +28,7 @@ impl Shared {
             ino,
             file,
             writer: _,
+            opener,
             read,
             write,
             exec,
@@ -41,6 +43,7 @@ impl Shared {
         self.handles.insert(Handle {
             ino,
             file,
+            opener,
             read,
             write,
             exec,
@@ -86,6 +89,7 @@ impl Shared {
             ino,
             file,
             writer: self.host_ids(ctx),
+            opener: (ctx.caller.uid, ctx.caller.gid),
             read: intent.read,
             write: intent.write,
             exec: flags & attr::FMODE_EXEC != 0,
@@ -93,12 +97,27 @@ impl Shared {
         })
     }
 
-    /// With `--revoke`, re-decides a handle's I/O against the policy in force.
+    /// With `--revoke`, re-decides a handle's I/O against the policy in force: for the
+    /// caller, or — when the request carries none (pid 0: the kernel writing back a shared
+    /// map's pages, or reading ahead, with uid 0) — for the handle's opener, so that neither
+    /// root's grants nor root's refusals stand in for the opener's.
     fn recheck(&self, ctx: &Ctx, op: &'static str, h: &Handle, need: Need) -> Res<()> {
-        if self.settings.revoke {
-            self.allow_ino(ctx, op, h.ino, need, Special::default())?;
+        if !self.settings.revoke {
+            return Ok(());
         }
-        Ok(())
+        if ctx.pid != 0 {
+            return self.allow_ino(ctx, op, h.ino, need, Special::default());
+        }
+        let (uid, gid) = h.opener;
+        let opener = Ctx {
+            caller: Caller { uid, gid },
+            pid: 0,
+            snap: ctx.snap.clone(),
+            approved: None,
+            ask: RefCell::new(None),
+            may_hold: false,
+        };
+        self.allow_ino(&opener, op, h.ino, need, Special::default())
     }
 
     /// read through a handle opened for reading.

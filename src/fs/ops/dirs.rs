@@ -35,6 +35,7 @@ impl Shared {
         Ok(self.handles.insert(Handle {
             ino,
             file: Some(file),
+            opener: (ctx.caller.uid, ctx.caller.gid),
             read: true,
             write: false,
             exec: false,

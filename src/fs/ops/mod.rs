@@ -176,6 +176,9 @@ pub struct Opened {
     /// The opener's host file-system ids (uid, gid): a passthrough backing file's writes
     /// run with them.
     pub writer: (u32, u32),
+    /// The caller that opened it (uid, gid, as the policy sees them): `--revoke` decides
+    /// the kernel's own I/O on the handle (writeback, no caller) for it.
+    opener: (u32, u32),
     read: bool,
     write: bool,
     exec: bool,

@@ -271,6 +271,7 @@ impl Shared {
             ino,
             file,
             writer: self.host_ids(ctx),
+            opener: (ctx.caller.uid, ctx.caller.gid),
             read: intent.read,
             write: true,
             exec: false,
