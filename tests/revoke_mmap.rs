@@ -214,7 +214,7 @@ fn writeback_of_a_revoked_uids_shared_map_is_refused() {
     assert!(
         eventually(Duration::from_secs(5), || m
             .stderr()
-            .contains("kernel caches invalidated")),
+            .contains("policy reloaded")),
         "reload: {}",
         m.stderr()
     );
