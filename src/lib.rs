@@ -25,6 +25,7 @@ pub mod harden;
 pub mod host;
 pub mod idmap;
 pub mod policy;
+pub mod quote;
 pub mod reload;
 pub mod transport;
 pub mod watch;
