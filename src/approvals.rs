@@ -381,6 +381,22 @@ impl Approvals {
             .collect()
     }
 
+    /// The ids of the requests held now, oldest first (the control server streams a long
+    /// `held` answer from these, one [`get`](Approvals::get) at a time).
+    pub fn held_ids(&self) -> Vec<u64> {
+        self.inner.lock().held.keys().copied().collect()
+    }
+
+    /// Held request `id`, if it is still held.
+    pub fn get(&self, id: u64) -> Option<Held> {
+        let now = Instant::now();
+        self.inner.lock().held.get(&id).map(|e| Held {
+            id,
+            req: e.req.clone(),
+            expires_in: e.expires.saturating_duration_since(now),
+        })
+    }
+
     /// How many requests are held now.
     pub fn len(&self) -> usize {
         self.inner.lock().held.len()

@@ -1,0 +1,333 @@
+//! One peer of the control socket: its commands in, its answers and events out.
+//!
+//! Invariants (SPEC.md, the paragraph after the control-socket commands):
+//! - **Answers are never dropped.** They are streamed with backpressure: a long answer
+//!   (`held` with 1,024 entries, the held requests an approver gets when it subscribes) is
+//!   rendered one entry at a time as the peer reads, and no further command of the peer is
+//!   read while an answer of its own waits. What a peer can make the daemon keep for it is
+//!   one chunk ([`CHUNK`]) plus one rendered entry, a command line ([`MAX_LINE`]) and the
+//!   ids of what is held.
+//! - **Events may be dropped, and are counted.** Events wait in a per-peer queue of shared
+//!   lines; past [`MAX_EVENT_BACKLOG`] bytes queued for a peer, new events for it are
+//!   dropped and counted (`events_dropped` in `status`), and once it has caught up it is
+//!   told how many with `{"event":"dropped","events":N}`.
+//! - **A dead peer is disconnected.** A peer that has read nothing for [`dead_after`]
+//!   while data waits for it is closed; a live peer is never closed for being slow.
+
+use std::collections::{HashSet, VecDeque};
+use std::io::{self, Read, Write};
+use std::os::unix::net::UnixStream;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use super::proto::{self, MAX_LINE};
+use crate::approvals::Approvals;
+
+/// Output rendered ahead for a peer (whole lines are added while less than this waits).
+pub const CHUNK: usize = 64 * 1024;
+/// Events queued for a peer past which new events for it are dropped (counted).
+pub const MAX_EVENT_BACKLOG: usize = 16 << 20;
+/// A peer that reads nothing for this long while data waits for it is dead.
+pub const DEAD_AFTER: Duration = Duration::from_secs(60);
+
+/// [`DEAD_AFTER`], or `FENCEFS_CONTROL_DEAD_AFTER_MS` (for tests only: undocumented in
+/// `--help`, read once).
+pub fn dead_after() -> Duration {
+    static D: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
+    *D.get_or_init(|| {
+        std::env::var("FENCEFS_CONTROL_DEAD_AFTER_MS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .map_or(DEAD_AFTER, Duration::from_millis)
+    })
+}
+
+/// Events dropped for slow peers since the daemon started (`events_dropped`).
+pub static EVENTS_DROPPED: AtomicU64 = AtomicU64::new(0);
+
+/// An answer waiting to be written.
+enum Answer {
+    /// One line, rendered.
+    Line(Vec<u8>),
+    /// Ask events for the requests with these ids that are still held when their turn
+    /// comes: inside one `{"ok":true,"held":[…]}` object (`held`), or as event lines
+    /// (what is held when a peer subscribes).
+    Held {
+        ids: VecDeque<u64>,
+        wrapped: bool,
+        started: bool,
+    },
+}
+
+/// A connection.
+pub struct Conn {
+    stream: UnixStream,
+    /// The peer's uid (SO_PEERCRED).
+    pub uid: u32,
+    rbuf: Vec<u8>,
+    wbuf: Vec<u8>,
+    answers: VecDeque<Answer>,
+    events: VecDeque<Arc<[u8]>>,
+    events_bytes: usize,
+    /// Events dropped for this peer not yet reported to it.
+    unreported: u64,
+    /// Since when data has waited without the peer reading any.
+    stalled_since: Option<Instant>,
+    /// It asked for events (`subscribe`).
+    pub subscribed: bool,
+    /// Asks with ids up to this one were sent when it subscribed (live duplicates skipped).
+    caught_up: u64,
+    /// Requests this peer answered: it gets no `done` for them.
+    pub decided: HashSet<u64>,
+    /// It closed its side: it sends no more commands (and cannot answer).
+    eof: bool,
+    /// To be closed.
+    pub closing: bool,
+}
+
+impl Conn {
+    /// A new connection (non-blocking stream).
+    pub fn new(stream: UnixStream, uid: u32) -> Conn {
+        Conn {
+            stream,
+            uid,
+            rbuf: Vec::new(),
+            wbuf: Vec::new(),
+            answers: VecDeque::new(),
+            events: VecDeque::new(),
+            events_bytes: 0,
+            unreported: 0,
+            stalled_since: None,
+            subscribed: false,
+            caught_up: 0,
+            decided: HashSet::new(),
+            eof: false,
+            closing: false,
+        }
+    }
+
+    /// The stream, for poll.
+    pub fn stream(&self) -> &UnixStream {
+        &self.stream
+    }
+
+    /// Whether it can answer held requests now.
+    pub fn approver(&self) -> bool {
+        self.subscribed && !self.eof && !self.closing
+    }
+
+    /// Queues an answer (never dropped).
+    pub fn answer(&mut self, v: &Value) {
+        self.answers.push_back(Answer::Line(proto::line(v)));
+    }
+
+    /// Queues the ask events of `ids` as a `held` answer (`wrapped`) or as event lines.
+    pub fn answer_held(&mut self, ids: Vec<u64>, wrapped: bool) {
+        if !wrapped {
+            self.caught_up = ids.last().copied().unwrap_or(0).max(self.caught_up);
+        }
+        self.answers.push_back(Answer::Held {
+            ids: ids.into(),
+            wrapped,
+            started: false,
+        });
+    }
+
+    /// Queues an ask event of request `id` (skipped if it was sent when it subscribed).
+    pub fn ask(&mut self, id: u64, line: &Arc<[u8]>) {
+        if id > self.caught_up {
+            self.event(line);
+        }
+    }
+
+    /// Queues an event, or drops and counts it when too much waits for this peer already.
+    pub fn event(&mut self, line: &Arc<[u8]>) {
+        if self.eof || self.closing {
+            return;
+        }
+        if self.events_bytes + line.len() > MAX_EVENT_BACKLOG {
+            if self.unreported == 0 {
+                log::warn!(
+                    "control: a peer (uid {}) does not keep up; dropping events for it",
+                    self.uid
+                );
+            }
+            self.unreported += 1;
+            EVENTS_DROPPED.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        self.events_bytes += line.len();
+        self.events.push_back(line.clone());
+    }
+
+    /// Whether anything waits to be written.
+    pub fn pending(&self) -> bool {
+        !self.wbuf.is_empty()
+            || !self.answers.is_empty()
+            || !self.events.is_empty()
+            || self.unreported > 0
+    }
+
+    /// Whether to poll it for commands: not while an answer of its own waits (that is
+    /// the backpressure), nor while a command read already waits its turn.
+    pub fn wants_read(&self) -> bool {
+        !self.eof && !self.closing && self.answers.is_empty() && !self.rbuf.contains(&b'\n')
+    }
+
+    /// Renders whole lines into the write buffer while less than [`CHUNK`] waits there:
+    /// answers first, then events.
+    fn refill(&mut self, approvals: &Approvals, cmdline: &dyn Fn(u32) -> Option<proto::Cmdline>) {
+        while self.wbuf.len() < CHUNK {
+            if let Some(a) = self.answers.front_mut() {
+                match a {
+                    Answer::Line(l) => {
+                        self.wbuf.append(l);
+                        self.answers.pop_front();
+                    }
+                    Answer::Held {
+                        ids,
+                        wrapped,
+                        started,
+                    } => {
+                        if *wrapped && !*started {
+                            self.wbuf.extend_from_slice(br#"{"ok":true,"held":["#);
+                        }
+                        let first = !*started;
+                        *started = true;
+                        // The next entry still held (those that ended meanwhile are left out).
+                        let next = std::iter::from_fn(|| ids.pop_front())
+                            .find_map(|id| approvals.get(id));
+                        match next {
+                            Some(h) => {
+                                let ev = proto::ask_event(&h, cmdline(h.req.pid));
+                                if *wrapped {
+                                    if !first {
+                                        self.wbuf.push(b',');
+                                    }
+                                    let _ = serde_json::to_writer(&mut self.wbuf, &ev);
+                                } else {
+                                    self.wbuf.extend_from_slice(&proto::line(&ev));
+                                }
+                            }
+                            None => {
+                                if *wrapped {
+                                    self.wbuf.extend_from_slice(b"]}\n");
+                                }
+                                self.answers.pop_front();
+                            }
+                        }
+                    }
+                }
+            } else if let Some(e) = self.events.pop_front() {
+                self.events_bytes -= e.len();
+                self.wbuf.extend_from_slice(&e);
+            } else if self.unreported > 0 {
+                let n = std::mem::take(&mut self.unreported);
+                self.wbuf
+                    .extend_from_slice(&proto::line(&json!({"event": "dropped", "events": n})));
+            } else {
+                break;
+            }
+        }
+    }
+
+    /// Writes what the socket takes now; keeps the dead-peer clock.
+    pub fn flush(
+        &mut self,
+        approvals: &Approvals,
+        cmdline: &dyn Fn(u32) -> Option<proto::Cmdline>,
+        now: Instant,
+    ) {
+        loop {
+            self.refill(approvals, cmdline);
+            if self.wbuf.is_empty() {
+                break;
+            }
+            match self.stream.write(&self.wbuf) {
+                Ok(0) => {
+                    self.closing = true;
+                    return;
+                }
+                Ok(n) => {
+                    self.wbuf.drain(..n);
+                    self.stalled_since = Some(now);
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => {
+                    self.closing = true;
+                    return;
+                }
+            }
+        }
+        if !self.pending() {
+            self.stalled_since = None;
+            if self.eof && !self.rbuf.contains(&b'\n') {
+                // It said all it had to say and got every answer.
+                self.closing = true;
+            }
+            return;
+        }
+        let since = *self.stalled_since.get_or_insert(now);
+        if now.saturating_duration_since(since) >= dead_after() {
+            log::warn!(
+                "control: disconnecting a peer (uid {}) that has read nothing for {} s",
+                self.uid,
+                dead_after().as_secs_f64()
+            );
+            self.closing = true;
+        }
+    }
+
+    /// When the dead-peer clock runs out, if data waits.
+    pub fn deadline(&self) -> Option<Instant> {
+        self.stalled_since.map(|t| t + dead_after())
+    }
+
+    /// Reads what the peer sent (at most one command line beyond what waits).
+    pub fn read(&mut self) {
+        let mut buf = [0u8; 16 * 1024];
+        while !self.eof && self.rbuf.len() <= MAX_LINE && !self.rbuf.contains(&b'\n') {
+            match self.stream.read(&mut buf) {
+                Ok(0) => self.eof = true,
+                Ok(n) => self.rbuf.extend_from_slice(&buf[..n]),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => {
+                    self.closing = true;
+                    break;
+                }
+            }
+        }
+    }
+
+    /// The next command line to handle, if it may be handled now (no answer of its own
+    /// waits, after rendering what fits); `Err` for a line too long (the peer is closed).
+    pub fn next_line(&mut self) -> Result<Option<Vec<u8>>, ()> {
+        if self.closing || !self.answers.is_empty() {
+            return Ok(None);
+        }
+        match self.rbuf.iter().position(|&b| b == b'\n') {
+            Some(pos) => {
+                let mut line: Vec<u8> = self.rbuf.drain(..=pos).collect();
+                line.pop();
+                Ok(Some(line))
+            }
+            None if self.rbuf.len() > MAX_LINE => {
+                self.rbuf.clear();
+                self.eof = true;
+                Err(())
+            }
+            None => Ok(None),
+        }
+    }
+
+    /// Moves rendered answers into the write buffer while there is room, so that commands
+    /// with short answers (a burst of `decide`s) are served without a poll round each.
+    pub fn render(&mut self, approvals: &Approvals, cmdline: &dyn Fn(u32) -> Option<proto::Cmdline>) {
+        self.refill(approvals, cmdline);
+    }
+}
