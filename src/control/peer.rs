@@ -48,6 +48,16 @@ pub fn dead_after() -> Duration {
 /// Events dropped for slow peers since the daemon started (`events_dropped`).
 pub static EVENTS_DROPPED: AtomicU64 = AtomicU64::new(0);
 
+/// What [`Conn::next_line`] found.
+pub enum Next {
+    /// A command line (without its newline).
+    Line(Vec<u8>),
+    /// Nothing to handle now.
+    Wait,
+    /// A line longer than [`MAX_LINE`].
+    TooLong,
+}
+
 /// An answer waiting to be written.
 enum Answer {
     /// One line, rendered.
@@ -198,8 +208,8 @@ impl Conn {
                         let first = !*started;
                         *started = true;
                         // The next entry still held (those that ended meanwhile are left out).
-                        let next = std::iter::from_fn(|| ids.pop_front())
-                            .find_map(|id| approvals.get(id));
+                        let next =
+                            std::iter::from_fn(|| ids.pop_front()).find_map(|id| approvals.get(id));
                         match next {
                             Some(h) => {
                                 let ev = proto::ask_event(&h, cmdline(h.req.pid));
@@ -305,29 +315,33 @@ impl Conn {
     }
 
     /// The next command line to handle, if it may be handled now (no answer of its own
-    /// waits, after rendering what fits); `Err` for a line too long (the peer is closed).
-    pub fn next_line(&mut self) -> Result<Option<Vec<u8>>, ()> {
+    /// waits); a line too long ends the peer's commands (it gets the error, then is closed).
+    pub fn next_line(&mut self) -> Next {
         if self.closing || !self.answers.is_empty() {
-            return Ok(None);
+            return Next::Wait;
         }
         match self.rbuf.iter().position(|&b| b == b'\n') {
             Some(pos) => {
                 let mut line: Vec<u8> = self.rbuf.drain(..=pos).collect();
                 line.pop();
-                Ok(Some(line))
+                Next::Line(line)
             }
             None if self.rbuf.len() > MAX_LINE => {
                 self.rbuf.clear();
                 self.eof = true;
-                Err(())
+                Next::TooLong
             }
-            None => Ok(None),
+            None => Next::Wait,
         }
     }
 
     /// Moves rendered answers into the write buffer while there is room, so that commands
     /// with short answers (a burst of `decide`s) are served without a poll round each.
-    pub fn render(&mut self, approvals: &Approvals, cmdline: &dyn Fn(u32) -> Option<proto::Cmdline>) {
+    pub fn render(
+        &mut self,
+        approvals: &Approvals,
+        cmdline: &dyn Fn(u32) -> Option<proto::Cmdline>,
+    ) {
         self.refill(approvals, cmdline);
     }
 }

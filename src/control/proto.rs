@@ -216,7 +216,13 @@ mod tests {
     fn cmdlines_are_cut_at_4_kib_on_a_character_boundary() {
         assert_eq!(Cmdline::parse(b""), None);
         let c = Cmdline::parse(b"sed\0-i\0\0x\0").unwrap();
-        assert_eq!((c.args, c.truncated), (vec!["sed".into(), "-i".into(), String::new(), "x".into()], false));
+        assert_eq!(
+            (c.args, c.truncated),
+            (
+                vec!["sed".into(), "-i".into(), String::new(), "x".into()],
+                false
+            )
+        );
         // Exactly 4 KiB with its terminator: whole.
         let mut raw = vec![b'a'; MAX_CMDLINE - 1];
         raw.push(0);
@@ -227,7 +233,10 @@ mod tests {
         raw.extend(std::iter::repeat_n(b'x', 2 * MAX_CMDLINE));
         let c = Cmdline::parse(&raw[..MAX_CMDLINE + 1]).unwrap();
         assert!(c.truncated);
-        assert_eq!(c.args.iter().map(|a| a.len() + 1).sum::<usize>(), MAX_CMDLINE + 1);
+        assert_eq!(
+            c.args.iter().map(|a| a.len() + 1).sum::<usize>(),
+            MAX_CMDLINE + 1
+        );
         // A cut through a 3-byte character drops its first bytes instead of a U+FFFD.
         let mut raw = vec![b'y'; MAX_CMDLINE - 2];
         raw.extend("\u{20ac}\u{20ac}".as_bytes());

@@ -29,7 +29,7 @@ use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::socket::{getsockopt, sockopt::PeerCredentials};
 use serde_json::{Value, json};
 
-use super::peer::{self, Conn};
+use super::peer::{self, Conn, Next};
 #[cfg(doc)]
 use super::proto::MAX_LINE;
 use super::proto::{self, Cmdline, Command, Remember};
@@ -245,7 +245,8 @@ pub fn run(
         for ev in events.try_iter() {
             match &ev {
                 Event::Ask(h) => {
-                    let line: Arc<[u8]> = proto::line(&proto::ask_event(h, cmdline(h.req.pid))).into();
+                    let line: Arc<[u8]> =
+                        proto::line(&proto::ask_event(h, cmdline(h.req.pid))).into();
                     for c in conns.values_mut().filter(|c| c.subscribed) {
                         c.ask(h.id, &line);
                     }
@@ -327,14 +328,14 @@ fn serve_commands(c: &mut Conn, approvals: &Approvals, hooks: &Hooks) {
     loop {
         c.render(approvals, &cmdline);
         match c.next_line() {
-            Ok(Some(line)) => {
+            Next::Line(line) => {
                 if line.iter().all(u8::is_ascii_whitespace) {
                     continue;
                 }
                 handle(c, &line, approvals, hooks);
             }
-            Ok(None) => return,
-            Err(()) => {
+            Next::Wait => return,
+            Next::TooLong => {
                 c.answer(&proto::error("line too long"));
                 return;
             }
