@@ -141,16 +141,21 @@ pub fn escape(bytes: &[u8]) -> Cow<'_, str> {
     }
 }
 
-/// JSON text (as serde_json writes it) made safe for a terminal without changing what it
-/// means: every character [`unsafe_char`] names becomes a `\uXXXX` escape (a surrogate pair
-/// above U+FFFF). Characters outside strings are never unsafe in serde_json's output.
+/// JSON text made safe for a terminal without changing what it means. In valid JSON a
+/// control character outside a string can only be whitespace between tokens: newlines are
+/// kept, tabs and carriage returns become spaces. Every other character [`unsafe_char`]
+/// names can only be inside a string, and becomes a `\uXXXX` escape there (a surrogate
+/// pair above U+FFFF).
 pub fn json_safe(json: &str) -> Cow<'_, str> {
-    if !json.chars().any(unsafe_char) {
+    let unsafe_in_json = |c: char| c != '\n' && unsafe_char(c);
+    if !json.chars().any(unsafe_in_json) {
         return Cow::Borrowed(json);
     }
     let mut out = String::with_capacity(json.len() + 16);
     for c in json.chars() {
-        if unsafe_char(c) {
+        if c == '\t' || c == '\r' {
+            out.push(' ');
+        } else if unsafe_in_json(c) {
             let mut units = [0u16; 2];
             for u in c.encode_utf16(&mut units) {
                 out.push_str(&format!("\\u{u:04x}"));
@@ -299,5 +304,13 @@ mod tests {
         assert!(safe.bytes().all(|b| (0x20..0x7f).contains(&b)), "{safe}");
         let back: String = serde_json::from_str(&safe).unwrap();
         assert_eq!(back.as_bytes(), String::from_utf8_lossy(attack).as_bytes());
+        // Pretty JSON keeps its lines and stays the same JSON.
+        let v = serde_json::json!({"held": [{"paths": [back], "x": "\u{202e}"}]});
+        let pretty = serde_json::to_string_pretty(&v).unwrap();
+        let safe = json_safe(&pretty);
+        assert_eq!(safe.lines().count(), pretty.lines().count());
+        assert!(safe.bytes().all(|b| b == b'\n' || (0x20..0x7f).contains(&b)), "{safe}");
+        assert_eq!(serde_json::from_str::<serde_json::Value>(&safe).unwrap(), v);
+        assert_eq!(json_safe("{\t\"a\":\r1}"), "{ \"a\": 1}");
     }
 }

@@ -8,7 +8,7 @@
 //!   one chunk ([`CHUNK`]) plus one rendered entry, a command line ([`MAX_LINE`]) and the
 //!   ids of what is held.
 //! - **Events may be dropped, and are counted.** Events wait in a per-peer queue of shared
-//!   lines; past [`MAX_EVENT_BACKLOG`] bytes queued for a peer, new events for it are
+//!   lines; past [`MAX_EVENT_BACKLOG`] bytes ([`event_backlog`]) queued for a peer, new events for it are
 //!   dropped and counted (`events_dropped` in `status`), and once it has caught up it is
 //!   told how many with `{"event":"dropped","events":N}`.
 //! - **A dead peer is disconnected.** A peer that has read nothing for [`dead_after`]
@@ -42,6 +42,18 @@ pub fn dead_after() -> Duration {
             .ok()
             .and_then(|v| v.parse().ok())
             .map_or(DEAD_AFTER, Duration::from_millis)
+    })
+}
+
+/// [`MAX_EVENT_BACKLOG`], or `FENCEFS_CONTROL_EVENT_BACKLOG` bytes (for tests only, as
+/// [`dead_after`]).
+pub fn event_backlog() -> usize {
+    static B: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *B.get_or_init(|| {
+        std::env::var("FENCEFS_CONTROL_EVENT_BACKLOG")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(MAX_EVENT_BACKLOG)
     })
 }
 
@@ -158,7 +170,7 @@ impl Conn {
         if self.eof || self.closing {
             return;
         }
-        if self.events_bytes + line.len() > MAX_EVENT_BACKLOG {
+        if self.events_bytes + line.len() > event_backlog() {
             if self.unreported == 0 {
                 log::warn!(
                     "control: a peer (uid {}) does not keep up; dropping events for it",
