@@ -309,7 +309,11 @@ mod tests {
         let pretty = serde_json::to_string_pretty(&v).unwrap();
         let safe = json_safe(&pretty);
         assert_eq!(safe.lines().count(), pretty.lines().count());
-        assert!(safe.bytes().all(|b| b == b'\n' || (0x20..0x7f).contains(&b)), "{safe}");
+        assert!(
+            safe.bytes()
+                .all(|b| b == b'\n' || (0x20..0x7f).contains(&b)),
+            "{safe}"
+        );
         assert_eq!(serde_json::from_str::<serde_json::Value>(&safe).unwrap(), v);
         assert_eq!(json_safe("{\t\"a\":\r1}"), "{ \"a\": 1}");
     }

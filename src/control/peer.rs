@@ -2,15 +2,19 @@
 //!
 //! Invariants (SPEC.md, the paragraph after the control-socket commands):
 //! - **Answers are never dropped.** They are streamed with backpressure: a long answer
-//!   (`held` with 1,024 entries, the held requests an approver gets when it subscribes) is
-//!   rendered one entry at a time as the peer reads, and no further command of the peer is
-//!   read while an answer of its own waits. What a peer can make the daemon keep for it is
-//!   one chunk ([`CHUNK`]) plus one rendered entry, a command line ([`MAX_LINE`]) and the
-//!   ids of what is held.
-//! - **Events may be dropped, and are counted.** Events wait in a per-peer queue of shared
-//!   lines; past [`MAX_EVENT_BACKLOG`] bytes ([`event_backlog`]) queued for a peer, new events for it are
-//!   dropped and counted (`events_dropped` in `status`), and once it has caught up it is
-//!   told how many with `{"event":"dropped","events":N}`.
+//!   (`held` with 1,024 entries) is rendered one entry at a time as the peer reads, and no
+//!   further command of the peer is read while an answer of its own waits. What a peer can
+//!   make the daemon keep for it is one chunk ([`CHUNK`]) plus one line, a command line
+//!   ([`MAX_LINE`]) and a cursor.
+//! - **Asks are never dropped either.** An approver's ask events are not queued: each peer
+//!   has a cursor into the table of held requests (ids only grow) and is sent the next held
+//!   request as it reads, so a burst of 1,024 asks costs no memory per peer, a slow
+//!   approver gets every request still held, and one that subscribes gets what is held
+//!   already the same way.
+//! - **Other events may be dropped, and are counted.** `done` events wait in a per-peer
+//!   queue of shared lines; past [`MAX_EVENT_BACKLOG`] bytes ([`event_backlog`]) queued for
+//!   a peer, new ones for it are dropped and counted (`events_dropped` in `status`), and once
+//!   it has caught up it is told how many with `{"event":"dropped","events":N}`.
 //! - **A dead peer is disconnected.** A peer that has read nothing for [`dead_after`]
 //!   while data waits for it is closed; a live peer is never closed for being slow.
 
@@ -24,7 +28,6 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 use super::proto::{self, MAX_LINE};
-use crate::approvals::Approvals;
 
 /// Output rendered ahead for a peer (whole lines are added while less than this waits).
 pub const CHUNK: usize = 64 * 1024;
@@ -70,16 +73,23 @@ pub enum Next {
     TooLong,
 }
 
+/// Where a peer's ask events come from: the table of held requests.
+pub trait Asks {
+    /// The held request with the lowest id above `after`: its id and its ask event line.
+    fn next_ask(&self, after: u64) -> Option<(u64, Vec<u8>)>;
+    /// The highest id held now (0: none).
+    fn newest(&self) -> u64;
+}
+
 /// An answer waiting to be written.
 enum Answer {
     /// One line, rendered.
     Line(Vec<u8>),
-    /// Ask events for the requests with these ids that are still held when their turn
-    /// comes: inside one `{"ok":true,"held":[…]}` object (`held`), or as event lines
-    /// (what is held when a peer subscribes).
+    /// `{"ok":true,"held":[…]}`: the requests held with ids in `after+1..=until` when
+    /// their turn comes (those that ended meanwhile are left out).
     Held {
-        ids: VecDeque<u64>,
-        wrapped: bool,
+        after: u64,
+        until: u64,
         started: bool,
     },
 }
@@ -100,8 +110,8 @@ pub struct Conn {
     stalled_since: Option<Instant>,
     /// It asked for events (`subscribe`).
     pub subscribed: bool,
-    /// Asks with ids up to this one were sent when it subscribed (live duplicates skipped).
-    caught_up: u64,
+    /// Asks with ids up to this one were sent (subscribed peers).
+    ask_cursor: u64,
     /// Requests this peer answered: it gets no `done` for them.
     pub decided: HashSet<u64>,
     /// It closed its side: it sends no more commands (and cannot answer).
@@ -124,7 +134,7 @@ impl Conn {
             unreported: 0,
             stalled_since: None,
             subscribed: false,
-            caught_up: 0,
+            ask_cursor: 0,
             decided: HashSet::new(),
             eof: false,
             closing: false,
@@ -146,23 +156,18 @@ impl Conn {
         self.answers.push_back(Answer::Line(proto::line(v)));
     }
 
-    /// Queues the ask events of `ids` as a `held` answer (`wrapped`) or as event lines.
-    pub fn answer_held(&mut self, ids: Vec<u64>, wrapped: bool) {
-        if !wrapped {
-            self.caught_up = ids.last().copied().unwrap_or(0).max(self.caught_up);
-        }
+    /// Queues the answer to `held`: what is held now, up to id `until`.
+    pub fn answer_held(&mut self, until: u64) {
         self.answers.push_back(Answer::Held {
-            ids: ids.into(),
-            wrapped,
+            after: 0,
+            until,
             started: false,
         });
     }
 
-    /// Queues an ask event of request `id` (skipped if it was sent when it subscribed).
-    pub fn ask(&mut self, id: u64, line: &Arc<[u8]>) {
-        if id > self.caught_up {
-            self.event(line);
-        }
+    /// Whether ask events wait for it.
+    fn asks_waiting(&self, asks: &dyn Asks) -> bool {
+        self.subscribed && !self.eof && !self.closing && asks.newest() > self.ask_cursor
     }
 
     /// Queues an event, or drops and counts it when too much waits for this peer already.
@@ -186,11 +191,12 @@ impl Conn {
     }
 
     /// Whether anything waits to be written.
-    pub fn pending(&self) -> bool {
+    pub fn pending(&self, asks: &dyn Asks) -> bool {
         !self.wbuf.is_empty()
             || !self.answers.is_empty()
             || !self.events.is_empty()
             || self.unreported > 0
+            || self.asks_waiting(asks)
     }
 
     /// Whether to poll it for commands: not while an answer of its own waits (that is
@@ -200,8 +206,8 @@ impl Conn {
     }
 
     /// Renders whole lines into the write buffer while less than [`CHUNK`] waits there:
-    /// answers first, then events.
-    fn refill(&mut self, approvals: &Approvals, cmdline: &dyn Fn(u32) -> Option<proto::Cmdline>) {
+    /// answers first, then events, then asks.
+    fn refill(&mut self, asks: &dyn Asks) {
         while self.wbuf.len() < CHUNK {
             if let Some(a) = self.answers.front_mut() {
                 match a {
@@ -210,34 +216,25 @@ impl Conn {
                         self.answers.pop_front();
                     }
                     Answer::Held {
-                        ids,
-                        wrapped,
+                        after,
+                        until,
                         started,
                     } => {
-                        if *wrapped && !*started {
+                        if !*started {
                             self.wbuf.extend_from_slice(br#"{"ok":true,"held":["#);
                         }
-                        let first = !*started;
-                        *started = true;
-                        // The next entry still held (those that ended meanwhile are left out).
-                        let next =
-                            std::iter::from_fn(|| ids.pop_front()).find_map(|id| approvals.get(id));
-                        match next {
-                            Some(h) => {
-                                let ev = proto::ask_event(&h, cmdline(h.req.pid));
-                                if *wrapped {
-                                    if !first {
-                                        self.wbuf.push(b',');
-                                    }
-                                    let _ = serde_json::to_writer(&mut self.wbuf, &ev);
-                                } else {
-                                    self.wbuf.extend_from_slice(&proto::line(&ev));
+                        match asks.next_ask(*after).filter(|(id, _)| *id <= *until) {
+                            Some((id, line)) => {
+                                if *started {
+                                    self.wbuf.push(b',');
                                 }
+                                // The event line without its newline.
+                                self.wbuf.extend_from_slice(&line[..line.len() - 1]);
+                                *after = id;
+                                *started = true;
                             }
                             None => {
-                                if *wrapped {
-                                    self.wbuf.extend_from_slice(b"]}\n");
-                                }
+                                self.wbuf.extend_from_slice(b"]}\n");
                                 self.answers.pop_front();
                             }
                         }
@@ -250,6 +247,11 @@ impl Conn {
                 let n = std::mem::take(&mut self.unreported);
                 self.wbuf
                     .extend_from_slice(&proto::line(&json!({"event": "dropped", "events": n})));
+            } else if self.asks_waiting(asks)
+                && let Some((id, line)) = asks.next_ask(self.ask_cursor)
+            {
+                self.ask_cursor = id;
+                self.wbuf.extend_from_slice(&line);
             } else {
                 break;
             }
@@ -257,14 +259,9 @@ impl Conn {
     }
 
     /// Writes what the socket takes now; keeps the dead-peer clock.
-    pub fn flush(
-        &mut self,
-        approvals: &Approvals,
-        cmdline: &dyn Fn(u32) -> Option<proto::Cmdline>,
-        now: Instant,
-    ) {
+    pub fn flush(&mut self, asks: &dyn Asks, now: Instant) {
         loop {
-            self.refill(approvals, cmdline);
+            self.refill(asks);
             if self.wbuf.is_empty() {
                 break;
             }
@@ -285,7 +282,7 @@ impl Conn {
                 }
             }
         }
-        if !self.pending() {
+        if !self.pending(asks) {
             self.stalled_since = None;
             if self.eof && !self.rbuf.contains(&b'\n') {
                 // It said all it had to say and got every answer.
@@ -349,11 +346,7 @@ impl Conn {
 
     /// Moves rendered answers into the write buffer while there is room, so that commands
     /// with short answers (a burst of `decide`s) are served without a poll round each.
-    pub fn render(
-        &mut self,
-        approvals: &Approvals,
-        cmdline: &dyn Fn(u32) -> Option<proto::Cmdline>,
-    ) {
-        self.refill(approvals, cmdline);
+    pub fn render(&mut self, asks: &dyn Asks) {
+        self.refill(asks);
     }
 }

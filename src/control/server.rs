@@ -14,6 +14,7 @@
 //! - The server also keeps the approvals' clocks: timeouts, and askers killed while held
 //!   (a pending SIGKILL in /proc: the kernel would drop the answer anyway).
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
 use std::os::fd::AsFd;
@@ -152,6 +153,52 @@ fn cmdline(pid: u32) -> Option<Cmdline> {
     Cmdline::parse(&raw)
 }
 
+/// The command lines of what is held, each read once from /proc when the request is held
+/// (so every approver is shown the same one), and the ask event lines rendered from the
+/// table as peers read (so `expires_in_ms` is current).
+struct AskLines<'a> {
+    approvals: &'a Approvals,
+    cmdlines: RefCell<HashMap<u64, Option<Cmdline>>>,
+}
+
+impl AskLines<'_> {
+    fn cmdline_of(&self, h: &crate::approvals::Held) -> Option<Cmdline> {
+        self.cmdlines
+            .borrow_mut()
+            .entry(h.id)
+            .or_insert_with(|| cmdline(h.req.pid))
+            .clone()
+    }
+
+    fn forget(&self, id: u64) {
+        self.cmdlines.borrow_mut().remove(&id);
+    }
+
+    /// Drops what is kept for requests no longer held (a done can overtake its ask).
+    fn prune(&self) {
+        let mut l = self.cmdlines.borrow_mut();
+        if l.len() > self.approvals.len() + 64 {
+            l.retain(|id, _| {
+                self.approvals
+                    .next_held(id - 1)
+                    .is_some_and(|h| h.id == *id)
+            });
+        }
+    }
+}
+
+impl peer::Asks for AskLines<'_> {
+    fn next_ask(&self, after: u64) -> Option<(u64, Vec<u8>)> {
+        let h = self.approvals.next_held(after)?;
+        let c = self.cmdline_of(&h);
+        Some((h.id, proto::line(&proto::ask_event(&h, c))))
+    }
+
+    fn newest(&self) -> u64 {
+        self.approvals.newest()
+    }
+}
+
 /// The server loop; runs for the daemon's lifetime.
 pub fn run(
     listener: UnixListener,
@@ -162,6 +209,10 @@ pub fn run(
     hooks: Hooks,
 ) {
     let mut conns: HashMap<u64, Conn> = HashMap::new();
+    let asks = AskLines {
+        approvals: &approvals,
+        cmdlines: RefCell::new(HashMap::new()),
+    };
     let mut next_id = 0u64;
     let mut last_reap = Instant::now();
     loop {
@@ -197,7 +248,7 @@ pub fn run(
                 if c.wants_read() {
                     f |= PollFlags::POLLIN;
                 }
-                if c.pending() {
+                if c.pending(&asks) {
                     f |= PollFlags::POLLOUT;
                 }
                 fds.push(PollFd::new(c.stream().as_fd(), f));
@@ -238,20 +289,18 @@ pub fn run(
             }
         }
         for c in conns.values_mut() {
-            serve_commands(c, &approvals, &hooks);
+            serve_commands(c, &approvals, &asks, &hooks);
         }
-        // Events from the approvals table (asks and dones), in order; each line is
-        // rendered once and shared by every subscriber's queue.
+        // Events from the approvals table, in order. An ask is rendered once (its command
+        // line read then) and every approver is sent it from the table as it reads; a done
+        // line is shared by every subscriber's queue.
         for ev in events.try_iter() {
             match &ev {
                 Event::Ask(h) => {
-                    let line: Arc<[u8]> =
-                        proto::line(&proto::ask_event(h, cmdline(h.req.pid))).into();
-                    for c in conns.values_mut().filter(|c| c.subscribed) {
-                        c.ask(h.id, &line);
-                    }
+                    asks.cmdline_of(h);
                 }
                 Event::Done { id, .. } => {
+                    asks.forget(*id);
                     let Some(v) = proto::done_event(&ev) else {
                         continue;
                     };
@@ -264,9 +313,10 @@ pub fn run(
                 }
             }
         }
+        asks.prune();
         let now = Instant::now();
         for c in conns.values_mut() {
-            c.flush(&approvals, &cmdline, now);
+            c.flush(&asks, now);
         }
         // Approvers before this round's closes (a closing one was one until now).
         let before = conns.values().filter(|c| c.subscribed).count();
@@ -324,9 +374,9 @@ fn refuse(stream: UnixStream, why: &str) {
 }
 
 /// Handles the peer's command lines while none of its answers waits (backpressure).
-fn serve_commands(c: &mut Conn, approvals: &Approvals, hooks: &Hooks) {
+fn serve_commands(c: &mut Conn, approvals: &Approvals, asks: &AskLines<'_>, hooks: &Hooks) {
     loop {
-        c.render(approvals, &cmdline);
+        c.render(asks);
         match c.next_line() {
             Next::Line(line) => {
                 if line.iter().all(u8::is_ascii_whitespace) {
@@ -362,13 +412,12 @@ fn handle(c: &mut Conn, line: &[u8], approvals: &Approvals, hooks: &Hooks) {
             }
         },
         // Streamed as the peer reads: never dropped, however many are held.
-        Command::Held => return c.answer_held(approvals.held_ids(), true),
+        Command::Held => return c.answer_held(approvals.newest()),
         Command::Subscribe => {
+            // From now on it is sent every held request, those held already first.
             c.subscribed = true;
             approvals.set_approvers(approvals.approvers().max(1));
-            c.answer(&proto::ok(json!({})));
-            // What is held already, as events (streamed like an answer).
-            return c.answer_held(approvals.held_ids(), false);
+            proto::ok(json!({}))
         }
         Command::Decide {
             id,
