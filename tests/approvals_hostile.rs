@@ -603,4 +603,15 @@ fn the_last_approver_leaving_refuses_what_is_held_at_once() {
         "audit: {:?}",
         audit_lines(&m)
     );
+    // A peer that shuts its writing side after a command still gets the answer.
+    let mut p = Peer::connect(&sock);
+    p.send(json!({"cmd": "held"}));
+    p.w.shutdown(std::net::Shutdown::Write).unwrap();
+    assert_eq!(p.next(None), json!({"ok": true, "held": []}));
+    let mut rest = String::new();
+    assert_eq!(
+        p.r.read_to_string(&mut rest).unwrap(),
+        0,
+        "then end of file: {rest}"
+    );
 }
