@@ -251,15 +251,28 @@ fn terminal_escapes_in_argv_and_names_reach_approve_and_ctl_quoted() {
     assert!(text.contains(r#""\u001b[2K\u001b[1A""#), "{text}");
     assert!(text.contains(r#""\u202etxt.exe""#), "{text}");
 
-    // `fencefs approve` (stdout a pipe) shows it quoted, and denies it.
+    // `fencefs approve` on a person's input (stdin and stdout pipes) shows it quoted; the
+    // person reads the prompt and answers n.
     let mut approver = Command::new(BIN)
         .arg("approve")
         .arg(&sock)
-        .args(["--auto", "deny"])
+        .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
+    let mut screen = approver.stdout.take().unwrap();
+    let mut stdout = Vec::new();
+    let mut read_until = |stdout: &mut Vec<u8>, what: &str| {
+        let mut b = [0u8; 4096];
+        while !String::from_utf8_lossy(stdout).contains(what) {
+            let n = screen.read(&mut b).unwrap();
+            assert!(n > 0, "approve ended: {}", String::from_utf8_lossy(stdout));
+            stdout.extend_from_slice(&b[..n]);
+        }
+    };
+    read_until(&mut stdout, "[n]o: ");
+    approver.stdin.as_mut().unwrap().write_all(b"n\n").unwrap();
     let mut l = String::new();
     BufReader::new(agent.stdout.take().unwrap())
         .read_line(&mut l)
@@ -267,10 +280,10 @@ fn terminal_escapes_in_argv_and_names_reach_approve_and_ctl_quoted() {
     let _ = agent.wait();
     assert_eq!(l.trim(), libc::EACCES.to_string(), "denied by the approver");
     assert_eq!(ap.next(Some("done"))["by"], "approver");
-    thread::sleep(Duration::from_millis(200));
+    read_until(&mut stdout, "denied");
     approver.kill().unwrap();
-    let out = approver.wait_with_output().unwrap();
-    let stdout = &out.stdout;
+    let _ = approver.wait();
+    let stdout = &stdout;
     assert_eq!(
         raw_controls(stdout),
         Vec::<String>::new(),
