@@ -170,6 +170,15 @@ fn askers_result(mut c: Child) -> Vec<usize> {
     l.split_whitespace().map(|x| x.parse().unwrap()).collect()
 }
 
+fn rss_kib(pid: i32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse().ok())
+        .unwrap()
+}
+
 /// Bytes a terminal would act on: C0 controls but `\n`, DEL, C1 controls (as UTF-8),
 /// and bidi embeddings, overrides and isolates.
 fn raw_controls(out: &[u8]) -> Vec<String> {
@@ -386,6 +395,10 @@ fn a_thousand_held_requests_with_1_mib_argvs_reach_two_approvers_and_held_is_com
         (s["held"].clone(), s["approvers"].clone()),
         (json!(1024), json!(2))
     );
+    // What the daemon keeps for all this: command lines cut at 4 KiB, no per-peer queue.
+    let rss = rss_kib(m.pid());
+    eprintln!("daemon RSS with 1,024 held 1 MiB-argv requests and three approvers: {rss} KiB");
+    assert!(rss < 128 * 1024, "daemon RSS {rss} KiB");
     assert_eq!(s["events_dropped"], 0);
     // Answer them all: allow half, deny half.
     for (i, ev) in e1.iter().enumerate() {
