@@ -238,117 +238,144 @@ fn session(
             .map_or("subscribe refused".into(), text_str));
     }
     let Client { out, lines } = c;
-    let mut out = out;
     spawn_reader(lines, n, tx.clone());
     let again = if n > 1 { "re" } else { "" };
     eprintln!("approver {again}connected to {shown}");
-    let mut queue: VecDeque<Value> = VecDeque::new();
-    // The request being put to the person, and whether its answer is awaited.
-    let mut asking: Option<Value> = None;
-    let mut awaiting: Option<(Value, bool)> = None;
-    let send = |out: &mut UnixStream, v: Value| -> Result<(), String> {
-        let mut b = serde_json::to_vec(&v).map_err(|e| e.to_string())?;
-        b.push(b'\n');
-        out.write_all(&b).map_err(|e| e.to_string())
+    let mut s = Screen {
+        out,
+        auto,
+        shown,
+        queue: VecDeque::new(),
+        asking: None,
+        awaiting: None,
     };
     loop {
-        // Put the next queued request (if none is being asked or answered).
-        while asking.is_none() && awaiting.is_none() {
-            let Some(ev) = queue.pop_front() else { break };
-            println!("{}", describe(&ev));
-            match auto {
-                Some(allow) => {
-                    if let Err(e) = send(
-                        &mut out,
-                        json!({"cmd": "decide", "id": ev["id"], "allow": allow, "remember": "once"}),
-                    ) {
-                        return Ok(End::Lost(e));
-                    }
-                    awaiting = Some((ev, allow));
-                }
-                None => {
-                    print!("{PROMPT}");
-                    asking = Some(ev);
-                }
-            }
-            io::stdout().flush().map_err(|e| e.to_string())?;
+        if let Err(e) = s.put_next() {
+            return Ok(End::Lost(e));
         }
         let Ok(m) = rx.recv() else {
             return Ok(End::Done);
         };
-        match m {
-            Msg::Daemon(k, _) if k != n => {} // a connection that ended before
+        let r = match m {
+            Msg::Daemon(k, _) if k != n => Ok(()), // a connection that ended before
             Msg::Daemon(_, Err(e)) => {
-                if asking.is_some() {
+                if s.asking.is_some() {
                     println!();
                 }
                 return Ok(End::Lost(e));
             }
-            Msg::Daemon(_, Ok(ev)) => match ev["event"].as_str() {
-                Some("ask") => queue.push_back(ev),
-                Some("done") => {
-                    // Asked or not yet: it needs no answer any more.
-                    queue.retain(|q| q["id"] != ev["id"]);
-                    println!(
-                        "#{} ended: {} by {}",
-                        number(&ev["id"]),
-                        word(&ev["decision"]),
-                        word(&ev["by"])
-                    );
-                    if asking.is_some() {
-                        print!("{PROMPT}");
-                    }
-                    io::stdout().flush().map_err(|e| e.to_string())?;
-                }
-                Some("dropped") => {
-                    eprintln!(
-                        "fencefs approve: the daemon dropped {} events this approver did not read in time; `fencefs ctl {} held` lists what is held",
-                        number(&ev["events"]),
-                        quote::quote(path.as_os_str().as_encoded_bytes())
-                    );
-                }
-                Some(_) => {}
-                None => {
-                    // The answer to our decide.
-                    if let Some((q, allow)) = awaiting.take() {
-                        let outcome = if ev["ok"] == true {
-                            String::new()
-                        } else {
-                            format!(
-                                " — {}",
-                                ev["error"].as_str().map_or("refused".into(), text_str)
-                            )
-                        };
-                        let verb = if allow { "allowed" } else { "denied" };
-                        println!("#{} {verb}{outcome}", number(&q["id"]));
-                        io::stdout().flush().map_err(|e| e.to_string())?;
-                    }
-                }
-            },
+            Msg::Daemon(_, Ok(ev)) => {
+                s.line(ev);
+                Ok(())
+            }
             Msg::Key(None) => return Ok(End::Done),
-            Msg::Key(Some(k)) => {
-                // A key counts only for the request shown when it arrives.
-                let Some(q) = asking.take() else { continue };
-                let (allow, remember) = match k.trim() {
-                    "y" | "Y" => (true, "once"),
-                    "a" | "A" => (true, "path"),
-                    "n" | "N" => (false, "once"),
-                    _ => {
-                        print!("{PROMPT}");
-                        io::stdout().flush().map_err(|e| e.to_string())?;
-                        asking = Some(q);
-                        continue;
-                    }
-                };
-                if let Err(e) = send(
-                    &mut out,
-                    json!({"cmd": "decide", "id": q["id"], "allow": allow, "remember": remember}),
-                ) {
-                    return Ok(End::Lost(e));
+            Msg::Key(Some(k)) => s.key(&k),
+        };
+        if let Err(e) = r {
+            return Ok(End::Lost(e));
+        }
+        io::stdout().flush().map_err(|e| e.to_string())?;
+    }
+}
+
+/// What one connection of the approver shows and answers.
+struct Screen<'a> {
+    out: UnixStream,
+    auto: Option<bool>,
+    shown: &'a str,
+    /// Asks not shown yet.
+    queue: VecDeque<Value>,
+    /// The request put to the person now.
+    asking: Option<Value>,
+    /// A request answered, its `decide` not yet answered.
+    awaiting: Option<(Value, bool)>,
+}
+
+impl Screen<'_> {
+    fn decide(&mut self, ev: Value, allow: bool, remember: &str) -> Result<(), String> {
+        let v = json!({"cmd": "decide", "id": ev["id"], "allow": allow, "remember": remember});
+        let mut b = serde_json::to_vec(&v).map_err(|e| e.to_string())?;
+        b.push(b'\n');
+        self.out.write_all(&b).map_err(|e| e.to_string())?;
+        self.awaiting = Some((ev, allow));
+        Ok(())
+    }
+
+    /// Shows the next queued request, if none is being asked or answered; `Err`: the
+    /// connection is lost.
+    fn put_next(&mut self) -> Result<(), String> {
+        while self.asking.is_none() && self.awaiting.is_none() {
+            let Some(ev) = self.queue.pop_front() else {
+                break;
+            };
+            println!("{}", describe(&ev));
+            match self.auto {
+                Some(allow) => self.decide(ev, allow, "once")?,
+                None => {
+                    print!("{PROMPT}");
+                    self.asking = Some(ev);
                 }
-                awaiting = Some((q, allow));
+            }
+            let _ = io::stdout().flush();
+        }
+        Ok(())
+    }
+
+    /// A line from the daemon.
+    fn line(&mut self, ev: Value) {
+        match ev["event"].as_str() {
+            Some("ask") => self.queue.push_back(ev),
+            Some("done") => {
+                // Asked or not yet: it needs no answer any more.
+                self.queue.retain(|q| q["id"] != ev["id"]);
+                println!(
+                    "#{} ended: {} by {}",
+                    number(&ev["id"]),
+                    word(&ev["decision"]),
+                    word(&ev["by"])
+                );
+                if self.asking.is_some() {
+                    print!("{PROMPT}");
+                }
+            }
+            Some("dropped") => eprintln!(
+                "fencefs approve: the daemon dropped {} events this approver did not read in time; `fencefs ctl {} held` lists what is held",
+                number(&ev["events"]),
+                self.shown
+            ),
+            Some(_) => {}
+            None => {
+                // The answer to our decide.
+                if let Some((q, allow)) = self.awaiting.take() {
+                    let outcome = if ev["ok"] == true {
+                        String::new()
+                    } else {
+                        let e = ev["error"].as_str().map_or("refused".into(), text_str);
+                        format!(" — {e}")
+                    };
+                    let verb = if allow { "allowed" } else { "denied" };
+                    println!("#{} {verb}{outcome}", number(&q["id"]));
+                }
             }
         }
+    }
+
+    /// A line the person typed: it counts only for the request shown when it arrives.
+    fn key(&mut self, k: &str) -> Result<(), String> {
+        let Some(q) = self.asking.take() else {
+            return Ok(());
+        };
+        let (allow, remember) = match k.trim() {
+            "y" | "Y" => (true, "once"),
+            "a" | "A" => (true, "path"),
+            "n" | "N" => (false, "once"),
+            _ => {
+                print!("{PROMPT}");
+                self.asking = Some(q);
+                return Ok(());
+            }
+        };
+        self.decide(q, allow, remember)
     }
 }
 

@@ -228,60 +228,17 @@ pub fn run(
             .into_iter()
             .chain(conns.values().filter_map(Conn::deadline))
             .min();
-        let timeout = match wake_at {
-            Some(t) => {
-                let d = t.saturating_duration_since(now);
-                PollTimeout::try_from(d.as_millis().clamp(1, 60_000) as i32)
-                    .unwrap_or(PollTimeout::NONE)
-            }
-            None => PollTimeout::NONE,
+        let Some(ready) = wait(&listener, &wake, &conns, &asks, wake_at) else {
+            continue;
         };
-        let ids: Vec<u64> = conns.keys().copied().collect();
-        let (ready_listener, ready_wake, ready) = {
-            let mut fds = vec![
-                PollFd::new(listener.as_fd(), PollFlags::POLLIN),
-                PollFd::new(wake.as_fd(), PollFlags::POLLIN),
-            ];
-            for id in &ids {
-                let c = &conns[id];
-                let mut f = PollFlags::empty();
-                if c.wants_read() {
-                    f |= PollFlags::POLLIN;
-                }
-                if c.pending(&asks) {
-                    f |= PollFlags::POLLOUT;
-                }
-                fds.push(PollFd::new(c.stream().as_fd(), f));
-            }
-            match poll(&mut fds, timeout) {
-                Ok(_) => {}
-                Err(nix::errno::Errno::EINTR) => continue,
-                Err(e) => {
-                    log::error!("control: poll: {e}");
-                    std::thread::sleep(Duration::from_millis(100));
-                    continue;
-                }
-            }
-            let r = |f: &PollFd| f.revents().is_some_and(|r| !r.is_empty());
-            let ready: Vec<u64> = ids
-                .iter()
-                .zip(&fds[2..])
-                .filter(|(_, f)| {
-                    f.revents()
-                        .is_some_and(|x| x.intersects(PollFlags::POLLIN | PollFlags::POLLHUP))
-                })
-                .map(|(id, _)| *id)
-                .collect();
-            (r(&fds[0]), r(&fds[1]), ready)
-        };
-        if ready_wake {
+        if ready.wake {
             let mut b = [0u8; 256];
             while matches!((&wake).read(&mut b), Ok(n) if n > 0) {}
         }
-        if ready_listener {
+        if ready.listener {
             accept_all(&listener, &mut conns, &mut next_id, access, &hooks);
         }
-        for id in ready {
+        for id in ready.peers {
             if let Some(c) = conns.get_mut(&id)
                 && c.wants_read()
             {
@@ -291,29 +248,7 @@ pub fn run(
         for c in conns.values_mut() {
             serve_commands(c, &approvals, &asks, &hooks);
         }
-        // Events from the approvals table, in order. An ask is rendered once (its command
-        // line read then) and every approver is sent it from the table as it reads; a done
-        // line is shared by every subscriber's queue.
-        for ev in events.try_iter() {
-            match &ev {
-                Event::Ask(h) => {
-                    asks.cmdline_of(h);
-                }
-                Event::Done { id, .. } => {
-                    asks.forget(*id);
-                    let Some(v) = proto::done_event(&ev) else {
-                        continue;
-                    };
-                    let line: Arc<[u8]> = proto::line(&v).into();
-                    for c in conns.values_mut().filter(|c| c.subscribed) {
-                        if !c.decided.remove(id) {
-                            c.event(&line);
-                        }
-                    }
-                }
-            }
-        }
-        asks.prune();
+        deliver(&events, &mut conns, &asks);
         let now = Instant::now();
         for c in conns.values_mut() {
             c.flush(&asks, now);
@@ -329,6 +264,100 @@ pub fn run(
             approvals.orphaned();
         }
     }
+}
+
+/// What [`wait`] found ready.
+struct Ready {
+    listener: bool,
+    wake: bool,
+    /// Peers with something to read (or hung up).
+    peers: Vec<u64>,
+}
+
+/// Polls the listener, the wake-up socket and every peer (for commands while it may send
+/// them, for writing while something waits for it) until one is ready or `until`.
+/// `None`: interrupted, or poll failed (logged): go round again.
+fn wait(
+    listener: &UnixListener,
+    wake: &UnixStream,
+    conns: &HashMap<u64, Conn>,
+    asks: &AskLines<'_>,
+    until: Option<Instant>,
+) -> Option<Ready> {
+    let timeout = match until {
+        Some(t) => {
+            let d = t.saturating_duration_since(Instant::now());
+            PollTimeout::try_from(d.as_millis().clamp(1, 60_000) as i32)
+                .unwrap_or(PollTimeout::NONE)
+        }
+        None => PollTimeout::NONE,
+    };
+    let ids: Vec<u64> = conns.keys().copied().collect();
+    let mut fds = vec![
+        PollFd::new(listener.as_fd(), PollFlags::POLLIN),
+        PollFd::new(wake.as_fd(), PollFlags::POLLIN),
+    ];
+    for id in &ids {
+        let c = &conns[id];
+        let mut f = PollFlags::empty();
+        if c.wants_read() {
+            f |= PollFlags::POLLIN;
+        }
+        if c.pending(asks) {
+            f |= PollFlags::POLLOUT;
+        }
+        fds.push(PollFd::new(c.stream().as_fd(), f));
+    }
+    match poll(&mut fds, timeout) {
+        Ok(_) => {}
+        Err(nix::errno::Errno::EINTR) => return None,
+        Err(e) => {
+            log::error!("control: poll: {e}");
+            std::thread::sleep(Duration::from_millis(100));
+            return None;
+        }
+    }
+    let r = |f: &PollFd| f.revents().is_some_and(|r| !r.is_empty());
+    let peers = ids
+        .iter()
+        .zip(&fds[2..])
+        .filter(|(_, f)| {
+            f.revents()
+                .is_some_and(|x| x.intersects(PollFlags::POLLIN | PollFlags::POLLHUP))
+        })
+        .map(|(id, _)| *id)
+        .collect();
+    Some(Ready {
+        listener: r(&fds[0]),
+        wake: r(&fds[1]),
+        peers,
+    })
+}
+
+/// Events from the approvals table, in order. For an ask, its command line is read now
+/// (every approver is then sent the ask from the table as it reads); a done line is
+/// rendered once and shared by every subscriber's queue.
+fn deliver(events: &Receiver<Event>, conns: &mut HashMap<u64, Conn>, asks: &AskLines<'_>) {
+    for ev in events.try_iter() {
+        match &ev {
+            Event::Ask(h) => {
+                asks.cmdline_of(h);
+            }
+            Event::Done { id, .. } => {
+                asks.forget(*id);
+                let Some(v) = proto::done_event(&ev) else {
+                    continue;
+                };
+                let line: Arc<[u8]> = proto::line(&v).into();
+                for c in conns.values_mut().filter(|c| c.subscribed) {
+                    if !c.decided.remove(id) {
+                        c.event(&line);
+                    }
+                }
+            }
+        }
+    }
+    asks.prune();
 }
 
 fn accept_all(
