@@ -350,3 +350,114 @@ impl Conn {
         self.refill(asks);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::BufRead;
+
+    /// A table of `n` held requests whose ask lines are `line_len` bytes each.
+    struct Table {
+        n: u64,
+        line_len: usize,
+    }
+
+    impl Asks for Table {
+        fn next_ask(&self, after: u64) -> Option<(u64, Vec<u8>)> {
+            let id = after + 1;
+            (id <= self.n).then(|| {
+                let pad = "x".repeat(self.line_len - 40);
+                let mut l = serde_json::to_vec(&json!({"event":"ask","id":id,"p":pad})).unwrap();
+                l.push(b'\n');
+                (id, l)
+            })
+        }
+        fn newest(&self) -> u64 {
+            self.n
+        }
+    }
+
+    #[test]
+    fn a_long_answer_is_streamed_with_backpressure_and_arrives_whole() {
+        let (ours, theirs) = UnixStream::pair().unwrap();
+        ours.set_nonblocking(true).unwrap();
+        let t = Table {
+            n: 2000,
+            line_len: 4096,
+        };
+        let mut c = Conn::new(ours, 0);
+        c.answer_held(t.newest());
+        let now = Instant::now();
+        // The peer reads nothing: what is rendered ahead stays one chunk and a line.
+        for _ in 0..50 {
+            c.flush(&t, now);
+            assert!(c.wbuf.len() < CHUNK + 4200, "{}", c.wbuf.len());
+            assert!(!c.wants_read(), "no command is read while its answer waits");
+        }
+        assert!(c.pending(&t) && !c.closing);
+        // The peer reads: the whole 8 MB answer, one valid line.
+        let reader = std::thread::spawn(move || {
+            let mut l = String::new();
+            std::io::BufReader::new(theirs).read_line(&mut l).unwrap();
+            l
+        });
+        while c.pending(&t) {
+            c.flush(&t, Instant::now());
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let l = reader.join().unwrap();
+        let v: Value = serde_json::from_str(&l).unwrap();
+        assert_eq!(v["ok"], true);
+        let ids: Vec<u64> = v["held"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|h| h["id"].as_u64().unwrap())
+            .collect();
+        assert_eq!(ids, (1..=2000).collect::<Vec<u64>>());
+        assert!(c.wants_read());
+    }
+
+    #[test]
+    fn a_subscriber_is_sent_every_held_request_and_events_past_the_bound_are_counted() {
+        let (ours, theirs) = UnixStream::pair().unwrap();
+        ours.set_nonblocking(true).unwrap();
+        let t = Table {
+            n: 300,
+            line_len: 4096,
+        };
+        let mut c = Conn::new(ours, 0);
+        c.subscribed = true;
+        let done: Arc<[u8]> = proto::line(&json!({"event":"done","id":1})).into();
+        let before = EVENTS_DROPPED.load(Ordering::Relaxed);
+        let n = event_backlog() / done.len() + 10;
+        for _ in 0..n {
+            c.event(&done);
+        }
+        assert!(EVENTS_DROPPED.load(Ordering::Relaxed) - before >= 10);
+        let reader = std::thread::spawn(move || {
+            let mut r = std::io::BufReader::new(theirs);
+            let (mut asks, mut dones, mut dropped) = (0, 0, 0);
+            while asks < 300 {
+                let mut l = String::new();
+                r.read_line(&mut l).unwrap();
+                let v: Value = serde_json::from_str(&l).unwrap();
+                match v["event"].as_str() {
+                    Some("ask") => asks += 1,
+                    Some("done") => dones += 1,
+                    Some("dropped") => dropped = v["events"].as_u64().unwrap(),
+                    _ => panic!("{l}"),
+                }
+            }
+            (asks, dones, dropped)
+        });
+        while c.pending(&t) {
+            c.flush(&t, Instant::now());
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let (asks, dones, dropped) = reader.join().unwrap();
+        assert_eq!(asks, 300);
+        assert_eq!(dones as u64 + dropped, n as u64, "each queued or counted");
+        assert!(dropped >= 10);
+    }
+}
