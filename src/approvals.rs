@@ -565,6 +565,30 @@ impl Approvals {
             .collect()
     }
 
+    /// The held request with the lowest id above `after`, if any: the control server walks
+    /// the table with it, one request at a time, as each peer reads.
+    pub fn next_held(&self, after: u64) -> Option<Held> {
+        let now = Instant::now();
+        let g = self.inner.lock();
+        let (id, e) = g.held.range(after.saturating_add(1)..).next()?;
+        Some(Held {
+            id: *id,
+            req: e.req.clone(),
+            expires_in: e.expires.saturating_duration_since(now),
+        })
+    }
+
+    /// The highest id held now (0: nothing is held).
+    pub fn newest(&self) -> u64 {
+        self.inner
+            .lock()
+            .held
+            .keys()
+            .next_back()
+            .copied()
+            .unwrap_or(0)
+    }
+
     /// How many requests are held now.
     pub fn len(&self) -> usize {
         self.inner.lock().held.len()

@@ -26,6 +26,7 @@ pub mod host;
 pub mod idmap;
 pub mod logging;
 pub mod policy;
+pub mod quote;
 pub mod reload;
 pub mod transport;
 pub mod watch;

@@ -10,12 +10,17 @@ use std::path::Path;
 use super::EXIT_ERR;
 use crate::cli::ExplainArgs;
 use crate::policy::{Access, By, Caller, CeilingBy, Need, Policy, PolicyError, Special};
-use crate::reload;
+use crate::{quote, reload};
 
 fn print_errors(errs: &[PolicyError]) {
     for e in errs {
-        eprintln!("{e}");
+        eprintln!("{}", esc(&e.to_string()));
     }
+}
+
+/// Text from a policy or the command line, safe for a terminal (quote.rs).
+fn esc(s: &str) -> std::borrow::Cow<'_, str> {
+    quote::escape(s.as_bytes())
 }
 
 pub(super) fn check(path: &Path) -> i32 {
@@ -58,9 +63,9 @@ fn describe_rule(p: &Policy, i: usize, file: &str) -> String {
     format!(
         "rule #{} path = \"{}\" access = {} ({}:{})",
         i + 1,
-        r.pattern,
+        esc(&r.pattern),
         r.access,
-        file,
+        esc(file),
         r.line
     )
 }
@@ -79,8 +84,8 @@ fn describe_by_at(p: &Policy, by: By, file: &str, path: &[u8]) -> String {
             format!(
                 "visibility: rule #{} path = \"{}\" ({}:{}) {why}, so the directory stays listable",
                 i + 1,
-                r.pattern,
-                file,
+                esc(&r.pattern),
+                esc(file),
                 r.line
             )
         }
@@ -94,17 +99,18 @@ fn describe_ceiling(p: &Policy, file: &str, path: &[u8]) -> String {
         CeilingBy::Protected(i) => {
             let (entry, line) = p.protected_entry(i);
             let at = match line {
-                Some(l) => format!("{file}:{l}"),
+                Some(l) => format!("{}:{l}", esc(file)),
                 None => "built-in default".to_string(),
             };
             format!(
-                "protected entry \"{entry}\" ({at}), mode {} (ceiling)",
+                "protected entry \"{}\" ({at}), mode {} (ceiling)",
+                esc(entry),
                 p.mode()
             )
         }
         CeilingBy::WritableRoots => format!(
-            "writable_roots: outside every entry of {:?}, mode {} (ceiling)",
-            p.writable_roots(),
+            "writable_roots: outside every entry of {}, mode {} (ceiling)",
+            esc(&format!("{:?}", p.writable_roots())),
             p.mode()
         ),
         CeilingBy::ReadOnly | CeilingBy::Open => {
@@ -124,7 +130,7 @@ pub(super) fn explain(a: ExplainArgs) -> i32 {
     let path = match normalize(&a.path) {
         Ok(p) => p,
         Err(e) => {
-            eprintln!("fencefs: {e}");
+            eprintln!("fencefs: {}", esc(&e));
             return 2;
         }
     };
@@ -144,7 +150,7 @@ pub(super) fn explain(a: ExplainArgs) -> i32 {
     let shown = if path.is_empty() {
         ".".to_string()
     } else {
-        String::from_utf8_lossy(&path).into_owned()
+        quote::quote(&path).into_owned()
     };
     println!("path: {shown}");
     println!("access: {}", v.effective);
@@ -156,7 +162,7 @@ pub(super) fn explain(a: ExplainArgs) -> i32 {
         println!(
             "excepted: {} except \"{}\": not covered",
             describe_rule(&policy, rule, &file),
-            policy.rule(rule).except[k]
+            esc(&policy.rule(rule).except[k])
         );
     }
     if v.by == By::Mode {
@@ -197,13 +203,15 @@ fn print_op(policy: &Policy, path: &[u8], caller: Caller, as_dir: bool, file: &s
         _ => Need::Write,
     };
     match policy.check_for(path, caller, need, Special::default(), as_dir) {
-        Ok(_) => println!("{op}: allow"),
+        Ok(_) => println!("{}: allow", esc(op)),
         Err(d) if d.askable(policy, need).is_some() => println!(
-            "{op}: ask (held for an approver; EACCES if refused, timed out or none is connected) (by {})",
+            "{}: ask (held for an approver; EACCES if refused, timed out or none is connected) (by {})",
+            esc(op),
             describe_by_at(policy, d.by, file, path)
         ),
         Err(d) => println!(
-            "{op}: deny {} (by {})",
+            "{}: deny {} (by {})",
+            esc(op),
             crate::audit::errno_name(d.errno),
             describe_by_at(policy, d.by, file, path)
         ),

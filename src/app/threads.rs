@@ -48,7 +48,10 @@ pub(super) fn reload_now(
         Ok(p) => p,
         Err(errs) => {
             for e in &errs {
-                log::error!("reload refused, old policy stays in force: {e}");
+                log::error!(
+                    "reload refused, old policy stays in force: {}",
+                    crate::quote::escape(e.to_string().as_bytes())
+                );
             }
             return Err(errs);
         }

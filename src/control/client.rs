@@ -1,9 +1,14 @@
 //! The command-line clients of the control socket: `fencefs ctl` (one command, print the
 //! answer) and `fencefs approve` (an approver on a terminal, or `--auto` for scripts).
 
+use std::collections::VecDeque;
 use std::io::{self, BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
 use std::path::Path;
+use std::sync::mpsc::{Receiver, Sender, channel};
+use std::time::{Duration, Instant};
+
+use crate::quote;
 
 use serde_json::{Value, json};
 
@@ -59,7 +64,9 @@ impl Client {
     }
 }
 
-/// `fencefs ctl SOCKET status|reload|held`; returns the exit code.
+/// `fencefs ctl SOCKET status|reload|held`; returns the exit code. The answer is printed as
+/// JSON with every character a terminal would act on escaped as `\uXXXX` (still the same
+/// JSON); error lines are escaped with [`quote::escape`].
 pub fn ctl(path: &Path, what: &str) -> i32 {
     let run = || -> Result<i32, String> {
         let (mut c, _) = Client::connect(path)?;
@@ -68,160 +75,360 @@ pub fn ctl(path: &Path, what: &str) -> i32 {
             if a["ok"] == true {
                 println!(
                     "policy reloaded: generation {}, {} rules",
-                    a["generation"], a["rules"]
+                    number(&a["generation"]),
+                    number(&a["rules"])
                 );
                 return Ok(0);
             }
             for e in a["errors"].as_array().into_iter().flatten() {
-                eprintln!("{}", e.as_str().unwrap_or_default());
+                eprintln!("{}", text(e));
             }
             if a["errors"].as_array().is_none_or(|e| e.is_empty()) {
-                eprintln!("{}", a["error"].as_str().unwrap_or("reload failed"));
+                eprintln!(
+                    "{}",
+                    a["error"].as_str().map_or("reload failed".into(), text_str)
+                );
             }
             return Ok(1);
         }
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&a).map_err(|e| e.to_string())?
-        );
+        let pretty = serde_json::to_string_pretty(&a).map_err(|e| e.to_string())?;
+        println!("{}", quote::json_safe(&pretty));
         Ok(if a["ok"] == true { 0 } else { 1 })
     };
     match run() {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("fencefs ctl: {e}");
+            eprintln!("fencefs ctl: {}", quote::escape(e.as_bytes()));
             1
         }
     }
 }
 
+/// A value from the daemon shown as a word: a string quoted ([`quote::quote`]), anything
+/// else as its JSON, quoted too.
+fn word(v: &Value) -> String {
+    match v {
+        Value::String(s) => quote::quote(s.as_bytes()).into_owned(),
+        Value::Null => "?".into(),
+        v => quote::quote(v.to_string().as_bytes()).into_owned(),
+    }
+}
+
+/// A number from the daemon (anything else quoted like [`word`]).
+fn number(v: &Value) -> String {
+    match v.as_u64() {
+        Some(n) => n.to_string(),
+        None => word(v),
+    }
+}
+
+/// A message from the daemon: escaped, not quoted.
+fn text(v: &Value) -> String {
+    match v {
+        Value::String(s) => text_str(s),
+        v => text_str(&v.to_string()),
+    }
+}
+
+fn text_str(s: &str) -> String {
+    quote::escape(s.as_bytes()).into_owned()
+}
+
+/// One line for a held request: every value from the event quoted, so that nothing an
+/// agent puts in a file name or its argv reaches the terminal raw.
 fn describe(ev: &Value) -> String {
-    let paths: Vec<&str> = ev["paths"]
+    let paths: Vec<String> = ev["paths"]
         .as_array()
         .into_iter()
         .flatten()
-        .filter_map(Value::as_str)
+        .map(word)
         .collect();
     let cmd = match ev["cmdline"].as_array() {
-        Some(a) => a
-            .iter()
-            .filter_map(Value::as_str)
-            .collect::<Vec<_>>()
-            .join(" "),
+        Some(a) => {
+            let mut s = a.iter().map(word).collect::<Vec<_>>().join(" ");
+            if ev["cmdline_truncated"] == true {
+                s.push_str(" […]");
+            }
+            s
+        }
         None => "?".into(),
     };
     format!(
         "#{} {} {} (needs {}) uid {} pid {}: {}",
-        ev["id"],
-        ev["op"].as_str().unwrap_or("?"),
+        number(&ev["id"]),
+        word(&ev["op"]),
         paths.join(" -> "),
-        ev["need"].as_str().unwrap_or("?"),
-        ev["uid"],
-        ev["pid"],
+        word(&ev["need"]),
+        number(&ev["uid"]),
+        number(&ev["pid"]),
         cmd
     )
 }
 
-/// Asks the terminal until it answers y, a or n; `None` at end of input.
-fn ask_terminal() -> Result<Option<(bool, &'static str)>, String> {
-    let stdin = io::stdin();
+/// What the approver's main loop hears: the daemon (per connection) or the terminal.
+enum Msg {
+    /// A line from connection `n`, or why it ended.
+    Daemon(u64, Result<Value, String>),
+    /// A line typed (`None`: end of input).
+    Key(Option<String>),
+}
+
+/// Reads the connection's lines on a thread of its own, so that the daemon is read from
+/// while a person thinks (a peer that reads nothing for a minute is dropped as dead).
+fn spawn_reader(mut lines: BufReader<UnixStream>, n: u64, tx: Sender<Msg>) {
+    std::thread::spawn(move || {
+        loop {
+            let mut line = String::new();
+            let m = match lines.read_line(&mut line) {
+                Ok(0) => Err("the daemon closed the connection".to_string()),
+                Ok(_) => {
+                    serde_json::from_str(&line).map_err(|e| format!("bad line from daemon: {e}"))
+                }
+                Err(e) => Err(e.to_string()),
+            };
+            let end = m.is_err();
+            if tx.send(Msg::Daemon(n, m)).is_err() || end {
+                return;
+            }
+        }
+    });
+}
+
+fn spawn_keys(tx: Sender<Msg>) {
+    std::thread::spawn(move || {
+        let stdin = io::stdin();
+        loop {
+            let mut l = String::new();
+            let k = match stdin.lock().read_line(&mut l) {
+                Ok(0) | Err(_) => None,
+                Ok(_) => Some(l),
+            };
+            let end = k.is_none();
+            if tx.send(Msg::Key(k)).is_err() || end {
+                return;
+            }
+        }
+    });
+}
+
+/// How one connection ended.
+enum End {
+    /// Input ended, or nothing is left to do: exit 0.
+    Done,
+    /// The connection was lost: reconnect.
+    Lost(String),
+}
+
+const PROMPT: &str = "allow? [y]es once / [a]llow this path until reload / [n]o: ";
+
+/// One connection: subscribe, then show and answer held requests until it ends.
+fn session(
+    path: &Path,
+    auto: Option<bool>,
+    n: u64,
+    tx: &Sender<Msg>,
+    rx: &Receiver<Msg>,
+    shown: &str,
+) -> Result<End, String> {
+    let (mut c, _) = Client::connect(path)?;
+    let a = c.call(&json!({"cmd": "subscribe"}))?;
+    if a["ok"] != true {
+        return Err(a["error"]
+            .as_str()
+            .map_or("subscribe refused".into(), text_str));
+    }
+    let Client { out, lines } = c;
+    spawn_reader(lines, n, tx.clone());
+    let again = if n > 1 { "re" } else { "" };
+    eprintln!("approver {again}connected to {shown}");
+    let mut s = Screen {
+        out,
+        auto,
+        shown,
+        queue: VecDeque::new(),
+        asking: None,
+        awaiting: None,
+    };
     loop {
-        print!("allow? [y]es once / [a]llow this path until reload / [n]o: ");
+        if let Err(e) = s.put_next() {
+            return Ok(End::Lost(e));
+        }
+        let Ok(m) = rx.recv() else {
+            return Ok(End::Done);
+        };
+        let r = match m {
+            Msg::Daemon(k, _) if k != n => Ok(()), // a connection that ended before
+            Msg::Daemon(_, Err(e)) => {
+                if s.asking.is_some() {
+                    println!();
+                }
+                return Ok(End::Lost(e));
+            }
+            Msg::Daemon(_, Ok(ev)) => {
+                s.line(ev);
+                Ok(())
+            }
+            Msg::Key(None) => return Ok(End::Done),
+            Msg::Key(Some(k)) => s.key(&k),
+        };
+        if let Err(e) = r {
+            return Ok(End::Lost(e));
+        }
         io::stdout().flush().map_err(|e| e.to_string())?;
-        let mut answer = String::new();
-        if stdin
-            .lock()
-            .read_line(&mut answer)
-            .map_err(|e| e.to_string())?
-            == 0
-        {
-            return Ok(None);
-        }
-        match answer.trim() {
-            "y" | "Y" => return Ok(Some((true, "once"))),
-            "a" | "A" => return Ok(Some((true, "path"))),
-            "n" | "N" => return Ok(Some((false, "once"))),
-            _ => {}
-        }
     }
 }
 
+/// What one connection of the approver shows and answers.
+struct Screen<'a> {
+    out: UnixStream,
+    auto: Option<bool>,
+    shown: &'a str,
+    /// Asks not shown yet.
+    queue: VecDeque<Value>,
+    /// The request put to the person now.
+    asking: Option<Value>,
+    /// A request answered, its `decide` not yet answered.
+    awaiting: Option<(Value, bool)>,
+}
+
+impl Screen<'_> {
+    fn decide(&mut self, ev: Value, allow: bool, remember: &str) -> Result<(), String> {
+        let v = json!({"cmd": "decide", "id": ev["id"], "allow": allow, "remember": remember});
+        let mut b = serde_json::to_vec(&v).map_err(|e| e.to_string())?;
+        b.push(b'\n');
+        self.out.write_all(&b).map_err(|e| e.to_string())?;
+        self.awaiting = Some((ev, allow));
+        Ok(())
+    }
+
+    /// Shows the next queued request, if none is being asked or answered; `Err`: the
+    /// connection is lost.
+    fn put_next(&mut self) -> Result<(), String> {
+        while self.asking.is_none() && self.awaiting.is_none() {
+            let Some(ev) = self.queue.pop_front() else {
+                break;
+            };
+            println!("{}", describe(&ev));
+            match self.auto {
+                Some(allow) => self.decide(ev, allow, "once")?,
+                None => {
+                    print!("{PROMPT}");
+                    self.asking = Some(ev);
+                }
+            }
+            let _ = io::stdout().flush();
+        }
+        Ok(())
+    }
+
+    /// A line from the daemon.
+    fn line(&mut self, ev: Value) {
+        match ev["event"].as_str() {
+            Some("ask") => self.queue.push_back(ev),
+            Some("done") => {
+                // Asked or not yet: it needs no answer any more.
+                self.queue.retain(|q| q["id"] != ev["id"]);
+                println!(
+                    "#{} ended: {} by {}",
+                    number(&ev["id"]),
+                    word(&ev["decision"]),
+                    word(&ev["by"])
+                );
+                if self.asking.is_some() {
+                    print!("{PROMPT}");
+                }
+            }
+            Some("dropped") => eprintln!(
+                "fencefs approve: the daemon dropped {} events this approver did not read in time; `fencefs ctl {} held` lists what is held",
+                number(&ev["events"]),
+                self.shown
+            ),
+            Some(_) => {}
+            None => {
+                // The answer to our decide.
+                if let Some((q, allow)) = self.awaiting.take() {
+                    let outcome = if ev["ok"] == true {
+                        String::new()
+                    } else {
+                        let e = ev["error"].as_str().map_or("refused".into(), text_str);
+                        format!(" — {e}")
+                    };
+                    let verb = if allow { "allowed" } else { "denied" };
+                    println!("#{} {verb}{outcome}", number(&q["id"]));
+                }
+            }
+        }
+    }
+
+    /// A line the person typed: it counts only for the request shown when it arrives.
+    fn key(&mut self, k: &str) -> Result<(), String> {
+        let Some(q) = self.asking.take() else {
+            return Ok(());
+        };
+        let (allow, remember) = match k.trim() {
+            "y" | "Y" => (true, "once"),
+            "a" | "A" => (true, "path"),
+            "n" | "N" => (false, "once"),
+            _ => {
+                print!("{PROMPT}");
+                self.asking = Some(q);
+                return Ok(());
+            }
+        };
+        self.decide(q, allow, remember)
+    }
+}
+
+/// Longest wait between reconnection attempts.
+const BACKOFF_MAX: Duration = Duration::from_secs(2);
+/// How long the socket may be missing before the approver gives up.
+const GONE_FOR_GOOD: Duration = Duration::from_secs(10);
+
 /// `fencefs approve SOCKET [--auto allow|deny]`: subscribes and answers every held
 /// request, from the terminal (y: allow once, a: allow this path until reload, n: deny)
-/// or automatically. Runs until the daemon goes away (exit 0) or input ends.
+/// or automatically. A lost connection is said on stderr (one line) and re-made, with a
+/// backoff from 0.1 s to 2 s; once the socket has been gone for 10 s (the daemon stopped
+/// and removed it) it exits 0, as it does when input ends. Exit 1: the first connection
+/// failed, or the daemon refused this approver.
 pub fn approve(path: &Path, auto: Option<bool>) -> i32 {
-    let run = || -> Result<(), String> {
-        let (mut c, _) = Client::connect(path)?;
-        let a = c.call(&json!({"cmd": "subscribe"}))?;
-        if a["ok"] != true {
-            return Err(a["error"].as_str().unwrap_or("subscribe refused").into());
-        }
-        eprintln!("approver connected to {}", path.display());
-        let mut queue: std::collections::VecDeque<Value> = std::collections::VecDeque::new();
-        let mut ended: std::collections::HashSet<u64> = std::collections::HashSet::new();
-        loop {
-            let ev = match queue.pop_front() {
-                Some(ev) => ev,
-                None => match c.recv() {
-                    Ok(ev) => ev,
-                    // The daemon went away: nothing left to approve.
-                    Err(_) => return Ok(()),
-                },
-            };
-            match ev["event"].as_str() {
-                Some("ask") => {}
-                Some("done") => {
-                    if let Some(id) = ev["id"].as_u64() {
-                        ended.insert(id);
+    let shown = quote::quote(path.as_os_str().as_encoded_bytes()).into_owned();
+    let (tx, rx) = channel();
+    if auto.is_none() {
+        spawn_keys(tx.clone());
+    }
+    let mut n = 0u64;
+    let mut backoff = Duration::from_millis(100);
+    let mut missing_since: Option<Instant> = None;
+    loop {
+        n += 1;
+        match session(path, auto, n, &tx, &rx, &shown) {
+            Ok(End::Done) => return 0,
+            Ok(End::Lost(why)) => {
+                eprintln!(
+                    "fencefs approve: lost the connection to {shown}: {}; reconnecting",
+                    text_str(&why)
+                );
+                backoff = Duration::from_millis(100);
+                missing_since = None;
+            }
+            Err(e) if n == 1 => {
+                eprintln!("fencefs approve: {}", text_str(&e));
+                return 1;
+            }
+            Err(_) => {
+                // A failed attempt to reconnect: quiet, unless the socket stays gone.
+                if std::fs::symlink_metadata(path).is_err() {
+                    let since = *missing_since.get_or_insert_with(Instant::now);
+                    if since.elapsed() >= GONE_FOR_GOOD {
+                        eprintln!("fencefs approve: {shown} is gone (the daemon stopped); exiting");
+                        return 0;
                     }
-                    println!(
-                        "#{} ended: {} by {}",
-                        ev["id"],
-                        ev["decision"].as_str().unwrap_or("?"),
-                        ev["by"].as_str().unwrap_or("?")
-                    );
-                    continue;
+                } else {
+                    missing_since = None;
                 }
-                _ => continue,
             }
-            if ev["id"].as_u64().is_some_and(|id| ended.remove(&id)) {
-                continue;
-            }
-            println!("{}", describe(&ev));
-            let (allow, remember) = match auto {
-                Some(allow) => (allow, "once"),
-                None => match ask_terminal()? {
-                    Some(x) => x,
-                    None => return Ok(()),
-                },
-            };
-            c.send(
-                &json!({"cmd": "decide", "id": ev["id"], "allow": allow, "remember": remember}),
-            )?;
-            // Its answer; events that arrive first wait their turn.
-            let a = loop {
-                let a = c.recv()?;
-                if a.get("event").is_some() {
-                    queue.push_back(a);
-                    continue;
-                }
-                break a;
-            };
-            let outcome = if a["ok"] == true {
-                String::new()
-            } else {
-                format!(" — {}", a["error"].as_str().unwrap_or("refused"))
-            };
-            let verb = if allow { "allowed" } else { "denied" };
-            println!("#{} {verb}{outcome}", ev["id"]);
-            io::stdout().flush().map_err(|e| e.to_string())?;
         }
-    };
-    match run() {
-        Ok(()) => 0,
-        Err(e) => {
-            eprintln!("fencefs approve: {e}");
-            1
-        }
+        std::thread::sleep(backoff);
+        backoff = (backoff * 2).min(BACKOFF_MAX);
     }
 }

@@ -3,11 +3,13 @@
 //!
 //! - [`proto`]: the messages (pure).
 //! - [`server`]: the daemon side, one thread polling every peer.
+//! - [`peer`]: one peer's connection: commands in, answers streamed and events queued out.
 //! - [`client`]: `fencefs ctl` and `fencefs approve`.
 //!
 //! The socket must live outside the mount and out of the agent's reach: whoever may use
 //! it can approve what the policy only asks for.
 
 pub mod client;
+pub mod peer;
 pub mod proto;
 pub mod server;

@@ -5,18 +5,24 @@
 //! - Only root, the daemon's uid and members of `--control-group` are served (SO_PEERCRED,
 //!   and the peer's groups from /proc); anyone else gets one refusal line and is closed.
 //! - Nothing a peer does blocks the file system: sockets are non-blocking, a command line
-//!   is at most [`MAX_LINE`] bytes, at most [`MAX_CONNS`] peers are served, and a peer
-//!   whose unread output passes [`MAX_BACKLOG`] (a stuck approver) is dropped.
+//!   is at most [`MAX_LINE`] bytes, at most [`MAX_CONNS`] peers are served. Answers are
+//!   streamed with backpressure and never dropped, events for a slow peer are dropped
+//!   past a bound and counted, a peer that reads nothing for a minute while data waits is
+//!   closed as dead ([`peer`](super::peer)).
+//! - The last approver leaving (closed, dead, or its side shut) refuses everything held
+//!   at once (`no-approver`): nobody is left to answer it.
 //! - The server also keeps the approvals' clocks: timeouts, and askers killed while held
 //!   (a pending SIGKILL in /proc: the kernel would drop the answer anyway).
 
-use std::collections::{HashMap, HashSet};
+use std::cell::RefCell;
+use std::collections::HashMap;
 use std::io::{self, Read, Write};
 use std::os::fd::AsFd;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::sync::mpsc::Receiver;
 use std::time::{Duration, Instant};
 
@@ -24,13 +30,14 @@ use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::socket::{getsockopt, sockopt::PeerCredentials};
 use serde_json::{Value, json};
 
-use super::proto::{self, Command, MAX_LINE, Remember};
+use super::peer::{self, Conn, Next};
+#[cfg(doc)]
+use super::proto::MAX_LINE;
+use super::proto::{self, Cmdline, Command, Remember};
 use crate::approvals::{Approvals, Event};
 
 /// Peers served at once.
 pub const MAX_CONNS: usize = 64;
-/// Unread output after which a peer is dropped.
-pub const MAX_BACKLOG: usize = 4 << 20;
 /// How often held requests' askers are checked while something is held.
 const REAP_EVERY: Duration = Duration::from_millis(200);
 
@@ -96,51 +103,6 @@ pub fn waker() -> io::Result<(Waker, UnixStream)> {
     Ok((Waker(a), b))
 }
 
-struct Conn {
-    stream: UnixStream,
-    uid: u32,
-    rbuf: Vec<u8>,
-    wbuf: Vec<u8>,
-    subscribed: bool,
-    /// Requests this peer answered: it gets no `done` for them.
-    decided: HashSet<u64>,
-    closing: bool,
-}
-
-impl Conn {
-    fn send(&mut self, v: &Value) {
-        self.wbuf.extend_from_slice(&proto::line(v));
-        if self.wbuf.len() > MAX_BACKLOG {
-            log::warn!(
-                "control: dropping a peer (uid {}) that does not read its answers",
-                self.uid
-            );
-            self.closing = true;
-            self.wbuf.clear();
-        }
-    }
-
-    fn flush(&mut self) {
-        while !self.wbuf.is_empty() {
-            match self.stream.write(&self.wbuf) {
-                Ok(0) => {
-                    self.closing = true;
-                    return;
-                }
-                Ok(n) => {
-                    self.wbuf.drain(..n);
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(_) => {
-                    self.closing = true;
-                    return;
-                }
-            }
-        }
-    }
-}
-
 /// Whether `uid`/`gid`/`pid` (a peer) may use the socket.
 fn authorized(a: Access, uid: u32, gid: u32, pid: i32) -> bool {
     if uid == 0 || uid == a.daemon_uid {
@@ -178,20 +140,63 @@ fn dying(pid: u32) -> bool {
         .any(|mask| mask & SIGKILL_BIT != 0)
 }
 
-fn cmdline(pid: u32) -> Option<Vec<String>> {
+/// The first [`MAX_CMDLINE`](proto::MAX_CMDLINE) bytes of the command line of `pid`.
+fn cmdline(pid: u32) -> Option<Cmdline> {
     if pid == 0 {
         return None;
     }
-    let raw = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
-    if raw.is_empty() {
-        return None;
+    let f = std::fs::File::open(format!("/proc/{pid}/cmdline")).ok()?;
+    let mut raw = Vec::with_capacity(proto::MAX_CMDLINE + 1);
+    f.take(proto::MAX_CMDLINE as u64 + 1)
+        .read_to_end(&mut raw)
+        .ok()?;
+    Cmdline::parse(&raw)
+}
+
+/// The command lines of what is held, each read once from /proc when the request is held
+/// (so every approver is shown the same one), and the ask event lines rendered from the
+/// table as peers read (so `expires_in_ms` is current).
+struct AskLines<'a> {
+    approvals: &'a Approvals,
+    cmdlines: RefCell<HashMap<u64, Option<Cmdline>>>,
+}
+
+impl AskLines<'_> {
+    fn cmdline_of(&self, h: &crate::approvals::Held) -> Option<Cmdline> {
+        self.cmdlines
+            .borrow_mut()
+            .entry(h.id)
+            .or_insert_with(|| cmdline(h.req.pid))
+            .clone()
     }
-    Some(
-        raw.split(|&b| b == 0)
-            .filter(|a| !a.is_empty())
-            .map(|a| String::from_utf8_lossy(a).into_owned())
-            .collect(),
-    )
+
+    fn forget(&self, id: u64) {
+        self.cmdlines.borrow_mut().remove(&id);
+    }
+
+    /// Drops what is kept for requests no longer held (a done can overtake its ask).
+    fn prune(&self) {
+        let mut l = self.cmdlines.borrow_mut();
+        if l.len() > self.approvals.len() + 64 {
+            l.retain(|id, _| {
+                self.approvals
+                    .next_held(id - 1)
+                    .is_some_and(|h| h.id == *id)
+            });
+        }
+    }
+}
+
+impl peer::Asks for AskLines<'_> {
+    fn next_ask(&self, after: u64) -> Option<(u64, Vec<u8>)> {
+        let h = self.approvals.next_held(after)?;
+        let c = self.cmdline_of(&h);
+        Some((h.id, proto::line(&proto::ask_event(&h, c))))
+    }
+
+    fn newest(&self) -> u64 {
+        self.approvals.newest()
+    }
 }
 
 /// The server loop; runs for the daemon's lifetime.
@@ -204,113 +209,155 @@ pub fn run(
     hooks: Hooks,
 ) {
     let mut conns: HashMap<u64, Conn> = HashMap::new();
+    let asks = AskLines {
+        approvals: &approvals,
+        cmdlines: RefCell::new(HashMap::new()),
+    };
     let mut next_id = 0u64;
     let mut last_reap = Instant::now();
     loop {
-        // Deadlines: the next timeout, and reaping while anything is held.
+        // Deadlines: the next timeout, reaping while anything is held, dead peers.
         let now = Instant::now();
         let next = approvals.expire(now);
-        let timeout = match next {
-            Some(t) => {
-                let d = t.saturating_duration_since(now).min(REAP_EVERY);
-                PollTimeout::try_from(d.as_millis().max(1) as i32).unwrap_or(PollTimeout::NONE)
-            }
-            None => PollTimeout::NONE,
-        };
         if next.is_some() && last_reap.elapsed() >= REAP_EVERY {
             approvals.reap(dying);
             last_reap = Instant::now();
         }
-        let ids: Vec<u64> = conns.keys().copied().collect();
-        let (ready_listener, ready_wake, ready) = {
-            let mut fds = vec![
-                PollFd::new(listener.as_fd(), PollFlags::POLLIN),
-                PollFd::new(wake.as_fd(), PollFlags::POLLIN),
-            ];
-            for id in &ids {
-                let c = &conns[id];
-                let mut f = PollFlags::POLLIN;
-                if !c.wbuf.is_empty() {
-                    f |= PollFlags::POLLOUT;
-                }
-                fds.push(PollFd::new(c.stream.as_fd(), f));
-            }
-            match poll(&mut fds, timeout) {
-                Ok(_) => {}
-                Err(nix::errno::Errno::EINTR) => continue,
-                Err(e) => {
-                    log::error!("control: poll: {e}");
-                    std::thread::sleep(Duration::from_millis(100));
-                    continue;
-                }
-            }
-            let r = |f: &PollFd| f.revents().is_some_and(|r| !r.is_empty());
-            let ready: Vec<(u64, bool)> = ids
-                .iter()
-                .zip(&fds[2..])
-                .filter(|(_, f)| r(f))
-                .map(|(id, f)| {
-                    (
-                        *id,
-                        f.revents()
-                            .is_some_and(|x| x.intersects(PollFlags::POLLIN | PollFlags::POLLHUP)),
-                    )
-                })
-                .collect();
-            (r(&fds[0]), r(&fds[1]), ready)
+        let wake_at = next
+            .map(|t| t.min(now + REAP_EVERY))
+            .into_iter()
+            .chain(conns.values().filter_map(Conn::deadline))
+            .min();
+        let Some(ready) = wait(&listener, &wake, &conns, &asks, wake_at) else {
+            continue;
         };
-        if ready_wake {
+        if ready.wake {
             let mut b = [0u8; 256];
             while matches!((&wake).read(&mut b), Ok(n) if n > 0) {}
         }
-        if ready_listener {
+        if ready.listener {
             accept_all(&listener, &mut conns, &mut next_id, access, &hooks);
         }
-        for (id, readable) in ready {
-            if readable && let Some(c) = conns.get_mut(&id) {
-                read_commands(c, &approvals, &hooks);
-            }
-        }
-        // Events from the approvals table (asks and dones), in order.
-        for ev in events.try_iter() {
-            let line = match &ev {
-                Event::Ask(h) => proto::ask_event(h, cmdline(h.req.pid)),
-                Event::Done { .. } => match proto::done_event(&ev) {
-                    Some(v) => v,
-                    None => continue,
-                },
-            };
-            let done_id = match ev {
-                Event::Done { id, .. } => Some(id),
-                Event::Ask(_) => None,
-            };
-            for c in conns.values_mut().filter(|c| c.subscribed) {
-                if done_id.is_some_and(|id| c.decided.remove(&id)) {
-                    continue;
-                }
-                c.send(&line);
+        for id in ready.peers {
+            if let Some(c) = conns.get_mut(&id)
+                && c.wants_read()
+            {
+                c.read();
             }
         }
         for c in conns.values_mut() {
-            c.flush();
+            serve_commands(c, &approvals, &asks, &hooks);
         }
-        let before = approvers(&conns);
-        // A closing peer got its last line written above (or never reads it).
+        deliver(&events, &mut conns, &asks);
+        let now = Instant::now();
+        for c in conns.values_mut() {
+            c.flush(&asks, now);
+        }
+        // Approvers before this round's closes (a closing one was one until now).
+        let before = conns.values().filter(|c| c.subscribed).count();
         conns.retain(|_, c| !c.closing);
-        let after = approvers(&conns);
+        let after = conns.values().filter(|c| c.approver()).count();
         approvals.set_approvers(after);
-        if before > 0 && after == 0 {
+        if before > 0 && after == 0 && !approvals.is_empty() {
             // Nobody is left to answer what is held.
+            log::info!("control: the last approver left; refusing what is held");
             approvals.orphaned();
         }
     }
 }
 
-fn approvers(conns: &HashMap<u64, Conn>) -> usize {
-    conns
-        .values()
-        .filter(|c| c.subscribed && !c.closing)
-        .count()
+/// What [`wait`] found ready.
+struct Ready {
+    listener: bool,
+    wake: bool,
+    /// Peers with something to read (or hung up).
+    peers: Vec<u64>,
+}
+
+/// Polls the listener, the wake-up socket and every peer (for commands while it may send
+/// them, for writing while something waits for it) until one is ready or `until`.
+/// `None`: interrupted, or poll failed (logged): go round again.
+fn wait(
+    listener: &UnixListener,
+    wake: &UnixStream,
+    conns: &HashMap<u64, Conn>,
+    asks: &AskLines<'_>,
+    until: Option<Instant>,
+) -> Option<Ready> {
+    let timeout = match until {
+        Some(t) => {
+            let d = t.saturating_duration_since(Instant::now());
+            PollTimeout::try_from(d.as_millis().clamp(1, 60_000) as i32)
+                .unwrap_or(PollTimeout::NONE)
+        }
+        None => PollTimeout::NONE,
+    };
+    let ids: Vec<u64> = conns.keys().copied().collect();
+    let mut fds = vec![
+        PollFd::new(listener.as_fd(), PollFlags::POLLIN),
+        PollFd::new(wake.as_fd(), PollFlags::POLLIN),
+    ];
+    for id in &ids {
+        let c = &conns[id];
+        let mut f = PollFlags::empty();
+        if c.wants_read() {
+            f |= PollFlags::POLLIN;
+        }
+        if c.pending(asks) {
+            f |= PollFlags::POLLOUT;
+        }
+        fds.push(PollFd::new(c.stream().as_fd(), f));
+    }
+    match poll(&mut fds, timeout) {
+        Ok(_) => {}
+        Err(nix::errno::Errno::EINTR) => return None,
+        Err(e) => {
+            log::error!("control: poll: {e}");
+            std::thread::sleep(Duration::from_millis(100));
+            return None;
+        }
+    }
+    let r = |f: &PollFd| f.revents().is_some_and(|r| !r.is_empty());
+    let peers = ids
+        .iter()
+        .zip(&fds[2..])
+        .filter(|(_, f)| {
+            f.revents()
+                .is_some_and(|x| x.intersects(PollFlags::POLLIN | PollFlags::POLLHUP))
+        })
+        .map(|(id, _)| *id)
+        .collect();
+    Some(Ready {
+        listener: r(&fds[0]),
+        wake: r(&fds[1]),
+        peers,
+    })
+}
+
+/// Events from the approvals table, in order. For an ask, its command line is read now
+/// (every approver is then sent the ask from the table as it reads); a done line is
+/// rendered once and shared by every subscriber's queue.
+fn deliver(events: &Receiver<Event>, conns: &mut HashMap<u64, Conn>, asks: &AskLines<'_>) {
+    for ev in events.try_iter() {
+        match &ev {
+            Event::Ask(h) => {
+                asks.cmdline_of(h);
+            }
+            Event::Done { id, .. } => {
+                asks.forget(*id);
+                let Some(v) = proto::done_event(&ev) else {
+                    continue;
+                };
+                let line: Arc<[u8]> = proto::line(&v).into();
+                for c in conns.values_mut().filter(|c| c.subscribed) {
+                    if !c.decided.remove(id) {
+                        c.event(&line);
+                    }
+                }
+            }
+        }
+    }
+    asks.prune();
 }
 
 fn accept_all(
@@ -335,105 +382,71 @@ fn accept_all(
         }
         let cred = getsockopt(&stream, PeerCredentials).ok();
         let (uid, gid, pid) = cred.map_or((u32::MAX, u32::MAX, 0), |c| (c.uid(), c.gid(), c.pid()));
-        let mut c = Conn {
-            stream,
-            uid,
-            rbuf: Vec::new(),
-            wbuf: Vec::new(),
-            subscribed: false,
-            decided: HashSet::new(),
-            closing: false,
-        };
         if !authorized(access, uid, gid, pid) {
             log::warn!("control: refused a peer with uid {uid} (pid {pid})");
-            c.send(&proto::error("not authorized"));
-            c.closing = true;
+            refuse(stream, "not authorized");
+            continue;
         } else if conns.len() >= MAX_CONNS {
-            c.send(&proto::error("too many connections"));
-            c.closing = true;
-        } else {
-            c.send(&proto::greeting((hooks.generation)()));
-        }
-        c.flush();
-        if c.closing && c.wbuf.is_empty() {
+            refuse(stream, "too many connections");
             continue;
         }
+        let mut c = Conn::new(stream, uid);
+        c.answer(&proto::greeting((hooks.generation)()));
         *next_id += 1;
         conns.insert(*next_id, c);
     }
 }
 
-fn read_commands(c: &mut Conn, approvals: &Approvals, hooks: &Hooks) {
-    let mut buf = [0u8; 16 * 1024];
+/// One refusal line (best effort: the socket is new, so it has room), then closed.
+fn refuse(stream: UnixStream, why: &str) {
+    let _ = (&stream).write(&proto::line(&proto::error(why)));
+}
+
+/// Handles the peer's command lines while none of its answers waits (backpressure).
+fn serve_commands(c: &mut Conn, approvals: &Approvals, asks: &AskLines<'_>, hooks: &Hooks) {
     loop {
-        match c.stream.read(&mut buf) {
-            Ok(0) => {
-                c.closing = true;
-                break;
+        c.render(asks);
+        match c.next_line() {
+            Next::Line(line) => {
+                if line.iter().all(u8::is_ascii_whitespace) {
+                    continue;
+                }
+                handle(c, &line, approvals, hooks);
             }
-            Ok(n) => c.rbuf.extend_from_slice(&buf[..n]),
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(_) => {
-                c.closing = true;
-                break;
+            Next::Wait => return,
+            Next::TooLong => {
+                c.answer(&proto::error("line too long"));
+                return;
             }
         }
-        if c.rbuf.len() > MAX_LINE {
-            break;
-        }
-    }
-    if c.closing {
-        c.wbuf.clear();
-    }
-    while let Some(pos) = c.rbuf.iter().position(|&b| b == b'\n') {
-        let line: Vec<u8> = c.rbuf.drain(..=pos).collect();
-        let line = &line[..line.len() - 1];
-        if line.iter().all(u8::is_ascii_whitespace) {
-            continue;
-        }
-        if let Some(answer) = handle(c, line, approvals, hooks) {
-            c.send(&answer);
-        }
-    }
-    if c.rbuf.len() > MAX_LINE {
-        c.send(&proto::error("line too long"));
-        c.rbuf.clear();
-        c.closing = true;
     }
 }
 
-/// Answers one command line (`None`: it answered itself).
-fn handle(c: &mut Conn, line: &[u8], approvals: &Approvals, hooks: &Hooks) -> Option<Value> {
+/// Answers one command line.
+fn handle(c: &mut Conn, line: &[u8], approvals: &Approvals, hooks: &Hooks) {
     let cmd = match proto::parse(line) {
         Ok(cmd) => cmd,
-        Err(e) => return Some(proto::error(&e)),
+        Err(e) => return c.answer(&proto::error(&e)),
     };
     let answer = match cmd {
-        Command::Status => proto::ok((hooks.status)()),
+        Command::Status => {
+            let mut v = (hooks.status)();
+            v["events_dropped"] = json!(peer::EVENTS_DROPPED.load(Ordering::Relaxed));
+            proto::ok(v)
+        }
         Command::Reload => match (hooks.reload)() {
             Ok(v) => proto::ok(v),
             Err(errors) => {
                 json!({"ok": false, "error": "invalid policy; the old one stays in force", "errors": errors})
             }
         },
-        Command::Held => {
-            let held: Vec<Value> = approvals
-                .held()
-                .iter()
-                .map(|h| proto::ask_event(h, cmdline(h.req.pid)))
-                .collect();
-            proto::ok(json!({ "held": held }))
-        }
+        // Streamed as the peer reads: never dropped, however many are held.
+        Command::Held => return c.answer_held(approvals.newest()),
         Command::Subscribe => {
+            // From now on it is sent every held request, those held already first.
             c.subscribed = true;
             approvals.set_approvers(approvals.approvers().max(1));
-            c.send(&proto::ok(json!({})));
-            // What is held already, as events.
-            for h in approvals.held() {
-                c.send(&proto::ask_event(&h, cmdline(h.req.pid)));
-            }
-            return None;
+            proto::ok(json!({}))
         }
         Command::Decide {
             id,
@@ -450,7 +463,7 @@ fn handle(c: &mut Conn, line: &[u8], approvals: &Approvals, hooks: &Hooks) -> Op
             }
         }
     };
-    Some(answer)
+    c.answer(&answer);
 }
 
 #[cfg(test)]
