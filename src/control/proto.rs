@@ -256,6 +256,7 @@ mod tests {
                 rule: None,
                 generation: 0,
                 checks: vec![],
+                retry: false,
             },
             expires_in: std::time::Duration::ZERO,
         };
