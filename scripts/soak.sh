@@ -5,12 +5,20 @@
 # Hostile uid 1000 (each loop its own process, killed by pid at the end):
 #   descriptor floods (open until refused, hold, release), FIFO games (mkfifo, O_CREAT
 #   opens of FIFOs, unlink), refused-open floods on a hidden path (audit flood), rename/
-#   mkdir/rmdir churn, hidden-name stat loops.
+#   mkdir/rmdir churn, hidden-name stat loops; and against the people around the fence
+#   (issue 17): held creates in an `ask` directory from processes with a 1 MiB argv and
+#   file names full of terminal escapes, held writes whose asker is flooded with signals
+#   (FUSE interrupts), and a crowd of held opens competing for the held slots.
+# An approver that reads every event but never answers (so requests stay held until
+#   --ask-dir-hold / --ask-timeout), connected to the control socket.
 # Root: a SIGHUP reload every 0.5 s, alternating between two policies.
 # Well-behaved uid 1001: `make clean all` of a 30-file C project in a loop, and an `ls` of
-# the mount every second that must answer within 2 s.
+# the mount and of the `ask` directory every second that must answer within 2 s (the
+# directory holds are bounded by --ask-dir-hold 1).
 # Pass: every build and every ls succeeded, the daemon is alive, its fds stayed under its
-# RLIMIT_NOFILE and its RSS under 256 MiB, and the audit files stayed bounded.
+# RLIMIT_NOFILE and its RSS under 128 MiB, the audit files and the daemon's log stayed
+# bounded, the approver stayed connected and got the held requests' events, and no raw
+# escape byte reached the daemon's log.
 # Default 600 s; scripts/test.sh runs it for 30 s. Needs root, fuse3, python3, make, cc.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -50,23 +58,26 @@ cleanup() {
     exit $rc
 }
 trap cleanup EXIT
-mkdir -p "$SRC"/{w,pub,secrets,build} "$MNT"
+mkdir -p "$SRC"/{w,pub,secrets,build,asky} "$MNT"
+echo held >"$SRC/asky/f"
 chmod 755 "$ROOT" "$SRC" "$MNT"
 for i in $(seq 50); do echo "key $i" >"$SRC/secrets/k$i"; done
 echo hello >"$SRC/pub/readme"
 bash scripts/bench/gen-cproject.sh "$SRC/build" 30 >/dev/null
-chown -R 1000:1000 "$SRC/w" "$SRC/pub"
+chown -R 1000:1000 "$SRC/w" "$SRC/pub" "$SRC/asky"
 chown -R 1001:1001 "$SRC/build"
 
 policy() { # $1: extra hidden glob
     printf 'mode = "workspace-write"\n[[rule]]\npath = "secrets"\naccess = "none"\n'
     printf '[[rule]]\npath = "%s"\naccess = "none"\n' "$1"
+    printf '[[rule]]\npath = "asky"\naccess = "read"\nask = "write"\n'
 }
 policy "w/hidden*" >"$POL"
 policy "w/gone*" >"$ROOT/policy.b"
 policy "w/hidden*" >"$ROOT/policy.a"
 
 "$BIN" mount -p "$POL" --allow-other --audit "$AUDIT" --audit-max-size 1M --audit-keep 2 \
+    --control "$ROOT/ctl.sock" --ask-timeout 4 --ask-dir-hold 1 \
     --transport "$TRANSPORT" "$SRC" "$MNT" 2>"$LOG" &
 DAEMON=$!
 for _ in $(seq 100); do grep -q " $MNT " /proc/self/mountinfo && break; sleep 0.1; done
@@ -138,6 +149,65 @@ while time.monotonic() < end:
         except OSError: pass
 '
 
+# An approver that reads everything and answers nothing; it counts the ask events.
+"$PY" -c '
+import json, socket, sys, time
+s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); f = s.makefile("rwb")
+f.readline(); f.write(b"{\"cmd\":\"subscribe\"}\n"); f.flush()
+n = 0
+for line in f:
+    if b"\"event\":\"ask\"" in line:
+        n += 1
+        open(sys.argv[2], "w").write(str(n))
+open(sys.argv[2] + ".closed", "w").write("closed")
+' "$ROOT/ctl.sock" "$ROOT/approver.count" &
+PIDS+=($!)
+# Held creates in asky/ from 1 MiB argvs, with names that carry terminal escapes.
+hostile_py '
+import os, sys, time, subprocess
+os.chdir(sys.argv[1]); end = time.monotonic() + float(sys.argv[2]); i = 0
+big = "A" * (1 << 20)
+while time.monotonic() < end:
+    i += 1
+    name = "asky/\x1b[2K\x1b[1A\x1b]0;owned\x07\r\u202e%d" % (i % 50)
+    subprocess.run(["/bin/sh", "-c", "echo x > \"$1\"", "sh", name, big], stderr=subprocess.DEVNULL)
+'
+# A held write whose asker is flooded with signals: every signal is a FUSE INTERRUPT.
+hostile_py '
+import os, sys, time, signal
+os.chdir(sys.argv[1]); end = time.monotonic() + float(sys.argv[2])
+while time.monotonic() < end:
+    pid = os.fork()
+    if pid == 0:
+        signal.signal(signal.SIGUSR1, lambda *a: None)
+        try: os.close(os.open("asky/f", os.O_WRONLY))
+        except OSError: pass
+        os._exit(0)
+    t = time.monotonic() + 5
+    while time.monotonic() < t:
+        try: os.kill(pid, signal.SIGUSR1)
+        except ProcessLookupError: break
+        if os.waitpid(pid, os.WNOHANG)[0]: pid = 0; break
+        time.sleep(0.0005)
+    if pid:
+        os.kill(pid, signal.SIGKILL); os.waitpid(pid, 0)
+'
+# A crowd of held opens (64 at a time) competing for the held slots.
+hostile_py '
+import os, sys, time
+os.chdir(sys.argv[1]); end = time.monotonic() + float(sys.argv[2]); kids = set()
+while time.monotonic() < end:
+    while len(kids) < 64:
+        pid = os.fork()
+        if pid == 0:
+            try: os.close(os.open("asky/f", os.O_WRONLY))
+            except OSError: pass
+            os._exit(0)
+        kids.add(pid)
+    pid, _ = os.wait(); kids.discard(pid)
+for k in kids: os.kill(k, 9)
+'
+
 # --- root: reloads -------------------------------------------------------------------
 (
     n=0
@@ -166,7 +236,8 @@ while ((SECONDS < END)); do
         PIDS+=($BUILD)
     fi
     if ((SECONDS >= next_ls)); then
-        if timeout 2 setpriv --reuid=1001 --regid=1001 --clear-groups ls -la "$MNT/pub" >/dev/null 2>&1; then
+        if timeout 2 setpriv --reuid=1001 --regid=1001 --clear-groups ls -la "$MNT/pub" >/dev/null 2>&1 &&
+            timeout 2 setpriv --reuid=1001 --regid=1001 --clear-groups ls -la "$MNT/asky" >/dev/null 2>&1; then
             ls_ok=$((ls_ok + 1))
         else
             ls_fail=$((ls_fail + 1)); echo "soak: ls by uid 1001 failed at ${SECONDS}s" >&2
@@ -188,15 +259,26 @@ kill -0 "$DAEMON" 2>/dev/null || alive=no
 audit_bytes=$(cat "$AUDIT"* 2>/dev/null | wc -c)
 audit_files=$(ls "$AUDIT"* 2>/dev/null | wc -l)
 reloads=$(grep -c "policy reloaded" "$LOG" || true)
+log_bytes=$(wc -c <"$LOG")
+asks=$(cat "$ROOT/approver.count" 2>/dev/null || echo 0)
+approver=connected
+[[ -e $ROOT/approver.count.closed ]] && approver=dropped
+raw_esc=0
+LC_ALL=C grep -q $'\x1b' "$LOG" && raw_esc=1
 echo "soak: ${SECS}s: builds ok $builds, failed $build_fail; ls ok $ls_ok, failed $ls_fail;" \
     "daemon alive $alive, max fds $max_fds (limit $NOFILE), max RSS $((max_rss / 1024)) MiB;" \
-    "reloads $reloads; audit $audit_files files, $audit_bytes bytes"
+    "reloads $reloads; audit $audit_files files, $audit_bytes bytes; log $log_bytes bytes;" \
+    "approver $approver, $asks ask events"
 fail=0
 ((builds >= 1 && build_fail == 0)) || { echo "soak: FAIL: the well-behaved build failed" >&2; fail=1; }
 ((ls_fail == 0 && ls_ok >= 1)) || { echo "soak: FAIL: ls by another uid failed" >&2; fail=1; }
 [[ $alive == yes ]] || { echo "soak: FAIL: the daemon died" >&2; tail -20 "$LOG" >&2; fail=1; }
 ((max_fds < NOFILE)) || { echo "soak: FAIL: daemon fds reached the limit" >&2; fail=1; }
-((max_rss < 256 * 1024)) || { echo "soak: FAIL: RSS ${max_rss} KiB" >&2; fail=1; }
+((max_rss < 128 * 1024)) || { echo "soak: FAIL: RSS ${max_rss} KiB" >&2; fail=1; }
 ((audit_bytes <= 3 * 1024 * 1024 + 65536)) || { echo "soak: FAIL: audit $audit_bytes bytes" >&2; fail=1; }
+((log_bytes <= 65536 + SECS * 2048)) || { echo "soak: FAIL: daemon log $log_bytes bytes" >&2; tail -5 "$LOG" >&2; fail=1; }
+((raw_esc == 0)) || { echo "soak: FAIL: a raw ESC byte reached the daemon's log" >&2; fail=1; }
+[[ $approver == connected ]] || { echo "soak: FAIL: the approver was disconnected" >&2; fail=1; }
+((asks >= 1)) || { echo "soak: FAIL: the approver got no ask event" >&2; fail=1; }
 ((reloads >= 1)) || { echo "soak: FAIL: no reload happened" >&2; fail=1; }
 exit $fail
