@@ -166,11 +166,11 @@ PIDS+=($!)
 hostile_py '
 import os, sys, time, subprocess
 os.chdir(sys.argv[1]); end = time.monotonic() + float(sys.argv[2]); i = 0
-big = "A" * (1 << 20)
+big = ["A" * 65536] * 16  # 1 MiB of argv (one argument may hold at most 128 KiB)
 while time.monotonic() < end:
     i += 1
     name = "asky/\x1b[2K\x1b[1A\x1b]0;owned\x07\r\u202e%d" % (i % 50)
-    subprocess.run(["/bin/sh", "-c", "echo x > \"$1\"", "sh", name, big], stderr=subprocess.DEVNULL)
+    subprocess.run(["/bin/sh", "-c", "echo x > \"$1\"", "sh", name] + big, stderr=subprocess.DEVNULL)
 '
 # A held write whose asker is flooded with signals: every signal is a FUSE INTERRUPT.
 hostile_py '
