@@ -291,6 +291,7 @@ pub fn absolutize(m: &mut MountArgs, cwd: &Path) {
     m.source = abs(&m.source);
     m.mountpoint = abs(&m.mountpoint);
     m.policy = m.policy.as_ref().map(abs);
+    m.stage = m.stage.as_ref().map(abs);
     if let Some(a) = m.audit.as_mut().filter(|a| *a != "-")
         && !Path::new(a.as_str()).is_absolute()
     {

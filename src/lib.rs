@@ -26,5 +26,6 @@ pub mod host;
 pub mod idmap;
 pub mod policy;
 pub mod reload;
+pub mod stage;
 pub mod transport;
 pub mod watch;

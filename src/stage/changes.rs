@@ -1,0 +1,298 @@
+//! What is staged: the staged tree (`DIR/upper`, overlayfs format) compared with SOURCE,
+//! as the list of changes `stage status` prints and `apply`/`discard` work on.
+//!
+//! Rules (README, "Staging"): a path whose staged entry equals SOURCE (a copy-up nothing
+//! changed) is not a change; a directory is `m` only for mode, owner or xattrs (its times
+//! follow its entries); a new directory is one `A dir/ (N entries)`; a deleted directory
+//! one `D dir/`; a directory renamed with a redirect is `R old -> new`, its old name's
+//! whiteout not listed again. A change is a **conflict** when SOURCE's entry changed
+//! (ctime) after the staged entry was made (its birth time: the copy-up or the delete),
+//! or appeared since (an added path that SOURCE now has).
+//!
+//! Invariants: read-only; paths are workspace-relative bytes; the list is sorted by path.
+
+use std::collections::HashSet;
+use std::io;
+use std::os::fd::AsFd;
+
+use super::sys as ssys;
+use super::tree::{Layer, Node, join, kind, split};
+use crate::host::sys::{self, Name};
+
+/// The kind of one change.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Kind {
+    /// A new path.
+    Added,
+    /// Contents changed (maybe metadata too).
+    Modified,
+    /// Only mode, owner, times or xattrs.
+    Metadata,
+    /// Removed.
+    Deleted,
+    /// A directory moved (`from` is its SOURCE path).
+    Renamed {
+        /// The path it had in SOURCE.
+        from: Vec<u8>,
+    },
+    /// File type changed (a file became a symlink, a directory a file, …).
+    Type,
+}
+
+/// One changed path.
+#[derive(Debug, Clone)]
+pub struct Change {
+    /// Workspace-relative path.
+    pub path: Vec<u8>,
+    /// What changed.
+    pub kind: Kind,
+    /// SOURCE changed after staging began for this path.
+    pub conflict: bool,
+    /// The staged (or, deleted, the SOURCE) entry is a directory.
+    pub dir: bool,
+    /// For a new directory: the entries below it.
+    pub entries: Option<u64>,
+    /// Some directory above it in the staged tree is opaque (its SOURCE contents hidden):
+    /// the staged entry must stay after an apply.
+    pub under_opaque: bool,
+}
+
+impl Change {
+    /// The status letters (`A`, `M`, `m`, `D`, `R`, `T`, with `C` in front for a conflict).
+    pub fn letters(&self) -> String {
+        let l = match self.kind {
+            Kind::Added => "A",
+            Kind::Modified => "M",
+            Kind::Metadata => "m",
+            Kind::Deleted => "D",
+            Kind::Renamed { .. } => "R",
+            Kind::Type => "T",
+        };
+        if self.conflict {
+            format!("C{l}")
+        } else {
+            l.to_string()
+        }
+    }
+
+    /// The `--json` name of the change.
+    pub fn word(&self) -> &'static str {
+        match self.kind {
+            Kind::Added => "added",
+            Kind::Modified => "modified",
+            Kind::Metadata => "metadata",
+            Kind::Deleted => "deleted",
+            Kind::Renamed { .. } => "renamed",
+            Kind::Type => "type",
+        }
+    }
+
+    /// Whether this change concerns `p` or something below `p` (or `p` is below it).
+    pub fn touches(&self, p: &[u8]) -> bool {
+        let rel = |a: &[u8]| {
+            p.is_empty()
+                || a == p
+                || (a.starts_with(p) && a.get(p.len()) == Some(&b'/'))
+                || (p.starts_with(a) && p.get(a.len()) == Some(&b'/'))
+        };
+        rel(&self.path) || matches!(&self.kind, Kind::Renamed { from } if rel(from))
+    }
+}
+
+/// The two layers a staging area compares.
+pub struct Layers {
+    /// The staged tree.
+    pub upper: Layer,
+    /// SOURCE.
+    pub lower: Layer,
+}
+
+/// When the staged entry `dir/name` was made (ns), its birth time or else its ctime.
+fn staged_at(dir: &Node, name: &[u8], st: &libc::stat) -> i128 {
+    Name::new(name)
+        .ok()
+        .and_then(|n| ssys::btime_ns(dir.fd.as_fd(), &n).ok().flatten())
+        .unwrap_or(st.st_ctime as i128 * 1_000_000_000 + st.st_ctime_nsec as i128)
+}
+
+fn ctime_ns(st: &libc::stat) -> i128 {
+    st.st_ctime as i128 * 1_000_000_000 + st.st_ctime_nsec as i128
+}
+
+impl Layers {
+    /// Every staged change, sorted by path.
+    pub fn changes(&self) -> io::Result<Vec<Change>> {
+        let mut out = Vec::new();
+        let mut sources = HashSet::new();
+        let root = self
+            .upper
+            .get(b"")?
+            .ok_or_else(|| io::Error::from_raw_os_error(libc::ENOENT))?;
+        let lower = self.lower.get(b"")?;
+        self.walk(b"", &root, lower.as_ref(), false, &mut out, &mut sources)?;
+        out.retain(|c| !(c.kind == Kind::Deleted && sources.contains(&c.path)));
+        out.sort_by(|a, b| a.path.cmp(&b.path));
+        Ok(out)
+    }
+
+    /// Compares staged directory `up` (at `path`) with its SOURCE counterpart `low`.
+    fn walk(
+        &self,
+        path: &[u8],
+        up: &Node,
+        low: Option<&Node>,
+        under_opaque: bool,
+        out: &mut Vec<Change>,
+        sources: &mut HashSet<Vec<u8>>,
+    ) -> io::Result<()> {
+        let opaque = self.upper.is_opaque(up);
+        let under = under_opaque || opaque;
+        let names = self.upper.list(up)?;
+        for name in &names {
+            let p = join(path, name);
+            let Some(u) = self.upper.child(up, name)? else {
+                continue;
+            };
+            let l = match low {
+                Some(d) if kind(&d.st) == libc::S_IFDIR => self.lower.child(d, name)?,
+                _ => None,
+            };
+            let at = staged_at(up, name, &u.st);
+            let conflict = l.as_ref().is_some_and(|l| ctime_ns(&l.st) > at);
+            let mk = |kind: Kind, dir: bool| Change {
+                path: p.clone(),
+                kind,
+                conflict,
+                dir,
+                entries: None,
+                under_opaque: under,
+            };
+            if self.upper.is_whiteout(&u) {
+                if let Some(l) = &l {
+                    out.push(mk(Kind::Deleted, kind(&l.st) == libc::S_IFDIR));
+                }
+                continue;
+            }
+            let udir = kind(&u.st) == libc::S_IFDIR;
+            if udir {
+                // Where this directory's SOURCE contents live: a redirect names them.
+                let (origin, from) = match self.upper.redirect(&u) {
+                    Some(r) => {
+                        let from = if let Some(abs) = r.strip_prefix(b"/") {
+                            abs.to_vec()
+                        } else {
+                            join(split(&p).0, &r)
+                        };
+                        sources.insert(from.clone());
+                        (self.lower.dir(&from)?, Some(from))
+                    }
+                    None => (l.filter(|l| kind(&l.st) == libc::S_IFDIR), None),
+                };
+                match (&origin, from) {
+                    (Some(o), Some(from)) => {
+                        out.push(mk(Kind::Renamed { from }, true));
+                        self.walk(&p, &u, Some(o), under, out, sources)?;
+                    }
+                    (Some(o), None) => {
+                        if self.dir_meta_differs(&u, o) {
+                            out.push(mk(Kind::Metadata, true));
+                        }
+                        self.walk(&p, &u, Some(o), under, out, sources)?;
+                    }
+                    (None, _) => {
+                        let lower_here = self.lower_at(low, name)?;
+                        let mut c = mk(
+                            if lower_here.is_some() {
+                                Kind::Type
+                            } else {
+                                Kind::Added
+                            },
+                            true,
+                        );
+                        c.conflict = lower_here.is_some_and(|l| ctime_ns(&l.st) > at);
+                        c.entries = Some(self.count(&u)?);
+                        out.push(c);
+                    }
+                }
+                continue;
+            }
+            match &l {
+                None => out.push(mk(Kind::Added, false)),
+                Some(l) if kind(&l.st) != kind(&u.st) => out.push(mk(Kind::Type, false)),
+                Some(l) => {
+                    if !self.same_contents(&u, l)? {
+                        out.push(mk(Kind::Modified, false));
+                    } else if self.meta_differs(&u, l) {
+                        out.push(mk(Kind::Metadata, false));
+                    }
+                }
+            }
+        }
+        // SOURCE entries an opaque directory hides are deleted.
+        if opaque && let Some(low) = low.filter(|l| kind(&l.st) == libc::S_IFDIR) {
+            let staged: HashSet<&Vec<u8>> = names.iter().collect();
+            for name in self.lower.list(low)? {
+                if staged.contains(&name) {
+                    continue;
+                }
+                if let Some(l) = self.lower.child(low, &name)? {
+                    out.push(Change {
+                        path: join(path, &name),
+                        kind: Kind::Deleted,
+                        conflict: false,
+                        dir: kind(&l.st) == libc::S_IFDIR,
+                        entries: None,
+                        under_opaque: true,
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn lower_at(&self, low: Option<&Node>, name: &[u8]) -> io::Result<Option<Node>> {
+        match low {
+            Some(d) if kind(&d.st) == libc::S_IFDIR => self.lower.child(d, name),
+            _ => Ok(None),
+        }
+    }
+
+    /// Entries below staged directory `d` (whiteouts not counted).
+    fn count(&self, d: &Node) -> io::Result<u64> {
+        let mut n = 0;
+        for name in self.upper.list(d)? {
+            if let Some(c) = self.upper.child(d, &name)? {
+                if self.upper.is_whiteout(&c) {
+                    continue;
+                }
+                n += 1;
+                if kind(&c.st) == libc::S_IFDIR {
+                    n += self.count(&c)?;
+                }
+            }
+        }
+        Ok(n)
+    }
+
+    fn same_contents(&self, u: &Node, l: &Node) -> io::Result<bool> {
+        match kind(&u.st) {
+            libc::S_IFREG => self.upper.same_bytes(u, &self.lower, l),
+            libc::S_IFLNK => Ok(sys::readlink_fd(u.fd.as_fd())? == sys::readlink_fd(l.fd.as_fd())?),
+            libc::S_IFCHR | libc::S_IFBLK => Ok(u.st.st_rdev == l.st.st_rdev),
+            _ => Ok(true),
+        }
+    }
+
+    fn dir_meta_differs(&self, u: &Node, l: &Node) -> bool {
+        u.st.st_mode != l.st.st_mode
+            || u.st.st_uid != l.st.st_uid
+            || u.st.st_gid != l.st.st_gid
+            || self.upper.xattrs(u) != self.lower.xattrs(l)
+    }
+
+    fn meta_differs(&self, u: &Node, l: &Node) -> bool {
+        self.dir_meta_differs(u, l)
+            || (kind(&u.st) != libc::S_IFLNK
+                && (u.st.st_mtime, u.st.st_mtime_nsec) != (l.st.st_mtime, l.st.st_mtime_nsec))
+    }
+}
