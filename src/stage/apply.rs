@@ -354,10 +354,11 @@ fn unstage_path(l: &Layers, path: &[u8]) -> io::Result<()> {
     sync_dir(&l.upper, d.fd.as_fd())
 }
 
-/// Drops the staged changes in `list`; with `all`, empties the staged tree.
-pub fn discard(l: &Layers, list: &[Change], all: bool) -> Report {
+/// Drops the staged changes at or below each of `paths` (`all`: the whole staged tree).
+/// A path inside a new or renamed directory drops just that part of it.
+pub fn discard(l: &Layers, list: &[Change], paths: &[Vec<u8>]) -> Report {
     let mut r = Report::default();
-    if all {
+    if paths.is_empty() {
         let res = (|| {
             let root = l.upper.get(b"")?.ok_or_else(einval)?;
             for child in l.upper.list(&root)? {
@@ -377,24 +378,49 @@ pub fn discard(l: &Layers, list: &[Change], all: bool) -> Report {
         }
         return r;
     }
-    for c in list {
-        let line = status_line(c);
-        if c.under_opaque {
-            r.lines.push(format!(
-                "refused {line}: inside a directory that was deleted and made again; discard that directory"
-            ));
-            r.refused += 1;
+    for p in paths {
+        let inside: Vec<&Change> = list.iter().filter(|c| c.within(p)).collect();
+        if inside.is_empty() {
+            // Part of a new, renamed or retyped directory: drop that part only.
+            match list.iter().find(|c| c.touches(p)) {
+                Some(c) if !c.under_opaque && matches!(l.upper.get(p), Ok(Some(_))) => {
+                    match unstage_path(l, p) {
+                        Ok(()) => r.lines.push(format!("discarded {}", quote(p))),
+                        Err(e) => {
+                            r.lines.push(format!("refused {}: {e}", quote(p)));
+                            r.refused += 1;
+                        }
+                    }
+                }
+                _ => {
+                    r.lines
+                        .push(format!("refused {}: nothing staged there", quote(p)));
+                    r.refused += 1;
+                }
+            }
             continue;
         }
-        let res = match &c.kind {
-            Kind::Renamed { from } => unstage_path(l, &c.path).and_then(|_| unstage_path(l, from)),
-            _ => unstage_path(l, &c.path),
-        };
-        match res {
-            Ok(()) => r.lines.push(format!("discarded {line}")),
-            Err(e) => {
-                r.lines.push(format!("refused {line}: {e}"));
+        for c in &inside {
+            let line = status_line(c);
+            if c.under_opaque {
+                r.lines.push(format!(
+                    "refused {line}: inside a directory that was deleted and made again; discard that directory"
+                ));
                 r.refused += 1;
+                continue;
+            }
+            let res = match &c.kind {
+                Kind::Renamed { from } => {
+                    unstage_path(l, &c.path).and_then(|_| unstage_path(l, from))
+                }
+                _ => unstage_path(l, &c.path),
+            };
+            match res {
+                Ok(()) => r.lines.push(format!("discarded {line}")),
+                Err(e) => {
+                    r.lines.push(format!("refused {line}: {e}"));
+                    r.refused += 1;
+                }
             }
         }
     }

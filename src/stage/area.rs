@@ -49,13 +49,21 @@ impl Area {
     /// Creates (mode 0700) or opens the staging area `dir` for SOURCE `src` mounted at `mnt`
     /// (both canonical), and checks it is one for `src`.
     pub fn create_or_open(dir: &Path, src: &Path, mnt: &Path) -> Result<Area, String> {
-        if !dir.exists() {
-            fs::DirBuilder::new()
-                .mode(0o700)
-                .create(dir)
-                .map_err(|e| err(dir, e))?;
-        }
-        let canon = dir.canonicalize().map_err(|e| err(dir, e))?;
+        // Checked before anything is created: a DIR inside SOURCE is never made there.
+        let canon = match dir.canonicalize() {
+            Ok(c) => c,
+            Err(_) => {
+                let parent = dir.parent().filter(|p| !p.as_os_str().is_empty());
+                let parent = parent.unwrap_or(Path::new("."));
+                let name = dir
+                    .file_name()
+                    .ok_or_else(|| err(dir, "is not a directory name"))?;
+                parent
+                    .canonicalize()
+                    .map_err(|e| err(dir, format!("parent: {e}")))?
+                    .join(name)
+            }
+        };
         if inside(&canon, src) || inside(src, &canon) {
             return Err(err(
                 dir,
@@ -70,6 +78,12 @@ impl Area {
                 dir,
                 format!("lies inside the mount point '{}'", mnt.display()),
             ));
+        }
+        if !canon.exists() {
+            fs::DirBuilder::new()
+                .mode(0o700)
+                .create(&canon)
+                .map_err(|e| err(dir, e))?;
         }
         let md = fs::symlink_metadata(&canon).map_err(|e| err(dir, e))?;
         if !md.is_dir() {

@@ -87,6 +87,14 @@ impl Change {
         }
     }
 
+    /// Whether this change is `p` or below it (a rename: either of its names).
+    pub fn within(&self, p: &[u8]) -> bool {
+        let below = |a: &[u8]| {
+            p.is_empty() || a == p || (a.starts_with(p) && a.get(p.len()) == Some(&b'/'))
+        };
+        below(&self.path) || matches!(&self.kind, Kind::Renamed { from } if below(from))
+    }
+
     /// Whether this change concerns `p` or something below `p` (or `p` is below it).
     pub fn touches(&self, p: &[u8]) -> bool {
         let rel = |a: &[u8]| {

@@ -244,8 +244,10 @@ fn run_op(op: StageOp) -> Result<i32, String> {
             let (area, ps) = area(&at, &args)?;
             area.lock()?;
             let l = layers(&area)?;
-            let list = selected(&l, &ps)?;
-            let report = super::apply::discard(&l, &list, ps.is_empty());
+            let list = l
+                .changes()
+                .map_err(|e| format!("reading the staged tree: {e}"))?;
+            let report = super::apply::discard(&l, &list, &ps);
             for line in &report.lines {
                 println!("{line}");
             }

@@ -1,0 +1,533 @@
+//! Staging (`mount --stage DIR`, `fencefs stage … --dir DIR`) on real mounts driven by
+//! real programs: SOURCE stays byte-for-byte and stat-for-stat the same until `apply`, the
+//! merged view is what the programs made, `status`/`diff` say exactly what changed (and
+//! `git apply` accepts the diff), `apply`/`discard` give SOURCE (or the merged view) the
+//! expected tree, conflicts are refused, the stage survives SIGKILL, the policy's errnos
+//! are the same on the merged view, and a bad DIR is refused with one line at startup.
+
+mod common;
+
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+
+const WRITE: &str = "mode = \"workspace-write\"\ndefault = \"write\"\n";
+const LIMIT: Duration = Duration::from_secs(60);
+
+fn stage_dir(b: &MountBuilder) -> PathBuf {
+    b.root().join("stage")
+}
+
+/// A staged mount with `policy`, SOURCE populated by `setup`; returns it and DIR.
+fn staged(name: &str, policy: &str, setup: impl FnOnce(&Path)) -> (Mount, PathBuf) {
+    let b = Mount::builder(name).policy(policy);
+    setup(&b.host(""));
+    let dir = stage_dir(&b);
+    let m = b.arg("--stage").arg(&dir).start();
+    (m, dir)
+}
+
+fn stage(args: &[&str], dir: &Path) -> Out {
+    let mut v: Vec<std::ffi::OsString> = vec!["stage".into(), args[0].into()];
+    v.push("--dir".into());
+    v.push(dir.into());
+    v.extend(args[1..].iter().map(Into::into));
+    run_fencefs(v, LIMIT)
+}
+
+fn sample(src: &Path) {
+    put(&src.join("a.txt"), b"one\ntwo\nthree\n", 0o644);
+    put(&src.join("sub/b.txt"), b"bee\n", 0o644);
+    put(&src.join("sub/deep/c.txt"), b"sea\n", 0o644);
+    put(&src.join("gone/x"), b"x\n", 0o644);
+    put(&src.join("gone/y"), b"y\n", 0o644);
+    put(&src.join("run.sh"), b"#!/bin/sh\necho hi\n", 0o644);
+}
+
+/// The daemon was told to unmount and has exited.
+fn stop(m: &mut Mount) {
+    let st = m.terminate().expect("daemon exits on SIGTERM");
+    assert!(st.success(), "daemon exit: {st}; stderr:\n{}", m.stderr());
+    assert!(!m.is_mounted());
+}
+
+const PROGRAMS: &str = "set -e
+printf 'ONE\\n' > a.txt.new && mv a.txt.new a.txt
+sed -i 's/bee/BEE/' sub/b.txt
+echo fresh > new.txt
+mkdir -p made/inner && echo m > made/inner/m.txt
+cp -a sub copied
+mv sub moved
+rm -rf gone
+chmod 755 run.sh
+ln -s a.txt link
+";
+
+#[test]
+fn programs_change_only_the_stage_and_status_says_what() {
+    let (m, dir) = staged("stage-programs", WRITE, sample);
+    let before = snapshot(&m.host(""));
+    m.sh(PROGRAMS)
+        .assert_ok("programs through the staged mount");
+    // The merged view is what the programs made, for every process.
+    assert_eq!(fs::read(m.mnt("a.txt")).unwrap(), b"ONE\n");
+    assert_eq!(fs::read(m.mnt("moved/b.txt")).unwrap(), b"BEE\n");
+    assert_eq!(fs::read(m.mnt("moved/deep/c.txt")).unwrap(), b"sea\n");
+    assert_eq!(fs::read(m.mnt("copied/b.txt")).unwrap(), b"BEE\n");
+    assert_eq!(fs::read(m.mnt("made/inner/m.txt")).unwrap(), b"m\n");
+    assert_errno(fs::metadata(m.mnt("gone")), libc::ENOENT, "rm -rf'd dir");
+    assert_errno(
+        fs::metadata(m.mnt("sub")),
+        libc::ENOENT,
+        "moved dir's old name",
+    );
+    assert_eq!(
+        fs::metadata(m.mnt("run.sh")).unwrap().permissions().mode() & 0o777,
+        0o755
+    );
+    assert_eq!(fs::read_link(m.mnt("link")).unwrap(), Path::new("a.txt"));
+    m.sh("./run.sh").assert_ok("the chmod'ed script runs");
+    // SOURCE: byte-for-byte and stat-for-stat the same.
+    assert_host_unchanged(&before, &m.host(""), "staged programs");
+    let st = stage(&["status"], &dir);
+    st.assert_ok("stage status");
+    assert_eq!(
+        st.stdout,
+        "M a.txt\n\
+         A copied/ (3 entries)\n\
+         D gone/\n\
+         A link\n\
+         A made/ (2 entries)\n\
+         R sub/ -> moved/\n\
+         M moved/b.txt\n\
+         A new.txt\n\
+         m run.sh\n"
+    );
+    let js = stage(&["status", "--json"], &dir);
+    let v: serde_json::Value = serde_json::from_str(&js.stdout).expect("one JSON array");
+    assert_eq!(
+        v[0],
+        serde_json::json!({"path":"a.txt","change":"modified","conflict":false})
+    );
+    assert_eq!(
+        v[1],
+        serde_json::json!({"path":"copied","change":"added","conflict":false,"entries":3})
+    );
+    assert_eq!(
+        v[5],
+        serde_json::json!({"path":"moved","change":"renamed","conflict":false,"from":"sub"})
+    );
+    // PATH filters: a file, and a directory with everything below it.
+    assert_eq!(stage(&["status", "a.txt"], &dir).stdout, "M a.txt\n");
+    assert_eq!(
+        stage(&["status", "moved"], &dir).stdout,
+        "R sub/ -> moved/\nM moved/b.txt\n"
+    );
+}
+
+#[test]
+fn diff_is_what_git_apply_needs_to_reproduce_the_merged_view() {
+    let (mut m, dir) = staged("stage-diff", WRITE, sample);
+    m.sh(PROGRAMS).assert_ok("programs");
+    let merged = snapshot(&m.mnt(""));
+    let d = stage(&["diff"], &dir);
+    d.assert_ok("stage diff");
+    assert!(
+        d.stdout.contains(
+            "diff --git a/a.txt b/a.txt\n--- a/a.txt\n+++ b/a.txt\n@@ -1,3 +1 @@\n-one\n-two\n-three\n+ONE\n"
+        ),
+        "{}",
+        d.stdout
+    );
+    assert!(
+        d.stdout
+            .contains("diff --git a/run.sh b/run.sh\nold mode 100644\nnew mode 100755\n")
+    );
+    assert!(
+        d.stdout
+            .contains("rename from sub/deep/c.txt\nrename to moved/deep/c.txt\n")
+    );
+    stop(&mut m);
+    // `git apply` in a copy of SOURCE reproduces the merged view's text files.
+    let copy = m.root().join("copy");
+    sh_in(m.root(), "cp -a src copy && cd copy && git init -q .").assert_ok("copy");
+    fs::write(m.root().join("p.diff"), &d.stdout).unwrap();
+    sh_in(&copy, "git apply ../p.diff").assert_ok("git apply");
+    sh_in(&copy, "rm -rf .git").assert_ok("drop .git");
+    let got = snapshot(&copy);
+    for (p, e) in &merged {
+        let g = got
+            .get(p)
+            .unwrap_or_else(|| panic!("missing after git apply: {p:?}"));
+        assert_eq!((g.kind, &g.data), (e.kind, &e.data), "{p:?}");
+        if e.kind == "file" {
+            assert_eq!(g.mode & 0o111, e.mode & 0o111, "{p:?} exec bits");
+        }
+    }
+    assert_eq!(got.len(), merged.len(), "same paths");
+    // And patch -p1 too.
+    let copy2 = m.root().join("copy2");
+    sh_in(m.root(), "cp -a src copy2").assert_ok("copy2");
+    sh_in(&copy2, "patch -p1 -s < ../p.diff").assert_ok("patch -p1");
+    assert_eq!(fs::read(copy2.join("a.txt")).unwrap(), b"ONE\n");
+}
+
+#[test]
+fn apply_all_makes_source_the_merged_view_and_leaves_nothing_staged() {
+    let (mut m, dir) = staged("stage-apply", WRITE, sample);
+    m.sh(PROGRAMS).assert_ok("programs");
+    common::setxattr(&m.mnt("new.txt"), "user.tag", b"v1").unwrap();
+    let merged = snapshot(&m.mnt(""));
+    // While the mount runs, apply is refused (one daemon or one apply per DIR).
+    let busy = stage(&["apply"], &dir);
+    busy.assert_fail("apply while mounted");
+    assert!(
+        busy.stderr.contains("is in use by another fencefs"),
+        "{}",
+        busy.stderr
+    );
+    stop(&mut m);
+    let a = stage(&["apply"], &dir);
+    a.assert_ok("stage apply");
+    assert!(
+        a.stdout.contains("applied R sub/ -> moved/\n"),
+        "{}",
+        a.stdout
+    );
+    assert!(a.stdout.contains("applied D gone/\n"), "{}", a.stdout);
+    let src = snapshot(&m.host(""));
+    let d = snapshot_diff(&merged, &src);
+    assert!(
+        d.is_empty(),
+        "SOURCE after apply differs from the merged view:\n{d}"
+    );
+    assert_eq!(
+        stage(&["status"], &dir).stdout,
+        "",
+        "nothing staged after apply"
+    );
+    // No temporary file left beside the applied ones.
+    let left = sh_in(&m.host(""), "find . -name '*fencefs-*'");
+    assert_eq!(left.stdout, "");
+}
+
+#[test]
+fn partial_apply_and_discard_touch_only_their_paths() {
+    let (mut m, dir) = staged("stage-partial", WRITE, sample);
+    m.sh(PROGRAMS).assert_ok("programs");
+    stop(&mut m);
+    let before = snapshot(&m.host(""));
+    stage(&["apply", "a.txt", "made"], &dir).assert_ok("apply two paths");
+    assert_eq!(fs::read(m.host("a.txt")).unwrap(), b"ONE\n");
+    assert_eq!(fs::read(m.host("made/inner/m.txt")).unwrap(), b"m\n");
+    assert!(m.host("gone/x").exists() && m.host("sub/b.txt").exists());
+    assert_eq!(fs::read(m.host("sub/b.txt")).unwrap(), b"bee\n");
+    let mut left = before.clone();
+    left.retain(|p, _| p.as_slice() != b"a.txt" && p.as_slice() != b"");
+    let now = snapshot(&m.host(""));
+    for (p, e) in &left {
+        assert_eq!(now.get(p), Some(e), "{p:?} untouched by a partial apply");
+    }
+    stage(&["discard", "gone", "moved/b.txt"], &dir).assert_ok("discard two paths");
+    let st = stage(&["status"], &dir).stdout;
+    assert_eq!(
+        st,
+        "A copied/ (3 entries)\nA link\nR sub/ -> moved/\nA new.txt\nm run.sh\n"
+    );
+    stage(&["discard"], &dir).assert_ok("discard everything");
+    assert_eq!(stage(&["status"], &dir).stdout, "");
+    assert_eq!(
+        fs::read(m.host("sub/b.txt")).unwrap(),
+        b"bee\n",
+        "SOURCE kept"
+    );
+}
+
+#[test]
+fn host_edit_of_a_staged_path_is_a_conflict_refused_without_force() {
+    let (mut m, dir) = staged("stage-conflict", WRITE, sample);
+    fs::write(m.mnt("a.txt"), b"agent\n").unwrap();
+    fs::write(m.mnt("sub/b.txt"), b"agent b\n").unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    // A person edits a.txt on the host (atomically, as editors save).
+    fs::write(m.host("a.tmp"), b"person\n").unwrap();
+    fs::rename(m.host("a.tmp"), m.host("a.txt")).unwrap();
+    // Unstaged paths show host edits through the mount.
+    fs::write(m.host("run.sh"), b"#!/bin/sh\necho host\n").unwrap();
+    assert!(
+        eventually(Duration::from_secs(5), || fs::read(m.mnt("run.sh"))
+            .is_ok_and(|b| b == b"#!/bin/sh\necho host\n")),
+        "an in-place host edit of an unstaged file shows through"
+    );
+    assert_eq!(
+        fs::read(m.mnt("a.txt")).unwrap(),
+        b"agent\n",
+        "staged version shown"
+    );
+    assert_eq!(stage(&["status"], &dir).stdout, "CM a.txt\nM sub/b.txt\n");
+    stop(&mut m);
+    let a = stage(&["apply"], &dir);
+    a.assert_fail("apply with a conflict exits 1");
+    assert!(
+        a.stdout.contains("refused CM a.txt: conflict"),
+        "{}",
+        a.stdout
+    );
+    assert!(a.stdout.contains("applied M sub/b.txt"), "{}", a.stdout);
+    assert_eq!(
+        fs::read(m.host("a.txt")).unwrap(),
+        b"person\n",
+        "host edit kept"
+    );
+    assert_eq!(fs::read(m.host("sub/b.txt")).unwrap(), b"agent b\n");
+    assert_eq!(stage(&["status"], &dir).stdout, "CM a.txt\n");
+    stage(&["apply", "--force", "a.txt"], &dir).assert_ok("--force");
+    assert_eq!(fs::read(m.host("a.txt")).unwrap(), b"agent\n");
+}
+
+/// A second daemon on the same SOURCE and DIR, at its own mount point.
+struct Second {
+    child: Child,
+    mnt: PathBuf,
+}
+
+impl Second {
+    fn start(m: &Mount, dir: &Path, policy: &Path) -> Second {
+        let mnt = m.root().join("mp2");
+        fs::create_dir_all(&mnt).unwrap();
+        let mut child = Command::new(BIN)
+            .arg("mount")
+            .arg("-p")
+            .arg(policy)
+            .arg("--stage")
+            .arg(dir)
+            .arg(m.host(""))
+            .arg(&mnt)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let t = Instant::now();
+        while !is_mounted(&mnt) {
+            if let Ok(Some(st)) = child.try_wait() {
+                let mut e = String::new();
+                use std::io::Read;
+                child.stderr.take().unwrap().read_to_string(&mut e).unwrap();
+                panic!("second daemon exited ({st}): {e}");
+            }
+            assert!(t.elapsed() < READY_DEADLINE, "second daemon did not mount");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Second { child, mnt }
+    }
+}
+
+impl Drop for Second {
+    fn drop(&mut self) {
+        // SAFETY: kill(2) on our own, not yet reaped, child.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let _ = self.child.wait();
+        if is_mounted(&self.mnt) {
+            let _ = Command::new("fusermount3")
+                .args(["-u", "-z"])
+                .arg(&self.mnt)
+                .status();
+        }
+    }
+}
+
+#[test]
+fn the_stage_survives_sigkill_and_a_new_daemon() {
+    let (mut m, dir) = staged("stage-sigkill", WRITE, sample);
+    let before = snapshot(&m.host(""));
+    m.sh("set -e; printf synced > a.txt; sync a.txt; rm -rf gone; mv sub moved; mkdir n; echo k > n/k")
+        .assert_ok("changes");
+    let merged = snapshot(&m.mnt(""));
+    m.signal(libc::SIGKILL);
+    assert!(
+        m.wait_exit(Duration::from_secs(10)).is_some(),
+        "daemon died"
+    );
+    let _ = Command::new("fusermount3")
+        .args(["-u", "-z"])
+        .arg(m.mnt(""))
+        .status();
+    assert_host_unchanged(&before, &m.host(""), "after SIGKILL");
+    let second = Second::start(&m, &dir, &m.policy_path());
+    let again = snapshot(&second.mnt);
+    let d = snapshot_diff(&merged, &again);
+    assert!(
+        d.is_empty(),
+        "merged view after SIGKILL and a new daemon:\n{d}"
+    );
+    // One daemon per DIR: a third one is refused at startup, nothing mounted.
+    let mnt3 = m.root().join("mp3");
+    fs::create_dir_all(&mnt3).unwrap();
+    let third = run_fencefs(
+        [
+            "mount".as_ref(),
+            "-p".as_ref(),
+            m.policy_path().as_os_str(),
+            "--stage".as_ref(),
+            dir.as_os_str(),
+            m.host("").as_os_str(),
+            mnt3.as_os_str(),
+        ],
+        LIMIT,
+    );
+    third.assert_fail("second daemon on one DIR");
+    assert_eq!(
+        third.stderr.lines().count(),
+        1,
+        "one line: {}",
+        third.stderr
+    );
+    assert!(
+        third.stderr.contains("is in use by another fencefs"),
+        "{}",
+        third.stderr
+    );
+    assert!(!is_mounted(&mnt3));
+}
+
+#[test]
+fn bad_stage_dirs_are_refused_at_startup_with_one_line() {
+    let ws_probe = Mount::builder("stage-bad");
+    let root = ws_probe.root().to_path_buf();
+    let src = ws_probe.host("");
+    let mnt = root.join("mp/mnt");
+    let mount = |dir: &Path| {
+        run_fencefs(
+            [
+                "mount".as_ref(),
+                "-m".as_ref(),
+                "workspace-write".as_ref(),
+                "--stage".as_ref(),
+                dir.as_os_str(),
+                src.as_os_str(),
+                mnt.as_os_str(),
+            ],
+            LIMIT,
+        )
+    };
+    let cases: Vec<(PathBuf, &str)> = vec![
+        (src.join("st"), "lies inside the source"),
+        (mnt.join("st"), "lies inside the mount point"),
+        (root.join("outside"), ""),
+    ];
+    fs::write(root.join("outside/file"), b"not a stage").unwrap();
+    for (dir, want) in cases {
+        let o = mount(&dir);
+        o.assert_fail(&format!("--stage {}", dir.display()));
+        let want = if want.is_empty() {
+            "is not a staging area"
+        } else {
+            want
+        };
+        assert!(o.stderr.contains(want), "{}: {}", dir.display(), o.stderr);
+        assert_eq!(o.stderr.lines().count(), 1, "{}", o.stderr);
+        assert!(!is_mounted(&mnt));
+    }
+    assert_eq!(
+        fs::read(root.join("outside/file")).unwrap(),
+        b"not a stage",
+        "kept"
+    );
+    // A new DIR is created 0700 and records SOURCE; another SOURCE with it is refused.
+    let dir = root.join("st");
+    {
+        let mut m = ws_probe
+            .mode("workspace-write")
+            .arg("--stage")
+            .arg(&dir)
+            .start();
+        let md = fs::metadata(&dir).unwrap();
+        assert_eq!(md.permissions().mode() & 0o777, 0o700);
+        let marker = fs::read_to_string(dir.join("fencefs-stage")).unwrap();
+        assert!(marker.starts_with("fencefs-stage 1\nsource "), "{marker}");
+        assert!(marker.contains(&m.host("").display().to_string()));
+        stop(&mut m);
+        let other = m.root().join("outside");
+        let o = run_fencefs(
+            [
+                "mount".as_ref(),
+                "--stage".as_ref(),
+                dir.as_os_str(),
+                other.as_os_str(),
+                m.mnt("").as_os_str(),
+            ],
+            LIMIT,
+        );
+        o.assert_fail("another SOURCE");
+        assert!(o.stderr.contains("stages '"), "{}", o.stderr);
+        // A newer format is refused, and nothing in DIR is deleted.
+        fs::write(dir.join("fencefs-stage"), "fencefs-stage 99\nsource /x\n").unwrap();
+        let o = stage(&["status"], &dir);
+        o.assert_fail("newer format");
+        assert!(o.stderr.contains("newer fencefs"), "{}", o.stderr);
+        fs::write(dir.join("fencefs-stage"), &marker).unwrap();
+        fs::remove_dir_all(dir.join("work")).unwrap();
+        let o = stage(&["status"], &dir);
+        o.assert_fail("damaged");
+        assert!(o.stderr.contains("work"), "{}", o.stderr);
+        assert!(dir.join("upper").is_dir());
+    }
+}
+
+#[test]
+fn the_policy_decides_on_the_merged_view_with_the_same_errnos() {
+    let policy = "mode = \"workspace-write\"\ndefault = \"write\"\n\
+                  [[rule]]\npath = \"secrets\"\naccess = \"none\"\n\
+                  [[rule]]\npath = \"docs\"\naccess = \"read\"\n\
+                  [[rule]]\npath = \"d/hidden\"\naccess = \"none\"\n";
+    let (m, dir) = staged("stage-policy", policy, |src| {
+        put(&src.join("secrets/key"), b"k", 0o600);
+        put(&src.join("docs/a.md"), b"doc\n", 0o644);
+        put(&src.join("d/hidden"), b"h", 0o644);
+        put(&src.join("d/ok"), b"o", 0o644);
+        put(&src.join(".git/config"), b"[core]\n", 0o644);
+    });
+    let before = snapshot(&m.host(""));
+    assert_errno(fs::metadata(m.mnt("secrets/key")), libc::ENOENT, "hidden");
+    assert_errno(
+        fs::write(m.mnt("secrets/new"), b"x"),
+        libc::ENOENT,
+        "create hidden",
+    );
+    assert_errno(
+        fs::write(m.mnt("docs/a.md"), b"x"),
+        libc::EACCES,
+        "read rule",
+    );
+    assert_errno(
+        fs::write(m.mnt("docs/new.md"), b"x"),
+        libc::EACCES,
+        "create under read",
+    );
+    assert_errno(
+        fs::write(m.mnt(".git/config"), b"x"),
+        libc::EROFS,
+        "protected",
+    );
+    // rm -rf of a directory with a hidden child fails as without staging (the policy
+    // refuses removing it: EACCES), the hidden file is kept and never becomes a whiteout.
+    let rm = m.sh("rm -rf d");
+    rm.assert_fail("rm -rf d");
+    assert!(
+        rm.stderr.contains("cannot remove 'd': Permission denied"),
+        "{}",
+        rm.stderr
+    );
+    assert_errno(
+        fs::metadata(m.mnt("d/ok")),
+        libc::ENOENT,
+        "visible child removed",
+    );
+    assert_host_unchanged(&before, &m.host(""), "refusals and the staged rm");
+    assert_eq!(stage(&["status"], &dir).stdout, "D d/ok\n");
+}
