@@ -462,7 +462,13 @@ mod tests {
             "@@ -1 +1 @@\n-x\n\\ No newline at end of file\n+y\n\\ No newline at end of file\n"
         );
         let a: String = (1..=20).map(|i| format!("{i}\n")).collect();
-        let b = a.replace("2\n", "two\n").replace("19\n", "nineteen\n");
+        let b: String = (1..=20)
+            .map(|i| match i {
+                2 => "two\n".to_string(),
+                19 => "nineteen\n".to_string(),
+                _ => format!("{i}\n"),
+            })
+            .collect();
         assert_eq!(
             d(&a, &b),
             "@@ -1,5 +1,5 @@\n 1\n-2\n+two\n 3\n 4\n 5\n@@ -16,5 +16,5 @@\n 16\n 17\n 18\n-19\n+nineteen\n 20\n"
