@@ -531,3 +531,109 @@ fn the_policy_decides_on_the_merged_view_with_the_same_errnos() {
     assert_host_unchanged(&before, &m.host(""), "refusals and the staged rm");
     assert_eq!(stage(&["status"], &dir).stdout, "D d/ok\n");
 }
+
+const GIT: &str = "git -c user.name=fencefs-test -c user.email=test@fencefs.invalid -c init.defaultBranch=main -c commit.gpgsign=false -c safe.directory=*";
+
+#[test]
+fn git_tar_and_sqlite_wal_as_uid_1000_stay_staged_until_apply() {
+    let b = Mount::builder("stage-uid1000")
+        .policy(WRITE)
+        .arg("--allow-other");
+    let src = b.host("");
+    put(&src.join("README"), b"readme\n", 0o644);
+    let tar = b.outside().join("t.tar");
+    sh_in(
+        &b.outside(),
+        &format!(
+            "mkdir -p t/x/y && echo z > t/x/y/z && tar cf {} -C t x",
+            tar.display()
+        ),
+    )
+    .assert_ok("tar cf");
+    sh_in(&src, "chown -R 1000:1000 .").assert_ok("chown");
+    let dir = stage_dir(&b);
+    let mut m = b.arg("--stage").arg(&dir).start();
+    let before = snapshot(&m.host(""));
+    let script = format!(
+        "set -e; {GIT} init -q repo; cd repo; echo hello > a.txt; {GIT} add -A; {GIT} commit -q -m first; \
+         echo change >> a.txt; {GIT} commit -q -am second; {GIT} fsck --no-progress; cd ..; \
+         tar xf {tar}; \
+         sqlite3 db.sqlite 'PRAGMA journal_mode=WAL; CREATE TABLE t(x); INSERT INTO t VALUES (1),(2);' >/dev/null; \
+         sqlite3 db.sqlite 'SELECT count(*) FROM t;'",
+        tar = tar.display()
+    );
+    let o = m.sh_as(1000, &script);
+    o.assert_ok("git, tar x, sqlite WAL as uid 1000 through the staged mount");
+    assert_eq!(o.stdout.trim(), "2");
+    assert_eq!(fs::read(m.mnt("x/y/z")).unwrap(), b"z\n");
+    use std::os::unix::fs::MetadataExt;
+    assert_eq!(
+        fs::metadata(m.mnt("repo/a.txt")).unwrap().uid(),
+        1000,
+        "owned by the caller"
+    );
+    assert_host_unchanged(&before, &m.host(""), "git/tar/sqlite through the stage");
+    let merged = snapshot(&m.mnt(""));
+    stop(&mut m);
+    stage(&["apply"], &dir).assert_ok("apply");
+    let d = snapshot_diff(&merged, &snapshot(&m.host("")));
+    assert!(d.is_empty(), "SOURCE after apply:\n{d}");
+    let h = sh_in(
+        &m.host("repo"),
+        &format!("{GIT} log --format=%s && {GIT} fsck --no-progress"),
+    );
+    h.assert_ok("git on the host after apply");
+    assert!(h.stdout.starts_with("second\nfirst\n"), "{}", h.stdout);
+}
+
+#[test]
+fn a_writer_never_reaches_source_through_a_readers_open_file() {
+    let (m, dir) = staged("stage-reader", WRITE, sample);
+    let before = snapshot(&m.host(""));
+    // A reader holds the file open (a passthrough backing file where the kernel allows),
+    // then another process appends and rewrites it in place.
+    let reader = fs::File::open(m.mnt("a.txt")).unwrap();
+    m.sh("echo more >> a.txt && printf X | dd of=a.txt bs=1 seek=0 conv=notrunc status=none")
+        .assert_ok("append and in-place write while a reader holds it");
+    assert_eq!(
+        fs::read(m.mnt("a.txt")).unwrap(),
+        b"Xne\ntwo\nthree\nmore\n"
+    );
+    assert_host_unchanged(&before, &m.host(""), "writes while a reader holds the file");
+    drop(reader);
+    // truncate, utimens and xattrs land in the stage too.
+    truncate(&m.mnt("sub/b.txt"), 1).unwrap();
+    utimes(&m.mnt("run.sh"), 1_000_000).unwrap();
+    common::setxattr(&m.mnt("sub/deep/c.txt"), "user.k", b"v").unwrap();
+    assert_host_unchanged(&before, &m.host(""), "truncate, utimens, setxattr");
+    assert_eq!(
+        stage(&["status"], &dir).stdout,
+        "M a.txt\nm run.sh\nM sub/b.txt\nm sub/deep/c.txt\n"
+    );
+}
+
+#[test]
+fn names_with_control_characters_are_quoted_as_git_quotes_them() {
+    let (m, dir) = staged("stage-names", WRITE, |_| {});
+    fs::write(m.mnt("tab\there"), b"t\n").unwrap();
+    fs::write(m.mnt("esc\x1b[31m"), b"e\n").unwrap();
+    fs::write(m.mnt("").join(bpath(b"raw\xff")), b"\x00\x01bin").unwrap();
+    let st = stage(&["status"], &dir);
+    assert_eq!(
+        st.stdout,
+        "A \"esc\\033[31m\"\nA \"raw\\377\"\nA \"tab\\there\"\n"
+    );
+    let d = stage(&["diff"], &dir).stdout;
+    assert!(
+        d.contains("diff --git \"a/tab\\there\" \"b/tab\\there\"\n"),
+        "{d}"
+    );
+    assert!(
+        d.contains("Binary files /dev/null and \"b/raw\\377\" differ\n"),
+        "{d}"
+    );
+    assert!(
+        !d.bytes().any(|b| b == 0x1b || b == 0),
+        "no raw control bytes: {d:?}"
+    );
+}
