@@ -586,4 +586,12 @@ mod tests {
         absolutize(&mut m, Path::new("/home/u"));
         assert_eq!(m.audit.as_deref(), Some("-"));
     }
+
+    #[test]
+    fn stage_dir_as_a_mount_option_made_absolute() {
+        let mut m = parse(&os(&["/s", "/m", "-o", "stage=st,mode=workspace-write"])).unwrap();
+        assert_eq!(m.stage, Some(PathBuf::from("st")));
+        absolutize(&mut m, Path::new("/home/u"));
+        assert_eq!(m.stage, Some(PathBuf::from("/home/u/st")));
+    }
 }

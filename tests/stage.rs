@@ -573,6 +573,10 @@ fn git_tar_and_sqlite_wal_as_uid_1000_stay_staged_until_apply() {
         "owned by the caller"
     );
     assert_host_unchanged(&before, &m.host(""), "git/tar/sqlite through the stage");
+    // The agent cannot reach DIR (0700, the daemon's).
+    let peek = m.sh_as(1000, &format!("ls {}", dir.display()));
+    peek.assert_fail("uid 1000 lists DIR");
+    assert!(peek.stderr.contains("Permission denied"), "{}", peek.stderr);
     let merged = snapshot(&m.mnt(""));
     stop(&mut m);
     stage(&["apply"], &dir).assert_ok("apply");
