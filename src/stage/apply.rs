@@ -183,7 +183,7 @@ fn apply_one(l: &Layers, c: &Change) -> io::Result<()> {
             let dir = lower_dir(l, parent)?;
             let n = name(last)?;
             let t = tmp_name(last, "apply")?;
-            copy_entry(l, &u, dir.as_fd(), &t)?;
+            copy_entry(l, &u, dir.as_fd(), &t, true)?;
             // A directory in the way (a type change) is moved aside, then removed.
             let old = l.lower.child(&Node::from_fd(&dir)?, last)?;
             let aside = match old {
@@ -217,8 +217,10 @@ impl Node {
 }
 
 /// Copies the staged entry `u` (a whole tree for a directory) to `dir/t` in SOURCE, with
-/// its mode, owner, xattrs and times, synced.
-fn copy_entry(l: &Layers, u: &Node, dir: BorrowedFd<'_>, t: &Name) -> io::Result<()> {
+/// its mode, owner, xattrs and times. `top` (the entry to be renamed into place) is
+/// synced: a file with fsync, a directory tree with one syncfs once it is complete (its
+/// files are not synced one by one: none of them is visible before the rename).
+fn copy_entry(l: &Layers, u: &Node, dir: BorrowedFd<'_>, t: &Name, top: bool) -> io::Result<()> {
     let mode = u.st.st_mode & 0o7777;
     match kind(&u.st) {
         libc::S_IFREG => {
@@ -240,7 +242,10 @@ fn copy_entry(l: &Layers, u: &Node, dir: BorrowedFd<'_>, t: &Name) -> io::Result
             }
             let node = sys::open_path(dir, t)?;
             set_meta(&l.upper, u, &l.lower, node.as_fd(), Some(mode), true)?;
-            sys::fsync(dst.as_fd(), false)
+            if top {
+                sys::fsync(dst.as_fd(), false)?;
+            }
+            Ok(())
         }
         libc::S_IFLNK => {
             let target = sys::readlink_fd(u.fd.as_fd())?;
@@ -264,10 +269,18 @@ fn copy_entry(l: &Layers, u: &Node, dir: BorrowedFd<'_>, t: &Name) -> io::Result
                 if l.upper.is_whiteout(&cn) {
                     continue;
                 }
-                copy_entry(l, &cn, d.as_fd(), &name(&child)?)?;
+                copy_entry(l, &cn, d.as_fd(), &name(&child)?, false)?;
             }
             set_meta(&l.upper, u, &l.lower, d.as_fd(), Some(mode), true)?;
-            sync_dir(&l.lower, d.as_fd())
+            if top {
+                let f = sys::reopen(
+                    l.lower.proc_fd.as_fd(),
+                    d.as_fd(),
+                    libc::O_RDONLY | libc::O_DIRECTORY,
+                )?;
+                super::sys::syncfs(f.as_fd())?;
+            }
+            Ok(())
         }
         _ => {
             sys::mknodat(dir, t, u.st.st_mode, u.st.st_rdev)?;

@@ -1,5 +1,5 @@
 //! The syscalls staging needs beyond `host::sys`: the new mount API (a *detached* overlay
-//! mount, reachable only through the daemon's descriptor), `flock` for the one-daemon lock,
+//! mount, reachable only through the daemon's descriptor), `flock` for the one-daemon lock, `syncfs`,
 //! `statx` for birth times, and whiteout creation.
 //!
 //! Invariants: like `host::sys`, every path argument is relative to a held handle or names
@@ -126,4 +126,10 @@ pub fn btime_ns(dir: BorrowedFd<'_>, name: &Name) -> io::Result<Option<i128>> {
     Ok(Some(
         st.stx_btime.tv_sec as i128 * 1_000_000_000 + st.stx_btime.tv_nsec as i128,
     ))
+}
+
+/// `syncfs`: commits the whole file system holding `fd` (one call for a tree of files).
+pub fn syncfs(fd: BorrowedFd<'_>) -> io::Result<()> {
+    // SAFETY: valid fd; no memory arguments.
+    cvt(unsafe { libc::syncfs(fd.as_raw_fd()) } as libc::c_long).map(drop)
 }
