@@ -641,3 +641,78 @@ fn names_with_control_characters_are_quoted_as_git_quotes_them() {
         "no raw control bytes: {d:?}"
     );
 }
+
+/// One command on the control socket; the answer.
+fn ctl(sock: &Path, cmd: serde_json::Value) -> serde_json::Value {
+    use std::io::{BufRead, BufReader, Write};
+    let mut s = std::os::unix::net::UnixStream::connect(sock).unwrap();
+    s.set_read_timeout(Some(LIMIT)).unwrap();
+    let mut r = BufReader::new(s.try_clone().unwrap());
+    let mut line = String::new();
+    r.read_line(&mut line).unwrap(); // greeting
+    writeln!(s, "{cmd}").unwrap();
+    line.clear();
+    r.read_line(&mut line).unwrap();
+    serde_json::from_str(&line).unwrap()
+}
+
+#[test]
+fn the_control_socket_serves_status_and_diff_of_a_running_mount() {
+    let b = Mount::builder("stage-control").policy(WRITE);
+    sample(&b.host(""));
+    let dir = stage_dir(&b);
+    let sock = b.root().join("ctl.sock");
+    let m = b
+        .arg("--stage")
+        .arg(&dir)
+        .arg("--control")
+        .arg(&sock)
+        .start();
+    fs::write(m.mnt("a.txt"), b"staged\n").unwrap();
+    fs::write(m.mnt("new.txt"), b"n\n").unwrap();
+    let st = ctl(&sock, serde_json::json!({"cmd":"status"}));
+    assert_eq!(st["ok"], true);
+    assert_eq!(st["staged"], 2, "{st}");
+    let s = ctl(&sock, serde_json::json!({"cmd":"stage","op":"status"}));
+    assert_eq!(
+        s["changes"],
+        serde_json::json!([
+            {"path":"a.txt","change":"modified","conflict":false},
+            {"path":"new.txt","change":"added","conflict":false}
+        ])
+    );
+    let cli = run_fencefs(
+        ["stage".as_ref(), "status".as_ref(), sock.as_os_str()],
+        LIMIT,
+    );
+    cli.assert_ok("stage status SOCKET");
+    assert_eq!(cli.stdout, "M a.txt\nA new.txt\n");
+    let d = run_fencefs(
+        [
+            "stage".as_ref(),
+            "diff".as_ref(),
+            sock.as_os_str(),
+            "a.txt".as_ref(),
+        ],
+        LIMIT,
+    );
+    assert!(
+        d.stdout.starts_with("diff --git a/a.txt b/a.txt\n"),
+        "{}",
+        d.stdout
+    );
+    assert!(!d.stdout.contains("new.txt"), "PATH filter: {}", d.stdout);
+    // Apply while mounted is refused with what to do, and nothing changes.
+    let a = ctl(&sock, serde_json::json!({"cmd":"stage","op":"apply"}));
+    assert_eq!(a["ok"], false);
+    assert!(
+        a["error"].as_str().unwrap().contains("stop the mount"),
+        "{a}"
+    );
+    assert_eq!(fs::read(m.host("a.txt")).unwrap(), b"one\ntwo\nthree\n");
+    let bad = ctl(
+        &sock,
+        serde_json::json!({"cmd":"stage","op":"status","bogus":1}),
+    );
+    assert_eq!(bad["ok"], false, "{bad}");
+}

@@ -34,6 +34,8 @@ pub enum Command {
     Held,
     /// Become an approver.
     Subscribe,
+    /// A staging operation (`fencefs stage … SOCKET`): `op` and the CLI's arguments.
+    Stage(crate::stage::control::Request),
     /// Answer a held request.
     Decide {
         /// The request's id.

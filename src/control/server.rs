@@ -42,6 +42,8 @@ pub struct Hooks {
     pub reload: Box<dyn Fn() -> Result<Value, Vec<String>> + Send>,
     /// The policy generation in force.
     pub generation: Box<dyn Fn() -> u64 + Send>,
+    /// Staging operations (`None`: the mount has no `--stage`).
+    pub stage: Option<Box<dyn Fn(&crate::stage::control::Request) -> Value + Send>>,
 }
 
 /// Who may connect.
@@ -416,6 +418,10 @@ fn handle(c: &mut Conn, line: &[u8], approvals: &Approvals, hooks: &Hooks) -> Op
             Err(errors) => {
                 json!({"ok": false, "error": "invalid policy; the old one stays in force", "errors": errors})
             }
+        },
+        Command::Stage(r) => match &hooks.stage {
+            Some(f) => f(&r),
+            None => proto::error("this mount has no --stage"),
         },
         Command::Held => {
             let held: Vec<Value> = approvals

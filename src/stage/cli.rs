@@ -1,8 +1,9 @@
 //! `fencefs stage status|diff|apply|discard|checkpoint|log|rewind`: parsing and output.
 //!
-//! A staging area is reached with `--dir DIR` (no daemon needed). `status` and `diff` only
-//! read, so they also work while a mount serves DIR; `apply` and `discard` take DIR's lock
-//! and are refused while a mount runs on it. Names are printed quoted as git quotes them
+//! A staging area is reached with `--dir DIR` (no daemon needed) or through a running
+//! mount's control SOCKET (the first argument without `--dir`). `status` and `diff` only
+//! read, so they work either way while a mount serves DIR; `apply` and `discard` take
+//! DIR's lock and are refused while a mount runs on it. Names are printed quoted as git quotes them
 //! (no byte of a name reaches the terminal raw).
 
 use std::ffi::OsString;
@@ -119,15 +120,7 @@ fn paths(args: &[OsString]) -> Vec<Vec<u8>> {
 fn area(at: &At, args: &[OsString]) -> Result<(Area, Vec<Vec<u8>>), String> {
     match &at.dir {
         Some(d) => Ok((Area::open(d)?, paths(args))),
-        None => Err(match args.first() {
-            Some(s) => format!(
-                "'{}': staging through a mount's control socket is not implemented yet; \
-                 use --dir DIR (status and diff work while the mount runs, apply and \
-                 discard once it is stopped)",
-                s.to_string_lossy()
-            ),
-            None => "give the staging area: --dir DIR".to_string(),
-        }),
+        None => Err("give the staging area: a mount's control SOCKET or --dir DIR".to_string()),
     }
 }
 
@@ -206,7 +199,47 @@ pub fn run(a: StageArgs) -> i32 {
     }
 }
 
+/// Through a running mount's control socket: `args[0]` is SOCKET.
+fn via_socket(op: &str, args: &[OsString], json_out: bool, force: bool) -> Result<i32, String> {
+    let socket = PathBuf::from(&args[0]);
+    let ps: Vec<String> = paths(&args[1..])
+        .iter()
+        .map(|p| String::from_utf8_lossy(p).into_owned())
+        .collect();
+    let req = serde_json::json!({"cmd": "stage", "op": op, "paths": ps, "force": force});
+    let a = crate::control::client::call_once(&socket, &req)?;
+    if a["ok"] != serde_json::Value::Bool(true) {
+        return Err(a["error"].as_str().unwrap_or("refused").to_string());
+    }
+    match op {
+        "status" if json_out => println!("{}", a["changes"]),
+        "status" => {
+            for l in a["lines"].as_array().into_iter().flatten() {
+                println!("{}", l.as_str().unwrap_or_default());
+            }
+        }
+        "diff" => print!("{}", a["diff"].as_str().unwrap_or_default()),
+        _ => println!("{a}"),
+    }
+    Ok(0)
+}
+
 fn run_op(op: StageOp) -> Result<i32, String> {
+    match &op {
+        StageOp::Status { at, json, args } if at.dir.is_none() && !args.is_empty() => {
+            return via_socket("status", args, *json, false);
+        }
+        StageOp::Diff { at, args } if at.dir.is_none() && !args.is_empty() => {
+            return via_socket("diff", args, false, false);
+        }
+        StageOp::Apply { at, args, force } if at.dir.is_none() && !args.is_empty() => {
+            return via_socket("apply", args, false, *force);
+        }
+        StageOp::Discard { at, args } if at.dir.is_none() && !args.is_empty() => {
+            return via_socket("discard", args, false, false);
+        }
+        _ => {}
+    }
     match op {
         StageOp::Status { at, json: js, args } => {
             let (area, ps) = area(&at, &args)?;

@@ -22,6 +22,7 @@ pub mod apply;
 pub mod area;
 pub mod changes;
 pub mod cli;
+pub mod control;
 pub mod diff;
 mod sys;
 pub mod tree;
