@@ -43,7 +43,7 @@ pub struct Hooks {
     /// The policy generation in force.
     pub generation: Box<dyn Fn() -> u64 + Send>,
     /// Staging operations (`None`: the mount has no `--stage`).
-    pub stage: Option<Box<dyn Fn(&crate::stage::control::Request) -> Value + Send>>,
+    pub stage: Option<crate::stage::control::Handler>,
 }
 
 /// Who may connect.

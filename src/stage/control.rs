@@ -20,6 +20,9 @@ use super::cli::{json as change_json, layers, selected};
 use crate::control::proto;
 use crate::control::server::Hooks;
 
+/// What the control server calls for a `stage` command.
+pub type Handler = Box<dyn Fn(&Request) -> Value + Send>;
+
 /// One `{"cmd":"stage",…}` request.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
