@@ -722,3 +722,28 @@ fn the_control_socket_serves_status_and_diff_of_a_running_mount() {
     );
     assert_eq!(bad["ok"], false, "{bad}");
 }
+
+#[test]
+fn an_apply_stopped_after_a_directory_rename_loses_nothing() {
+    let (mut m, dir) = staged("stage-rename-crash", WRITE, sample);
+    m.sh("set -e; echo changed > sub/b.txt; mv sub moved")
+        .assert_ok("stage a dir rename");
+    let merged = snapshot(&m.mnt(""));
+    stop(&mut m);
+    // What an apply killed right after its SOURCE rename leaves: SOURCE renamed, the
+    // staged directory still redirected to the old name.
+    fs::rename(m.host("sub"), m.host("moved")).unwrap();
+    assert_eq!(stage(&["status"], &dir).stdout, "M moved/b.txt\n");
+    // A new daemon shows the same merged view (the redirect is repaired at startup).
+    let second = Second::start(&m, &dir, &m.policy_path());
+    let d = snapshot_diff(&merged, &snapshot(&second.mnt));
+    assert!(
+        d.is_empty(),
+        "merged view after the interrupted apply:\n{d}"
+    );
+    drop(second);
+    stage(&["apply"], &dir).assert_ok("apply the rest");
+    assert_eq!(fs::read(m.host("moved/b.txt")).unwrap(), b"changed\n");
+    assert_eq!(fs::read(m.host("moved/deep/c.txt")).unwrap(), b"sea\n");
+    assert_eq!(stage(&["status"], &dir).stdout, "");
+}

@@ -107,6 +107,14 @@ impl Change {
     }
 }
 
+/// The SOURCE path a redirect of the staged directory at `path` names.
+pub fn redirect_path(path: &[u8], r: &[u8]) -> Vec<u8> {
+    match r.strip_prefix(b"/") {
+        Some(abs) => abs.to_vec(),
+        None => join(split(path).0, r),
+    }
+}
+
 /// The two layers a staging area compares.
 pub struct Layers {
     /// The staged tree.
@@ -186,13 +194,16 @@ impl Layers {
                 // Where this directory's SOURCE contents live: a redirect names them.
                 let (origin, from) = match self.upper.redirect(&u) {
                     Some(r) => {
-                        let from = if let Some(abs) = r.strip_prefix(b"/") {
-                            abs.to_vec()
-                        } else {
-                            join(split(&p).0, &r)
-                        };
-                        sources.insert(from.clone());
-                        (self.lower.dir(&from)?, Some(from))
+                        let from = redirect_path(&p, &r);
+                        match self.lower.dir(&from)? {
+                            Some(o) => {
+                                sources.insert(from.clone());
+                                (Some(o), Some(from))
+                            }
+                            // The rename was carried into SOURCE (an apply that stopped
+                            // before it dropped the redirect): a plain directory.
+                            None => (l.filter(|l| kind(&l.st) == libc::S_IFDIR), None),
+                        }
                     }
                     None => (l.filter(|l| kind(&l.st) == libc::S_IFDIR), None),
                 };
@@ -254,6 +265,39 @@ impl Layers {
                     });
                 }
             }
+        }
+        Ok(())
+    }
+
+    /// Drops the redirect of every staged directory whose rename is already in SOURCE
+    /// (its old path gone, its own path a directory): what an apply stopped between the
+    /// SOURCE rename and the redirect's removal leaves. Run before the overlay is mounted
+    /// and before apply/discard; returns the paths repaired.
+    pub fn repair(&self) -> io::Result<Vec<Vec<u8>>> {
+        let mut out = Vec::new();
+        if let Some(root) = self.upper.get(b"")? {
+            self.repair_in(b"", &root, &mut out)?;
+        }
+        Ok(out)
+    }
+
+    fn repair_in(&self, path: &[u8], d: &Node, out: &mut Vec<Vec<u8>>) -> io::Result<()> {
+        for name in self.upper.list(d)? {
+            let Some(c) = self.upper.child(d, &name)? else {
+                continue;
+            };
+            if kind(&c.st) != libc::S_IFDIR {
+                continue;
+            }
+            let p = join(path, &name);
+            if let Some(r) = self.upper.redirect(&c)
+                && self.lower.dir(&redirect_path(&p, &r))?.is_none()
+                && self.lower.dir(&p)?.is_some()
+            {
+                sys::removexattr_fd(c.fd.as_fd(), b"trusted.overlay.redirect")?;
+                out.push(p.clone());
+            }
+            self.repair_in(&p, &c, out)?;
         }
         Ok(())
     }

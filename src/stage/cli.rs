@@ -135,6 +135,20 @@ pub fn layers(a: &Area) -> Result<Layers, String> {
     })
 }
 
+/// Repairs what an interrupted apply left (see [`Layers::repair`]), saying so.
+pub fn repair(l: &Layers) -> Result<(), String> {
+    for p in l
+        .repair()
+        .map_err(|e| format!("repairing the staged tree: {e}"))?
+    {
+        log::warn!(
+            "stage: the rename of {} was already in SOURCE (an apply stopped midway): redirect dropped",
+            quote(&p)
+        );
+    }
+    Ok(())
+}
+
 /// The changes of `l` that concern one of `paths` (all when empty).
 pub fn selected(l: &Layers, paths: &[Vec<u8>]) -> Result<Vec<Change>, String> {
     let all = l
@@ -266,6 +280,7 @@ fn run_op(op: StageOp) -> Result<i32, String> {
             let (area, ps) = area(&at, &args)?;
             area.lock()?;
             let l = layers(&area)?;
+            repair(&l)?;
             let list = selected(&l, &ps)?;
             let report = super::apply::apply(&l, &list, force);
             for line in &report.lines {

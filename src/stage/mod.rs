@@ -71,6 +71,7 @@ pub fn start(dir: &Path, src: &Path, mnt: &Path, source: &OwnedFd) -> Result<Own
     let area = Area::create_or_open(dir, src, mnt)?;
     area.lock()?;
     area.match_root(source)?;
+    cli::repair(&cli::layers(&area)?)?;
     let root = engine(&area, source)?;
     log::info!(
         "staging: every change lands in {} (SOURCE {} untouched until `fencefs stage apply`)",
