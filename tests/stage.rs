@@ -747,3 +747,35 @@ fn an_apply_stopped_after_a_directory_rename_loses_nothing() {
     assert_eq!(fs::read(m.host("moved/deep/c.txt")).unwrap(), b"sea\n");
     assert_eq!(stage(&["status"], &dir).stdout, "");
 }
+
+#[test]
+fn links_fifos_and_renames_over_files_land_in_the_stage() {
+    let (mut m, dir) = staged("stage-links", WRITE, sample);
+    let before = snapshot(&m.host(""));
+    m.sh("set -e; ln a.txt hard; mkfifo pipe; echo r > repl; mv repl sub/b.txt; mv run.sh run2.sh")
+        .assert_ok("link, mkfifo, rename over a file, rename a file");
+    use std::os::unix::fs::MetadataExt;
+    assert_eq!(
+        fs::metadata(m.mnt("hard")).unwrap().nlink(),
+        2,
+        "a link of a host file"
+    );
+    assert_eq!(fs::read(m.mnt("hard")).unwrap(), b"one\ntwo\nthree\n");
+    assert_host_unchanged(&before, &m.host(""), "links, fifos, renames");
+    assert_eq!(
+        stage(&["status"], &dir).stdout,
+        "A hard\nA pipe\nD run.sh\nA run2.sh\nM sub/b.txt\n"
+    );
+    stop(&mut m);
+    stage(&["apply"], &dir).assert_ok("apply");
+    assert_eq!(fs::read(m.host("hard")).unwrap(), b"one\ntwo\nthree\n");
+    use std::os::unix::fs::FileTypeExt;
+    assert!(
+        fs::symlink_metadata(m.host("pipe"))
+            .unwrap()
+            .file_type()
+            .is_fifo()
+    );
+    assert!(!m.host("run.sh").exists());
+    assert_eq!(fs::read(m.host("sub/b.txt")).unwrap(), b"r\n");
+}
