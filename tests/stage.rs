@@ -779,3 +779,36 @@ fn links_fifos_and_renames_over_files_land_in_the_stage() {
     assert!(!m.host("run.sh").exists());
     assert_eq!(fs::read(m.host("sub/b.txt")).unwrap(), b"r\n");
 }
+
+#[test]
+fn a_directory_deleted_and_made_again_applies_as_such() {
+    let (mut m, dir) = staged("stage-opaque", WRITE, sample);
+    m.sh("set -e; rm -rf sub; mkdir sub; echo n > sub/new")
+        .assert_ok("rm -rf, mkdir");
+    assert_eq!(names_str(&m.mnt("sub")).unwrap(), vec!["new"]);
+    assert_eq!(
+        stage(&["status"], &dir).stdout,
+        "D sub/b.txt\nD sub/deep/\nA sub/new\n"
+    );
+    let merged = snapshot(&m.mnt(""));
+    stop(&mut m);
+    // One entry inside cannot be discarded alone (SOURCE's would come back half-way).
+    let d = stage(&["discard", "sub/new"], &dir);
+    d.assert_fail("discard inside an opaque directory");
+    assert!(d.stdout.contains("discard that directory"), "{}", d.stdout);
+    // The directory itself can be discarded, and can be made again the same way.
+    let backup = m.root().join("stage-copy");
+    sh_in(
+        m.root(),
+        &format!("cp -a {} {}", dir.display(), backup.display()),
+    )
+    .assert_ok("cp");
+    stage(&["discard", "sub"], &dir).assert_ok("discard the directory");
+    assert_eq!(stage(&["status"], &dir).stdout, "");
+    fs::remove_dir_all(&dir).unwrap();
+    fs::rename(&backup, &dir).unwrap();
+    stage(&["apply"], &dir).assert_ok("apply");
+    let dd = snapshot_diff(&merged, &snapshot(&m.host("")));
+    assert!(dd.is_empty(), "SOURCE after apply:\n{dd}");
+    assert_eq!(stage(&["status"], &dir).stdout, "");
+}

@@ -392,6 +392,20 @@ pub fn discard(l: &Layers, list: &[Change], paths: &[Vec<u8>]) -> Report {
         return r;
     }
     for p in paths {
+        // A directory deleted and made again goes whole (SOURCE's contents come back).
+        if let Ok(Some(n)) = l.upper.dir(p)
+            && l.upper.is_opaque(&n)
+            && !list.iter().any(|c| c.path == *p && c.under_opaque)
+        {
+            match unstage_path(l, p) {
+                Ok(()) => r.lines.push(format!("discarded {}/", quote(p))),
+                Err(e) => {
+                    r.lines.push(format!("refused {}/: {e}", quote(p)));
+                    r.refused += 1;
+                }
+            }
+            continue;
+        }
         let inside: Vec<&Change> = list.iter().filter(|c| c.within(p)).collect();
         if inside.is_empty() {
             // Part of a new, renamed or retyped directory: drop that part only.
