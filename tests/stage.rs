@@ -812,3 +812,45 @@ fn a_directory_deleted_and_made_again_applies_as_such() {
     assert!(dd.is_empty(), "SOURCE after apply:\n{dd}");
     assert_eq!(stage(&["status"], &dir).stdout, "");
 }
+
+/// A small tmpfs for DIR, unmounted on drop.
+struct SmallFs(PathBuf);
+
+impl Drop for SmallFs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+#[test]
+fn enospc_in_dir_fails_the_write_and_keeps_the_stage_consistent() {
+    let b = Mount::builder("stage-enospc").policy(WRITE);
+    sample(&b.host(""));
+    let tm = b.root().join("tm");
+    fs::create_dir_all(&tm).unwrap();
+    let ok = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=1m", "tmpfs"])
+        .arg(&tm)
+        .status()
+        .unwrap();
+    assert!(ok.success(), "mount a 1 MiB tmpfs");
+    let _small = SmallFs(tm.clone());
+    let dir = tm.join("stage");
+    let mut m = b.arg("--stage").arg(&dir).start();
+    let before = snapshot(&m.host(""));
+    fs::write(m.mnt("small.txt"), b"fits\n").unwrap();
+    let big = pseudo_random(4 << 20, 7);
+    assert_errno(
+        fs::write(m.mnt("big.bin"), &big),
+        libc::ENOSPC,
+        "write past DIR's space",
+    )
+    .ok();
+    assert_eq!(fs::read(m.mnt("small.txt")).unwrap(), b"fits\n");
+    assert_host_unchanged(&before, &m.host(""), "ENOSPC in DIR");
+    m.sh("rm -f big.bin").assert_ok("rm the partial file");
+    assert_eq!(stage(&["status"], &dir).stdout, "A small.txt\n");
+    stop(&mut m);
+    stage(&["apply"], &dir).assert_ok("apply");
+    assert_eq!(fs::read(m.host("small.txt")).unwrap(), b"fits\n");
+}

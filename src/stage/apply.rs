@@ -231,15 +231,7 @@ fn copy_entry(l: &Layers, u: &Node, dir: BorrowedFd<'_>, t: &Name, top: bool) ->
                 libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW,
                 0o600,
             )?;
-            let mut off = 0u64;
-            let size = u.st.st_size as u64;
-            while off < size {
-                let n = sys::copy_file_range(src.as_fd(), off, dst.as_fd(), off, size - off)?;
-                if n == 0 {
-                    break;
-                }
-                off += n as u64;
-            }
+            copy_bytes(src.as_fd(), dst.as_fd(), u.st.st_size as u64)?;
             let node = sys::open_path(dir, t)?;
             set_meta(&l.upper, u, &l.lower, node.as_fd(), Some(mode), true)?;
             if top {
@@ -287,6 +279,43 @@ fn copy_entry(l: &Layers, u: &Node, dir: BorrowedFd<'_>, t: &Name, top: bool) ->
             sys::fchownat_nofollow(dir, t, u.st.st_uid, u.st.st_gid)
         }
     }
+}
+
+/// Copies `size` bytes: `copy_file_range` (a clone or in-kernel copy) where the two file
+/// systems allow it, else reads and writes (DIR on another file system type).
+fn copy_bytes(src: BorrowedFd<'_>, dst: BorrowedFd<'_>, size: u64) -> io::Result<()> {
+    let mut off = 0u64;
+    while off < size {
+        match sys::copy_file_range(src, off, dst, off, size - off) {
+            Ok(0) => return Ok(()),
+            Ok(n) => off += n as u64,
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::EXDEV | libc::EINVAL | libc::EOPNOTSUPP | libc::ENOSYS)
+                ) =>
+            {
+                break;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    let mut buf = vec![0u8; 256 * 1024];
+    while off < size {
+        let n = sys::pread(src, &mut buf, off)?;
+        if n == 0 {
+            break;
+        }
+        let mut done = 0;
+        while done < n {
+            match sys::pwrite(dst, &buf[done..n], off + done as u64)? {
+                0 => return Err(io::Error::from_raw_os_error(libc::EIO)),
+                k => done += k,
+            }
+        }
+        off += n as u64;
+    }
+    Ok(())
 }
 
 /// Gives SOURCE's `dst` (a regular file or directory handle) the staged entry's owner,
