@@ -20,6 +20,10 @@ use super::cli::{json as change_json, layers, selected};
 use crate::control::proto;
 use crate::control::server::Hooks;
 
+/// The largest diff answered on the socket (an answer is one line the daemon holds until
+/// the peer reads it).
+const MAX_DIFF: usize = 32 << 20;
+
 /// What the control server calls for a `stage` command.
 pub type Handler = Box<dyn Fn(&Request) -> Value + Send>;
 
@@ -84,6 +88,13 @@ fn run(dir: &Path, r: &Request) -> Result<Value, String> {
             let list = selected(&l, &paths(r))?;
             let mut out = Vec::new();
             super::diff::write(&l, &list, &mut out).map_err(|e| format!("diff: {e}"))?;
+            if out.len() > MAX_DIFF {
+                return Err(format!(
+                    "the diff is over {} MiB: read it with `fencefs stage diff --dir {}`",
+                    MAX_DIFF >> 20,
+                    area.dir.display()
+                ));
+            }
             Ok(json!({"diff": String::from_utf8_lossy(&out)}))
         }
         "apply" | "discard" => Err(format!(
