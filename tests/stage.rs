@@ -290,6 +290,33 @@ fn host_edit_of_a_staged_path_is_a_conflict_refused_without_force() {
     assert_eq!(fs::read(m.host("a.txt")).unwrap(), b"agent\n");
 }
 
+#[test]
+fn a_staged_file_the_host_deleted_is_a_conflict_a_moved_one_is_not() {
+    let (mut m, dir) = staged("stage-host-delete", WRITE, sample);
+    m.sh("set -e; echo agent >> sub/b.txt; echo agent >> a.txt; mv run.sh run2.sh")
+        .assert_ok("stage");
+    fs::remove_file(m.host("sub/b.txt")).unwrap();
+    // While the mount runs its overlay keeps the deleted original alive; stopped, the
+    // deletion shows.
+    stop(&mut m);
+    assert_eq!(
+        stage(&["status"], &dir).stdout,
+        "M a.txt\nD run.sh\nA run2.sh\nCA sub/b.txt\n"
+    );
+    let a = stage(&["apply"], &dir);
+    a.assert_fail("a conflict is refused");
+    assert!(
+        a.stdout.contains("refused CA sub/b.txt: conflict"),
+        "{}",
+        a.stdout
+    );
+    assert!(!m.host("sub/b.txt").exists(), "the host's delete is kept");
+    assert_eq!(
+        fs::read(m.host("run2.sh")).unwrap(),
+        b"#!/bin/sh\necho hi\n"
+    );
+}
+
 /// A second daemon on the same SOURCE and DIR, at its own mount point.
 struct Second {
     child: Child,

@@ -7,7 +7,8 @@
 //! one `D dir/`; a directory renamed with a redirect is `R old -> new`, its old name's
 //! whiteout not listed again. A change is a **conflict** when SOURCE's entry changed
 //! (ctime) after the staged entry was made (its birth time: the copy-up or the delete),
-//! or appeared since (an added path that SOURCE now has).
+//! appeared since (an added path that SOURCE now has), or is gone (a copied-up file whose
+//! SOURCE original no longer exists anywhere: its overlayfs origin is stale).
 //!
 //! Invariants: read-only; paths are workspace-relative bytes; the list is sorted by path.
 
@@ -236,7 +237,26 @@ impl Layers {
                 continue;
             }
             match &l {
-                None => out.push(mk(Kind::Added, false)),
+                None => {
+                    // Copied up from a SOURCE file that is gone now (not moved by the
+                    // agent: its origin no longer exists): the host deleted what was staged.
+                    let mut c = mk(Kind::Added, false);
+                    c.conflict = self
+                        .upper
+                        .xattr(&u, b"trusted.overlay.origin")
+                        .and_then(|o| {
+                            // open_by_handle_at takes no O_PATH descriptor.
+                            let d = sys::reopen(
+                                self.lower.proc_fd.as_fd(),
+                                self.lower.root.as_fd(),
+                                libc::O_RDONLY | libc::O_DIRECTORY,
+                            )
+                            .ok()?;
+                            ssys::origin_exists(d.as_fd(), &o)
+                        })
+                        == Some(false);
+                    out.push(c);
+                }
                 Some(l) if kind(&l.st) != kind(&u.st) => out.push(mk(Kind::Type, false)),
                 Some(l) => {
                     if !self.same_contents(&u, l)? {

@@ -133,3 +133,38 @@ pub fn syncfs(fd: BorrowedFd<'_>) -> io::Result<()> {
     // SAFETY: valid fd; no memory arguments.
     cvt(unsafe { libc::syncfs(fd.as_raw_fd()) } as libc::c_long).map(drop)
 }
+
+/// Whether the file named by an overlayfs origin (`trusted.overlay.origin`: version,
+/// magic 0xfb, length, flags, handle type, the file system's uuid, then the file handle)
+/// still exists on the file system of `mount_fd`. `None` when the value cannot be read as
+/// one (another format, a handle this file system does not decode).
+pub fn origin_exists(mount_fd: BorrowedFd<'_>, origin: &[u8]) -> Option<bool> {
+    const HEAD: usize = 5 + 16;
+    if origin.len() <= HEAD || origin[1] != 0xfb || origin[2] as usize != origin.len() {
+        return None;
+    }
+    let fid = &origin[HEAD..];
+    // struct file_handle: u32 handle_bytes, i32 handle_type, then the bytes.
+    let mut buf = vec![0u8; 8 + fid.len()];
+    buf[..4].copy_from_slice(&(fid.len() as u32).to_ne_bytes());
+    buf[4..8].copy_from_slice(&(origin[4] as i32).to_ne_bytes());
+    buf[8..].copy_from_slice(fid);
+    // SAFETY: valid fd; `buf` is a struct file_handle of the size it declares.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_open_by_handle_at,
+            mount_fd.as_raw_fd(),
+            buf.as_mut_ptr(),
+            libc::O_PATH | libc::O_CLOEXEC,
+        )
+    };
+    if fd >= 0 {
+        // SAFETY: the kernel just returned this descriptor.
+        drop(unsafe { OwnedFd::from_raw_fd(fd as i32) });
+        return Some(true);
+    }
+    match io::Error::last_os_error().raw_os_error() {
+        Some(libc::ESTALE | libc::ENOENT) => Some(false),
+        _ => None,
+    }
+}
