@@ -166,124 +166,157 @@ impl Layers {
         let under = under_opaque || opaque;
         let names = self.upper.list(up)?;
         for name in &names {
-            let p = join(path, name);
             let Some(u) = self.upper.child(up, name)? else {
                 continue;
             };
-            let l = match low {
-                Some(d) if kind(&d.st) == libc::S_IFDIR => self.lower.child(d, name)?,
-                _ => None,
-            };
+            let l = self.lower_at(low, name)?;
             let at = staged_at(up, name, &u.st);
-            let conflict = l.as_ref().is_some_and(|l| ctime_ns(&l.st) > at);
-            let mk = |kind: Kind, dir: bool| Change {
-                path: p.clone(),
-                kind,
-                conflict,
-                dir,
+            let base = Change {
+                path: join(path, name),
+                kind: Kind::Added,
+                conflict: l.as_ref().is_some_and(|l| ctime_ns(&l.st) > at),
+                dir: false,
                 entries: None,
                 under_opaque: under,
             };
             if self.upper.is_whiteout(&u) {
                 if let Some(l) = &l {
-                    out.push(mk(Kind::Deleted, kind(&l.st) == libc::S_IFDIR));
-                }
-                continue;
-            }
-            let udir = kind(&u.st) == libc::S_IFDIR;
-            if udir {
-                // Where this directory's SOURCE contents live: a redirect names them.
-                let (origin, from) = match self.upper.redirect(&u) {
-                    Some(r) => {
-                        let from = redirect_path(&p, &r);
-                        match self.lower.dir(&from)? {
-                            Some(o) => {
-                                sources.insert(from.clone());
-                                (Some(o), Some(from))
-                            }
-                            // The rename was carried into SOURCE (an apply that stopped
-                            // before it dropped the redirect): a plain directory.
-                            None => (l.filter(|l| kind(&l.st) == libc::S_IFDIR), None),
-                        }
-                    }
-                    None => (l.filter(|l| kind(&l.st) == libc::S_IFDIR), None),
-                };
-                match (&origin, from) {
-                    (Some(o), Some(from)) => {
-                        out.push(mk(Kind::Renamed { from }, true));
-                        self.walk(&p, &u, Some(o), under, out, sources)?;
-                    }
-                    (Some(o), None) => {
-                        if self.dir_meta_differs(&u, o) {
-                            out.push(mk(Kind::Metadata, true));
-                        }
-                        self.walk(&p, &u, Some(o), under, out, sources)?;
-                    }
-                    (None, _) => {
-                        let lower_here = self.lower_at(low, name)?;
-                        let mut c = mk(
-                            if lower_here.is_some() {
-                                Kind::Type
-                            } else {
-                                Kind::Added
-                            },
-                            true,
-                        );
-                        c.conflict = lower_here.is_some_and(|l| ctime_ns(&l.st) > at);
-                        c.entries = Some(self.count(&u)?);
-                        out.push(c);
-                    }
-                }
-                continue;
-            }
-            match &l {
-                None => {
-                    // Copied up from a SOURCE file that is gone now (not moved by the
-                    // agent: its origin no longer exists): the host deleted what was staged.
-                    let mut c = mk(Kind::Added, false);
-                    c.conflict = self
-                        .upper
-                        .xattr(&u, b"trusted.overlay.origin")
-                        .and_then(|o| {
-                            // open_by_handle_at takes no O_PATH descriptor.
-                            let d = sys::reopen(
-                                self.lower.proc_fd.as_fd(),
-                                self.lower.root.as_fd(),
-                                libc::O_RDONLY | libc::O_DIRECTORY,
-                            )
-                            .ok()?;
-                            ssys::origin_exists(d.as_fd(), &o)
-                        })
-                        == Some(false);
-                    out.push(c);
-                }
-                Some(l) if kind(&l.st) != kind(&u.st) => out.push(mk(Kind::Type, false)),
-                Some(l) => {
-                    if !self.same_contents(&u, l)? {
-                        out.push(mk(Kind::Modified, false));
-                    } else if self.meta_differs(&u, l) {
-                        out.push(mk(Kind::Metadata, false));
-                    }
-                }
-            }
-        }
-        // SOURCE entries an opaque directory hides are deleted.
-        if opaque && let Some(low) = low.filter(|l| kind(&l.st) == libc::S_IFDIR) {
-            let staged: HashSet<&Vec<u8>> = names.iter().collect();
-            for name in self.lower.list(low)? {
-                if staged.contains(&name) {
-                    continue;
-                }
-                if let Some(l) = self.lower.child(low, &name)? {
                     out.push(Change {
-                        path: join(path, &name),
                         kind: Kind::Deleted,
-                        conflict: false,
                         dir: kind(&l.st) == libc::S_IFDIR,
-                        entries: None,
-                        under_opaque: true,
+                        ..base
                     });
                 }
+            } else if kind(&u.st) == libc::S_IFDIR {
+                self.dir_entry(base, &u, l, out, sources)?;
+            } else if let Some(c) = self.file_entry(base, &u, l.as_ref())? {
+                out.push(c);
+            }
+        }
+        if opaque && let Some(low) = low.filter(|l| kind(&l.st) == libc::S_IFDIR) {
+            self.hidden_by_opaque(path, low, &names, out)?;
+        }
+        Ok(())
+    }
+
+    /// A staged directory: renamed (a redirect names its SOURCE contents), changed in
+    /// place (then walked), or new / replacing a non-directory (one line).
+    fn dir_entry(
+        &self,
+        base: Change,
+        u: &Node,
+        l: Option<Node>,
+        out: &mut Vec<Change>,
+        sources: &mut HashSet<Vec<u8>>,
+    ) -> io::Result<()> {
+        let under = base.under_opaque;
+        let ldir = |l: Option<Node>| l.filter(|l| kind(&l.st) == libc::S_IFDIR);
+        let lower_here = l.is_some();
+        let (origin, from) = match self.upper.redirect(u) {
+            Some(r) => {
+                let from = redirect_path(&base.path, &r);
+                match self.lower.dir(&from)? {
+                    Some(o) => {
+                        sources.insert(from.clone());
+                        (Some(o), Some(from))
+                    }
+                    // The rename was carried into SOURCE (an apply that stopped before it
+                    // dropped the redirect): a plain directory.
+                    None => (ldir(l), None),
+                }
+            }
+            None => (ldir(l), None),
+        };
+        let p = base.path.clone();
+        match (origin, from) {
+            (Some(o), Some(from)) => {
+                out.push(Change {
+                    kind: Kind::Renamed { from },
+                    dir: true,
+                    ..base
+                });
+                self.walk(&p, u, Some(&o), under, out, sources)
+            }
+            (Some(o), None) => {
+                if self.dir_meta_differs(u, &o) {
+                    out.push(Change {
+                        kind: Kind::Metadata,
+                        dir: true,
+                        ..base
+                    });
+                }
+                self.walk(&p, u, Some(&o), under, out, sources)
+            }
+            (None, _) => {
+                out.push(Change {
+                    kind: if lower_here { Kind::Type } else { Kind::Added },
+                    dir: true,
+                    entries: Some(self.count(u)?),
+                    ..base
+                });
+                Ok(())
+            }
+        }
+    }
+
+    /// A staged non-directory against its SOURCE entry `l` (`None`: no change).
+    fn file_entry(&self, base: Change, u: &Node, l: Option<&Node>) -> io::Result<Option<Change>> {
+        let kind_of = |k| Change {
+            kind: k,
+            ..base.clone()
+        };
+        Ok(match l {
+            // Copied up from a SOURCE file that is gone now (not moved by the agent: its
+            // origin no longer exists): the host deleted what was staged.
+            None => Some(Change {
+                conflict: self.origin_gone(u),
+                ..kind_of(Kind::Added)
+            }),
+            Some(l) if kind(&l.st) != kind(&u.st) => Some(kind_of(Kind::Type)),
+            Some(l) if !self.same_contents(u, l)? => Some(kind_of(Kind::Modified)),
+            Some(l) if self.meta_differs(u, l) => Some(kind_of(Kind::Metadata)),
+            Some(_) => None,
+        })
+    }
+
+    /// Whether staged `u` was copied up from a SOURCE file that no longer exists.
+    fn origin_gone(&self, u: &Node) -> bool {
+        let Some(o) = self.upper.xattr(u, b"trusted.overlay.origin") else {
+            return false;
+        };
+        // open_by_handle_at takes no O_PATH descriptor.
+        let Ok(d) = sys::reopen(
+            self.lower.proc_fd.as_fd(),
+            self.lower.root.as_fd(),
+            libc::O_RDONLY | libc::O_DIRECTORY,
+        ) else {
+            return false;
+        };
+        ssys::origin_exists(d.as_fd(), &o) == Some(false)
+    }
+
+    /// SOURCE entries an opaque staged directory hides: deleted.
+    fn hidden_by_opaque(
+        &self,
+        path: &[u8],
+        low: &Node,
+        staged: &[Vec<u8>],
+        out: &mut Vec<Change>,
+    ) -> io::Result<()> {
+        let staged: HashSet<&Vec<u8>> = staged.iter().collect();
+        for name in self.lower.list(low)? {
+            if staged.contains(&name) {
+                continue;
+            }
+            if let Some(l) = self.lower.child(low, &name)? {
+                out.push(Change {
+                    path: join(path, &name),
+                    kind: Kind::Deleted,
+                    conflict: false,
+                    dir: kind(&l.st) == libc::S_IFDIR,
+                    entries: None,
+                    under_opaque: true,
+                });
             }
         }
         Ok(())
