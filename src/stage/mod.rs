@@ -29,8 +29,19 @@ pub mod tree;
 
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 pub use area::Area;
+
+/// Set once this daemon serves a staged mount (before the FUSE session starts).
+static ACTIVE: AtomicBool = AtomicBool::new(false);
+
+/// The FUSE stack depth to announce for passthrough: backing files of a staged mount live
+/// on the overlay (depth 1), so they need 2 (and then nothing may stack on this mount);
+/// otherwise 1.
+pub fn stack_depth() -> u32 {
+    if ACTIVE.load(Ordering::Relaxed) { 2 } else { 1 }
+}
 
 /// The merged view of `source` (its handle) with the staged tree of `area` on top: the
 /// root handle of a detached overlay mount (lower SOURCE, upper `DIR/upper`). Redirects
@@ -78,6 +89,7 @@ pub fn start(dir: &Path, src: &Path, mnt: &Path, source: &OwnedFd) -> Result<Own
         area.dir.display(),
         src.display()
     );
+    ACTIVE.store(true, Ordering::Relaxed);
     // The lock lives exactly as long as the daemon.
     std::mem::forget(area);
     Ok(root)
