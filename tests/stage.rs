@@ -909,3 +909,17 @@ fn a_daemon_without_root_is_told_staging_needs_it() {
     assert!(o.stderr.contains("run the daemon as root"), "{}", o.stderr);
     assert!(!is_mounted(&root.join("u/mnt")));
 }
+
+#[test]
+fn type_changes_are_t_and_apply_replaces_what_is_in_the_way() {
+    let (mut m, dir) = staged("stage-type", WRITE, sample);
+    m.sh("set -e; rm a.txt; mkdir a.txt; echo in > a.txt/inner; rm -rf gone; ln -s sub gone")
+        .assert_ok("a file becomes a directory, a directory a symlink");
+    assert_eq!(stage(&["status"], &dir).stdout, "T a.txt/\nT gone\n");
+    let merged = snapshot(&m.mnt(""));
+    stop(&mut m);
+    stage(&["apply"], &dir).assert_ok("apply");
+    let d = snapshot_diff(&merged, &snapshot(&m.host("")));
+    assert!(d.is_empty(), "SOURCE after apply:\n{d}");
+    assert_eq!(stage(&["status"], &dir).stdout, "");
+}

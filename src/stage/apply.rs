@@ -184,21 +184,22 @@ fn apply_one(l: &Layers, c: &Change) -> io::Result<()> {
             let n = name(last)?;
             let t = tmp_name(last, "apply")?;
             copy_entry(l, &u, dir.as_fd(), &t, true)?;
-            // A directory in the way (a type change) is moved aside, then removed.
+            // What is in the way of a type change (a directory for a file, or a file for a
+            // directory: rename(2) replaces neither) is swapped out atomically with
+            // RENAME_EXCHANGE (the name never goes missing), then removed.
             let old = l.lower.child(&Node::from_fd(&dir)?, last)?;
-            let aside = match old {
-                Some(o) if kind(&o.st) == libc::S_IFDIR => {
-                    let a = tmp_name(last, "old")?;
-                    sys::renameat2(dir.as_fd(), &n, dir.as_fd(), &a, libc::RENAME_NOREPLACE)?;
-                    Some(a)
+            let new_dir = kind(&u.st) == libc::S_IFDIR;
+            match old {
+                Some(o) if (kind(&o.st) == libc::S_IFDIR) != new_dir => {
+                    sys::renameat2(dir.as_fd(), &t, dir.as_fd(), &n, libc::RENAME_EXCHANGE)?;
+                    sync_dir(&l.lower, dir.as_fd())?;
+                    remove_tree(&l.lower, dir.as_fd(), &t)?;
                 }
-                _ => None,
-            };
-            sys::renameat2(dir.as_fd(), &t, dir.as_fd(), &n, 0)?;
-            sync_dir(&l.lower, dir.as_fd())?;
-            if let Some(a) = aside {
-                remove_tree(&l.lower, dir.as_fd(), &a)?;
+                _ => {
+                    sys::renameat2(dir.as_fd(), &t, dir.as_fd(), &n, 0)?;
+                }
             }
+            sync_dir(&l.lower, dir.as_fd())?;
             if !c.under_opaque {
                 unstage_path(l, &c.path)?;
             }
