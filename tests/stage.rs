@@ -923,3 +923,34 @@ fn type_changes_are_t_and_apply_replaces_what_is_in_the_way() {
     assert!(d.is_empty(), "SOURCE after apply:\n{d}");
     assert_eq!(stage(&["status"], &dir).stdout, "");
 }
+
+#[test]
+fn a_staged_tree_too_deep_to_walk_is_refused_and_the_daemon_lives() {
+    let b = Mount::builder("stage-deep").policy(WRITE);
+    let dir = stage_dir(&b);
+    let sock = b.root().join("ctl.sock");
+    let mut m = b
+        .arg("--stage")
+        .arg(&dir)
+        .arg("--control")
+        .arg(&sock)
+        .start();
+    let deep = vec!["d"; 450].join("/");
+    m.sh(&format!("mkdir -p {deep} && echo x > {deep}/f"))
+        .assert_ok("a 450-level tree");
+    let s = ctl(&sock, serde_json::json!({"cmd":"stage","op":"status"}));
+    assert_eq!(s["ok"], false, "{s}");
+    assert!(
+        s["error"].as_str().unwrap().contains("deeper than 400"),
+        "{s}"
+    );
+    assert_eq!(
+        ctl(&sock, serde_json::json!({"cmd":"status"}))["staged"],
+        serde_json::Value::Null
+    );
+    m.assert_alive("after walking a too-deep staged tree");
+    let o = stage(&["status"], &dir);
+    o.assert_fail("offline status");
+    assert!(o.stderr.contains("deeper than 400"), "{}", o.stderr);
+    assert_eq!(fs::read(m.mnt(format!("{deep}/f"))).unwrap(), b"x\n");
+}

@@ -22,7 +22,7 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use super::changes::{Change, Kind, Layers};
 use super::cli::status_line;
 use super::diff::quote;
-use super::tree::{Layer, Node, kind, split};
+use super::tree::{Layer, Node, depth_of, depth_ok, kind, split};
 use crate::host::sys::{self, Name, SetTime};
 
 /// What apply or discard did, as printed lines.
@@ -183,7 +183,7 @@ fn apply_one(l: &Layers, c: &Change) -> io::Result<()> {
             let dir = lower_dir(l, parent)?;
             let n = name(last)?;
             let t = tmp_name(last, "apply")?;
-            copy_entry(l, &u, dir.as_fd(), &t, true)?;
+            copy_entry(l, &u, dir.as_fd(), &t, (true, depth_of(&c.path)))?;
             // What is in the way of a type change (a directory for a file, or a file for a
             // directory: rename(2) replaces neither) is swapped out atomically with
             // RENAME_EXCHANGE (the name never goes missing), then removed.
@@ -221,7 +221,14 @@ impl Node {
 /// its mode, owner, xattrs and times. `top` (the entry to be renamed into place) is
 /// synced: a file with fsync, a directory tree with one syncfs once it is complete (its
 /// files are not synced one by one: none of them is visible before the rename).
-fn copy_entry(l: &Layers, u: &Node, dir: BorrowedFd<'_>, t: &Name, top: bool) -> io::Result<()> {
+fn copy_entry(
+    l: &Layers,
+    u: &Node,
+    dir: BorrowedFd<'_>,
+    t: &Name,
+    (top, depth): (bool, usize),
+) -> io::Result<()> {
+    depth_ok(depth)?;
     let mode = u.st.st_mode & 0o7777;
     match kind(&u.st) {
         libc::S_IFREG => {
@@ -262,7 +269,7 @@ fn copy_entry(l: &Layers, u: &Node, dir: BorrowedFd<'_>, t: &Name, top: bool) ->
                 if l.upper.is_whiteout(&cn) {
                     continue;
                 }
-                copy_entry(l, &cn, d.as_fd(), &name(&child)?, false)?;
+                copy_entry(l, &cn, d.as_fd(), &name(&child)?, (false, depth + 1))?;
             }
             set_meta(&l.upper, u, &l.lower, d.as_fd(), Some(mode), true)?;
             if top {
@@ -365,6 +372,11 @@ fn set_meta(
 /// Removes `dir/n` and everything below it (no symlink followed: `unlinkat` removes a
 /// symlink itself, and directories are entered by `O_PATH | O_NOFOLLOW` handles).
 fn remove_tree(layer: &Layer, dir: BorrowedFd<'_>, n: &Name) -> io::Result<()> {
+    remove_tree_at(layer, dir, n, 0)
+}
+
+fn remove_tree_at(layer: &Layer, dir: BorrowedFd<'_>, n: &Name, depth: usize) -> io::Result<()> {
+    depth_ok(depth)?;
     let st = sys::fstatat_nofollow(dir, n)?;
     if st.st_mode & libc::S_IFMT == libc::S_IFDIR {
         let d = sys::open_path(dir, n)?;
@@ -373,7 +385,7 @@ fn remove_tree(layer: &Layer, dir: BorrowedFd<'_>, n: &Name) -> io::Result<()> {
             fd: d,
         };
         for child in layer.list(&node)? {
-            remove_tree(layer, node.fd.as_fd(), &name(&child)?)?;
+            remove_tree_at(layer, node.fd.as_fd(), &name(&child)?, depth + 1)?;
         }
         sys::unlinkat(dir, n, libc::AT_REMOVEDIR)
     } else {

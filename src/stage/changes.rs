@@ -17,7 +17,7 @@ use std::io;
 use std::os::fd::AsFd;
 
 use super::sys as ssys;
-use super::tree::{Layer, Node, join, kind, split};
+use super::tree::{Layer, Node, depth_of, depth_ok, join, kind, split};
 use crate::host::sys::{self, Name};
 
 /// The kind of one change.
@@ -162,6 +162,7 @@ impl Layers {
         out: &mut Vec<Change>,
         sources: &mut HashSet<Vec<u8>>,
     ) -> io::Result<()> {
+        depth_ok(depth_of(path))?;
         let opaque = self.upper.is_opaque(up);
         let under = under_opaque || opaque;
         let names = self.upper.list(up)?;
@@ -251,7 +252,7 @@ impl Layers {
                 out.push(Change {
                     kind: if lower_here { Kind::Type } else { Kind::Added },
                     dir: true,
-                    entries: Some(self.count(u)?),
+                    entries: Some(self.count(u, depth_of(&p))?),
                     ..base
                 });
                 Ok(())
@@ -335,6 +336,7 @@ impl Layers {
     }
 
     fn repair_in(&self, path: &[u8], d: &Node, out: &mut Vec<Vec<u8>>) -> io::Result<()> {
+        depth_ok(depth_of(path))?;
         for name in self.upper.list(d)? {
             let Some(c) = self.upper.child(d, &name)? else {
                 continue;
@@ -363,7 +365,8 @@ impl Layers {
     }
 
     /// Entries below staged directory `d` (whiteouts not counted).
-    fn count(&self, d: &Node) -> io::Result<u64> {
+    fn count(&self, d: &Node, depth: usize) -> io::Result<u64> {
+        depth_ok(depth)?;
         let mut n = 0;
         for name in self.upper.list(d)? {
             if let Some(c) = self.upper.child(d, &name)? {
@@ -372,7 +375,7 @@ impl Layers {
                 }
                 n += 1;
                 if kind(&c.st) == libc::S_IFDIR {
-                    n += self.count(&c)?;
+                    n += self.count(&c, depth + 1)?;
                 }
             }
         }

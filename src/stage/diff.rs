@@ -9,7 +9,7 @@ use std::collections::HashSet;
 use std::io::{self, Write};
 
 use super::changes::{Change, Kind, Layers};
-use super::tree::{Layer, Node, join, kind};
+use super::tree::{Layer, Node, depth_of, depth_ok, join, kind};
 use crate::host::sys;
 
 const MAX_TEXT: u64 = 16 << 20;
@@ -134,6 +134,7 @@ pub fn write(l: &Layers, list: &[Change], out: &mut impl Write) -> io::Result<()
 
 /// Every file below `path` in `layer`, as added (`new`) or deleted files.
 fn tree(layer: &Layer, path: &[u8], new: bool, out: &mut impl Write) -> io::Result<()> {
+    depth_ok(depth_of(path))?;
     let Some(d) = layer.dir(path)? else {
         return Ok(());
     };
@@ -173,6 +174,7 @@ fn renamed(
     handled: &mut HashSet<Vec<u8>>,
     out: &mut impl Write,
 ) -> io::Result<()> {
+    depth_ok(depth_of(to))?;
     let Some(d) = l.lower.dir(from)? else {
         return Ok(());
     };

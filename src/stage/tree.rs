@@ -13,6 +13,29 @@ use crate::host::sys::{self, Name, Xattr};
 /// The xattr prefix of kernel overlayfs's markers (as root: `trusted.overlay.`).
 pub const OVL: &[u8] = b"trusted.overlay.";
 
+/// How deep the offline commands and the control socket walk a tree: deeper trees are
+/// refused (ELOOP) rather than recursed into without a bound.
+pub const MAX_DEPTH: usize = 400;
+
+/// `Err(ELOOP)` past [`MAX_DEPTH`] levels.
+pub fn depth_ok(depth: usize) -> io::Result<()> {
+    if depth > MAX_DEPTH {
+        return Err(io::Error::other(format!(
+            "deeper than {MAX_DEPTH} directory levels (ELOOP)"
+        )));
+    }
+    Ok(())
+}
+
+/// The depth of a relative path (`b""` = 0).
+pub fn depth_of(path: &[u8]) -> usize {
+    if path.is_empty() {
+        0
+    } else {
+        path.iter().filter(|&&b| b == b'/').count() + 1
+    }
+}
+
 /// One layer, by its root handle.
 pub struct Layer {
     /// The root directory handle (`O_PATH`).
