@@ -211,6 +211,19 @@ fn apply_all_makes_source_the_merged_view_and_leaves_nothing_staged() {
         "",
         "nothing staged after apply"
     );
+    // Recorded in DIR/audit.jsonl: op, the operator's uid, the results.
+    let log = fs::read_to_string(dir.join("audit.jsonl")).unwrap();
+    let ev: serde_json::Value = serde_json::from_str(log.lines().last().unwrap()).unwrap();
+    assert_eq!(ev["op"], "stage-apply");
+    assert_eq!(ev["uid"], 0);
+    assert_eq!(ev["refused"], 0);
+    assert!(
+        ev["results"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r == "applied R sub/ -> moved/")
+    );
     // No temporary file left beside the applied ones.
     let left = sh_in(&m.host(""), "find . -name '*fencefs-*'");
     assert_eq!(left.stdout, "");

@@ -200,6 +200,37 @@ pub fn json(c: &Change) -> serde_json::Value {
     v
 }
 
+/// Appends what an apply or discard did to `DIR/audit.jsonl` (one JSON line: time, op,
+/// the operator's uid and pid, the paths asked for, each result line), synced. A failure
+/// to record is logged, never a reason to undo the work.
+fn record(area: &Area, op: &str, paths: &[Vec<u8>], report: &super::apply::Report) {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let line = serde_json::json!({
+        "ts": crate::audit::timestamp(std::time::SystemTime::now()),
+        "op": op,
+        "uid": nix::unistd::getuid().as_raw(),
+        "pid": std::process::id(),
+        "paths": paths.iter().map(|p| String::from_utf8_lossy(p).into_owned()).collect::<Vec<_>>(),
+        "results": report.lines,
+        "refused": report.refused,
+    });
+    let path = area.dir.join("audit.jsonl");
+    let res = std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(&path)
+        .and_then(|mut f| {
+            writeln!(f, "{line}")?;
+            f.sync_all()
+        });
+    if let Err(e) = res {
+        log::warn!("{}: {e}", path.display());
+    }
+}
+
 fn fail(msg: String) -> i32 {
     eprintln!("fencefs: {msg}");
     crate::app::EXIT_ERR
@@ -286,6 +317,7 @@ fn run_op(op: StageOp) -> Result<i32, String> {
             for line in &report.lines {
                 println!("{line}");
             }
+            record(&area, "stage-apply", &ps, &report);
             Ok(if report.refused > 0 { 1 } else { 0 })
         }
         StageOp::Discard { at, args } => {
@@ -299,6 +331,7 @@ fn run_op(op: StageOp) -> Result<i32, String> {
             for line in &report.lines {
                 println!("{line}");
             }
+            record(&area, "stage-discard", &ps, &report);
             Ok(if report.refused > 0 { 1 } else { 0 })
         }
         StageOp::Checkpoint { .. } | StageOp::Log { .. } | StageOp::Rewind { .. } => {
