@@ -40,6 +40,8 @@
 #   --pjdfstest-timeout S  per pjdfstest run (default 900)
 #   --fsx-timeout S      per fsx run (default 1800)
 #   --keep               keep the scratch directories (logs are always kept)
+#   --stage              every fencefs mount stages its changes (`--stage DIR`, a fresh
+#                        DIR per mount): the same suites through the merged view
 #   -h, --help
 #
 # Exit status: 0 when every check passed, 1 when one failed, 2 on usage errors.
@@ -66,6 +68,7 @@ INSTALL=1
 PJD_TIMEOUT=900
 FSX_TIMEOUT=1800
 KEEP=0
+STAGE=0
 
 usage() { sed -n '2,/^$/{s/^# \{0,1\}//;p}' "$0"; }
 
@@ -83,6 +86,7 @@ while [ $# -gt 0 ]; do
         --pjdfstest-timeout) PJD_TIMEOUT=$2; shift 2 ;;
         --fsx-timeout) FSX_TIMEOUT=$2; shift 2 ;;
         --keep) KEEP=1; shift ;;
+        --stage) STAGE=1; shift ;;
         -h|--help) usage; exit 0 ;;
         *) echo "conformance: unknown argument '$1' (see --help)" >&2; exit 2 ;;
     esac
@@ -215,7 +219,9 @@ start_fencefs() {
     local name=$1; shift
     NMOUNT=$(( NMOUNT + 1 )); SRC="$WORK/s$NMOUNT"; MNT="$WORK/m$NMOUNT"
     mkdir -p "$SRC" "$MNT"; chmod 755 "$SRC" "$MNT"
-    RUST_LOG=${RUST_LOG:-warn} "$FENCEFS" mount "$@" "$SRC" "$MNT" >"$LOGS/$name.daemon.log" 2>&1 &
+    local stage=()
+    [ "$STAGE" = 1 ] && stage=(--stage "$WORK/stage$NMOUNT")
+    RUST_LOG=${RUST_LOG:-warn} "$FENCEFS" mount "${stage[@]}" "$@" "$SRC" "$MNT" >"$LOGS/$name.daemon.log" 2>&1 &
     local pid=$!
     MOUNTS+=("$MNT"); PIDS+=("$pid")
     wait_mounted "$MNT" "$pid" fuse.fencefs "$LOGS/$name.daemon.log"

@@ -167,4 +167,24 @@ wait "$PID" || rc=$?
 PID=
 echo "fencefs exited with $rc"
 grep -qF " $MNT " /proc/self/mountinfo && { echo "still mounted!" >&2; exit 1; }
+
+echo
+echo "== staging: the agent's changes land in a staging area; the workspace is untouched"
+STAGE=$TMP/stage
+"$BIN" mount -p "$POLICY" --stage "$STAGE" "$WS" "$MNT" 2>"$TMP/daemon-stage.log" &
+PID=$!
+for _ in $(seq 200); do grep -qF " $MNT " /proc/self/mountinfo && break; sleep 0.05; done
+grep -qF " $MNT " /proc/self/mountinfo || { cat "$TMP/daemon-stage.log" >&2; exit 1; }
+show "sed -i 's/greetings/salutations/' src/main.rs && echo notes > NOTES.md && rm -rf target && mv src lib"
+printf '    host src/main.rs: %s\n' "$(grep -o '[a-z]* from' "$WS/src/main.rs")"
+printf '\n$ fencefs stage status --dir %s\n' "$STAGE"
+"$BIN" stage status --dir "$STAGE" | sed 's/^/    /'
+printf '\n$ fencefs stage diff --dir %s lib/main.rs\n' "$STAGE"
+"$BIN" stage diff --dir "$STAGE" lib/main.rs | sed 's/^/    /'
+kill -TERM "$PID"; wait "$PID" || true; PID=
+printf '\n$ fencefs stage apply --dir %s NOTES.md lib     # a partial apply\n' "$STAGE"
+"$BIN" stage apply --dir "$STAGE" NOTES.md lib | sed 's/^/    /'
+printf '\n$ fencefs stage discard --dir %s                  # drop the rest (target/ stays)\n' "$STAGE"
+"$BIN" stage discard --dir "$STAGE" | sed 's/^/    /'
+printf '    host now: %s\n' "$(cd "$WS" && ls -d NOTES.md lib target 2>&1 | tr '\n' ' ')"
 echo "done"

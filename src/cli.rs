@@ -51,6 +51,8 @@ pub enum Command {
         #[arg(value_parser = ["status", "reload", "held"])]
         what: String,
     },
+    /// Review staged changes: status, diff, apply, discard (`mount --stage DIR`).
+    Stage(crate::stage::cli::StageArgs),
     /// Approve or deny held requests: an approver on this terminal (y / a / n).
     Approve {
         /// The daemon's `--control` socket.
@@ -146,6 +148,10 @@ pub struct MountArgs {
     /// requests. With $NOTIFY_SOCKET set, systemd also gets READY=1 (Type=notify).
     #[arg(long, value_name = "FD")]
     pub ready_fd: Option<i32>,
+    /// Stage every change in DIR (created 0700, outside SOURCE and the mount point):
+    /// SOURCE stays untouched until `fencefs stage apply`.
+    #[arg(long, value_name = "DIR")]
+    pub stage: Option<PathBuf>,
     /// Set when started by mount(8) (`fuse_opts`): stdio is detached once the mount is
     /// ready, after the waiting parent has been told.
     #[arg(skip)]

@@ -291,6 +291,7 @@ pub fn absolutize(m: &mut MountArgs, cwd: &Path) {
     m.source = abs(&m.source);
     m.mountpoint = abs(&m.mountpoint);
     m.policy = m.policy.as_ref().map(abs);
+    m.stage = m.stage.as_ref().map(abs);
     if let Some(a) = m.audit.as_mut().filter(|a| *a != "-")
         && !Path::new(a.as_str()).is_absolute()
     {
@@ -585,5 +586,13 @@ mod tests {
         let mut m = parse(&os(&["/s", "/m", "-o", "audit=-"])).unwrap();
         absolutize(&mut m, Path::new("/home/u"));
         assert_eq!(m.audit.as_deref(), Some("-"));
+    }
+
+    #[test]
+    fn stage_dir_as_a_mount_option_made_absolute() {
+        let mut m = parse(&os(&["/s", "/m", "-o", "stage=st,mode=workspace-write"])).unwrap();
+        assert_eq!(m.stage, Some(PathBuf::from("st")));
+        absolutize(&mut m, Path::new("/home/u"));
+        assert_eq!(m.stage, Some(PathBuf::from("/home/u/st")));
     }
 }

@@ -28,5 +28,6 @@ pub mod logging;
 pub mod policy;
 pub mod quote;
 pub mod reload;
+pub mod stage;
 pub mod transport;
 pub mod watch;

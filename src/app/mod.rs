@@ -50,6 +50,7 @@ pub fn run(cmd: Command) -> i32 {
         Command::Check { policy } => explain::check(&policy),
         Command::Explain(a) => explain::explain(a),
         Command::Ctl { socket, what } => crate::control::client::ctl(&socket, &what),
+        Command::Stage(a) => crate::stage::cli::run(a),
         Command::Approve { socket, auto } => {
             crate::control::client::approve(&socket, auto.map(|a| a == "allow"))
         }

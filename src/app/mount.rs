@@ -133,8 +133,15 @@ fn build_state(a: &MountArgs) -> Result<(State, Result<OwnedFd, String>), String
     let nofile = sys::raise_nofile_limit();
     sys::set_umask(0);
     let root_fd = sys::open_root(&src).map_err(|e| format!("source '{}': {e}", src.display()))?;
+    // Staging: the daemon serves the merged view (SOURCE with DIR's staged tree on top).
+    let root_fd = match &a.stage {
+        Some(dir) => crate::stage::start(dir, &src, &mnt, &root_fd)?,
+        None => root_fd,
+    };
     let fan = if a.no_watch {
         Err("--no-watch".to_string())
+    } else if a.stage.is_some() {
+        Err("staging".to_string())
     } else {
         crate::watch::open(root_fd.as_fd()).map_err(|e| e.to_string())
     };

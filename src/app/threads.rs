@@ -197,7 +197,8 @@ pub(super) fn start_control(
             waker.wake();
         }),
     );
-    let hooks = hooks(shared, tx, started);
+    let mut hooks = hooks(shared, tx, started);
+    crate::stage::control::hook(&mut hooks, a.stage.as_deref());
     let access = server::Access {
         daemon_uid: crate::host::sys::geteuid(),
         group,
@@ -275,6 +276,7 @@ fn hooks(shared: &Arc<Shared>, tx: &Sender<Inval>, started: Instant) -> Hooks {
             Err(errs) => Err(errs.iter().map(|e| e.to_string()).collect()),
         }),
         generation: Box::new(move || s3.policy.generation()),
+        stage: None,
     }
 }
 

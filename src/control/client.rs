@@ -12,6 +12,12 @@ use crate::quote;
 
 use serde_json::{Value, json};
 
+/// Connects to `path`, sends one command and returns its answer.
+pub fn call_once(path: &Path, v: &Value) -> Result<Value, String> {
+    let (mut c, _) = Client::connect(path)?;
+    c.call(v)
+}
+
 /// A connection: the greeting read, lines both ways.
 struct Client {
     out: UnixStream,

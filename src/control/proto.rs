@@ -34,6 +34,8 @@ pub enum Command {
     Held,
     /// Become an approver.
     Subscribe,
+    /// A staging operation (`fencefs stage … SOCKET`): `op` and the CLI's arguments.
+    Stage(StageRequest),
     /// Answer a held request.
     Decide {
         /// The request's id.
@@ -178,6 +180,29 @@ pub fn line(v: &Value) -> Vec<u8> {
     let mut b = serde_json::to_vec(v).unwrap_or_else(|_| b"{}".to_vec());
     b.push(b'\n');
     b
+}
+
+/// One `{"cmd":"stage",…}` request.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StageRequest {
+    /// status | diff | apply | discard | checkpoint | log | rewind
+    pub op: String,
+    /// The paths (workspace-relative; all when empty).
+    #[serde(default)]
+    pub paths: Vec<String>,
+    /// `--force` (apply).
+    #[serde(default)]
+    pub force: bool,
+    /// `--since N` (status, diff).
+    #[serde(default)]
+    pub since: Option<u64>,
+    /// `-m MESSAGE` (checkpoint).
+    #[serde(default)]
+    pub message: Option<String>,
+    /// `N` (rewind).
+    #[serde(default)]
+    pub to: Option<u64>,
 }
 
 #[cfg(test)]

@@ -49,6 +49,8 @@ pub struct Hooks {
     pub reload: Box<dyn Fn() -> Result<Value, Vec<String>> + Send>,
     /// The policy generation in force.
     pub generation: Box<dyn Fn() -> u64 + Send>,
+    /// Staging operations (`None`: the mount has no `--stage`).
+    pub stage: Option<StageHandler>,
 }
 
 /// Who may connect.
@@ -84,6 +86,9 @@ pub fn bind(path: &Path, group: Option<u32>) -> io::Result<UnixListener> {
     l.set_nonblocking(true)?;
     Ok(l)
 }
+
+/// What the server calls for a `stage` command (set by the staging module).
+pub type StageHandler = Box<dyn Fn(&proto::StageRequest) -> Value + Send>;
 
 /// The write end of the server's wake-up socket: events queued elsewhere become readable.
 pub struct Waker(UnixStream);
@@ -439,6 +444,10 @@ fn handle(c: &mut Conn, line: &[u8], approvals: &Approvals, hooks: &Hooks) {
             Err(errors) => {
                 json!({"ok": false, "error": "invalid policy; the old one stays in force", "errors": errors})
             }
+        },
+        Command::Stage(r) => match &hooks.stage {
+            Some(f) => f(&r),
+            None => proto::error("this mount has no --stage"),
         },
         // Streamed as the peer reads: never dropped, however many are held.
         Command::Held => return c.answer_held(approvals.newest()),

@@ -135,7 +135,9 @@ impl Filesystem for FenceFs {
         if !self.shared.settings.revoke
             && self.shared.settings.passthrough
             && config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok()
-            && config.set_max_stack_depth(1).is_ok()
+            && config
+                .set_max_stack_depth(crate::stage::stack_depth())
+                .is_ok()
         {
             self.core.passthrough.store(true, Ordering::Relaxed);
         }

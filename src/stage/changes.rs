@@ -1,0 +1,406 @@
+//! What is staged: the staged tree (`DIR/upper`, overlayfs format) compared with SOURCE,
+//! as the list of changes `stage status` prints and `apply`/`discard` work on.
+//!
+//! Rules (README, "Staging"): a path whose staged entry equals SOURCE (a copy-up nothing
+//! changed) is not a change; a directory is `m` only for mode, owner or xattrs (its times
+//! follow its entries); a new directory is one `A dir/ (N entries)`; a deleted directory
+//! one `D dir/`; a directory renamed with a redirect is `R old -> new`, its old name's
+//! whiteout not listed again. A change is a **conflict** when SOURCE's entry changed
+//! (ctime) after the staged entry was made (its birth time: the copy-up or the delete),
+//! appeared since (an added path that SOURCE now has), or is gone (a copied-up file whose
+//! SOURCE original no longer exists anywhere: its overlayfs origin is stale).
+//!
+//! Invariants: read-only; paths are workspace-relative bytes; the list is sorted by path.
+
+use std::collections::HashSet;
+use std::io;
+use std::os::fd::AsFd;
+
+use super::sys as ssys;
+use super::tree::{Layer, Node, depth_of, depth_ok, join, kind, split};
+use crate::host::sys::{self, Name};
+
+/// The kind of one change.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Kind {
+    /// A new path.
+    Added,
+    /// Contents changed (maybe metadata too).
+    Modified,
+    /// Only mode, owner, times or xattrs.
+    Metadata,
+    /// Removed.
+    Deleted,
+    /// A directory moved (`from` is its SOURCE path).
+    Renamed {
+        /// The path it had in SOURCE.
+        from: Vec<u8>,
+    },
+    /// File type changed (a file became a symlink, a directory a file, …).
+    Type,
+}
+
+/// One changed path.
+#[derive(Debug, Clone)]
+pub struct Change {
+    /// Workspace-relative path.
+    pub path: Vec<u8>,
+    /// What changed.
+    pub kind: Kind,
+    /// SOURCE changed after staging began for this path.
+    pub conflict: bool,
+    /// The staged (or, deleted, the SOURCE) entry is a directory.
+    pub dir: bool,
+    /// For a new directory: the entries below it.
+    pub entries: Option<u64>,
+    /// Some directory above it in the staged tree is opaque (its SOURCE contents hidden):
+    /// the staged entry must stay after an apply.
+    pub under_opaque: bool,
+}
+
+impl Change {
+    /// The status letters (`A`, `M`, `m`, `D`, `R`, `T`, with `C` in front for a conflict).
+    pub fn letters(&self) -> String {
+        let l = match self.kind {
+            Kind::Added => "A",
+            Kind::Modified => "M",
+            Kind::Metadata => "m",
+            Kind::Deleted => "D",
+            Kind::Renamed { .. } => "R",
+            Kind::Type => "T",
+        };
+        if self.conflict {
+            format!("C{l}")
+        } else {
+            l.to_string()
+        }
+    }
+
+    /// The `--json` name of the change.
+    pub fn word(&self) -> &'static str {
+        match self.kind {
+            Kind::Added => "added",
+            Kind::Modified => "modified",
+            Kind::Metadata => "metadata",
+            Kind::Deleted => "deleted",
+            Kind::Renamed { .. } => "renamed",
+            Kind::Type => "type",
+        }
+    }
+
+    /// Whether this change is `p` or below it (a rename: either of its names).
+    pub fn within(&self, p: &[u8]) -> bool {
+        let below = |a: &[u8]| {
+            p.is_empty() || a == p || (a.starts_with(p) && a.get(p.len()) == Some(&b'/'))
+        };
+        below(&self.path) || matches!(&self.kind, Kind::Renamed { from } if below(from))
+    }
+
+    /// Whether this change concerns `p` or something below `p` (or `p` is below it).
+    pub fn touches(&self, p: &[u8]) -> bool {
+        let rel = |a: &[u8]| {
+            p.is_empty()
+                || a == p
+                || (a.starts_with(p) && a.get(p.len()) == Some(&b'/'))
+                || (p.starts_with(a) && p.get(a.len()) == Some(&b'/'))
+        };
+        rel(&self.path) || matches!(&self.kind, Kind::Renamed { from } if rel(from))
+    }
+}
+
+/// The SOURCE path a redirect of the staged directory at `path` names.
+pub fn redirect_path(path: &[u8], r: &[u8]) -> Vec<u8> {
+    match r.strip_prefix(b"/") {
+        Some(abs) => abs.to_vec(),
+        None => join(split(path).0, r),
+    }
+}
+
+/// The two layers a staging area compares.
+pub struct Layers {
+    /// The staged tree.
+    pub upper: Layer,
+    /// SOURCE.
+    pub lower: Layer,
+}
+
+/// When the staged entry `dir/name` was made (ns), its birth time or else its ctime.
+fn staged_at(dir: &Node, name: &[u8], st: &libc::stat) -> i128 {
+    Name::new(name)
+        .ok()
+        .and_then(|n| ssys::btime_ns(dir.fd.as_fd(), &n).ok().flatten())
+        .unwrap_or(st.st_ctime as i128 * 1_000_000_000 + st.st_ctime_nsec as i128)
+}
+
+fn ctime_ns(st: &libc::stat) -> i128 {
+    st.st_ctime as i128 * 1_000_000_000 + st.st_ctime_nsec as i128
+}
+
+impl Layers {
+    /// Every staged change, sorted by path.
+    pub fn changes(&self) -> io::Result<Vec<Change>> {
+        let mut out = Vec::new();
+        let mut sources = HashSet::new();
+        let root = self
+            .upper
+            .get(b"")?
+            .ok_or_else(|| io::Error::from_raw_os_error(libc::ENOENT))?;
+        let lower = self.lower.get(b"")?;
+        self.walk(b"", &root, lower.as_ref(), false, &mut out, &mut sources)?;
+        out.retain(|c| !(c.kind == Kind::Deleted && sources.contains(&c.path)));
+        out.sort_by(|a, b| a.path.cmp(&b.path));
+        Ok(out)
+    }
+
+    /// Compares staged directory `up` (at `path`) with its SOURCE counterpart `low`.
+    fn walk(
+        &self,
+        path: &[u8],
+        up: &Node,
+        low: Option<&Node>,
+        under_opaque: bool,
+        out: &mut Vec<Change>,
+        sources: &mut HashSet<Vec<u8>>,
+    ) -> io::Result<()> {
+        depth_ok(depth_of(path))?;
+        let opaque = self.upper.is_opaque(up);
+        let under = under_opaque || opaque;
+        let names = self.upper.list(up)?;
+        for name in &names {
+            let Some(u) = self.upper.child(up, name)? else {
+                continue;
+            };
+            let l = self.lower_at(low, name)?;
+            let at = staged_at(up, name, &u.st);
+            let base = Change {
+                path: join(path, name),
+                kind: Kind::Added,
+                conflict: l.as_ref().is_some_and(|l| ctime_ns(&l.st) > at),
+                dir: false,
+                entries: None,
+                under_opaque: under,
+            };
+            if self.upper.is_whiteout(&u) {
+                if let Some(l) = &l {
+                    out.push(Change {
+                        kind: Kind::Deleted,
+                        dir: kind(&l.st) == libc::S_IFDIR,
+                        ..base
+                    });
+                }
+            } else if kind(&u.st) == libc::S_IFDIR {
+                self.dir_entry(base, &u, l, out, sources)?;
+            } else if let Some(c) = self.file_entry(base, &u, l.as_ref())? {
+                out.push(c);
+            }
+        }
+        if opaque && let Some(low) = low.filter(|l| kind(&l.st) == libc::S_IFDIR) {
+            self.hidden_by_opaque(path, low, &names, out)?;
+        }
+        Ok(())
+    }
+
+    /// A staged directory: renamed (a redirect names its SOURCE contents), changed in
+    /// place (then walked), or new / replacing a non-directory (one line).
+    fn dir_entry(
+        &self,
+        base: Change,
+        u: &Node,
+        l: Option<Node>,
+        out: &mut Vec<Change>,
+        sources: &mut HashSet<Vec<u8>>,
+    ) -> io::Result<()> {
+        let under = base.under_opaque;
+        let ldir = |l: Option<Node>| l.filter(|l| kind(&l.st) == libc::S_IFDIR);
+        let lower_here = l.is_some();
+        let (origin, from) = match self.upper.redirect(u) {
+            Some(r) => {
+                let from = redirect_path(&base.path, &r);
+                match self.lower.dir(&from)? {
+                    Some(o) => {
+                        sources.insert(from.clone());
+                        (Some(o), Some(from))
+                    }
+                    // The rename was carried into SOURCE (an apply that stopped before it
+                    // dropped the redirect): a plain directory.
+                    None => (ldir(l), None),
+                }
+            }
+            None => (ldir(l), None),
+        };
+        let p = base.path.clone();
+        match (origin, from) {
+            (Some(o), Some(from)) => {
+                out.push(Change {
+                    kind: Kind::Renamed { from },
+                    dir: true,
+                    ..base
+                });
+                self.walk(&p, u, Some(&o), under, out, sources)
+            }
+            (Some(o), None) => {
+                if self.dir_meta_differs(u, &o) {
+                    out.push(Change {
+                        kind: Kind::Metadata,
+                        dir: true,
+                        ..base
+                    });
+                }
+                self.walk(&p, u, Some(&o), under, out, sources)
+            }
+            (None, _) => {
+                out.push(Change {
+                    kind: if lower_here { Kind::Type } else { Kind::Added },
+                    dir: true,
+                    entries: Some(self.count(u, depth_of(&p))?),
+                    ..base
+                });
+                Ok(())
+            }
+        }
+    }
+
+    /// A staged non-directory against its SOURCE entry `l` (`None`: no change).
+    fn file_entry(&self, base: Change, u: &Node, l: Option<&Node>) -> io::Result<Option<Change>> {
+        let kind_of = |k| Change {
+            kind: k,
+            ..base.clone()
+        };
+        Ok(match l {
+            // Copied up from a SOURCE file that is gone now (not moved by the agent: its
+            // origin no longer exists): the host deleted what was staged.
+            None => Some(Change {
+                conflict: self.origin_gone(u),
+                ..kind_of(Kind::Added)
+            }),
+            Some(l) if kind(&l.st) != kind(&u.st) => Some(kind_of(Kind::Type)),
+            Some(l) if !self.same_contents(u, l)? => Some(kind_of(Kind::Modified)),
+            Some(l) if self.meta_differs(u, l) => Some(kind_of(Kind::Metadata)),
+            Some(_) => None,
+        })
+    }
+
+    /// Whether staged `u` was copied up from a SOURCE file that no longer exists.
+    fn origin_gone(&self, u: &Node) -> bool {
+        let Some(o) = self.upper.xattr(u, b"trusted.overlay.origin") else {
+            return false;
+        };
+        // open_by_handle_at takes no O_PATH descriptor.
+        let Ok(d) = sys::reopen(
+            self.lower.proc_fd.as_fd(),
+            self.lower.root.as_fd(),
+            libc::O_RDONLY | libc::O_DIRECTORY,
+        ) else {
+            return false;
+        };
+        ssys::origin_exists(d.as_fd(), &o) == Some(false)
+    }
+
+    /// SOURCE entries an opaque staged directory hides: deleted.
+    fn hidden_by_opaque(
+        &self,
+        path: &[u8],
+        low: &Node,
+        staged: &[Vec<u8>],
+        out: &mut Vec<Change>,
+    ) -> io::Result<()> {
+        let staged: HashSet<&Vec<u8>> = staged.iter().collect();
+        for name in self.lower.list(low)? {
+            if staged.contains(&name) {
+                continue;
+            }
+            if let Some(l) = self.lower.child(low, &name)? {
+                out.push(Change {
+                    path: join(path, &name),
+                    kind: Kind::Deleted,
+                    conflict: false,
+                    dir: kind(&l.st) == libc::S_IFDIR,
+                    entries: None,
+                    under_opaque: true,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Drops the redirect of every staged directory whose rename is already in SOURCE
+    /// (its old path gone, its own path a directory): what an apply stopped between the
+    /// SOURCE rename and the redirect's removal leaves. Run before the overlay is mounted
+    /// and before apply/discard; returns the paths repaired.
+    pub fn repair(&self) -> io::Result<Vec<Vec<u8>>> {
+        let mut out = Vec::new();
+        if let Some(root) = self.upper.get(b"")? {
+            self.repair_in(b"", &root, &mut out)?;
+        }
+        Ok(out)
+    }
+
+    fn repair_in(&self, path: &[u8], d: &Node, out: &mut Vec<Vec<u8>>) -> io::Result<()> {
+        depth_ok(depth_of(path))?;
+        for name in self.upper.list(d)? {
+            let Some(c) = self.upper.child(d, &name)? else {
+                continue;
+            };
+            if kind(&c.st) != libc::S_IFDIR {
+                continue;
+            }
+            let p = join(path, &name);
+            if let Some(r) = self.upper.redirect(&c)
+                && self.lower.dir(&redirect_path(&p, &r))?.is_none()
+                && self.lower.dir(&p)?.is_some()
+            {
+                sys::removexattr_fd(c.fd.as_fd(), b"trusted.overlay.redirect")?;
+                out.push(p.clone());
+            }
+            self.repair_in(&p, &c, out)?;
+        }
+        Ok(())
+    }
+
+    fn lower_at(&self, low: Option<&Node>, name: &[u8]) -> io::Result<Option<Node>> {
+        match low {
+            Some(d) if kind(&d.st) == libc::S_IFDIR => self.lower.child(d, name),
+            _ => Ok(None),
+        }
+    }
+
+    /// Entries below staged directory `d` (whiteouts not counted).
+    fn count(&self, d: &Node, depth: usize) -> io::Result<u64> {
+        depth_ok(depth)?;
+        let mut n = 0;
+        for name in self.upper.list(d)? {
+            if let Some(c) = self.upper.child(d, &name)? {
+                if self.upper.is_whiteout(&c) {
+                    continue;
+                }
+                n += 1;
+                if kind(&c.st) == libc::S_IFDIR {
+                    n += self.count(&c, depth + 1)?;
+                }
+            }
+        }
+        Ok(n)
+    }
+
+    fn same_contents(&self, u: &Node, l: &Node) -> io::Result<bool> {
+        match kind(&u.st) {
+            libc::S_IFREG => self.upper.same_bytes(u, &self.lower, l),
+            libc::S_IFLNK => Ok(sys::readlink_fd(u.fd.as_fd())? == sys::readlink_fd(l.fd.as_fd())?),
+            libc::S_IFCHR | libc::S_IFBLK => Ok(u.st.st_rdev == l.st.st_rdev),
+            _ => Ok(true),
+        }
+    }
+
+    fn dir_meta_differs(&self, u: &Node, l: &Node) -> bool {
+        u.st.st_mode != l.st.st_mode
+            || u.st.st_uid != l.st.st_uid
+            || u.st.st_gid != l.st.st_gid
+            || self.upper.xattrs(u) != self.lower.xattrs(l)
+    }
+
+    fn meta_differs(&self, u: &Node, l: &Node) -> bool {
+        self.dir_meta_differs(u, l)
+            || (kind(&u.st) != libc::S_IFLNK
+                && (u.st.st_mtime, u.st.st_mtime_nsec) != (l.st.st_mtime, l.st.st_mtime_nsec))
+    }
+}

@@ -1,0 +1,344 @@
+//! `fencefs stage status|diff|apply|discard|checkpoint|log|rewind`: parsing and output.
+//!
+//! A staging area is reached with `--dir DIR` (no daemon needed) or through a running
+//! mount's control SOCKET (the first argument without `--dir`). `status` and `diff` only
+//! read, so they work either way while a mount serves DIR; `apply` and `discard` take
+//! DIR's lock and are refused while a mount runs on it. Names are printed quoted as git quotes them
+//! (no byte of a name reaches the terminal raw).
+
+use std::ffi::OsString;
+use std::os::unix::ffi::OsStrExt;
+use std::path::PathBuf;
+
+use clap::Subcommand;
+
+use super::Area;
+use super::changes::{Change, Kind, Layers};
+use super::diff::quote;
+use super::tree::Layer;
+
+/// `fencefs stage`.
+#[derive(clap::Args, Debug)]
+pub struct StageArgs {
+    /// What to do.
+    #[command(subcommand)]
+    pub op: StageOp,
+}
+
+/// Where the staging area is: a running mount's control socket or `--dir DIR`.
+#[derive(clap::Args, Debug)]
+pub struct At {
+    /// The staging area itself (no daemon needed).
+    #[arg(long, value_name = "DIR")]
+    pub dir: Option<PathBuf>,
+}
+
+/// The stage operations.
+#[derive(Subcommand, Debug)]
+pub enum StageOp {
+    /// One line per changed path (A M m D R T; C for a conflict).
+    Status {
+        #[command(flatten)]
+        at: At,
+        /// One JSON array instead.
+        #[arg(long)]
+        json: bool,
+        /// `SOCKET` (without --dir), then the paths to show (default: all).
+        args: Vec<OsString>,
+    },
+    /// The staged changes as a git diff (`git apply` / `patch -p1` in SOURCE).
+    Diff {
+        #[command(flatten)]
+        at: At,
+        /// `SOCKET` (without --dir), then the paths to show (default: all).
+        args: Vec<OsString>,
+    },
+    /// Carry staged changes into SOURCE (each file written beside, synced, renamed).
+    Apply {
+        #[command(flatten)]
+        at: At,
+        /// Apply conflicts too (the staged version wins).
+        #[arg(long)]
+        force: bool,
+        /// `SOCKET` (without --dir), then the paths to apply (default: all).
+        args: Vec<OsString>,
+    },
+    /// Drop staged changes (all when no PATH is given).
+    Discard {
+        #[command(flatten)]
+        at: At,
+        /// `SOCKET` (without --dir), then the paths to discard (default: all).
+        args: Vec<OsString>,
+    },
+    /// Record the staged state as checkpoint N (not yet implemented).
+    Checkpoint {
+        #[command(flatten)]
+        at: At,
+        /// A message for the log.
+        #[arg(short, long)]
+        message: Option<String>,
+        /// `SOCKET` (without --dir).
+        args: Vec<OsString>,
+    },
+    /// List the checkpoints (not yet implemented).
+    Log {
+        #[command(flatten)]
+        at: At,
+        /// JSON instead.
+        #[arg(long)]
+        json: bool,
+        /// `SOCKET` (without --dir).
+        args: Vec<OsString>,
+    },
+    /// Make the merged view what it was at checkpoint N (not yet implemented).
+    Rewind {
+        #[command(flatten)]
+        at: At,
+        /// `SOCKET` (without --dir), then N.
+        args: Vec<OsString>,
+    },
+}
+
+/// The paths given, workspace-relative (a leading `./` and trailing `/` dropped).
+fn paths(args: &[OsString]) -> Vec<Vec<u8>> {
+    args.iter()
+        .map(|a| {
+            let mut p = a.as_bytes();
+            while let Some(r) = p.strip_prefix(b"./") {
+                p = r;
+            }
+            while let Some(r) = p.strip_suffix(b"/") {
+                p = r;
+            }
+            if p == b"." { Vec::new() } else { p.to_vec() }
+        })
+        .collect()
+}
+
+/// Opens the area named by `at` and `args` (without --dir the first argument is a
+/// control socket); returns it with the remaining arguments.
+fn area(at: &At, args: &[OsString]) -> Result<(Area, Vec<Vec<u8>>), String> {
+    match &at.dir {
+        Some(d) => Ok((Area::open(d)?, paths(args))),
+        None => Err("give the staging area: a mount's control SOCKET or --dir DIR".to_string()),
+    }
+}
+
+/// The layers of an area: its staged tree and the SOURCE it records.
+pub fn layers(a: &Area) -> Result<Layers, String> {
+    let src = crate::host::sys::open_root(&a.source)
+        .map_err(|e| format!("source '{}': {e}", a.source.display()))?;
+    let up = a.upper.try_clone().map_err(|e| e.to_string())?;
+    Ok(Layers {
+        upper: Layer::new(up).map_err(|e| e.to_string())?,
+        lower: Layer::new(src).map_err(|e| e.to_string())?,
+    })
+}
+
+/// Repairs what an interrupted apply left (see [`Layers::repair`]), saying so.
+pub fn repair(l: &Layers) -> Result<(), String> {
+    for p in l
+        .repair()
+        .map_err(|e| format!("repairing the staged tree: {e}"))?
+    {
+        log::warn!(
+            "stage: the rename of {} was already in SOURCE (an apply stopped midway): redirect dropped",
+            quote(&p)
+        );
+    }
+    Ok(())
+}
+
+/// The changes of `l` that concern one of `paths` (all when empty).
+pub fn selected(l: &Layers, paths: &[Vec<u8>]) -> Result<Vec<Change>, String> {
+    let all = l
+        .changes()
+        .map_err(|e| format!("reading the staged tree: {e}"))?;
+    Ok(all
+        .into_iter()
+        .filter(|c| paths.is_empty() || paths.iter().any(|p| c.touches(p)))
+        .collect())
+}
+
+/// A status line: letters, the path (quoted as git does), `/` for a directory.
+pub fn status_line(c: &Change) -> String {
+    let slash = |p: &[u8], dir: bool| {
+        let mut q = quote(p);
+        if dir {
+            q.push('/');
+        }
+        q
+    };
+    let path = slash(&c.path, c.dir);
+    match (&c.kind, c.entries) {
+        (Kind::Renamed { from }, _) => {
+            format!("{} {} -> {}", c.letters(), slash(from, true), path)
+        }
+        (Kind::Added, Some(n)) => format!(
+            "{} {path} ({n} {})",
+            c.letters(),
+            if n == 1 { "entry" } else { "entries" }
+        ),
+        _ => format!("{} {path}", c.letters()),
+    }
+}
+
+/// `--json`: one object per change.
+pub fn json(c: &Change) -> serde_json::Value {
+    let s = |p: &[u8]| String::from_utf8_lossy(p).into_owned();
+    let mut v = serde_json::json!({
+        "path": s(&c.path),
+        "change": c.word(),
+        "conflict": c.conflict,
+    });
+    if let Kind::Renamed { from } = &c.kind {
+        v["from"] = s(from).into();
+    }
+    if let Some(n) = c.entries {
+        v["entries"] = n.into();
+    }
+    v
+}
+
+/// Appends what an apply or discard did to `DIR/audit.jsonl` (one JSON line: time, op,
+/// the operator's uid and pid, the paths asked for, each result line), synced. A failure
+/// to record is logged, never a reason to undo the work.
+fn record(area: &Area, op: &str, paths: &[Vec<u8>], report: &super::apply::Report) {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let line = serde_json::json!({
+        "ts": crate::audit::timestamp(std::time::SystemTime::now()),
+        "op": op,
+        "uid": nix::unistd::getuid().as_raw(),
+        "pid": std::process::id(),
+        "paths": paths.iter().map(|p| String::from_utf8_lossy(p).into_owned()).collect::<Vec<_>>(),
+        "results": report.lines,
+        "refused": report.refused,
+    });
+    let path = area.dir.join("audit.jsonl");
+    let res = std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(&path)
+        .and_then(|mut f| {
+            writeln!(f, "{line}")?;
+            f.sync_all()
+        });
+    if let Err(e) = res {
+        log::warn!("{}: {e}", path.display());
+    }
+}
+
+fn fail(msg: String) -> i32 {
+    eprintln!("fencefs: {msg}");
+    EXIT_ERR
+}
+
+/// Exit status for a failed command (the same as every other subcommand's).
+const EXIT_ERR: i32 = 1;
+
+/// Runs `fencefs stage …`; returns the exit code.
+pub fn run(a: StageArgs) -> i32 {
+    match run_op(a.op) {
+        Ok(code) => code,
+        Err(msg) => fail(msg),
+    }
+}
+
+/// Through a running mount's control socket: `args[0]` is SOCKET.
+fn via_socket(op: &str, args: &[OsString], json_out: bool, force: bool) -> Result<i32, String> {
+    let socket = PathBuf::from(&args[0]);
+    let ps: Vec<String> = paths(&args[1..])
+        .iter()
+        .map(|p| String::from_utf8_lossy(p).into_owned())
+        .collect();
+    let req = serde_json::json!({"cmd": "stage", "op": op, "paths": ps, "force": force});
+    let a = crate::control::client::call_once(&socket, &req)?;
+    if a["ok"] != serde_json::Value::Bool(true) {
+        return Err(a["error"].as_str().unwrap_or("refused").to_string());
+    }
+    match op {
+        "status" if json_out => println!("{}", a["changes"]),
+        "status" => {
+            for l in a["lines"].as_array().into_iter().flatten() {
+                println!("{}", l.as_str().unwrap_or_default());
+            }
+        }
+        "diff" => print!("{}", a["diff"].as_str().unwrap_or_default()),
+        _ => println!("{a}"),
+    }
+    Ok(0)
+}
+
+fn run_op(op: StageOp) -> Result<i32, String> {
+    match &op {
+        StageOp::Status { at, json, args } if at.dir.is_none() && !args.is_empty() => {
+            return via_socket("status", args, *json, false);
+        }
+        StageOp::Diff { at, args } if at.dir.is_none() && !args.is_empty() => {
+            return via_socket("diff", args, false, false);
+        }
+        StageOp::Apply { at, args, force } if at.dir.is_none() && !args.is_empty() => {
+            return via_socket("apply", args, false, *force);
+        }
+        StageOp::Discard { at, args } if at.dir.is_none() && !args.is_empty() => {
+            return via_socket("discard", args, false, false);
+        }
+        _ => {}
+    }
+    match op {
+        StageOp::Status { at, json: js, args } => {
+            let (area, ps) = area(&at, &args)?;
+            let list = selected(&layers(&area)?, &ps)?;
+            if js {
+                let arr: Vec<_> = list.iter().map(json).collect();
+                println!("{}", serde_json::Value::Array(arr));
+            } else {
+                for c in &list {
+                    println!("{}", status_line(c));
+                }
+            }
+            Ok(0)
+        }
+        StageOp::Diff { at, args } => {
+            let (area, ps) = area(&at, &args)?;
+            let l = layers(&area)?;
+            let list = selected(&l, &ps)?;
+            let mut out = std::io::stdout().lock();
+            super::diff::write(&l, &list, &mut out).map_err(|e| format!("diff: {e}"))?;
+            Ok(0)
+        }
+        StageOp::Apply { at, force, args } => {
+            let (area, ps) = area(&at, &args)?;
+            area.lock()?;
+            let l = layers(&area)?;
+            repair(&l)?;
+            let list = selected(&l, &ps)?;
+            let report = super::apply::apply(&l, &list, force);
+            for line in &report.lines {
+                println!("{line}");
+            }
+            record(&area, "stage-apply", &ps, &report);
+            Ok(if report.refused > 0 { 1 } else { 0 })
+        }
+        StageOp::Discard { at, args } => {
+            let (area, ps) = area(&at, &args)?;
+            area.lock()?;
+            let l = layers(&area)?;
+            let list = l
+                .changes()
+                .map_err(|e| format!("reading the staged tree: {e}"))?;
+            let report = super::apply::discard(&l, &list, &ps);
+            for line in &report.lines {
+                println!("{line}");
+            }
+            record(&area, "stage-discard", &ps, &report);
+            Ok(if report.refused > 0 { 1 } else { 0 })
+        }
+        StageOp::Checkpoint { .. } | StageOp::Log { .. } | StageOp::Rewind { .. } => {
+            Err("checkpoint, log and rewind are not implemented yet".to_string())
+        }
+    }
+}

@@ -1,0 +1,488 @@
+//! `stage diff`: the staged changes as a unified diff in git's format, which `git apply`
+//! and `patch -p1` accept in SOURCE; and git's quoting of names.
+//!
+//! Invariants: no byte of a name or of binary contents reaches the output raw (names are
+//! quoted as git quotes them with `core.quotePath`; a file with a NUL in its first 8000
+//! bytes, or over 16 MiB, is `Binary files … differ`). Read-only.
+
+use std::collections::HashSet;
+use std::io::{self, Write};
+
+use super::changes::{Change, Kind, Layers};
+use super::tree::{Layer, Node, depth_of, depth_ok, join, kind};
+use crate::host::sys;
+
+const MAX_TEXT: u64 = 16 << 20;
+const CONTEXT: usize = 3;
+/// Past this many cells the line matching is skipped: one hunk replaces the middle.
+const MAX_CELLS: usize = 4_000_000;
+
+/// A path as git prints it: as is when plain, else in double quotes with C escapes and
+/// octal for control characters, `"`, `\` and every byte ≥ 0x80.
+pub fn quote(p: &[u8]) -> String {
+    quote_with(b"", p)
+}
+
+/// `prefix` + `p`, quoted as one name (git's `"a/x\ty"`).
+pub fn quote_with(prefix: &[u8], p: &[u8]) -> String {
+    let all: Vec<u8> = prefix.iter().chain(p).copied().collect();
+    let plain = all
+        .iter()
+        .all(|&b| (0x20..0x7f).contains(&b) && b != b'"' && b != b'\\');
+    if plain {
+        // Only printable ASCII: valid UTF-8.
+        return String::from_utf8_lossy(&all).into_owned();
+    }
+    let mut s = String::from("\"");
+    for &b in &all {
+        match b {
+            b'"' => s.push_str("\\\""),
+            b'\\' => s.push_str("\\\\"),
+            b'\x07' => s.push_str("\\a"),
+            b'\x08' => s.push_str("\\b"),
+            b'\t' => s.push_str("\\t"),
+            b'\n' => s.push_str("\\n"),
+            b'\x0b' => s.push_str("\\v"),
+            b'\x0c' => s.push_str("\\f"),
+            b'\r' => s.push_str("\\r"),
+            0x20..0x7f => s.push(b as char),
+            _ => s.push_str(&format!("\\{b:03o}")),
+        }
+    }
+    s.push('"');
+    s
+}
+
+/// One side of a file diff: its path and node in a layer.
+struct Side<'a> {
+    path: Vec<u8>,
+    node: Node,
+    layer: &'a Layer,
+}
+
+fn git_mode(st: &libc::stat) -> Option<&'static str> {
+    match kind(st) {
+        libc::S_IFREG if st.st_mode & 0o100 != 0 => Some("100755"),
+        libc::S_IFREG => Some("100644"),
+        libc::S_IFLNK => Some("120000"),
+        _ => None,
+    }
+}
+
+/// A file's contents for the diff: a symlink's target, a regular file's bytes (`None`:
+/// too big to show).
+fn contents(s: &Side<'_>) -> io::Result<Option<Vec<u8>>> {
+    match kind(&s.node.st) {
+        libc::S_IFLNK => Ok(Some(sys::readlink_fd(std::os::fd::AsFd::as_fd(
+            &s.node.fd,
+        ))?)),
+        _ => s.layer.read(&s.node, MAX_TEXT),
+    }
+}
+
+fn binary(b: &[u8]) -> bool {
+    b[..b.len().min(8000)].contains(&0)
+}
+
+/// Writes every change in `list` as git diff blocks.
+pub fn write(l: &Layers, list: &[Change], out: &mut impl Write) -> io::Result<()> {
+    let mut handled: HashSet<Vec<u8>> = HashSet::new();
+    // Renamed directories first: their children's changes are written with the rename.
+    for c in list {
+        if let Kind::Renamed { from } = &c.kind {
+            renamed(l, from, &c.path, list, &mut handled, out)?;
+        }
+    }
+    for c in list {
+        if handled.contains(&c.path) || matches!(c.kind, Kind::Renamed { .. }) {
+            continue;
+        }
+        let up = || l.upper.get(&c.path);
+        let low = || l.lower.get(&c.path);
+        let side = |layer, n: Option<Node>| {
+            n.map(|node| Side {
+                path: c.path.clone(),
+                node,
+                layer,
+            })
+        };
+        match c.kind {
+            Kind::Added if c.dir => tree(&l.upper, &c.path, true, out)?,
+            Kind::Deleted if c.dir => tree(&l.lower, &c.path, false, out)?,
+            Kind::Added => file(None, side(&l.upper, up()?), out)?,
+            Kind::Deleted => file(side(&l.lower, low()?), None, out)?,
+            Kind::Type => {
+                if l.lower.dir(&c.path)?.is_some() {
+                    tree(&l.lower, &c.path, false, out)?;
+                } else {
+                    file(side(&l.lower, low()?), None, out)?;
+                }
+                if l.upper.dir(&c.path)?.is_some() {
+                    tree(&l.upper, &c.path, true, out)?;
+                } else {
+                    file(None, side(&l.upper, up()?), out)?;
+                }
+            }
+            Kind::Modified | Kind::Metadata if !c.dir => {
+                file(side(&l.lower, low()?), side(&l.upper, up()?), out)?
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// Every file below `path` in `layer`, as added (`new`) or deleted files.
+fn tree(layer: &Layer, path: &[u8], new: bool, out: &mut impl Write) -> io::Result<()> {
+    depth_ok(depth_of(path))?;
+    let Some(d) = layer.dir(path)? else {
+        return Ok(());
+    };
+    for name in layer.list(&d)? {
+        let p = join(path, &name);
+        let Some(n) = layer.child(&d, &name)? else {
+            continue;
+        };
+        if new && layer.is_whiteout(&n) {
+            continue;
+        }
+        if kind(&n.st) == libc::S_IFDIR {
+            tree(layer, &p, new, out)?;
+            continue;
+        }
+        let s = Some(Side {
+            path: p,
+            node: n,
+            layer,
+        });
+        if new {
+            file(None, s, out)?;
+        } else {
+            file(s, None, out)?;
+        }
+    }
+    Ok(())
+}
+
+/// A directory renamed `from` → `to`: every file it had, renamed (with its changes) or
+/// deleted; the changes below `to` written here are marked `handled`.
+fn renamed(
+    l: &Layers,
+    from: &[u8],
+    to: &[u8],
+    list: &[Change],
+    handled: &mut HashSet<Vec<u8>>,
+    out: &mut impl Write,
+) -> io::Result<()> {
+    depth_ok(depth_of(to))?;
+    let Some(d) = l.lower.dir(from)? else {
+        return Ok(());
+    };
+    for name in l.lower.list(&d)? {
+        let (pf, pt) = (join(from, &name), join(to, &name));
+        let Some(n) = l.lower.child(&d, &name)? else {
+            continue;
+        };
+        let changed = list.iter().find(|c| c.path == pt);
+        if matches!(changed.map(|c| &c.kind), Some(Kind::Deleted)) {
+            continue; // written as a deletion by the main loop
+        }
+        if kind(&n.st) == libc::S_IFDIR {
+            renamed(l, &pf, &pt, list, handled, out)?;
+            continue;
+        }
+        let new = match changed {
+            Some(_) => {
+                handled.insert(pt.clone());
+                l.upper.get(&pt)?.map(|node| Side {
+                    path: pt.clone(),
+                    node,
+                    layer: &l.upper,
+                })
+            }
+            None => Some(Side {
+                path: pt.clone(),
+                node: l.lower.get(&pf)?.unwrap_or(n),
+                layer: &l.lower,
+            }),
+        };
+        let old = l.lower.get(&pf)?.map(|node| Side {
+            path: pf.clone(),
+            node,
+            layer: &l.lower,
+        });
+        file(old, new, out)?;
+    }
+    // A deletion inside the renamed directory names the file at its SOURCE path.
+    for c in list {
+        if c.kind == Kind::Deleted && !c.dir && c.path.starts_with(to) {
+            let rest = &c.path[to.len()..];
+            if rest.first() == Some(&b'/') {
+                let pf = [from, rest].concat();
+                if let Some(node) = l.lower.get(&pf)? {
+                    handled.insert(c.path.clone());
+                    file(
+                        Some(Side {
+                            path: pf,
+                            node,
+                            layer: &l.lower,
+                        }),
+                        None,
+                        out,
+                    )?;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// One `diff --git` block (nothing when git would show nothing: times or owner only).
+fn file(old: Option<Side<'_>>, new: Option<Side<'_>>, out: &mut impl Write) -> io::Result<()> {
+    let om = old.as_ref().and_then(|s| git_mode(&s.node.st));
+    let nm = new.as_ref().and_then(|s| git_mode(&s.node.st));
+    if (old.is_some() && om.is_none()) || (new.is_some() && nm.is_none()) {
+        return Ok(()); // fifos, devices, sockets: git has no way to say them
+    }
+    let (ap, bp) = match (&old, &new) {
+        (Some(o), Some(n)) => (o.path.clone(), n.path.clone()),
+        (Some(o), None) => (o.path.clone(), o.path.clone()),
+        (None, Some(n)) => (n.path.clone(), n.path.clone()),
+        (None, None) => return Ok(()),
+    };
+    let a = match &old {
+        Some(s) => contents(s)?,
+        None => Some(Vec::new()),
+    };
+    let b = match &new {
+        Some(s) => contents(s)?,
+        None => Some(Vec::new()),
+    };
+    let same = a.is_some() && a == b;
+    let mut head = format!(
+        "diff --git {} {}\n",
+        quote_with(b"a/", &ap),
+        quote_with(b"b/", &bp)
+    );
+    match (om, nm) {
+        (None, Some(m)) => head.push_str(&format!("new file mode {m}\n")),
+        (Some(m), None) => head.push_str(&format!("deleted file mode {m}\n")),
+        (Some(x), Some(y)) if x != y => head.push_str(&format!("old mode {x}\nnew mode {y}\n")),
+        _ => {}
+    }
+    if ap != bp {
+        head.push_str(&format!(
+            "rename from {}\nrename to {}\n",
+            quote(&ap),
+            quote(&bp)
+        ));
+    }
+    let header_only = om.is_some() && nm.is_some() && om == nm && ap == bp;
+    if same && header_only {
+        return Ok(());
+    }
+    out.write_all(head.as_bytes())?;
+    if same {
+        return Ok(());
+    }
+    let aname = if old.is_some() {
+        quote_with(b"a/", &ap)
+    } else {
+        "/dev/null".into()
+    };
+    let bname = if new.is_some() {
+        quote_with(b"b/", &bp)
+    } else {
+        "/dev/null".into()
+    };
+    match (a, b) {
+        (Some(a), Some(b)) if !binary(&a) && !binary(&b) => {
+            if a.is_empty() && b.is_empty() {
+                return Ok(());
+            }
+            writeln!(out, "--- {aname}\n+++ {bname}")?;
+            hunks(&a, &b, out)
+        }
+        _ => {
+            let an = if old.is_some() {
+                quote_with(b"a/", &ap)
+            } else {
+                "/dev/null".into()
+            };
+            let bn = if new.is_some() {
+                quote_with(b"b/", &bp)
+            } else {
+                "/dev/null".into()
+            };
+            writeln!(out, "Binary files {an} and {bn} differ")
+        }
+    }
+}
+
+fn lines(b: &[u8]) -> Vec<&[u8]> {
+    b.split_inclusive(|&c| c == b'\n').collect()
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Op {
+    Same,
+    Del,
+    Ins,
+}
+
+/// The edit script from `a` to `b`: common prefix and suffix, an LCS of the middle when it
+/// is small enough, else the middle replaced whole.
+fn script(a: &[&[u8]], b: &[&[u8]]) -> Vec<Op> {
+    let pre = a.iter().zip(b).take_while(|(x, y)| x == y).count();
+    let suf = a[pre..]
+        .iter()
+        .rev()
+        .zip(b[pre..].iter().rev())
+        .take_while(|(x, y)| x == y)
+        .count();
+    let (ma, mb) = (&a[pre..a.len() - suf], &b[pre..b.len() - suf]);
+    let mut ops = vec![Op::Same; pre];
+    let (n, m) = (ma.len(), mb.len());
+    if n * m <= MAX_CELLS && n > 0 && m > 0 {
+        // lcs[i][j]: LCS length of ma[i..] and mb[j..].
+        let w = m + 1;
+        let mut lcs = vec![0u32; (n + 1) * w];
+        for i in (0..n).rev() {
+            for j in (0..m).rev() {
+                lcs[i * w + j] = if ma[i] == mb[j] {
+                    lcs[(i + 1) * w + j + 1] + 1
+                } else {
+                    lcs[(i + 1) * w + j].max(lcs[i * w + j + 1])
+                };
+            }
+        }
+        let (mut i, mut j) = (0, 0);
+        while i < n && j < m {
+            if ma[i] == mb[j] {
+                ops.push(Op::Same);
+                i += 1;
+                j += 1;
+            } else if lcs[(i + 1) * w + j] >= lcs[i * w + j + 1] {
+                ops.push(Op::Del);
+                i += 1;
+            } else {
+                ops.push(Op::Ins);
+                j += 1;
+            }
+        }
+        ops.extend(std::iter::repeat_n(Op::Del, n - i));
+        ops.extend(std::iter::repeat_n(Op::Ins, m - j));
+    } else {
+        ops.extend(std::iter::repeat_n(Op::Del, n));
+        ops.extend(std::iter::repeat_n(Op::Ins, m));
+    }
+    ops.extend(std::iter::repeat_n(Op::Same, suf));
+    ops
+}
+
+fn range(start: usize, count: usize) -> String {
+    match count {
+        0 => format!("{start},0"),
+        1 => format!("{}", start + 1),
+        _ => format!("{},{count}", start + 1),
+    }
+}
+
+fn emit(out: &mut impl Write, tag: u8, line: &[u8]) -> io::Result<()> {
+    out.write_all(&[tag])?;
+    out.write_all(line)?;
+    if !line.ends_with(b"\n") {
+        out.write_all(b"\n\\ No newline at end of file\n")?;
+    }
+    Ok(())
+}
+
+/// The `@@` hunks turning `a` into `b`, with three lines of context.
+fn hunks(a: &[u8], b: &[u8], out: &mut impl Write) -> io::Result<()> {
+    let (la, lb) = (lines(a), lines(b));
+    let ops = script(&la, &lb);
+    // Positions (index in ops, old line, new line) of every op.
+    let mut pos = Vec::with_capacity(ops.len());
+    let (mut i, mut j) = (0, 0);
+    for op in &ops {
+        pos.push((i, j));
+        match op {
+            Op::Same => {
+                i += 1;
+                j += 1;
+            }
+            Op::Del => i += 1,
+            Op::Ins => j += 1,
+        }
+    }
+    let changed: Vec<usize> = (0..ops.len()).filter(|&k| ops[k] != Op::Same).collect();
+    let mut k = 0;
+    while k < changed.len() {
+        let start = changed[k].saturating_sub(CONTEXT);
+        let mut end = changed[k];
+        while k < changed.len() && changed[k] <= end + 2 * CONTEXT {
+            end = changed[k];
+            k += 1;
+        }
+        let end = (end + CONTEXT + 1).min(ops.len());
+        let (oi, nj) = pos[start];
+        let ocount = ops[start..end].iter().filter(|o| **o != Op::Ins).count();
+        let ncount = ops[start..end].iter().filter(|o| **o != Op::Del).count();
+        writeln!(out, "@@ -{} +{} @@", range(oi, ocount), range(nj, ncount))?;
+        for (idx, op) in ops.iter().enumerate().take(end).skip(start) {
+            let (x, y) = pos[idx];
+            match op {
+                Op::Same => emit(out, b' ', la[x])?,
+                Op::Del => emit(out, b'-', la[x])?,
+                Op::Ins => emit(out, b'+', lb[y])?,
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn d(a: &str, b: &str) -> String {
+        let mut v = Vec::new();
+        hunks(a.as_bytes(), b.as_bytes(), &mut v).unwrap();
+        String::from_utf8(v).unwrap()
+    }
+
+    #[test]
+    fn hunks_as_git_writes_them() {
+        assert_eq!(d("", "a\nb\n"), "@@ -0,0 +1,2 @@\n+a\n+b\n");
+        assert_eq!(d("a\nb\n", ""), "@@ -1,2 +0,0 @@\n-a\n-b\n");
+        assert_eq!(
+            d("a\nb\nc\n", "a\nB\nc\n"),
+            "@@ -1,3 +1,3 @@\n a\n-b\n+B\n c\n"
+        );
+        assert_eq!(
+            d("x", "y"),
+            "@@ -1 +1 @@\n-x\n\\ No newline at end of file\n+y\n\\ No newline at end of file\n"
+        );
+        let a: String = (1..=20).map(|i| format!("{i}\n")).collect();
+        let b: String = (1..=20)
+            .map(|i| match i {
+                2 => "two\n".to_string(),
+                19 => "nineteen\n".to_string(),
+                _ => format!("{i}\n"),
+            })
+            .collect();
+        assert_eq!(
+            d(&a, &b),
+            "@@ -1,5 +1,5 @@\n 1\n-2\n+two\n 3\n 4\n 5\n@@ -16,5 +16,5 @@\n 16\n 17\n 18\n-19\n+nineteen\n 20\n"
+        );
+    }
+
+    #[test]
+    fn names_quoted_as_git_quotes_them() {
+        assert_eq!(quote(b"src/a.rs"), "src/a.rs");
+        assert_eq!(quote(b"a\tb"), "\"a\\tb\"");
+        assert_eq!(quote_with(b"a/", b"x\x1b[31m"), "\"a/x\\033[31m\"");
+        assert_eq!(quote("é".as_bytes()), "\"\\303\\251\"");
+        assert_eq!(quote(b"q\"\\"), "\"q\\\"\\\\\"");
+    }
+}

@@ -1,0 +1,170 @@
+//! The syscalls staging needs beyond `host::sys`: the new mount API (a *detached* overlay
+//! mount, reachable only through the daemon's descriptor), `flock` for the one-daemon lock, `syncfs`,
+//! `statx` for birth times, and whiteout creation.
+//!
+//! Invariants: like `host::sys`, every path argument is relative to a held handle or names
+//! a descriptor through `/proc/self/fd/N`; nothing follows a symlink; errors keep their
+//! errno. With `host::sys`, the only staging code that holds `unsafe`.
+#![allow(unsafe_code)]
+
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+
+use crate::host::sys::Name;
+
+fn cvt(ret: libc::c_long) -> io::Result<libc::c_long> {
+    if ret < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret)
+    }
+}
+
+fn own(ret: libc::c_long) -> io::Result<OwnedFd> {
+    let fd = cvt(ret)? as i32;
+    // SAFETY: the syscall just returned this new descriptor and nobody else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+const FSOPEN_CLOEXEC: u32 = 1;
+const FSCONFIG_SET_STRING: u32 = 1;
+const FSCONFIG_CMD_CREATE: u32 = 6;
+const FSMOUNT_CLOEXEC: u32 = 1;
+const MOUNT_ATTR_NOSUID: u32 = 0x2;
+const MOUNT_ATTR_NODEV: u32 = 0x4;
+
+/// A file-system context for `fstype` (`fsopen`).
+pub fn fsopen(fstype: &str) -> io::Result<OwnedFd> {
+    let t = CString::new(fstype).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    // SAFETY: NUL-terminated string; the result is checked.
+    own(unsafe { libc::syscall(libc::SYS_fsopen, t.as_ptr(), FSOPEN_CLOEXEC) })
+}
+
+/// `fsconfig(FSCONFIG_SET_STRING, key, value)`.
+pub fn fsconfig_str(fs: BorrowedFd<'_>, key: &str, value: &str) -> io::Result<()> {
+    let k = CString::new(key).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    let v = CString::new(value).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    // SAFETY: valid fd, NUL-terminated strings, aux 0 as documented for SET_STRING.
+    cvt(unsafe {
+        libc::syscall(
+            libc::SYS_fsconfig,
+            fs.as_raw_fd(),
+            FSCONFIG_SET_STRING,
+            k.as_ptr(),
+            v.as_ptr(),
+            0,
+        )
+    })
+    .map(drop)
+}
+
+/// `fsconfig(FSCONFIG_CMD_CREATE)`: builds the superblock from the options set.
+pub fn fsconfig_create(fs: BorrowedFd<'_>) -> io::Result<()> {
+    // SAFETY: valid fd; key and value null as documented for CMD_CREATE.
+    cvt(unsafe {
+        libc::syscall(
+            libc::SYS_fsconfig,
+            fs.as_raw_fd(),
+            FSCONFIG_CMD_CREATE,
+            std::ptr::null::<u8>(),
+            std::ptr::null::<u8>(),
+            0,
+        )
+    })
+    .map(drop)
+}
+
+/// `fsmount(nosuid, nodev)`: a detached mount of the created superblock; the returned
+/// descriptor is its root, and the mount lives exactly as long as a descriptor in it.
+pub fn fsmount(fs: BorrowedFd<'_>) -> io::Result<OwnedFd> {
+    // SAFETY: valid fd and flags; the result is checked.
+    own(unsafe {
+        libc::syscall(
+            libc::SYS_fsmount,
+            fs.as_raw_fd(),
+            FSMOUNT_CLOEXEC,
+            MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
+        )
+    })
+}
+
+/// `flock(LOCK_EX | LOCK_NB)`: false when another open file description holds it.
+pub fn try_lock(fd: BorrowedFd<'_>) -> io::Result<bool> {
+    // SAFETY: valid fd; flock has no memory arguments.
+    if unsafe { libc::flock(fd.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+        return Ok(true);
+    }
+    let e = io::Error::last_os_error();
+    if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+        Ok(false)
+    } else {
+        Err(e)
+    }
+}
+
+/// Birth time (ns since the epoch) of `dir/name`, without following a symlink; `None`
+/// when the file system does not record one.
+pub fn btime_ns(dir: BorrowedFd<'_>, name: &Name) -> io::Result<Option<i128>> {
+    let c = CString::new(name.bytes()).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    let mut st = std::mem::MaybeUninit::<libc::statx>::zeroed();
+    // SAFETY: valid fd and NUL-terminated name; st points to a writable statx.
+    cvt(unsafe {
+        libc::statx(
+            dir.as_raw_fd(),
+            c.as_ptr(),
+            libc::AT_SYMLINK_NOFOLLOW,
+            libc::STATX_BTIME,
+            st.as_mut_ptr(),
+        )
+    } as libc::c_long)?;
+    // SAFETY: statx succeeded, so it filled the struct (zeroed before).
+    let st = unsafe { st.assume_init() };
+    if st.stx_mask & libc::STATX_BTIME == 0 {
+        return Ok(None);
+    }
+    Ok(Some(
+        st.stx_btime.tv_sec as i128 * 1_000_000_000 + st.stx_btime.tv_nsec as i128,
+    ))
+}
+
+/// `syncfs`: commits the whole file system holding `fd` (one call for a tree of files).
+pub fn syncfs(fd: BorrowedFd<'_>) -> io::Result<()> {
+    // SAFETY: valid fd; no memory arguments.
+    cvt(unsafe { libc::syncfs(fd.as_raw_fd()) } as libc::c_long).map(drop)
+}
+
+/// Whether the file named by an overlayfs origin (`trusted.overlay.origin`: version,
+/// magic 0xfb, length, flags, handle type, the file system's uuid, then the file handle)
+/// still exists on the file system of `mount_fd`. `None` when the value cannot be read as
+/// one (another format, a handle this file system does not decode).
+pub fn origin_exists(mount_fd: BorrowedFd<'_>, origin: &[u8]) -> Option<bool> {
+    const HEAD: usize = 5 + 16;
+    if origin.len() <= HEAD || origin[1] != 0xfb || origin[2] as usize != origin.len() {
+        return None;
+    }
+    let fid = &origin[HEAD..];
+    // struct file_handle: u32 handle_bytes, i32 handle_type, then the bytes.
+    let mut buf = vec![0u8; 8 + fid.len()];
+    buf[..4].copy_from_slice(&(fid.len() as u32).to_ne_bytes());
+    buf[4..8].copy_from_slice(&(origin[4] as i32).to_ne_bytes());
+    buf[8..].copy_from_slice(fid);
+    // SAFETY: valid fd; `buf` is a struct file_handle of the size it declares.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_open_by_handle_at,
+            mount_fd.as_raw_fd(),
+            buf.as_mut_ptr(),
+            libc::O_PATH | libc::O_CLOEXEC,
+        )
+    };
+    if fd >= 0 {
+        // SAFETY: the kernel just returned this descriptor.
+        drop(unsafe { OwnedFd::from_raw_fd(fd as i32) });
+        return Some(true);
+    }
+    match io::Error::last_os_error().raw_os_error() {
+        Some(libc::ESTALE | libc::ENOENT) => Some(false),
+        _ => None,
+    }
+}
