@@ -303,11 +303,14 @@ fn flood(m: &Mount, n: usize, each: usize, file: &str) -> (Vec<Child>, Vec<(usiz
         .iter_mut()
         .map(|c| {
             let l = read_line(c);
-            let mut it = l.split(' ').map(|x| x.parse::<i64>().unwrap_or(-1));
-            (
-                it.next().unwrap_or(-1) as usize,
-                it.next().unwrap_or(-1) as i32,
-            )
+            let parsed: Vec<i64> = l.split(' ').filter_map(|x| x.parse().ok()).collect();
+            assert_eq!(
+                parsed.len(),
+                2,
+                "a flooding child's report {l:?} (status {:?})",
+                c.try_wait()
+            );
+            (parsed[0] as usize, parsed[1] as i32)
         })
         .collect();
     (kids, counts)
