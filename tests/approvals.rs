@@ -532,3 +532,124 @@ fn wait_for_approvers(sock: &Path, n: u64) {
     });
     assert!(ok, "{n} approver(s) never connected");
 }
+
+/// A held request that a reload allows outright (and one it refuses) is audited as its end
+/// without `--audit-allowed` (SPEC.md: every held request is audited twice).
+#[test]
+fn a_reload_that_allows_or_refuses_is_audited_without_audit_allowed() {
+    let (m, sock) = mount("ask-reload-audit", ASK, &[]);
+    let mut ap = Peer::subscribe(&sock);
+    let (mut st, _) = Peer::connect(&sock);
+    let c = agent(&m, "open('docs/r1', 'w').write('1'); print('ok')");
+    let ev = ap.next(Some("ask"));
+    std::fs::write(m.policy_path(), "mode = \"danger\"\n").unwrap();
+    assert_eq!(st.call(json!({"cmd": "reload"}))["ok"], true);
+    assert_eq!(output(c), "ok");
+    assert_eq!(ap.next(Some("done"))["by"], "reload");
+    std::fs::write(m.policy_path(), ASK).unwrap();
+    assert_eq!(st.call(json!({"cmd": "reload"}))["ok"], true);
+    let c = agent(&m, WRITE_A);
+    ap.next(Some("ask"));
+    std::fs::write(
+        m.policy_path(),
+        "mode = \"danger\"\n[[rule]]\npath = \"docs\"\naccess = \"read\"\n",
+    )
+    .unwrap();
+    assert_eq!(st.call(json!({"cmd": "reload"}))["ok"], true);
+    assert_eq!(output(c), "EACCES");
+    assert_eq!(std::fs::read(m.host("docs/a.md")).unwrap(), b"alpha\n");
+    let lines = audit_lines(&m);
+    let of = |path: &str| -> Vec<(String, String)> {
+        lines
+            .iter()
+            .filter(|l| l["path"] == path)
+            .map(|l| {
+                let s = |k: &str| l[k].as_str().unwrap_or("").to_string();
+                (s("decision"), s("by"))
+            })
+            .collect()
+    };
+    let want = |d: &str, b: &str| (d.to_string(), b.to_string());
+    let r1 = of("docs/r1");
+    assert!(r1.contains(&want("ask", "rule")), "{lines:#?}");
+    assert!(r1.contains(&want("allow", "reload")), "{lines:#?}");
+    let a = of("docs/a.md");
+    assert!(a.contains(&want("ask", "rule")), "{lines:#?}");
+    assert!(a.contains(&want("deny", "reload")), "{lines:#?}");
+    assert_eq!(ev["paths"], json!(["docs/r1"]));
+}
+
+/// A pipe whose reader is gone: the write end, to be a child's stdout.
+fn widowed_pipe() -> Stdio {
+    let mut fds = [0; 2];
+    // SAFETY: pipe(2) fills two descriptors this test owns.
+    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+    // SAFETY: fds[0] is ours and closed once.
+    unsafe { libc::close(fds[0]) };
+    // SAFETY: fds[1] is ours; the Stdio takes it over.
+    Stdio::from(unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fds[1]) })
+}
+
+/// Every subcommand that prints exits 0, quietly, when its reader is gone (EPIPE), as
+/// `fencefs ctl SOCK held | head -c1` does.
+#[test]
+fn printing_to_a_closed_pipe_exits_zero_quietly() {
+    let (m, sock) = mount("ask-epipe", ASK, &[]);
+    let mut ap = Peer::subscribe(&sock);
+    // Enough held that `held` is longer than a pipe buffer (writes to an existing file:
+    // not directory changes, which one uid holds one at a time per directory).
+    let c = agent(
+        &m,
+        "import threading\n\
+def w(i):\n    try: open('docs/a.md', 'a')\n    except OSError: pass\n\
+ts = [threading.Thread(target=w, args=(i,)) for i in range(300)]\n\
+[t.start() for t in ts]; [t.join() for t in ts]\n",
+    );
+    for _ in 0..300 {
+        ap.next(Some("ask"));
+    }
+    let runs: Vec<Vec<std::ffi::OsString>> = vec![
+        vec!["ctl".into(), sock.clone().into(), "held".into()],
+        vec!["ctl".into(), sock.clone().into(), "status".into()],
+        vec![
+            "explain".into(),
+            "--policy".into(),
+            m.policy_path().into(),
+            "docs/a.md".into(),
+        ],
+        vec!["check".into(), m.policy_path().into()],
+    ];
+    for args in &runs {
+        let o = Command::new(BIN)
+            .args(args)
+            .stdout(widowed_pipe())
+            .stderr(Stdio::piped())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(0), "{args:?}: {err}");
+        assert!(err.is_empty(), "{args:?} said: {err}");
+    }
+    // The shell form of the same, with pipefail: head exits after one byte.
+    let o = Command::new("bash")
+        .arg("-c")
+        .arg(format!(
+            "set -o pipefail; {BIN} ctl {} held | head -c1 >/dev/null",
+            sock.display()
+        ))
+        .output()
+        .unwrap();
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(
+        o.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    drop(ap);
+    let _ = output(c);
+}

@@ -31,7 +31,7 @@ pub fn run(cmd: Command) -> i32 {
         Command::GenerateDocs { dir } => match crate::docs::generate(&dir) {
             Ok(files) => {
                 for f in files {
-                    println!("{}", f.display());
+                    crate::outln!("{}", f.display());
                 }
                 0
             }

@@ -73,7 +73,7 @@ pub fn ctl(path: &Path, what: &str) -> i32 {
         let a = c.call(&json!({ "cmd": what }))?;
         if what == "reload" {
             if a["ok"] == true {
-                println!(
+                crate::outln!(
                     "policy reloaded: generation {}, {} rules",
                     number(&a["generation"]),
                     number(&a["rules"])
@@ -92,7 +92,7 @@ pub fn ctl(path: &Path, what: &str) -> i32 {
             return Ok(1);
         }
         let pretty = serde_json::to_string_pretty(&a).map_err(|e| e.to_string())?;
-        println!("{}", quote::json_safe(&pretty));
+        crate::outln!("{}", quote::json_safe(&pretty));
         Ok(if a["ok"] == true { 0 } else { 1 })
     };
     match run() {
@@ -260,7 +260,7 @@ fn session(
             Msg::Daemon(k, _) if k != n => Ok(()), // a connection that ended before
             Msg::Daemon(_, Err(e)) => {
                 if s.asking.is_some() {
-                    println!();
+                    crate::outln!();
                 }
                 return Ok(End::Lost(e));
             }
@@ -308,11 +308,11 @@ impl Screen<'_> {
             let Some(ev) = self.queue.pop_front() else {
                 break;
             };
-            println!("{}", describe(&ev));
+            crate::outln!("{}", describe(&ev));
             match self.auto {
                 Some(allow) => self.decide(ev, allow, "once")?,
                 None => {
-                    print!("{PROMPT}");
+                    crate::out!("{PROMPT}");
                     self.asking = Some(ev);
                 }
             }
@@ -328,14 +328,14 @@ impl Screen<'_> {
             Some("done") => {
                 // Asked or not yet: it needs no answer any more.
                 self.queue.retain(|q| q["id"] != ev["id"]);
-                println!(
+                crate::outln!(
                     "#{} ended: {} by {}",
                     number(&ev["id"]),
                     word(&ev["decision"]),
                     word(&ev["by"])
                 );
                 if self.asking.is_some() {
-                    print!("{PROMPT}");
+                    crate::out!("{PROMPT}");
                 }
             }
             Some("dropped") => eprintln!(
@@ -354,7 +354,7 @@ impl Screen<'_> {
                         format!(" — {e}")
                     };
                     let verb = if allow { "allowed" } else { "denied" };
-                    println!("#{} {verb}{outcome}", number(&q["id"]));
+                    crate::outln!("#{} {verb}{outcome}", number(&q["id"]));
                 }
             }
         }
@@ -370,7 +370,7 @@ impl Screen<'_> {
             "a" | "A" => (true, "path"),
             "n" | "N" => (false, "once"),
             _ => {
-                print!("{PROMPT}");
+                crate::out!("{PROMPT}");
                 self.asking = Some(q);
                 return Ok(());
             }

@@ -48,6 +48,12 @@ impl Shared {
         by: By,
         line: Line,
     ) {
+        // A re-run that a reload allowed outright is that held request's end: always
+        // audited, by reload (an approver's allow is audited where it lifts the refusal).
+        let line = match (line, ctx.approved) {
+            (Line::Plain(None), Some(o)) if o.by == "reload" => Line::Outcome(o),
+            _ => line,
+        };
         let (allowed, errno, by_s, held, approver) = match line {
             Line::Plain(err) => (err.is_none(), err, by_word(by), false, None),
             Line::Held => (false, None, by_word(by), true, None),
