@@ -51,7 +51,12 @@ pub enum Command {
         #[arg(value_parser = ["status", "reload", "held"])]
         what: String,
     },
-    /// Approve or deny held requests: an approver on this terminal (y / a / n).
+    /// List the answers remembered for good in an --answers FILE, for review.
+    Answers {
+        /// The daemon's --answers file.
+        file: PathBuf,
+    },
+    /// Approve or deny held requests: an approver on this terminal (y / a / A / n).
     Approve {
         /// The daemon's `--control` socket.
         socket: PathBuf,
@@ -137,6 +142,10 @@ pub struct MountArgs {
     /// once, question posted).
     #[arg(long, value_name = "SECONDS", default_value_t = 5, value_parser = clap::value_parser!(u64).range(0..=86_400))]
     pub ask_dir_hold: u64,
+    /// Keep answers given with "remember":"always" in FILE (TOML, one [[answer]] table
+    /// each; a person may edit it, it is re-read on reload) and consult them before asking.
+    #[arg(long, value_name = "FILE")]
+    pub answers: Option<PathBuf>,
     /// At most N host descriptors held for one uid's open files and directories (default:
     /// a quarter of what the daemon has for open handles); past it that uid gets EMFILE.
     /// Kernel-passthrough files hold none.

@@ -291,6 +291,7 @@ pub fn absolutize(m: &mut MountArgs, cwd: &Path) {
     m.source = abs(&m.source);
     m.mountpoint = abs(&m.mountpoint);
     m.policy = m.policy.as_ref().map(abs);
+    m.answers = m.answers.as_ref().map(abs);
     if let Some(a) = m.audit.as_mut().filter(|a| *a != "-")
         && !Path::new(a.as_str()).is_absolute()
     {
@@ -565,6 +566,7 @@ mod tests {
             "map_gid",
             "max_open_per_uid",
             "ask_dir_hold",
+            "answers",
         ] {
             assert!(
                 names.iter().any(|n| n == want),

@@ -558,6 +558,12 @@ fn a_reload_that_allows_or_refuses_is_audited_without_audit_allowed() {
     assert_eq!(st.call(json!({"cmd": "reload"}))["ok"], true);
     assert_eq!(output(c), "EACCES");
     assert_eq!(std::fs::read(m.host("docs/a.md")).unwrap(), b"alpha\n");
+    // The audit writer is asynchronous: wait for the last line.
+    eventually(Duration::from_secs(5), || {
+        audit_lines(&m)
+            .iter()
+            .any(|l| l["path"] == "docs/a.md" && l["by"] == "reload")
+    });
     let lines = audit_lines(&m);
     let of = |path: &str| -> Vec<(String, String)> {
         lines
@@ -652,4 +658,157 @@ ts = [threading.Thread(target=w, args=(i,)) for i in range(300)]\n\
     );
     drop(ap);
     let _ = output(c);
+}
+
+const ASK_LOCKED: &str = "mode = \"danger\"\n[[rule]]\npath = \"docs\"\naccess = \"read\"\nask = \"write\"\n\
+[[rule]]\npath = \"locked\"\naccess = \"read\"\n";
+
+/// `--answers FILE` (SPEC.md "Approvals", remembered for good): an "always" answer is
+/// written to FILE with what a person wrote kept, is consulted before anyone is asked (also
+/// after a restart, with no approver), hand edits count after a reload, a broken FILE keeps
+/// the old answers, and an answer never lifts a path without `ask`.
+#[test]
+fn answers_remembered_for_good_round_trip() {
+    let ws = Workspace::new("answers-file");
+    let file = ws.root.join("answers.toml");
+    std::fs::write(&file, "# my answers\n# keep this comment\n").unwrap();
+    let arg = file.to_str().unwrap().to_string();
+    let (mut m, sock) = mount("ask-answers", ASK_LOCKED, &["--answers", &arg]);
+    let mut ap = Peer::subscribe(&sock);
+    let c = agent(&m, WRITE_A);
+    let ev = ap.next(Some("ask"));
+    let a = ap.call(json!({"cmd": "decide", "id": ev["id"], "allow": true, "remember": "always"}));
+    assert_eq!(a["ok"], true, "{a}");
+    assert_eq!(output(c), "ok");
+    let text = std::fs::read_to_string(&file).unwrap();
+    assert!(
+        text.starts_with("# my answers\n# keep this comment\n"),
+        "{text}"
+    );
+    for want in [
+        "[[answer]]",
+        "path = \"docs/a.md\"",
+        "op = \"write\"",
+        "uid = 1000",
+        "allow = true",
+        "by = \"uid 0\"",
+        "ts = \"20",
+    ] {
+        assert!(text.contains(want), "{want} in {text}");
+    }
+    // Answered from the file: not asked again (held stays 0, no ask event).
+    assert_eq!(output(agent(&m, WRITE_A)), "ok");
+    let (mut st, _) = Peer::connect(&sock);
+    assert_eq!(st.call(json!({"cmd": "status"}))["held"], 0);
+    // The audit writer is asynchronous: wait for the line.
+    let by_answers = |m: &Mount, path: &str, d: &str| {
+        eventually(Duration::from_secs(5), || {
+            audit_lines(m)
+                .iter()
+                .any(|l| l["path"] == path && l["by"] == "answers" && l["decision"] == d)
+        })
+    };
+    assert!(
+        by_answers(&m, "docs/a.md", "allow"),
+        "{:#?}",
+        audit_lines(&m)
+    );
+    drop(ap);
+    drop(st);
+    m.terminate();
+
+    // A restart: the answer is read at start, and decides with no approver connected.
+    let (m, sock) = mount("ask-answers2", ASK_LOCKED, &["--answers", &arg]);
+    assert_eq!(output(agent(&m, WRITE_A)), "ok");
+    assert!(by_answers(&m, "docs/a.md", "allow"));
+    // A hand edit (a refusal for docs/b.md, and an allow for a path without `ask`),
+    // read on reload: b.md is refused without a question, locked/ stays read-only.
+    let mut text = std::fs::read_to_string(&file).unwrap();
+    text.push_str(
+        "\n# added by hand\n[[answer]]\npath = \"docs/b.md\"\nop = \"write\"\nuid = 1000\nallow = false\n\
+[[answer]]\npath = \"locked\"\nop = \"write\"\nuid = 1000\nallow = true\n",
+    );
+    std::fs::write(&file, &text).unwrap();
+    let (mut st, _) = Peer::connect(&sock);
+    assert_eq!(st.call(json!({"cmd": "reload"}))["ok"], true);
+    let _ap = Peer::subscribe(&sock);
+    let t = Instant::now();
+    let write_b = WRITE_A.replace("docs/a.md", "docs/b.md");
+    assert_eq!(output(agent(&m, &write_b)), "EACCES");
+    assert!(
+        t.elapsed() < Duration::from_secs(5),
+        "refused without a question"
+    );
+    assert_eq!(std::fs::read(m.host("docs/b.md")).unwrap(), b"beta\n");
+    assert!(by_answers(&m, "docs/b.md", "deny"));
+    mkdirp(&m.host("locked"));
+    let write_locked = WRITE_A
+        .replace("docs/a.md", "locked/f")
+        .replace("O_TRUNC", "O_CREAT");
+    assert_eq!(
+        output(agent(&m, &write_locked)),
+        "EACCES",
+        "an answer never lifts a path without ask"
+    );
+    assert!(!m.host("locked/f").exists());
+    // `fencefs answers FILE` lists them for review.
+    let o: Out = Command::new(BIN)
+        .arg("answers")
+        .arg(&file)
+        .output()
+        .unwrap()
+        .into();
+    assert_eq!(o.status.code(), Some(0), "{}", o.stderr);
+    assert!(
+        o.stdout
+            .contains("allow write docs/a.md uid 1000 (by uid 0, 20"),
+        "{}",
+        o.stdout
+    );
+    assert!(
+        o.stdout.contains("deny write docs/b.md uid 1000"),
+        "{}",
+        o.stdout
+    );
+    // A broken file: file:line:column in the log and from `fencefs answers`; the answers
+    // in force stay (a.md allowed, b.md refused, still without a question).
+    std::fs::write(
+        &file,
+        format!("{text}[[answer]]\npath = \"x\"\nop = \"exec\"\nuid = 1\nallow = true\n"),
+    )
+    .unwrap();
+    assert_eq!(st.call(json!({"cmd": "reload"}))["ok"], true);
+    let line = text.lines().count() + 3;
+    let want = format!("answers.toml:{line}:6: `op` must be");
+    assert!(
+        eventually(Duration::from_secs(5), || m.stderr().contains(&want)),
+        "{want} in {}",
+        m.stderr()
+    );
+    let o: Out = Command::new(BIN)
+        .arg("answers")
+        .arg(&file)
+        .output()
+        .unwrap()
+        .into();
+    assert_eq!(o.status.code(), Some(1));
+    assert!(o.stderr.contains(&want), "{}", o.stderr);
+    assert_eq!(output(agent(&m, WRITE_A)), "ok");
+    assert_eq!(output(agent(&m, &write_b)), "EACCES");
+    assert_eq!(st.call(json!({"cmd": "status"}))["held"], 0);
+}
+
+/// `"remember":"always"` without `--answers` is refused and the request stays held.
+#[test]
+fn always_needs_answers() {
+    let (m, sock) = mount("ask-always-none", ASK, &[]);
+    let mut ap = Peer::subscribe(&sock);
+    let c = agent(&m, WRITE_A);
+    let ev = ap.next(Some("ask"));
+    let a = ap.call(json!({"cmd": "decide", "id": ev["id"], "allow": true, "remember": "always"}));
+    assert_eq!(a["ok"], false);
+    assert!(a["error"].as_str().unwrap().contains("--answers"), "{a}");
+    let a = ap.call(json!({"cmd": "decide", "id": ev["id"], "allow": false}));
+    assert_eq!(a["ok"], true, "still held: {a}");
+    assert_eq!(output(c), "EACCES");
 }

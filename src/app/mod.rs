@@ -6,6 +6,7 @@
 //! - `threads`: the daemon's own threads (signals, reloads, the control socket);
 //! - `notify`: the notify thread (kernel cache invalidations) and its held-directory lane.
 
+mod answers;
 mod explain;
 mod mount;
 mod notify;
@@ -50,6 +51,7 @@ pub fn run(cmd: Command) -> i32 {
         Command::Check { policy } => explain::check(&policy),
         Command::Explain(a) => explain::explain(a),
         Command::Ctl { socket, what } => crate::control::client::ctl(&socket, &what),
+        Command::Answers { file } => answers::list(&file),
         Command::Approve { socket, auto } => {
             crate::control::client::approve(&socket, auto.map(|a| a == "allow"))
         }

@@ -149,6 +149,23 @@ fn build_state(a: &MountArgs) -> Result<(State, Result<OwnedFd, String>), String
     let inodes = Inodes::new(root_fd, fd_cap).map_err(|e| format!("source: {e}"))?;
     let rules = policy.rules().len();
     let mode = policy.mode();
+    let mut approvals = Approvals::new(crate::approvals::MAX_HELD, threads::ask_timeout(a))
+        .with_dir_hold(Duration::from_secs(a.ask_dir_hold));
+    if let Some(f) = &a.answers {
+        let answers = crate::approvals::answers::Answers::load(f).map_err(|errs| {
+            let lines: Vec<String> = errs
+                .iter()
+                .map(|e| crate::quote::escape(e.to_string().as_bytes()).into_owned())
+                .collect();
+            format!("invalid answers file:\n{}", lines.join("\n"))
+        })?;
+        log::info!(
+            "answers: {} remembered in {}",
+            answers.list().len(),
+            crate::quote::quote(f.as_os_str().as_encoded_bytes())
+        );
+        approvals = approvals.with_answers(answers);
+    }
     let shared = Arc::new(Shared {
         inodes,
         handles,
@@ -163,10 +180,7 @@ fn build_state(a: &MountArgs) -> Result<(State, Result<OwnedFd, String>), String
         uids,
         gids,
         kcache: KernelCache::default(),
-        approvals: Arc::new(
-            Approvals::new(crate::approvals::MAX_HELD, threads::ask_timeout(a))
-                .with_dir_hold(Duration::from_secs(a.ask_dir_hold)),
-        ),
+        approvals: Arc::new(approvals),
         stats: Stats::default(),
     });
     let state = State {

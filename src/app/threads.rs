@@ -66,6 +66,7 @@ pub(super) fn reload_now(
     );
     let snap = shared.policy.install(next);
     shared.kcache.end_window();
+    reload_answers(shared);
     redecide(shared, &snap);
     let second = pass(
         tx,
@@ -109,6 +110,22 @@ fn pass(tx: &Sender<Inval>, mut job: Inval) -> Done {
                 "reload: the kernel cache invalidation did not finish within {PASS_LIMIT:?}; going on"
             );
             Done::default()
+        }
+    }
+}
+
+/// Re-reads `--answers FILE` with the policy; an invalid FILE is logged like an invalid
+/// policy (file:line:column) and the answers in force stay.
+fn reload_answers(shared: &Shared) {
+    let Some(answers) = shared.approvals.answers() else {
+        return;
+    };
+    if let Err(errs) = answers.reload() {
+        for e in &errs {
+            log::error!(
+                "answers not reloaded, the old answers stay in force: {}",
+                crate::quote::escape(e.to_string().as_bytes())
+            );
         }
     }
 }

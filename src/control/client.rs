@@ -219,7 +219,8 @@ enum End {
     Lost(String),
 }
 
-const PROMPT: &str = "allow? [y]es once / [a]llow this path until reload / [n]o: ";
+const PROMPT: &str =
+    "allow? [y]es once / [a]llow this path until reload / [A]lways (--answers) / [n]o: ";
 
 /// One connection: subscribe, then show and answer held requests until it ends.
 fn session(
@@ -367,7 +368,8 @@ impl Screen<'_> {
         };
         let (allow, remember) = match k.trim() {
             "y" | "Y" => (true, "once"),
-            "a" | "A" => (true, "path"),
+            "a" => (true, "path"),
+            "A" => (true, "always"),
             "n" | "N" => (false, "once"),
             _ => {
                 crate::out!("{PROMPT}");
@@ -385,7 +387,8 @@ const BACKOFF_MAX: Duration = Duration::from_secs(2);
 const GONE_FOR_GOOD: Duration = Duration::from_secs(10);
 
 /// `fencefs approve SOCKET [--auto allow|deny]`: subscribes and answers every held
-/// request, from the terminal (y: allow once, a: allow this path until reload, n: deny)
+/// request, from the terminal (y: allow once, a: allow this path until reload, A: allow
+/// for good (the daemon needs --answers), n: deny)
 /// or automatically. A lost connection is said on stderr (one line) and re-made, with a
 /// backoff from 0.1 s to 2 s; once the socket has been gone for 10 s (the daemon stopped
 /// and removed it) it exits 0, as it does when input ends. Exit 1: the first connection
