@@ -1,6 +1,7 @@
 //! The command line (clap): `mount`, `check`, `explain`. Parsing only; no I/O.
 //! (`fuse_opts` maps mount(8)'s `SOURCE MOUNTPOINT -o OPTS` form onto [`MountArgs`].)
 
+use std::ffi::OsString;
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
@@ -146,6 +147,11 @@ pub struct MountArgs {
     /// each; a person may edit it, it is re-read on reload) and consult them before asking.
     #[arg(long, value_name = "FILE")]
     pub answers: Option<PathBuf>,
+    /// Run CMD for every newly held request, the ask event as one JSON line on its stdin
+    /// (no shell: CMD is split at spaces). At most 4 run at once, each killed after 10 s;
+    /// a failure goes to the log. For notifications: it never delays or decides a request.
+    #[arg(long, value_name = "CMD", requires = "control")]
+    pub ask_exec: Option<OsString>,
     /// At most N host descriptors held for one uid's open files and directories (default:
     /// a quarter of what the daemon has for open handles); past it that uid gets EMFILE.
     /// Kernel-passthrough files hold none.

@@ -567,6 +567,7 @@ mod tests {
             "max_open_per_uid",
             "ask_dir_hold",
             "answers",
+            "ask_exec",
         ] {
             assert!(
                 names.iter().any(|n| n == want),

@@ -812,3 +812,118 @@ fn always_needs_answers() {
     assert_eq!(a["ok"], true, "still held: {a}");
     assert_eq!(output(c), "EACCES");
 }
+
+const NOTIFY_PY: &str = "import sys, os, time\n\
+d = sys.argv[1]\n\
+mode = open(os.path.join(d, 'mode')).read().strip()\n\
+data = sys.stdin.buffer.read()\n\
+open(os.path.join(d, 'ev-%d' % os.getpid()), 'wb').write(data)\n\
+if mode == 'sleep': time.sleep(60)\n\
+if mode == 'fail':\n    sys.stderr.write('boom\\x1b[31m\\n'); sys.exit(3)\n";
+
+/// The `ev-PID` files the notify script wrote: (pid, the line it read).
+fn notified(dir: &Path) -> Vec<(i32, String)> {
+    let mut v: Vec<(i32, String)> = std::fs::read_dir(dir)
+        .unwrap()
+        .filter_map(|e| {
+            let e = e.ok()?;
+            let pid = e.file_name().to_str()?.strip_prefix("ev-")?.parse().ok()?;
+            Some((pid, std::fs::read_to_string(e.path()).ok()?))
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+/// `--ask-exec CMD` (SPEC.md "Approvals", notify): CMD gets the ask event on stdin, at
+/// most 4 run at once, each is killed after 10 s, a failure is logged (quoted), and the
+/// request is neither delayed nor decided by it.
+#[test]
+fn ask_exec_notifies_bounded_and_logged() {
+    let ws = Workspace::new("ask-exec-dir");
+    let dir = ws.root.join("notes");
+    mkdirp(&dir);
+    let script = ws.root.join("notify.py");
+    std::fs::write(&script, NOTIFY_PY).unwrap();
+    std::fs::write(dir.join("mode"), "ok").unwrap();
+    let cmd = format!("{PY} {} {}", script.display(), dir.display());
+    let (m, sock) = mount("ask-exec", ASK, &["--ask-exec", &cmd]);
+    let mut ap = Peer::subscribe(&sock);
+
+    // The ask event, one JSON line on stdin.
+    let c = agent(&m, WRITE_A);
+    let ev = ap.next(Some("ask"));
+    assert!(eventually(Duration::from_secs(10), || notified(&dir).len() == 1));
+    let (_, line) = notified(&dir).remove(0);
+    assert!(
+        line.ends_with('\n') && line.matches('\n').count() == 1,
+        "{line:?}"
+    );
+    let mut got: Value = serde_json::from_str(&line).unwrap();
+    let mut want = ev.clone();
+    // The time left is read when each is rendered.
+    let left = got["expires_in_ms"].take().as_u64().unwrap();
+    assert!(left > 100_000 && left <= 120_000, "{left}");
+    want["expires_in_ms"].take();
+    assert_eq!(got, want, "the same event the approver got");
+    ap.call(json!({"cmd": "decide", "id": ev["id"], "allow": true}));
+    assert_eq!(output(c), "ok");
+
+    // A failing CMD: its exit status and stderr (quoted) go to the log.
+    std::fs::write(dir.join("mode"), "fail").unwrap();
+    let c = agent(&m, WRITE_A);
+    let ev = ap.next(Some("ask"));
+    let logged = || m.stderr().contains("failed (exit status: 3); stderr: boom");
+    assert!(
+        eventually(Duration::from_secs(10), logged),
+        "{}",
+        m.stderr()
+    );
+    assert!(
+        !m.stderr().contains('\x1b'),
+        "stderr is quoted: {}",
+        m.stderr()
+    );
+    ap.call(json!({"cmd": "decide", "id": ev["id"], "allow": false}));
+    assert_eq!(output(c), "EACCES");
+
+    // Commands that hang: at most 4 at once, each killed after 10 s; requests are not
+    // delayed (answered while the commands still run).
+    for f in notified(&dir) {
+        std::fs::remove_file(dir.join(format!("ev-{}", f.0))).unwrap();
+    }
+    std::fs::write(dir.join("mode"), "sleep").unwrap();
+    let c = agent(
+        &m,
+        "import threading, os\n\
+def w(i):\n    try: os.close(os.open('docs/a.md', os.O_WRONLY))\n    except OSError: pass\n\
+ts = [threading.Thread(target=w, args=(i,)) for i in range(6)]\n\
+[t.start() for t in ts]; [t.join() for t in ts]\nprint('done')\n",
+    );
+    let mut ids = Vec::new();
+    for _ in 0..6 {
+        ids.push(ap.next(Some("ask"))["id"].clone());
+    }
+    let t = Instant::now();
+    assert!(eventually(Duration::from_secs(8), || notified(&dir).len() == 4));
+    thread::sleep(Duration::from_millis(1500));
+    assert_eq!(notified(&dir).len(), 4, "at most 4 at once");
+    let first: Vec<i32> = notified(&dir).iter().map(|f| f.0).collect();
+    // Answered while the notifications hang: not delayed by them.
+    let answered = Instant::now();
+    for id in &ids {
+        ap.call(json!({"cmd": "decide", "id": id, "allow": true}));
+    }
+    assert_eq!(output(c), "done");
+    assert!(answered.elapsed() < Duration::from_secs(5));
+    // Killed after 10 s; then the last two run.
+    assert!(eventually(Duration::from_secs(30), || notified(&dir).len() == 6));
+    assert!(t.elapsed() >= Duration::from_secs(9), "{:?}", t.elapsed());
+    for pid in first {
+        // SAFETY: kill(2) with signal 0 only checks that the pid exists.
+        let alive = unsafe { libc::kill(pid, 0) } == 0;
+        assert!(!alive, "ask-exec command {pid} still runs");
+    }
+    let killed = || m.stderr().matches("killed after 10 s").count() >= 4;
+    assert!(eventually(Duration::from_secs(5), killed), "{}", m.stderr());
+}

@@ -207,9 +207,19 @@ pub(super) fn start_control(
     let (waker, wake_rx) = server::waker().map_err(|e| e.to_string())?;
     let (ev_tx, ev_rx) = channel();
     let (res_tx, res_rx) = channel();
+    let ask_exec = match &a.ask_exec {
+        None => None,
+        Some(cmd) => {
+            let argv = crate::control::ask_exec::argv(cmd).ok_or("--ask-exec: empty command")?;
+            Some(crate::control::ask_exec::AskExec::start(argv).map_err(|e| e.to_string())?)
+        }
+    };
     shared.approvals.connect(
         res_tx,
         Box::new(move |ev| {
+            if let (Some(x), crate::approvals::Event::Ask(h)) = (&ask_exec, &ev) {
+                x.notify(h);
+            }
             let _ = ev_tx.send(ev);
             waker.wake();
         }),

@@ -141,7 +141,7 @@ fn dying(pid: u32) -> bool {
 }
 
 /// The first [`MAX_CMDLINE`](proto::MAX_CMDLINE) bytes of the command line of `pid`.
-fn cmdline(pid: u32) -> Option<Cmdline> {
+pub(crate) fn cmdline(pid: u32) -> Option<Cmdline> {
     if pid == 0 {
         return None;
     }
