@@ -811,6 +811,26 @@ fn always_needs_answers() {
     let a = ap.call(json!({"cmd": "decide", "id": ev["id"], "allow": false}));
     assert_eq!(a["ok"], true, "still held: {a}");
     assert_eq!(output(c), "EACCES");
+
+    // An answers file the agent could write (inside SOURCE) is refused at start.
+    let ws = Workspace::new("answers-inside");
+    let o = run_fencefs(
+        [
+            std::ffi::OsString::from("mount"),
+            "--answers".into(),
+            ws.src().join("answers.toml").into(),
+            ws.src().into(),
+            ws.mnt_dir().into(),
+        ],
+        Duration::from_secs(20),
+    );
+    assert_eq!(o.status.code(), Some(1), "{}", o.stderr);
+    assert!(
+        o.stderr.contains("must live outside SOURCE"),
+        "{}",
+        o.stderr
+    );
+    assert!(!ws.src().join("answers.toml").exists());
 }
 
 const NOTIFY_PY: &str = "import sys, os, time\n\

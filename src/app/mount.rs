@@ -152,6 +152,16 @@ fn build_state(a: &MountArgs) -> Result<(State, Result<OwnedFd, String>), String
     let mut approvals = Approvals::new(crate::approvals::MAX_HELD, threads::ask_timeout(a))
         .with_dir_hold(Duration::from_secs(a.ask_dir_hold));
     if let Some(f) = &a.answers {
+        // The agent must not write its own answers, nor the daemon write through its mount.
+        let dir = f.parent().filter(|p| !p.as_os_str().is_empty());
+        let dir = std::fs::canonicalize(dir.unwrap_or(Path::new(".")))
+            .map_err(|e| format!("--answers {}: {e}", f.display()))?;
+        if dir.starts_with(&src) || dir.starts_with(&mnt) {
+            return Err(format!(
+                "--answers {} must live outside SOURCE and MOUNTPOINT (the agent could write its own answers)",
+                f.display()
+            ));
+        }
         let answers = crate::approvals::answers::Answers::load(f).map_err(|errs| {
             let lines: Vec<String> = errs
                 .iter()
