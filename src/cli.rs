@@ -27,6 +27,8 @@ pub struct Cli {
 }
 
 /// Subcommands.
+// One value, parsed once at start: the size of `Mount`'s arguments costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Write the man pages and shell completions into DIR (packaging; see docs.rs).
