@@ -947,3 +947,42 @@ ts = [threading.Thread(target=w, args=(i,)) for i in range(6)]\n\
     let killed = || m.stderr().matches("killed after 10 s").count() >= 4;
     assert!(eventually(Duration::from_secs(5), killed), "{}", m.stderr());
 }
+
+/// `fencefs approve`: `A` answers "always" (written to the daemon's --answers file); the
+/// next request is not asked.
+#[test]
+fn approve_key_a_capital_allows_always() {
+    let ws = Workspace::new("answers-key");
+    let file = ws.root.join("answers.toml");
+    let arg = file.to_str().unwrap().to_string();
+    let (m, sock) = mount("ask-answers-key", ASK, &["--answers", &arg]);
+    let mut approver = Command::new(BIN)
+        .arg("approve")
+        .arg(&sock)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_for_approvers(&sock, 1);
+    let c = agent(&m, WRITE_A);
+    let mut out = BufReader::new(approver.stdout.take().unwrap());
+    let mut shown = String::new();
+    while !shown.contains("docs/a.md") {
+        assert!(
+            out.read_line(&mut shown).unwrap() > 0,
+            "approve ended: {shown}"
+        );
+    }
+    approver.stdin.as_mut().unwrap().write_all(b"A\n").unwrap();
+    assert_eq!(output(c), "ok");
+    let text = std::fs::read_to_string(&file).unwrap();
+    assert!(
+        text.contains("path = \"docs/a.md\"") && text.contains("allow = true"),
+        "{text}"
+    );
+    drop(approver.stdin.take());
+    let _ = approver.wait();
+    // No approver now: answered from the file.
+    assert_eq!(output(agent(&m, WRITE_A)), "ok");
+}
