@@ -28,6 +28,7 @@
 /// Requests held for an approver at once (SPEC.md: 1024).
 pub const MAX_HELD: usize = 1024;
 
+pub mod answers;
 pub mod dirs;
 
 use std::collections::{BTreeMap, HashMap};
@@ -60,6 +61,18 @@ impl Outcome {
             approver: None,
         }
     }
+}
+
+/// How long an approver's allow holds (the `decide` command's `remember`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Remember {
+    /// This request only.
+    #[default]
+    Once,
+    /// This uid, these paths (and below) until the next reload.
+    Path,
+    /// Written to `--answers FILE`: this uid, these paths, for good.
+    Always,
 }
 
 /// Where events for the control socket go.
@@ -237,6 +250,7 @@ pub struct Approvals {
     approvers: AtomicUsize,
     events: Mutex<Option<EventSink>>,
     resume: Mutex<Option<Sender<(Resume, Outcome)>>>,
+    answers: Option<answers::Answers>,
 }
 
 /// Whether `path` is `base` or lies below it.
@@ -261,7 +275,19 @@ impl Approvals {
             approvers: AtomicUsize::new(0),
             events: Mutex::new(None),
             resume: Mutex::new(None),
+            answers: None,
         }
+    }
+
+    /// Answers remembered for good are kept in (and read from) this file (`--answers`).
+    pub fn with_answers(mut self, a: answers::Answers) -> Approvals {
+        self.answers = Some(a);
+        self
+    }
+
+    /// The `--answers` file's answers, if one is given.
+    pub fn answers(&self) -> Option<&answers::Answers> {
+        self.answers.as_ref()
     }
 
     /// Directory changes are held at most `d` (`--ask-dir-hold`; zero: never held).
@@ -407,9 +433,13 @@ impl Approvals {
         &self,
         id: u64,
         allow: bool,
-        remember_path: bool,
+        remember: Remember,
         approver: u32,
-    ) -> Result<(), &'static str> {
+    ) -> Result<(), String> {
+        if remember == Remember::Always {
+            self.write_answer(id, allow, approver)?;
+        }
+        let remember_path = remember == Remember::Path;
         let entry = {
             let mut g = self.inner.lock();
             let e = g.take(id).ok_or("no such held request")?;
@@ -434,6 +464,37 @@ impl Approvals {
         };
         self.end(id, entry, o);
         Ok(())
+    }
+
+    /// `remember: always`: writes the answer for held request `id` to the answers file
+    /// before it is decided (so a failure leaves it held for another answer).
+    fn write_answer(&self, id: u64, allow: bool, approver: u32) -> Result<(), String> {
+        let Some(file) = &self.answers else {
+            return Err("remember \"always\" needs the daemon's --answers FILE".into());
+        };
+        let req = self
+            .inner
+            .lock()
+            .held
+            .get(&id)
+            .map(|e| e.req.clone())
+            .ok_or("no such held request")?;
+        let ts = crate::audit::timestamp(std::time::SystemTime::now());
+        let mut list = Vec::new();
+        for p in &req.paths {
+            let path = std::str::from_utf8(p).map_err(
+                |_| "a path that is not UTF-8 cannot be remembered always; answer once or path",
+            )?;
+            list.push(answers::Answer {
+                path: path.to_string(),
+                write: req.need == "write",
+                uid: req.uid,
+                allow,
+                by: format!("uid {approver}"),
+                ts: ts.clone(),
+            });
+        }
+        file.remember(list)
     }
 
     /// Whether `uid` was allowed `path` (or a directory above it) with `remember: path`,

@@ -1,6 +1,7 @@
 //! The command line (clap): `mount`, `check`, `explain`. Parsing only; no I/O.
 //! (`fuse_opts` maps mount(8)'s `SOURCE MOUNTPOINT -o OPTS` form onto [`MountArgs`].)
 
+use std::ffi::OsString;
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
@@ -26,6 +27,8 @@ pub struct Cli {
 }
 
 /// Subcommands.
+// One value, parsed once at start: the size of `Mount`'s arguments costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Write the man pages and shell completions into DIR (packaging; see docs.rs).
@@ -53,7 +56,12 @@ pub enum Command {
     },
     /// Review staged changes: status, diff, apply, discard (`mount --stage DIR`).
     Stage(crate::stage::cli::StageArgs),
-    /// Approve or deny held requests: an approver on this terminal (y / a / n).
+    /// List the answers remembered for good in an --answers FILE, for review.
+    Answers {
+        /// The daemon's --answers file.
+        file: PathBuf,
+    },
+    /// Approve or deny held requests: an approver on this terminal (y / a / A / n).
     Approve {
         /// The daemon's `--control` socket.
         socket: PathBuf,
@@ -139,6 +147,15 @@ pub struct MountArgs {
     /// once, question posted).
     #[arg(long, value_name = "SECONDS", default_value_t = 5, value_parser = clap::value_parser!(u64).range(0..=86_400))]
     pub ask_dir_hold: u64,
+    /// Keep answers given with "remember":"always" in FILE (TOML, one [[answer]] table
+    /// each; a person may edit it, it is re-read on reload) and consult them before asking.
+    #[arg(long, value_name = "FILE")]
+    pub answers: Option<PathBuf>,
+    /// Run CMD for every newly held request, the ask event as one JSON line on its stdin
+    /// (no shell: CMD is split at spaces). At most 4 run at once, each killed after 10 s;
+    /// a failure goes to the log. For notifications: it never delays or decides a request.
+    #[arg(long, value_name = "CMD", requires = "control")]
+    pub ask_exec: Option<OsString>,
     /// At most N host descriptors held for one uid's open files and directories (default:
     /// a quarter of what the daemon has for open handles); past it that uid gets EMFILE.
     /// Kernel-passthrough files hold none.

@@ -292,6 +292,7 @@ pub fn absolutize(m: &mut MountArgs, cwd: &Path) {
     m.mountpoint = abs(&m.mountpoint);
     m.policy = m.policy.as_ref().map(abs);
     m.stage = m.stage.as_ref().map(abs);
+    m.answers = m.answers.as_ref().map(abs);
     if let Some(a) = m.audit.as_mut().filter(|a| *a != "-")
         && !Path::new(a.as_str()).is_absolute()
     {
@@ -566,6 +567,8 @@ mod tests {
             "map_gid",
             "max_open_per_uid",
             "ask_dir_hold",
+            "answers",
+            "ask_exec",
         ] {
             assert!(
                 names.iter().any(|n| n == want),

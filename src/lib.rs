@@ -25,6 +25,7 @@ pub mod harden;
 pub mod host;
 pub mod idmap;
 pub mod logging;
+pub mod out;
 pub mod policy;
 pub mod quote;
 pub mod reload;

@@ -5,6 +5,7 @@ use fencefs::cli::{Cli, Command};
 
 fn main() {
     fencefs::logging::init();
+    fencefs::out::quiet_on_epipe();
     let args: Vec<OsString> = std::env::args_os().collect();
     let command = if fencefs::fuse_opts::is_helper_form(&args, |p| p.exists()) {
         Command::Mount(mount_helper(&args[1..]))

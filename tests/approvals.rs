@@ -532,3 +532,457 @@ fn wait_for_approvers(sock: &Path, n: u64) {
     });
     assert!(ok, "{n} approver(s) never connected");
 }
+
+/// A held request that a reload allows outright (and one it refuses) is audited as its end
+/// without `--audit-allowed` (SPEC.md: every held request is audited twice).
+#[test]
+fn a_reload_that_allows_or_refuses_is_audited_without_audit_allowed() {
+    let (m, sock) = mount("ask-reload-audit", ASK, &[]);
+    let mut ap = Peer::subscribe(&sock);
+    let (mut st, _) = Peer::connect(&sock);
+    let c = agent(&m, "open('docs/r1', 'w').write('1'); print('ok')");
+    let ev = ap.next(Some("ask"));
+    std::fs::write(m.policy_path(), "mode = \"danger\"\n").unwrap();
+    assert_eq!(st.call(json!({"cmd": "reload"}))["ok"], true);
+    assert_eq!(output(c), "ok");
+    assert_eq!(ap.next(Some("done"))["by"], "reload");
+    std::fs::write(m.policy_path(), ASK).unwrap();
+    assert_eq!(st.call(json!({"cmd": "reload"}))["ok"], true);
+    let c = agent(&m, WRITE_A);
+    ap.next(Some("ask"));
+    std::fs::write(
+        m.policy_path(),
+        "mode = \"danger\"\n[[rule]]\npath = \"docs\"\naccess = \"read\"\n",
+    )
+    .unwrap();
+    assert_eq!(st.call(json!({"cmd": "reload"}))["ok"], true);
+    assert_eq!(output(c), "EACCES");
+    assert_eq!(std::fs::read(m.host("docs/a.md")).unwrap(), b"alpha\n");
+    // The audit writer is asynchronous: wait for the last line.
+    eventually(Duration::from_secs(5), || {
+        audit_lines(&m)
+            .iter()
+            .any(|l| l["path"] == "docs/a.md" && l["by"] == "reload")
+    });
+    let lines = audit_lines(&m);
+    let of = |path: &str| -> Vec<(String, String)> {
+        lines
+            .iter()
+            .filter(|l| l["path"] == path)
+            .map(|l| {
+                let s = |k: &str| l[k].as_str().unwrap_or("").to_string();
+                (s("decision"), s("by"))
+            })
+            .collect()
+    };
+    let want = |d: &str, b: &str| (d.to_string(), b.to_string());
+    let r1 = of("docs/r1");
+    assert!(r1.contains(&want("ask", "rule")), "{lines:#?}");
+    assert!(r1.contains(&want("allow", "reload")), "{lines:#?}");
+    let a = of("docs/a.md");
+    assert!(a.contains(&want("ask", "rule")), "{lines:#?}");
+    assert!(a.contains(&want("deny", "reload")), "{lines:#?}");
+    assert_eq!(ev["paths"], json!(["docs/r1"]));
+}
+
+/// A pipe whose reader is gone: the write end, to be a child's stdout.
+fn widowed_pipe() -> Stdio {
+    let mut fds = [0; 2];
+    // SAFETY: pipe(2) fills two descriptors this test owns.
+    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+    // SAFETY: fds[0] is ours and closed once.
+    unsafe { libc::close(fds[0]) };
+    // SAFETY: fds[1] is ours; the Stdio takes it over.
+    Stdio::from(unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fds[1]) })
+}
+
+/// Every subcommand that prints exits 0, quietly, when its reader is gone (EPIPE), as
+/// `fencefs ctl SOCK held | head -c1` does.
+#[test]
+fn printing_to_a_closed_pipe_exits_zero_quietly() {
+    let (m, sock) = mount("ask-epipe", ASK, &[]);
+    let mut ap = Peer::subscribe(&sock);
+    // Enough held that `held` is longer than a pipe buffer (writes to an existing file:
+    // not directory changes, which one uid holds one at a time per directory).
+    let c = agent(
+        &m,
+        "import threading\n\
+def w(i):\n    try: open('docs/a.md', 'a')\n    except OSError: pass\n\
+ts = [threading.Thread(target=w, args=(i,)) for i in range(300)]\n\
+[t.start() for t in ts]; [t.join() for t in ts]\n",
+    );
+    for _ in 0..300 {
+        ap.next(Some("ask"));
+    }
+    let runs: Vec<Vec<std::ffi::OsString>> = vec![
+        vec!["ctl".into(), sock.clone().into(), "held".into()],
+        vec!["ctl".into(), sock.clone().into(), "status".into()],
+        vec![
+            "explain".into(),
+            "--policy".into(),
+            m.policy_path().into(),
+            "docs/a.md".into(),
+        ],
+        vec!["check".into(), m.policy_path().into()],
+    ];
+    for args in &runs {
+        let o = Command::new(BIN)
+            .args(args)
+            .stdout(widowed_pipe())
+            .stderr(Stdio::piped())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(0), "{args:?}: {err}");
+        assert!(err.is_empty(), "{args:?} said: {err}");
+    }
+    // The shell form of the same, with pipefail: head exits after one byte.
+    let o = Command::new("bash")
+        .arg("-c")
+        .arg(format!(
+            "set -o pipefail; {BIN} ctl {} held | head -c1 >/dev/null",
+            sock.display()
+        ))
+        .output()
+        .unwrap();
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(
+        o.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    drop(ap);
+    let _ = output(c);
+}
+
+const ASK_LOCKED: &str = "mode = \"danger\"\n[[rule]]\npath = \"docs\"\naccess = \"read\"\nask = \"write\"\n\
+[[rule]]\npath = \"locked\"\naccess = \"read\"\n";
+
+/// `--answers FILE` (SPEC.md "Approvals", remembered for good): an "always" answer is
+/// written to FILE with what a person wrote kept, is consulted before anyone is asked (also
+/// after a restart, with no approver), hand edits count after a reload, a broken FILE keeps
+/// the old answers, and an answer never lifts a path without `ask`.
+#[test]
+fn answers_remembered_for_good_round_trip() {
+    let ws = Workspace::new("answers-file");
+    let file = ws.root.join("answers.toml");
+    std::fs::write(&file, "# my answers\n# keep this comment\n").unwrap();
+    let arg = file.to_str().unwrap().to_string();
+    let (mut m, sock) = mount("ask-answers", ASK_LOCKED, &["--answers", &arg]);
+    let mut ap = Peer::subscribe(&sock);
+    let c = agent(&m, WRITE_A);
+    let ev = ap.next(Some("ask"));
+    let a = ap.call(json!({"cmd": "decide", "id": ev["id"], "allow": true, "remember": "always"}));
+    assert_eq!(a["ok"], true, "{a}");
+    assert_eq!(output(c), "ok");
+    let text = std::fs::read_to_string(&file).unwrap();
+    assert!(
+        text.starts_with("# my answers\n# keep this comment\n"),
+        "{text}"
+    );
+    for want in [
+        "[[answer]]",
+        "path = \"docs/a.md\"",
+        "op = \"write\"",
+        "uid = 1000",
+        "allow = true",
+        "by = \"uid 0\"",
+        "ts = \"20",
+    ] {
+        assert!(text.contains(want), "{want} in {text}");
+    }
+    // Answered from the file: not asked again (held stays 0, no ask event).
+    assert_eq!(output(agent(&m, WRITE_A)), "ok");
+    let (mut st, _) = Peer::connect(&sock);
+    assert_eq!(st.call(json!({"cmd": "status"}))["held"], 0);
+    // The audit writer is asynchronous: wait for the line.
+    let by_answers = |m: &Mount, path: &str, d: &str| {
+        eventually(Duration::from_secs(5), || {
+            audit_lines(m)
+                .iter()
+                .any(|l| l["path"] == path && l["by"] == "answers" && l["decision"] == d)
+        })
+    };
+    assert!(
+        by_answers(&m, "docs/a.md", "allow"),
+        "{:#?}",
+        audit_lines(&m)
+    );
+    drop(ap);
+    drop(st);
+    m.terminate();
+
+    // A restart: the answer is read at start, and decides with no approver connected.
+    let (m, sock) = mount("ask-answers2", ASK_LOCKED, &["--answers", &arg]);
+    assert_eq!(output(agent(&m, WRITE_A)), "ok");
+    assert!(by_answers(&m, "docs/a.md", "allow"));
+    // A hand edit (a refusal for docs/b.md, and an allow for a path without `ask`),
+    // read on reload: b.md is refused without a question, locked/ stays read-only.
+    let mut text = std::fs::read_to_string(&file).unwrap();
+    text.push_str(
+        "\n# added by hand\n[[answer]]\npath = \"docs/b.md\"\nop = \"write\"\nuid = 1000\nallow = false\n\
+[[answer]]\npath = \"locked\"\nop = \"write\"\nuid = 1000\nallow = true\n",
+    );
+    std::fs::write(&file, &text).unwrap();
+    let (mut st, _) = Peer::connect(&sock);
+    assert_eq!(st.call(json!({"cmd": "reload"}))["ok"], true);
+    let _ap = Peer::subscribe(&sock);
+    let t = Instant::now();
+    let write_b = WRITE_A.replace("docs/a.md", "docs/b.md");
+    assert_eq!(output(agent(&m, &write_b)), "EACCES");
+    assert!(
+        t.elapsed() < Duration::from_secs(5),
+        "refused without a question"
+    );
+    assert_eq!(std::fs::read(m.host("docs/b.md")).unwrap(), b"beta\n");
+    assert!(by_answers(&m, "docs/b.md", "deny"));
+    mkdirp(&m.host("locked"));
+    let write_locked = WRITE_A
+        .replace("docs/a.md", "locked/f")
+        .replace("O_TRUNC", "O_CREAT");
+    assert_eq!(
+        output(agent(&m, &write_locked)),
+        "EACCES",
+        "an answer never lifts a path without ask"
+    );
+    assert!(!m.host("locked/f").exists());
+    // `fencefs answers FILE` lists them for review.
+    let o: Out = Command::new(BIN)
+        .arg("answers")
+        .arg(&file)
+        .output()
+        .unwrap()
+        .into();
+    assert_eq!(o.status.code(), Some(0), "{}", o.stderr);
+    assert!(
+        o.stdout
+            .contains("allow write docs/a.md uid 1000 (by uid 0, 20"),
+        "{}",
+        o.stdout
+    );
+    assert!(
+        o.stdout.contains("deny write docs/b.md uid 1000"),
+        "{}",
+        o.stdout
+    );
+    // A broken file: file:line:column in the log and from `fencefs answers`; the answers
+    // in force stay (a.md allowed, b.md refused, still without a question).
+    std::fs::write(
+        &file,
+        format!("{text}[[answer]]\npath = \"x\"\nop = \"exec\"\nuid = 1\nallow = true\n"),
+    )
+    .unwrap();
+    assert_eq!(st.call(json!({"cmd": "reload"}))["ok"], true);
+    let line = text.lines().count() + 3;
+    let want = format!("answers.toml:{line}:6: `op` must be");
+    assert!(
+        eventually(Duration::from_secs(5), || m.stderr().contains(&want)),
+        "{want} in {}",
+        m.stderr()
+    );
+    let o: Out = Command::new(BIN)
+        .arg("answers")
+        .arg(&file)
+        .output()
+        .unwrap()
+        .into();
+    assert_eq!(o.status.code(), Some(1));
+    assert!(o.stderr.contains(&want), "{}", o.stderr);
+    assert_eq!(output(agent(&m, WRITE_A)), "ok");
+    assert_eq!(output(agent(&m, &write_b)), "EACCES");
+    assert_eq!(st.call(json!({"cmd": "status"}))["held"], 0);
+}
+
+/// `"remember":"always"` without `--answers` is refused and the request stays held.
+#[test]
+fn always_needs_answers() {
+    let (m, sock) = mount("ask-always-none", ASK, &[]);
+    let mut ap = Peer::subscribe(&sock);
+    let c = agent(&m, WRITE_A);
+    let ev = ap.next(Some("ask"));
+    let a = ap.call(json!({"cmd": "decide", "id": ev["id"], "allow": true, "remember": "always"}));
+    assert_eq!(a["ok"], false);
+    assert!(a["error"].as_str().unwrap().contains("--answers"), "{a}");
+    let a = ap.call(json!({"cmd": "decide", "id": ev["id"], "allow": false}));
+    assert_eq!(a["ok"], true, "still held: {a}");
+    assert_eq!(output(c), "EACCES");
+
+    // An answers file the agent could write (inside SOURCE) is refused at start.
+    let ws = Workspace::new("answers-inside");
+    let o = run_fencefs(
+        [
+            std::ffi::OsString::from("mount"),
+            "--answers".into(),
+            ws.src().join("answers.toml").into(),
+            ws.src().into(),
+            ws.mnt_dir().into(),
+        ],
+        Duration::from_secs(20),
+    );
+    assert_eq!(o.status.code(), Some(1), "{}", o.stderr);
+    assert!(
+        o.stderr.contains("must live outside SOURCE"),
+        "{}",
+        o.stderr
+    );
+    assert!(!ws.src().join("answers.toml").exists());
+}
+
+const NOTIFY_PY: &str = "import sys, os, time\n\
+d = sys.argv[1]\n\
+mode = open(os.path.join(d, 'mode')).read().strip()\n\
+data = sys.stdin.buffer.read()\n\
+open(os.path.join(d, 'ev-%d' % os.getpid()), 'wb').write(data)\n\
+if mode == 'sleep': time.sleep(60)\n\
+if mode == 'fail':\n    sys.stderr.write('boom\\x1b[31m\\n'); sys.exit(3)\n";
+
+/// The `ev-PID` files the notify script wrote: (pid, the line it read).
+fn notified(dir: &Path) -> Vec<(i32, String)> {
+    let mut v: Vec<(i32, String)> = std::fs::read_dir(dir)
+        .unwrap()
+        .filter_map(|e| {
+            let e = e.ok()?;
+            let pid = e.file_name().to_str()?.strip_prefix("ev-")?.parse().ok()?;
+            Some((pid, std::fs::read_to_string(e.path()).ok()?))
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+/// `--ask-exec CMD` (SPEC.md "Approvals", notify): CMD gets the ask event on stdin, at
+/// most 4 run at once, each is killed after 10 s, a failure is logged (quoted), and the
+/// request is neither delayed nor decided by it.
+#[test]
+fn ask_exec_notifies_bounded_and_logged() {
+    let ws = Workspace::new("ask-exec-dir");
+    let dir = ws.root.join("notes");
+    mkdirp(&dir);
+    let script = ws.root.join("notify.py");
+    std::fs::write(&script, NOTIFY_PY).unwrap();
+    std::fs::write(dir.join("mode"), "ok").unwrap();
+    let cmd = format!("{PY} {} {}", script.display(), dir.display());
+    let (m, sock) = mount("ask-exec", ASK, &["--ask-exec", &cmd]);
+    let mut ap = Peer::subscribe(&sock);
+
+    // The ask event, one JSON line on stdin.
+    let c = agent(&m, WRITE_A);
+    let ev = ap.next(Some("ask"));
+    assert!(eventually(Duration::from_secs(10), || notified(&dir).len() == 1));
+    let (_, line) = notified(&dir).remove(0);
+    assert!(
+        line.ends_with('\n') && line.matches('\n').count() == 1,
+        "{line:?}"
+    );
+    let mut got: Value = serde_json::from_str(&line).unwrap();
+    let mut want = ev.clone();
+    // The time left is read when each is rendered.
+    let left = got["expires_in_ms"].take().as_u64().unwrap();
+    assert!(left > 100_000 && left <= 120_000, "{left}");
+    want["expires_in_ms"].take();
+    assert_eq!(got, want, "the same event the approver got");
+    ap.call(json!({"cmd": "decide", "id": ev["id"], "allow": true}));
+    assert_eq!(output(c), "ok");
+
+    // A failing CMD: its exit status and stderr (quoted) go to the log.
+    std::fs::write(dir.join("mode"), "fail").unwrap();
+    let c = agent(&m, WRITE_A);
+    let ev = ap.next(Some("ask"));
+    let logged = || m.stderr().contains("failed (exit status: 3); stderr: boom");
+    assert!(
+        eventually(Duration::from_secs(10), logged),
+        "{}",
+        m.stderr()
+    );
+    assert!(
+        !m.stderr().contains('\x1b'),
+        "stderr is quoted: {}",
+        m.stderr()
+    );
+    ap.call(json!({"cmd": "decide", "id": ev["id"], "allow": false}));
+    assert_eq!(output(c), "EACCES");
+
+    // Commands that hang: at most 4 at once, each killed after 10 s; requests are not
+    // delayed (answered while the commands still run).
+    for f in notified(&dir) {
+        std::fs::remove_file(dir.join(format!("ev-{}", f.0))).unwrap();
+    }
+    std::fs::write(dir.join("mode"), "sleep").unwrap();
+    let c = agent(
+        &m,
+        "import threading, os\n\
+def w(i):\n    try: os.close(os.open('docs/a.md', os.O_WRONLY))\n    except OSError: pass\n\
+ts = [threading.Thread(target=w, args=(i,)) for i in range(6)]\n\
+[t.start() for t in ts]; [t.join() for t in ts]\nprint('done')\n",
+    );
+    let mut ids = Vec::new();
+    for _ in 0..6 {
+        ids.push(ap.next(Some("ask"))["id"].clone());
+    }
+    let t = Instant::now();
+    assert!(eventually(Duration::from_secs(8), || notified(&dir).len() == 4));
+    thread::sleep(Duration::from_millis(1500));
+    assert_eq!(notified(&dir).len(), 4, "at most 4 at once");
+    let first: Vec<i32> = notified(&dir).iter().map(|f| f.0).collect();
+    // Answered while the notifications hang: not delayed by them.
+    let answered = Instant::now();
+    for id in &ids {
+        ap.call(json!({"cmd": "decide", "id": id, "allow": true}));
+    }
+    assert_eq!(output(c), "done");
+    assert!(answered.elapsed() < Duration::from_secs(5));
+    // Killed after 10 s; then the last two run.
+    assert!(eventually(Duration::from_secs(30), || notified(&dir).len() == 6));
+    assert!(t.elapsed() >= Duration::from_secs(9), "{:?}", t.elapsed());
+    for pid in first {
+        // SAFETY: kill(2) with signal 0 only checks that the pid exists.
+        let alive = unsafe { libc::kill(pid, 0) } == 0;
+        assert!(!alive, "ask-exec command {pid} still runs");
+    }
+    let killed = || m.stderr().matches("killed after 10 s").count() >= 4;
+    assert!(eventually(Duration::from_secs(5), killed), "{}", m.stderr());
+}
+
+/// `fencefs approve`: `A` answers "always" (written to the daemon's --answers file); the
+/// next request is not asked.
+#[test]
+fn approve_key_a_capital_allows_always() {
+    let ws = Workspace::new("answers-key");
+    let file = ws.root.join("answers.toml");
+    let arg = file.to_str().unwrap().to_string();
+    let (m, sock) = mount("ask-answers-key", ASK, &["--answers", &arg]);
+    let mut approver = Command::new(BIN)
+        .arg("approve")
+        .arg(&sock)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_for_approvers(&sock, 1);
+    let c = agent(&m, WRITE_A);
+    let mut out = BufReader::new(approver.stdout.take().unwrap());
+    let mut shown = String::new();
+    while !shown.contains("docs/a.md") {
+        assert!(
+            out.read_line(&mut shown).unwrap() > 0,
+            "approve ended: {shown}"
+        );
+    }
+    approver.stdin.as_mut().unwrap().write_all(b"A\n").unwrap();
+    assert_eq!(output(c), "ok");
+    let text = std::fs::read_to_string(&file).unwrap();
+    assert!(
+        text.contains("path = \"docs/a.md\"") && text.contains("allow = true"),
+        "{text}"
+    );
+    drop(approver.stdin.take());
+    let _ = approver.wait();
+    // No approver now: answered from the file.
+    assert_eq!(output(agent(&m, WRITE_A)), "ok");
+}

@@ -335,7 +335,15 @@ fn every_policy_in_the_readme_and_the_book_compiles() {
             let line = text.len() - rest.len() + start;
             let line = text[..line].lines().count() + 1;
             let name = format!("{}:{line}", f.display());
-            if let Err(errors) = fencefs::policy::Policy::parse(&block[..end], &name) {
+            // An `--answers` file's example is checked as one.
+            if block[..end].contains("[[answer]]") {
+                let r = fencefs::approvals::answers::parse(&name, &block[..end]);
+                assert!(
+                    r.is_ok(),
+                    "the answers block at {name} is invalid: {r:?}",
+                    r = r.err()
+                );
+            } else if let Err(errors) = fencefs::policy::Policy::parse(&block[..end], &name) {
                 panic!("the policy block at {name} does not compile: {errors:?}");
             }
             n += 1;

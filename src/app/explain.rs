@@ -26,7 +26,7 @@ fn esc(s: &str) -> std::borrow::Cow<'_, str> {
 pub(super) fn check(path: &Path) -> i32 {
     match crate::policy::load(path) {
         Ok(p) => {
-            println!("ok: {} rules", p.rules().len());
+            crate::outln!("ok: {} rules", p.rules().len());
             0
         }
         Err(errs) => {
@@ -152,21 +152,21 @@ pub(super) fn explain(a: ExplainArgs) -> i32 {
     } else {
         quote::quote(&path).into_owned()
     };
-    println!("path: {shown}");
-    println!("access: {}", v.effective);
-    println!(
+    crate::outln!("path: {shown}");
+    crate::outln!("access: {}", v.effective);
+    crate::outln!(
         "decided by: {}",
         describe_by_at(&policy, v.by, &file, &path)
     );
     for (rule, k) in policy.excepted(&path, caller) {
-        println!(
+        crate::outln!(
             "excepted: {} except \"{}\": not covered",
             describe_rule(&policy, rule, &file),
             esc(&policy.rule(rule).except[k])
         );
     }
     if v.by == By::Mode {
-        println!(
+        crate::outln!(
             "grant: {} by {}",
             v.grant,
             describe_by(&policy, v.grant_by, &file)
@@ -175,7 +175,7 @@ pub(super) fn explain(a: ExplainArgs) -> i32 {
     if !as_dir {
         let vd = policy.verdict_for(&path, caller, true);
         if vd.effective != v.effective {
-            println!(
+            crate::outln!(
                 "as a directory: {} ({})",
                 vd.effective,
                 describe_by_at(&policy, vd.by, &file, &path)
@@ -185,9 +185,9 @@ pub(super) fn explain(a: ExplainArgs) -> i32 {
     if let By::Rule(i) = v.grant_by
         && let Some(ask) = policy.rule(i).ask
     {
-        println!("ask: {ask}");
+        crate::outln!("ask: {ask}");
     }
-    println!("mode: {}", policy.mode());
+    crate::outln!("mode: {}", policy.mode());
     if let Some(op) = a.op {
         print_op(&policy, &path, caller, as_dir, &file, &op);
     }
@@ -203,13 +203,13 @@ fn print_op(policy: &Policy, path: &[u8], caller: Caller, as_dir: bool, file: &s
         _ => Need::Write,
     };
     match policy.check_for(path, caller, need, Special::default(), as_dir) {
-        Ok(_) => println!("{}: allow", esc(op)),
-        Err(d) if d.askable(policy, need).is_some() => println!(
+        Ok(_) => crate::outln!("{}: allow", esc(op)),
+        Err(d) if d.askable(policy, need).is_some() => crate::outln!(
             "{}: ask (held for an approver; EACCES if refused, timed out or none is connected) (by {})",
             esc(op),
             describe_by_at(policy, d.by, file, path)
         ),
-        Err(d) => println!(
+        Err(d) => crate::outln!(
             "{}: deny {} (by {})",
             esc(op),
             crate::audit::errno_name(d.errno),

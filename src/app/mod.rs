@@ -6,6 +6,7 @@
 //! - `threads`: the daemon's own threads (signals, reloads, the control socket);
 //! - `notify`: the notify thread (kernel cache invalidations) and its held-directory lane.
 
+mod answers;
 mod explain;
 mod mount;
 mod notify;
@@ -31,7 +32,7 @@ pub fn run(cmd: Command) -> i32 {
         Command::GenerateDocs { dir } => match crate::docs::generate(&dir) {
             Ok(files) => {
                 for f in files {
-                    println!("{}", f.display());
+                    crate::outln!("{}", f.display());
                 }
                 0
             }
@@ -51,6 +52,7 @@ pub fn run(cmd: Command) -> i32 {
         Command::Explain(a) => explain::explain(a),
         Command::Ctl { socket, what } => crate::control::client::ctl(&socket, &what),
         Command::Stage(a) => crate::stage::cli::run(a),
+        Command::Answers { file } => answers::list(&file),
         Command::Approve { socket, auto } => {
             crate::control::client::approve(&socket, auto.map(|a| a == "allow"))
         }

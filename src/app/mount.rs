@@ -156,6 +156,33 @@ fn build_state(a: &MountArgs) -> Result<(State, Result<OwnedFd, String>), String
     let inodes = Inodes::new(root_fd, fd_cap).map_err(|e| format!("source: {e}"))?;
     let rules = policy.rules().len();
     let mode = policy.mode();
+    let mut approvals = Approvals::new(crate::approvals::MAX_HELD, threads::ask_timeout(a))
+        .with_dir_hold(Duration::from_secs(a.ask_dir_hold));
+    if let Some(f) = &a.answers {
+        // The agent must not write its own answers, nor the daemon write through its mount.
+        let dir = f.parent().filter(|p| !p.as_os_str().is_empty());
+        let dir = std::fs::canonicalize(dir.unwrap_or(Path::new(".")))
+            .map_err(|e| format!("--answers {}: {e}", f.display()))?;
+        if dir.starts_with(&src) || dir.starts_with(&mnt) {
+            return Err(format!(
+                "--answers {} must live outside SOURCE and MOUNTPOINT (the agent could write its own answers)",
+                f.display()
+            ));
+        }
+        let answers = crate::approvals::answers::Answers::load(f).map_err(|errs| {
+            let lines: Vec<String> = errs
+                .iter()
+                .map(|e| crate::quote::escape(e.to_string().as_bytes()).into_owned())
+                .collect();
+            format!("invalid answers file:\n{}", lines.join("\n"))
+        })?;
+        log::info!(
+            "answers: {} remembered in {}",
+            answers.list().len(),
+            crate::quote::quote(f.as_os_str().as_encoded_bytes())
+        );
+        approvals = approvals.with_answers(answers);
+    }
     let shared = Arc::new(Shared {
         inodes,
         handles,
@@ -170,10 +197,7 @@ fn build_state(a: &MountArgs) -> Result<(State, Result<OwnedFd, String>), String
         uids,
         gids,
         kcache: KernelCache::default(),
-        approvals: Arc::new(
-            Approvals::new(crate::approvals::MAX_HELD, threads::ask_timeout(a))
-                .with_dir_hold(Duration::from_secs(a.ask_dir_hold)),
-        ),
+        approvals: Arc::new(approvals),
         stats: Stats::default(),
     });
     let state = State {

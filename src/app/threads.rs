@@ -66,6 +66,7 @@ pub(super) fn reload_now(
     );
     let snap = shared.policy.install(next);
     shared.kcache.end_window();
+    reload_answers(shared);
     redecide(shared, &snap);
     let second = pass(
         tx,
@@ -109,6 +110,22 @@ fn pass(tx: &Sender<Inval>, mut job: Inval) -> Done {
                 "reload: the kernel cache invalidation did not finish within {PASS_LIMIT:?}; going on"
             );
             Done::default()
+        }
+    }
+}
+
+/// Re-reads `--answers FILE` with the policy; an invalid FILE is logged like an invalid
+/// policy (file:line:column) and the answers in force stay.
+fn reload_answers(shared: &Shared) {
+    let Some(answers) = shared.approvals.answers() else {
+        return;
+    };
+    if let Err(errs) = answers.reload() {
+        for e in &errs {
+            log::error!(
+                "answers not reloaded, the old answers stay in force: {}",
+                crate::quote::escape(e.to_string().as_bytes())
+            );
         }
     }
 }
@@ -190,9 +207,19 @@ pub(super) fn start_control(
     let (waker, wake_rx) = server::waker().map_err(|e| e.to_string())?;
     let (ev_tx, ev_rx) = channel();
     let (res_tx, res_rx) = channel();
+    let ask_exec = match &a.ask_exec {
+        None => None,
+        Some(cmd) => {
+            let argv = crate::control::ask_exec::argv(cmd).ok_or("--ask-exec: empty command")?;
+            Some(crate::control::ask_exec::AskExec::start(argv).map_err(|e| e.to_string())?)
+        }
+    };
     shared.approvals.connect(
         res_tx,
         Box::new(move |ev| {
+            if let (Some(x), crate::approvals::Event::Ask(h)) = (&ask_exec, &ev) {
+                x.notify(h);
+            }
             let _ = ev_tx.send(ev);
             waker.wake();
         }),

@@ -115,8 +115,11 @@ fn the_first_answer_wins_and_runs_the_continuation_once() {
     let (a, r, e) = table(8);
     let id = id(a.hold(req(1000, "docs/a"), none(), None));
     assert!(matches!(e.try_recv(), Ok(Event::Ask(h)) if h.id == id));
-    assert!(a.decide(id, true, false, 0).is_ok());
-    assert!(a.decide(id, false, false, 0).is_err(), "a late answer");
+    assert!(a.decide(id, true, Remember::Once, 0).is_ok());
+    assert!(
+        a.decide(id, false, Remember::Once, 0).is_err(),
+        "a late answer"
+    );
     let outs = resumed(&r);
     assert_eq!(outs.len(), 1);
     assert!(outs[0].allow && outs[0].by == "approver" && outs[0].approver == Some(0));
@@ -127,7 +130,7 @@ fn the_first_answer_wins_and_runs_the_continuation_once() {
 fn remembered_paths_are_per_uid_cover_below_and_end_at_reload() {
     let (a, _r, _e) = table(8);
     let id = id(a.hold(req(1000, "docs"), none(), None));
-    a.decide(id, true, true, 0).unwrap();
+    a.decide(id, true, Remember::Path, 0).unwrap();
     assert!(a.remembered(1000, b"docs"));
     assert!(a.remembered(1000, b"docs/x/y"));
     assert!(!a.remembered(1000, b"docsx"), "a sibling is not below");
@@ -140,7 +143,7 @@ fn remembered_paths_are_per_uid_cover_below_and_end_at_reload() {
 fn a_denial_is_never_remembered() {
     let (a, _r, _e) = table(8);
     let id = id(a.hold(req(1000, "docs"), none(), None));
-    a.decide(id, false, true, 0).unwrap();
+    a.decide(id, false, Remember::Path, 0).unwrap();
     assert!(!a.remembered(1000, b"docs"));
 }
 
@@ -227,18 +230,21 @@ fn a_uid_with_fewer_held_makes_room_by_refusing_the_oldest_of_the_uid_with_most(
         "approvers learn it ended, before the new ask"
     );
     assert!(matches!(e.try_recv(), Ok(Event::Ask(h)) if h.id == b1));
-    assert!(a.decide(ids[0], true, false, 0).is_err(), "it is gone");
+    assert!(
+        a.decide(ids[0], true, Remember::Once, 0).is_err(),
+        "it is gone"
+    );
     // 1001 holds 1 < 3: again the oldest of 1000 goes; then 2 each, and 1001 is refused.
     id(a.hold(req(1001, "b2"), none(), None));
-    assert!(a.decide(ids[1], true, false, 0).is_err());
+    assert!(a.decide(ids[1], true, Remember::Once, 0).is_err());
     assert_eq!(refused(a.hold(req(1001, "b3"), none(), None)), "held-limit");
     // A third uid: uids 1000 and 1001 tie at 2, the longest held of them goes (1000's).
     id(a.hold(req(1002, "c1"), none(), None));
-    assert!(a.decide(ids[2], true, false, 0).is_err());
+    assert!(a.decide(ids[2], true, Remember::Once, 0).is_err());
     let uids: Vec<u32> = a.held().iter().map(|h| h.req.uid).collect();
     assert_eq!(uids, vec![1000, 1001, 1001, 1002]);
     // The counts follow every way a request ends.
-    a.decide(ids[3], false, false, 0).unwrap();
+    a.decide(ids[3], false, Remember::Once, 0).unwrap();
     assert_eq!(a.inner.lock().per_uid.get(&1000), None);
     a.shutdown();
     assert!(a.inner.lock().per_uid.is_empty());
@@ -290,7 +296,7 @@ fn a_directory_change_is_refused_after_its_hold_and_its_question_stays() {
     id(a.hold(req(1000, "docs/a.md"), none(), None));
     assert!(!a.remembered(1000, b"docs/new"));
     // A later allow (once): the late audit runs, and the retry passes for a while.
-    a.decide(first, true, false, 7).unwrap();
+    a.decide(first, true, Remember::Once, 7).unwrap();
     resumed(&r);
     let late = rx.try_iter().collect::<Vec<_>>();
     assert_eq!(late.len(), 1);
@@ -302,7 +308,7 @@ fn a_directory_change_is_refused_after_its_hold_and_its_question_stays() {
     // The question is closed: the uid's next change in docs is held again.
     id(a.hold(change(1000, "docs/again"), none(), None));
     // Answered in time: it proceeds, nothing is remembered.
-    a.decide(elsewhere, true, false, 7).unwrap();
+    a.decide(elsewhere, true, Remember::Once, 7).unwrap();
     assert!(!a.remembered(1000, b"src/y"));
     // A reload forgets the grant.
     a.reload(|_| Redecide::Keep);
@@ -331,7 +337,7 @@ fn with_no_dir_hold_a_directory_change_is_posted_not_held() {
     // Opens are still held.
     id(a.hold(req(1000, "docs/a.md"), none(), None));
     // A later "path" answer remembers the path and below until reload.
-    a.decide(q, true, true, 0).unwrap();
+    a.decide(q, true, Remember::Path, 0).unwrap();
     assert!(a.remembered(1000, b"docs/new/x"));
 }
 

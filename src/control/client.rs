@@ -79,7 +79,7 @@ pub fn ctl(path: &Path, what: &str) -> i32 {
         let a = c.call(&json!({ "cmd": what }))?;
         if what == "reload" {
             if a["ok"] == true {
-                println!(
+                crate::outln!(
                     "policy reloaded: generation {}, {} rules",
                     number(&a["generation"]),
                     number(&a["rules"])
@@ -98,7 +98,7 @@ pub fn ctl(path: &Path, what: &str) -> i32 {
             return Ok(1);
         }
         let pretty = serde_json::to_string_pretty(&a).map_err(|e| e.to_string())?;
-        println!("{}", quote::json_safe(&pretty));
+        crate::outln!("{}", quote::json_safe(&pretty));
         Ok(if a["ok"] == true { 0 } else { 1 })
     };
     match run() {
@@ -225,7 +225,8 @@ enum End {
     Lost(String),
 }
 
-const PROMPT: &str = "allow? [y]es once / [a]llow this path until reload / [n]o: ";
+const PROMPT: &str =
+    "allow? [y]es once / [a]llow this path until reload / [A]lways (--answers) / [n]o: ";
 
 /// One connection: subscribe, then show and answer held requests until it ends.
 fn session(
@@ -266,7 +267,7 @@ fn session(
             Msg::Daemon(k, _) if k != n => Ok(()), // a connection that ended before
             Msg::Daemon(_, Err(e)) => {
                 if s.asking.is_some() {
-                    println!();
+                    crate::outln!();
                 }
                 return Ok(End::Lost(e));
             }
@@ -314,11 +315,11 @@ impl Screen<'_> {
             let Some(ev) = self.queue.pop_front() else {
                 break;
             };
-            println!("{}", describe(&ev));
+            crate::outln!("{}", describe(&ev));
             match self.auto {
                 Some(allow) => self.decide(ev, allow, "once")?,
                 None => {
-                    print!("{PROMPT}");
+                    crate::out!("{PROMPT}");
                     self.asking = Some(ev);
                 }
             }
@@ -334,14 +335,14 @@ impl Screen<'_> {
             Some("done") => {
                 // Asked or not yet: it needs no answer any more.
                 self.queue.retain(|q| q["id"] != ev["id"]);
-                println!(
+                crate::outln!(
                     "#{} ended: {} by {}",
                     number(&ev["id"]),
                     word(&ev["decision"]),
                     word(&ev["by"])
                 );
                 if self.asking.is_some() {
-                    print!("{PROMPT}");
+                    crate::out!("{PROMPT}");
                 }
             }
             Some("dropped") => eprintln!(
@@ -360,7 +361,7 @@ impl Screen<'_> {
                         format!(" — {e}")
                     };
                     let verb = if allow { "allowed" } else { "denied" };
-                    println!("#{} {verb}{outcome}", number(&q["id"]));
+                    crate::outln!("#{} {verb}{outcome}", number(&q["id"]));
                 }
             }
         }
@@ -373,10 +374,11 @@ impl Screen<'_> {
         };
         let (allow, remember) = match k.trim() {
             "y" | "Y" => (true, "once"),
-            "a" | "A" => (true, "path"),
+            "a" => (true, "path"),
+            "A" => (true, "always"),
             "n" | "N" => (false, "once"),
             _ => {
-                print!("{PROMPT}");
+                crate::out!("{PROMPT}");
                 self.asking = Some(q);
                 return Ok(());
             }
@@ -391,7 +393,8 @@ const BACKOFF_MAX: Duration = Duration::from_secs(2);
 const GONE_FOR_GOOD: Duration = Duration::from_secs(10);
 
 /// `fencefs approve SOCKET [--auto allow|deny]`: subscribes and answers every held
-/// request, from the terminal (y: allow once, a: allow this path until reload, n: deny)
+/// request, from the terminal (y: allow once, a: allow this path until reload, A: allow
+/// for good (the daemon needs --answers), n: deny)
 /// or automatically. A lost connection is said on stderr (one line) and re-made, with a
 /// backoff from 0.1 s to 2 s; once the socket has been gone for 10 s (the daemon stopped
 /// and removed it) it exits 0, as it does when input ends. Exit 1: the first connection

@@ -5,10 +5,12 @@
 //! - [`server`]: the daemon side, one thread polling every peer.
 //! - [`peer`]: one peer's connection: commands in, answers streamed and events queued out.
 //! - [`client`]: `fencefs ctl` and `fencefs approve`.
+//! - [`ask_exec`]: `--ask-exec CMD`, run for every newly held request (notifications).
 //!
 //! The socket must live outside the mount and out of the agent's reach: whoever may use
 //! it can approve what the policy only asks for.
 
+pub mod ask_exec;
 pub mod client;
 pub mod peer;
 pub mod proto;

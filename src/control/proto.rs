@@ -20,6 +20,8 @@ pub enum Remember {
     Once,
     /// This uid, this path and below, until the next reload.
     Path,
+    /// Written to the daemon's `--answers` file: for good.
+    Always,
 }
 
 /// A command from a peer.

@@ -146,7 +146,7 @@ fn dying(pid: u32) -> bool {
 }
 
 /// The first [`MAX_CMDLINE`](proto::MAX_CMDLINE) bytes of the command line of `pid`.
-fn cmdline(pid: u32) -> Option<Cmdline> {
+pub(crate) fn cmdline(pid: u32) -> Option<Cmdline> {
     if pid == 0 {
         return None;
     }
@@ -463,11 +463,16 @@ fn handle(c: &mut Conn, line: &[u8], approvals: &Approvals, hooks: &Hooks) {
             remember,
         } => {
             c.decided.insert(id);
-            match approvals.decide(id, allow, remember == Remember::Path, c.uid) {
+            let remember = match remember {
+                Remember::Once => crate::approvals::Remember::Once,
+                Remember::Path => crate::approvals::Remember::Path,
+                Remember::Always => crate::approvals::Remember::Always,
+            };
+            match approvals.decide(id, allow, remember, c.uid) {
                 Ok(()) => proto::ok(json!({"id": id})),
                 Err(e) => {
                     c.decided.remove(&id);
-                    proto::error(e)
+                    proto::error(&e)
                 }
             }
         }

@@ -48,6 +48,12 @@ impl Shared {
         by: By,
         line: Line,
     ) {
+        // A re-run that a reload allowed outright is that held request's end: always
+        // audited, by reload (an approver's allow is audited where it lifts the refusal).
+        let line = match (line, ctx.approved) {
+            (Line::Plain(None), Some(o)) if o.by == "reload" => Line::Outcome(o),
+            _ => line,
+        };
         let (allowed, errno, by_s, held, approver) = match line {
             Line::Plain(err) => (err.is_none(), err, by_word(by), false, None),
             Line::Held => (false, None, by_word(by), true, None),
@@ -137,13 +143,33 @@ impl Shared {
                 .iter()
                 .all(|(p, _, _, _, _)| self.approvals.remembered(ctx.caller.uid, p))
         };
-        let lifted = ctx.approved.or_else(|| {
-            remembered().then_some(Outcome {
-                allow: true,
-                by: "remembered",
+        // `--answers`: consulted before anyone is asked; a refusal there is final.
+        let answered = || {
+            let file = self.approvals.answers()?;
+            let paths = refused
+                .iter()
+                .map(|(p, _, _, _, a)| (*p, *a >= Access::Write));
+            file.lookup(ctx.caller.uid, paths).map(|allow| Outcome {
+                allow,
+                by: "answers",
                 approver: None,
             })
+        };
+        let lifted = ctx.approved.or_else(|| {
+            remembered()
+                .then_some(Outcome {
+                    allow: true,
+                    by: "remembered",
+                    approver: None,
+                })
+                .or_else(answered)
         });
+        if let Some(o) = lifted.filter(|o| !o.allow) {
+            for (path, _, _, d, _) in refused {
+                self.audit_line(ctx, op, path, &d.verdict, d.by, Line::Outcome(o));
+            }
+            return Some(Err(Error(libc::EACCES)));
+        }
         if let Some(o) = lifted {
             for (path, _, _, d, _) in refused {
                 self.audit_line(ctx, op, path, &d.verdict, d.by, Line::Outcome(o));

@@ -145,7 +145,7 @@ fn bad_access(word: &Located<String>, what: &str) -> RawError {
 }
 
 /// 1-based line and column (in characters) of byte `offset` in `src`.
-fn line_col(src: &str, offset: usize) -> (usize, usize) {
+pub(crate) fn line_col(src: &str, offset: usize) -> (usize, usize) {
     let mut offset = offset.min(src.len());
     while !src.is_char_boundary(offset) {
         offset -= 1;

@@ -237,7 +237,7 @@ impl fmt::Display for PolicyError {
     }
 }
 
-mod build;
+pub(crate) mod build;
 mod decide;
 mod glob;
 mod raw;
