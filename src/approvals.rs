@@ -312,7 +312,7 @@ impl Approvals {
         }
         let now = Instant::now();
         let dirs = if req.retry {
-            dirs::parents(&req.paths)
+            dirs::locked(req.op, &req.paths)
         } else {
             Vec::new()
         };
