@@ -26,6 +26,8 @@ pub struct Cli {
 }
 
 /// Subcommands.
+// Parsed once per run: boxing MountArgs would only add noise to every match on it.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Write the man pages and shell completions into DIR (packaging; see docs.rs).
