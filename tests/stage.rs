@@ -1037,3 +1037,46 @@ fn hostile_names_and_contents_never_reach_the_operators_terminal_raw() {
     assert!(tty.contains("+\\302\\2332K\\342\\200\\256x"), "{tty:?}");
     drop(m);
 }
+
+/// The daemon's peak resident memory (VmHWM), in bytes.
+fn peak_rss(pid: i32) -> u64 {
+    let s = fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let l = s.lines().find(|l| l.starts_with("VmHWM:")).unwrap();
+    l.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap() * 1024
+}
+
+#[test]
+fn a_huge_staged_diff_on_the_socket_is_refused_without_rendering_it_all() {
+    // The agent decides how big the staged tree is: 8 text files of 15 MiB. The socket's
+    // diff is refused past 32 MiB, and the daemon stops rendering there, so its memory
+    // does not grow with the tree (before: the whole 120 MiB diff was built first).
+    let b = Mount::builder("stage-bigdiff").policy(WRITE);
+    let dir = stage_dir(&b);
+    let sock = b.root().join("ctl.sock");
+    let m = b
+        .arg("--stage")
+        .arg(&dir)
+        .arg("--control")
+        .arg(&sock)
+        .start();
+    let line = format!("{}\n", "x".repeat(1023));
+    let text = line.repeat(15 * 1024);
+    for i in 0..8 {
+        fs::write(m.mnt(format!("big{i}.txt")), &text).unwrap();
+    }
+    let before = peak_rss(m.pid());
+    let a = ctl(&sock, serde_json::json!({"cmd":"stage","op":"diff"}));
+    let grew = peak_rss(m.pid()).saturating_sub(before);
+    eprintln!(
+        "daemon peak RSS growth for a refused 120 MiB diff: {} MiB",
+        grew >> 20
+    );
+    assert_eq!(a["ok"], false, "{}", a.to_string().len());
+    assert!(
+        a["error"].as_str().unwrap_or("").contains("over 32 MiB"),
+        "{a}"
+    );
+    assert!(grew < 100 << 20, "the daemon grew {} MiB", grew >> 20);
+    // And it still answers.
+    assert_eq!(ctl(&sock, serde_json::json!({"cmd":"status"}))["ok"], true);
+}
