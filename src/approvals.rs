@@ -338,7 +338,7 @@ impl Approvals {
         }
         let now = Instant::now();
         let dirs = if req.retry {
-            dirs::parents(&req.paths)
+            dirs::locked(req.op, &req.paths)
         } else {
             Vec::new()
         };

@@ -17,7 +17,8 @@
 //! - `"` and `\` make a text need quoting (so the quoted form is unambiguous), like git.
 //!
 //! [`quote`] is the one function; [`escape`] is the same escaping without the surrounding
-//! quotes, for a whole message in which caller bytes are embedded; [`json_safe`] applies
+//! quotes, for a whole message in which caller bytes are embedded; [`text`] keeps newlines
+//! and tabs too, for contents shown as lines (`stage diff` on a terminal); [`json_safe`] applies
 //! the same classification to JSON text (every character that must not reach a terminal
 //! becomes `\uXXXX`, so the output stays valid JSON with the same meaning).
 
@@ -138,6 +139,70 @@ pub fn escape(bytes: &[u8]) -> Cow<'_, str> {
             }
             Cow::Owned(out)
         }
+    }
+}
+
+/// Text shown as lines on a terminal (a diff's contents): like [`escape`], but newlines and
+/// tabs are kept, since they only move the cursor down or to the right.
+pub fn text(bytes: &[u8]) -> Cow<'_, str> {
+    let keep = |c: char| c == '\n' || c == '\t' || !unsafe_char(c);
+    match std::str::from_utf8(bytes) {
+        Ok(s) if s.chars().all(keep) => Cow::Borrowed(s),
+        _ => {
+            let mut out = String::with_capacity(bytes.len() + 8);
+            for chunk in bytes.utf8_chunks() {
+                for c in chunk.valid().chars() {
+                    if keep(c) {
+                        out.push(c);
+                    } else {
+                        push_escaped_char(&mut out, c);
+                    }
+                }
+                for &b in chunk.invalid() {
+                    push_octal(&mut out, b);
+                }
+            }
+            Cow::Owned(out)
+        }
+    }
+}
+
+/// A writer for a terminal: every complete line written to it goes to `inner` through
+/// [`text`]; the last, unterminated piece on [`flush`](std::io::Write::flush). Memory: one
+/// line.
+pub struct TextWriter<W: std::io::Write> {
+    inner: W,
+    line: Vec<u8>,
+}
+
+impl<W: std::io::Write> TextWriter<W> {
+    pub fn new(inner: W) -> TextWriter<W> {
+        TextWriter {
+            inner,
+            line: Vec::new(),
+        }
+    }
+}
+
+impl<W: std::io::Write> std::io::Write for TextWriter<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let mut rest = buf;
+        while let Some(i) = rest.iter().position(|&b| b == b'\n') {
+            self.line.extend_from_slice(&rest[..=i]);
+            self.inner.write_all(text(&self.line).as_bytes())?;
+            self.line.clear();
+            rest = &rest[i + 1..];
+        }
+        self.line.extend_from_slice(rest);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        if !self.line.is_empty() {
+            self.inner.write_all(text(&self.line).as_bytes())?;
+            self.line.clear();
+        }
+        self.inner.flush()
     }
 }
 
@@ -316,5 +381,23 @@ mod tests {
         );
         assert_eq!(serde_json::from_str::<serde_json::Value>(&safe).unwrap(), v);
         assert_eq!(json_safe("{\t\"a\":\r1}"), "{ \"a\": 1}");
+    }
+
+    #[test]
+    fn text_keeps_lines_and_tabs_and_escapes_the_rest() {
+        assert!(matches!(text(b"a\tb\nc\n"), Cow::Borrowed("a\tb\nc\n")));
+        assert_eq!(
+            text("x\x1b[2K\ry\u{9b}\u{202e}\n".as_bytes()),
+            "x\\033[2K\\ry\\302\\233\\342\\200\\256\n"
+        );
+        assert_eq!(text(b"\xff\n"), "\\377\n");
+        use std::io::Write;
+        let mut w = TextWriter::new(Vec::new());
+        // A character split across writes is still one character.
+        w.write_all("a\u{202e}".as_bytes()[..2].as_ref()).unwrap();
+        w.write_all(&"a\u{202e}".as_bytes()[2..]).unwrap();
+        w.write_all(b"\nend\x07").unwrap();
+        w.flush().unwrap();
+        assert_eq!(w.inner, b"a\\342\\200\\256\nend\\a");
     }
 }

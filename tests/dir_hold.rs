@@ -418,3 +418,73 @@ fn two_uids_share_the_held_slots() {
     eventually(Duration::from_secs(5), || !refused_for_room().is_empty());
     assert_eq!(refused_for_room(), vec![first]);
 }
+
+#[test]
+fn a_held_chmod_or_setxattr_of_a_directory_holds_it_at_most_ask_dir_hold() {
+    // chmod, utimes and setxattr of a directory keep that directory's own lock in the
+    // kernel while they wait (notify_change, vfs_setxattr), like a create keeps its
+    // parent's: another user's `ls docs` and create in docs wait for it. Held at most
+    // --ask-dir-hold, then EACCES; the same uid's retry is refused at once.
+    let (m, sock) = mount(
+        "dirhold-setattr",
+        POLICY,
+        &["--ask-dir-hold", "3", "--ask-timeout", "30"],
+    );
+    let mut ap = Peer::subscribe(&sock);
+    for (op, stmt) in [
+        ("setattr", "os.chmod('docs', 0o775)"),
+        ("setxattr", "os.setxattr('docs', 'user.x', b'1')"),
+    ] {
+        let agent = py_as(&m, 1000, &timed(stmt));
+        let ev = ap.next(Some("ask"));
+        assert_eq!(
+            (ev["op"].as_str(), ev["paths"].clone()),
+            (Some(op), json!(["docs"]))
+        );
+        let t = Instant::now();
+        let o = m.sh_as(
+            1001,
+            "ls docs >/dev/null && echo by > docs/by.txt && echo ok",
+        );
+        let waited = t.elapsed();
+        eprintln!("bystander's ls + create during a held {op} of docs: {waited:?}");
+        assert_eq!(o.stdout.trim(), "ok", "{}", o.stderr);
+        assert!(
+            waited < Duration::from_secs(10),
+            "the bystander waited {waited:?} in docs behind a held {op}"
+        );
+        let (r, secs) = result(agent);
+        assert_eq!(r, "EACCES", "{op}");
+        assert!((2.8..10.0).contains(&secs), "{op} held {secs} s");
+        // The retry fails at once, unasked, while the question is open.
+        let (r, secs) = result(py_as(&m, 1000, &timed(stmt)));
+        assert_eq!(r, "EACCES", "{op} retry");
+        assert!(secs < 1.5, "{op} retry waited {secs} s");
+        let d = ap.call(json!({"cmd": "decide", "id": ev["id"], "allow": false}));
+        assert_eq!(d["ok"], true, "{d}");
+        std::fs::remove_file(m.host("docs/by.txt")).unwrap();
+        // Let the directory's rest (a window ran out) pass before the next round.
+        std::thread::sleep(Duration::from_secs(7));
+    }
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(
+        std::fs::metadata(m.host("docs"))
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o777,
+        0o777,
+        "host untouched"
+    );
+    assert!(xattr_absent(&m.host("docs")));
+}
+
+/// Whether `p` has no `user.x` attribute on the host.
+fn xattr_absent(p: &Path) -> bool {
+    let o = Command::new(PY)
+        .args(["-c", "import os, sys; os.getxattr(sys.argv[1], 'user.x')"])
+        .arg(p)
+        .output()
+        .unwrap();
+    !o.status.success()
+}

@@ -238,6 +238,52 @@ fn writeback_of_a_revoked_uids_shared_map_is_refused() {
 }
 
 #[test]
+fn writeback_through_another_uids_later_map_is_still_decided_for_the_revoked_uid() {
+    // The kernel writes a file's dirty shared pages back through the newest shared
+    // writable map's handle, whoever dirtied them: here uid 2000's (never revoked), mapped
+    // after uid 1000's. The writeback of uid 1000's store after the reload cut it to read
+    // must not be decided for uid 2000.
+    let b = Mount::builder("revoke-wb-other")
+        .policy(OPEN)
+        .arg("--revoke")
+        .arg("--allow-other");
+    put(&b.host("f"), &vec![b'a'; 8192], 0o666);
+    let m = b.start();
+    let mut w = py_as(&m, 1000, MAP_WRITER);
+    let mut out = std::io::BufReader::new(w.stdout.take().unwrap());
+    assert_eq!(line(&mut w, &mut out), "first: ok");
+    let mut other = py_as(&m, 2000, MAP_WRITER);
+    let mut other_out = std::io::BufReader::new(other.stdout.take().unwrap());
+    assert_eq!(
+        line(&mut other, &mut other_out),
+        "first: ok",
+        "uid 2000 maps f"
+    );
+    m.reload_with(
+        "mode = \"danger\"\ndefault = \"write\"\n[[rule]]\npath = \"f\"\naccess = \"read\"\nuid = [1000]\n",
+    );
+    assert!(
+        eventually(Duration::from_secs(5), || m
+            .stderr()
+            .contains("policy reloaded")),
+        "reload: {}",
+        m.stderr()
+    );
+    std::io::Write::write_all(w.stdin.as_mut().unwrap(), b"go\n").unwrap();
+    let second = line(&mut w, &mut out);
+    let _ = w.wait();
+    let host = std::fs::read(m.host("f")).unwrap();
+    drop(other.stdin.take());
+    let _ = other.wait();
+    assert_eq!(
+        &host[..6],
+        b"helloa",
+        "the revoked uid's store reached the host through uid 2000's map (msync: {second})"
+    );
+    assert_eq!(second, "second: Permission denied");
+}
+
+#[test]
 fn writeback_granted_only_to_the_opener_is_not_refused() {
     // Only uid 1000 may write `f` (a uid rule); the kernel's writeback of its shared map
     // (no caller: uid 0) is that uid's write, not root's, and must reach the host.

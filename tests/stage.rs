@@ -967,3 +967,116 @@ fn a_staged_tree_too_deep_to_walk_is_refused_and_the_daemon_lives() {
     assert!(o.stderr.contains("deeper than 400"), "{}", o.stderr);
     assert_eq!(fs::read(m.mnt(format!("{deep}/f"))).unwrap(), b"x\n");
 }
+
+/// `cmd` run with its stdout on a terminal (`script` gives it a pty); what the terminal got.
+fn on_a_tty(cmd: &[&std::ffi::OsStr]) -> String {
+    let line: Vec<String> = cmd
+        .iter()
+        .map(|a| format!("'{}'", a.to_string_lossy().replace('\'', "'\\''")))
+        .collect();
+    let o = std::process::Command::new("timeout")
+        .args(["60", "script", "-qec", &line.join(" "), "/dev/null"])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("script(1)");
+    assert!(
+        o.status.success(),
+        "{cmd:?}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// Nothing a terminal acts on: printable ASCII, newlines (and the pty's carriage returns
+/// before them), tabs, and printable non-ASCII that is neither a C1 control nor bidi.
+fn inert(s: &str, what: &str) {
+    let bad: Vec<char> = s
+        .chars()
+        .filter(|&c| c != '\n' && c != '\t' && fencefs::quote::unsafe_char(c))
+        .filter(|&c| c != '\r')
+        .collect();
+    assert!(bad.is_empty(), "{what}: raw {bad:?} in {s:?}");
+}
+
+#[test]
+fn hostile_names_and_contents_never_reach_the_operators_terminal_raw() {
+    let (m, dir) = staged("stage-tty", WRITE, |_| {});
+    // A name that reads "abcexe.pdf" through U+202E, one with a C1 CSI (U+009B).
+    fs::write(m.mnt("abc\u{202e}fdp.exe"), b"x\n").unwrap();
+    fs::write(m.mnt("csi\u{9b}31m"), b"y\n").unwrap();
+    // Contents that, printed raw, erase the line above and redraw what the operator reads.
+    let payload = "rm -rf ~ # \x1b[1A\x1b[2K\rharmless\n\u{9b}2K\u{202e}x\n";
+    fs::write(m.mnt("run.sh"), payload).unwrap();
+    let js = stage(&["status", "--json"], &dir);
+    js.assert_ok("stage status --json");
+    inert(&js.stdout, "status --json");
+    let v: serde_json::Value = serde_json::from_str(&js.stdout).expect("still JSON");
+    assert_eq!(v[0]["path"], "abc\u{202e}fdp.exe", "the same JSON: {v}");
+    // Piped, the diff is the exact patch (git apply needs the bytes).
+    let piped = stage(&["diff"], &dir);
+    assert!(
+        piped.stdout.contains(payload.lines().next().unwrap()),
+        "{}",
+        piped.stdout
+    );
+    // On a terminal, every byte a terminal would act on is escaped.
+    let bin: &std::ffi::OsStr = BIN.as_ref();
+    let tty = on_a_tty(&[
+        bin,
+        "stage".as_ref(),
+        "diff".as_ref(),
+        "--dir".as_ref(),
+        dir.as_os_str(),
+    ]);
+    inert(&tty, "stage diff on a tty");
+    assert!(!tty.contains('\x1b'), "{tty:?}");
+    assert!(
+        tty.contains("+rm -rf ~ # \\033[1A\\033[2K\\rharmless"),
+        "{tty:?}"
+    );
+    assert!(tty.contains("+\\302\\2332K\\342\\200\\256x"), "{tty:?}");
+    drop(m);
+}
+
+/// The daemon's peak resident memory (VmHWM), in bytes.
+fn peak_rss(pid: i32) -> u64 {
+    let s = fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let l = s.lines().find(|l| l.starts_with("VmHWM:")).unwrap();
+    l.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap() * 1024
+}
+
+#[test]
+fn a_huge_staged_diff_on_the_socket_is_refused_without_rendering_it_all() {
+    // The agent decides how big the staged tree is: 8 text files of 15 MiB. The socket's
+    // diff is refused past 32 MiB, and the daemon stops rendering there, so its memory
+    // does not grow with the tree (before: the whole 120 MiB diff was built first).
+    let b = Mount::builder("stage-bigdiff").policy(WRITE);
+    let dir = stage_dir(&b);
+    let sock = b.root().join("ctl.sock");
+    let m = b
+        .arg("--stage")
+        .arg(&dir)
+        .arg("--control")
+        .arg(&sock)
+        .start();
+    let line = format!("{}\n", "x".repeat(1023));
+    let text = line.repeat(15 * 1024);
+    for i in 0..8 {
+        fs::write(m.mnt(format!("big{i}.txt")), &text).unwrap();
+    }
+    let before = peak_rss(m.pid());
+    let a = ctl(&sock, serde_json::json!({"cmd":"stage","op":"diff"}));
+    let grew = peak_rss(m.pid()).saturating_sub(before);
+    eprintln!(
+        "daemon peak RSS growth for a refused 120 MiB diff: {} MiB",
+        grew >> 20
+    );
+    assert_eq!(a["ok"], false, "{}", a.to_string().len());
+    assert!(
+        a["error"].as_str().unwrap_or("").contains("over 32 MiB"),
+        "{a}"
+    );
+    assert!(grew < 100 << 20, "the daemon grew {} MiB", grew >> 20);
+    // And it still answers.
+    assert_eq!(ctl(&sock, serde_json::json!({"cmd":"status"}))["ok"], true);
+}

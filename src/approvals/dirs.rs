@@ -37,6 +37,28 @@ pub fn is_dir_change(op: &str) -> bool {
     )
 }
 
+/// Whether the FUSE operation `op` keeps its target's own lock in the kernel while the
+/// daemon answers (setattr: chmod, chown, utimes, truncate; setxattr; removexattr): held
+/// like a directory change when that target is a directory.
+pub fn is_inode_change(op: &str) -> bool {
+    matches!(op, "setattr" | "setxattr" | "removexattr")
+}
+
+/// The directories a held `op` on `paths` keeps locked in the kernel: a directory
+/// change's parents, an [`is_inode_change`]'s targets themselves.
+pub fn locked(op: &str, paths: &[Vec<u8>]) -> Vec<Vec<u8>> {
+    if is_inode_change(op) {
+        let mut out: Vec<Vec<u8>> = Vec::new();
+        for p in paths {
+            if !out.contains(p) {
+                out.push(p.clone());
+            }
+        }
+        return out;
+    }
+    parents(paths)
+}
+
 /// The parent directories of workspace paths (`""`: the workspace root), each once.
 pub fn parents(paths: &[Vec<u8>]) -> Vec<Vec<u8>> {
     let mut out: Vec<Vec<u8>> = Vec::new();
@@ -207,6 +229,12 @@ mod tests {
             vec![d("docs"), d(""), d("x/y")]
         );
         assert!(overlap(&[d("docs"), d("a")], &[d("b"), d("docs")]));
+        // chmod/setxattr of docs itself locks docs, as a create in docs does.
+        for op in ["setattr", "setxattr", "removexattr"] {
+            assert!(is_inode_change(op) && !is_dir_change(op), "{op}");
+            assert_eq!(locked(op, &[d("docs"), d("docs")]), vec![d("docs")]);
+        }
+        assert_eq!(locked("create", &[d("docs/a")]), vec![d("docs")]);
         assert!(!overlap(&[d("docs")], &[d("docs/sub")]));
     }
 

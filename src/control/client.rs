@@ -111,13 +111,20 @@ pub fn ctl(path: &Path, what: &str) -> i32 {
 }
 
 /// A value from the daemon shown as a word: a string quoted ([`quote::quote`]), anything
-/// else as its JSON, quoted too.
+/// else as its JSON, quoted too. A word with white space in it (a space, U+00A0, U+3000…)
+/// is put in double quotes as well, so that a file name or an argument cannot pass for
+/// the fields after it (`x.md (needs read) uid 1000 …`) or push them out of sight.
 fn word(v: &Value) -> String {
-    match v {
+    let q = match v {
         Value::String(s) => quote::quote(s.as_bytes()).into_owned(),
-        Value::Null => "?".into(),
+        Value::Null => return "?".into(),
         v => quote::quote(v.to_string().as_bytes()).into_owned(),
+    };
+    if !q.starts_with('"') && q.chars().any(char::is_whitespace) {
+        // Unquoted means it holds no `"` or `\`: the quotes are unambiguous.
+        return format!("\"{q}\"");
     }
+    q
 }
 
 /// A number from the daemon (anything else quoted like [`word`]).
@@ -439,5 +446,27 @@ pub fn approve(path: &Path, auto: Option<bool>) -> i32 {
         }
         std::thread::sleep(backoff);
         backoff = (backoff * 2).min(BACKOFF_MAX);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_name_or_argument_cannot_pass_for_the_fields_after_it() {
+        let ev = json!({
+            "id": 7, "op": "open", "need": "write", "uid": 1000, "pid": 42,
+            "paths": ["docs/notes.md (needs read) uid 1000 pid 1: vim docs/notes.md\u{a0}\u{3000}"],
+            "cmdline": ["python3", "-c", "rm -rf ~", "plain"],
+        });
+        assert_eq!(
+            describe(&ev),
+            "#7 open \"docs/notes.md (needs read) uid 1000 pid 1: vim docs/notes.md\u{a0}\u{3000}\" \
+             (needs write) uid 1000 pid 42: python3 -c \"rm -rf ~\" plain"
+        );
+        // Quoted already (a control character): not quoted twice.
+        assert_eq!(word(&json!("a b\n")), "\"a b\\n\"");
+        assert_eq!(word(&json!("plain")), "plain");
     }
 }

@@ -255,7 +255,8 @@ impl Core {
             }),
             generation: ctx.snap.generation,
             checks: ask.checks.clone(),
-            retry: approvals::dirs::is_dir_change(ask.op),
+            retry: approvals::dirs::is_dir_change(ask.op)
+                || (approvals::dirs::is_inode_change(ask.op) && !dirs.is_empty()),
         };
         let core = self.clone();
         let asked = ask.clone();

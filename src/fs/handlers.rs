@@ -91,9 +91,19 @@ impl Core {
         }
     }
 
+    /// The directory a setattr or xattr change of `ino` keeps locked in the kernel while it
+    /// is in flight: `ino` itself when it is a directory (held like a directory change).
+    fn locked_dir<'a>(&self, ino: &'a [u64; 1]) -> &'a [u64] {
+        match self.shared.inodes.kind(ino[0]) {
+            Ok(libc::S_IFDIR) => ino,
+            _ => &[],
+        }
+    }
+
     /// SETATTR.
     pub fn setattr(self: &Arc<Self>, rq: Rq, ino: u64, s: SetAttr, reply: impl AttrReply) {
-        self.serve(
+        self.serve_in(
+            self.locked_dir(&[ino]),
             rq,
             reply,
             move |c, ctx| c.shared.do_setattr(ctx, ino, &s),
@@ -441,7 +451,8 @@ impl Core {
     ) {
         let n = n.to_vec();
         let value = value.to_vec();
-        self.serve(
+        self.serve_in(
+            self.locked_dir(&[ino]),
             rq,
             reply,
             move |c, ctx| c.shared.do_setxattr(ctx, ino, &n, &value, flags),
@@ -471,7 +482,8 @@ impl Core {
     /// REMOVEXATTR.
     pub fn removexattr(self: &Arc<Self>, rq: Rq, ino: u64, n: &[u8], reply: impl EmptyReply) {
         let n = n.to_vec();
-        self.serve(
+        self.serve_in(
+            self.locked_dir(&[ino]),
             rq,
             reply,
             move |c, ctx| c.shared.do_removexattr(ctx, ino, &n),

@@ -141,6 +141,21 @@ impl Handles {
         self.map.read().values().any(|h| h.ino == ino && pred(h))
     }
 
+    /// The distinct openers (uid, gid) of the open handles on node `ino` that satisfy
+    /// `pred`.
+    pub fn openers_on(&self, ino: u64, pred: impl Fn(&Handle) -> bool) -> Vec<(u32, u32)> {
+        let mut v: Vec<(u32, u32)> = self
+            .map
+            .read()
+            .values()
+            .filter(|h| h.ino == ino && pred(h))
+            .map(|h| h.opener)
+            .collect();
+        v.sort_unstable();
+        v.dedup();
+        v
+    }
+
     /// Whether some open handle executes node `ino` (truncating it must fail ETXTBSY).
     pub fn executing(&self, ino: u64) -> bool {
         self.any_on(ino, |h| h.exec)

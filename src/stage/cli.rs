@@ -7,6 +7,7 @@
 //! (no byte of a name reaches the terminal raw).
 
 use std::ffi::OsString;
+use std::io::Write;
 use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 
@@ -204,7 +205,6 @@ pub fn json(c: &Change) -> serde_json::Value {
 /// the operator's uid and pid, the paths asked for, each result line), synced. A failure
 /// to record is logged, never a reason to undo the work.
 fn record(area: &Area, op: &str, paths: &[Vec<u8>], report: &super::apply::Report) {
-    use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
     let line = serde_json::json!({
         "ts": crate::audit::timestamp(std::time::SystemTime::now()),
@@ -232,7 +232,7 @@ fn record(area: &Area, op: &str, paths: &[Vec<u8>], report: &super::apply::Repor
 }
 
 fn fail(msg: String) -> i32 {
-    eprintln!("fencefs: {msg}");
+    eprintln!("fencefs: {}", crate::quote::escape(msg.as_bytes()));
     EXIT_ERR
 }
 
@@ -260,16 +260,48 @@ fn via_socket(op: &str, args: &[OsString], json_out: bool, force: bool) -> Resul
         return Err(a["error"].as_str().unwrap_or("refused").to_string());
     }
     match op {
-        "status" if json_out => println!("{}", a["changes"]),
+        "status" if json_out => println!("{}", json_text(&a["changes"])),
         "status" => {
             for l in a["lines"].as_array().into_iter().flatten() {
-                println!("{}", l.as_str().unwrap_or_default());
+                println!(
+                    "{}",
+                    crate::quote::escape(l.as_str().unwrap_or_default().as_bytes())
+                );
             }
         }
-        "diff" => print!("{}", a["diff"].as_str().unwrap_or_default()),
-        _ => println!("{a}"),
+        "diff" => {
+            let d = a["diff"].as_str().unwrap_or_default();
+            shown(std::io::stdout().lock(), |out| out.write_all(d.as_bytes()))
+                .map_err(|e| format!("diff: {e}"))?;
+        }
+        _ => println!("{}", json_text(&a)),
     }
     Ok(0)
+}
+
+/// JSON as printed: every character a terminal acts on (C1 controls, bidi and format
+/// characters, which JSON allows raw in strings) as `\uXXXX`: the same JSON.
+fn json_text(v: &serde_json::Value) -> String {
+    crate::quote::json_safe(&v.to_string()).into_owned()
+}
+
+/// Runs `write` on stdout: the exact bytes when stdout is a pipe or a file (a diff for
+/// `git apply`), every complete line through [`crate::quote::text`] when it is a terminal, so a
+/// staged file's contents cannot redraw what the operator reads before `stage apply`.
+fn shown(
+    out: std::io::StdoutLock<'_>,
+    write: impl FnOnce(&mut dyn Write) -> std::io::Result<()>,
+) -> std::io::Result<()> {
+    use std::io::IsTerminal;
+    if out.is_terminal() {
+        let mut t = crate::quote::TextWriter::new(out);
+        write(&mut t)?;
+        t.flush()
+    } else {
+        let mut out = out;
+        write(&mut out)?;
+        out.flush()
+    }
 }
 
 fn run_op(op: StageOp) -> Result<i32, String> {
@@ -294,7 +326,7 @@ fn run_op(op: StageOp) -> Result<i32, String> {
             let list = selected(&layers(&area)?, &ps)?;
             if js {
                 let arr: Vec<_> = list.iter().map(json).collect();
-                println!("{}", serde_json::Value::Array(arr));
+                println!("{}", json_text(&serde_json::Value::Array(arr)));
             } else {
                 for c in &list {
                     println!("{}", status_line(c));
@@ -306,8 +338,10 @@ fn run_op(op: StageOp) -> Result<i32, String> {
             let (area, ps) = area(&at, &args)?;
             let l = layers(&area)?;
             let list = selected(&l, &ps)?;
-            let mut out = std::io::stdout().lock();
-            super::diff::write(&l, &list, &mut out).map_err(|e| format!("diff: {e}"))?;
+            shown(std::io::stdout().lock(), |mut out| {
+                super::diff::write(&l, &list, &mut out)
+            })
+            .map_err(|e| format!("diff: {e}"))?;
             Ok(0)
         }
         StageOp::Apply { at, force, args } => {

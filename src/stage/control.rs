@@ -23,6 +23,23 @@ use crate::control::server::Hooks;
 /// the peer reads it).
 const MAX_DIFF: usize = 32 << 20;
 
+/// The diff being rendered for an answer: refuses to grow past [`MAX_DIFF`] (the staged
+/// tree is the agent's: its size must not decide the daemon's memory).
+struct Capped(Vec<u8>);
+
+impl std::io::Write for Capped {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.0.len() + buf.len() > MAX_DIFF {
+            return Err(std::io::ErrorKind::FileTooLarge.into());
+        }
+        self.0.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
 pub use crate::control::proto::StageRequest as Request;
 pub use crate::control::server::StageHandler as Handler;
 
@@ -62,16 +79,19 @@ fn run(dir: &Path, r: &Request) -> Result<Value, String> {
         "diff" => {
             let l = layers(&area)?;
             let list = selected(&l, &paths(r))?;
-            let mut out = Vec::new();
-            super::diff::write(&l, &list, &mut out).map_err(|e| format!("diff: {e}"))?;
-            if out.len() > MAX_DIFF {
-                return Err(format!(
-                    "the diff is over {} MiB: read it with `fencefs stage diff --dir {}`",
-                    MAX_DIFF >> 20,
-                    area.dir.display()
-                ));
+            let mut out = Capped(Vec::new());
+            match super::diff::write(&l, &list, &mut out) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::FileTooLarge => {
+                    return Err(format!(
+                        "the diff is over {} MiB: read it with `fencefs stage diff --dir {}`",
+                        MAX_DIFF >> 20,
+                        area.dir.display()
+                    ));
+                }
+                Err(e) => return Err(format!("diff: {e}")),
             }
-            Ok(json!({"diff": String::from_utf8_lossy(&out)}))
+            Ok(json!({"diff": String::from_utf8_lossy(&out.0)}))
         }
         "apply" | "discard" => Err(format!(
             "{} while the mount runs is not implemented yet: stop the mount, then `fencefs stage {} --dir {}`",

@@ -99,8 +99,9 @@ impl Shared {
 
     /// With `--revoke`, re-decides a handle's I/O against the policy in force: for the
     /// caller, or — when the request carries none (pid 0: the kernel writing back a shared
-    /// map's pages, or reading ahead, with uid 0) — for the handle's opener, so that neither
-    /// root's grants nor root's refusals stand in for the opener's.
+    /// map's pages, or reading ahead, with uid 0) — for the handle's opener and every other
+    /// uid holding a handle on the node with that access, so that neither root's grants nor
+    /// root's refusals, nor another uid's grants, stand in for the opener's.
     fn recheck(&self, ctx: &Ctx, op: &'static str, h: &Handle, need: Need) -> Res<()> {
         if !self.settings.revoke {
             return Ok(());
@@ -108,16 +109,29 @@ impl Shared {
         if ctx.pid != 0 {
             return self.allow_ino(ctx, op, h.ino, need, Special::default());
         }
-        let (uid, gid) = h.opener;
-        let opener = Ctx {
-            caller: Caller { uid, gid },
-            pid: 0,
-            snap: ctx.snap.clone(),
-            approved: None,
-            ask: RefCell::new(None),
-            may_hold: false,
-        };
-        self.allow_ino(&opener, op, h.ino, need, Special::default())
+        // The kernel writes a file's dirty shared pages back through the handle of the
+        // newest shared writable map of the file, whoever dirtied them (and the pages are
+        // shared by every map): the I/O is decided for every uid holding a handle on the
+        // node with that access, so a uid cut off cannot write through another's handle.
+        let write = need == Need::Write;
+        let mut openers = self
+            .handles
+            .openers_on(h.ino, |o| if write { o.write } else { o.read });
+        if !openers.contains(&h.opener) {
+            openers.push(h.opener);
+        }
+        for (uid, gid) in openers {
+            let opener = Ctx {
+                caller: Caller { uid, gid },
+                pid: 0,
+                snap: ctx.snap.clone(),
+                approved: None,
+                ask: RefCell::new(None),
+                may_hold: false,
+            };
+            self.allow_ino(&opener, op, h.ino, need, Special::default())?;
+        }
+        Ok(())
     }
 
     /// read through a handle opened for reading.
