@@ -16,6 +16,7 @@ pub mod dispatch;
 pub mod pool;
 pub mod reply;
 pub mod ring;
+pub mod vhost;
 
 use std::io;
 use std::os::fd::OwnedFd;
