@@ -159,9 +159,12 @@ pub struct MountArgs {
     pub mountpoint: PathBuf,
 }
 
+/// What `vhost-user`'s hidden MOUNTPOINT reads when none is given (one is an error).
+pub const NO_MOUNTPOINT: &str = "-";
+
 /// `fencefs vhost-user`: the mount options, no MOUNTPOINT (the guest mounts the tag).
 #[derive(clap::Args, Debug)]
-#[command(mut_arg("mountpoint", |a| a.required(false).hide(true).default_value("")))]
+#[command(mut_arg("mountpoint", |a| a.required(false).hide(true).default_value(NO_MOUNTPOINT)))]
 pub struct VhostArgs {
     /// The vhost-user socket to listen on (the hypervisor connects to it).
     #[arg(long, value_name = "PATH")]

@@ -104,7 +104,7 @@ pub(super) fn vhost_user(v: VhostArgs) -> Result<(), String> {
 
 /// SOURCE must be a directory; no MOUNTPOINT; the FUSE-mount-only options are refused.
 fn checks(a: &crate::cli::MountArgs, socket: &Path) -> Result<PathBuf, String> {
-    if !a.mountpoint.as_os_str().is_empty() {
+    if a.mountpoint.as_os_str() != crate::cli::NO_MOUNTPOINT {
         return Err(format!(
             "vhost-user takes no MOUNTPOINT ('{}'): the guest mounts the device's tag",
             a.mountpoint.display()

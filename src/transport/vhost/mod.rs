@@ -117,7 +117,10 @@ pub fn serve(
         *stop.conn.lock() = None;
         backend.end();
         match r {
-            Ok(()) => log::info!("vhost-user: the VM disconnected (connection {n})"),
+            Ok(())
+            | Err(vhost_user_backend::Error::HandleRequest(
+                vhost::vhost_user::Error::Disconnected | vhost::vhost_user::Error::PartialMessage,
+            )) => log::info!("vhost-user: the VM disconnected (connection {n})"),
             Err(e) if stop.stopped() => log::debug!("vhost-user: connection ended: {e}"),
             Err(e) => log::warn!("vhost-user: connection {n} ended: {e}"),
         }
