@@ -69,6 +69,18 @@ pub(super) fn vhost_user(v: VhostArgs) -> Result<(), String> {
             .spawn(move || signal_loop(sigs, shared, tx, stop, files))
             .map_err(|e| e.to_string())?;
     }
+    // Removing the sockets needs the host outside SOURCE: a thread started unconfined.
+    let (ended, ended_rx) = channel::<()>();
+    let finisher = {
+        let files = files.clone();
+        std::thread::Builder::new()
+            .name("fencefs-exit".into())
+            .spawn(move || {
+                let _ = ended_rx.recv();
+                files.remove();
+            })
+            .map_err(|e| e.to_string())?
+    };
     if a.no_confine {
         log::info!("self-confinement: off (--no-confine)");
     } else {
@@ -98,7 +110,8 @@ pub(super) fn vhost_user(v: VhostArgs) -> Result<(), String> {
     SESSION_DONE.store(true, Ordering::SeqCst);
     shared.approvals.shutdown();
     flush_audit(&shared);
-    files.remove();
+    let _ = ended.send(());
+    let _ = finisher.join();
     r
 }
 

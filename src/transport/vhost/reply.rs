@@ -137,10 +137,16 @@ impl DataReply for GuestReply {
     }
 }
 
+/// Open flags for a guest: no cache kept across opens (a listing or file pages), since
+/// nothing can tell a guest to drop it after a reload or a host change.
+fn guest_open_flags(flags: FopenFlags) -> u32 {
+    (flags - (FopenFlags::FOPEN_CACHE_DIR | FopenFlags::FOPEN_KEEP_CACHE)).bits()
+}
+
 impl OpenReply for GuestReply {
     fn opened(self, fh: u64, flags: FopenFlags, _backing: Option<u32>) {
         let mut b = [0u8; abi::OPEN_OUT];
-        abi::open_out(&mut b, fh, flags.bits(), None);
+        abi::open_out(&mut b, fh, guest_open_flags(flags), None);
         self.raw(&b)
     }
 }
@@ -164,7 +170,7 @@ impl CreateReply for GuestReply {
     ) {
         let mut b = [0u8; abi::ENTRY_OUT + abi::OPEN_OUT];
         abi::entry_out(&mut b[..abi::ENTRY_OUT], ttl, ttl, attr);
-        abi::open_out(&mut b[abi::ENTRY_OUT..], fh, flags.bits(), None);
+        abi::open_out(&mut b[abi::ENTRY_OUT..], fh, guest_open_flags(flags), None);
         self.raw(&b)
     }
 }
