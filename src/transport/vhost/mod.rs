@@ -130,3 +130,6 @@ pub fn serve(
         log::info!("vhost-user: waiting for the next connection (--keep-serving)");
     }
 }
+
+#[cfg(test)]
+mod tests;
