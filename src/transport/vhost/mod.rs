@@ -19,6 +19,8 @@
 
 pub mod backend;
 pub mod chain;
+#[doc(hidden)]
+pub mod harness;
 pub mod reply;
 
 use std::io;

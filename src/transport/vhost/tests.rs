@@ -2,147 +2,34 @@
 //! a workspace in a temporary directory: guest memory is a `vm-memory` mapping the test
 //! writes descriptors into (virtio-queue's mock queue layout), the used ring is read back.
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use vhost_user_backend::{VringRwLock, VringT};
 use virtio_bindings::virtio_ring::{VRING_DESC_F_NEXT, VRING_DESC_F_WRITE};
-use virtio_queue::QueueOwnedT;
 use virtio_queue::desc::RawDescriptor;
 use virtio_queue::desc::split::Descriptor;
-use virtio_queue::mock::MockSplitQueue;
-use vm_memory::{Bytes, GuestAddress, GuestAddressSpace, GuestMemoryAtomic, GuestMemoryLoadGuard};
 
-use super::Mem;
-use super::chain::{self, Session};
-use crate::fs::FenceFs;
-use crate::fs::ops::{Settings, Shared, Stats};
+use super::chain;
+use super::harness::{BUF, MEM};
 use crate::transport::abi::{IN_HEADER, OUT_HEADER, op};
 
-const QSIZE: u16 = 16;
-/// Where request and reply buffers live in guest memory (past the queue's rings).
-const BUF: u64 = 0x1_0000;
-/// The guest memory's size.
-const MEM: usize = 0x10_0000;
-
-fn session(dir: &std::path::Path) -> Session {
-    std::fs::create_dir_all(dir).unwrap();
-    std::fs::write(dir.join("a.txt"), b"hello").unwrap();
-    let policy = crate::reload::load(None, None).unwrap();
-    let root = crate::host::sys::open_root(dir).unwrap();
-    let shared = Arc::new(Shared {
-        inodes: crate::host::inode::Inodes::new(root, 64).unwrap(),
-        handles: crate::host::handle::Handles::new(64, 64, 1024, 1024),
-        policy: crate::reload::PolicyStore::new(policy, None, None),
-        audit: None,
-        settings: Settings {
-            revoke: false,
-            ttl: Duration::from_secs(1),
-            passthrough: false,
-        },
-        as_root: false,
-        uids: crate::idmap::IdMap::parse(&[]).unwrap(),
-        gids: crate::idmap::IdMap::parse(&[]).unwrap(),
-        kcache: Default::default(),
-        approvals: Arc::new(crate::approvals::Approvals::new(4, Duration::from_secs(1))),
-        stats: Stats::default(),
-    });
-    let core = FenceFs::new(shared).core();
-    Session::new(core, crate::transport::pool::Pool::start().unwrap())
-}
-
-/// A guest with one queue.
-struct Guest {
-    mem: GuestMemoryAtomic<Mem>,
-    /// Descriptor table, available and used rings.
-    desc: u64,
-    avail: u64,
-    used: u64,
-    vring: chain::Vring,
-    s: Session,
-    _dir: std::path::PathBuf,
-}
+/// A guest over a fresh workspace.
+struct Guest(super::harness::Guest);
 
 impl Guest {
     fn new(name: &str) -> Guest {
         let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
             .join("target/tmp/vhost-unit")
             .join(format!("{name}-{}", std::process::id()));
-        let mem = GuestMemoryAtomic::new(Mem::from_ranges(&[(GuestAddress(0), MEM)]).unwrap());
-        let vring = VringRwLock::new(mem.clone(), QSIZE).unwrap();
-        let g = mem.memory();
-        let mq = MockSplitQueue::create(&*g, GuestAddress(0), QSIZE);
-        vring.set_queue_size(QSIZE);
-        let (desc, avail, used) = (mq.desc_table_addr().0, mq.avail_addr().0, mq.used_addr().0);
-        vring.set_queue_info(desc, avail, used).unwrap();
-        vring.set_queue_ready(true);
-        vring.set_enabled(true);
-        drop(g);
-        Guest {
-            mem,
-            desc,
-            avail,
-            used,
-            vring,
-            s: session(&dir),
-            _dir: dir,
-        }
+        Guest(super::harness::Guest::new(&dir))
     }
-
-    fn guard(&self) -> GuestMemoryLoadGuard<Mem> {
-        self.mem.memory()
-    }
-
-    /// Puts `descs` (raw: flags and next as given) at the start of the table, makes the
-    /// chain available and serves everything available. Returns the used (id, len) pairs.
     fn run(&self, descs: &[RawDescriptor]) -> Vec<(u32, u32)> {
-        let g = self.guard();
-        let u16_at = |a: u64| g.read_obj::<u16>(GuestAddress(a)).unwrap();
-        let before = u16_at(self.used + 2);
-        for (i, d) in descs.iter().enumerate() {
-            g.write_obj(*d, GuestAddress(self.desc + 16 * i as u64))
-                .unwrap();
-        }
-        // Head 0 made available.
-        let idx = u16_at(self.avail + 2);
-        g.write_obj(
-            0u16,
-            GuestAddress(self.avail + 4 + 2 * u64::from(idx % QSIZE)),
-        )
-        .unwrap();
-        g.write_obj(idx.wrapping_add(1), GuestAddress(self.avail + 2))
-            .unwrap();
-        let chains: Vec<_> = {
-            let mut v = self.vring.get_mut();
-            v.get_queue_mut().iter(self.mem.memory()).unwrap().collect()
-        };
-        for c in chains {
-            chain::serve(&self.s, c, &self.vring, false);
-        }
-        // Replies may come from the worker pool: wait (bounded) for them.
-        let deadline = std::time::Instant::now() + Duration::from_secs(5);
-        while u16_at(self.used + 2) == before && std::time::Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        let after = u16_at(self.used + 2);
-        (before..after)
-            .map(|i| {
-                let at = self.used + 4 + 8 * u64::from(i % QSIZE);
-                let id = g.read_obj::<u32>(GuestAddress(at)).unwrap();
-                let len = g.read_obj::<u32>(GuestAddress(at + 4)).unwrap();
-                (id, len)
-            })
-            .collect()
+        self.0.run(descs, Duration::from_secs(5))
     }
-
     fn write(&self, at: u64, b: &[u8]) {
-        self.guard().write_slice(b, GuestAddress(at)).unwrap();
+        self.0.write(at, b)
     }
-
     fn read(&self, at: u64, n: usize) -> Vec<u8> {
-        let mut b = vec![0u8; n];
-        self.guard().read_slice(&mut b, GuestAddress(at)).unwrap();
-        b
+        self.0.read(at, n)
     }
 }
 
@@ -318,4 +205,49 @@ fn init_answers_only_what_the_guest_offered() {
         crate::fs::MAX_WRITE as u32
     );
     assert!(chain::init_out(&init[..6]).is_err());
+}
+
+/// Random chains and bytes (xorshift, fixed seed; FENCEFS_VHOST_FUZZ_ITERS for more):
+/// the stable-toolchain run of the fuzz target's harness (fuzz/fuzz_targets/vhost.rs).
+#[test]
+fn random_chains_keep_the_invariants() {
+    let g = Guest::new("random");
+    let iters: usize = std::env::var("FENCEFS_VHOST_FUZZ_ITERS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3000);
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut next = || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let opcodes = [
+        1u32, 3, 4, 9, 12, 14, 15, 16, 22, 26, 28, 35, 42, 44, 45, 47, 9999,
+    ];
+    for _ in 0..iters {
+        let mut data = vec![0u8; 1 + 64 + (next() % 512) as usize];
+        for b in data.iter_mut() {
+            *b = next() as u8;
+        }
+        // A plausible request often enough: a header with a real opcode and length.
+        if next() % 2 == 0 {
+            let n = (data[0] % 4 + 1) as usize;
+            let at = 1 + n * 16;
+            let len = (data.len() - at) as u32;
+            let op = opcodes[(next() % opcodes.len() as u64) as usize];
+            if data.len() >= at + IN_HEADER {
+                data[at..at + 4].copy_from_slice(&len.to_le_bytes());
+                data[at + 4..at + 8].copy_from_slice(&op.to_le_bytes());
+                data[at + 16..at + 24].copy_from_slice(&1u64.to_le_bytes());
+            }
+            // The first descriptor over the request, the second writable.
+            data[1..9].copy_from_slice(&0u64.to_le_bytes());
+            data[9..13].copy_from_slice(&len.to_le_bytes());
+            data[13..15].copy_from_slice(&1u16.to_le_bytes());
+            data[15..17].copy_from_slice(&1u16.to_le_bytes());
+        }
+        g.0.fuzz(&data);
+    }
 }
