@@ -85,21 +85,6 @@ r after_reload_listed sh -c "ls $W | tr '\\n' ' '"
 r umount umount $W
 "#;
 
-fn cpio_segment(dir: &Path) -> Vec<u8> {
-    let seg = dir.join("seg");
-    fs::create_dir_all(&seg).unwrap();
-    fs::write(seg.join("test.sh"), GUEST).unwrap();
-    fs::set_permissions(seg.join("test.sh"), fs::Permissions::from_mode(0o755)).unwrap();
-    let out = Command::new("sh")
-        .arg("-c")
-        .arg("echo test.sh | busybox cpio -o -H newc 2>/dev/null")
-        .current_dir(&seg)
-        .output()
-        .unwrap();
-    assert!(out.status.success() && !out.stdout.is_empty());
-    out.stdout
-}
-
 fn accel() -> &'static str {
     if Path::new("/sys/module/kvm_intel").exists() || Path::new("/sys/module/kvm_amd").exists() {
         "kvm"
@@ -131,11 +116,6 @@ fn a_vm_gets_its_workspace_from_fencefs_with_the_policy() {
     fs::set_permissions(src.join("work"), fs::Permissions::from_mode(0o777)).unwrap();
     let policy = dir.join("policy.toml");
     fs::write(&policy, POLICY).unwrap();
-    let initrd = dir.join("initrd");
-    let mut img = fs::read(vm.join("initramfs.gz")).unwrap();
-    img.extend(cpio_segment(&dir));
-    fs::write(&initrd, img).unwrap();
-
     let sock = dir.join("fs.sock");
     let audit = dir.join("audit.jsonl");
     let daemon = Command::new(BIN)
@@ -163,40 +143,7 @@ fn a_vm_gets_its_workspace_from_fencefs_with_the_policy() {
         std::thread::sleep(Duration::from_millis(20));
     }
 
-    let mut qemu = Command::new("qemu-system-x86_64")
-        .args(["-accel", accel(), "-cpu", "max", "-m", "512M", "-smp", "2"])
-        .args([
-            "-nographic",
-            "-no-reboot",
-            "-nodefaults",
-            "-serial",
-            "stdio",
-        ])
-        .arg("-kernel")
-        .arg(vm.join("vmlinuz"))
-        .arg("-initrd")
-        .arg(&initrd)
-        .args(["-append", "console=ttyS0 quiet panic=-1"])
-        .args(["-object", "memory-backend-memfd,id=mem,size=512M,share=on"])
-        .args(["-numa", "node,memdev=mem"])
-        .arg("-chardev")
-        .arg(format!("socket,id=fs,path={}", sock.display()))
-        .args(["-device", "vhost-user-fs-pci,chardev=fs,tag=fencefs"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start qemu-system-x86_64 (scripts/vm-guest.sh installs it)");
-    let out = qemu.stdout.take().unwrap();
-    let qemu = Reap(Some(qemu));
-    let (tx, rx) = channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(out).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
+    let (qemu, rx) = boot(&dir, &vm, &sock, GUEST, "main");
 
     let mut results = BTreeMap::new();
     let mut console = String::new();
@@ -308,5 +255,147 @@ fn a_vm_gets_its_workspace_from_fencefs_with_the_policy() {
         "{line}"
     );
     eprintln!("VM test: {:?} in all", started.elapsed());
+    let _ = fs::remove_dir_all(&dir);
+}
+
+/// Boots a VM whose /test.sh is `script` on `sock`; its console lines go to the returned
+/// receiver.
+fn boot(
+    dir: &Path,
+    vm: &Path,
+    sock: &Path,
+    script: &str,
+    name: &str,
+) -> (Reap, std::sync::mpsc::Receiver<String>) {
+    let seg = dir.join(format!("seg-{name}"));
+    fs::create_dir_all(&seg).unwrap();
+    fs::write(seg.join("test.sh"), script).unwrap();
+    fs::set_permissions(seg.join("test.sh"), fs::Permissions::from_mode(0o755)).unwrap();
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg("echo test.sh | busybox cpio -o -H newc 2>/dev/null")
+        .current_dir(&seg)
+        .output()
+        .unwrap();
+    let mut img = fs::read(vm.join("initramfs.gz")).unwrap();
+    img.extend(out.stdout);
+    let initrd = dir.join(format!("initrd-{name}"));
+    fs::write(&initrd, img).unwrap();
+    let mut qemu = Command::new("qemu-system-x86_64")
+        .args(["-accel", accel(), "-cpu", "max", "-m", "512M", "-smp", "2"])
+        .args([
+            "-nographic",
+            "-no-reboot",
+            "-nodefaults",
+            "-serial",
+            "stdio",
+        ])
+        .arg("-kernel")
+        .arg(vm.join("vmlinuz"))
+        .arg("-initrd")
+        .arg(&initrd)
+        .args(["-append", "console=ttyS0 quiet panic=-1"])
+        .args(["-object", "memory-backend-memfd,id=mem,size=512M,share=on"])
+        .args(["-numa", "node,memdev=mem"])
+        .arg("-chardev")
+        .arg(format!("socket,id=fs,path={}", sock.display()))
+        .args(["-device", "vhost-user-fs-pci,chardev=fs,tag=fencefs"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start qemu-system-x86_64");
+    let out = qemu.stdout.take().unwrap();
+    let (tx, rx) = channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(out).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    (Reap(Some(qemu)), rx)
+}
+
+/// Console lines until one contains `what` (panics after the VM deadline).
+fn wait_for(rx: &std::sync::mpsc::Receiver<String>, what: &str) -> String {
+    let t = Instant::now();
+    let mut seen = String::new();
+    loop {
+        let left = VM_DEADLINE.saturating_sub(t.elapsed());
+        match rx.recv_timeout(left) {
+            Ok(l) => {
+                seen.push_str(&l);
+                seen.push('\n');
+                if l.contains(what) {
+                    return seen;
+                }
+            }
+            Err(_) => panic!("no {what:?} from the VM:\n{seen}"),
+        }
+    }
+}
+
+#[test]
+fn keep_serving_takes_the_next_vm_and_sigterm_ends_it_with_0() {
+    let vm = guest_dir();
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("vhost-keep-{}", std::process::id()));
+    let _ = fs::remove_dir_all(&dir);
+    let src = dir.join("src");
+    write_file(&src.join("f.txt"), "one\n", 0o644);
+    let sock = dir.join("fs.sock");
+    let daemon = Command::new(BIN)
+        .args(["vhost-user", "--keep-serving", "--socket"])
+        .arg(&sock)
+        .arg(&src)
+        .stderr(fs::File::create(dir.join("daemon.stderr")).unwrap())
+        .spawn()
+        .unwrap();
+    let pid = daemon.id() as i32;
+    let mut daemon = Reap(Some(daemon));
+    let t = Instant::now();
+    while !sock.exists() {
+        assert!(t.elapsed() < Duration::from_secs(20), "no socket");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The first VM reads and powers off; the daemon stays.
+    let first = "#!/bin/sh\nmkdir -p /w; mount -t virtiofs fencefs /w && echo \"R first: $(cat /w/f.txt)\"\numount /w\n";
+    let (mut q1, rx1) = boot(&dir, &vm, &sock, first, "1");
+    let seen = wait_for(&rx1, "GUEST: done");
+    assert!(seen.contains("R first: one"), "{seen}");
+    assert!(q1.0.take().unwrap().wait().unwrap().success());
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        daemon.0.as_mut().unwrap().try_wait().unwrap().is_none(),
+        "exited after the first VM"
+    );
+    // The second one is served too, and is still connected when SIGTERM comes.
+    let second = "#!/bin/sh\nmkdir -p /w; mount -t virtiofs fencefs /w && echo \"R second: $(cat /w/f.txt)\"\nsleep 600\n";
+    let (_q2, rx2) = boot(&dir, &vm, &sock, second, "2");
+    let seen = wait_for(&rx2, "R second:");
+    assert!(seen.contains("R second: one"), "{seen}");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let mut d = daemon.0.take().unwrap();
+    let t = Instant::now();
+    let st = loop {
+        if let Some(st) = d.try_wait().unwrap() {
+            break st;
+        }
+        if t.elapsed() > Duration::from_secs(20) {
+            let _ = d.kill();
+            let _ = d.wait();
+            panic!("SIGTERM did not end the daemon");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let log = fs::read_to_string(dir.join("daemon.stderr")).unwrap();
+    assert!(st.success(), "{st}\n{log}");
+    assert!(log.contains("connection 2"), "{log}");
+    assert!(!sock.exists(), "the socket file stays behind");
     let _ = fs::remove_dir_all(&dir);
 }
