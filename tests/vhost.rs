@@ -58,6 +58,11 @@ access = "none"
 [[rule]]
 path = "ro"
 access = "read"
+
+[[rule]]
+path = "docs"
+access = "read"
+ask = "write"
 "#;
 
 /// The guest's checks. Each prints `R name: ok` or `R name: <the error message>`.
@@ -76,6 +81,12 @@ r rule_read runas 1000 1000 cat $W/ro/locked.txt
 r protected_write sh -c "echo changed > $W/prot/file.txt"
 r uid_create runas 1000 1000 sh -c "echo mine > $W/work/mine.txt"
 r uid_owner stat -c %u:%g $W/work/mine.txt
+now() { cut -d' ' -f1 /proc/uptime; }
+(out=$(sh -c "echo x > $W/docs/a.md" 2>&1); echo "R held: ${out##*: } $(now)") &
+sleep 1
+r during_hold cat $W/open.txt
+echo "R during_hold_at: $(now)"
+wait
 r before_reload cat $W/later.txt
 echo "GUEST: reload-please"
 i=0
@@ -112,6 +123,7 @@ fn a_vm_gets_its_workspace_from_fencefs_with_the_policy() {
     write_file(&src.join("prot/file.txt"), "protected\n", 0o666);
     write_file(&src.join("secrets/key"), "sk-123\n", 0o644);
     write_file(&src.join("later.txt"), "later\n", 0o644);
+    write_file(&src.join("docs/a.md"), "doc\n", 0o666);
     fs::create_dir_all(src.join("work")).unwrap();
     fs::set_permissions(src.join("work"), fs::Permissions::from_mode(0o777)).unwrap();
     let policy = dir.join("policy.toml");
@@ -127,6 +139,9 @@ fn a_vm_gets_its_workspace_from_fencefs_with_the_policy() {
         .arg("--audit")
         .arg(&audit)
         .args(["--map-uid", "1000:4242", "--map-gid", "1000:4343"])
+        .arg("--control")
+        .arg(dir.join("ctl.sock"))
+        .args(["--ask-timeout", "6"])
         .arg(&src)
         .stderr(fs::File::create(dir.join("daemon.stderr")).unwrap())
         .spawn()
@@ -143,6 +158,17 @@ fn a_vm_gets_its_workspace_from_fencefs_with_the_policy() {
         std::thread::sleep(Duration::from_millis(20));
     }
 
+    // An approver that never answers: the guest's write to docs/ is held until
+    // --ask-timeout.
+    let mut approver = std::os::unix::net::UnixStream::connect(dir.join("ctl.sock")).unwrap();
+    std::io::Write::write_all(&mut approver, b"{\"cmd\":\"subscribe\"}\n").unwrap();
+    // The greeting, then the subscription's answer.
+    let mut lines = BufReader::new(approver.try_clone().unwrap()).lines();
+    let ack = (0..2)
+        .filter_map(|_| lines.next().and_then(Result::ok))
+        .find(|l| l.contains("\"ok\""))
+        .unwrap_or_default();
+    assert!(ack.contains("true"), "{ack}");
     let (qemu, rx) = boot(&dir, &vm, &sock, GUEST, "main");
 
     let mut results = BTreeMap::new();
@@ -218,6 +244,20 @@ fn a_vm_gets_its_workspace_from_fencefs_with_the_policy() {
     let md = fs::metadata(src.join("work/mine.txt")).unwrap();
     assert_eq!((md.uid(), md.gid()), (4242, 4343));
     assert_eq!(get("uid_owner"), "ok 1000:1000");
+    // A held request does not hold up the queue: the read during the hold finished
+    // before the held write ended (EACCES at --ask-timeout, host unchanged).
+    let held = get("held");
+    let (what, held_end) = held.rsplit_once(' ').unwrap();
+    assert_eq!(what, "Permission denied", "{console}");
+    assert_eq!(get("during_hold"), "ok written-by-guest");
+    let during: f64 = get("during_hold_at").parse().unwrap();
+    let held_end: f64 = held_end.parse().unwrap();
+    assert!(
+        during + 2.0 < held_end,
+        "read at {during}, held write ended at {held_end}"
+    );
+    assert_eq!(fs::read_to_string(src.join("docs/a.md")).unwrap(), "doc\n");
+    drop(approver);
     // The reload, seen by the guest (its caches expire within the 1 s TTL).
     assert_eq!(get("before_reload"), "ok later");
     assert!(reloaded.is_some(), "{console}");
