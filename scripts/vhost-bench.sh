@@ -39,13 +39,19 @@ for d in $(seq 1 50); do
 done
 tar -C "$out/tree" -cf "$out/tree.tar" .
 
+if [[ -z $policy ]]; then
+    # Everything writable: what the benchmark measures is the transport and the checks.
+    policy=$out/policy.toml
+    printf 'mode = "workspace-write"\ndefault = "write"\n' >"$policy"
+fi
+
 cat >"$out/test.sh" <<'EOF'
 #!/bin/sh
 W=/w
 mkdir -p $W
 mount -t virtiofs fs $W || { echo "GUEST: mount failed"; exit; }
 now() { cut -d' ' -f1 /proc/uptime; }
-t() { name=$1; shift; a=$(now); "$@" >/dev/null 2>&1; b=$(now); echo "T $name $a $b"; }
+t() { name=$1; shift; a=$(now); if "$@" >/dev/null 2>&1; then b=$(now); echo "T $name $a $b"; else echo "GUEST: $name failed"; fi; }
 mkdir -p $W/x
 t untar tar -xf $W/tree.tar -C $W/x
 t ls_lR ls -lR $W/x
@@ -72,8 +78,8 @@ run() {
     case $name in
         virtiofsd) "$virtiofsd" --socket-path="$sock" --shared-dir="$dir" --cache=auto \
                        --sandbox=none >"$out/$name.log" 2>&1 & ;;
-        fencefs) "$bin" vhost-user --socket "$sock" ${policy:+--policy "$policy"} \
-                     --mode danger "$dir" >"$out/$name.log" 2>&1 & ;;
+        fencefs) "$bin" vhost-user --socket "$sock" --policy "$policy" "$dir" \
+                     >"$out/$name.log" 2>&1 & ;;
     esac
     pid=$!
     for _ in $(seq 1 200); do [[ -S $sock ]] && break; sleep 0.05; done
