@@ -183,12 +183,22 @@ impl Guest {
         self.write(BUF, rest.get(n * 16..).unwrap_or_default());
         let used = self.run(&descs, Duration::from_millis(200));
         assert!(used.len() <= 1, "one chain, used {} times", used.len());
-        let writable: u64 = descs
-            .iter()
-            .map(|d| Descriptor::from(*d))
-            .filter(|d| d.flags() & 2 != 0)
-            .map(|d| u64::from(d.len()))
-            .sum();
+        // The writable bytes of the chain as the queue walks it: from head 0 along `next`,
+        // at most QSIZE descriptors (a chain may loop over the same buffers).
+        let mut writable = 0u64;
+        let mut i = 0usize;
+        for _ in 0..QSIZE {
+            let Some(d) = descs.get(i).map(|d| Descriptor::from(*d)) else {
+                break;
+            };
+            if d.flags() & 2 != 0 {
+                writable += u64::from(d.len());
+            }
+            if d.flags() & 1 == 0 || d.next() >= QSIZE {
+                break;
+            }
+            i = usize::from(d.next());
+        }
         for (_, len) in used {
             if indirect {
                 continue;

@@ -251,3 +251,17 @@ fn random_chains_keep_the_invariants() {
         g.0.fuzz(&data);
     }
 }
+
+/// The fuzz target's seeds and findings (fuzz/seeds/vhost), each on a fresh guest.
+#[test]
+fn fuzz_seeds_replay() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/seeds/vhost");
+    let mut n = 0;
+    for e in std::fs::read_dir(&dir).unwrap() {
+        let path = e.unwrap().path();
+        let g = Guest::new(&format!("seed{n}"));
+        g.0.fuzz(&std::fs::read(&path).unwrap());
+        n += 1;
+    }
+    assert!(n > 0, "no seeds in {}", dir.display());
+}
