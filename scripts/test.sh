@@ -96,6 +96,9 @@ if [[ -e $uring ]]; then
     trap 'echo "$was" >"$uring" 2>/dev/null || true' EXIT
 fi
 
+say "the VM guest for tests/vhost.rs (qemu-system-x86, busybox-static, a Debian kernel; cached in target/vm)"
+sh scripts/vm-guest.sh target/vm
+
 say "cargo test (mount tests over /dev/fuse)"
 # Each mount test runs its own daemon; two at a time suits a 2-core machine.
 FENCEFS_TEST_TRANSPORT=dev-fuse \

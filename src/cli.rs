@@ -39,6 +39,9 @@ pub enum Command {
     },
     /// Mount SOURCE at MOUNTPOINT and serve it until unmounted or SIGINT/SIGTERM.
     Mount(MountArgs),
+    /// Serve SOURCE to a VM as a vhost-user virtio-fs device on SOCKET (QEMU's
+    /// vhost-user-fs-pci, cloud-hypervisor's --fs); exits 0 when the VM disconnects.
+    VhostUser(VhostArgs),
     /// Validate a policy: `ok: N rules` (exit 0) or every error with file:line:column (exit 1).
     Check {
         /// The policy file.
@@ -177,6 +180,29 @@ pub struct MountArgs {
     pub source: PathBuf,
     /// Where to mount it.
     pub mountpoint: PathBuf,
+}
+
+/// What `vhost-user`'s hidden MOUNTPOINT reads when none is given (one is an error).
+pub const NO_MOUNTPOINT: &str = "-";
+
+/// `fencefs vhost-user`: the mount options, no MOUNTPOINT (the guest mounts the tag).
+#[derive(clap::Args, Debug)]
+#[command(mut_arg("mountpoint", |a| a.required(false).hide(true).default_value(NO_MOUNTPOINT)))]
+pub struct VhostArgs {
+    /// The vhost-user socket to listen on (the hypervisor connects to it).
+    #[arg(long, value_name = "PATH")]
+    pub socket: PathBuf,
+    /// After the VM disconnects, wait for the next connection instead of exiting.
+    #[arg(long)]
+    pub keep_serving: bool,
+    /// Request queues the device offers (the guest uses up to what the hypervisor's
+    /// num-request-queues says), each served by its own thread.
+    #[arg(long, value_name = "N", default_value_t = 1,
+          value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub request_queues: u16,
+    /// The mount options (those about the FUSE mount itself do not apply).
+    #[command(flatten)]
+    pub mount: MountArgs,
 }
 
 /// `fencefs explain`.

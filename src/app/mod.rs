@@ -12,6 +12,7 @@ mod mount;
 mod notify;
 mod startup;
 mod threads;
+mod vhost;
 
 use std::sync::atomic::AtomicBool;
 
@@ -42,6 +43,13 @@ pub fn run(cmd: Command) -> i32 {
             }
         },
         Command::Mount(a) => match mount::mount(a) {
+            Ok(()) => 0,
+            Err(msg) => {
+                eprintln!("fencefs: {msg}");
+                EXIT_ERR
+            }
+        },
+        Command::VhostUser(v) => match vhost::vhost_user(v) {
             Ok(()) => 0,
             Err(msg) => {
                 eprintln!("fencefs: {msg}");

@@ -64,18 +64,18 @@ const WATCHED_TTL: f64 = 10.0;
 const UNWATCHED_TTL: f64 = 1.0;
 
 /// What the first step built: the state every thread shares, and what later steps need.
-struct State {
+pub(super) struct State {
     /// SOURCE and MOUNTPOINT, canonical.
-    src: PathBuf,
-    mnt: PathBuf,
-    shared: Arc<Shared>,
+    pub(super) src: PathBuf,
+    pub(super) mnt: PathBuf,
+    pub(super) shared: Arc<Shared>,
     /// FUSE worker threads.
     threads: usize,
     /// Kernel cache lifetime (s) for names and attributes.
-    ttl: f64,
+    pub(super) ttl: f64,
     /// For the "mounted" log line: the policy's rule count and mode.
-    rules: usize,
-    mode: Mode,
+    pub(super) rules: usize,
+    pub(super) mode: Mode,
 }
 
 /// The mounted session, before the daemon's threads run.
@@ -100,7 +100,8 @@ pub(super) fn mount(a: MountArgs) -> Result<(), String> {
     // Few malloc arenas: memory freed after a big walk goes back to the system.
     sys::limit_malloc_arenas(2);
     let sigs = block_signals()?;
-    let (state, fan) = build_state(&a)?;
+    let (src, mnt) = startup_checks(&a)?;
+    let (state, fan) = build_state(&a, src, mnt)?;
     let mut m = mount_session(&a, &state)?;
     let (control, resume) = start_threads(&a, &state, &mut m, fan, sigs)?;
     log::info!(
@@ -116,11 +117,14 @@ pub(super) fn mount(a: MountArgs) -> Result<(), String> {
     serve(&a, &state, m, resume, exit)
 }
 
-/// Checks SOURCE and MOUNTPOINT, loads the policy, starts the audit writer, opens SOURCE
-/// and builds the shared state. Also returns the fanotify descriptor on SOURCE, or why
-/// host changes are not watched.
-fn build_state(a: &MountArgs) -> Result<(State, Result<OwnedFd, String>), String> {
-    let (src, mnt) = startup_checks(a)?;
+/// Loads the policy, starts the audit writer, opens SOURCE (checked, canonical) and builds
+/// the shared state. Also returns the fanotify descriptor on SOURCE, or why host changes
+/// are not watched.
+pub(super) fn build_state(
+    a: &MountArgs,
+    src: PathBuf,
+    mnt: PathBuf,
+) -> Result<(State, Result<OwnedFd, String>), String> {
     let (policy, policy_file) = load_policy(a)?;
     let audit = start_audit(a)?;
     let threads = a.threads.map(usize::from).unwrap_or_else(|| {
@@ -445,7 +449,7 @@ fn start_watch(
 }
 
 /// Confines the FUSE workers (the calling thread's descendants) and logs what was applied.
-fn confine(shared: &Shared, src: &Path) {
+pub(super) fn confine(shared: &Shared, src: &Path) {
     let c = crate::harden::confine(shared.inodes.root_fd().as_fd());
     let nnp = if c.no_new_privs { "on" } else { "off" };
     match (c.landlock_abi, c.landlock_error) {
@@ -471,7 +475,7 @@ pub(crate) fn flush_audit(shared: &Shared) {
 
 /// Tells whoever waits that the mount serves requests: `--ready-fd` and systemd's
 /// `$NOTIFY_SOCKET` (READY=1). Failures are logged, never fatal.
-fn signal_ready(fd: Option<i32>, mnt: &Path) {
+pub(super) fn signal_ready(fd: Option<i32>, mnt: &Path) {
     if let Some(fd) = fd {
         match sys::write_and_close(fd, b"ready\n") {
             Ok(()) => {}

@@ -50,6 +50,28 @@ pub mod op {
     pub const RENAME2: u32 = 45;
     pub const LSEEK: u32 = 46;
     pub const COPY_FILE_RANGE: u32 = 47;
+    pub const INIT: u32 = 26;
+    pub const INTERRUPT: u32 = 36;
+}
+
+/// The size of the argument struct that opens a request of `opcode` (what follows it:
+/// names, data), for transports that get a request as one run of bytes (a virtqueue).
+/// Opcodes with no struct (names only) and unknown ones: 0. SETXATTR: the struct without
+/// FUSE_SETXATTR_EXT (never negotiated).
+pub fn op_in_len(opcode: u32) -> usize {
+    match opcode {
+        op::GETATTR | op::MKNOD | op::FSYNC | op::FSYNCDIR | op::CREATE | op::RENAME2 => 16,
+        op::MKDIR | op::RENAME | op::LINK | op::OPEN | op::OPENDIR | op::SETXATTR => 8,
+        op::GETXATTR | op::LISTXATTR | op::ACCESS | op::FORGET | op::INTERRUPT => 8,
+        op::BATCH_FORGET => 8,
+        op::READ | op::WRITE | op::READDIR | op::READDIRPLUS => 40,
+        op::RELEASE | op::RELEASEDIR | op::FLUSH | op::LSEEK => 24,
+        op::FALLOCATE | op::IOCTL => 32,
+        op::COPY_FILE_RANGE => 56,
+        op::SETATTR => 88,
+        op::INIT => 64,
+        _ => 0,
+    }
 }
 
 /// `sizeof(struct fuse_in_header)`.

@@ -16,7 +16,10 @@ use super::pool::Pool;
 use super::reply::{RingDir, RingReply};
 use super::ring::Incoming;
 use crate::fs::handlers::SetAttr;
-use crate::fs::reply::{EmptyReply, Reply};
+use crate::fs::reply::{
+    AttrReply, CreateReply, DataReply, DirPlusReply, DirReply, EmptyReply, EntryReply, LseekReply,
+    OpenReply, Reply, StatfsReply, WriteReply, XattrReply,
+};
 use crate::fs::{Core, Rq};
 
 /// A request with its arguments, owned.
@@ -60,6 +63,50 @@ pub enum Req {
 pub struct Decoded {
     rq: Rq,
     req: Req,
+}
+
+impl Decoded {
+    /// Caps the reply sizes the request asks for (read, readdir, xattrs) at `max` bytes: a
+    /// transport whose requests are not bounded by a kernel (a guest's virtqueue) must not
+    /// let one make the handlers allocate what it names.
+    pub fn clamp(&mut self, max: u32) {
+        match &mut self.req {
+            Req::Read(_, _, size)
+            | Req::ReadDir(_, _, _, size)
+            | Req::ReadDirPlus(_, _, _, size)
+            | Req::GetXattr(_, _, size)
+            | Req::ListXattr(_, size) => *size = (*size).min(max),
+            _ => {}
+        }
+    }
+}
+
+/// A reply the dispatcher can answer any request with: every reply trait, and a directory
+/// reply of a given size made from it (each transport writes its own).
+pub trait Answer:
+    Reply
+    + EmptyReply
+    + EntryReply
+    + AttrReply
+    + DataReply
+    + OpenReply
+    + WriteReply
+    + CreateReply
+    + StatfsReply
+    + XattrReply
+    + LseekReply
+{
+    /// The readdir(plus) reply.
+    type Dir: DirReply + DirPlusReply;
+    /// A directory reply of at most `size` bytes.
+    fn dir(self, size: usize) -> Self::Dir;
+}
+
+impl Answer for RingReply {
+    type Dir = RingDir;
+    fn dir(self, size: usize) -> RingDir {
+        RingDir::new(self, size)
+    }
 }
 
 /// Who may use the mount besides the kernel's own checks (as fuser's `SessionACL`).
@@ -228,7 +275,7 @@ fn decode_args(h: &InHeader, a: Args<'_>, p: Args<'_>) -> Result<Req, Short> {
 /// waits for the disk by nature (flushes, allocation, copies, truncation), here
 /// otherwise (reads and writes through the daemon stay here: a hand-off per request
 /// would cost `--revoke` more than it saves).
-pub fn run(core: &Arc<Core>, pool: &Pool, d: Decoded, reply: RingReply) {
+pub fn run<R: Answer>(core: &Arc<Core>, pool: &Pool, d: Decoded, reply: R) {
     let slow = match &d.req {
         Req::Fsync(..) | Req::Fallocate(..) | Req::CopyFileRange(..) => true,
         Req::SetAttr(_, s) => s.size.is_some(),
@@ -242,7 +289,7 @@ pub fn run(core: &Arc<Core>, pool: &Pool, d: Decoded, reply: RingReply) {
     }
 }
 
-fn run_here(core: &Arc<Core>, d: Decoded, reply: RingReply) {
+fn run_here<R: Answer>(core: &Arc<Core>, d: Decoded, reply: R) {
     let rq = d.rq;
     match d.req {
         Req::Lookup(p, n) => core.lookup(rq, p, &n, reply),
@@ -267,11 +314,9 @@ fn run_here(core: &Arc<Core>, d: Decoded, reply: RingReply) {
         Req::RemoveXattr(i, n) => core.removexattr(rq, i, &n, reply),
         Req::Flush => core.flush(reply),
         Req::OpenDir(i) => core.opendir(rq, i, reply),
-        Req::ReadDir(i, fh, off, size) => {
-            core.readdir(rq, i, fh, off, RingDir::new(reply, size as usize))
-        }
+        Req::ReadDir(i, fh, off, size) => core.readdir(rq, i, fh, off, reply.dir(size as usize)),
         Req::ReadDirPlus(i, fh, off, size) => {
-            core.readdirplus(rq, i, fh, off, RingDir::new(reply, size as usize))
+            core.readdirplus(rq, i, fh, off, reply.dir(size as usize))
         }
         Req::ReleaseDir(fh) => core.releasedir(fh, reply),
         Req::Access(i, mask) => core.access(rq, i, mask, reply),
@@ -281,7 +326,7 @@ fn run_here(core: &Arc<Core>, d: Decoded, reply: RingReply) {
         Req::CopyFileRange(fh_in, off_in, fh_out, off_out, len) => {
             core.copy_file_range(rq, fh_in, off_in, fh_out, off_out, len, reply)
         }
-        Req::Destroy => reply.ok(),
+        Req::Destroy => EmptyReply::ok(reply),
         Req::Fail(e) => reply.error(e),
     }
 }

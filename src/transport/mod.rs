@@ -10,6 +10,9 @@
 //! offered to the kernel (FUSE_OVER_IO_URING in INIT) after this process proved it can
 //! create the rings, because once offered the kernel holds every request until the rings
 //! are registered (or a registration fails, which sends it back to `/dev/fuse`).
+//!
+//! A third, [`vhost`], serves a VM's virtqueues instead of the kernel (`fencefs vhost-user`),
+//! through the same decoder and dispatcher.
 
 pub mod abi;
 pub mod dispatch;
@@ -17,6 +20,7 @@ pub mod pages;
 pub mod pool;
 pub mod reply;
 pub mod ring;
+pub mod vhost;
 
 use std::io;
 use std::os::fd::OwnedFd;
