@@ -5,7 +5,6 @@
 mod common;
 
 use std::io::{BufRead, BufReader, Write};
-use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::thread;
@@ -17,59 +16,6 @@ use serde_json::{Value, json};
 const PY: &str = "/usr/bin/python3";
 const ASK: &str =
     "mode = \"danger\"\n[[rule]]\npath = \"docs\"\naccess = \"read\"\nask = \"write\"\n";
-
-/// A peer of the control socket.
-struct Peer {
-    w: UnixStream,
-    r: BufReader<UnixStream>,
-}
-
-impl Peer {
-    fn connect(sock: &Path) -> (Peer, Value) {
-        let s = UnixStream::connect(sock).expect("connect to the control socket");
-        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        let r = BufReader::new(s.try_clone().unwrap());
-        let mut p = Peer { w: s, r };
-        let hello = p.recv();
-        (p, hello)
-    }
-    fn send_raw(&mut self, line: &[u8]) {
-        self.w.write_all(line).unwrap();
-    }
-    fn send(&mut self, v: Value) {
-        let mut b = serde_json::to_vec(&v).unwrap();
-        b.push(b'\n');
-        self.send_raw(&b);
-    }
-    #[track_caller]
-    fn recv(&mut self) -> Value {
-        let mut l = String::new();
-        self.r.read_line(&mut l).expect("a line from the daemon");
-        serde_json::from_str(&l).unwrap_or_else(|e| panic!("bad line {l:?}: {e}"))
-    }
-    /// The next line that is (`event`) or is not (`None`) an event.
-    #[track_caller]
-    fn next(&mut self, event: Option<&str>) -> Value {
-        loop {
-            let v = self.recv();
-            match (event, v.get("event").and_then(Value::as_str)) {
-                (None, None) => return v,
-                (Some(e), Some(x)) if e == x => return v,
-                _ => {}
-            }
-        }
-    }
-    #[track_caller]
-    fn call(&mut self, v: Value) -> Value {
-        self.send(v);
-        self.next(None)
-    }
-    fn subscribe(sock: &Path) -> Peer {
-        let (mut p, _) = Peer::connect(sock);
-        assert_eq!(p.call(json!({"cmd": "subscribe"}))["ok"], true);
-        p
-    }
-}
 
 fn mount(name: &str, policy: &str, extra: &[&str]) -> (Mount, PathBuf) {
     let mut b = Mount::builder(name).policy(policy).arg("--allow-other");
@@ -283,7 +229,7 @@ fn a_thousand_held_requests_take_no_worker() {
         asks.push(ev["id"].clone());
     }
     assert_eq!(asks.len(), 1024, "the cap holds 1,024");
-    let (mut st, _) = Peer::connect(&sock);
+    let (mut st, _) = Peer::connect_hello(&sock);
     let s = st.call(json!({"cmd": "status"}));
     assert_eq!(s["held"], 1024);
     // Everyone else is served as fast as before: stat, ls, reads through the mount.
@@ -352,7 +298,7 @@ fn killed_askers_reloads_races_and_bad_peers() {
         (ev["id"].clone(), json!("killed"))
     );
     let _ = c.wait();
-    let (mut st, hello) = Peer::connect(&sock);
+    let (mut st, hello) = Peer::connect_hello(&sock);
     assert_eq!(hello["fencefs"], 1);
     assert_eq!(st.call(json!({"cmd": "status"}))["held"], 0);
 
@@ -526,7 +472,7 @@ fn approve_auto_drives_a_bubblewrap_agent() {
 }
 
 fn wait_for_approvers(sock: &Path, n: u64) {
-    let (mut p, _) = Peer::connect(sock);
+    let (mut p, _) = Peer::connect_hello(sock);
     let ok = eventually(Duration::from_secs(5), || {
         p.call(json!({"cmd": "status"}))["approvers"] == n
     });
@@ -539,7 +485,7 @@ fn wait_for_approvers(sock: &Path, n: u64) {
 fn a_reload_that_allows_or_refuses_is_audited_without_audit_allowed() {
     let (m, sock) = mount("ask-reload-audit", ASK, &[]);
     let mut ap = Peer::subscribe(&sock);
-    let (mut st, _) = Peer::connect(&sock);
+    let (mut st, _) = Peer::connect_hello(&sock);
     let c = agent(&m, "open('docs/r1', 'w').write('1'); print('ok')");
     let ev = ap.next(Some("ask"));
     std::fs::write(m.policy_path(), "mode = \"danger\"\n").unwrap();
@@ -698,7 +644,7 @@ fn answers_remembered_for_good_round_trip() {
     }
     // Answered from the file: not asked again (held stays 0, no ask event).
     assert_eq!(output(agent(&m, WRITE_A)), "ok");
-    let (mut st, _) = Peer::connect(&sock);
+    let (mut st, _) = Peer::connect_hello(&sock);
     assert_eq!(st.call(json!({"cmd": "status"}))["held"], 0);
     // The audit writer is asynchronous: wait for the line.
     let by_answers = |m: &Mount, path: &str, d: &str| {
@@ -729,7 +675,7 @@ fn answers_remembered_for_good_round_trip() {
 [[answer]]\npath = \"locked\"\nop = \"write\"\nuid = 1000\nallow = true\n",
     );
     std::fs::write(&file, &text).unwrap();
-    let (mut st, _) = Peer::connect(&sock);
+    let (mut st, _) = Peer::connect_hello(&sock);
     assert_eq!(st.call(json!({"cmd": "reload"}))["ok"], true);
     let _ap = Peer::subscribe(&sock);
     let t = Instant::now();

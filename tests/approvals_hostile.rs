@@ -9,7 +9,6 @@ mod common;
 use std::ffi::OsStr;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
-use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::thread;
@@ -22,57 +21,8 @@ const PY: &str = "/usr/bin/python3";
 const ASK: &str =
     "mode = \"danger\"\n[[rule]]\npath = \"docs\"\naccess = \"read\"\nask = \"write\"\n";
 
-/// A peer of the control socket.
-struct Peer {
-    w: UnixStream,
-    r: BufReader<UnixStream>,
-}
-
 impl Peer {
-    fn connect(sock: &Path) -> Peer {
-        let s = UnixStream::connect(sock).expect("connect to the control socket");
-        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-        let r = BufReader::new(s.try_clone().unwrap());
-        let mut p = Peer { w: s, r };
-        assert_eq!(p.recv()["fencefs"], 1, "the greeting");
-        p
-    }
-    fn send(&mut self, v: Value) {
-        let mut b = serde_json::to_vec(&v).unwrap();
-        b.push(b'\n');
-        self.w.write_all(&b).unwrap();
-    }
-    #[track_caller]
-    fn recv(&mut self) -> Value {
-        let mut l = String::new();
-        let n = self.r.read_line(&mut l).expect("a line from the daemon");
-        assert!(n > 0, "the daemon closed the connection");
-        serde_json::from_str(&l).unwrap_or_else(|e| panic!("bad line {l:?}: {e}"))
-    }
-    /// The next line that is (`event`) or is not (`None`) an event.
-    #[track_caller]
-    fn next(&mut self, event: Option<&str>) -> Value {
-        loop {
-            let v = self.recv();
-            match (event, v.get("event").and_then(Value::as_str)) {
-                (None, None) => return v,
-                (Some(e), Some(x)) if e == x => return v,
-                _ => {}
-            }
-        }
-    }
-    #[track_caller]
-    fn call(&mut self, v: Value) -> Value {
-        self.send(v);
-        self.next(None)
-    }
-    fn subscribe(sock: &Path) -> Peer {
-        let mut p = Peer::connect(sock);
-        assert_eq!(p.call(json!({"cmd": "subscribe"}))["ok"], true);
-        p
-    }
-    /// `n` ask events, distinct ids.
-    #[track_caller]
+    /// The next `n` ask events, each id once.
     fn asks(&mut self, n: usize) -> Vec<Value> {
         let mut seen = std::collections::BTreeSet::new();
         let mut out = Vec::new();

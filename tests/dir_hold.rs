@@ -6,8 +6,7 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Write};
-use std::os::unix::net::UnixStream;
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -21,56 +20,6 @@ const PY: &str = "/usr/bin/python3";
 const POLICY: &str = "mode = \"danger\"\n\
 [[rule]]\npath = \"docs\"\naccess = \"read\"\nask = \"write\"\nuid = [1000]\n\
 [[rule]]\npath = \"docs\"\naccess = \"write\"\nuid = [1001]\n";
-
-/// A peer of the control socket.
-struct Peer {
-    w: UnixStream,
-    r: BufReader<UnixStream>,
-}
-
-impl Peer {
-    fn connect(sock: &Path) -> Peer {
-        let s = UnixStream::connect(sock).expect("connect to the control socket");
-        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-        let r = BufReader::new(s.try_clone().unwrap());
-        let mut p = Peer { w: s, r };
-        p.recv(); // hello
-        p
-    }
-    fn send(&mut self, v: Value) {
-        let mut b = serde_json::to_vec(&v).unwrap();
-        b.push(b'\n');
-        self.w.write_all(&b).unwrap();
-    }
-    #[track_caller]
-    fn recv(&mut self) -> Value {
-        let mut l = String::new();
-        self.r.read_line(&mut l).expect("a line from the daemon");
-        serde_json::from_str(&l).unwrap_or_else(|e| panic!("bad line {l:?}: {e}"))
-    }
-    /// The next line that is (`event`) or is not (`None`) an event.
-    #[track_caller]
-    fn next(&mut self, event: Option<&str>) -> Value {
-        loop {
-            let v = self.recv();
-            match (event, v.get("event").and_then(Value::as_str)) {
-                (None, None) => return v,
-                (Some(e), Some(x)) if e == x => return v,
-                _ => {}
-            }
-        }
-    }
-    #[track_caller]
-    fn call(&mut self, v: Value) -> Value {
-        self.send(v);
-        self.next(None)
-    }
-    fn subscribe(sock: &Path) -> Peer {
-        let mut p = Peer::connect(sock);
-        assert_eq!(p.call(json!({"cmd": "subscribe"}))["ok"], true);
-        p
-    }
-}
 
 fn mount(name: &str, policy: &str, extra: &[&str]) -> (Mount, PathBuf) {
     let mut b = Mount::builder(name).policy(policy).arg("--allow-other");

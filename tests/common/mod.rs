@@ -34,10 +34,13 @@ use std::time::{Duration, Instant};
 
 // The helpers by topic; `common::name` paths stay as they were. Each test crate uses
 // some of them (hence the allows).
+mod control;
 mod mountinfo;
 mod snapshot;
 mod syscalls;
 
+#[allow(unused_imports)]
+pub use control::*;
 #[allow(unused_imports)]
 pub use mountinfo::*;
 #[allow(unused_imports)]
