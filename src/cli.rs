@@ -36,10 +36,12 @@ pub enum Command {
     },
     /// Mount SOURCE at MOUNTPOINT and serve it until unmounted or SIGINT/SIGTERM.
     Mount(MountArgs),
-    /// Validate a policy: `ok: N rules` (exit 0) or every error with file:line:column (exit 1).
+    /// Validate policies (a set of layers): `ok: N rules` (exit 0) or every error with
+    /// file:line:column (exit 1).
     Check {
-        /// The policy file.
-        policy: PathBuf,
+        /// The policy files (layers, in order).
+        #[arg(required = true)]
+        policy: Vec<PathBuf>,
     },
     /// Print the access PATH gets and what decided it; with OP also allow/deny and the errno.
     Explain(ExplainArgs),
@@ -64,9 +66,10 @@ pub enum Command {
 /// `fencefs mount`.
 #[derive(clap::Args, Debug)]
 pub struct MountArgs {
-    /// Policy file (TOML). Without it: mode read-only, default access read.
+    /// Policy file (TOML); repeat it for layers, each of which can only tighten. Without it:
+    /// mode read-only, default access read.
     #[arg(short, long, value_name = "FILE")]
-    pub policy: Option<PathBuf>,
+    pub policy: Vec<PathBuf>,
     /// read-only | workspace-write | danger. Overrides the file's mode, also after reloads.
     #[arg(short, long, value_name = "MODE", value_parser = parse_mode)]
     pub mode: Option<Mode>,
@@ -159,9 +162,9 @@ pub struct MountArgs {
 /// `fencefs explain`.
 #[derive(clap::Args, Debug)]
 pub struct ExplainArgs {
-    /// Policy file (default: the built-in read-only policy).
+    /// Policy file; repeat it for layers (default: the built-in read-only policy).
     #[arg(short, long, value_name = "FILE")]
-    pub policy: Option<PathBuf>,
+    pub policy: Vec<PathBuf>,
     /// Mode override.
     #[arg(short, long, value_name = "MODE", value_parser = parse_mode)]
     pub mode: Option<Mode>,

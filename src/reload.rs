@@ -1,7 +1,7 @@
 //! The policy in force: an immutable snapshot swapped atomically on reload.
 //!
-//! Invariants: a new policy is parsed and compiled completely before it replaces the old
-//! one; an invalid file changes nothing; `generation` only grows (one per successful
+//! Invariants: a new policy (every layer) is parsed and compiled completely before it
+//! replaces the old one; an invalid layer changes nothing (the whole old set stays); `generation` only grows (one per successful
 //! reload); every request takes one snapshot at entry, so a rename or link is decided
 //! against one policy, never a mix.
 
@@ -26,15 +26,18 @@ pub struct PolicyStore {
     cur: RwLock<Arc<Snapshot>>,
     /// `cur`'s generation, read without the lock (every cacheable reply checks it).
     generation: AtomicU64,
-    file: Option<PathBuf>,
+    /// The layers' files, in order (empty: the built-in policy).
+    files: Vec<PathBuf>,
     mode: Option<Mode>,
 }
 
-/// Loads the policy file (or the built-in default) and applies the CLI mode override.
-pub fn load(file: Option<&PathBuf>, mode: Option<Mode>) -> Result<Policy, Vec<PolicyError>> {
-    let mut p = match file {
-        Some(f) => policy::load(f)?,
-        None => Policy::builtin_default(),
+/// Loads every layer's file (or the built-in default when there is none) and applies the
+/// CLI mode override.
+pub fn load(files: &[PathBuf], mode: Option<Mode>) -> Result<Policy, Vec<PolicyError>> {
+    let mut p = if files.is_empty() {
+        Policy::builtin_default()
+    } else {
+        policy::load_all(files)?
     };
     if let Some(m) = mode {
         p.set_mode(m);
@@ -44,21 +47,21 @@ pub fn load(file: Option<&PathBuf>, mode: Option<Mode>) -> Result<Policy, Vec<Po
 
 impl PolicyStore {
     /// A store starting with `policy` at generation 0.
-    pub fn new(policy: Policy, file: Option<PathBuf>, mode: Option<Mode>) -> PolicyStore {
+    pub fn new(policy: Policy, files: Vec<PathBuf>, mode: Option<Mode>) -> PolicyStore {
         PolicyStore {
             cur: RwLock::new(Arc::new(Snapshot {
                 policy,
                 generation: 0,
             })),
             generation: AtomicU64::new(0),
-            file,
+            files,
             mode,
         }
     }
 
-    /// The policy file reloads read (`None`: the built-in policy).
-    pub fn file(&self) -> Option<&std::path::Path> {
-        self.file.as_deref()
+    /// The layers' files reloads read, in order (empty: the built-in policy).
+    pub fn files(&self) -> &[PathBuf] {
+        &self.files
     }
 
     /// The generation in force now (no snapshot clone).
@@ -71,15 +74,15 @@ impl PolicyStore {
         self.cur.read().clone()
     }
 
-    /// Re-reads the policy file; on success swaps it in and returns the new snapshot.
+    /// Re-reads every layer's file; on success swaps it in and returns the new snapshot.
     pub fn reload(&self) -> Result<Arc<Snapshot>, Vec<PolicyError>> {
         Ok(self.install(self.prepare()?))
     }
 
-    /// Reads and compiles the policy file without putting it in force (a reload first
+    /// Reads and compiles every layer's file without putting it in force (a reload first
     /// takes back what the kernel caches, then [`install`](Self::install)s it).
     pub fn prepare(&self) -> Result<Policy, Vec<PolicyError>> {
-        load(self.file.as_ref(), self.mode)
+        load(&self.files, self.mode)
     }
 
     /// Puts a prepared policy in force as the next generation.
