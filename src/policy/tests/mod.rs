@@ -55,5 +55,6 @@ type MatchCase<'a> = (
 mod check;
 mod errors;
 mod except;
+mod layers;
 mod matching;
 mod modes;
