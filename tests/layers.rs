@@ -1,0 +1,193 @@
+//! Policy layers through a real mount (SPEC "Policy layers, presets and ignore files"):
+//! an organisation's file and a user's file combine so that neither lifts what the other
+//! forbids (exact errnos, the host unchanged), audit lines name the deciding layer, a
+//! reload re-reads every layer and one broken layer keeps the whole old set; `check` and
+//! `explain` take the set.
+
+#[path = "common/mod.rs"]
+mod common;
+
+use common::*;
+use libc::{EACCES, ENOENT, EROFS};
+use std::fs;
+use std::path::Path;
+use std::time::Duration;
+
+/// The organisation's floor: hides `secrets`, mode workspace-write.
+const ORG: &str = "mode = \"workspace-write\"\n[[rule]]\npath = \"secrets\"\naccess = \"none\"\n";
+/// The user's file: asks for danger (the org's workspace-write wins), grants secrets write
+/// (cannot lift the org's none), and makes docs read-only.
+const USER: &str = "mode = \"danger\"\n[[rule]]\npath = \"secrets\"\naccess = \"write\"\n\
+                    [[rule]]\npath = \"docs\"\naccess = \"read\"\n";
+
+fn audit_lines(p: &Path) -> Vec<serde_json::Value> {
+    fs::read_to_string(p)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
+
+#[test]
+fn two_layers_only_tighten_and_reload_keeps_the_whole_set_on_a_broken_layer() {
+    let b = Mount::builder("layers-mount").policy(USER);
+    let org = b.root().join("org.toml");
+    let audit = b.root().join("audit.jsonl");
+    fs::write(&org, ORG).unwrap();
+    put(&b.host("secrets/key"), b"k\n", 0o644);
+    put(&b.host("docs/a"), b"a\n", 0o644);
+    put(&b.host(".git/hooks/pre-commit"), b"#!/bin/sh\n", 0o755);
+    put(&b.host("src/main.rs"), b"main\n", 0o644);
+    let mut m = b.arg("-p").arg(&org).arg("--audit").arg(&audit).start();
+
+    // The org's none beats the user's write: hidden, creating inside refused EACCES.
+    assert_errno(fs::read(m.mnt("secrets/key")), ENOENT, "read secrets/key").ok();
+    assert_errno(
+        fs::write(m.mnt("secrets/new"), b"x"),
+        ENOENT,
+        "create under a hidden dir",
+    )
+    .ok();
+    // The user's read beats the org's default write.
+    assert_eq!(read_all(&m.mnt("docs/a")).unwrap(), b"a\n");
+    assert_errno(fs::write(m.mnt("docs/a"), b"x"), EACCES, "write docs/a").ok();
+    assert_errno(fs::remove_file(m.mnt("docs/a")), EACCES, "unlink docs/a").ok();
+    // The mode is the org's workspace-write, not the user's danger: hooks are protected.
+    assert_errno(
+        fs::write(m.mnt(".git/hooks/pre-commit"), b"evil"),
+        EROFS,
+        "write a protected hook",
+    )
+    .ok();
+    fs::write(m.mnt("src/new.rs"), b"n").expect("write inside the writable roots");
+    assert_eq!(fs::read(m.host("secrets/key")).unwrap(), b"k\n");
+    assert_eq!(fs::read(m.host("docs/a")).unwrap(), b"a\n");
+    assert_eq!(
+        fs::read(m.host(".git/hooks/pre-commit")).unwrap(),
+        b"#!/bin/sh\n"
+    );
+    assert!(!m.host("secrets/new").exists());
+
+    // Audit lines name the layer that decided.
+    let org_s = fs::canonicalize(&org).unwrap().display().to_string();
+    let user_s = fs::canonicalize(m.policy_path())
+        .unwrap()
+        .display()
+        .to_string();
+    assert!(
+        eventually(Duration::from_secs(5), || {
+            let lines = audit_lines(&audit);
+            let layer_of = |path: &str| {
+                lines
+                    .iter()
+                    .find(|l| l["path"] == path && l["decision"] == "deny")
+                    .map(|l| l["layer"].clone())
+            };
+            layer_of("secrets") == Some(org_s.clone().into())
+                && layer_of("docs/a") == Some(user_s.clone().into())
+        }),
+        "audit lines do not name the deciding layer:\n{}",
+        fs::read_to_string(&audit).unwrap_or_default()
+    );
+
+    // A broken org layer: the whole old set stays, the error names org.toml:line:column.
+    let before = m.stderr().len();
+    fs::write(&m.policy_path(), "mode = \"danger\"\n").unwrap(); // valid, lifts docs
+    fs::write(
+        &org,
+        "mode = \"workspace-write\"\n[[rule]]\npath = \"secrets\"\naccess = \"nope\"\n",
+    )
+    .unwrap();
+    m.reload();
+    let want = format!("{org_s}:4:10:");
+    assert!(
+        eventually(Duration::from_secs(10), || m.stderr()[before..]
+            .contains(&want)),
+        "the broken layer's error ({want}) was not logged:\n{}",
+        m.stderr()
+    );
+    m.assert_alive("reload with a broken layer");
+    // The user's layer was valid but not taken alone: docs stays read, secrets hidden.
+    assert_errno(
+        fs::write(m.mnt("docs/a"), b"x"),
+        EACCES,
+        "docs after the broken reload",
+    )
+    .ok();
+    assert_errno(
+        fs::read(m.mnt("secrets/key")),
+        ENOENT,
+        "secrets after the broken reload",
+    )
+    .ok();
+
+    // Fixed: both layers are re-read, the user's new file lifts its own docs rule.
+    fs::write(&org, ORG).unwrap();
+    m.reload();
+    assert!(
+        eventually(Duration::from_secs(10), || fs::write(
+            m.mnt("docs/a"),
+            b"new\n"
+        )
+        .is_ok()),
+        "the valid set was not taken on reload:\n{}",
+        m.stderr()
+    );
+    assert_eq!(fs::read(m.host("docs/a")).unwrap(), b"new\n");
+    assert_errno(
+        fs::read(m.mnt("secrets/key")),
+        ENOENT,
+        "secrets stays hidden",
+    )
+    .ok();
+    m.terminate();
+}
+
+#[test]
+fn check_and_explain_take_a_set_of_layers() {
+    let ws = Workspace::new("layers-cli");
+    let org = ws.root.join("org.toml");
+    let user = ws.root.join("user.toml");
+    let bad = ws.root.join("bad.toml");
+    fs::write(&org, ORG).unwrap();
+    fs::write(&user, USER).unwrap();
+    fs::write(&bad, "[[rule]]\npath = \"/abs\"\naccess = \"read\"\n").unwrap();
+    let t = Duration::from_secs(20);
+
+    let o = run_fencefs(["check".as_ref(), org.as_os_str(), user.as_os_str()], t);
+    assert!(o.ok() && o.stdout.contains("ok: 3 rules"), "{o:?}");
+    let o = run_fencefs(["check".as_ref(), org.as_os_str(), bad.as_os_str()], t);
+    assert_eq!(o.status.code(), Some(1), "{o:?}");
+    assert!(
+        o.stderr.contains(&format!("{}:2:8:", bad.display())),
+        "{o:?}"
+    );
+
+    let o = run_fencefs(
+        [
+            "explain".as_ref(),
+            "-p".as_ref(),
+            org.as_os_str(),
+            "-p".as_ref(),
+            user.as_os_str(),
+            "secrets/key".as_ref(),
+            "read".as_ref(),
+        ],
+        t,
+    );
+    assert!(o.ok(), "{o:?}");
+    for want in [
+        "access: none".to_string(),
+        format!("decided by layer: {}", org.display()),
+        format!("layer 1 {}: none by rule #1", org.display()),
+        format!("layer 2 {}: write by rule #2", user.display()),
+        "read: deny ENOENT".to_string(),
+        "mode: workspace-write".to_string(),
+    ] {
+        assert!(
+            o.stdout.contains(&want),
+            "missing {want:?} in\n{}",
+            o.stdout
+        );
+    }
+}
