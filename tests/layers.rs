@@ -92,7 +92,7 @@ fn two_layers_only_tighten_and_reload_keeps_the_whole_set_on_a_broken_layer() {
 
     // A broken org layer: the whole old set stays, the error names org.toml:line:column.
     let before = m.stderr().len();
-    fs::write(&m.policy_path(), "mode = \"danger\"\n").unwrap(); // valid, lifts docs
+    fs::write(m.policy_path(), "mode = \"danger\"\n").unwrap(); // valid, lifts docs
     fs::write(
         &org,
         "mode = \"workspace-write\"\n[[rule]]\npath = \"secrets\"\naccess = \"nope\"\n",
