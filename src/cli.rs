@@ -43,6 +43,8 @@ pub enum Command {
         #[arg(required = true)]
         policy: Vec<PathBuf>,
     },
+    /// Print every built-in preset's rules, each with the reason it is there.
+    Presets,
     /// Print the access PATH gets and what decided it; with OP also allow/deny and the errno.
     Explain(ExplainArgs),
     /// Send one command to a daemon's control socket and print the answer.

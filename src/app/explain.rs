@@ -62,14 +62,39 @@ fn describe_by(p: &Policy, by: By, layer: usize) -> String {
 fn describe_rule(p: &Policy, i: usize) -> String {
     let r = p.rule(i);
     let file = p.layer_file(r.layer);
+    let from = match r.preset {
+        Some(name) => format!("preset \"{name}\", "),
+        None => String::new(),
+    };
     format!(
-        "rule #{} path = \"{}\" access = {} ({}:{})",
+        "rule #{} path = \"{}\" access = {} ({from}{}:{})",
         i + 1,
         esc(&r.pattern),
         r.access,
         esc(file),
         r.line
     )
+}
+
+/// `fencefs presets`: every preset as TOML rules, each with its reason as a comment.
+pub(super) fn presets() -> i32 {
+    for (k, p) in crate::policy::presets::PRESETS.iter().enumerate() {
+        if k > 0 {
+            println!();
+        }
+        println!("# preset \"{}\": {}", p.name, p.about);
+        for r in p.rules {
+            println!(
+                "\n# {}\n[[rule]]\npath = \"{}\"\naccess = \"{}\"",
+                r.why, r.path, r.access
+            );
+            if !r.except.is_empty() {
+                let list: Vec<String> = r.except.iter().map(|e| format!("\"{e}\"")).collect();
+                println!("except = [{}]", list.join(", "));
+            }
+        }
+    }
+    0
 }
 
 /// What `by` names; `layer` is the layer of the verdict (it says whose `default`).

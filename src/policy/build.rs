@@ -315,11 +315,58 @@ impl Layer {
                     line: line_col(src, r.header.start).0,
                     except: except.iter().map(|l| l.value.clone()).collect(),
                     layer: 0,
+                    preset: None,
                     uids: r.uid.clone().unwrap_or_default(),
                     gids: r.gid.clone().unwrap_or_default(),
                 });
                 compiled.push(pattern);
                 excepts.push(except_compiled);
+            }
+        }
+
+        for entry in raw.presets.iter().flatten() {
+            let Some(preset) = super::presets::find(&entry.value) else {
+                let names: Vec<&str> = super::presets::PRESETS.iter().map(|p| p.name).collect();
+                errors.push(RawError {
+                    span: entry.span.clone(),
+                    message: format!(
+                        "unknown preset \"{}\" (expected one of: {})",
+                        entry.value,
+                        names.join(", ")
+                    ),
+                });
+                continue;
+            };
+            let line = line_col(src, entry.span.start).0;
+            for r in preset.rules {
+                // Constants, known to compile (tests/presets); a failure drops the rule
+                // and is an error, never a silently weaker policy.
+                let (Ok(pattern), Ok(except)) = (
+                    compile_pattern(r.path, "rule path"),
+                    r.except
+                        .iter()
+                        .map(|e| compile_pattern(e, "except entry"))
+                        .collect::<Result<Vec<_>, _>>(),
+                ) else {
+                    errors.push(RawError {
+                        span: entry.span.clone(),
+                        message: format!("preset \"{}\" does not compile", preset.name),
+                    });
+                    continue;
+                };
+                rules.push(RuleInfo {
+                    pattern: r.path.to_string(),
+                    access: r.access,
+                    ask: None,
+                    line,
+                    except: r.except.iter().map(|e| e.to_string()).collect(),
+                    layer: 0,
+                    preset: Some(preset.name),
+                    uids: Vec::new(),
+                    gids: Vec::new(),
+                });
+                compiled.push(pattern);
+                excepts.push(except);
             }
         }
 

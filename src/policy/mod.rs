@@ -209,6 +209,9 @@ pub struct RuleInfo {
     pub except: Vec<String>,
     /// The layer (index in [`Policy::layers`]) the rule comes from.
     pub layer: usize,
+    /// The preset the rule comes from (`None`: written in the file); `line` is then the
+    /// line of the `presets` entry naming it.
+    pub preset: Option<&'static str>,
     /// `uid = [...]`, empty when absent.
     pub uids: Vec<u32>,
     /// `gid = [...]`, empty when absent.
@@ -246,6 +249,7 @@ mod build;
 mod decide;
 mod glob;
 mod layers;
+pub mod presets;
 mod raw;
 #[cfg(test)]
 mod tests;

@@ -58,3 +58,4 @@ mod except;
 mod layers;
 mod matching;
 mod modes;
+mod presets;
