@@ -6,6 +6,10 @@
 //! Invariants: every pattern here compiles (tested in `tests/presets`), and every rule's
 //! path is either anchored at the root or floating (`**/<one name glob>`), so no preset
 //! rule makes directory renames elsewhere refused (see `Layer::dir_rename_allowed`).
+//! Only `none` rules float: a floating rule granting `list` or more could match below
+//! every directory, so it would lift every hidden directory to `list` (the visibility
+//! lift) and show the names of `.ssh/`, `secrets/`, …; `agent-config`'s `read` rules are
+//! therefore anchored at the root (where agents and editors read them).
 
 use super::Access;
 
@@ -117,7 +121,7 @@ pub const PRESETS: &[Preset] = &[
                 why: "git config can name programs to run (core.fsmonitor, core.pager, aliases, filters)",
             },
             PresetRule {
-                path: "**/{.claude,.mcp.json,.cursor,.gemini}",
+                path: "{.claude,.mcp.json,.cursor,.gemini}",
                 access: Access::Read,
                 except: &[],
                 why: "agent settings, permissions, hooks and MCP servers (Claude Code, Cursor, Gemini CLI)",
@@ -135,7 +139,7 @@ pub const PRESETS: &[Preset] = &[
                 why: "VS Code settings can name interpreters, formatters and terminals to run",
             },
             PresetRule {
-                path: "**/{.husky,.envrc,.pre-commit-config.yaml}",
+                path: "{.husky,.envrc,.pre-commit-config.yaml}",
                 access: Access::Read,
                 except: &[],
                 why: "husky git hooks, direnv's .envrc (run on cd), pre-commit's hook list",

@@ -53,7 +53,7 @@ fn presets_decide_rule_by_rule() {
         (b".git/config", Read),
         (b".git/HEAD", Write),
         (b".claude/settings.json", Read),
-        (b"sub/.claude/commands/x.md", Read),
+        (b"sub/.claude/commands/x.md", Write), // anchored at the root: see presets.rs
         (b".mcp.json", Read),
         (b".cursor/rules", Read),
         (b".gemini/settings.json", Read),
@@ -86,6 +86,19 @@ fn presets_decide_rule_by_rule() {
     let v = p.verdict_for(b".npmrc", ME, false);
     let By::Rule(i) = v.by else { panic!("{v:?}") };
     assert_eq!(p.rule(i).preset, Some("secrets"));
+}
+
+/// No preset rule lifts a hidden directory to `list` (a floating `read` rule could match
+/// below every directory and would; seen with `**/.claude`: `secrets/` and `.ssh/` listable).
+#[test]
+fn presets_leave_hidden_directories_hidden() {
+    let p = pol(&format!(
+        "{BOTH}[[rule]]\npath = \"secrets\"\naccess = \"none\"\n"
+    ));
+    for dir in [&b"secrets"[..], b".ssh", b"home/.aws", b"x/.kube"] {
+        let v = p.verdict_for(dir, ME, true);
+        assert_eq!(v.effective, No, "{} is {v:?}", String::from_utf8_lossy(dir));
+    }
 }
 
 #[test]
