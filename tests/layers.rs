@@ -191,3 +191,122 @@ fn check_and_explain_take_a_set_of_layers() {
         );
     }
 }
+
+/// `presets = ["secrets", "agent-config"]` in danger mode, with real tools: git commits
+/// (its hooks and config read-only, EACCES), npm runs with the project's `.npmrc` hidden,
+/// `.claude/settings.json` reads but cannot be written, truncated, replaced or removed;
+/// the host stays unchanged.
+#[test]
+fn presets_hide_secrets_and_keep_agent_config_read_only_with_real_tools() {
+    let b = Mount::builder("layers-presets")
+        .policy("mode = \"danger\"\npresets = [\"secrets\", \"agent-config\"]\n");
+    let src = b.host("");
+    let git = |args: &str| {
+        sh_in(&src, &format!("git {args}")).assert_ok(&format!("git {args}"));
+    };
+    git("init -q .");
+    put(
+        &b.host(".git/hooks/pre-commit"),
+        b"#!/bin/sh\nexit 0\n",
+        0o755,
+    );
+    put(
+        &b.host(".claude/settings.json"),
+        b"{\"permissions\":{}}\n",
+        0o644,
+    );
+    put(
+        &b.host(".npmrc"),
+        b"//registry.example.invalid/:_authToken=SECRET\n",
+        0o600,
+    );
+    put(
+        &b.host(".aws/credentials"),
+        b"[default]\nkey=SECRET\n",
+        0o600,
+    );
+    put(
+        &b.host("package.json"),
+        b"{\"name\":\"p\",\"version\":\"1.0.0\"}\n",
+        0o644,
+    );
+    let m = b.start();
+
+    // git works through the mount; its hooks and config are read-only in danger mode.
+    m.sh("echo x > a.txt && git add a.txt && git -c user.name=a -c user.email=a@example.invalid commit -qm one && git log --oneline | grep -q one")
+        .assert_ok("git commit with the presets");
+    assert_errno(
+        fs::write(m.mnt(".git/hooks/pre-commit"), b"evil"),
+        EACCES,
+        "write a hook",
+    )
+    .ok();
+    assert_errno(
+        fs::write(m.mnt(".git/hooks/post-checkout"), b"evil"),
+        EACCES,
+        "plant a hook",
+    )
+    .ok();
+    assert_errno(
+        fs::OpenOptions::new()
+            .append(true)
+            .open(m.mnt(".git/config")),
+        EACCES,
+        "append to .git/config",
+    )
+    .ok();
+    // npm runs; the token file does not exist for it.
+    let o = m.sh("npm pkg get name 2>&1");
+    o.assert_ok("npm pkg get name");
+    assert!(o.stdout.contains("\"p\""), "{o:?}");
+    assert_errno(fs::read(m.mnt(".npmrc")), ENOENT, "read .npmrc").ok();
+    assert_errno(fs::read(m.mnt(".aws/credentials")), ENOENT, "read .aws").ok();
+    assert_errno(fs::write(m.mnt(".npmrc"), b"x"), EACCES, "replace .npmrc").ok();
+    // The agent's settings: readable, never changed.
+    assert_eq!(
+        read_all(&m.mnt(".claude/settings.json")).unwrap(),
+        b"{\"permissions\":{}}\n"
+    );
+    let s = m.mnt(".claude/settings.json");
+    assert_errno(fs::write(&s, b"{}"), EACCES, "write settings.json").ok();
+    assert_errno(
+        fs::OpenOptions::new()
+            .write(true)
+            .open(&s)
+            .and_then(|f| f.set_len(0)),
+        EACCES,
+        "truncate settings.json",
+    )
+    .ok();
+    fs::write(m.mnt("evil.json"), b"{\"allow\":\"*\"}").unwrap();
+    assert_errno(
+        fs::rename(m.mnt("evil.json"), &s),
+        EACCES,
+        "rename over settings.json",
+    )
+    .ok();
+    assert_errno(fs::remove_file(&s), EACCES, "unlink settings.json").ok();
+    assert_errno(
+        fs::rename(m.mnt(".claude"), m.mnt("claude.old")),
+        EACCES,
+        "rename .claude away",
+    )
+    .ok();
+    assert_errno(
+        fs::write(m.mnt(".claude/settings.local.json"), b"{}"),
+        EACCES,
+        "create in .claude",
+    )
+    .ok();
+    assert_eq!(
+        fs::read(m.host(".claude/settings.json")).unwrap(),
+        b"{\"permissions\":{}}\n"
+    );
+    assert_eq!(
+        fs::read(m.host(".git/hooks/pre-commit")).unwrap(),
+        b"#!/bin/sh\nexit 0\n"
+    );
+    assert!(!m.host(".git/hooks/post-checkout").exists());
+    assert!(!m.host(".claude/settings.local.json").exists());
+    assert!(m.host(".npmrc").exists() && m.host("evil.json").exists());
+}
