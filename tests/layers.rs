@@ -310,3 +310,102 @@ fn presets_hide_secrets_and_keep_agent_config_read_only_with_real_tools() {
     assert!(!m.host(".claude/settings.local.json").exists());
     assert!(m.host(".npmrc").exists() && m.host("evil.json").exists());
 }
+
+/// `workspace_policy = ".fencefs.toml"`: the repository's file is one more layer; callers
+/// read it but never change, create, replace, rename or remove it (EROFS, danger mode);
+/// host edits take effect within the watch delay (a broken edit keeps the whole old set,
+/// its error at SOURCE/.fencefs.toml:line:column).
+#[test]
+fn the_workspace_layer_tightens_is_read_only_and_follows_host_edits() {
+    use std::os::unix::fs::symlink as ln_s;
+    let b = Mount::builder("layers-workspace")
+        .policy("mode = \"danger\"\nworkspace_policy = \".fencefs.toml\"\n");
+    let repo = b"[[rule]]\npath = \"docs\"\naccess = \"read\"\n";
+    put(&b.host(".fencefs.toml"), repo, 0o644);
+    put(&b.host("docs/a"), b"a\n", 0o644);
+    put(&b.host("src/x"), b"x\n", 0o644);
+    let m = b.start();
+    let ws = m.mnt(".fencefs.toml");
+
+    // The repository's layer tightens: docs is read-only; the rest stays writable.
+    assert_errno(fs::write(m.mnt("docs/a"), b"x"), EACCES, "write docs/a").ok();
+    fs::write(m.mnt("src/x"), b"y\n").expect("src stays writable");
+    // Its file: readable, read-only to every caller in danger mode.
+    assert_eq!(read_all(&ws).unwrap(), repo);
+    assert_errno(
+        fs::write(&ws, b"default = \"write\"\n"),
+        EROFS,
+        "write .fencefs.toml",
+    )
+    .ok();
+    assert_errno(
+        fs::OpenOptions::new()
+            .write(true)
+            .open(&ws)
+            .and_then(|f| f.set_len(0)),
+        EROFS,
+        "truncate .fencefs.toml",
+    )
+    .ok();
+    fs::write(m.mnt("evil.toml"), b"").unwrap();
+    assert_errno(fs::rename(m.mnt("evil.toml"), &ws), EROFS, "rename over").ok();
+    assert_errno(fs::rename(&ws, m.mnt("moved.toml")), EROFS, "rename away").ok();
+    assert_errno(fs::remove_file(&ws), EROFS, "unlink").ok();
+    // link(2) and a directory renamed over a file never replace a name: the kernel
+    // answers those itself (EEXIST, ENOTDIR) before asking the daemon.
+    assert_errno(
+        fs::hard_link(m.mnt("evil.toml"), &ws),
+        libc::EEXIST,
+        "link over",
+    )
+    .ok();
+    fs::create_dir(m.mnt("d")).unwrap();
+    assert_errno(
+        fs::rename(m.mnt("d"), &ws),
+        libc::ENOTDIR,
+        "a directory over it",
+    )
+    .ok();
+    assert_eq!(fs::read(m.host(".fencefs.toml")).unwrap(), repo);
+    assert!(!m.host("moved.toml").exists());
+
+    // A host edit takes effect within the watch delay: docs becomes hidden.
+    fs::write(
+        m.host(".fencefs.toml"),
+        b"[[rule]]\npath = \"docs\"\naccess = \"none\"\n",
+    )
+    .unwrap();
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            matches!(fs::metadata(m.mnt("docs/a")), Err(e) if e.raw_os_error() == Some(ENOENT))
+        }),
+        "the host edit of .fencefs.toml did not take effect:\n{}",
+        m.stderr()
+    );
+    // A broken host edit keeps the whole old set, the error names the file's position.
+    let before = m.stderr().len();
+    fs::write(
+        m.host(".fencefs.toml"),
+        b"[[rule]]\npath = \"docs\"\naccess = \"nope\"\n",
+    )
+    .unwrap();
+    assert!(
+        eventually(Duration::from_secs(10), || m.stderr()[before..]
+            .contains("SOURCE/.fencefs.toml:3:10:")),
+        "the broken workspace layer's error was not logged:\n{}",
+        m.stderr()
+    );
+    assert_errno(fs::metadata(m.mnt("docs/a")), ENOENT, "docs stays hidden").ok();
+    // Removed on the host: the layer is gone at the next change, docs comes back.
+    fs::remove_file(m.host(".fencefs.toml")).unwrap();
+    assert!(
+        eventually(Duration::from_secs(10), || fs::metadata(m.mnt("docs/a"))
+            .is_ok()),
+        "removing .fencefs.toml on the host did not take effect:\n{}",
+        m.stderr()
+    );
+    // And creating it through the mount is refused too (a symlink included).
+    assert_errno(fs::write(&ws, b""), EROFS, "create .fencefs.toml").ok();
+    assert_errno(ln_s("/etc/passwd", &ws), EROFS, "symlink .fencefs.toml").ok();
+    assert!(!m.host(".fencefs.toml").exists());
+}

@@ -121,7 +121,11 @@ pub(super) fn mount(a: MountArgs) -> Result<(), String> {
 /// host changes are not watched.
 fn build_state(a: &MountArgs) -> Result<(State, Result<OwnedFd, String>), String> {
     let (src, mnt) = startup_checks(a)?;
-    let (policy, policy_file) = load_policy(a)?;
+    let root_fd = sys::open_root(&src).map_err(|e| format!("source '{}': {e}", src.display()))?;
+    let (policy, policy_file) = load_policy(a, root_fd.as_fd())?;
+    let policy_source = root_fd
+        .try_clone()
+        .map_err(|e| format!("source '{}': {e}", src.display()))?;
     let audit = start_audit(a)?;
     let threads = a.threads.map(usize::from).unwrap_or_else(|| {
         std::thread::available_parallelism()
@@ -132,7 +136,6 @@ fn build_state(a: &MountArgs) -> Result<(State, Result<OwnedFd, String>), String
     let gids = IdMap::parse(&a.map_gid)?;
     let nofile = sys::raise_nofile_limit();
     sys::set_umask(0);
-    let root_fd = sys::open_root(&src).map_err(|e| format!("source '{}': {e}", src.display()))?;
     let fan = if a.no_watch {
         Err("--no-watch".to_string())
     } else {
@@ -152,7 +155,7 @@ fn build_state(a: &MountArgs) -> Result<(State, Result<OwnedFd, String>), String
     let shared = Arc::new(Shared {
         inodes,
         handles,
-        policy: PolicyStore::new(policy, policy_file, a.mode),
+        policy: PolicyStore::new(policy, policy_file, a.mode, Some(policy_source)),
         audit,
         settings: Settings {
             revoke: a.revoke,
@@ -396,16 +399,25 @@ fn start_watch(
     shared.inodes.watch_handles();
     let tx = tx.clone();
     let s = shared.clone();
+    let s2 = shared.clone();
     std::thread::Builder::new()
         .name("fencefs-watch".into())
         .spawn(move || {
             crate::watch::run(fan, s, true, |b| {
+                // A host edit of the workspace layer's file takes effect like a reload.
+                let layer_changed = s2.policy.get().policy.workspace_policy().is_some_and(|n| {
+                    b.everything || b.root_names.iter().any(|r| r == n.as_bytes())
+                });
                 let _ = tx.send(Inval {
                     entries: b.entries,
                     inodes: b.inodes,
                     everything: b.everything,
                     ..Inval::default()
                 });
+                if layer_changed {
+                    log::info!("workspace layer changed on the host: reloading");
+                    let _ = threads::reload_now(&s2, &tx);
+                }
             })
         })
         .map_err(|e| e.to_string())?;

@@ -167,14 +167,17 @@ pub(super) fn block_signals() -> Result<SigSet, String> {
 }
 
 /// The policy to mount with, and its layers' files (canonical, for reloads).
-pub(super) fn load_policy(a: &MountArgs) -> Result<(Policy, Vec<PathBuf>), String> {
+pub(super) fn load_policy(
+    a: &MountArgs,
+    source: std::os::fd::BorrowedFd<'_>,
+) -> Result<(Policy, Vec<PathBuf>), String> {
     let invalid = |errs: Vec<crate::policy::PolicyError>| {
         // One line: every error, separated by "; ".
         let all: Vec<String> = errs.iter().map(|e| e.to_string()).collect();
         format!("invalid policy: {}", all.join("; "))
     };
     // Errors name the files as given.
-    let policy = reload::load(&a.policy, a.mode).map_err(invalid)?;
+    let policy = reload::load_in(&a.policy, a.mode, Some(source)).map_err(invalid)?;
     let files = a
         .policy
         .iter()
@@ -187,7 +190,7 @@ pub(super) fn load_policy(a: &MountArgs) -> Result<(Policy, Vec<PathBuf>), Strin
     let policy = if files == a.policy {
         policy
     } else {
-        reload::load(&files, a.mode).map_err(invalid)?
+        reload::load_in(&files, a.mode, Some(source)).map_err(invalid)?
     };
     Ok((policy, files))
 }

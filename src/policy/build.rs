@@ -54,6 +54,8 @@ pub struct Layer {
     pub(super) file: String,
     /// The file sets `mode` (a layer without it does not take part in the combined mode).
     pub(super) mode_set: bool,
+    /// `workspace_policy`: the name of a file at SOURCE's root that is one more layer.
+    pub(super) workspace_policy: Option<String>,
     pub(super) mode: Mode,
     pub(super) default: Access,
     pub(super) allow_setid: bool,
@@ -324,6 +326,19 @@ impl Layer {
             }
         }
 
+        let workspace_policy = raw.workspace_policy.as_ref().and_then(|w| {
+            let v = &w.value;
+            let ok = !v.is_empty() && v != "." && v != ".." && !v.contains('/') && !v.contains('\0');
+            if !ok {
+                errors.push(RawError {
+                    span: w.span.clone(),
+                    message: format!(
+                        "workspace_policy \"{v}\" must be one file name at the workspace root (e.g. \".fencefs.toml\")"
+                    ),
+                });
+            }
+            ok.then(|| v.clone())
+        });
         for entry in raw.presets.iter().flatten() {
             let Some(preset) = super::presets::find(&entry.value) else {
                 let names: Vec<&str> = super::presets::PRESETS.iter().map(|p| p.name).collect();
@@ -392,6 +407,7 @@ impl Layer {
         })?;
         policy.file = file.to_string();
         policy.mode_set = raw.mode.is_some();
+        policy.workspace_policy = workspace_policy;
         policy.allow_setid = raw.allow_setid.unwrap_or(false);
         policy.allow_devices = raw.allow_devices.unwrap_or(false);
         Ok(policy)
@@ -462,6 +478,7 @@ impl Layer {
         Ok(Layer {
             file: String::new(),
             mode_set: false,
+            workspace_policy: None,
             mode,
             default,
             may_hide,
@@ -499,6 +516,11 @@ impl Layer {
     /// The file this layer was read from, as given.
     pub fn file(&self) -> &str {
         &self.file
+    }
+
+    /// `workspace_policy = NAME` as written (one file name at SOURCE's root).
+    pub fn workspace_policy(&self) -> Option<&str> {
+        self.workspace_policy.as_deref()
     }
 
     /// Whether this layer was read from a file (not the built-in policy).

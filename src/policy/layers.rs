@@ -41,6 +41,8 @@ pub struct Policy {
     mode: Mode,
     has_id_rules: bool,
     may_hide: bool,
+    /// Paths read-only to every caller in every mode (EROFS): the workspace layer's file.
+    pinned: Vec<Vec<u8>>,
 }
 
 /// How a refusal ranks in the contract's order (lower decides): `none`, device/setid, the
@@ -103,7 +105,13 @@ impl Policy {
                 r
             }));
         }
+        let pinned = layers
+            .iter()
+            .filter_map(|l| l.workspace_policy())
+            .map(|n| n.as_bytes().to_vec())
+            .collect();
         Policy {
+            pinned,
             has_id_rules: layers.iter().any(Layer::has_id_rules),
             may_hide: layers.iter().any(Layer::may_hide),
             layers,
@@ -146,6 +154,28 @@ impl Policy {
     /// The policy used without `--policy` (one layer: see [`Layer::builtin_default`]).
     pub fn builtin_default() -> Policy {
         Policy::from_layers(vec![Layer::builtin_default()])
+    }
+
+    /// The workspace layer's file name (`workspace_policy`, the first layer that sets it).
+    pub fn workspace_policy(&self) -> Option<&str> {
+        self.layers.iter().find_map(|l| l.workspace_policy())
+    }
+
+    /// Whether `path` is read-only to every caller in every mode (the workspace layer's
+    /// file, whether it exists or not: creating it is refused too).
+    pub fn pinned(&self, path: &[u8]) -> bool {
+        self.pinned.iter().any(|p| p == path)
+    }
+
+    /// The set plus `extra` as one more, last layer (the workspace layer): the mode is
+    /// recombined; the pins stay those of `self`'s layers.
+    pub fn with_layer(self, extra: Layer) -> Policy {
+        let pinned = self.pinned.clone();
+        let mut layers = self.layers;
+        layers.push(extra);
+        let mut p = Policy::from_layers(layers);
+        p.pinned = pinned;
+        p
     }
 
     /// The layers, in order; [`RuleInfo::layer`] and [`Verdict::layer`] index into this.
@@ -342,6 +372,18 @@ impl Policy {
     /// The access `path` gets for `caller`: the lowest of the layers' (the first such
     /// layer decides), knowing whether `path` is a directory (see [`Layer::verdict_for`]).
     pub fn verdict_for(&self, path: &[u8], caller: Caller, is_dir: bool) -> Verdict {
+        let v = self.verdict_layers(path, caller, is_dir);
+        if v.effective == Access::Write && self.pinned(path) {
+            return Verdict {
+                effective: Access::Read,
+                by: By::Mode,
+                ..v
+            };
+        }
+        v
+    }
+
+    fn verdict_layers(&self, path: &[u8], caller: Caller, is_dir: bool) -> Verdict {
         let mut best = self.layers[0].verdict_for(path, caller, is_dir);
         let mut at = 0;
         for (k, l) in self.layers.iter().enumerate().skip(1) {
@@ -368,6 +410,33 @@ impl Policy {
     /// refused if any refuses, the refusal ranked as the module header says; allowed with
     /// the lowest layer verdict otherwise.
     pub fn check_for(
+        &self,
+        path: &[u8],
+        caller: Caller,
+        need: Need,
+        special: Special,
+        is_dir: bool,
+    ) -> Result<Verdict, Denial> {
+        let answer = self.check_layers(path, caller, need, special, is_dir);
+        if !matches!(need, Need::Write | Need::Create) || !self.pinned(path) {
+            return answer;
+        }
+        // The workspace layer's file: EROFS in every mode, after `none` and device/setid.
+        match answer {
+            Err(d) if d.verdict.grant == Access::None || d.errno == libc::EPERM => Err(d),
+            Err(Denial { verdict, .. }) | Ok(verdict) => Err(Denial {
+                errno: libc::EROFS,
+                verdict: Verdict {
+                    effective: verdict.effective.min(Access::Read),
+                    by: By::Mode,
+                    ..verdict
+                },
+                by: By::Mode,
+            }),
+        }
+    }
+
+    fn check_layers(
         &self,
         path: &[u8],
         caller: Caller,
@@ -406,7 +475,10 @@ impl Policy {
     /// Whether a directory may be renamed from `old` to `new`: every layer allows it
     /// (see [`Layer::dir_rename_allowed`]).
     pub fn dir_rename_allowed(&self, old: &[u8], new: &[u8]) -> bool {
-        self.layers.iter().all(|l| l.dir_rename_allowed(old, new))
+        // A directory renamed over the pinned name would replace the workspace layer.
+        !self.pinned(old)
+            && !self.pinned(new)
+            && self.layers.iter().all(|l| l.dir_rename_allowed(old, new))
     }
 }
 

@@ -170,3 +170,46 @@ fn one_broken_layer_fails_the_set_naming_its_file() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn the_workspace_layer_file_is_read_only_in_every_mode() {
+    for mode in ["danger", "workspace-write", "read-only"] {
+        let p = set(&[&format!(
+            "mode = \"{mode}\"\nworkspace_policy = \".fencefs.toml\"\n"
+        )]);
+        assert_eq!(p.workspace_policy(), Some(".fencefs.toml"));
+        for need in [Need::Write, Need::Create] {
+            let d = p
+                .check(b".fencefs.toml", ME, need, Special::default())
+                .unwrap_err();
+            assert_eq!(d.errno, libc::EROFS, "{mode} {need:?}");
+        }
+        assert!(
+            p.check(b".fencefs.toml", ME, Need::Read, Special::default())
+                .is_ok()
+        );
+        assert_eq!(p.verdict_for(b".fencefs.toml", ME, false).effective, Read);
+        assert!(!p.dir_rename_allowed(b"d", b".fencefs.toml"));
+        // Only that name: a file of the same name below the root is an ordinary file.
+        assert_eq!(p.verdict_for(b"sub/.fencefs.toml", ME, false).grant, Write);
+    }
+    // `none` still comes first (ENOENT), and a layer added later keeps the pin.
+    let p = set(&[
+        "mode = \"danger\"\nworkspace_policy = \"w.toml\"\n[[rule]]\npath = 'w.toml'\naccess = \"none\"\n",
+    ]);
+    let d = p
+        .check(b"w.toml", ME, Need::Write, Special::default())
+        .unwrap_err();
+    assert_eq!(d.errno, libc::ENOENT);
+    let p = set(&["mode = \"danger\"\nworkspace_policy = \"w.toml\"\n"]).with_layer(layer(
+        "[[rule]]\npath = 'docs'\naccess = \"read\"\n",
+        "SOURCE/w.toml",
+    ));
+    assert_eq!(p.layers().len(), 2);
+    assert_eq!(p.mode(), Mode::Danger);
+    assert!(p.pinned(b"w.toml"));
+    for bad in ["", "a/b", ".", ".."] {
+        let e = Policy::parse(&format!("workspace_policy = \"{bad}\"\n"), "t.toml").unwrap_err();
+        assert_eq!((e[0].line, e[0].column), (1, 20), "{bad:?}: {e:?}");
+    }
+}
