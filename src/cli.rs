@@ -42,11 +42,15 @@ pub enum Command {
     /// Serve SOURCE to a VM as a vhost-user virtio-fs device on SOCKET (QEMU's
     /// vhost-user-fs-pci, cloud-hypervisor's --fs); exits 0 when the VM disconnects.
     VhostUser(VhostArgs),
-    /// Validate a policy: `ok: N rules` (exit 0) or every error with file:line:column (exit 1).
+    /// Validate policies (a set of layers): `ok: N rules` (exit 0) or every error with
+    /// file:line:column (exit 1).
     Check {
-        /// The policy file.
-        policy: PathBuf,
+        /// The policy files (layers, in order).
+        #[arg(required = true)]
+        policy: Vec<PathBuf>,
     },
+    /// Print every built-in preset's rules, each with the reason it is there.
+    Presets,
     /// Print the access PATH gets and what decided it; with OP also allow/deny and the errno.
     Explain(ExplainArgs),
     /// Send one command to a daemon's control socket and print the answer.
@@ -77,9 +81,10 @@ pub enum Command {
 /// `fencefs mount`.
 #[derive(clap::Args, Debug)]
 pub struct MountArgs {
-    /// Policy file (TOML). Without it: mode read-only, default access read.
+    /// Policy file (TOML); repeat it for layers, each of which can only tighten. Without it:
+    /// mode read-only, default access read.
     #[arg(short, long, value_name = "FILE")]
-    pub policy: Option<PathBuf>,
+    pub policy: Vec<PathBuf>,
     /// read-only | workspace-write | danger. Overrides the file's mode, also after reloads.
     #[arg(short, long, value_name = "MODE", value_parser = parse_mode)]
     pub mode: Option<Mode>,
@@ -208,9 +213,9 @@ pub struct VhostArgs {
 /// `fencefs explain`.
 #[derive(clap::Args, Debug)]
 pub struct ExplainArgs {
-    /// Policy file (default: the built-in read-only policy).
+    /// Policy file; repeat it for layers (default: the built-in read-only policy).
     #[arg(short, long, value_name = "FILE")]
-    pub policy: Option<PathBuf>,
+    pub policy: Vec<PathBuf>,
     /// Mode override.
     #[arg(short, long, value_name = "MODE", value_parser = parse_mode)]
     pub mode: Option<Mode>,

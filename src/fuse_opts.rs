@@ -290,7 +290,7 @@ pub fn absolutize(m: &mut MountArgs, cwd: &Path) {
     };
     m.source = abs(&m.source);
     m.mountpoint = abs(&m.mountpoint);
-    m.policy = m.policy.as_ref().map(abs);
+    m.policy = m.policy.iter().map(abs).collect();
     m.stage = m.stage.as_ref().map(abs);
     m.answers = m.answers.as_ref().map(abs);
     if let Some(a) = m.audit.as_mut().filter(|a| *a != "-")
@@ -323,7 +323,7 @@ mod tests {
         .unwrap();
         assert_eq!(m.source, PathBuf::from("/srv/work"));
         assert_eq!(m.mountpoint, PathBuf::from("/run/fencefs/work"));
-        assert_eq!(m.policy, Some(PathBuf::from("/etc/fencefs/work.toml")));
+        assert_eq!(m.policy, vec![PathBuf::from("/etc/fencefs/work.toml")]);
         assert_eq!(m.mode, Some(Mode::WorkspaceWrite));
         assert!(m.allow_other);
         assert_eq!(m.audit.as_deref(), Some("/var/log/fencefs/work.jsonl"));
@@ -393,7 +393,7 @@ mod tests {
              x-mount.mkdir=0755,comment=systemd.foo,,policy=/p",
         )
         .unwrap();
-        assert_eq!(m.policy, Some(PathBuf::from("/p")));
+        assert_eq!(m.policy, vec![PathBuf::from("/p")]);
         assert_eq!(m.mode, None);
         assert!(!m.allow_other);
     }
@@ -452,11 +452,9 @@ mod tests {
             e.starts_with("-o options: invalid value 'bogus' for 'mode=MODE'"),
             "{e}"
         );
-        let e = parse_opts("policy=/a,policy=/b").unwrap_err();
-        assert!(
-            e.starts_with("-o options: the argument 'policy=FILE'"),
-            "{e}"
-        );
+        // Two policy files are two layers (SPEC "Policy layers").
+        let m = parse_opts("policy=/a,policy=/b").unwrap();
+        assert_eq!(m.policy, vec![PathBuf::from("/a"), PathBuf::from("/b")]);
         assert_eq!(
             parse_opts("audit_keep=2").unwrap_err(),
             "-o options: the following required arguments were not provided: audit=FILE|-"
@@ -468,7 +466,7 @@ mod tests {
         let m = parse_opts("allow_other,policy=/p,allow_other,policy=/p,map_uid=1:2,map_uid=1:2")
             .unwrap();
         assert!(m.allow_other);
-        assert_eq!(m.policy, Some(PathBuf::from("/p")));
+        assert_eq!(m.policy, vec![PathBuf::from("/p")]);
         assert_eq!(m.map_uid, vec!["1:2"]);
         let m = parse(&os(&[
             "/s",
@@ -498,7 +496,7 @@ mod tests {
     #[test]
     fn argument_shapes() {
         let m = parse(&os(&["src", "mnt", "-opolicy=/p", "-o", "allow_other"])).unwrap();
-        assert_eq!(m.policy, Some(PathBuf::from("/p")));
+        assert_eq!(m.policy, vec![PathBuf::from("/p")]);
         assert!(m.allow_other);
         let m = parse(&os(&["src", "mnt"])).unwrap();
         assert_eq!((m.source, m.mountpoint), ("src".into(), "mnt".into()));
@@ -584,7 +582,7 @@ mod tests {
         absolutize(&mut m, Path::new("/home/u"));
         assert_eq!(m.source, PathBuf::from("/home/u/src"));
         assert_eq!(m.mountpoint, PathBuf::from("/mnt"));
-        assert_eq!(m.policy, Some(PathBuf::from("/home/u/p.toml")));
+        assert_eq!(m.policy, vec![PathBuf::from("/home/u/p.toml")]);
         assert_eq!(m.audit.as_deref(), Some("/home/u/a.jsonl"));
         let mut m = parse(&os(&["/s", "/m", "-o", "audit=-"])).unwrap();
         absolutize(&mut m, Path::new("/home/u"));

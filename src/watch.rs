@@ -35,6 +35,9 @@ pub struct Batch {
     pub inodes: Vec<(u64, i64)>,
     /// The event queue overflowed: invalidate everything.
     pub everything: bool,
+    /// Names directly in SOURCE's root that changed in any way (created, removed, moved,
+    /// written, attributes): the workspace layer's file is watched through these.
+    pub root_names: Vec<Vec<u8>>,
 }
 
 /// Opens a fanotify group marking SOURCE's whole file system.
@@ -145,6 +148,9 @@ fn decode(buf: &[u8], shared: &Shared, me: u32, pages: bool) -> Batch {
                 match (kind, name) {
                     (_, Some(name)) => {
                         if let Some(dir) = shared.inodes.by_handle(&key) {
+                            if dir == crate::host::inode::ROOT && !b.root_names.contains(&name) {
+                                b.root_names.push(name.clone());
+                            }
                             let dirent = mask & DIRENT != 0;
                             // Offset 0 also drops the kernel's cached listing.
                             if dirent && seen_i.insert(dir) {
@@ -203,7 +209,11 @@ pub fn run(fan: OwnedFd, shared: Arc<Shared>, pages: bool, send: impl Fn(Batch))
             return;
         }
         let batch = decode(&buf[..n as usize], &shared, me, pages);
-        if batch.everything || !batch.entries.is_empty() || !batch.inodes.is_empty() {
+        if batch.everything
+            || !batch.entries.is_empty()
+            || !batch.inodes.is_empty()
+            || !batch.root_names.is_empty()
+        {
             send(batch);
         }
     }

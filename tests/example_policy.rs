@@ -211,7 +211,8 @@ fn private_keys_dotenv_and_secrets_stay_hidden() {
         );
     }
     // Listings show none of them, for the agent too.
-    let o = m.sh_as(AGENT, "ls -A . keys web home/.ssh");
+    // (`.ssh/` itself is hidden by the `secrets` preset, so `home` lists nothing.)
+    let o = m.sh_as(AGENT, "ls -A . keys web home");
     o.assert_ok("ls");
     for name in [
         "server.pem",
@@ -223,6 +224,7 @@ fn private_keys_dotenv_and_secrets_stay_hidden() {
         ".env.local",
         ".env.production",
         "secrets",
+        ".ssh",
     ] {
         assert!(!o.stdout.contains(name), "{name:?} listed: {}", o.stdout);
     }

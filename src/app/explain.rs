@@ -1,11 +1,12 @@
 //! The commands that read a policy without mounting: `check` (does it compile?) and
-//! `explain` (what the policy decides for one path, and which rule or ceiling decided it).
+//! `explain` (what the policy decides for one path, and which rule or ceiling decided it;
+//! with several layers, every layer's verdict and which layer decided).
 //!
 //! Invariants: pure reporting. Nothing here mounts, opens the workspace or changes a
 //! verdict; the lines printed name the same rule, ceiling or default that the audit log's
 //! `by`/`rule` fields would name for the same request.
 
-use std::path::Path;
+use std::path::PathBuf;
 
 use super::EXIT_ERR;
 use crate::cli::ExplainArgs;
@@ -23,8 +24,8 @@ fn esc(s: &str) -> std::borrow::Cow<'_, str> {
     quote::escape(s.as_bytes())
 }
 
-pub(super) fn check(path: &Path) -> i32 {
-    match crate::policy::load(path) {
+pub(super) fn check(paths: &[PathBuf]) -> i32 {
+    match crate::policy::load_all(paths) {
         Ok(p) => {
             crate::outln!("ok: {} rules", p.rules().len());
             0
@@ -54,14 +55,19 @@ pub fn normalize(path: &str) -> Result<Vec<u8>, String> {
     Ok(out)
 }
 
-fn describe_by(p: &Policy, by: By, file: &str) -> String {
-    describe_by_at(p, by, file, b"")
+fn describe_by(p: &Policy, by: By, layer: usize) -> String {
+    describe_by_at(p, by, layer, b"")
 }
 
-fn describe_rule(p: &Policy, i: usize, file: &str) -> String {
+fn describe_rule(p: &Policy, i: usize) -> String {
     let r = p.rule(i);
+    let file = p.layer_file(r.layer);
+    let from = match r.preset {
+        Some(name) => format!("preset \"{name}\", "),
+        None => String::new(),
+    };
     format!(
-        "rule #{} path = \"{}\" access = {} ({}:{})",
+        "rule #{} path = \"{}\" access = {} ({from}{}:{})",
         i + 1,
         esc(&r.pattern),
         r.access,
@@ -70,12 +76,37 @@ fn describe_rule(p: &Policy, i: usize, file: &str) -> String {
     )
 }
 
-fn describe_by_at(p: &Policy, by: By, file: &str, path: &[u8]) -> String {
+/// `fencefs presets`: every preset as TOML rules, each with its reason as a comment.
+pub(super) fn presets() -> i32 {
+    for (k, p) in crate::policy::presets::PRESETS.iter().enumerate() {
+        if k > 0 {
+            crate::outln!();
+        }
+        crate::outln!("# preset \"{}\": {}", p.name, p.about);
+        for r in p.rules {
+            crate::outln!(
+                "\n# {}\n[[rule]]\npath = \"{}\"\naccess = \"{}\"",
+                r.why,
+                r.path,
+                r.access
+            );
+            if !r.except.is_empty() {
+                let list: Vec<String> = r.except.iter().map(|e| format!("\"{e}\"")).collect();
+                crate::outln!("except = [{}]", list.join(", "));
+            }
+        }
+    }
+    0
+}
+
+/// What `by` names; `layer` is the layer of the verdict (it says whose `default`).
+fn describe_by_at(p: &Policy, by: By, layer: usize, path: &[u8]) -> String {
     match by {
-        By::Mode => describe_ceiling(p, file, path),
-        By::Rule(i) => describe_rule(p, i, file),
+        By::Mode => describe_ceiling(p, path),
+        By::Rule(i) => describe_rule(p, i),
         By::Visibility(i) => {
             let r = p.rule(i);
+            let file = p.layer_file(r.layer);
             let why = if r.access == Access::None {
                 "does not cover what its except globs match below"
             } else {
@@ -89,12 +120,19 @@ fn describe_by_at(p: &Policy, by: By, file: &str, path: &[u8]) -> String {
                 r.line
             )
         }
-        By::Default => format!("default = {}", p.default_access()),
+        By::Default if p.layers().len() > 1 => format!(
+            "default = {} ({})",
+            p.layers()[layer].default_access(),
+            esc(p.layer_file(layer))
+        ),
+        By::Default => format!("default = {}", p.layers()[layer].default_access()),
     }
 }
 
 /// What the mode's ceiling at `path` comes from, as the audit log's `by`/`rule` say it.
-fn describe_ceiling(p: &Policy, file: &str, path: &[u8]) -> String {
+fn describe_ceiling(p: &Policy, path: &[u8]) -> String {
+    let k = p.ceiling_layer_at(path);
+    let file = p.layer_file(k);
     match p.ceiling_by(path) {
         CeilingBy::Protected(i) => {
             let (entry, line) = p.protected_entry(i);
@@ -110,7 +148,7 @@ fn describe_ceiling(p: &Policy, file: &str, path: &[u8]) -> String {
         }
         CeilingBy::WritableRoots => format!(
             "writable_roots: outside every entry of {}, mode {} (ceiling)",
-            esc(&format!("{:?}", p.writable_roots())),
+            esc(&format!("{:?}", p.layers()[k].writable_roots())),
             p.mode()
         ),
         CeilingBy::ReadOnly | CeilingBy::Open => {
@@ -120,7 +158,7 @@ fn describe_ceiling(p: &Policy, file: &str, path: &[u8]) -> String {
 }
 
 pub(super) fn explain(a: ExplainArgs) -> i32 {
-    let policy = match reload::load(a.policy.as_ref(), a.mode) {
+    let policy = match reload::load(&a.policy, a.mode) {
         Ok(p) => p,
         Err(errs) => {
             print_errors(&errs);
@@ -134,11 +172,6 @@ pub(super) fn explain(a: ExplainArgs) -> i32 {
             return 2;
         }
     };
-    let file = a
-        .policy
-        .as_ref()
-        .map(|p| p.display().to_string())
-        .unwrap_or_else(|| "<built-in>".into());
     let caller = Caller {
         uid: a.uid,
         gid: a.gid,
@@ -156,12 +189,28 @@ pub(super) fn explain(a: ExplainArgs) -> i32 {
     crate::outln!("access: {}", v.effective);
     crate::outln!(
         "decided by: {}",
-        describe_by_at(&policy, v.by, &file, &path)
+        describe_by_at(&policy, v.by, v.layer, &path)
     );
+    if policy.layers().len() > 1 {
+        crate::outln!("decided by layer: {}", esc(policy.layer_file(v.layer)));
+        for (k, lv) in policy
+            .layer_verdicts(&path, caller, as_dir)
+            .iter()
+            .enumerate()
+        {
+            crate::outln!(
+                "layer {} {}: {} by {}",
+                k + 1,
+                esc(policy.layer_file(k)),
+                lv.effective,
+                describe_by_at(&policy, lv.by, k, &path)
+            );
+        }
+    }
     for (rule, k) in policy.excepted(&path, caller) {
         crate::outln!(
             "excepted: {} except \"{}\": not covered",
-            describe_rule(&policy, rule, &file),
+            describe_rule(&policy, rule),
             esc(&policy.rule(rule).except[k])
         );
     }
@@ -169,7 +218,7 @@ pub(super) fn explain(a: ExplainArgs) -> i32 {
         crate::outln!(
             "grant: {} by {}",
             v.grant,
-            describe_by(&policy, v.grant_by, &file)
+            describe_by(&policy, v.grant_by, v.layer)
         );
     }
     if !as_dir {
@@ -178,7 +227,7 @@ pub(super) fn explain(a: ExplainArgs) -> i32 {
             crate::outln!(
                 "as a directory: {} ({})",
                 vd.effective,
-                describe_by_at(&policy, vd.by, &file, &path)
+                describe_by_at(&policy, vd.by, vd.layer, &path)
             );
         }
     }
@@ -189,31 +238,65 @@ pub(super) fn explain(a: ExplainArgs) -> i32 {
     }
     crate::outln!("mode: {}", policy.mode());
     if let Some(op) = a.op {
-        print_op(&policy, &path, caller, as_dir, &file, &op);
+        print_op(&policy, &path, caller, as_dir, &op);
     }
     0
 }
 
 /// The `explain` line for OP: what the policy answers to that request on `path`.
-fn print_op(policy: &Policy, path: &[u8], caller: Caller, as_dir: bool, file: &str, op: &str) {
+fn print_op(policy: &Policy, path: &[u8], caller: Caller, as_dir: bool, op: &str) {
     let need = match op {
         "read" => Need::Read,
         "list" => Need::List,
         "create" => Need::Create,
         _ => Need::Write,
     };
-    match policy.check_for(path, caller, need, Special::default(), as_dir) {
-        Ok(_) => crate::outln!("{}: allow", esc(op)),
-        Err(d) if d.askable(policy, need).is_some() => crate::outln!(
-            "{}: ask (held for an approver; EACCES if refused, timed out or none is connected) (by {})",
+    let answer = policy.check_for(path, caller, need, Special::default(), as_dir);
+    crate::outln!(
+        "{}: {}",
+        esc(op),
+        describe_answer(policy, path, need, &answer)
+    );
+    if policy.layers().len() > 1 {
+        let decided = match &answer {
+            Ok(v) => v.layer,
+            Err(d) => d.verdict.layer,
+        };
+        crate::outln!(
+            "{} decided by layer: {}",
             esc(op),
-            describe_by_at(policy, d.by, file, path)
+            esc(policy.layer_file(decided))
+        );
+        let each = policy.layer_checks(path, caller, need, Special::default(), as_dir);
+        for (k, a) in each.iter().enumerate() {
+            crate::outln!(
+                "{} layer {} {}: {}",
+                esc(op),
+                k + 1,
+                esc(policy.layer_file(k)),
+                describe_answer(policy, path, need, a)
+            );
+        }
+    }
+}
+
+/// `allow`, `ask (…) (by …)` or `deny ERRNO (by …)`.
+fn describe_answer(
+    policy: &Policy,
+    path: &[u8],
+    need: Need,
+    answer: &Result<crate::policy::Verdict, crate::policy::Denial>,
+) -> String {
+    match answer {
+        Ok(_) => "allow".to_string(),
+        Err(d) if d.askable(policy, need).is_some() => format!(
+            "ask (held for an approver; EACCES if refused, timed out or none is connected) (by {})",
+            describe_by_at(policy, d.by, d.verdict.layer, path)
         ),
-        Err(d) => crate::outln!(
-            "{}: deny {} (by {})",
-            esc(op),
+        Err(d) => format!(
+            "deny {} (by {})",
             crate::audit::errno_name(d.errno),
-            describe_by_at(policy, d.by, file, path)
+            describe_by_at(policy, d.by, d.verdict.layer, path)
         ),
     }
 }

@@ -117,15 +117,19 @@ pub(super) fn mount(a: MountArgs) -> Result<(), String> {
     serve(&a, &state, m, resume, exit)
 }
 
-/// Loads the policy, starts the audit writer, opens SOURCE (checked, canonical) and builds
-/// the shared state. Also returns the fanotify descriptor on SOURCE, or why host changes
-/// are not watched.
+/// Loads the policy (the workspace layer read from SOURCE), starts the audit writer, opens
+/// SOURCE (checked, canonical) and builds the shared state. Also returns the fanotify
+/// descriptor on SOURCE, or why host changes are not watched.
 pub(super) fn build_state(
     a: &MountArgs,
     src: PathBuf,
     mnt: PathBuf,
 ) -> Result<(State, Result<OwnedFd, String>), String> {
-    let (policy, policy_file) = load_policy(a)?;
+    let root_fd = sys::open_root(&src).map_err(|e| format!("source '{}': {e}", src.display()))?;
+    let (policy, policy_file) = load_policy(a, root_fd.as_fd())?;
+    let policy_source = root_fd
+        .try_clone()
+        .map_err(|e| format!("source '{}': {e}", src.display()))?;
     let audit = start_audit(a)?;
     let threads = a.threads.map(usize::from).unwrap_or_else(|| {
         std::thread::available_parallelism()
@@ -136,7 +140,6 @@ pub(super) fn build_state(
     let gids = IdMap::parse(&a.map_gid)?;
     let nofile = sys::raise_nofile_limit();
     sys::set_umask(0);
-    let root_fd = sys::open_root(&src).map_err(|e| format!("source '{}': {e}", src.display()))?;
     // Staging: the daemon serves the merged view (SOURCE with DIR's staged tree on top).
     let root_fd = match &a.stage {
         Some(dir) => crate::stage::start(dir, &src, &mnt, &root_fd)?,
@@ -190,7 +193,7 @@ pub(super) fn build_state(
     let shared = Arc::new(Shared {
         inodes,
         handles,
-        policy: PolicyStore::new(policy, policy_file, a.mode),
+        policy: PolicyStore::new(policy, policy_file, a.mode, Some(policy_source)),
         audit,
         settings: Settings {
             revoke: a.revoke,
@@ -431,16 +434,25 @@ fn start_watch(
     shared.inodes.watch_handles();
     let tx = tx.clone();
     let s = shared.clone();
+    let s2 = shared.clone();
     std::thread::Builder::new()
         .name("fencefs-watch".into())
         .spawn(move || {
             crate::watch::run(fan, s, true, |b| {
+                // A host edit of the workspace layer's file takes effect like a reload.
+                let layer_changed = s2.policy.get().policy.workspace_policy().is_some_and(|n| {
+                    b.everything || b.root_names.iter().any(|r| r == n.as_bytes())
+                });
                 let _ = tx.send(Inval {
                     entries: b.entries,
                     inodes: b.inodes,
                     everything: b.everything,
                     ..Inval::default()
                 });
+                if layer_changed {
+                    log::info!("workspace layer changed on the host: reloading");
+                    let _ = threads::reload_now(&s2, &tx);
+                }
             })
         })
         .map_err(|e| e.to_string())?;

@@ -166,21 +166,33 @@ pub(super) fn block_signals() -> Result<SigSet, String> {
     Ok(sigs)
 }
 
-/// The policy to mount with, and its file (canonical, for reloads).
-pub(super) fn load_policy(a: &MountArgs) -> Result<(Policy, Option<PathBuf>), String> {
-    let policy = reload::load(a.policy.as_ref(), a.mode).map_err(|errs| {
+/// The policy to mount with, and its layers' files (canonical, for reloads).
+pub(super) fn load_policy(
+    a: &MountArgs,
+    source: std::os::fd::BorrowedFd<'_>,
+) -> Result<(Policy, Vec<PathBuf>), String> {
+    let invalid = |errs: Vec<crate::policy::PolicyError>| {
         // One line: every error, separated by "; ".
         let all: Vec<String> = errs.iter().map(|e| e.to_string()).collect();
         format!("invalid policy: {}", all.join("; "))
-    })?;
-    let policy_file = match &a.policy {
-        Some(p) => Some(
-            p.canonicalize()
-                .map_err(|e| format!("policy '{}': {e}", p.display()))?,
-        ),
-        None => None,
     };
-    Ok((policy, policy_file))
+    // Errors name the files as given.
+    let policy = reload::load_in(&a.policy, a.mode, Some(source)).map_err(invalid)?;
+    let files = a
+        .policy
+        .iter()
+        .map(|p| {
+            p.canonicalize()
+                .map_err(|e| format!("policy '{}': {e}", p.display()))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    // Named by the canonical paths, as every reload reads them: audit lines keep one name.
+    let policy = if files == a.policy {
+        policy
+    } else {
+        reload::load_in(&files, a.mode, Some(source)).map_err(invalid)?
+    };
+    Ok((policy, files))
 }
 
 /// Starts the audit writer when `--audit` is given.

@@ -283,7 +283,8 @@ fn hooks(shared: &Arc<Shared>, tx: &Sender<Inval>, started: Instant) -> Hooks {
                 .map_or((0, 0), |a| (a.dropped_total(), a.coalesced_total()));
             json!({
                 "mode": snap.policy.mode().as_str(),
-                "policy": s1.policy.file().map(|p| p.display().to_string()),
+                "policy": s1.policy.files().first().map(|p| p.display().to_string()),
+                "layers": s1.policy.files().iter().map(|p| p.display().to_string()).collect::<Vec<_>>(),
                 "generation": snap.generation,
                 "rules": snap.policy.rules().len(),
                 "uptime_s": started.elapsed().as_secs(),

@@ -202,6 +202,7 @@ mod tests {
             access: "none",
             by: "rule",
             rule: None,
+            layer: None,
             mode: "read-only",
             generation: 0,
         })

@@ -57,6 +57,8 @@ pub struct Event {
     /// The deciding rule's (or `protected` entry's) pattern and its line in the policy
     /// file when known.
     pub rule: Option<(String, Option<usize>)>,
+    /// The file of the layer that decided (`None`: the built-in policy).
+    pub layer: Option<String>,
     /// Mode in force.
     pub mode: &'static str,
     /// Policy generation.
@@ -241,6 +243,10 @@ impl Event {
                 m.insert("rule_line".into(), Value::Null);
             }
         }
+        m.insert(
+            "layer".into(),
+            self.layer.clone().map_or(Value::Null, Value::String),
+        );
         m.insert("mode".into(), Value::String(self.mode.into()));
         m.insert("generation".into(), json!(self.generation));
         m.insert("repeat".into(), json!(repeat));

@@ -194,6 +194,7 @@ mod tests {
             access: "none",
             by: "rule",
             rule: Some(("secrets".into(), Some(3))),
+            layer: None,
             mode: "read-only",
             generation: 0,
         }

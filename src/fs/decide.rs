@@ -109,6 +109,7 @@ impl Shared {
             access: v.effective.as_str(),
             by: by_s,
             rule,
+            layer: policy.layer_name(v.layer).map(str::to_string),
             mode: ctx.snap.policy.mode().as_str(),
             generation: ctx.snap.generation,
         });

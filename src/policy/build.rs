@@ -1,5 +1,5 @@
-//! Building a [`Policy`]: the raw parse from `raw.rs` → the compiled policy, with every
-//! validation error. PURE (reading the file in [`Policy::load`] is the only I/O).
+//! Building a [`Layer`]: the raw parse from `raw.rs` → the compiled policy, with every
+//! validation error. PURE (reading the file in [`Layer::load`] is the only I/O).
 //!
 //! # File format
 //!
@@ -24,7 +24,7 @@
 //! workspace root. Empty paths, absolute paths, `..` components and invalid globs are
 //! errors.
 //!
-//! Invariants: a [`Policy`] exists only fully compiled (every glob, every list); a
+//! Invariants: a [`Layer`] exists only fully compiled (every glob, every list); a
 //! failed build returns every error found, sorted by position, each with a 1-based line
 //! and column; the compiled form is immutable afterwards except the mode (`--mode`).
 //! Nothing here decides a request (that is `decide.rs`).
@@ -40,13 +40,22 @@ use super::{Access, Mode, PolicyError, RuleInfo};
 /// The `protected` list used when the file does not set one.
 pub const DEFAULT_PROTECTED: &[&str] = &[".git/hooks", ".git/config"];
 
+/// The name of the built-in policy (in errors; `explain`).
+const BUILTIN: &str = "<built-in policy>";
+
 /// The `writable_roots` list used when the file does not set one.
 pub const DEFAULT_WRITABLE_ROOTS: &[&str] = &["."];
 
-/// A compiled policy. Cheap to query from many threads (`&self` only); compile once per
+/// One compiled policy file (a layer; see `layers.rs` for the set). Cheap to query from many threads (`&self` only); compile once per
 /// load/reload.
 #[derive(Debug, Clone)]
-pub struct Policy {
+pub struct Layer {
+    /// The file this layer was read from, as given (`<built-in policy>` for the built-in one).
+    pub(super) file: String,
+    /// The file sets `mode` (a layer without it does not take part in the combined mode).
+    pub(super) mode_set: bool,
+    /// `workspace_policy`: the name of a file at SOURCE's root that is one more layer.
+    pub(super) workspace_policy: Option<String>,
     pub(super) mode: Mode,
     pub(super) default: Access,
     pub(super) allow_setid: bool,
@@ -76,7 +85,7 @@ pub struct Policy {
     /// except glob matches falls to other rules (see the visibility lift).
     pub(super) hole_rules: Vec<usize>,
     pub(super) has_id_rules: bool,
-    /// `default` or some rule is `none` (see [`Policy::may_hide`]).
+    /// `default` or some rule is `none` (see [`Layer::may_hide`]).
     pub(super) may_hide: bool,
     pub(super) writable_roots: Vec<String>,
     pub(super) protected: Vec<String>,
@@ -199,13 +208,13 @@ fn defaults(list: &[&str], what: &str) -> Vec<CompiledPattern> {
         .collect()
 }
 
-impl Policy {
+impl Layer {
     /// Reads and compiles a policy file. A read error is one error with line 0; otherwise
-    /// see [`Policy::parse`] (with `file` = `path.display()`).
-    pub fn load(path: &Path) -> Result<Policy, Vec<PolicyError>> {
+    /// see [`Layer::parse`] (with `file` = `path.display()`).
+    pub fn load(path: &Path) -> Result<Layer, Vec<PolicyError>> {
         let file = path.display().to_string();
         match std::fs::read_to_string(path) {
-            Ok(src) => Policy::parse(&src, &file),
+            Ok(src) => Layer::parse(&src, &file),
             Err(e) => Err(vec![PolicyError {
                 file,
                 line: 0,
@@ -219,7 +228,7 @@ impl Policy {
     /// syntax error stops parsing, so it comes alone), sorted by position, each with a
     /// 1-based line and column pointing at the offending key or value (or at the
     /// `[[rule]]` header for a missing key).
-    pub fn parse(src: &str, file: &str) -> Result<Policy, Vec<PolicyError>> {
+    pub fn parse(src: &str, file: &str) -> Result<Layer, Vec<PolicyError>> {
         let (raw, mut errors) = match raw::parse(src) {
             Ok(parsed) => parsed,
             Err(e) => return Err(to_policy_errors(src, file, vec![e])),
@@ -307,6 +316,8 @@ impl Policy {
                     ask,
                     line: line_col(src, r.header.start).0,
                     except: except.iter().map(|l| l.value.clone()).collect(),
+                    layer: 0,
+                    preset: None,
                     uids: r.uid.clone().unwrap_or_default(),
                     gids: r.gid.clone().unwrap_or_default(),
                 });
@@ -315,10 +326,69 @@ impl Policy {
             }
         }
 
+        let workspace_policy = raw.workspace_policy.as_ref().and_then(|w| {
+            let v = &w.value;
+            let ok = !v.is_empty() && v != "." && v != ".." && !v.contains('/') && !v.contains('\0');
+            if !ok {
+                errors.push(RawError {
+                    span: w.span.clone(),
+                    message: format!(
+                        "workspace_policy \"{v}\" must be one file name at the workspace root (e.g. \".fencefs.toml\")"
+                    ),
+                });
+            }
+            ok.then(|| v.clone())
+        });
+        for entry in raw.presets.iter().flatten() {
+            let Some(preset) = super::presets::find(&entry.value) else {
+                let names: Vec<&str> = super::presets::PRESETS.iter().map(|p| p.name).collect();
+                errors.push(RawError {
+                    span: entry.span.clone(),
+                    message: format!(
+                        "unknown preset \"{}\" (expected one of: {})",
+                        entry.value,
+                        names.join(", ")
+                    ),
+                });
+                continue;
+            };
+            let line = line_col(src, entry.span.start).0;
+            for r in preset.rules {
+                // Constants, known to compile (tests/presets); a failure drops the rule
+                // and is an error, never a silently weaker policy.
+                let (Ok(pattern), Ok(except)) = (
+                    compile_pattern(r.path, "rule path"),
+                    r.except
+                        .iter()
+                        .map(|e| compile_pattern(e, "except entry"))
+                        .collect::<Result<Vec<_>, _>>(),
+                ) else {
+                    errors.push(RawError {
+                        span: entry.span.clone(),
+                        message: format!("preset \"{}\" does not compile", preset.name),
+                    });
+                    continue;
+                };
+                rules.push(RuleInfo {
+                    pattern: r.path.to_string(),
+                    access: r.access,
+                    ask: None,
+                    line,
+                    except: r.except.iter().map(|e| e.to_string()).collect(),
+                    layer: 0,
+                    preset: Some(preset.name),
+                    uids: Vec::new(),
+                    gids: Vec::new(),
+                });
+                compiled.push(pattern);
+                excepts.push(except);
+            }
+        }
+
         if !errors.is_empty() {
             return Err(to_policy_errors(src, file, errors));
         }
-        let mut policy = Policy::build(
+        let mut policy = Layer::build(
             mode,
             default,
             (rules, compiled, excepts),
@@ -335,6 +405,9 @@ impl Policy {
                 }],
             )
         })?;
+        policy.file = file.to_string();
+        policy.mode_set = raw.mode.is_some();
+        policy.workspace_policy = workspace_policy;
         policy.allow_setid = raw.allow_setid.unwrap_or(false);
         policy.allow_devices = raw.allow_devices.unwrap_or(false);
         Ok(policy)
@@ -354,7 +427,7 @@ impl Policy {
             Vec<CompiledPattern>,
             Vec<Option<usize>>,
         ),
-    ) -> Result<Policy, globset::Error> {
+    ) -> Result<Layer, globset::Error> {
         let mut builder = GlobSetBuilder::new();
         let mut set_to_rule = Vec::new();
         let mut root_rules = Vec::new();
@@ -402,7 +475,10 @@ impl Policy {
         let may_hide = default == Access::None
             || (0..rules.len())
                 .any(|i| rules[i].access == Access::None && dead_rules.binary_search(&i).is_err());
-        Ok(Policy {
+        Ok(Layer {
+            file: String::new(),
+            mode_set: false,
+            workspace_policy: None,
             mode,
             default,
             may_hide,
@@ -431,13 +507,25 @@ impl Policy {
 
     /// The policy used without `--policy`: mode read-only, default `read`, no rules,
     /// every other setting at its default.
-    pub fn builtin_default() -> Policy {
+    pub fn builtin_default() -> Layer {
         // A constant, not user data; `tests::builtin_default_policy` proves it compiles.
-        Policy::parse(
-            "mode = \"read-only\"\ndefault = \"read\"\n",
-            "<built-in policy>",
-        )
-        .expect("the built-in policy compiles")
+        Layer::parse("mode = \"read-only\"\ndefault = \"read\"\n", BUILTIN)
+            .expect("the built-in policy compiles")
+    }
+
+    /// The file this layer was read from, as given.
+    pub fn file(&self) -> &str {
+        &self.file
+    }
+
+    /// `workspace_policy = NAME` as written (one file name at SOURCE's root).
+    pub fn workspace_policy(&self) -> Option<&str> {
+        self.workspace_policy.as_deref()
+    }
+
+    /// Whether this layer was read from a file (not the built-in policy).
+    pub fn from_file(&self) -> bool {
+        self.file != BUILTIN
     }
 
     /// Overrides the mode (the CLI's `--mode`).

@@ -1,4 +1,4 @@
-//! The decision: what a compiled [`Policy`] grants a caller at a path, what the mode's
+//! The decision: what a compiled [`Layer`] grants a caller at a path, what the mode's
 //! ceiling is there, the errno a request gets, and whether a directory rename keeps every
 //! path's policy. PURE (`&self` only; no I/O, no clock).
 //!
@@ -12,7 +12,7 @@
 //! one of whose `except` globs matches P or an ancestor of P does not exist for P (whatever
 //! depth the rule itself matches at). A `none` grant is lifted to `list`
 //! ([`By::Visibility`]) when something strictly below P could get `list` or more (see
-//! `Policy::visibility`). The mode is a ceiling over the grant.
+//! `Layer::visibility`). The mode is a ceiling over the grant.
 //!
 //! Invariants: the same (policy, path, caller, need) always gets the same answer; errnos
 //! come in the contract's order (ENOENT, EPERM, EROFS, EACCES); wherever a question is
@@ -22,20 +22,20 @@
 use super::glob::{Pattern, as_path, prefixes};
 use globset::Candidate;
 
-use super::build::Policy;
+use super::build::Layer;
 use super::{Access, By, Caller, CeilingBy, Denial, Mode, Need, Special, Verdict};
 
 /// The rules that an `except` glob takes out at one path, computed on first need (most
 /// decisions meet no rule with an `except` list and never compute it).
 struct Exclusions<'a> {
-    policy: &'a Policy,
+    policy: &'a Layer,
     path: &'a [u8],
     /// Sorted rule indices, once computed.
     rules: Option<Vec<usize>>,
 }
 
 impl<'a> Exclusions<'a> {
-    fn new(policy: &'a Policy, path: &'a [u8]) -> Self {
+    fn new(policy: &'a Layer, path: &'a [u8]) -> Self {
         Exclusions {
             policy,
             path,
@@ -61,7 +61,7 @@ impl<'a> Exclusions<'a> {
     }
 }
 
-impl Policy {
+impl Layer {
     /// Whether rule `idx` applies to `caller`. A rule without `uid`/`gid` applies to
     /// everybody; with `uid` only, to callers whose uid is listed; with `gid` only, to
     /// callers whose gid is listed; with **both**, to callers whose uid **or** gid is
@@ -259,7 +259,7 @@ impl Policy {
         }
     }
 
-    /// What sets the mode's ceiling at `path`: agrees with [`Policy::ceiling`] (`Open`
+    /// What sets the mode's ceiling at `path`: agrees with [`Layer::ceiling`] (`Open`
     /// exactly when the ceiling is `write`). Outside every `writable_roots` entry is
     /// reported before `protected`; of several `protected` entries covering `path`, the
     /// one matching the deepest of `path` and its ancestors, the first in the file among
@@ -309,6 +309,7 @@ impl Policy {
                 effective: ceiling,
                 by: By::Mode,
                 grant_by,
+                layer: 0,
             }
         } else {
             Verdict {
@@ -316,17 +317,18 @@ impl Policy {
                 effective: grant,
                 by: grant_by,
                 grant_by,
+                layer: 0,
             }
         }
     }
 
     /// The access `path` gets for `caller`, with what decided it. The visibility lift
-    /// applies (as for a directory); see [`Policy::verdict_for`].
+    /// applies (as for a directory); see [`Layer::verdict_for`].
     pub fn verdict(&self, path: &[u8], caller: Caller) -> Verdict {
         self.verdict_for(path, caller, true)
     }
 
-    /// Like [`Policy::verdict`], knowing whether `path` is a directory. The visibility
+    /// Like [`Layer::verdict`], knowing whether `path` is a directory. The visibility
     /// lift only exists to reach things *below* a path, so for a non-directory
     /// (`is_dir == false`) it is skipped: a file under a `none` rule stays `none` even when
     /// some rule (say `**/*.md`) could match "below" it. Use this when the type is known.
@@ -348,7 +350,7 @@ impl Policy {
     /// `Write`/`Create` above the mode ceiling → EROFS, by [`By::Mode`];
     /// grant below the need (`List` < `Read` < `Write`; `Create` needs `Write`) → EACCES,
     /// by the grant. The visibility lift applies (as for a directory); see
-    /// [`Policy::check_for`].
+    /// [`Layer::check_for`].
     pub fn check(
         &self,
         path: &[u8],
@@ -359,8 +361,8 @@ impl Policy {
         self.check_for(path, caller, need, special, true)
     }
 
-    /// Like [`Policy::check`], knowing whether `path` is a directory (see
-    /// [`Policy::verdict_for`]); for a path that does not exist yet either answer gives
+    /// Like [`Layer::check`], knowing whether `path` is a directory (see
+    /// [`Layer::verdict_for`]); for a path that does not exist yet either answer gives
     /// the same errno.
     pub fn check_for(
         &self,
@@ -449,7 +451,7 @@ impl Policy {
             .all(|r| self.except_rename_ok(r, (old, &old_side), (new, &new_side)))
     }
 
-    /// The `except` part of [`Policy::dir_rename_allowed`] for rule `r` (whatever its
+    /// The `except` part of [`Layer::dir_rename_allowed`] for rule `r` (whatever its
     /// `uid`/`gid`); each side is (path, (rules covering it, rules taken out at it)).
     ///
     /// - Where `r` covers a side's directory and is not taken out there, no `except` glob

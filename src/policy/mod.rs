@@ -148,6 +148,9 @@ pub struct Verdict {
     pub by: By,
     /// The rule or default behind `grant` (never `By::Mode`).
     pub grant_by: By,
+    /// The layer (index in [`Policy::layers`]) whose verdict this is: the one that
+    /// decided, for a verdict of the whole set.
+    pub layer: usize,
 }
 
 /// Why a request was refused; `errno` follows the spec's order
@@ -204,6 +207,11 @@ pub struct RuleInfo {
     /// `except = [...]` as written (empty when absent): paths these globs match, and
     /// everything below them, are not covered by this rule.
     pub except: Vec<String>,
+    /// The layer (index in [`Policy::layers`]) the rule comes from.
+    pub layer: usize,
+    /// The preset the rule comes from (`None`: written in the file); `line` is then the
+    /// line of the `presets` entry naming it.
+    pub preset: Option<&'static str>,
     /// `uid = [...]`, empty when absent.
     pub uids: Vec<u32>,
     /// `gid = [...]`, empty when absent.
@@ -240,13 +248,26 @@ impl fmt::Display for PolicyError {
 pub(crate) mod build;
 mod decide;
 mod glob;
+mod layers;
+pub mod presets;
 mod raw;
 #[cfg(test)]
 mod tests;
 
-pub use build::Policy;
+pub use build::Layer;
+pub use layers::Policy;
 
-/// Reads and compiles a policy file; every error found (not just the first).
+/// Reads and compiles a policy file (one layer); every error found (not just the first).
 pub fn load(path: &Path) -> Result<Policy, Vec<PolicyError>> {
     Policy::load(path)
+}
+
+fn load_layer(path: &Path) -> Result<Layer, Vec<PolicyError>> {
+    Layer::load(path)
+}
+
+/// Reads and compiles every layer; the errors of every layer that fails (each naming its
+/// file), or the whole set.
+pub fn load_all(paths: &[impl AsRef<Path>]) -> Result<Policy, Vec<PolicyError>> {
+    Policy::load_all(paths)
 }

@@ -69,10 +69,14 @@ pub(crate) struct RawPolicy {
     pub protected: Option<Vec<Located<String>>>,
     pub allow_setid: Option<bool>,
     pub allow_devices: Option<bool>,
+    /// `presets = [...]`: built-in rule sets (see `presets.rs`).
+    pub presets: Option<Vec<Located<String>>>,
+    /// `workspace_policy = NAME`: a layer inside SOURCE (see `layers.rs`).
+    pub workspace_policy: Option<Located<String>>,
     pub rules: Vec<RawRule>,
 }
 
-const TOP_KEYS: &str = "mode, default, writable_roots, protected, allow_setid, allow_devices, rule";
+const TOP_KEYS: &str = "mode, default, writable_roots, protected, allow_setid, allow_devices, presets, workspace_policy, rule";
 const RULE_KEYS: &str = "path, access, ask, except, uid, gid";
 
 /// Parses `src`. `Err` is a TOML syntax error (the parser stops at the first one);
@@ -93,6 +97,8 @@ pub(crate) fn parse(src: &str) -> Result<(RawPolicy, Vec<RawError>), RawError> {
             "protected" => raw.protected = strings(name, value, &mut errors),
             "allow_setid" => raw.allow_setid = boolean(name, value, &mut errors),
             "allow_devices" => raw.allow_devices = boolean(name, value, &mut errors),
+            "presets" => raw.presets = strings(name, value, &mut errors),
+            "workspace_policy" => raw.workspace_policy = string(name, value, &mut errors),
             "rule" => raw.rules = rules(value, &mut errors),
             _ => errors.push(unknown_key(key, TOP_KEYS)),
         }

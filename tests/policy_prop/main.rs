@@ -113,6 +113,7 @@ const TRAILING_STARSTAR_NEEDS_ONE: bool = true;
 
 mod fuzz;
 mod inputs;
+mod layers;
 mod property;
 mod reference;
 mod reference_tests;

@@ -55,5 +55,7 @@ type MatchCase<'a> = (
 mod check;
 mod errors;
 mod except;
+mod layers;
 mod matching;
 mod modes;
+mod presets;

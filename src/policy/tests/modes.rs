@@ -94,8 +94,8 @@ fn builtin_default_policy() {
     assert_eq!(p.default_access(), Read);
     assert!(p.rules().is_empty());
     assert!(!p.has_id_rules() && !p.allow_setid() && !p.allow_devices());
-    assert_eq!(p.writable_roots(), ["."]);
-    assert_eq!(p.protected(), [".git/hooks", ".git/config"]);
+    assert_eq!(p.layers()[0].writable_roots(), ["."]);
+    assert_eq!(p.layers()[0].protected(), [".git/hooks", ".git/config"]);
     let v = p.verdict(b"a/b", ME);
     assert_eq!((v.grant, v.effective, v.by), (Read, Read, By::Default));
     let mut p = p;
@@ -144,8 +144,8 @@ fn defaults_and_accessors_of_a_parsed_policy() {
     let p = pol("");
     assert_eq!(p.mode(), Mode::ReadOnly);
     assert_eq!(p.default_access(), Write);
-    assert_eq!(p.writable_roots(), ["."]);
-    assert_eq!(p.protected(), [".git/hooks", ".git/config"]);
+    assert_eq!(p.layers()[0].writable_roots(), ["."]);
+    assert_eq!(p.layers()[0].protected(), [".git/hooks", ".git/config"]);
     assert!(!p.allow_setid() && !p.allow_devices());
 
     let p = pol(
@@ -156,8 +156,8 @@ fn defaults_and_accessors_of_a_parsed_policy() {
     assert_eq!(p.mode(), Mode::Danger);
     assert_eq!(p.default_access(), List);
     assert!(p.allow_setid() && p.allow_devices() && p.has_id_rules());
-    assert_eq!(p.writable_roots(), ["./src/"]);
-    assert!(p.protected().is_empty());
+    assert_eq!(p.layers()[0].writable_roots(), ["./src/"]);
+    assert!(p.layers()[0].protected().is_empty());
     assert_eq!(p.rules().len(), 2);
     let r = p.rule(0);
     assert_eq!(

@@ -34,12 +34,12 @@ const USED: u64 = (AVAIL + 4 + 2 * QSIZE as u64 + 2 + 3) & !3;
 pub fn session(dir: &Path) -> Session {
     std::fs::create_dir_all(dir).unwrap();
     std::fs::write(dir.join("a.txt"), b"hello").unwrap();
-    let policy = crate::reload::load(None, None).unwrap();
+    let policy = crate::reload::load(&[], None).unwrap();
     let root = crate::host::sys::open_root(dir).unwrap();
     let shared = Arc::new(Shared {
         inodes: crate::host::inode::Inodes::new(root, 64).unwrap(),
         handles: crate::host::handle::Handles::new(64, 64, 1024, 1024),
-        policy: crate::reload::PolicyStore::new(policy, None, None),
+        policy: crate::reload::PolicyStore::new(policy, Vec::new(), None, None),
         audit: None,
         settings: Settings {
             revoke: false,
