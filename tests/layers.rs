@@ -370,11 +370,12 @@ fn the_workspace_layer_tightens_is_read_only_and_follows_host_edits() {
     assert!(!m.host("moved.toml").exists());
 
     // A host edit takes effect within the watch delay: docs becomes hidden.
-    fs::write(
-        m.host(".fencefs.toml"),
+    // Written as editors save (a new file renamed over the old): a plain write truncates
+    // first, and the watch may load the empty file in between (see the book).
+    replace_on_host(
+        &m.host(".fencefs.toml"),
         b"[[rule]]\npath = \"docs\"\naccess = \"none\"\n",
-    )
-    .unwrap();
+    );
     assert!(
         eventually(Duration::from_secs(10), || {
             matches!(fs::metadata(m.mnt("docs/a")), Err(e) if e.raw_os_error() == Some(ENOENT))
@@ -384,11 +385,10 @@ fn the_workspace_layer_tightens_is_read_only_and_follows_host_edits() {
     );
     // A broken host edit keeps the whole old set, the error names the file's position.
     let before = m.stderr().len();
-    fs::write(
-        m.host(".fencefs.toml"),
+    replace_on_host(
+        &m.host(".fencefs.toml"),
         b"[[rule]]\npath = \"docs\"\naccess = \"nope\"\n",
-    )
-    .unwrap();
+    );
     assert!(
         eventually(Duration::from_secs(10), || m.stderr()[before..]
             .contains("SOURCE/.fencefs.toml:3:10:")),
@@ -408,4 +408,11 @@ fn the_workspace_layer_tightens_is_read_only_and_follows_host_edits() {
     assert_errno(fs::write(&ws, b""), EROFS, "create .fencefs.toml").ok();
     assert_errno(ln_s("/etc/passwd", &ws), EROFS, "symlink .fencefs.toml").ok();
     assert!(!m.host(".fencefs.toml").exists());
+}
+
+/// Replaces `path` on the host at once: a temporary file beside it, renamed over it.
+fn replace_on_host(path: &std::path::Path, data: &[u8]) {
+    let tmp = path.with_extension("tmp-edit");
+    fs::write(&tmp, data).unwrap();
+    fs::rename(&tmp, path).unwrap();
 }
