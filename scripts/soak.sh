@@ -151,14 +151,15 @@ while time.monotonic() < end:
 
 # An approver that reads everything and answers nothing; it counts the ask events.
 "$PY" -c '
-import json, socket, sys, time
+import json, os, socket, sys, time
 s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); f = s.makefile("rwb")
 f.readline(); f.write(b"{\"cmd\":\"subscribe\"}\n"); f.flush()
 n = 0
 for line in f:
     if b"\"event\":\"ask\"" in line:
         n += 1
-        open(sys.argv[2], "w").write(str(n))
+        # Replaced, not rewritten: the monitor never reads a half-written count.
+        open(sys.argv[2] + ".tmp", "w").write(str(n)); os.replace(sys.argv[2] + ".tmp", sys.argv[2])
 open(sys.argv[2] + ".closed", "w").write("closed")
 ' "$ROOT/ctl.sock" "$ROOT/approver.count" &
 PIDS+=($!)
@@ -260,7 +261,8 @@ audit_bytes=$(cat "$AUDIT"* 2>/dev/null | wc -c)
 audit_files=$(ls "$AUDIT"* 2>/dev/null | wc -l)
 reloads=$(grep -c "policy reloaded" "$LOG" || true)
 log_bytes=$(wc -c <"$LOG")
-asks=$(cat "$ROOT/approver.count" 2>/dev/null || echo 0)
+asks=$(cat "$ROOT/approver.count" 2>/dev/null || true)
+asks=${asks:-0}
 approver=connected
 [[ -e $ROOT/approver.count.closed ]] && approver=dropped
 raw_esc=0
