@@ -131,6 +131,14 @@ pub struct MountArgs {
     /// Do not watch SOURCE for changes made by other processes (fanotify).
     #[arg(long)]
     pub no_watch: bool,
+    /// Serve the host directory DIR at PATH in the mount (PATH=DIR, repeatable; PATH is
+    /// relative to the mount's root and must not exist in SOURCE).
+    #[arg(long = "root", value_name = "PATH=DIR")]
+    pub root: Vec<String>,
+    /// When SOURCE is a linked git worktree, serve it as it is (its `.git` file names a
+    /// host path) instead of serving the repository git needs through the mount.
+    #[arg(long)]
+    pub no_git_worktree: bool,
     /// Map a caller uid to a host uid (CONTAINER:HOST, repeatable): files of HOST appear
     /// owned by CONTAINER; files CONTAINER creates or chowns land on the host as HOST.
     #[arg(long, value_name = "CONTAINER:HOST")]

@@ -160,7 +160,9 @@ pub(super) fn build_state(
     });
     let fd_cap = (nofile / 3).clamp(64, 16_384) as usize;
     let handles = handle_budget(nofile as usize, fd_cap, threads, a.max_open_per_uid);
-    let inodes = Inodes::new(root_fd, fd_cap).map_err(|e| format!("source: {e}"))?;
+    let roots = super::roots::build(a, &src)?;
+    let mut inodes = Inodes::new(root_fd, fd_cap).map_err(|e| format!("source: {e}"))?;
+    inodes.set_roots(roots);
     let rules = policy.rules().len();
     let mode = policy.mode();
     let mut approvals = Approvals::new(crate::approvals::MAX_HELD, threads::ask_timeout(a))
@@ -462,7 +464,9 @@ fn start_watch(
 
 /// Confines the FUSE workers (the calling thread's descendants) and logs what was applied.
 pub(super) fn confine(shared: &Shared, src: &Path) {
-    let c = crate::harden::confine(shared.inodes.root_fd().as_fd());
+    let roots: Vec<_> = shared.inodes.roots().iter().map(|r| r.fd.clone()).collect();
+    let extra: Vec<_> = roots.iter().map(|fd| fd.as_fd()).collect();
+    let c = crate::harden::confine(shared.inodes.root_fd().as_fd(), &extra);
     let nnp = if c.no_new_privs { "on" } else { "off" };
     match (c.landlock_abi, c.landlock_error) {
         (Some(abi), _) => log::info!(

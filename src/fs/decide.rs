@@ -14,7 +14,19 @@ use std::sync::atomic::Ordering;
 use super::ops::{Ask, Ctx, Error, Res, Shared};
 use crate::approvals::Outcome;
 use crate::audit::{Event, errno_name};
+use crate::host::roots::Fence;
 use crate::policy::{Access, By, CeilingBy, Denial, Need, Special, Verdict};
+
+/// The errno a layout fence (`host/roots.rs`) gives `need`, if it refuses it: a hidden
+/// path is absent (EACCES for a create, as for `none`), a read-only one is EROFS.
+fn fenced(fence: Option<Fence>, need: Need) -> Option<i32> {
+    match (fence?, need) {
+        (Fence::Hidden, Need::Create) => Some(libc::EACCES),
+        (Fence::Hidden, _) => Some(libc::ENOENT),
+        (Fence::ReadOnly, Need::Write | Need::Create) => Some(libc::EROFS),
+        (Fence::ReadOnly, _) => None,
+    }
+}
 
 /// One refusal an approver could lift: path, is_dir, need, the denial, the `ask` level.
 type Refused<'a> = (&'a [u8], bool, Need, Denial, Access);
@@ -209,6 +221,7 @@ impl Shared {
         need: Need,
         sp: Special,
     ) -> Res<Verdict> {
+        self.fence(ctx, op, path, is_dir, need)?;
         match ctx
             .snap
             .policy
@@ -247,6 +260,9 @@ impl Shared {
             libc::EROFS => 2,
             _ => 3,
         };
+        for &(path, is_dir, need) in checks {
+            self.fence(ctx, op, path, is_dir, need)?;
+        }
         let mut worst: Option<(&[u8], Denial)> = None;
         let mut oks = Vec::new();
         let mut askable = Vec::new();
@@ -290,6 +306,21 @@ impl Shared {
                 Ok(())
             }
         }
+    }
+
+    /// Refuses (and audits) what the layout's fences forbid at `path`, before the policy
+    /// is asked: no rule and no approver lifts a fence.
+    fn fence(&self, ctx: &Ctx, op: &'static str, path: &[u8], is_dir: bool, need: Need) -> Res<()> {
+        let roots = self.inodes.roots();
+        if roots.is_empty() {
+            return Ok(());
+        }
+        let Some(errno) = fenced(roots.fence_at(path), need) else {
+            return Ok(());
+        };
+        let v = ctx.snap.policy.verdict_for(path, ctx.caller, is_dir);
+        self.audit(ctx, op, path, &v, By::Mode, Some(errno));
+        Err(Error(errno))
     }
 
     /// Decides `need` on every path a node is known under (a hard link never widens

@@ -3,4 +3,6 @@
 pub mod budget;
 pub mod handle;
 pub mod inode;
+pub mod roots;
 pub mod sys;
+pub mod worktree;

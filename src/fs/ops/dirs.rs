@@ -14,6 +14,7 @@ use super::{Ctx, Error, Lookup, Res, Shared};
 use crate::fs::attr;
 use crate::host::handle::{Handle, ListEntry};
 use crate::host::inode::{ROOT, join};
+use crate::host::roots::Fence;
 use crate::host::sys::{self, Name};
 use crate::policy::{Access, Need, Special};
 
@@ -63,7 +64,7 @@ impl Shared {
                 != Access::None
         });
         let ids = self.inodes.ids_for(raw.iter().map(|e| e.ino));
-        Ok(raw
+        let mut out: Vec<ListEntry> = raw
             .into_iter()
             .zip(ids)
             .map(|(e, ino)| ListEntry {
@@ -71,7 +72,39 @@ impl Shared {
                 kind: attr::dtype_to_mode(e.dtype),
                 name: e.name,
             })
-            .collect())
+            .collect();
+        self.splice_roots(ctx, &dir, &mut out);
+        Ok(out)
+    }
+
+    /// The roots' share of a listing of `dir`: a fenced-off entry is dropped, a root's
+    /// point shows the root (whatever the host holds under that name), a hidden root's
+    /// point is not listed.
+    fn splice_roots(&self, ctx: &Ctx, dir: &[u8], out: &mut Vec<ListEntry>) {
+        let roots = self.inodes.roots();
+        if roots.is_empty() {
+            return;
+        }
+        out.retain(|e| {
+            let path = join(dir, &e.name);
+            roots.fence_at(&path) != Some(Fence::Hidden) && roots.at(&path).is_none()
+        });
+        for r in roots.listed_in(dir) {
+            let name = r.path.rsplit(|&b| b == b'/').next().unwrap_or(&r.path);
+            let visible = ctx
+                .snap
+                .policy
+                .verdict_for(&r.path, ctx.caller, r.kind == libc::S_IFDIR)
+                .effective
+                != Access::None;
+            if visible {
+                out.push(ListEntry {
+                    ino: self.inodes.ids_for(std::iter::once(r.key.1))[0],
+                    kind: r.kind,
+                    name: name.to_vec(),
+                });
+            }
+        }
     }
 
     /// The listing for a readdir at `offset` (0 re-reads the directory, like rewinddir).

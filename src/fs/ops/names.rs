@@ -376,11 +376,30 @@ impl Shared {
         Some(hidden_by)
     }
 
+    /// A root's point (`host/roots.rs`) is not removed nor renamed: EBUSY, as a mount point.
+    fn not_a_root_point(&self, path: &[u8]) -> Res<()> {
+        match self.inodes.roots().at(path) {
+            Some(_) => Err(Error(libc::EBUSY)),
+            None => Ok(()),
+        }
+    }
+
+    /// Nothing moves or links across roots: EXDEV, as across file systems.
+    fn same_root(&self, a: &[u8], b: &[u8]) -> Res<()> {
+        let roots = self.inodes.roots();
+        if roots.is_empty() || roots.same_root(a, b) {
+            Ok(())
+        } else {
+            Err(Error(libc::EXDEV))
+        }
+    }
+
     /// unlink / rmdir: `write` on the path; a directory holding only hidden entries is
     /// refused with EACCES (see [`Shared::not_empty`]).
     pub fn do_remove(&self, ctx: &Ctx, parent: u64, name: &Name, dir: bool) -> Res<()> {
         let path = self.child_path(parent, name)?;
         let op = if dir { "rmdir" } else { "unlink" };
+        self.not_a_root_point(&path)?;
         let v = self.allow(ctx, op, &path, dir, Need::Write, Special::default())?;
         let pfd = self.inodes.fd(parent)?;
         let known = self.inodes.child(parent, name.bytes());
@@ -411,6 +430,9 @@ impl Shared {
     ) -> Res<()> {
         let old = self.child_path(parent, name)?;
         let new = self.child_path(newparent, newname)?;
+        self.not_a_root_point(&old)?;
+        self.not_a_root_point(&new)?;
+        self.same_root(&old, &new)?;
         let exchange = flags & libc::RENAME_EXCHANGE != 0;
         let pfd = self.inodes.fd(parent)?;
         let npfd = self.inodes.fd(newparent)?;
@@ -474,6 +496,9 @@ impl Shared {
         let sources = self.inodes.paths(ino)?;
         if sources.is_empty() {
             return Err(Error(libc::ENOENT));
+        }
+        for p in &sources {
+            self.same_root(p, &new)?;
         }
         let is_dir = self.inodes.kind(ino)? == libc::S_IFDIR;
         let mut checks: Vec<(&[u8], bool, Need)> = sources
