@@ -233,6 +233,10 @@ pub struct ExplainArgs {
     /// Caller gid (default 0).
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub gid: u32,
+    /// A root of the mount, as `mount --root PATH=DIR` gives it (repeatable): `explain`
+    /// then names the root PATH is in.
+    #[arg(long = "root", value_name = "PATH=DIR")]
+    pub root: Vec<String>,
     /// Workspace-relative path (taken as a file; end it with '/' for a directory).
     pub path: String,
     /// read | write | create | delete | rename | list

@@ -294,3 +294,55 @@ fn host_symlink_swap_race_in_a_second_root_never_leaks() {
     assert!(swaps.load(Ordering::Relaxed) > 0, "the race ran");
     assert!(leaks.is_empty(), "outside content came back: {leaks:?}");
 }
+
+#[test]
+fn explain_and_audit_lines_name_the_root() {
+    let run = |args: &[&str]| {
+        let o = Command::new(BIN).arg("explain").args(args).output().unwrap();
+        assert!(o.status.success(), "explain {args:?}");
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    let o = run(&["--root", "data=/srv/data", "data/sub/x.txt"]);
+    assert!(o.lines().any(|l| l == "root: data (/srv/data)"), "{o}");
+    let o = run(&["--root", "data=/srv/data", "database/x"]);
+    assert!(o.lines().any(|l| l == "root: SOURCE"), "{o}");
+    let o = run(&[".fencefs-git/hooks/pre-commit"]);
+    assert!(o.contains("root: .fencefs-git (the repository of a linked worktree"), "{o}");
+    // Audit lines: "root" is the root's path in the mount, null for SOURCE.
+    let b = Mount::builder("roots-audit").policy(POLICY);
+    put(&b.host("a.txt"), b"source\n", 0o644);
+    let r2 = second(b.root());
+    put(&r2.join("ro/r.txt"), b"read only\n", 0o644);
+    let audit = b.root().join("audit.jsonl");
+    let m = b
+        .arg("--audit")
+        .arg(&audit)
+        .arg("--root")
+        .arg(format!("data={}", r2.display()))
+        .start();
+    assert!(fs::OpenOptions::new().append(true).open(m.mnt("data/ro/r.txt")).is_err());
+    assert!(fs::metadata(m.mnt("nothing-here")).is_err());
+    let start = Instant::now();
+    while !fs::read_to_string(&audit).unwrap_or_default().contains("data/ro")
+        && start.elapsed() < Duration::from_secs(10)
+    {
+        thread::sleep(Duration::from_millis(50));
+    }
+    // (Read before the mount is dropped: that removes the workspace.)
+    let lines = audit_lines(&audit);
+    drop(m);
+    let ro = lines.iter().find(|v| v["path"] == "data/ro/r.txt").unwrap_or_else(|| panic!("no data/ro line: {lines:?}"));
+    assert_eq!(ro["root"], "data", "{ro}");
+    assert_eq!(ro["errno"], "EACCES", "{ro}");
+    for v in lines.iter().filter(|v| !v["path"].as_str().unwrap_or("").starts_with("data")) {
+        assert!(v["root"].is_null(), "{v}");
+    }
+}
+
+fn audit_lines(p: &Path) -> Vec<serde_json::Value> {
+    fs::read_to_string(p)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect()
+}

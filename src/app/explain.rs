@@ -186,6 +186,13 @@ pub(super) fn explain(a: ExplainArgs) -> i32 {
         quote::quote(&path).into_owned()
     };
     crate::outln!("path: {shown}");
+    match super::roots::describe(&a.root, &path) {
+        Ok(root) => crate::outln!("root: {}", esc(&root)),
+        Err(e) => {
+            eprintln!("fencefs: {}", esc(&e));
+            return 2;
+        }
+    }
     crate::outln!("access: {}", v.effective);
     crate::outln!(
         "decided by: {}",

@@ -15,7 +15,7 @@ use crate::host::roots::{self, Root, Roots};
 use crate::host::{sys, worktree};
 
 /// Splits a `--root` value: `PATH=DIR` (or `PATH:DIR`, the `-o root=PATH:DIR` form).
-fn split(value: &str) -> Result<(&str, &str), String> {
+pub(super) fn split(value: &str) -> Result<(&str, &str), String> {
     value
         .split_once('=')
         .or_else(|| value.split_once(':'))
@@ -59,6 +59,30 @@ fn one_root(value: &str, src: &Path) -> Result<Root, String> {
         key: (st.st_dev, st.st_ino),
         kind: libc::S_IFDIR,
         listed: true,
+    })
+}
+
+/// The `root:` line of `explain`: which root `path` (in the mount) is in, from the
+/// `--root` values (not opened) and the place a linked worktree's repository is served.
+pub(super) fn describe(values: &[String], path: &[u8]) -> Result<String, String> {
+    let mut best: Option<(Vec<u8>, String)> = None;
+    let git = worktree::GIT_ROOT.as_bytes().to_vec();
+    let git_label = "the repository of a linked worktree when SOURCE is one; hooks/ and config read-only, index and other worktrees hidden".to_string();
+    let mut all = vec![(git, git_label)];
+    for v in values {
+        let (p, d) = split(v)?;
+        all.push((roots::normalize(p)?, d.to_string()));
+    }
+    for (p, label) in all {
+        let inside = path == p.as_slice()
+            || (path.len() > p.len() && path.starts_with(&p) && path[p.len()] == b'/');
+        if inside && best.as_ref().is_none_or(|(b, _)| p.len() > b.len()) {
+            best = Some((p, label));
+        }
+    }
+    Ok(match best {
+        Some((p, label)) => format!("{} ({label})", String::from_utf8_lossy(&p)),
+        None => "SOURCE".to_string(),
     })
 }
 

@@ -122,6 +122,11 @@ impl Shared {
             by: by_s,
             rule,
             layer: policy.layer_name(v.layer).map(str::to_string),
+            root: self
+                .inodes
+                .roots()
+                .root_of(path)
+                .map(|r| String::from_utf8_lossy(&r.path).into_owned()),
             mode: ctx.snap.policy.mode().as_str(),
             generation: ctx.snap.generation,
         });
