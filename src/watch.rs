@@ -53,6 +53,13 @@ pub fn open(source: BorrowedFd<'_>) -> io::Result<OwnedFd> {
     }
     // SAFETY: the kernel just returned this descriptor.
     let fan = unsafe { OwnedFd::from_raw_fd(fd) };
+    mark(&fan, source)?;
+    Ok(fan)
+}
+
+/// Marks the whole file system of `dir` (an `O_PATH` handle) in group `fan`: SOURCE's,
+/// and that of every root on another file system.
+pub fn mark(fan: &OwnedFd, dir: BorrowedFd<'_>) -> io::Result<()> {
     let mask = libc::FAN_CREATE
         | libc::FAN_DELETE
         | libc::FAN_MOVED_FROM
@@ -62,7 +69,8 @@ pub fn open(source: BorrowedFd<'_>) -> io::Result<OwnedFd> {
         | libc::FAN_DELETE_SELF
         | libc::FAN_MOVE_SELF
         | libc::FAN_ONDIR;
-    // fanotify_mark does not take O_PATH handles: reopen SOURCE for reading.
+    let source = dir;
+    // fanotify_mark does not take O_PATH handles: reopen the directory for reading.
     let proc_fd = crate::host::sys::open_proc_self_fd()?;
     let dir =
         crate::host::sys::reopen(proc_fd.as_fd(), source, libc::O_RDONLY | libc::O_DIRECTORY)?;
@@ -79,7 +87,7 @@ pub fn open(source: BorrowedFd<'_>) -> io::Result<OwnedFd> {
     if r < 0 {
         return Err(io::Error::last_os_error());
     }
-    Ok(fan)
+    Ok(())
 }
 
 fn u16_at(b: &[u8], i: usize) -> Option<u16> {

@@ -145,12 +145,15 @@ pub(super) fn build_state(
         Some(dir) => crate::stage::start(dir, &src, &mnt, &root_fd)?,
         None => root_fd,
     };
+    let roots = super::roots::build(a, &src)?;
     let fan = if a.no_watch {
         Err("--no-watch".to_string())
     } else if a.stage.is_some() {
         Err("staging".to_string())
     } else {
-        crate::watch::open(root_fd.as_fd()).map_err(|e| e.to_string())
+        crate::watch::open(root_fd.as_fd())
+            .and_then(|fan| super::roots::watch(&fan, &roots, root_fd.as_fd()).map(|()| fan))
+            .map_err(|e| e.to_string())
     };
     // Host changes arrive as events: names and attributes may be cached for long.
     let ttl = a.cache_ttl.unwrap_or(if fan.is_ok() {
@@ -160,7 +163,6 @@ pub(super) fn build_state(
     });
     let fd_cap = (nofile / 3).clamp(64, 16_384) as usize;
     let handles = handle_budget(nofile as usize, fd_cap, threads, a.max_open_per_uid);
-    let roots = super::roots::build(a, &src)?;
     let mut inodes = Inodes::new(root_fd, fd_cap).map_err(|e| format!("source: {e}"))?;
     inodes.set_roots(roots);
     let rules = policy.rules().len();

@@ -123,3 +123,20 @@ pub fn build(a: &MountArgs, src: &Path) -> Result<Roots, String> {
     }
     Ok(out)
 }
+
+/// Adds to fanotify group `fan` the file system of every root directory not on SOURCE's
+/// (`source`) file system: host changes there reach the kernel's caches too.
+pub(super) fn watch(
+    fan: &std::os::fd::OwnedFd,
+    roots: &Roots,
+    source: std::os::fd::BorrowedFd<'_>,
+) -> std::io::Result<()> {
+    let mut devs = vec![sys::fstat(source)?.st_dev];
+    for r in roots.iter().filter(|r| r.kind == libc::S_IFDIR) {
+        if !devs.contains(&r.key.0) {
+            devs.push(r.key.0);
+            crate::watch::mark(fan, std::os::fd::AsFd::as_fd(&*r.fd))?;
+        }
+    }
+    Ok(())
+}
