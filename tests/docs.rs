@@ -298,7 +298,12 @@ fn bash_completion_completes_subcommands_and_options() {
     assert_eq!(complete("fencefs mount --audit-m"), ["--audit-max-size"]);
     assert_eq!(
         complete("fencefs mount --no-"),
-        ["--no-confine", "--no-passthrough", "--no-watch"]
+        [
+            "--no-confine",
+            "--no-git-worktree",
+            "--no-passthrough",
+            "--no-watch"
+        ]
     );
 }
 

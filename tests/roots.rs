@@ -64,10 +64,18 @@ fn a_second_root_is_served_at_its_path_with_the_mount_s_policy() {
     assert_eq!(names(&m.mnt("data")), vec!["d.txt", "ro"]);
     assert_eq!(fs::read(m.mnt("data/d.txt")).unwrap(), b"data\n");
     // Policy paths are paths in the mount.
-    let ro = fs::OpenOptions::new().append(true).open(m.mnt("data/ro/r.txt"));
+    let ro = fs::OpenOptions::new()
+        .append(true)
+        .open(m.mnt("data/ro/r.txt"));
     assert_eq!(errno_of(&ro), libc::EACCES);
-    assert_eq!(errno_of(&fs::metadata(m.mnt("data/hidden/h.txt"))), libc::ENOENT);
-    assert_eq!(errno_of(&fs::remove_file(m.mnt("data/ro/r.txt"))), libc::EACCES);
+    assert_eq!(
+        errno_of(&fs::metadata(m.mnt("data/hidden/h.txt"))),
+        libc::ENOENT
+    );
+    assert_eq!(
+        errno_of(&fs::remove_file(m.mnt("data/ro/r.txt"))),
+        libc::EACCES
+    );
     // Writes land in the second root, nowhere in SOURCE.
     fs::write(m.mnt("data/new.txt"), "new\n").unwrap();
     fs::create_dir(m.mnt("data/sub")).unwrap();
@@ -102,10 +110,22 @@ fn statvfs(p: &Path) -> libc::statvfs {
 fn rename_and_link_across_roots_fail_with_exdev() {
     let (m, r2) = mount_two("roots-exdev");
     let exdev = |r: std::io::Result<()>| errno_of(&r);
-    assert_eq!(exdev(fs::rename(m.mnt("a.txt"), m.mnt("data/a.txt"))), libc::EXDEV);
-    assert_eq!(exdev(fs::rename(m.mnt("data/d.txt"), m.mnt("d.txt"))), libc::EXDEV);
-    assert_eq!(exdev(fs::hard_link(m.mnt("a.txt"), m.mnt("data/a.txt"))), libc::EXDEV);
-    assert_eq!(exdev(fs::hard_link(m.mnt("data/d.txt"), m.mnt("d.txt"))), libc::EXDEV);
+    assert_eq!(
+        exdev(fs::rename(m.mnt("a.txt"), m.mnt("data/a.txt"))),
+        libc::EXDEV
+    );
+    assert_eq!(
+        exdev(fs::rename(m.mnt("data/d.txt"), m.mnt("d.txt"))),
+        libc::EXDEV
+    );
+    assert_eq!(
+        exdev(fs::hard_link(m.mnt("a.txt"), m.mnt("data/a.txt"))),
+        libc::EXDEV
+    );
+    assert_eq!(
+        exdev(fs::hard_link(m.mnt("data/d.txt"), m.mnt("d.txt"))),
+        libc::EXDEV
+    );
     let swap = renameat2(&m.mnt("a.txt"), &m.mnt("data/d.txt"), libc::RENAME_EXCHANGE);
     assert_eq!(errno_of(&swap), libc::EXDEV);
     // `mv` falls back to copy + unlink, as across file systems.
@@ -115,9 +135,15 @@ fn rename_and_link_across_roots_fail_with_exdev() {
     assert!(!m.host("a.txt").exists());
     // The root's point stays where it is.
     assert_eq!(errno_of(&fs::remove_dir(m.mnt("data"))), libc::EBUSY);
-    assert_eq!(errno_of(&fs::rename(m.mnt("data"), m.mnt("d2"))), libc::EBUSY);
+    assert_eq!(
+        errno_of(&fs::rename(m.mnt("data"), m.mnt("d2"))),
+        libc::EBUSY
+    );
     fs::create_dir(m.mnt("other")).unwrap();
-    assert_eq!(errno_of(&fs::rename(m.mnt("other"), m.mnt("data"))), libc::EBUSY);
+    assert_eq!(
+        errno_of(&fs::rename(m.mnt("other"), m.mnt("data"))),
+        libc::EBUSY
+    );
     assert_eq!(fs::read(r2.join("d.txt")).unwrap(), b"data\n");
     assert!(!m.host("data").exists() && !m.host("d.txt").exists());
 }
@@ -140,7 +166,11 @@ fn mount_fails(src: &Path, mnt: &Path, args: &[&str]) -> (Option<i32>, String) {
             // SAFETY: kill(2) on our own child.
             unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
             let _ = child.wait();
-            let _ = Command::new("fusermount3").arg("-u").arg("-z").arg(mnt).status();
+            let _ = Command::new("fusermount3")
+                .arg("-u")
+                .arg("-z")
+                .arg(mnt)
+                .status();
             panic!("fencefs mount {args:?} did not fail");
         }
         thread::sleep(Duration::from_millis(20));
@@ -246,7 +276,9 @@ const MARKER_OUT: &[u8] = b"OUTSIDE-SECRET\n";
 /// daemon itself followed a host symlink in the second root.
 #[test]
 fn host_symlink_swap_race_in_a_second_root_never_leaks() {
-    let b = Mount::builder("roots-race").policy("default = \"write\"\n").mode("danger");
+    let b = Mount::builder("roots-race")
+        .policy("default = \"write\"\n")
+        .mode("danger");
     let root = b.root().to_path_buf();
     let r2 = second(&root);
     put(&root.join("secret/dir/marker"), MARKER_OUT, 0o644);
@@ -256,7 +288,10 @@ fn host_symlink_swap_race_in_a_second_root_never_leaks() {
     symlink("../../secret/dir", &r2.join("a/dir.swap"));
     symlink("../../secret/file", &r2.join("a/file.swap"));
     assert_eq!(fs::read(r2.join("a/dir.swap/marker")).unwrap(), MARKER_OUT);
-    let m = b.arg("--root").arg(format!("data={}", r2.display())).start();
+    let m = b
+        .arg("--root")
+        .arg(format!("data={}", r2.display()))
+        .start();
     let stop = Arc::new(AtomicBool::new(false));
     let swaps = Arc::new(AtomicU64::new(0));
     let swapper = {
@@ -298,7 +333,11 @@ fn host_symlink_swap_race_in_a_second_root_never_leaks() {
 #[test]
 fn explain_and_audit_lines_name_the_root() {
     let run = |args: &[&str]| {
-        let o = Command::new(BIN).arg("explain").args(args).output().unwrap();
+        let o = Command::new(BIN)
+            .arg("explain")
+            .args(args)
+            .output()
+            .unwrap();
         assert!(o.status.success(), "explain {args:?}");
         String::from_utf8_lossy(&o.stdout).into_owned()
     };
@@ -307,7 +346,10 @@ fn explain_and_audit_lines_name_the_root() {
     let o = run(&["--root", "data=/srv/data", "database/x"]);
     assert!(o.lines().any(|l| l == "root: SOURCE"), "{o}");
     let o = run(&[".fencefs-git/hooks/pre-commit"]);
-    assert!(o.contains("root: .fencefs-git (the repository of a linked worktree"), "{o}");
+    assert!(
+        o.contains("root: .fencefs-git (the repository of a linked worktree"),
+        "{o}"
+    );
     // Audit lines: "root" is the root's path in the mount, null for SOURCE.
     let b = Mount::builder("roots-audit").policy(POLICY);
     put(&b.host("a.txt"), b"source\n", 0o644);
@@ -320,10 +362,17 @@ fn explain_and_audit_lines_name_the_root() {
         .arg("--root")
         .arg(format!("data={}", r2.display()))
         .start();
-    assert!(fs::OpenOptions::new().append(true).open(m.mnt("data/ro/r.txt")).is_err());
+    assert!(
+        fs::OpenOptions::new()
+            .append(true)
+            .open(m.mnt("data/ro/r.txt"))
+            .is_err()
+    );
     assert!(fs::metadata(m.mnt("nothing-here")).is_err());
     let start = Instant::now();
-    while !fs::read_to_string(&audit).unwrap_or_default().contains("data/ro")
+    while !fs::read_to_string(&audit)
+        .unwrap_or_default()
+        .contains("data/ro")
         && start.elapsed() < Duration::from_secs(10)
     {
         thread::sleep(Duration::from_millis(50));
@@ -331,10 +380,16 @@ fn explain_and_audit_lines_name_the_root() {
     // (Read before the mount is dropped: that removes the workspace.)
     let lines = audit_lines(&audit);
     drop(m);
-    let ro = lines.iter().find(|v| v["path"] == "data/ro/r.txt").unwrap_or_else(|| panic!("no data/ro line: {lines:?}"));
+    let ro = lines
+        .iter()
+        .find(|v| v["path"] == "data/ro/r.txt")
+        .unwrap_or_else(|| panic!("no data/ro line: {lines:?}"));
     assert_eq!(ro["root"], "data", "{ro}");
     assert_eq!(ro["errno"], "EACCES", "{ro}");
-    for v in lines.iter().filter(|v| !v["path"].as_str().unwrap_or("").starts_with("data")) {
+    for v in lines
+        .iter()
+        .filter(|v| !v["path"].as_str().unwrap_or("").starts_with("data"))
+    {
         assert!(v["root"].is_null(), "{v}");
     }
 }

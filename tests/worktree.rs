@@ -135,7 +135,11 @@ fn agent(m: &Mount, script: &str) -> Out {
 /// Host-side git as root (trusting the agent-owned repository).
 fn host_git(dir: &Path, args: &[&str]) -> Out {
     let mut c = clean_cmd("git");
-    c.arg("-c").arg("safe.directory=*").arg("-C").arg(dir).args(args);
+    c.arg("-c")
+        .arg("safe.directory=*")
+        .arg("-C")
+        .arg(dir)
+        .args(args);
     let o = run_bounded(c, Duration::from_secs(60), "host git");
     assert!(o.ok(), "host git {args:?}: {}{}", o.stdout, o.stderr);
     o
@@ -174,7 +178,14 @@ fn make_repo(root: &Path, src: &Path) -> Repo {
     let other = root.join("outside/other");
     host_git(
         &main,
-        &["worktree", "add", "-q", other.to_str().unwrap(), "-b", "other"],
+        &[
+            "worktree",
+            "add",
+            "-q",
+            other.to_str().unwrap(),
+            "-b",
+            "other",
+        ],
     );
     // A branch made on the host, for the agent to rebase onto.
     host_git(&main, &["branch", "hostbranch", "main"]);
@@ -210,7 +221,11 @@ fn mount_worktree(name: &str, extra: &[&str]) -> (Mount, Repo) {
 
 fn assert_records_unchanged(m: &Mount, repo: &Repo) {
     let private = repo.main.join(".git/worktrees/src");
-    assert_eq!(fs::read(m.host(".git")).unwrap(), repo.dotgit, "host .git file");
+    assert_eq!(
+        fs::read(m.host(".git")).unwrap(),
+        repo.dotgit,
+        "host .git file"
+    );
     assert_eq!(fs::read(private.join("gitdir")).unwrap(), repo.gitdir);
     assert_eq!(fs::read(private.join("commondir")).unwrap(), repo.commondir);
 }
@@ -250,7 +265,10 @@ fn git_works_in_a_linked_worktree_with_only_the_mount() {
     // The commits are in the shared repository, seen at once by the host's git.
     let log = host_git(&repo.main, &["log", "--format=%s", "wt"]).stdout;
     assert!(log.contains("agent commit"), "host log of wt: {log}");
-    assert!(log.contains("host commit"), "rebased onto hostbranch: {log}");
+    assert!(
+        log.contains("host commit"),
+        "rebased onto hostbranch: {log}"
+    );
     let feat = host_git(&repo.main, &["log", "--format=%s", "feature"]).stdout;
     assert!(feat.contains("feature commit"), "{feat}");
     let fsck = host_git(&repo.main, &["fsck", "--strict"]);
@@ -259,7 +277,10 @@ fn git_works_in_a_linked_worktree_with_only_the_mount() {
     let list = o.stdout.split("LIST:").nth(1).unwrap();
     assert!(list.contains("/workspace/.fencefs-git"), "{list}");
     assert!(list.contains("[wt]"), "{list}");
-    assert!(!list.contains("[other]"), "other worktrees are not served: {list}");
+    assert!(
+        !list.contains("[other]"),
+        "other worktrees are not served: {list}"
+    );
     // The repository's root is reached by name only: no listing shows it, so neither
     // `git status` nor `git add -A` ever sees it.
     let top = o.stdout.split("TOP:").nth(1).unwrap();
@@ -289,20 +310,44 @@ fn hooks_and_config_are_read_only_and_other_worktrees_absent() {
         errno_of(fs::write(g("hooks/post-checkout"), "#!/bin/sh\n")),
         Some(libc::EROFS)
     );
-    assert_eq!(errno_of(fs::remove_file(g("hooks/pre-commit"))), Some(libc::EROFS));
+    assert_eq!(
+        errno_of(fs::remove_file(g("hooks/pre-commit"))),
+        Some(libc::EROFS)
+    );
     assert_eq!(errno_of(fs::rename(g("hooks"), g("h2"))), Some(libc::EROFS));
-    assert_eq!(errno_of(append(g("worktrees/src/gitdir"))), Some(libc::EROFS));
-    assert_eq!(errno_of(fs::remove_file(g("worktrees/src/commondir"))), Some(libc::EROFS));
+    assert_eq!(
+        errno_of(append(g("worktrees/src/gitdir"))),
+        Some(libc::EROFS)
+    );
+    assert_eq!(
+        errno_of(fs::remove_file(g("worktrees/src/commondir"))),
+        Some(libc::EROFS)
+    );
     assert_eq!(errno_of(append(m.mnt(".git"))), Some(libc::EROFS));
     // The served names stay: EBUSY, as a mount point.
     assert_eq!(errno_of(fs::remove_file(m.mnt(".git"))), Some(libc::EBUSY));
-    assert_eq!(errno_of(fs::rename(m.mnt(".git"), m.mnt("g"))), Some(libc::EBUSY));
-    assert_eq!(errno_of(fs::write(m.mnt("x"), "x").and_then(|_| fs::rename(m.mnt("x"), m.mnt(".git")))), Some(libc::EBUSY));
-    assert_eq!(errno_of(fs::remove_dir(m.mnt(".fencefs-git"))), Some(libc::EBUSY));
+    assert_eq!(
+        errno_of(fs::rename(m.mnt(".git"), m.mnt("g"))),
+        Some(libc::EBUSY)
+    );
+    assert_eq!(
+        errno_of(fs::write(m.mnt("x"), "x").and_then(|_| fs::rename(m.mnt("x"), m.mnt(".git")))),
+        Some(libc::EBUSY)
+    );
+    assert_eq!(
+        errno_of(fs::remove_dir(m.mnt(".fencefs-git"))),
+        Some(libc::EBUSY)
+    );
     // Other worktrees and the main checkout's index are absent; nothing new appears there.
-    assert_eq!(errno_of(fs::metadata(g("worktrees/other"))), Some(libc::ENOENT));
+    assert_eq!(
+        errno_of(fs::metadata(g("worktrees/other"))),
+        Some(libc::ENOENT)
+    );
     assert_eq!(errno_of(fs::metadata(g("index"))), Some(libc::ENOENT));
-    assert_eq!(errno_of(fs::create_dir(g("worktrees/new"))), Some(libc::EACCES));
+    assert_eq!(
+        errno_of(fs::create_dir(g("worktrees/new"))),
+        Some(libc::EACCES)
+    );
     let listed: Vec<String> = fs::read_dir(g("worktrees"))
         .unwrap()
         .map(|e| e.unwrap().file_name().into_string().unwrap())
@@ -313,7 +358,10 @@ fn hooks_and_config_are_read_only_and_other_worktrees_absent() {
     assert_eq!(served, "gitdir: .fencefs-git/worktrees/src\n");
     // Prune and gc inside cannot drop the host's record of this worktree (whose gitdir
     // names a host path the sandbox lacks): the served `locked` keeps it.
-    let o = agent(&m, "git worktree prune && git gc -q --prune=now && git worktree list");
+    let o = agent(
+        &m,
+        "git worktree prune && git gc -q --prune=now && git worktree list",
+    );
     assert!(o.ok(), "{}{}", o.stdout, o.stderr);
     assert!(o.stdout.contains("locked"), "{}", o.stdout);
     assert!(repo.main.join(".git/worktrees/src/HEAD").exists());
@@ -322,7 +370,10 @@ fn hooks_and_config_are_read_only_and_other_worktrees_absent() {
     let o = agent(&m, "git config user.name evil");
     assert!(!o.ok(), "git config must fail: {}", o.stdout);
     assert_eq!(fs::read(repo.main.join(".git/config")).unwrap(), config);
-    assert_eq!(fs::read(repo.main.join(".git/hooks/pre-commit")).unwrap(), hook);
+    assert_eq!(
+        fs::read(repo.main.join(".git/hooks/pre-commit")).unwrap(),
+        hook
+    );
     assert!(!repo.main.join(".git/hooks/post-checkout").exists());
     assert!(!repo.main.join(".git/worktrees/new").exists());
     assert!(repo.main.join(".git/worktrees/other").exists());
@@ -333,9 +384,16 @@ fn hooks_and_config_are_read_only_and_other_worktrees_absent() {
 fn no_git_worktree_serves_the_git_file_as_it_is() {
     let (m, repo) = mount_worktree("wt-off", &["--no-git-worktree"]);
     assert_eq!(fs::read(m.mnt(".git")).unwrap(), repo.dotgit);
-    assert_eq!(errno_of(fs::metadata(m.mnt(".fencefs-git"))), Some(libc::ENOENT));
+    assert_eq!(
+        errno_of(fs::metadata(m.mnt(".fencefs-git"))),
+        Some(libc::ENOENT)
+    );
     let o = agent(&m, "git status");
-    assert!(!o.ok(), "git has no repository without the host path: {}", o.stdout);
+    assert!(
+        !o.ok(),
+        "git has no repository without the host path: {}",
+        o.stdout
+    );
     assert!(o.stderr.contains("not a git repository"), "{}", o.stderr);
     assert!(m.stderr().contains("--no-git-worktree"), "{}", m.stderr());
     assert_records_unchanged(&m, &repo);
@@ -344,7 +402,9 @@ fn no_git_worktree_serves_the_git_file_as_it_is() {
 #[test]
 fn an_ordinary_repository_is_served_unchanged() {
     require_programs();
-    let b = Mount::builder("wt-plain").policy(POLICY).arg("--allow-other");
+    let b = Mount::builder("wt-plain")
+        .policy(POLICY)
+        .arg("--allow-other");
     let src = b.host("");
     host_git(&src, &["init", "-q", "-b", "main"]);
     fs::write(src.join("a.txt"), "one\n").unwrap();
@@ -353,7 +413,10 @@ fn an_ordinary_repository_is_served_unchanged() {
     chown_r(&src);
     let m = b.start();
     assert!(fs::metadata(m.mnt(".git")).unwrap().is_dir());
-    assert_eq!(errno_of(fs::metadata(m.mnt(".fencefs-git"))), Some(libc::ENOENT));
+    assert_eq!(
+        errno_of(fs::metadata(m.mnt(".fencefs-git"))),
+        Some(libc::ENOENT)
+    );
     let o = agent(
         &m,
         "echo two > b.txt && git add b.txt && git commit -q -m agent && git status --short",
@@ -370,10 +433,15 @@ fn an_ordinary_repository_is_served_unchanged() {
 fn two_agents_in_two_worktrees_lose_no_commit() {
     let (m1, repo) = mount_worktree("wt-two", &[]);
     // The second worktree is `other`: mount it too.
-    let b = Mount::builder("wt-two-b").policy(POLICY).arg("--allow-other");
+    let b = Mount::builder("wt-two-b")
+        .policy(POLICY)
+        .arg("--allow-other");
     let src2 = b.host("");
     fs::remove_dir(&src2).unwrap();
-    host_git(&repo.main, &["worktree", "add", "-q", src2.to_str().unwrap(), "-b", "wt2"]);
+    host_git(
+        &repo.main,
+        &["worktree", "add", "-q", src2.to_str().unwrap(), "-b", "wt2"],
+    );
     chown_r(&repo.main);
     chown_r(&src2);
     let m2 = b.start();

@@ -422,7 +422,8 @@ impl Inodes {
     /// Records a probed file as `parent/name` (with a kernel lookup reference if `count`).
     pub fn adopt(&self, parent: u64, name: &Name, st: &libc::stat, count: bool) -> u64 {
         let ino = self.insert(parent, name.bytes(), st, count);
-        if st.st_mode & libc::S_IFMT == libc::S_IFDIR && self.watch_handles.load(Ordering::Relaxed) {
+        if st.st_mode & libc::S_IFMT == libc::S_IFDIR && self.watch_handles.load(Ordering::Relaxed)
+        {
             let h = match self.root_at(parent, name.bytes()) {
                 Some(root) => sys::file_handle(root.as_fd()),
                 None => self

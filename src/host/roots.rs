@@ -24,8 +24,6 @@ use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use super::inode::Key;
-
 /// One root: a host directory (or file) served at `path`.
 pub struct Root {
     /// Where it appears in the mount (normalized, never empty).
@@ -36,8 +34,8 @@ pub struct Root {
     pub label: String,
     /// The root's handle, opened before the mount.
     pub fd: Arc<OwnedFd>,
-    /// The host identity behind `fd`.
-    pub key: Key,
+    /// The host identity behind `fd`: `(st_dev, st_ino)`, as the inode table's keys.
+    pub key: (u64, u64),
     /// `S_IFMT` bits of the root.
     pub kind: u32,
     /// Whether readdir of its parent shows it (a hidden root is reached by name only).
@@ -73,7 +71,9 @@ pub struct Roots {
 pub fn normalize(path: &str) -> Result<Vec<u8>, String> {
     let trimmed = path.trim_end_matches('/');
     if trimmed.is_empty() {
-        return Err(format!("root path '{path}' is empty (the mount's root is SOURCE)"));
+        return Err(format!(
+            "root path '{path}' is empty (the mount's root is SOURCE)"
+        ));
     }
     if trimmed.starts_with('/') {
         return Err(format!(
@@ -154,8 +154,11 @@ impl Roots {
     }
 
     /// The handle of the root whose host identity is `key`.
-    pub fn by_key(&self, key: Key) -> Option<Arc<OwnedFd>> {
-        self.roots.iter().find(|r| r.key == key).map(|r| r.fd.clone())
+    pub fn by_key(&self, key: (u64, u64)) -> Option<Arc<OwnedFd>> {
+        self.roots
+            .iter()
+            .find(|r| r.key == key)
+            .map(|r| r.fd.clone())
     }
 
     /// The root `path` is in (`None`: SOURCE).

@@ -58,13 +58,14 @@ pub fn detect(src: &Path) -> Result<Option<Worktree>, String> {
     if !md.file_type().is_file() || md.len() > 4096 {
         return Ok(None);
     }
-    let text = std::fs::read_to_string(&dotgit).map_err(|e| format!("{}: {e}", dotgit.display()))?;
+    let text =
+        std::fs::read_to_string(&dotgit).map_err(|e| format!("{}: {e}", dotgit.display()))?;
     let Some(target) = text.strip_prefix("gitdir:").map(str::trim) else {
         return Ok(None);
     };
     let gitdir = src.join(target);
-    let private = std::fs::canonicalize(&gitdir)
-        .map_err(|e| format!("gitdir {}: {e}", gitdir.display()))?;
+    let private =
+        std::fs::canonicalize(&gitdir).map_err(|e| format!("gitdir {}: {e}", gitdir.display()))?;
     if private.starts_with(src) {
         return Ok(None);
     }
@@ -125,15 +126,25 @@ pub fn serve(wt: &Worktree, src: &Path, roots: &mut Roots) -> Result<(), String>
     let r = root(GIT_ROOT, wt.common.clone(), "git common dir", common, false).map_err(err)?;
     roots.add(r)?;
     let gitfile = format!("gitdir: {GIT_ROOT}/worktrees/{}\n", wt.name);
-    let dotgit = memfile(".git", "worktree .git", gitfile.as_bytes(), &src.join(".git"));
+    let dotgit = memfile(
+        ".git",
+        "worktree .git",
+        gitfile.as_bytes(),
+        &src.join(".git"),
+    );
     let mut dotgit = dotgit.map_err(err)?;
     dotgit.listed = true;
     roots.add(dotgit)?;
     let private = format!("{GIT_ROOT}/worktrees/{}", wt.name);
     if !wt.private.join("locked").exists() {
         let why = b"served by fencefs: not to be pruned while mounted\n";
-        let mut locked = memfile(&format!("{private}/locked"), "worktree lock", why, &wt.private)
-            .map_err(err)?;
+        let mut locked = memfile(
+            &format!("{private}/locked"),
+            "worktree lock",
+            why,
+            &wt.private,
+        )
+        .map_err(err)?;
         locked.listed = true;
         roots.add(locked)?;
     }
