@@ -319,6 +319,16 @@ fn hooks_and_config_are_read_only_and_other_worktrees_absent() {
         errno_of(append(g("worktrees/src/gitdir"))),
         Some(libc::EROFS)
     );
+    // No commondir can be planted for the host's own git, no submodule config or hook.
+    assert_eq!(
+        errno_of(fs::write(g("commondir"), "../evil\n")),
+        Some(libc::EROFS)
+    );
+    assert_eq!(errno_of(fs::create_dir(g("modules"))), Some(libc::EROFS));
+    assert_eq!(
+        errno_of(fs::write(g("config.worktree"), "")),
+        Some(libc::EROFS)
+    );
     assert_eq!(
         errno_of(fs::remove_file(g("worktrees/src/commondir"))),
         Some(libc::EROFS)
@@ -375,6 +385,8 @@ fn hooks_and_config_are_read_only_and_other_worktrees_absent() {
         hook
     );
     assert!(!repo.main.join(".git/hooks/post-checkout").exists());
+    assert!(!repo.main.join(".git/commondir").exists());
+    assert!(!repo.main.join(".git/modules").exists());
     assert!(!repo.main.join(".git/worktrees/new").exists());
     assert!(repo.main.join(".git/worktrees/other").exists());
     assert_records_unchanged(&m, &repo);

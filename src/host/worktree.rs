@@ -6,7 +6,7 @@
 //! MOUNT/.git                     a file: "gitdir: .fencefs-git/worktrees/NAME" (in memory)
 //! MOUNT/.fencefs-git/            root: the repository's common dir COMMON, not listed
 //!       objects/ refs/ packed-refs logs/ info/ HEAD ...   served
-//!       hooks/  config                                     read-only (EROFS)
+//!       hooks/  config  config.worktree  modules/  commondir  read-only (EROFS)
 //!       index                                              hidden (the main checkout's)
 //!       worktrees/NAME/          this worktree's private gitdir (HEAD, index, logs, ...)
 //!       worktrees/NAME/{gitdir,commondir,config.worktree}  read-only
@@ -153,6 +153,10 @@ pub fn serve(wt: &Worktree, src: &Path, roots: &mut Roots) -> Result<(), String>
     roots.fence(&g("hooks"), true, Fence::ReadOnly);
     roots.fence(&g("config"), false, Fence::ReadOnly);
     roots.fence(&g("config.worktree"), false, Fence::ReadOnly);
+    // A `commondir` in the common dir would send the host's own git in the main checkout
+    // to another repository (and its config); submodules' gitdirs hold config and hooks.
+    roots.fence(&g("commondir"), false, Fence::ReadOnly);
+    roots.fence(&g("modules"), true, Fence::ReadOnly);
     roots.fence(&g("index"), false, Fence::Hidden);
     roots.fence(&g("worktrees"), false, Fence::ReadOnly);
     roots.keep_only(&g("worktrees"), wt.name.as_bytes());
