@@ -486,3 +486,37 @@ done; echo "COMMITS $n""#
     let fsck = host_git(&repo.main, &["fsck", "--strict"]);
     assert!(!fsck.stderr.contains("error"), "fsck: {}", fsck.stderr);
 }
+
+/// A commit made on the host in the main checkout is seen through the mount at once: the
+/// agent reads `main`, the host commits there (git replaces the ref file by a rename), the
+/// agent sees the new commit well before the kernel's 10 s name cache would expire.
+#[test]
+fn host_commits_reach_the_mount_at_once() {
+    let (m, repo) = mount_worktree("wt-watch", &[]);
+    let o = agent(&m, "git log -1 --format=%s main");
+    assert!(
+        o.ok() && o.stdout.trim() == "init",
+        "{}{}",
+        o.stdout,
+        o.stderr
+    );
+    fs::write(repo.main.join("late.txt"), "late\n").unwrap();
+    host_git(&repo.main, &["add", "late.txt"]);
+    host_git(&repo.main, &["commit", "-q", "-m", "host late commit"]);
+    chown_r(&repo.main);
+    let start = Instant::now();
+    let seen = loop {
+        let o = agent(&m, "git log -1 --format=%s main");
+        if o.stdout.trim() == "host late commit" {
+            break true;
+        }
+        if start.elapsed() > Duration::from_secs(5) {
+            break false;
+        }
+        thread::sleep(Duration::from_millis(100));
+    };
+    assert!(
+        seen,
+        "the host's commit on main is visible through the mount within 5 s"
+    );
+}

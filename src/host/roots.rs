@@ -201,6 +201,17 @@ impl Roots {
         found
     }
 
+    /// Whether a listing of directory `dir` can differ from the host's: a root's point or
+    /// a fenced path is an entry of it, or it lies in a fenced part (cheap: a listing
+    /// elsewhere skips the per-entry checks).
+    pub fn may_change_listing(&self, dir: &[u8]) -> bool {
+        let near =
+            |p: &[u8], below: bool| parent_of(p) == dir || (below && (p == dir || covers(p, dir)));
+        self.roots.iter().any(|r| parent_of(&r.path) == dir)
+            || self.fences.iter().any(|f| near(&f.path, f.below))
+            || self.only.iter().any(|(d, _)| d == dir || covers(d, dir))
+    }
+
     /// The listed roots whose point is an entry of directory `dir`.
     pub fn listed_in<'a>(&'a self, dir: &'a [u8]) -> impl Iterator<Item = &'a Root> + 'a {
         self.roots
@@ -271,5 +282,8 @@ mod tests {
         assert_eq!(r.fence_at(b"g/worktrees/other"), Some(Fence::Hidden));
         assert_eq!(r.fence_at(b"g/worktrees/other/HEAD"), Some(Fence::Hidden));
         assert_eq!(r.fence_at(b"g/worktrees/wtx"), Some(Fence::Hidden));
+        assert!(r.may_change_listing(b"g") && r.may_change_listing(b"g/worktrees"));
+        assert!(r.may_change_listing(b"g/hooks") && r.may_change_listing(b"g/worktrees/o"));
+        assert!(!r.may_change_listing(b"") && !r.may_change_listing(b"g/objects"));
     }
 }

@@ -82,7 +82,7 @@ impl Shared {
     /// point is not listed.
     fn splice_roots(&self, ctx: &Ctx, dir: &[u8], out: &mut Vec<ListEntry>) {
         let roots = self.inodes.roots();
-        if roots.is_empty() {
+        if roots.is_empty() || !roots.may_change_listing(dir) {
             return;
         }
         out.retain(|e| {
