@@ -520,3 +520,40 @@ fn host_commits_reach_the_mount_at_once() {
         "the host's commit on main is visible through the mount within 5 s"
     );
 }
+
+/// The policy's rules for `.git/...` apply to the served repository too: it is decided
+/// under both names, so a policy written for ordinary repositories keeps its meaning.
+#[test]
+fn git_rules_of_the_policy_apply_to_the_served_repository() {
+    let policy = format!(
+        "{POLICY}\n[[rule]]\npath = \".git/refs/tags\"\naccess = \"read\"\n\n\
+         [[rule]]\npath = \".git/description\"\naccess = \"none\"\n"
+    );
+    require_programs();
+    let b = Mount::builder("wt-alias")
+        .policy(&policy)
+        .arg("--allow-other");
+    let src = b.host("");
+    let repo = make_repo(b.root(), &src);
+    fs::write(repo.main.join(".git/description"), "the repository\n").unwrap();
+    let m = b.start();
+    let o = agent(&m, "git tag v1");
+    assert!(!o.ok(), "a tag needs .git/refs/tags writable: {}", o.stdout);
+    assert!(!repo.main.join(".git/refs/tags/v1").exists());
+    let tag = fs::write(m.mnt(".fencefs-git/refs/tags/v2"), "x\n");
+    assert_eq!(errno_of(tag), Some(libc::EACCES));
+    assert_eq!(
+        errno_of(fs::metadata(m.mnt(".fencefs-git/description"))),
+        Some(libc::ENOENT)
+    );
+    let listed = fs::read_dir(m.mnt(".fencefs-git")).unwrap();
+    let names: Vec<String> = listed
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert!(!names.iter().any(|n| n == "description"), "{names:?}");
+    assert!(names.iter().any(|n| n == "objects"), "{names:?}");
+    // Everything else still works.
+    let o = agent(&m, "echo x > x.txt && git add x.txt && git commit -q -m x");
+    assert!(o.ok(), "{}{}", o.stdout, o.stderr);
+    assert_records_unchanged(&m, &repo);
+}

@@ -320,12 +320,23 @@ impl Shared {
         if roots.is_empty() {
             return Ok(());
         }
-        let Some(errno) = fenced(roots.fence_at(path), need) else {
-            return Ok(());
-        };
-        let v = ctx.snap.policy.verdict_for(path, ctx.caller, is_dir);
-        self.audit(ctx, op, path, &v, By::Mode, Some(errno));
-        Err(Error(errno))
+        if let Some(errno) = fenced(roots.fence_at(path), need) {
+            let v = ctx.snap.policy.verdict_for(path, ctx.caller, is_dir);
+            self.audit(ctx, op, path, &v, By::Mode, Some(errno));
+            return Err(Error(errno));
+        }
+        // A path with a second name (a worktree's repository, also `.git/...`): what the
+        // policy refuses under that name is refused here too, no approver asked.
+        if let Some(alias) = roots.alias_of(path)
+            && let Err(d) =
+                ctx.snap
+                    .policy
+                    .check_for(&alias, ctx.caller, need, Special::default(), is_dir)
+        {
+            self.audit(ctx, op, path, &d.verdict, d.by, Some(d.errno));
+            return Err(Error(d.errno));
+        }
+        Ok(())
     }
 
     /// Decides `need` on every path a node is known under (a hard link never widens

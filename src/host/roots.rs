@@ -65,6 +65,9 @@ pub struct Roots {
     fences: Vec<FenceRule>,
     /// `(dir, kept)`: every entry of `dir` other than `kept` is hidden.
     only: Vec<(Vec<u8>, Vec<u8>)>,
+    /// `(served, name)`: paths below `served` are also decided as the same paths below
+    /// `name` (a linked worktree's repository is decided as `.git` too).
+    alias: Option<(Vec<u8>, Vec<u8>)>,
 }
 
 /// Normalizes a root path: relative, `/`-separated, no `.`, `..` or empty component.
@@ -129,6 +132,24 @@ impl Roots {
     /// Hides every entry of directory `dir` except `kept`.
     pub fn keep_only(&mut self, dir: &[u8], kept: &[u8]) {
         self.only.push((dir.to_vec(), kept.to_vec()));
+    }
+
+    /// Decides every path below `served` also as the same path below `name`.
+    pub fn alias(&mut self, served: &[u8], name: &[u8]) {
+        self.alias = Some((served.to_vec(), name.to_vec()));
+    }
+
+    /// The second name `path` is decided under (see [`Roots::alias`]), if any.
+    pub fn alias_of(&self, path: &[u8]) -> Option<Vec<u8>> {
+        let (served, name) = self.alias.as_ref()?;
+        if path == served.as_slice() {
+            return Some(name.clone());
+        }
+        covers(served, path).then(|| {
+            let mut p = name.clone();
+            p.extend_from_slice(&path[served.len()..]);
+            p
+        })
     }
 
     /// Whether the mount has no root besides SOURCE.
@@ -285,5 +306,10 @@ mod tests {
         assert!(r.may_change_listing(b"g") && r.may_change_listing(b"g/worktrees"));
         assert!(r.may_change_listing(b"g/hooks") && r.may_change_listing(b"g/worktrees/o"));
         assert!(!r.may_change_listing(b"") && !r.may_change_listing(b"g/objects"));
+        r.alias(b"g", b".git");
+        assert_eq!(r.alias_of(b"g").unwrap(), b".git");
+        assert_eq!(r.alias_of(b"g/hooks/x").unwrap(), b".git/hooks/x");
+        assert_eq!(r.alias_of(b"gx/hooks"), None);
+        assert_eq!(r.alias_of(b"src"), None);
     }
 }

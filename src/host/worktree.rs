@@ -149,6 +149,9 @@ pub fn serve(wt: &Worktree, src: &Path, roots: &mut Roots) -> Result<(), String>
         roots.add(locked)?;
     }
     roots.fence(b".git", false, Fence::ReadOnly);
+    // The policy's rules for `.git/...` (protected, presets, a hidden .git) apply to the
+    // served repository as well: it is decided under both names.
+    roots.alias(GIT_ROOT.as_bytes(), b".git");
     let g = |p: &str| format!("{GIT_ROOT}/{p}").into_bytes();
     roots.fence(&g("hooks"), true, Fence::ReadOnly);
     roots.fence(&g("config"), false, Fence::ReadOnly);

@@ -52,16 +52,17 @@ impl Shared {
         let mut raw = sys::read_dir(file.as_fd())?;
         let mut path = join(&dir, b"");
         let base = path.len();
+        // A directory with a second name (`host/roots.rs`): entries hidden under it go too.
+        let alias = self.inodes.roots().alias_of(&dir);
         raw.retain(|e| {
             // One buffer for every entry's path; DT_UNKNOWN counts as a directory.
             path.truncate(base);
             path.extend_from_slice(&e.name);
             let is_dir = e.dtype == libc::DT_DIR || e.dtype == libc::DT_UNKNOWN;
-            ctx.snap
-                .policy
-                .verdict_for(&path, ctx.caller, is_dir)
-                .effective
-                != Access::None
+            let seen = |p: &[u8]| {
+                ctx.snap.policy.verdict_for(p, ctx.caller, is_dir).effective != Access::None
+            };
+            seen(&path) && alias.as_ref().is_none_or(|a| seen(&join(a, &e.name)))
         });
         let ids = self.inodes.ids_for(raw.iter().map(|e| e.ino));
         let mut out: Vec<ListEntry> = raw
