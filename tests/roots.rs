@@ -401,3 +401,32 @@ fn audit_lines(p: &Path) -> Vec<serde_json::Value> {
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
         .collect()
 }
+
+/// With `--stage` only SOURCE is staged: the other roots are read-only (EROFS), so no
+/// change bypasses the review, and SOURCE's changes are staged as ever.
+#[test]
+fn with_staging_the_other_roots_are_read_only() {
+    let b = Mount::builder("roots-stage").policy(POLICY);
+    put(&b.host("a.txt"), b"source\n", 0o644);
+    let r2 = second(b.root());
+    put(&r2.join("d.txt"), b"data\n", 0o644);
+    let stage = b.root().join("stage");
+    let m = b
+        .arg("--stage")
+        .arg(&stage)
+        .arg("--root")
+        .arg(format!("data={}", r2.display()))
+        .start();
+    assert_eq!(fs::read(m.mnt("data/d.txt")).unwrap(), b"data\n");
+    assert_eq!(errno_of(&fs::write(m.mnt("data/d.txt"), "x")), libc::EROFS);
+    assert_eq!(errno_of(&fs::write(m.mnt("data/new"), "x")), libc::EROFS);
+    assert_eq!(errno_of(&fs::remove_file(m.mnt("data/d.txt"))), libc::EROFS);
+    fs::write(m.mnt("a.txt"), "staged\n").unwrap();
+    assert_eq!(
+        fs::read(m.host("a.txt")).unwrap(),
+        b"source\n",
+        "SOURCE is staged"
+    );
+    assert_eq!(fs::read(r2.join("d.txt")).unwrap(), b"data\n");
+    assert!(!r2.join("new").exists());
+}

@@ -2,7 +2,8 @@
 //! PATH=DIR`, checked and opened, and the repository of a linked git worktree
 //! (`host/worktree.rs`) unless `--no-git-worktree`.
 //!
-//! Invariants: a bad `--root` is one error line and nothing is mounted; a root's DIR is an
+//! Invariants: with `--stage`, every root besides SOURCE is read-only (only SOURCE is
+//! staged); a bad `--root` is one error line and nothing is mounted; a root's DIR is an
 //! existing directory that neither holds SOURCE nor lies inside it (one host directory
 //! has one path in the mount); PATH does not exist in SOURCE and its parent is a directory
 //! of SOURCE; a worktree that cannot be served is logged and served as it is.
@@ -98,6 +99,23 @@ pub fn build(a: &MountArgs, src: &Path) -> Result<Roots, String> {
         );
         out.add(r).map_err(|e| format!("--root '{value}': {e}"))?;
     }
+    let mut out = worktree_roots(a, src, out)?;
+    if a.stage.is_some() {
+        // Staging keeps every change out of SOURCE until applied; the other roots are not
+        // staged, so nothing may change them.
+        let paths: Vec<Vec<u8>> = out.iter().map(|r| r.path.clone()).collect();
+        for p in &paths {
+            out.fence(p, true, roots::Fence::ReadOnly);
+        }
+        if !paths.is_empty() {
+            log::info!("staging: the other roots are served read-only (they are not staged)");
+        }
+    }
+    Ok(out)
+}
+
+/// Adds the roots of a linked worktree at `src` (unless `--no-git-worktree`).
+fn worktree_roots(a: &MountArgs, src: &Path, mut out: Roots) -> Result<Roots, String> {
     if a.no_git_worktree {
         if let Ok(Some(wt)) = worktree::detect(src) {
             log::info!(
