@@ -430,3 +430,66 @@ fn with_staging_the_other_roots_are_read_only() {
     assert_eq!(fs::read(r2.join("d.txt")).unwrap(), b"data\n");
     assert!(!r2.join("new").exists());
 }
+
+/// Unmounts the tmpfs it mounted (declared before the fencefs mount, so dropped after it).
+struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    fn mount(at: &Path) -> Tmpfs {
+        fs::create_dir_all(at).unwrap();
+        let st = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "size=8m,mode=0755", "fencefs-test"])
+            .arg(at)
+            .status()
+            .unwrap();
+        assert!(st.success(), "mount -t tmpfs {}", at.display());
+        Tmpfs(at.to_path_buf())
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}
+
+/// A root on another file system: its statfs, its own node ids (synthetic: no clash with
+/// SOURCE's inode numbers), its own confinement rule and watch mark (files created on the
+/// host there are seen through the mount).
+#[test]
+fn a_root_on_another_file_system_stands_alone() {
+    let b = Mount::builder("roots-tmpfs").policy(POLICY);
+    put(&b.host("a.txt"), b"source\n", 0o644);
+    let t = Tmpfs::mount(&b.outside().join("t"));
+    put(&t.0.join("x.txt"), b"on tmpfs\n", 0o644);
+    let m = b
+        .arg("--root")
+        .arg(format!("data={}", t.0.display()))
+        .start();
+    assert_eq!(fs::read(m.mnt("data/x.txt")).unwrap(), b"on tmpfs\n");
+    let via = statvfs(&m.mnt("data"));
+    let host = statvfs(&t.0);
+    let source = statvfs(&m.host(""));
+    assert_eq!((via.f_bsize, via.f_blocks), (host.f_bsize, host.f_blocks));
+    assert_ne!(
+        via.f_blocks, source.f_blocks,
+        "statfs is the root's, not SOURCE's"
+    );
+    let ids: Vec<u64> = ["a.txt", "data", "data/x.txt", ""]
+        .iter()
+        .map(|p| fs::metadata(m.mnt(p)).unwrap().ino())
+        .collect();
+    let mut uniq = ids.clone();
+    uniq.sort();
+    uniq.dedup();
+    assert_eq!(uniq.len(), ids.len(), "node ids are distinct: {ids:?}");
+    fs::write(m.mnt("data/new.txt"), "new\n").unwrap();
+    assert_eq!(fs::read(t.0.join("new.txt")).unwrap(), b"new\n");
+    assert_eq!(
+        errno_of(&fs::rename(m.mnt("data/new.txt"), m.mnt("new.txt"))),
+        libc::EXDEV
+    );
+    put(&t.0.join("late.txt"), b"late\n", 0o644);
+    assert_eq!(fs::read(m.mnt("data/late.txt")).unwrap(), b"late\n");
+    drop(m);
+}
