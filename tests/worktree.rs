@@ -479,6 +479,7 @@ done; echo "COMMITS $n""#
             .and_then(|s| s.trim().parse().ok())
             .unwrap_or_else(|| panic!("{branch}: {}", o.stdout));
         assert!(n > 0, "{branch}: no commit in {secs} s");
+        eprintln!("{branch}: {n} commits in {secs} s");
         let log = host_git(&repo.main, &["log", "--format=%s", branch]).stdout;
         let mine = log.lines().filter(|l| l.starts_with('c')).count();
         assert_eq!(mine, n, "{branch}: every commit is in the host's log");
