@@ -93,6 +93,12 @@ fn a_second_root_is_served_at_its_path_with_the_mount_s_policy() {
     let via = statvfs(&m.mnt("data"));
     let host = statvfs(&r2);
     assert_eq!((via.f_bsize, via.f_blocks), (host.f_bsize, host.f_blocks));
+    // The confinement covers the second root (the reads above ran confined).
+    let log = m.stderr();
+    assert!(
+        log.contains("limited by Landlock") && log.contains("(and 1 more roots)"),
+        "{log}"
+    );
     // Sanity: nothing else changed in SOURCE.
     assert_eq!(names(&m.host("")), vec!["a.txt"]);
 }
@@ -350,6 +356,7 @@ fn explain_and_audit_lines_name_the_root() {
         o.contains("root: .fencefs-git (the repository of a linked worktree"),
         "{o}"
     );
+    assert!(o.contains("also decided as .git/hooks/pre-commit: "), "{o}");
     // Audit lines: "root" is the root's path in the mount, null for SOURCE.
     let b = Mount::builder("roots-audit").policy(POLICY);
     put(&b.host("a.txt"), b"source\n", 0o644);

@@ -187,7 +187,18 @@ pub(super) fn explain(a: ExplainArgs) -> i32 {
     };
     crate::outln!("path: {shown}");
     match super::roots::describe(&a.root, &path) {
-        Ok(root) => crate::outln!("root: {}", esc(&root)),
+        Ok(root) => {
+            crate::outln!("root: {}", esc(&root));
+            if let Some(alias) = super::roots::git_alias(&path) {
+                let va = policy.verdict_for(&alias, caller, as_dir);
+                crate::outln!(
+                    "also decided as {}: {} by {}",
+                    quote::quote(&alias),
+                    va.effective,
+                    describe_by_at(&policy, va.by, va.layer, &alias)
+                );
+            }
+        }
         Err(e) => {
             eprintln!("fencefs: {}", esc(&e));
             return 2;

@@ -469,11 +469,21 @@ pub(super) fn confine(shared: &Shared, src: &Path) {
     let roots: Vec<_> = shared.inodes.roots().iter().map(|r| r.fd.clone()).collect();
     let extra: Vec<_> = roots.iter().map(|fd| fd.as_fd()).collect();
     let c = crate::harden::confine(shared.inodes.root_fd().as_fd(), &extra);
+    let others = shared
+        .inodes
+        .roots()
+        .iter()
+        .filter(|r| r.kind == libc::S_IFDIR)
+        .count();
+    let src = if others > 0 {
+        format!("{} (and {others} more roots)", src.display())
+    } else {
+        src.display().to_string()
+    };
     let nnp = if c.no_new_privs { "on" } else { "off" };
     match (c.landlock_abi, c.landlock_error) {
         (Some(abi), _) => log::info!(
-            "self-confinement: FUSE workers limited by Landlock (ABI {abi}) to {} and /dev/fuse; no_new_privs {nnp}",
-            src.display()
+            "self-confinement: FUSE workers limited by Landlock (ABI {abi}) to {src} and /dev/fuse; no_new_privs {nnp}"
         ),
         (None, e) => log::warn!(
             "self-confinement: Landlock unavailable ({}); no_new_privs {nnp}",

@@ -87,6 +87,14 @@ pub(super) fn describe(values: &[String], path: &[u8]) -> Result<String, String>
     })
 }
 
+/// The second name a path of a linked worktree's served repository is decided under
+/// (`.fencefs-git/X` is also `.git/X`), for `explain`.
+pub(super) fn git_alias(path: &[u8]) -> Option<Vec<u8>> {
+    let mut r = Roots::default();
+    r.alias(worktree::GIT_ROOT.as_bytes(), b".git");
+    r.alias_of(path)
+}
+
 /// Every root of the mount of `src` (canonical).
 pub fn build(a: &MountArgs, src: &Path) -> Result<Roots, String> {
     let mut out = Roots::default();
