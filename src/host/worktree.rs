@@ -100,10 +100,11 @@ pub fn detect(src: &Path) -> Result<Option<Worktree>, String> {
     }))
 }
 
+/// A listed root that is a sealed memory file holding `content`, owned like `like`.
 fn memfile(path: &str, label: &str, content: &[u8], like: &Path) -> io::Result<Root> {
     let md = std::fs::metadata(like)?;
     let fd = sys::sealed_memfd(content, md.uid(), md.gid(), 0o444)?;
-    root(path, like.to_path_buf(), label, fd, false)
+    root(path, like.to_path_buf(), label, fd, true)
 }
 
 fn root(path: &str, host: PathBuf, label: &str, fd: OwnedFd, listed: bool) -> io::Result<Root> {
@@ -132,21 +133,17 @@ pub fn serve(wt: &Worktree, src: &Path, roots: &mut Roots) -> Result<(), String>
         gitfile.as_bytes(),
         &src.join(".git"),
     );
-    let mut dotgit = dotgit.map_err(err)?;
-    dotgit.listed = true;
-    roots.add(dotgit)?;
+    roots.add(dotgit.map_err(err)?)?;
     let private = format!("{GIT_ROOT}/worktrees/{}", wt.name);
     if !wt.private.join("locked").exists() {
         let why = b"served by fencefs: not to be pruned while mounted\n";
-        let mut locked = memfile(
+        let locked = memfile(
             &format!("{private}/locked"),
             "worktree lock",
             why,
             &wt.private,
-        )
-        .map_err(err)?;
-        locked.listed = true;
-        roots.add(locked)?;
+        );
+        roots.add(locked.map_err(err)?)?;
     }
     roots.fence(b".git", false, Fence::ReadOnly);
     // The policy's rules for `.git/...` (protected, presets, a hidden .git) apply to the
