@@ -108,7 +108,10 @@ fn policy_is_the_callers_view_and_names_nothing_hidden() {
     for (who, text) in [("root", &root), ("agent", &agent)] {
         assert!(text.contains("mode = workspace-write\n"), "{who}:\n{text}");
         assert!(text.contains("writable_roots = src\n"), "{who}:\n{text}");
-        assert!(text.contains("protected = .git/hooks, .git/config\n"), "{who}:\n{text}");
+        assert!(
+            text.contains("protected = .git/hooks, .git/config\n"),
+            "{who}:\n{text}"
+        );
         assert!(text.contains("default = read\n"), "{who}:\n{text}");
         assert!(
             text.contains("src/**  write  (1 hidden exceptions)\n"),
@@ -123,18 +126,31 @@ fn policy_is_the_callers_view_and_names_nothing_hidden() {
     assert!(root.contains("uid 0 (gid 0)"), "{root}");
     assert!(root.contains("team  write\n"), "{root}");
     assert!(root.contains("\n3 hidden rules\n"), "{root}");
-    assert!(root.contains("\n1 rules for other uids or gids\n"), "{root}");
+    assert!(
+        root.contains("\n1 rules for other uids or gids\n"),
+        "{root}"
+    );
     assert!(!root.contains("private-agent"), "{root}");
     // uid 1000: its own hidden rule counted, root's rule not shown.
     assert!(agent.contains("uid 1000 (gid 1000)"), "{agent}");
     assert!(agent.contains("\n4 hidden rules\n"), "{agent}");
-    assert!(agent.contains("\n1 rules for other uids or gids\n"), "{agent}");
+    assert!(
+        agent.contains("\n1 rules for other uids or gids\n"),
+        "{agent}"
+    );
     for n in HIDDEN_NAMES.iter().chain(&["team"]) {
         assert!(!agent.contains(n), "agent sees {n}:\n{agent}");
     }
     // README: every errno explained, the mode named.
     let readme = note(&m, AGENT, "README");
-    for w in ["ENOENT", "EACCES", "EROFS", "EPERM", "ask", "Mode: workspace-write."] {
+    for w in [
+        "ENOENT",
+        "EACCES",
+        "EROFS",
+        "EPERM",
+        "ask",
+        "Mode: workspace-write.",
+    ] {
         assert!(readme.contains(w), "README lacks {w}:\n{readme}");
     }
     assert_eq!(readme, note(&m, 0, "README"));
@@ -195,8 +211,10 @@ fn denials_are_per_uid_and_no_oracle_for_hidden_names() {
     );
     // The mode and the rule, with why.
     assert!(
-        find(" docs/new ").iter().any(|l| untimed(l)
-            == "create docs/new EROFS mode workspace-write: outside writable_roots"),
+        find(" docs/new ")
+            .iter()
+            .any(|l| untimed(l)
+                == "create docs/new EROFS mode workspace-write: outside writable_roots"),
         "{agent}"
     );
     assert!(
@@ -206,15 +224,24 @@ fn denials_are_per_uid_and_no_oracle_for_hidden_names() {
         "{agent}"
     );
     // uid A never sees uid B's.
-    assert!(!agent.contains("rootonly") && !agent.contains("hid-root"), "{agent}");
+    assert!(
+        !agent.contains("rootonly") && !agent.contains("hid-root"),
+        "{agent}"
+    );
     let root = note(&m, 0, "denials");
     assert!(root.contains(" rootonly.txt EROFS "), "{root}");
     assert!(root.contains(" hid-root ENOENT hidden"), "{root}");
-    assert!(!root.contains("hid-a") && !root.contains("docs/new"), "{root}");
+    assert!(
+        !root.contains("hid-a") && !root.contains("docs/new"),
+        "{root}"
+    );
     // Timestamps are RFC 3339 UTC.
     for l in &lines {
         let t = l.split(' ').next().unwrap();
-        assert!(t.len() == 24 && t.ends_with('Z') && t.as_bytes()[10] == b'T', "{l}");
+        assert!(
+            t.len() == 24 && t.ends_with('Z') && t.as_bytes()[10] == b'T',
+            "{l}"
+        );
     }
 }
 
@@ -231,7 +258,10 @@ fn every_mutation_is_erofs_and_the_host_is_untouched() {
     let n = |p: &str| m.mnt(format!(".fencefs/{p}"));
     // In it.
     erofs(
-        OpenOptions::new().write(true).create(true).open(n("new")),
+        OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(n("new")),
         "create",
     );
     erofs(mkdir_mode(&n("d"), 0o755), "mkdir");
@@ -265,7 +295,12 @@ fn every_mutation_is_erofs_and_the_host_is_untouched() {
     erofs(utimes(&n("policy"), 5), "utimes");
     erofs(setxattr(&n("README"), "user.x", b"1"), "setxattr");
     erofs(removexattr(&n("README"), "user.x"), "removexattr");
-    assert_errno(lgetxattr(&n("README"), b"user.x"), libc::ENODATA, "getxattr").ok();
+    assert_errno(
+        lgetxattr(&n("README"), b"user.x"),
+        libc::ENODATA,
+        "getxattr",
+    )
+    .ok();
     assert_eq!(llistxattr(&n("README")).unwrap(), Vec::<Vec<u8>>::new());
     // As uid 1000, through the programs an agent runs.
     let o = m.sh_as(
@@ -323,7 +358,8 @@ fn contents_are_frozen_at_open_and_served_whole() {
     // A new open sees the new line.
     assert!(note(&m, AGENT, "denials").contains(" hid-2 "));
     // Root: pread at offsets equals the whole read; st_size is the text's length.
-    m.sh("cat hid-x; cat hid-y; true").assert_ok("refusals as root");
+    m.sh("cat hid-x; cat hid-y; true")
+        .assert_ok("refusals as root");
     let mut f = File::open(m.mnt(".fencefs/denials")).unwrap();
     let size = fs::metadata(m.mnt(".fencefs/denials")).unwrap().len();
     let mut whole = Vec::new();
@@ -372,10 +408,18 @@ fn cat_ls_and_recursive_grep_work_and_do_not_loop() {
     // A recursive grep over the whole mount ends and finds the README's word.
     let g = m.sh_as(AGENT, "timeout 60 grep -r -l 'EPERM' . ; echo rc=$?");
     assert!(g.stdout.contains("./.fencefs/README"), "{}", g.stdout);
-    assert!(!g.stdout.contains("rc=124"), "grep -r timed out: {}", g.stdout);
+    assert!(
+        !g.stdout.contains("rc=124"),
+        "grep -r timed out: {}",
+        g.stdout
+    );
     let f = m.sh_as(AGENT, "timeout 60 find . | sort");
     f.assert_ok("find");
-    let found: Vec<&str> = f.stdout.lines().filter(|l| l.contains(".fencefs")).collect();
+    let found: Vec<&str> = f
+        .stdout
+        .lines()
+        .filter(|l| l.contains(".fencefs"))
+        .collect();
     assert_eq!(
         found,
         vec![
@@ -399,7 +443,9 @@ fn cat_ls_and_recursive_grep_work_and_do_not_loop() {
 #[test]
 fn off_by_default_reload_turns_it_on_and_shadows_a_host_entry() {
     let off = "mode = \"workspace-write\"\ndefault = \"read\"\nwritable_roots = [\"src\"]\n";
-    let mut b = Mount::builder("notes-reload").policy(off).arg("--allow-other");
+    let mut b = Mount::builder("notes-reload")
+        .policy(off)
+        .arg("--allow-other");
     setup(&b.host(""));
     mkdirp(&b.host(".fencefs"));
     put(&b.host(".fencefs/mine"), b"host file", 0o644);
@@ -418,7 +464,12 @@ fn off_by_default_reload_turns_it_on_and_shadows_a_host_entry() {
         "notes on after reload: {}",
         m.stderr()
     );
-    assert_errno(fs::metadata(m.mnt(".fencefs/mine")), libc::ENOENT, "shadowed").ok();
+    assert_errno(
+        fs::metadata(m.mnt(".fencefs/mine")),
+        libc::ENOENT,
+        "shadowed",
+    )
+    .ok();
     let names = names_str(&m.mnt("")).unwrap();
     assert_eq!(names.iter().filter(|n| *n == ".fencefs").count(), 1);
     assert!(note(&m, AGENT, "policy").contains("\n0 hidden rules\n"));
@@ -438,7 +489,12 @@ fn off_by_default_reload_turns_it_on_and_shadows_a_host_entry() {
             .is_ok_and(|d| d == b"host file")),
         "host entry back"
     );
-    assert_errno(fs::metadata(m.mnt(".fencefs/README")), libc::ENOENT, "off again").ok();
+    assert_errno(
+        fs::metadata(m.mnt(".fencefs/README")),
+        libc::ENOENT,
+        "off again",
+    )
+    .ok();
     assert_eq!(fs::read(m.host(".fencefs/mine")).unwrap(), b"host file");
 }
 
@@ -467,7 +523,9 @@ fn denials_keep_the_last_100_and_a_bounded_number_of_uids() {
 
 #[test]
 fn layers_are_named_in_policy_and_denials() {
-    let mut b = Mount::builder("notes-layers").policy(POLICY).arg("--allow-other");
+    let mut b = Mount::builder("notes-layers")
+        .policy(POLICY)
+        .arg("--allow-other");
     setup(&b.host(""));
     mkdirp(&b.host("src/gen"));
     fs::set_permissions(
@@ -486,12 +544,42 @@ fn layers_are_named_in_policy_and_denials() {
     let m = b.start();
     let p = note(&m, AGENT, "policy");
     assert!(p.contains("layers = 2"), "{p}");
-    assert!(p.contains(&format!("src/gen/**  read  [layer {}]", second.display())), "{p}");
+    assert!(
+        p.contains(&format!("src/gen/**  read  [layer {}]", second.display())),
+        "{p}"
+    );
     m.sh_as(AGENT, "touch src/gen/x; true")
         .assert_ok("refusal in layer 2");
     let d = note(&m, AGENT, "denials");
     assert!(
-        d.lines().any(|l| l.contains(" src/gen") && l.contains("[layer ")),
+        d.lines()
+            .any(|l| l.contains(" src/gen") && l.contains("[layer ")),
         "{d}"
     );
+}
+
+#[test]
+fn no_oracle_when_the_kernel_caches_names() {
+    // No rule depends on the caller: names and negative entries are cached by the kernel.
+    let p = "agent_notes = true\nmode = \"workspace-write\"\ndefault = \"read\"\n\
+             [[rule]]\npath = \"hid-*\"\naccess = \"none\"\n";
+    let m = mount("notes-cached", p);
+    m.sh_as(
+        AGENT,
+        "for i in 1 2 3; do cat hid-a; cat hid-b; stat hid-a; stat hid-b; done; true",
+    )
+    .assert_ok("repeated refusals");
+    let d = note(&m, AGENT, "denials");
+    let a: Vec<String> = d
+        .lines()
+        .filter(|l| l.contains(" hid-a "))
+        .map(|l| untimed(l).replace("hid-a", "NAME"))
+        .collect();
+    let b: Vec<String> = d
+        .lines()
+        .filter(|l| l.contains(" hid-b "))
+        .map(|l| untimed(l).replace("hid-b", "NAME"))
+        .collect();
+    assert!(!a.is_empty(), "{d}");
+    assert_eq!(a, b, "{d}");
 }

@@ -475,7 +475,11 @@ impl Core {
 
     /// STATFS.
     pub fn statfs(self: &Arc<Self>, rq: Rq, ino: u64, reply: impl StatfsReply) {
-        let ino = if owns(ino) { crate::host::inode::ROOT } else { ino };
+        let ino = if owns(ino) {
+            crate::host::inode::ROOT
+        } else {
+            ino
+        };
         let ctx = self.ctx(rq);
         match self.shared.do_statfs(&ctx, ino) {
             Ok(s) => reply.statfs(&s),

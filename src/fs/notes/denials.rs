@@ -84,6 +84,9 @@ mod tests {
         assert_eq!(d.uids(), MAX_UIDS);
         // The uid written least recently went first; the newest are kept.
         assert!(d.lines(7).is_empty());
-        assert_eq!(d.lines(1000 + 10 * MAX_UIDS as u32 - 1), vec!["x".to_string()]);
+        assert_eq!(
+            d.lines(1000 + 10 * MAX_UIDS as u32 - 1),
+            vec!["x".to_string()]
+        );
     }
 }

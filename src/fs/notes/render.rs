@@ -246,7 +246,11 @@ pub fn why(
         (_, By::Mode) => match policy.ceiling_by(path) {
             CeilingBy::Protected(i) => {
                 let e = policy.protected_entry(i).0;
-                let e = if names_visible(policy, caller, e) { e } else { "(an entry)" };
+                let e = if names_visible(policy, caller, e) {
+                    e
+                } else {
+                    "(an entry)"
+                };
                 format!("mode {}: protected {e}", policy.mode())
             }
             CeilingBy::WritableRoots => format!("mode {}: outside writable_roots", policy.mode()),
