@@ -261,3 +261,61 @@ pub fn why(
         (_, By::Default) => format!("default {}{}", v.grant, layer(v.layer)),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy(src: &str) -> Policy {
+        Policy::parse(src, "p.toml").unwrap()
+    }
+
+    const AGENT: Caller = Caller {
+        uid: 1000,
+        gid: 1000,
+    };
+
+    #[test]
+    fn braces_expand_nested_and_bounded() {
+        assert_eq!(expand("a/{b,c}/d").unwrap(), vec!["a/b/d", "a/c/d"]);
+        assert_eq!(
+            expand("{x,{y,z}w}").unwrap(),
+            vec!["x".to_string(), "yw".into(), "zw".into()]
+        );
+        assert!(expand("{a,b").is_none());
+        let many = "{a,b}{a,b}{a,b}{a,b}{a,b}{a,b}{a,b}";
+        assert!(expand(many).is_none(), "2^7 alternatives is past the bound");
+    }
+
+    #[test]
+    fn a_rule_naming_a_hidden_path_is_only_counted() {
+        let p = policy(
+            "default = \"read\"\n\
+             [[rule]]\npath = \"vault\"\naccess = \"none\"\n\
+             [[rule]]\npath = \"{docs,vault}/*.md\"\naccess = \"none\"\n\
+             [[rule]]\npath = \"src/**\"\naccess = \"write\"\nexcept = [\"src/vault-key\"]\n\
+             [[rule]]\npath = \"src/vault-key\"\naccess = \"none\"\n\
+             [[rule]]\npath = \"vault/deep/**\"\naccess = \"none\"\n",
+        );
+        let text = super::policy(&p, AGENT, 1, false);
+        assert!(!text.contains("vault"), "{text}");
+        assert!(
+            text.contains("src/**  write  (1 hidden exceptions)\n"),
+            "{text}"
+        );
+        assert!(text.contains("\n4 hidden rules\n"), "{text}");
+        assert!(names_visible(&p, AGENT, "src/**"));
+        assert!(!names_visible(&p, AGENT, "{src,vault}/x"));
+        assert!(!names_visible(&p, AGENT, "vault/**"));
+    }
+
+    #[test]
+    fn a_hidden_path_is_only_hidden() {
+        let p = policy("default = \"read\"\n[[rule]]\npath = \"s*\"\naccess = \"none\"\n");
+        for path in [&b"secret"[..], b"s-absent"] {
+            let v = p.verdict_for(path, AGENT, false);
+            assert_eq!(why(&p, AGENT, path, &v, v.by, libc::ENOENT), "hidden");
+            assert_eq!(why(&p, AGENT, path, &v, v.by, libc::EACCES), "hidden");
+        }
+    }
+}
