@@ -583,3 +583,26 @@ fn no_oracle_when_the_kernel_caches_names() {
     assert!(!a.is_empty(), "{d}");
     assert_eq!(a, b, "{d}");
 }
+
+#[test]
+fn a_held_request_refused_says_who_refused_it() {
+    // No approver is connected (no control socket): an `ask` rule's write is refused at
+    // once, and the line says it was asked and who ended it.
+    let p = "agent_notes = true\nmode = \"workspace-write\"\ndefault = \"read\"\n\
+             writable_roots = [\".\"]\n\
+             [[rule]]\npath = \"docs\"\naccess = \"read\"\nask = \"write\"\n";
+    let m = mount("notes-asked", p);
+    let o = m.sh_as(AGENT, "echo x > docs/new; true");
+    assert!(o.stderr.contains("Permission denied"), "{}", o.stderr);
+    let d = note(&m, AGENT, "denials");
+    let line = d
+        .lines()
+        .find(|l| l.contains(" docs/new "))
+        .unwrap_or_else(|| panic!("no line for docs/new:\n{d}"));
+    let rest = untimed(line);
+    assert!(
+        rest.starts_with("create docs/new EACCES rule docs read ask=write; asked, refused by "),
+        "{rest}"
+    );
+    assert!(!m.host("docs/new").exists());
+}
