@@ -606,3 +606,32 @@ fn a_held_request_refused_says_who_refused_it() {
     );
     assert!(!m.host("docs/new").exists());
 }
+
+#[test]
+fn staged_mount_says_so_and_stages_nothing_of_it() {
+    let mut b = Mount::builder("notes-staged")
+        .policy(POLICY)
+        .arg("--allow-other");
+    setup(&b.host(""));
+    let dir = b.root().join("stage");
+    b = b.arg("--stage").arg(&dir);
+    let m = b.start();
+    assert!(note(&m, AGENT, "README").contains("Changes are staged"));
+    assert!(note(&m, AGENT, "policy").contains("\nstaging = on"));
+    erofs(fs::write(m.mnt(".fencefs/README"), b"x"), "write, staged");
+    erofs(fs::create_dir(m.mnt(".fencefs/d")), "mkdir, staged");
+    // A staged change elsewhere works; nothing of `.fencefs` is staged or on the host.
+    fs::write(m.mnt("src/new.rs"), b"x").unwrap();
+    let st = run_fencefs(
+        [
+            "stage".as_ref(),
+            "status".as_ref(),
+            "--dir".as_ref(),
+            dir.as_os_str(),
+        ],
+        Duration::from_secs(60),
+    );
+    assert!(st.stdout.contains("src/new.rs"), "{}", st.stdout);
+    assert!(!st.stdout.contains(".fencefs"), "{}", st.stdout);
+    assert!(!m.host(".fencefs").exists());
+}
