@@ -243,6 +243,9 @@ pub fn why(
     };
     match (errno, by) {
         (libc::EPERM, _) => "set-id bits or device nodes are not allowed".into(),
+        (libc::EROFS, By::Mode) if policy.pinned(path) => {
+            "the workspace policy file is read-only".into()
+        }
         (_, By::Mode) => match policy.ceiling_by(path) {
             CeilingBy::Protected(i) => {
                 let e = policy.protected_entry(i).0;
@@ -307,6 +310,30 @@ mod tests {
         assert!(names_visible(&p, AGENT, "src/**"));
         assert!(!names_visible(&p, AGENT, "{src,vault}/x"));
         assert!(!names_visible(&p, AGENT, "vault/**"));
+    }
+
+    #[test]
+    fn mode_refusals_say_which_part_of_the_mode() {
+        let p = policy(
+            "mode = \"workspace-write\"\nwritable_roots = [\"src\"]\nprotected = [\"src/gen\"]\n\
+             workspace_policy = \".fencefs.toml\"\n",
+        );
+        let erofs = |path: &[u8]| {
+            let v = p.verdict_for(path, AGENT, false);
+            why(&p, AGENT, path, &v, By::Mode, libc::EROFS)
+        };
+        assert_eq!(
+            erofs(b"README"),
+            "mode workspace-write: outside writable_roots"
+        );
+        assert_eq!(
+            erofs(b"src/gen/x"),
+            "mode workspace-write: protected src/gen"
+        );
+        assert_eq!(
+            erofs(b".fencefs.toml"),
+            "the workspace policy file is read-only"
+        );
     }
 
     #[test]
