@@ -22,6 +22,16 @@ use super::reply::{
 use super::{errno, negative_attr};
 use crate::host::sys::{Name, Xattr};
 
+/// Hands a request on a synthetic `.fencefs/` node or handle (`fs/notes/`) its answer
+/// and returns: the one line each handler gives the notes.
+macro_rules! notes {
+    ($ours:expr, $answer:expr) => {
+        if $ours {
+            return $answer;
+        }
+    };
+}
+
 /// A name from the kernel, validated.
 fn name(n: &[u8]) -> Result<Name, Errno> {
     Name::new(n).map_err(|e| Errno::from_i32(e.raw_os_error().unwrap_or(libc::EINVAL)))
@@ -87,9 +97,7 @@ impl Core {
 
     /// GETATTR.
     pub fn getattr(self: &Arc<Self>, rq: Rq, ino: u64, fh: Option<u64>, reply: impl AttrReply) {
-        if owns(ino) {
-            return self.notes_getattr(rq, ino, reply);
-        }
+        notes!(owns(ino), self.notes_getattr(rq, ino, reply));
         let ctx = self.ctx(rq);
         let r = self.shared.do_getattr(&ctx, ino, fh);
         match r {
@@ -109,9 +117,7 @@ impl Core {
 
     /// SETATTR.
     pub fn setattr(self: &Arc<Self>, rq: Rq, ino: u64, s: SetAttr, reply: impl AttrReply) {
-        if owns(ino) {
-            return reply.error(Errno::EROFS);
-        }
+        notes!(owns(ino), reply.error(Errno::EROFS));
         self.serve_in(
             self.locked_dir(&[ino]),
             rq,
@@ -126,9 +132,7 @@ impl Core {
 
     /// READLINK.
     pub fn readlink(self: &Arc<Self>, rq: Rq, ino: u64, reply: impl DataReply) {
-        if owns(ino) {
-            return reply.error(Errno::EINVAL);
-        }
+        notes!(owns(ino), reply.error(Errno::EINVAL));
         let ctx = self.ctx(rq);
         match self.shared.do_readlink(&ctx, ino) {
             Ok(t) => reply.data(&t),
@@ -260,9 +264,7 @@ impl Core {
         newname: &[u8],
         reply: impl EntryReply,
     ) {
-        if owns(ino) {
-            return reply.error(Errno::EROFS);
-        }
+        notes!(owns(ino), reply.error(Errno::EROFS));
         let nn = match name(newname) {
             Ok(n) => n,
             Err(e) => return reply.error(e),
@@ -278,9 +280,7 @@ impl Core {
 
     /// OPEN.
     pub fn open(self: &Arc<Self>, rq: Rq, ino: u64, flags: i32, reply: impl OpenReply) {
-        if owns(ino) {
-            return self.notes_open(rq, ino, flags, reply);
-        }
+        notes!(owns(ino), self.notes_open(rq, ino, flags, reply));
         self.serve(
             rq,
             reply,
@@ -297,9 +297,7 @@ impl Core {
 
     /// READ.
     pub fn read(self: &Arc<Self>, rq: Rq, fh: u64, offset: u64, size: u32, reply: impl DataReply) {
-        if owns_fh(fh) {
-            return self.notes_read(fh, offset, size, reply);
-        }
+        notes!(owns_fh(fh), self.notes_read(fh, offset, size, reply));
         let ctx = self.ctx(rq);
         match self.shared.do_read(&ctx, fh, offset, size) {
             Ok(d) => reply.data(&d),
@@ -333,9 +331,7 @@ impl Core {
 
     /// RELEASE.
     pub fn release(self: &Arc<Self>, ino: u64, fh: u64, reply: impl EmptyReply) {
-        if owns_fh(fh) {
-            return self.notes_release(fh, reply);
-        }
+        notes!(owns_fh(fh), self.notes_release(fh, reply));
         self.shared.do_release(fh);
         self.release_backing(ino, fh);
         reply.ok();
@@ -343,17 +339,13 @@ impl Core {
 
     /// FSYNC and FSYNCDIR.
     pub fn fsync(self: &Arc<Self>, fh: u64, datasync: bool, reply: impl EmptyReply) {
-        if owns_fh(fh) {
-            return reply.ok();
-        }
+        notes!(owns_fh(fh), reply.ok());
         empty(reply, self.shared.do_fsync(fh, datasync))
     }
 
     /// OPENDIR.
     pub fn opendir(self: &Arc<Self>, rq: Rq, ino: u64, reply: impl OpenReply) {
-        if owns(ino) {
-            return self.notes_opendir(rq, ino, reply);
-        }
+        notes!(owns(ino), self.notes_opendir(rq, ino, reply));
         let ctx = self.ctx(rq);
         let r = self.shared.do_opendir(&ctx, ino);
         // The kernel may keep a listing across opens (it drops it when the directory
@@ -380,9 +372,7 @@ impl Core {
         offset: u64,
         mut reply: impl DirReply,
     ) {
-        if owns(ino) {
-            return self.notes_readdir(fh, offset, reply);
-        }
+        notes!(owns(ino), self.notes_readdir(fh, offset, reply));
         let ctx = self.ctx(rq);
         let (_h, entries) = match self.shared.dir_entries(&ctx, fh, offset) {
             Ok(x) => x,
@@ -420,9 +410,7 @@ impl Core {
         offset: u64,
         mut reply: impl DirPlusReply,
     ) {
-        if owns(ino) {
-            return self.notes_readdirplus(rq, fh, offset, reply);
-        }
+        notes!(owns(ino), self.notes_readdirplus(rq, fh, offset, reply));
         let ctx = self.ctx(rq);
         let (_h, entries) = match self.shared.dir_entries(&ctx, fh, offset) {
             Ok(x) => x,
@@ -466,20 +454,15 @@ impl Core {
 
     /// RELEASEDIR.
     pub fn releasedir(self: &Arc<Self>, fh: u64, reply: impl EmptyReply) {
-        if owns_fh(fh) {
-            return self.notes_release(fh, reply);
-        }
+        notes!(owns_fh(fh), self.notes_release(fh, reply));
         self.shared.do_release(fh);
         reply.ok();
     }
 
     /// STATFS.
     pub fn statfs(self: &Arc<Self>, rq: Rq, ino: u64, reply: impl StatfsReply) {
-        let ino = if owns(ino) {
-            crate::host::inode::ROOT
-        } else {
-            ino
-        };
+        // The notes live on the mount: its statfs is the root's.
+        let ino = if owns(ino) { notes::ROOT } else { ino };
         let ctx = self.ctx(rq);
         match self.shared.do_statfs(&ctx, ino) {
             Ok(s) => reply.statfs(&s),
@@ -497,9 +480,7 @@ impl Core {
         flags: i32,
         reply: impl EmptyReply,
     ) {
-        if owns(ino) {
-            return reply.error(Errno::EROFS);
-        }
+        notes!(owns(ino), reply.error(Errno::EROFS));
         let n = n.to_vec();
         let value = value.to_vec();
         self.serve_in(
@@ -520,27 +501,21 @@ impl Core {
         size: u32,
         reply: impl XattrReply,
     ) {
-        if owns(ino) {
-            return self.notes_xattr(false, size, reply);
-        }
+        notes!(owns(ino), self.notes_xattr(false, size, reply));
         let ctx = self.ctx(rq);
         xattr(reply, self.shared.do_getxattr(&ctx, ino, n, size))
     }
 
     /// LISTXATTR.
     pub fn listxattr(self: &Arc<Self>, rq: Rq, ino: u64, size: u32, reply: impl XattrReply) {
-        if owns(ino) {
-            return self.notes_xattr(true, size, reply);
-        }
+        notes!(owns(ino), self.notes_xattr(true, size, reply));
         let ctx = self.ctx(rq);
         xattr(reply, self.shared.do_listxattr(&ctx, ino, size))
     }
 
     /// REMOVEXATTR.
     pub fn removexattr(self: &Arc<Self>, rq: Rq, ino: u64, n: &[u8], reply: impl EmptyReply) {
-        if owns(ino) {
-            return reply.error(Errno::EROFS);
-        }
+        notes!(owns(ino), reply.error(Errno::EROFS));
         let n = n.to_vec();
         self.serve_in(
             self.locked_dir(&[ino]),
@@ -553,9 +528,7 @@ impl Core {
 
     /// ACCESS.
     pub fn access(self: &Arc<Self>, rq: Rq, ino: u64, mask: i32, reply: impl EmptyReply) {
-        if owns(ino) {
-            return self.notes_access(rq, ino, mask, reply);
-        }
+        notes!(owns(ino), self.notes_access(rq, ino, mask, reply));
         let ctx = self.ctx(rq);
         empty(reply, self.shared.do_access(&ctx, ino, mask))
     }
@@ -614,9 +587,7 @@ impl Core {
 
     /// LSEEK.
     pub fn lseek(self: &Arc<Self>, fh: u64, offset: i64, whence: i32, reply: impl LseekReply) {
-        if owns_fh(fh) {
-            return self.notes_lseek(fh, offset, whence, reply);
-        }
+        notes!(owns_fh(fh), self.notes_lseek(fh, offset, whence, reply));
         match self.shared.do_lseek(fh, offset, whence) {
             Ok(o) => reply.offset(o),
             Err(e) => reply.error(errno(e)),
@@ -636,9 +607,7 @@ impl Core {
         reply: impl WriteReply,
     ) {
         // An open note has no host file: the kernel copies it by reading.
-        if owns_fh(fh_in) || owns_fh(fh_out) {
-            return reply.error(Errno::EXDEV);
-        }
+        notes!(owns_fh(fh_in) || owns_fh(fh_out), reply.error(Errno::EXDEV));
         self.serve(
             rq,
             reply,

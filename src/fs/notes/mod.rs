@@ -37,7 +37,7 @@ use super::ops::{Ctx, Error, Res};
 use crate::approvals::Outcome;
 use crate::audit::{errno_name, timestamp};
 use crate::host::handle::ListEntry;
-use crate::host::inode::ROOT;
+pub use crate::host::inode::ROOT;
 use crate::policy::{By, Verdict};
 use crate::reload::PolicyStore;
 
