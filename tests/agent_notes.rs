@@ -635,3 +635,30 @@ fn staged_mount_says_so_and_stages_nothing_of_it() {
     assert!(!st.stdout.contains(".fencefs"), "{}", st.stdout);
     assert!(!m.host(".fencefs").exists());
 }
+
+#[test]
+fn a_long_hidden_path_is_cut_and_an_odd_name_quoted() {
+    let p = "agent_notes = true\nmode = \"workspace-write\"\ndefault = \"read\"\n\
+             [[rule]]\npath = \"**/zz-*\"\naccess = \"none\"\n";
+    let (a, b, c) = ("a".repeat(250), "b".repeat(250), "c".repeat(100));
+    let mut bld = Mount::builder("notes-long").policy(p).arg("--allow-other");
+    setup(&bld.host(""));
+    mkdirp(&bld.host(format!("{a}/{b}/{c}")));
+    bld = bld.watchdog(WATCHDOG);
+    let m = bld.start();
+    m.sh_as(
+        AGENT,
+        &format!("cat {a}/{b}/{c}/zz-1; cat \"$(printf 'zz-\\033[31mred')\"; true"),
+    )
+    .assert_ok("refusals");
+    let d = note(&m, AGENT, "denials");
+    let long = d
+        .lines()
+        .find(|l| l.contains(&a))
+        .unwrap_or_else(|| panic!("{d}"));
+    assert!(long.ends_with("... ENOENT hidden"), "{long}");
+    assert!(long.len() < 600, "{} bytes", long.len());
+    // A terminal escape in a name is shown escaped, never raw.
+    assert!(!d.contains('\u{1b}'), "{d:?}");
+    assert!(d.contains("zz-\\033[31mred"), "{d}");
+}

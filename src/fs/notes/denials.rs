@@ -3,7 +3,8 @@
 //! Invariants: memory is bounded whoever calls — at most [`MAX_UIDS`] uids are tracked
 //! (a new uid past the cap evicts the uid written least recently, so a caller cycling
 //! uids only evicts, never grows the table), at most [`PER_UID`] lines each, each line's
-//! path cut at [`MAX_PATH`] bytes; one short lock per refusal, no I/O.
+//! path cut at [`MAX_PATH`] bytes as shown (a line is that, the time, op and errno, and
+//! the rule's text the operator wrote); one short lock per refusal, no I/O.
 
 use std::collections::{HashMap, VecDeque};
 
@@ -13,7 +14,7 @@ use parking_lot::Mutex;
 pub const PER_UID: usize = 100;
 /// Uids tracked at once.
 pub const MAX_UIDS: usize = 64;
-/// Bytes of a refused path kept in a line (longer ones end in `...`).
+/// Bytes of a refused path, as shown (quoted), kept in a line (longer ones end in `...`).
 pub const MAX_PATH: usize = 512;
 
 #[derive(Default)]

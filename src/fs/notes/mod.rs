@@ -151,14 +151,18 @@ impl Notes {
         if !policy.agent_notes() {
             return;
         }
-        let cut = path.len() > denials::MAX_PATH;
-        let shown = &path[..path.len().min(denials::MAX_PATH)];
-        let mut p = match shown {
+        let mut p = match path {
             b"" => ".".to_string(),
-            _ => crate::quote::quote(shown).into_owned(),
+            _ => crate::quote::quote(path).into_owned(),
         };
-        if cut {
-            p.push_str("...");
+        // Cut as shown (escapes make a byte up to four characters), on a character.
+        if p.len() > denials::MAX_PATH {
+            let mut end = denials::MAX_PATH;
+            while !p.is_char_boundary(end) {
+                end -= 1;
+            }
+            p.truncate(end);
+            p.push_str(if p.starts_with('"') { "...\"" } else { "..." });
         }
         let mut why = render::why(policy, ctx.caller, path, v, by, errno);
         if let Some(o) = asked {
