@@ -65,7 +65,7 @@ impl Shared {
             seen(&path) && alias.as_ref().is_none_or(|a| seen(&join(a, &e.name)))
         });
         let ids = self.inodes.ids_for(raw.iter().map(|e| e.ino));
-        let mut out: Vec<ListEntry> = raw
+        let mut listing: Vec<ListEntry> = raw
             .into_iter()
             .zip(ids)
             .map(|(e, ino)| ListEntry {
@@ -74,8 +74,11 @@ impl Shared {
                 name: e.name,
             })
             .collect();
-        self.splice_roots(ctx, &dir, &mut out);
-        Ok(out)
+        self.splice_roots(ctx, &dir, &mut listing);
+        if ino == ROOT {
+            self.notes.root_listing(ctx, &mut listing);
+        }
+        Ok(listing)
     }
 
     /// The roots' share of a listing of `dir`: a fenced-off entry is dropped, a root's
