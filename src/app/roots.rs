@@ -28,6 +28,13 @@ fn one_root(value: &str, src: &Path) -> Result<Root, String> {
     let (path, dir) = split(value)?;
     let bad = |why: String| format!("--root '{value}': {why}");
     let norm = roots::normalize(path).map_err(bad)?;
+    let first = norm.split(|&b| b == b'/').next().unwrap_or(&norm);
+    if first == crate::fs::notes::NAME || first == worktree::GIT_ROOT.as_bytes() {
+        return Err(bad(format!(
+            "{} is a name the mount keeps for itself",
+            String::from_utf8_lossy(first)
+        )));
+    }
     let dir = std::fs::canonicalize(dir).map_err(|e| bad(format!("{dir}: {e}")))?;
     if !dir.is_dir() {
         return Err(bad(format!("{} is not a directory", dir.display())));
