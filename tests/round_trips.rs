@@ -329,3 +329,30 @@ fn writes_drop_file_capabilities() {
         .ok();
     }
 }
+
+/// An access ACL set or removed through the mount changes the mode's group bits on the
+/// host (the ACL's mask): the mode seen through the mount follows at once, not after the
+/// kernel's 10 s attribute lifetime (the watch skips the daemon's own changes, and the
+/// kernel does not drop its cached mode on a SETXATTR).
+#[test]
+fn an_acl_changed_through_the_mount_shows_in_the_mode() {
+    let m = Mount::with("acl-mode", Some("mode = \"danger\"\n"), None, |src| {
+        put(&src.join("f"), b"x\n", 0o644)
+    });
+    let f = m.mnt("f");
+    assert_eq!(mode_seen(&f), "644");
+    run("setfacl", &["-m", "u:1001:rw", f.to_str().unwrap()]).assert_ok("setfacl -m");
+    assert_eq!(host_mode(&m.host("f")), "664");
+    assert!(
+        eventually(std::time::Duration::from_secs(2), || mode_seen(&f) == "664"),
+        "mode through the mount after setfacl -m: {}",
+        mode_seen(&f)
+    );
+    run("setfacl", &["-b", f.to_str().unwrap()]).assert_ok("setfacl -b");
+    assert_eq!(host_mode(&m.host("f")), "644");
+    assert!(
+        eventually(std::time::Duration::from_secs(2), || mode_seen(&f) == "644"),
+        "mode through the mount after setfacl -b: {}",
+        mode_seen(&f)
+    );
+}
