@@ -11,8 +11,10 @@
 # Workloads, N files each (default 5000) in one directory:
 #   create   open(O_CREAT|O_EXCL) + write 4 bytes + close   (LOOKUP CREATE GETXATTR RELEASE)
 #   lookup   lstat of every name after a remount + drop_caches   (LOOKUP)
-#   find     `find` of the tree after a remount + drop_caches   (OPENDIR READDIR(PLUS) …)
 #   unlink   unlink of every name (names cached)             (UNLINK)
+# and on a tree of N files, 16 to a directory, after a remount + drop_caches:
+#   find     `find` of the tree                              (OPENDIR READDIRPLUS RELEASEDIR)
+#   lslr     `ls -lR` of the tree                            (the same + LOOKUP, GETXATTR)
 # Prints µs of daemon CPU per file, the median of ROUNDS (default 3). With PROFILE=DIR,
 # each run is also recorded (`perf record -g`) to DIR/TARGET-WORKLOAD.data.
 set -euo pipefail
@@ -37,6 +39,10 @@ truncate -s 2G "$IMG"
 mkfs.ext4 -q -F "$IMG"
 mount -o loop "$IMG" "$WORK/fs"
 mkdir -p "$SRC/d"
+for ((i = 0; i < N / 16; i++)); do
+    mkdir -p "$SRC/t/d$i"
+    for ((j = 0; j < 16; j++)); do : >"$SRC/t/d$i/f$j"; done
+done
 
 unmount() {
     [[ -n $PID ]] || return 0
@@ -107,11 +113,12 @@ for i in range(n):
     os.unlink(f"{d}/f{i}")
 EOF
 }
-run_find() { find "$MNT/d" >/dev/null; }
+run_find() { find "$MNT/t" >/dev/null; }
+run_lslr() { ls -lR "$MNT/t" >/dev/null; }
 cold() { unmount; sync; echo 3 >/proc/sys/vm/drop_caches; mount_t "$1"; }
 median() { tr ' ' '\n' | sort -g | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }'; }
 
-printf 'target\tcreate\tlookup\tfind\tunlink\t(µs of daemon CPU per file, median of %s, N=%s)\n' "$ROUNDS" "$N"
+printf 'target\tcreate\tlookup\tunlink\tfind\tlslr\t(µs of daemon CPU per file, median of %s, N=%s)\n' "$ROUNDS" "$N"
 for t in "$@"; do
     T=$t
     declare -A R=()
@@ -120,15 +127,15 @@ for t in "$@"; do
         R[create]+=" $(cpu create)"
         cold "$t"
         R[lookup]+=" $(cpu lookup)"
+        R[unlink]+=" $(cpu unlink)"
         cold "$t"
         R[find]+=" $(cpu find)"
-        # names known again (the lookups above drop with the remount)
-        run_lookup
-        R[unlink]+=" $(cpu unlink)"
+        cold "$t"
+        R[lslr]+=" $(cpu lslr)"
         unmount
     done
     printf '%s' "$t"
-    for w in create lookup find unlink; do printf '\t%s' "$(echo ${R[$w]} | median)"; done
+    for w in create lookup unlink find lslr; do printf '\t%s' "$(echo ${R[$w]} | median)"; done
     printf '\n'
     unset R
 done

@@ -10,6 +10,7 @@ mod decide;
 pub mod handlers;
 pub mod kcache;
 pub mod ops;
+mod plus;
 pub mod reply;
 
 pub use core::{Core, Rq};
