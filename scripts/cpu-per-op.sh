@@ -4,7 +4,7 @@
 # this run). Wall time on a shared machine is noise; the daemon's task-clock (perf stat
 # -p, every thread) per operation is what a change to the daemon moves.
 #
-#   sudo scripts/cpu-per-op.sh [-n N] [-r ROUNDS] [-p POLICY] TARGET...
+#   sudo scripts/cpu-per-op.sh [-n N] [-r ROUNDS] [-p POLICY] [-u UID] TARGET...
 #
 # TARGET: fencefs | fencefs-uring | fencefs-nowatch | passthrough_hp | passthrough_hp-uring
 # (passthrough_hp: $PASSTHROUGH_HP, a libfuse example/passthrough_hp binary).
@@ -15,11 +15,15 @@
 # and on a tree of N files, 16 to a directory, after a remount + drop_caches:
 #   find     `find` of the tree                              (OPENDIR READDIRPLUS RELEASEDIR)
 #   lslr     `ls -lR` of the tree                            (the same + LOOKUP, GETXATTR)
+# -u UID: the workloads run as UID (its files, created as the caller: setfsuid).
 # Prints µs of daemon CPU per file, the median of ROUNDS (default 3). With PROFILE=DIR,
 # each run is also recorded (`perf record -g`) to DIR/TARGET-WORKLOAD.data.
 set -euo pipefail
-N=5000 ROUNDS=3 POLICY=
-while getopts n:r:p: o; do case $o in n) N=$OPTARG ;; r) ROUNDS=$OPTARG ;; p) POLICY=$OPTARG ;; *) exit 2 ;; esac; done
+N=5000 ROUNDS=3 POLICY= AS=()
+while getopts n:r:p:u: o; do case $o in n) N=$OPTARG ;; r) ROUNDS=$OPTARG ;; p) POLICY=$OPTARG ;;
+    u) AS=(setpriv --reuid="$OPTARG" --regid="$OPTARG" --clear-groups) ;; *) exit 2 ;; esac; done
+OTHER=() # other users reach a root-mounted FUSE file system only with allow_other
+((${#AS[@]})) && OTHER=(--allow-other)
 shift $((OPTIND - 1))
 (($#)) || { sed -n 2,16p "$0"; exit 2; }
 HERE=$(cd "$(dirname "$0")/.." && pwd)
@@ -43,6 +47,7 @@ for ((i = 0; i < N / 16; i++)); do
     mkdir -p "$SRC/t/d$i"
     for ((j = 0; j < 16; j++)); do : >"$SRC/t/d$i/f$j"; done
 done
+((${#AS[@]})) && chown -R "${AS[1]#--reuid=}:${AS[1]#--reuid=}" "$SRC/d" "$SRC/t"
 
 unmount() {
     [[ -n $PID ]] || return 0
@@ -59,11 +64,11 @@ mounted() { awk -v m="$MNT" '$5 == m { f = 1 } END { exit !f }' /proc/self/mount
 mount_t() {
     local t=$1
     case $t in
-    fencefs) "$BIN" mount -p "$POLICY" --transport dev-fuse "$SRC" "$MNT" 2>>"$WORK/log" & ;;
-    fencefs-uring) "$BIN" mount -p "$POLICY" --transport io-uring "$SRC" "$MNT" 2>>"$WORK/log" & ;;
-    fencefs-nowatch) "$BIN" mount -p "$POLICY" --no-watch --transport dev-fuse "$SRC" "$MNT" 2>>"$WORK/log" & ;;
-    passthrough_hp) "$PASSTHROUGH_HP" --foreground "$SRC" "$MNT" 2>>"$WORK/log" & ;;
-    passthrough_hp-uring) "$PASSTHROUGH_HP" --foreground -o io_uring "$SRC" "$MNT" 2>>"$WORK/log" & ;;
+    fencefs) "$BIN" mount -p "$POLICY" "${OTHER[@]}" --transport dev-fuse "$SRC" "$MNT" 2>>"$WORK/log" & ;;
+    fencefs-uring) "$BIN" mount -p "$POLICY" "${OTHER[@]}" --transport io-uring "$SRC" "$MNT" 2>>"$WORK/log" & ;;
+    fencefs-nowatch) "$BIN" mount -p "$POLICY" "${OTHER[@]}" --no-watch --transport dev-fuse "$SRC" "$MNT" 2>>"$WORK/log" & ;;
+    passthrough_hp) "$PASSTHROUGH_HP" --foreground ${OTHER:+-o allow_other} "$SRC" "$MNT" 2>>"$WORK/log" & ;;
+    passthrough_hp-uring) "$PASSTHROUGH_HP" --foreground -o io_uring ${OTHER:+-o allow_other} "$SRC" "$MNT" 2>>"$WORK/log" & ;;
     *) echo "unknown target $t" >&2; exit 2 ;;
     esac
     PID=$!
@@ -90,7 +95,7 @@ cpu() {
     awk -F, -v n="$N" '$3 == "task-clock" || $3 ~ /task-clock/ { printf "%.2f", $1 * 1000 / n }' "$WORK/perf"
 }
 
-run_create() { python3 - "$MNT/d" "$N" <<'EOF'
+run_create() { "${AS[@]}" /usr/bin/python3 - "$MNT/d" "$N" <<'EOF'
 import os, sys
 d, n = sys.argv[1], int(sys.argv[2])
 for i in range(n):
@@ -99,22 +104,22 @@ for i in range(n):
     os.close(fd)
 EOF
 }
-run_lookup() { python3 - "$MNT/d" "$N" <<'EOF'
+run_lookup() { "${AS[@]}" /usr/bin/python3 - "$MNT/d" "$N" <<'EOF'
 import os, sys
 d, n = sys.argv[1], int(sys.argv[2])
 for i in range(n):
     os.lstat(f"{d}/f{i}")
 EOF
 }
-run_unlink() { python3 - "$MNT/d" "$N" <<'EOF'
+run_unlink() { "${AS[@]}" /usr/bin/python3 - "$MNT/d" "$N" <<'EOF'
 import os, sys
 d, n = sys.argv[1], int(sys.argv[2])
 for i in range(n):
     os.unlink(f"{d}/f{i}")
 EOF
 }
-run_find() { find "$MNT/t" >/dev/null; }
-run_lslr() { ls -lR "$MNT/t" >/dev/null; }
+run_find() { "${AS[@]}" find "$MNT/t" >/dev/null; }
+run_lslr() { "${AS[@]}" ls -lR "$MNT/t" >/dev/null; }
 cold() { unmount; sync; echo 3 >/proc/sys/vm/drop_caches; mount_t "$1"; }
 median() { tr ' ' '\n' | sort -g | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }'; }
 
