@@ -20,6 +20,7 @@ use super::reply::{
     OpenReply, StatfsReply, WriteReply, XattrReply,
 };
 use super::{errno, negative_attr};
+use crate::host::handle::ListEntry;
 use crate::host::sys::{Name, Xattr};
 
 /// Hands a request on a synthetic `.fencefs/` node or handle (`fs/notes/`) its answer
@@ -70,6 +71,7 @@ impl Core {
             Ok(n) => n,
             Err(e) => return reply.error(e),
         };
+        self.plus.looked_up(parent);
         let ctx = self.ctx(rq);
         // Absent and hidden names get the same negative entry, cached for the entry TTL
         // (0 when rules depend on the caller), so repeated lookups cost the same; a hidden
@@ -417,13 +419,26 @@ impl Core {
             Err(e) => return reply.error(errno(e)),
         };
         // Same offsets as readdir: 1 = ".", 2 = "..", 3.. = entries. The kernel does not
-        // count lookups for the dot entries.
+        // count lookups for the dot entries and ignores their attributes: where the reply
+        // can, they go without. A batch after the first one comes as READDIRPLUS only
+        // when the reader looked names up meanwhile: it gets attributes.
+        let plain = reply.can_plain();
+        if plain && offset == 0 && !self.plus.attrs_wanted() {
+            return self.readdir_plain(ino, &entries, reply);
+        }
         let mut off = offset;
         for (o, dot, dino) in [
             (0u64, &b"."[..], ino),
             (1, b"..", self.shared.parent_ino(ino)),
         ] {
             if off == o {
+                if plain {
+                    if reply.add_plain(dino, o + 1, FileType::Directory, dot) {
+                        return reply.ok();
+                    }
+                    off = o + 1;
+                    continue;
+                }
                 let Ok(a) = self.shared.do_getattr(&ctx, dino, None) else {
                     return reply.error(Errno::ESTALE);
                 };
@@ -449,6 +464,25 @@ impl Core {
                 break;
             }
         }
+        reply.ok();
+    }
+
+    /// A directory's first READDIRPLUS batch without attributes (`fs/plus.rs`).
+    fn readdir_plain(&self, ino: u64, entries: &[ListEntry], mut reply: impl DirPlusReply) {
+        let parent = self.shared.parent_ino(ino);
+        if reply.add_plain(ino, 1, FileType::Directory, b".")
+            || reply.add_plain(parent, 2, FileType::Directory, b"..")
+        {
+            return reply.ok();
+        }
+        let mut sent = 0;
+        for (i, e) in entries.iter().enumerate() {
+            if reply.add_plain(e.ino, i as u64 + 3, attr::kind(e.kind), &e.name) {
+                break;
+            }
+            sent += 1;
+        }
+        self.plus.sent_plain(ino, sent);
         reply.ok();
     }
 

@@ -11,6 +11,7 @@ pub mod handlers;
 pub mod kcache;
 pub mod notes;
 pub mod ops;
+mod plus;
 pub mod reply;
 
 pub use core::{Core, Rq};
