@@ -126,6 +126,15 @@ fn describe_by_at(p: &Policy, by: By, layer: usize, path: &[u8]) -> String {
             esc(p.layer_file(layer))
         ),
         By::Default => format!("default = {}", p.layers()[layer].default_access()),
+        By::Ignore(hit) => {
+            let (file, glob) = p.ignore_set().describe(hit);
+            format!(
+                "ignore file SOURCE/{}:{} pattern \"{}\" (ignore_files: hidden)",
+                esc(&file),
+                hit.line,
+                esc(&glob)
+            )
+        }
     }
 }
 

@@ -4,12 +4,14 @@
 //!   audit writer, session settings, descriptor budget, mountinfo);
 //! - `mount`: the mount's life cycle, step by step, in an order that must be kept;
 //! - `threads`: the daemon's own threads (signals, reloads, the control socket);
-//! - `notify`: the notify thread (kernel cache invalidations) and its held-directory lane.
+//! - `notify`: the notify thread (kernel cache invalidations) and its held-directory lane;
+//! - `policy_watch`: the debounced reload when the host edits a policy file in SOURCE.
 
 mod answers;
 mod explain;
 mod mount;
 mod notify;
+mod policy_watch;
 mod startup;
 mod threads;
 mod vhost;

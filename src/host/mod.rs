@@ -2,5 +2,6 @@
 
 pub mod budget;
 pub mod handle;
+pub mod ignore_scan;
 pub mod inode;
 pub mod sys;

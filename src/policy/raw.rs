@@ -18,6 +18,9 @@
 //!             protected      = [string, ...]
 //!             allow_setid    = boolean
 //!             allow_devices  = boolean
+//!             presets        = [string, ...]
+//!             workspace_policy = string
+//!             ignore_files   = [string, ...]
 //!             rule           = array of tables ([[rule]])
 //! [[rule]]    path   = string                  (required)
 //!             access = string                  (required)
@@ -73,10 +76,12 @@ pub(crate) struct RawPolicy {
     pub presets: Option<Vec<Located<String>>>,
     /// `workspace_policy = NAME`: a layer inside SOURCE (see `layers.rs`).
     pub workspace_policy: Option<Located<String>>,
+    /// `ignore_files = [NAME, ...]`: gitignore-style files in SOURCE (see `ignore.rs`).
+    pub ignore_files: Option<Vec<Located<String>>>,
     pub rules: Vec<RawRule>,
 }
 
-const TOP_KEYS: &str = "mode, default, writable_roots, protected, allow_setid, allow_devices, presets, workspace_policy, rule";
+const TOP_KEYS: &str = "mode, default, writable_roots, protected, allow_setid, allow_devices, presets, workspace_policy, ignore_files, rule";
 const RULE_KEYS: &str = "path, access, ask, except, uid, gid";
 
 /// Parses `src`. `Err` is a TOML syntax error (the parser stops at the first one);
@@ -99,6 +104,7 @@ pub(crate) fn parse(src: &str) -> Result<(RawPolicy, Vec<RawError>), RawError> {
             "allow_devices" => raw.allow_devices = boolean(name, value, &mut errors),
             "presets" => raw.presets = strings(name, value, &mut errors),
             "workspace_policy" => raw.workspace_policy = string(name, value, &mut errors),
+            "ignore_files" => raw.ignore_files = strings(name, value, &mut errors),
             "rule" => raw.rules = rules(value, &mut errors),
             _ => errors.push(unknown_key(key, TOP_KEYS)),
         }
