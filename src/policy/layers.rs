@@ -536,15 +536,21 @@ impl Policy {
         }
     }
 
+    /// Whether renaming a directory from `old` to `new` would move or replace a pinned
+    /// file (the workspace layer's, an ignore file): refused with EROFS, not EACCES.
+    pub fn dir_rename_pinned(&self, old: &[u8], new: &[u8]) -> bool {
+        self.pinned(old)
+            || self.pinned(new)
+            || self.ignore.holds_ignore_file(old)
+            || self.ignore.holds_ignore_file(new)
+    }
+
     /// Whether a directory may be renamed from `old` to `new`: every layer allows it
     /// (see [`Layer::dir_rename_allowed`]).
     pub fn dir_rename_allowed(&self, old: &[u8], new: &[u8]) -> bool {
         // A directory renamed over the pinned name would replace the workspace layer.
         // Nor one holding an ignore file: its patterns would move (or vanish) with it.
-        !self.pinned(old)
-            && !self.pinned(new)
-            && !self.ignore.holds_ignore_file(old)
-            && !self.ignore.holds_ignore_file(new)
+        !self.dir_rename_pinned(old, new)
             && self.layers.iter().all(|l| l.dir_rename_allowed(old, new))
     }
 }
