@@ -51,6 +51,8 @@ pub enum Command {
     },
     /// Print every built-in preset's rules, each with the reason it is there.
     Presets,
+    /// Print the policy file's JSON Schema (for editors: taplo, VS Code "Even Better TOML").
+    Schema,
     /// Print the access PATH gets and what decided it; with OP also allow/deny and the errno.
     Explain(ExplainArgs),
     /// Send one command to a daemon's control socket and print the answer.

@@ -60,6 +60,10 @@ pub fn run(cmd: Command) -> i32 {
         },
         Command::Check { policy } => explain::check(&policy),
         Command::Presets => explain::presets(),
+        Command::Schema => {
+            crate::out!("{}", crate::policy::schema::json());
+            0
+        }
         Command::Explain(a) => explain::explain(a),
         Command::Ctl { socket, what } => crate::control::client::ctl(&socket, &what),
         Command::Stage(a) => crate::stage::cli::run(a),

@@ -255,6 +255,7 @@ pub mod ignore;
 mod layers;
 pub mod presets;
 mod raw;
+pub mod schema;
 #[cfg(test)]
 mod tests;
 

@@ -81,8 +81,8 @@ pub(crate) struct RawPolicy {
     pub rules: Vec<RawRule>,
 }
 
-const TOP_KEYS: &str = "mode, default, writable_roots, protected, allow_setid, allow_devices, presets, workspace_policy, ignore_files, rule";
-const RULE_KEYS: &str = "path, access, ask, except, uid, gid";
+pub(crate) const TOP_KEYS: &str = "mode, default, writable_roots, protected, allow_setid, allow_devices, presets, workspace_policy, ignore_files, rule";
+pub(crate) const RULE_KEYS: &str = "path, access, ask, except, uid, gid";
 
 /// Parses `src`. `Err` is a TOML syntax error (the parser stops at the first one);
 /// otherwise the raw policy plus every structural error found (possibly none).
