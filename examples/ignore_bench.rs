@@ -76,6 +76,23 @@ fn main() {
         compile.as_secs_f64() * 1e3
     );
 
+    // The compile at its bound: 100 files of 100 pattern lines (MAX_PATTERNS together).
+    let big: Vec<fencefs::policy::IgnoreSource> = (0..100)
+        .map(|d| fencefs::policy::IgnoreSource {
+            dir: format!("d{d}").into_bytes(),
+            name: ".aiignore".into(),
+            text: (0..50).map(|i| format!("p{i}*.x{d}\n!/k{i}/\n")).collect(),
+        })
+        .collect();
+    let t = Instant::now();
+    let worst = base.clone().with_ignores(&big).unwrap();
+    println!(
+        "compile at the bound ({} files, {} patterns): {:.1} ms",
+        worst.ignore_set().len(),
+        big.iter().map(|s| s.text.lines().count()).sum::<usize>(),
+        t.elapsed().as_secs_f64() * 1e3
+    );
+
     for (what, pol) in [
         ("without ignore files", &base),
         ("with 101 ignore files", &p),

@@ -13,7 +13,7 @@
 //! descend into an excluded directory either). Among several ignore-file names in the same
 //! directory, the one listed later in `ignore_files` takes precedence.
 //!
-//! Invariants: an ignore file's own name (as the last component) is never hidden by an
+//! Invariants: at most [`MAX_PATTERNS`] pattern lines in all; an ignore file's own name (as the last component) is never hidden by an
 //! ignore file (it stays readable; its directory can still hide it); a set is compiled
 //! whole or not at all (an unparsable line is an error naming file and line); deciding a
 //! path reads nothing and allocates only the prefix key.
@@ -27,6 +27,11 @@ use ignore::Match;
 use ignore::gitignore::{Gitignore, GitignoreBuilder};
 
 use super::PolicyError;
+
+/// Most pattern lines (not blank, not comments) of all ignore files together: more fail
+/// the compile (a hostile repository cannot make the matchers take unbounded time or
+/// memory to build).
+pub const MAX_PATTERNS: usize = 10_000;
 
 /// One ignore file's contents, as the host side read it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -100,6 +105,21 @@ impl IgnoreSet {
             ..IgnoreSet::default()
         };
         let mut errors = Vec::new();
+        let patterns = sources
+            .iter()
+            .flat_map(|s| s.text.lines())
+            .filter(|l| !l.trim().is_empty() && !l.starts_with('#'))
+            .count();
+        if patterns > MAX_PATTERNS {
+            return Err(vec![PolicyError {
+                file: "SOURCE".into(),
+                line: 0,
+                column: 0,
+                message: format!(
+                    "ignore_files: more than {MAX_PATTERNS} patterns in the ignore files together"
+                ),
+            }]);
+        }
         for src in sources {
             let Some(rank) = names.iter().position(|n| *n == src.name) else {
                 continue;

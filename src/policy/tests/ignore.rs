@@ -152,6 +152,12 @@ fn ignore_file_errors() {
         .with_ignores(&[src("s", ".aiignore", "ok\na{b\n")])
         .expect_err("bad glob");
     assert_eq!((e[0].file.as_str(), e[0].line), ("SOURCE/s/.aiignore", 2));
+    // Too many patterns together: refused, not compiled.
+    let many = "x\n".repeat(crate::policy::ignore::MAX_PATTERNS / 2 + 1);
+    let e = pol(DANGER)
+        .with_ignores(&[src("", ".aiignore", &many), src("d", ".aiignore", &many)])
+        .expect_err("too many patterns");
+    assert!(e[0].message.contains("more than 10000 patterns"), "{e:?}");
     // Names are file names.
     for bad in ["", ".", "..", "a/b"] {
         let src = format!("ignore_files = [\"{bad}\"]\n");
