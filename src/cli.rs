@@ -227,6 +227,9 @@ pub struct ExplainArgs {
     /// Caller gid (default 0).
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub gid: u32,
+    /// Also read the workspace layer and the ignore files in DIR, as a mount of DIR would.
+    #[arg(long, value_name = "DIR")]
+    pub source: Option<PathBuf>,
     /// Workspace-relative path (taken as a file; end it with '/' for a directory).
     pub path: String,
     /// read | write | create | delete | rename | list

@@ -381,3 +381,52 @@ fn a_repository_over_the_ignore_file_bound_is_refused() {
         out.stderr
     );
 }
+
+#[test]
+fn explain_with_source_names_the_ignore_file_and_line() {
+    let ws = Workspace::new("ignore-explain");
+    put(&ws.src().join("d/.aiignore"), b"# keys\n*.pem\n", 0o644);
+    put(
+        &ws.src().join(".fencefs.toml"),
+        b"[[rule]]\npath = \"docs\"\naccess = \"read\"\n",
+        0o644,
+    );
+    fs::write(ws.policy_path(), POLICY).unwrap();
+    let explain = |path: &str, with_source: bool| {
+        let mut args = vec![
+            "explain".into(),
+            "-p".into(),
+            ws.policy_path().into_os_string(),
+        ];
+        if with_source {
+            args.push("--source".into());
+            args.push(ws.src().into_os_string());
+        }
+        args.push(path.into());
+        run_fencefs(args, Duration::from_secs(30))
+    };
+    let out = explain("d/k.pem", true);
+    assert!(out.ok(), "{out:?}");
+    assert!(
+        out.stdout.contains("none")
+            && out
+                .stdout
+                .contains("SOURCE/d/.aiignore:2 pattern \"*.pem\""),
+        "{}",
+        out.stdout
+    );
+    // The workspace layer is read too.
+    let out = explain("docs/a", true);
+    assert!(
+        out.stdout.contains("SOURCE/.fencefs.toml"),
+        "{}",
+        out.stdout
+    );
+    // Without --source: no SOURCE, no ignore files.
+    let out = explain("d/k.pem", false);
+    assert!(
+        out.ok() && !out.stdout.contains(".aiignore:"),
+        "{}",
+        out.stdout
+    );
+}

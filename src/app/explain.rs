@@ -167,7 +167,24 @@ fn describe_ceiling(p: &Policy, path: &[u8]) -> String {
 }
 
 pub(super) fn explain(a: ExplainArgs) -> i32 {
-    let policy = match reload::load(&a.policy, a.mode) {
+    let source = match a
+        .source
+        .as_deref()
+        .map(crate::host::sys::open_root)
+        .transpose()
+    {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("fencefs: --source: {e}");
+            return EXIT_ERR;
+        }
+    };
+    let loaded = reload::load_in(
+        &a.policy,
+        a.mode,
+        source.as_ref().map(std::os::fd::AsFd::as_fd),
+    );
+    let policy = match loaded {
         Ok(p) => p,
         Err(errs) => {
             print_errors(&errs);
