@@ -141,7 +141,7 @@ fn no_overstrike(s: &str) -> String {
 #[test]
 fn every_policy_key_is_in_the_policy_man_page_and_the_book() {
     let (top, rule) = policy_keys();
-    assert_eq!(top.len(), 10, "{top:?}");
+    assert_eq!(top.len(), 11, "{top:?}");
     assert!(rule.contains(&"path".to_string()) && rule.contains(&"access".to_string()));
     let man = fencefs::docs::POLICY_MAN;
     let policy = chapter("policy.md");

@@ -206,6 +206,7 @@ pub(super) fn build_state(
         kcache: KernelCache::default(),
         approvals: Arc::new(approvals),
         stats: Stats::default(),
+        notes: crate::fs::notes::Notes::new(a.stage.is_some()),
     });
     let state = State {
         src,

@@ -74,6 +74,14 @@ impl Shared {
         if !held {
             counter.fetch_add(1, Ordering::Relaxed);
         }
+        if !allowed && !held {
+            let asked = match line {
+                Line::Outcome(o) => Some(o),
+                _ => None,
+            };
+            let e = errno.unwrap_or(libc::EACCES);
+            self.notes.record(ctx, op, path, v, by, e, asked.as_ref());
+        }
         let Some(a) = &self.audit else { return };
         if matches!(line, Line::Plain(None)) && !a.allowed {
             return;

@@ -13,6 +13,7 @@ use fuser::{Errno, FileType, FopenFlags};
 
 use super::attr;
 use super::core::{Core, Rq};
+use super::notes::{self, owns, owns_fh};
 use super::ops::{Error, Lookup};
 use super::reply::{
     AttrReply, CreateReply, DataReply, DirPlusReply, DirReply, EmptyReply, EntryReply, LseekReply,
@@ -20,6 +21,16 @@ use super::reply::{
 };
 use super::{errno, negative_attr};
 use crate::host::sys::{Name, Xattr};
+
+/// Hands a request on a synthetic `.fencefs/` node or handle (`fs/notes/`) its answer
+/// and returns: the one line each handler gives the notes.
+macro_rules! notes {
+    ($ours:expr, $answer:expr) => {
+        if $ours {
+            return $answer;
+        }
+    };
+}
 
 /// A name from the kernel, validated.
 fn name(n: &[u8]) -> Result<Name, Errno> {
@@ -67,6 +78,9 @@ impl Core {
         let found = self.shared.do_lookup(&ctx, parent, &n);
         let ttl = self.shared.ttl(&ctx);
         let cache = match found {
+            Ok(Lookup::Found(a)) if owns(a.ino.0) => {
+                return reply.entry(&notes::TTL, &notes::TTL, &a);
+            }
             Ok(Lookup::Found(a)) => return reply.entry(&ttl.attr, &ttl.entry, &a),
             Ok(Lookup::Absent) => !ttl.entry.is_zero(),
             Ok(Lookup::Hidden) => {
@@ -83,6 +97,7 @@ impl Core {
 
     /// GETATTR.
     pub fn getattr(self: &Arc<Self>, rq: Rq, ino: u64, fh: Option<u64>, reply: impl AttrReply) {
+        notes!(owns(ino), self.notes_getattr(rq, ino, reply));
         let ctx = self.ctx(rq);
         let r = self.shared.do_getattr(&ctx, ino, fh);
         match r {
@@ -102,6 +117,7 @@ impl Core {
 
     /// SETATTR.
     pub fn setattr(self: &Arc<Self>, rq: Rq, ino: u64, s: SetAttr, reply: impl AttrReply) {
+        notes!(owns(ino), reply.error(Errno::EROFS));
         self.serve_in(
             self.locked_dir(&[ino]),
             rq,
@@ -116,6 +132,7 @@ impl Core {
 
     /// READLINK.
     pub fn readlink(self: &Arc<Self>, rq: Rq, ino: u64, reply: impl DataReply) {
+        notes!(owns(ino), reply.error(Errno::EINVAL));
         let ctx = self.ctx(rq);
         match self.shared.do_readlink(&ctx, ino) {
             Ok(t) => reply.data(&t),
@@ -247,6 +264,7 @@ impl Core {
         newname: &[u8],
         reply: impl EntryReply,
     ) {
+        notes!(owns(ino), reply.error(Errno::EROFS));
         let nn = match name(newname) {
             Ok(n) => n,
             Err(e) => return reply.error(e),
@@ -262,6 +280,7 @@ impl Core {
 
     /// OPEN.
     pub fn open(self: &Arc<Self>, rq: Rq, ino: u64, flags: i32, reply: impl OpenReply) {
+        notes!(owns(ino), self.notes_open(rq, ino, flags, reply));
         self.serve(
             rq,
             reply,
@@ -278,6 +297,7 @@ impl Core {
 
     /// READ.
     pub fn read(self: &Arc<Self>, rq: Rq, fh: u64, offset: u64, size: u32, reply: impl DataReply) {
+        notes!(owns_fh(fh), self.notes_read(fh, offset, size, reply));
         let ctx = self.ctx(rq);
         match self.shared.do_read(&ctx, fh, offset, size) {
             Ok(d) => reply.data(&d),
@@ -311,6 +331,7 @@ impl Core {
 
     /// RELEASE.
     pub fn release(self: &Arc<Self>, ino: u64, fh: u64, reply: impl EmptyReply) {
+        notes!(owns_fh(fh), self.notes_release(fh, reply));
         self.shared.do_release(fh);
         self.release_backing(ino, fh);
         reply.ok();
@@ -318,11 +339,13 @@ impl Core {
 
     /// FSYNC and FSYNCDIR.
     pub fn fsync(self: &Arc<Self>, fh: u64, datasync: bool, reply: impl EmptyReply) {
+        notes!(owns_fh(fh), reply.ok());
         empty(reply, self.shared.do_fsync(fh, datasync))
     }
 
     /// OPENDIR.
     pub fn opendir(self: &Arc<Self>, rq: Rq, ino: u64, reply: impl OpenReply) {
+        notes!(owns(ino), self.notes_opendir(rq, ino, reply));
         let ctx = self.ctx(rq);
         let r = self.shared.do_opendir(&ctx, ino);
         // The kernel may keep a listing across opens (it drops it when the directory
@@ -349,6 +372,7 @@ impl Core {
         offset: u64,
         mut reply: impl DirReply,
     ) {
+        notes!(owns(ino), self.notes_readdir(fh, offset, reply));
         let ctx = self.ctx(rq);
         let (_h, entries) = match self.shared.dir_entries(&ctx, fh, offset) {
             Ok(x) => x,
@@ -386,6 +410,7 @@ impl Core {
         offset: u64,
         mut reply: impl DirPlusReply,
     ) {
+        notes!(owns(ino), self.notes_readdirplus(rq, fh, offset, reply));
         let ctx = self.ctx(rq);
         let (_h, entries) = match self.shared.dir_entries(&ctx, fh, offset) {
             Ok(x) => x,
@@ -414,8 +439,11 @@ impl Core {
                 continue;
             };
             // After the lookup registered the node (kcache's invariant).
-            let ttl = self.shared.ttl(&ctx);
-            if reply.add(i as u64 + 3, &e.name, &ttl.entry, &a) {
+            let ttl = match owns(a.ino.0) {
+                true => notes::TTL,
+                false => self.shared.ttl(&ctx).entry,
+            };
+            if reply.add(i as u64 + 3, &e.name, &ttl, &a) {
                 // Not sent: give the lookup back.
                 self.shared.do_forget(a.ino.0, 1);
                 break;
@@ -426,12 +454,15 @@ impl Core {
 
     /// RELEASEDIR.
     pub fn releasedir(self: &Arc<Self>, fh: u64, reply: impl EmptyReply) {
+        notes!(owns_fh(fh), self.notes_release(fh, reply));
         self.shared.do_release(fh);
         reply.ok();
     }
 
     /// STATFS.
     pub fn statfs(self: &Arc<Self>, rq: Rq, ino: u64, reply: impl StatfsReply) {
+        // The notes live on the mount: its statfs is the root's.
+        let ino = if owns(ino) { notes::ROOT } else { ino };
         let ctx = self.ctx(rq);
         match self.shared.do_statfs(&ctx, ino) {
             Ok(s) => reply.statfs(&s),
@@ -449,6 +480,7 @@ impl Core {
         flags: i32,
         reply: impl EmptyReply,
     ) {
+        notes!(owns(ino), reply.error(Errno::EROFS));
         let n = n.to_vec();
         let value = value.to_vec();
         self.serve_in(
@@ -469,18 +501,21 @@ impl Core {
         size: u32,
         reply: impl XattrReply,
     ) {
+        notes!(owns(ino), self.notes_xattr(false, size, reply));
         let ctx = self.ctx(rq);
         xattr(reply, self.shared.do_getxattr(&ctx, ino, n, size))
     }
 
     /// LISTXATTR.
     pub fn listxattr(self: &Arc<Self>, rq: Rq, ino: u64, size: u32, reply: impl XattrReply) {
+        notes!(owns(ino), self.notes_xattr(true, size, reply));
         let ctx = self.ctx(rq);
         xattr(reply, self.shared.do_listxattr(&ctx, ino, size))
     }
 
     /// REMOVEXATTR.
     pub fn removexattr(self: &Arc<Self>, rq: Rq, ino: u64, n: &[u8], reply: impl EmptyReply) {
+        notes!(owns(ino), reply.error(Errno::EROFS));
         let n = n.to_vec();
         self.serve_in(
             self.locked_dir(&[ino]),
@@ -493,6 +528,7 @@ impl Core {
 
     /// ACCESS.
     pub fn access(self: &Arc<Self>, rq: Rq, ino: u64, mask: i32, reply: impl EmptyReply) {
+        notes!(owns(ino), self.notes_access(rq, ino, mask, reply));
         let ctx = self.ctx(rq);
         empty(reply, self.shared.do_access(&ctx, ino, mask))
     }
@@ -551,6 +587,7 @@ impl Core {
 
     /// LSEEK.
     pub fn lseek(self: &Arc<Self>, fh: u64, offset: i64, whence: i32, reply: impl LseekReply) {
+        notes!(owns_fh(fh), self.notes_lseek(fh, offset, whence, reply));
         match self.shared.do_lseek(fh, offset, whence) {
             Ok(o) => reply.offset(o),
             Err(e) => reply.error(errno(e)),
@@ -569,6 +606,8 @@ impl Core {
         len: u64,
         reply: impl WriteReply,
     ) {
+        // An open note has no host file: the kernel copies it by reading.
+        notes!(owns_fh(fh_in) || owns_fh(fh_out), reply.error(Errno::EXDEV));
         self.serve(
             rq,
             reply,

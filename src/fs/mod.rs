@@ -9,6 +9,7 @@ mod core;
 mod decide;
 pub mod handlers;
 pub mod kcache;
+pub mod notes;
 pub mod ops;
 pub mod reply;
 

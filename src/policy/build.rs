@@ -62,6 +62,8 @@ pub struct Layer {
     pub(super) default: Access,
     pub(super) allow_setid: bool,
     pub(super) allow_devices: bool,
+    /// `agent_notes` as written (`None`: the key is absent).
+    pub(super) agent_notes: Option<bool>,
     pub(super) rules: Vec<RuleInfo>,
     /// Parallel to `rules`.
     pub(super) patterns: Vec<Pattern>,
@@ -434,6 +436,7 @@ impl Layer {
         policy.ignore_files = ignore_files;
         policy.allow_setid = raw.allow_setid.unwrap_or(false);
         policy.allow_devices = raw.allow_devices.unwrap_or(false);
+        policy.agent_notes = raw.agent_notes;
         Ok(policy)
     }
 
@@ -515,6 +518,7 @@ impl Layer {
             protected_lines,
             allow_setid: false,
             allow_devices: false,
+            agent_notes: None,
             has_id_rules: has_ids.iter().any(|&b| b),
             has_ids,
             patterns,
@@ -604,6 +608,11 @@ impl Layer {
     /// `allow_devices = true`.
     pub fn allow_devices(&self) -> bool {
         self.allow_devices
+    }
+
+    /// `agent_notes` as written (`None` when absent).
+    pub fn agent_notes(&self) -> Option<bool> {
+        self.agent_notes
     }
 
     /// `writable_roots` as written (`["."]` when absent).

@@ -296,6 +296,13 @@ impl Policy {
         self.layers.iter().all(Layer::allow_setid)
     }
 
+    /// The virtual `.fencefs/` directory is shown: some layer says `agent_notes = true`
+    /// and none says `false` (a layer can turn the notes off, as it can only tighten).
+    pub fn agent_notes(&self) -> bool {
+        let set = || self.layers.iter().filter_map(Layer::agent_notes);
+        set().any(|b| b) && set().all(|b| b)
+    }
+
     /// Every layer says `allow_devices = true`.
     pub fn allow_devices(&self) -> bool {
         self.layers.iter().all(Layer::allow_devices)

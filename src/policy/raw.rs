@@ -18,6 +18,7 @@
 //!             protected      = [string, ...]
 //!             allow_setid    = boolean
 //!             allow_devices  = boolean
+//!             agent_notes    = boolean
 //!             presets        = [string, ...]
 //!             workspace_policy = string
 //!             ignore_files   = [string, ...]
@@ -72,6 +73,8 @@ pub(crate) struct RawPolicy {
     pub protected: Option<Vec<Located<String>>>,
     pub allow_setid: Option<bool>,
     pub allow_devices: Option<bool>,
+    /// `agent_notes = true`: the virtual `.fencefs/` directory (see `fs/notes/`).
+    pub agent_notes: Option<bool>,
     /// `presets = [...]`: built-in rule sets (see `presets.rs`).
     pub presets: Option<Vec<Located<String>>>,
     /// `workspace_policy = NAME`: a layer inside SOURCE (see `layers.rs`).
@@ -81,7 +84,7 @@ pub(crate) struct RawPolicy {
     pub rules: Vec<RawRule>,
 }
 
-pub(crate) const TOP_KEYS: &str = "mode, default, writable_roots, protected, allow_setid, allow_devices, presets, workspace_policy, ignore_files, rule";
+pub(crate) const TOP_KEYS: &str = "mode, default, writable_roots, protected, allow_setid, allow_devices, agent_notes, presets, workspace_policy, ignore_files, rule";
 pub(crate) const RULE_KEYS: &str = "path, access, ask, except, uid, gid";
 
 /// Parses `src`. `Err` is a TOML syntax error (the parser stops at the first one);
@@ -102,6 +105,7 @@ pub(crate) fn parse(src: &str) -> Result<(RawPolicy, Vec<RawError>), RawError> {
             "protected" => raw.protected = strings(name, value, &mut errors),
             "allow_setid" => raw.allow_setid = boolean(name, value, &mut errors),
             "allow_devices" => raw.allow_devices = boolean(name, value, &mut errors),
+            "agent_notes" => raw.agent_notes = boolean(name, value, &mut errors),
             "presets" => raw.presets = strings(name, value, &mut errors),
             "workspace_policy" => raw.workspace_policy = string(name, value, &mut errors),
             "ignore_files" => raw.ignore_files = strings(name, value, &mut errors),

@@ -30,6 +30,9 @@ pub struct PolicyFile {
     pub allow_setid: Option<bool>,
     /// Allow creating device nodes (EPERM otherwise).
     pub allow_devices: Option<bool>,
+    /// Show the agent a virtual, read-only `.fencefs/` directory at the mount's root: what
+    /// the policy lets it do and why its last requests were refused.
+    pub agent_notes: Option<bool>,
     /// Built-in rule sets (`fencefs presets` prints them).
     #[serde(default)]
     #[schemars(schema_with = "preset_names")]

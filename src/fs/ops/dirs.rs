@@ -63,7 +63,7 @@ impl Shared {
                 != Access::None
         });
         let ids = self.inodes.ids_for(raw.iter().map(|e| e.ino));
-        Ok(raw
+        let mut listing: Vec<ListEntry> = raw
             .into_iter()
             .zip(ids)
             .map(|(e, ino)| ListEntry {
@@ -71,7 +71,11 @@ impl Shared {
                 kind: attr::dtype_to_mode(e.dtype),
                 name: e.name,
             })
-            .collect())
+            .collect();
+        if ino == ROOT {
+            self.notes.root_listing(ctx, &mut listing);
+        }
+        Ok(listing)
     }
 
     /// The listing for a readdir at `offset` (0 re-reads the directory, like rewinddir).

@@ -144,6 +144,8 @@ pub struct Shared {
     pub approvals: Arc<Approvals>,
     /// Decisions made (for `status`).
     pub stats: Stats,
+    /// The virtual `.fencefs/` directory (`agent_notes = true`): open notes, denials.
+    pub notes: super::notes::Notes,
 }
 
 /// Decision counters.
@@ -234,6 +236,8 @@ impl Shared {
     }
 
     fn child_path(&self, parent: u64, name: &Name) -> Res<Vec<u8>> {
+        // Every name mutation builds its path here: none reaches `.fencefs/` (EROFS).
+        self.notes.guard(&self.policy, parent, name.bytes())?;
         let pp = self.inodes.path(parent)?;
         Ok(join(&pp, name.bytes()))
     }

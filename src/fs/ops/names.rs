@@ -118,13 +118,23 @@ impl Shared {
     /// host and a name the policy hides give the same answer (`Absent` / `Hidden`), which
     /// the glue sends as the same negative entry.
     pub fn do_lookup(&self, ctx: &Ctx, parent: u64, name: &Name) -> Res<Lookup> {
+        if let Some(found) = self.notes_lookup(ctx, parent, name.bytes()) {
+            return found;
+        }
         let path = self.child_path(parent, name)?;
         let st = match self.inodes.probe(parent, name) {
             Ok(st) => st,
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
                 // The same policy work as for a present name, so that the time of a
                 // lookup does not tell an absent name from a hidden one.
-                std::hint::black_box(ctx.snap.policy.verdict_for(&path, ctx.caller, false));
+                let v = ctx.snap.policy.verdict_for(&path, ctx.caller, false);
+                std::hint::black_box(v);
+                // `.fencefs/denials` shows a hidden name whether or not it exists.
+                if v.effective == crate::policy::Access::None {
+                    let by = v.by;
+                    self.notes
+                        .record(ctx, "lookup", &path, &v, by, libc::ENOENT, None);
+                }
                 return Ok(Lookup::Absent);
             }
             Err(e) => return Err(e.into()),
