@@ -51,6 +51,8 @@ pub enum Command {
     },
     /// Print every built-in preset's rules, each with the reason it is there.
     Presets,
+    /// Print the policy file's JSON Schema (for editors: taplo, VS Code "Even Better TOML").
+    Schema,
     /// Print the access PATH gets and what decided it; with OP also allow/deny and the errno.
     Explain(ExplainArgs),
     /// Send one command to a daemon's control socket and print the answer.
@@ -237,6 +239,9 @@ pub struct ExplainArgs {
     /// then names the root PATH is in.
     #[arg(long = "root", value_name = "PATH=DIR")]
     pub root: Vec<String>,
+    /// Also read the workspace layer and the ignore files in DIR, as a mount of DIR would.
+    #[arg(long, value_name = "DIR")]
+    pub source: Option<PathBuf>,
     /// Workspace-relative path (taken as a file; end it with '/' for a directory).
     pub path: String,
     /// read | write | create | delete | rename | list

@@ -48,6 +48,10 @@ pub struct Batch {
     /// Names directly in SOURCE's root that changed in any way (created, removed, moved,
     /// written, attributes): the workspace layer's file is watched through these.
     pub root_names: Vec<Vec<u8>>,
+    /// Some event named an ignore file (`ignore_files`) or a directory on the way to one,
+    /// in any directory (known to the mount or not), or a directory moved in: the ignore
+    /// files must be found again.
+    pub ignore_changed: bool,
 }
 
 /// Opens a fanotify group marking SOURCE's whole file system.
@@ -136,6 +140,8 @@ fn decode(buf: &[u8], shared: &Shared, me: u32, pages: bool) -> Batch {
     let mut b = Batch::default();
     let mut seen_e: HashSet<(u64, Vec<u8>)> = HashSet::new();
     let mut seen_i: HashSet<u64> = HashSet::new();
+    let snap = shared.policy.get();
+    let ignore = snap.policy.ignore_set();
     let mut off = 0;
     while off + 24 <= buf.len() {
         let Some(len) = u32_at(buf, off).map(|l| l as usize) else {
@@ -165,6 +171,13 @@ fn decode(buf: &[u8], shared: &Shared, me: u32, pages: bool) -> Batch {
             if let Some((kind, key, name)) = parse_info(&ev[i..i + rlen]) {
                 match (kind, name) {
                     (_, Some(name)) => {
+                        let moved_dir_in = mask & libc::FAN_ONDIR != 0 && mask & 0x80 != 0;
+                        if !b.ignore_changed
+                            && !ignore.names().is_empty()
+                            && (moved_dir_in || ignore.affects(&name))
+                        {
+                            b.ignore_changed = true;
+                        }
                         if let Some(dir) = shared.inodes.by_handle(&key) {
                             if dir == crate::host::inode::ROOT && !b.root_names.contains(&name) {
                                 b.root_names.push(name.clone());
@@ -231,6 +244,7 @@ pub fn run(fan: OwnedFd, shared: Arc<Shared>, pages: bool, send: impl Fn(Batch))
             || !batch.entries.is_empty()
             || !batch.inodes.is_empty()
             || !batch.root_names.is_empty()
+            || batch.ignore_changed
         {
             send(batch);
         }

@@ -440,23 +440,28 @@ fn start_watch(
     let tx = tx.clone();
     let s = shared.clone();
     let s2 = shared.clone();
+    let reload = super::policy_watch::start(shared.clone(), tx.clone())?;
     std::thread::Builder::new()
         .name("fencefs-watch".into())
         .spawn(move || {
             crate::watch::run(fan, s, true, |b| {
-                // A host edit of the workspace layer's file takes effect like a reload.
-                let layer_changed = s2.policy.get().policy.workspace_policy().is_some_and(|n| {
+                // A host edit of the workspace layer's file or of an ignore file takes
+                // effect like a reload (debounced, on the policy-watch thread).
+                let snap = s2.policy.get();
+                let layer_changed = snap.policy.workspace_policy().is_some_and(|n| {
                     b.everything || b.root_names.iter().any(|r| r == n.as_bytes())
-                });
-                let _ = tx.send(Inval {
-                    entries: b.entries,
-                    inodes: b.inodes,
-                    everything: b.everything,
-                    ..Inval::default()
-                });
-                if layer_changed {
-                    log::info!("workspace layer changed on the host: reloading");
-                    let _ = threads::reload_now(&s2, &tx);
+                }) || (b.everything && !snap.policy.ignore_names().is_empty());
+                drop(snap);
+                if layer_changed || b.ignore_changed {
+                    reload.poke();
+                }
+                if b.everything || !b.entries.is_empty() || !b.inodes.is_empty() {
+                    let _ = tx.send(Inval {
+                        entries: b.entries,
+                        inodes: b.inodes,
+                        everything: b.everything,
+                        ..Inval::default()
+                    });
                 }
             })
         })

@@ -36,6 +36,7 @@ fn by_word(by: By) -> &'static str {
         By::Rule(_) | By::Visibility(_) => "rule",
         By::Default => "default",
         By::Mode => "mode",
+        By::Ignore(_) => "ignore",
     }
 }
 
@@ -102,6 +103,11 @@ impl Shared {
             By::Rule(i) | By::Visibility(i) => {
                 let r = policy.rule(i);
                 (by_s, Some((r.pattern.clone(), Some(r.line))))
+            }
+            // The ignore file and the pattern of its deciding line.
+            By::Ignore(hit) => {
+                let (file, glob) = policy.ignore_set().describe(hit);
+                (by_s, Some((format!("{file}: {glob}"), Some(hit.line))))
             }
             // What set the ceiling; an EPERM (device/setid) refusal stays "mode".
             By::Mode if errno != Some(libc::EPERM) && matches!(line, Line::Plain(_)) => {

@@ -2,6 +2,7 @@
 
 pub mod budget;
 pub mod handle;
+pub mod ignore_scan;
 pub mod inode;
 pub mod roots;
 pub mod sys;

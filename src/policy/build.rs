@@ -56,6 +56,8 @@ pub struct Layer {
     pub(super) mode_set: bool,
     /// `workspace_policy`: the name of a file at SOURCE's root that is one more layer.
     pub(super) workspace_policy: Option<String>,
+    /// `ignore_files`: names of gitignore-style files in SOURCE whose matches are hidden.
+    pub(super) ignore_files: Vec<String>,
     pub(super) mode: Mode,
     pub(super) default: Access,
     pub(super) allow_setid: bool,
@@ -210,6 +212,25 @@ fn defaults(list: &[&str], what: &str) -> Vec<CompiledPattern> {
         .collect()
 }
 
+/// `ignore_files` entries: each one file name (no `/`, not `.`/`..`), duplicates dropped.
+fn ignore_names(items: &[Located<String>], errors: &mut Vec<RawError>) -> Vec<String> {
+    let mut out: Vec<String> = Vec::with_capacity(items.len());
+    for item in items {
+        let v = &item.value;
+        if v.is_empty() || v == "." || v == ".." || v.contains('/') || v.contains('\0') {
+            errors.push(RawError {
+                span: item.span.clone(),
+                message: format!(
+                    "ignore_files entry \"{v}\" must be a file name (e.g. \".aiignore\"), found anywhere in SOURCE"
+                ),
+            });
+        } else if !out.contains(v) {
+            out.push(v.clone());
+        }
+    }
+    out
+}
+
 impl Layer {
     /// Reads and compiles a policy file. A read error is one error with line 0; otherwise
     /// see [`Layer::parse`] (with `file` = `path.display()`).
@@ -341,6 +362,8 @@ impl Layer {
             }
             ok.then(|| v.clone())
         });
+        let ignore_files =
+            ignore_names(raw.ignore_files.as_deref().unwrap_or_default(), &mut errors);
         for entry in raw.presets.iter().flatten() {
             let Some(preset) = super::presets::find(&entry.value) else {
                 let names: Vec<&str> = super::presets::PRESETS.iter().map(|p| p.name).collect();
@@ -410,6 +433,7 @@ impl Layer {
         policy.file = file.to_string();
         policy.mode_set = raw.mode.is_some();
         policy.workspace_policy = workspace_policy;
+        policy.ignore_files = ignore_files;
         policy.allow_setid = raw.allow_setid.unwrap_or(false);
         policy.allow_devices = raw.allow_devices.unwrap_or(false);
         policy.agent_notes = raw.agent_notes;
@@ -482,6 +506,7 @@ impl Layer {
             file: String::new(),
             mode_set: false,
             workspace_policy: None,
+            ignore_files: Vec::new(),
             mode,
             default,
             may_hide,
@@ -525,6 +550,11 @@ impl Layer {
     /// `workspace_policy = NAME` as written (one file name at SOURCE's root).
     pub fn workspace_policy(&self) -> Option<&str> {
         self.workspace_policy.as_deref()
+    }
+
+    /// `ignore_files` as written (file names, each at most once).
+    pub fn ignore_files(&self) -> &[String] {
+        &self.ignore_files
     }
 
     /// Whether this layer was read from a file (not the built-in policy).

@@ -119,6 +119,9 @@ pub enum By {
     /// The path's own grant is `none`, but the rule with this index grants `list` or more
     /// somewhere below it, so the directory stays visible as `list`.
     Visibility(usize),
+    /// An ignore file (`ignore_files`) hides the path: which file, which line
+    /// (see [`Policy::ignore_set`]).
+    Ignore(IgnoreHit),
 }
 
 /// What sets the mode's ceiling at a path (see [`Policy::ceiling_by`]): the detail behind
@@ -248,13 +251,16 @@ impl fmt::Display for PolicyError {
 pub(crate) mod build;
 mod decide;
 mod glob;
+pub mod ignore;
 mod layers;
 pub mod presets;
 mod raw;
+pub mod schema;
 #[cfg(test)]
 mod tests;
 
 pub use build::Layer;
+pub use ignore::{IgnoreHit, IgnoreSet, IgnoreSource};
 pub use layers::Policy;
 
 /// Reads and compiles a policy file (one layer); every error found (not just the first).

@@ -19,6 +19,9 @@
 //!             allow_setid    = boolean
 //!             allow_devices  = boolean
 //!             agent_notes    = boolean
+//!             presets        = [string, ...]
+//!             workspace_policy = string
+//!             ignore_files   = [string, ...]
 //!             rule           = array of tables ([[rule]])
 //! [[rule]]    path   = string                  (required)
 //!             access = string                  (required)
@@ -76,11 +79,13 @@ pub(crate) struct RawPolicy {
     pub presets: Option<Vec<Located<String>>>,
     /// `workspace_policy = NAME`: a layer inside SOURCE (see `layers.rs`).
     pub workspace_policy: Option<Located<String>>,
+    /// `ignore_files = [NAME, ...]`: gitignore-style files in SOURCE (see `ignore.rs`).
+    pub ignore_files: Option<Vec<Located<String>>>,
     pub rules: Vec<RawRule>,
 }
 
-const TOP_KEYS: &str = "mode, default, writable_roots, protected, allow_setid, allow_devices, agent_notes, presets, workspace_policy, rule";
-const RULE_KEYS: &str = "path, access, ask, except, uid, gid";
+pub(crate) const TOP_KEYS: &str = "mode, default, writable_roots, protected, allow_setid, allow_devices, agent_notes, presets, workspace_policy, ignore_files, rule";
+pub(crate) const RULE_KEYS: &str = "path, access, ask, except, uid, gid";
 
 /// Parses `src`. `Err` is a TOML syntax error (the parser stops at the first one);
 /// otherwise the raw policy plus every structural error found (possibly none).
@@ -103,6 +108,7 @@ pub(crate) fn parse(src: &str) -> Result<(RawPolicy, Vec<RawError>), RawError> {
             "agent_notes" => raw.agent_notes = boolean(name, value, &mut errors),
             "presets" => raw.presets = strings(name, value, &mut errors),
             "workspace_policy" => raw.workspace_policy = string(name, value, &mut errors),
+            "ignore_files" => raw.ignore_files = strings(name, value, &mut errors),
             "rule" => raw.rules = rules(value, &mut errors),
             _ => errors.push(unknown_key(key, TOP_KEYS)),
         }

@@ -243,6 +243,9 @@ pub fn why(
     };
     match (errno, by) {
         (libc::EPERM, _) => "set-id bits or device nodes are not allowed".into(),
+        (libc::EROFS, By::Mode) if policy.ignore_set().is_ignore_file(path) => {
+            "ignore files are read-only".into()
+        }
         (libc::EROFS, By::Mode) if policy.pinned(path) => {
             "the workspace policy file is read-only".into()
         }
@@ -262,6 +265,8 @@ pub fn why(
         (_, By::Rule(i)) => rule(i),
         (_, By::Visibility(i)) => format!("{} (only listed)", rule(i)),
         (_, By::Default) => format!("default {}{}", v.grant, layer(v.layer)),
+        // Always `none` (answered above); never names the ignore file's pattern.
+        (_, By::Ignore(_)) => "hidden".into(),
     }
 }
 

@@ -464,8 +464,14 @@ impl Shared {
         let moves_dir = src_dir || (exchange && dst_dir);
         if moves_dir && !ctx.snap.policy.dir_rename_allowed(&old, &new) {
             let v = ctx.snap.policy.verdict(&old, ctx.caller);
-            self.audit(ctx, "rename", &old, &v, v.grant_by, Some(libc::EACCES));
-            return Err(Error(libc::EACCES));
+            // Moving a pinned file (an ignore file, the workspace layer) away: EROFS.
+            let errno = if ctx.snap.policy.dir_rename_pinned(&old, &new) {
+                libc::EROFS
+            } else {
+                libc::EACCES
+            };
+            self.audit(ctx, "rename", &old, &v, v.grant_by, Some(errno));
+            return Err(Error(errno));
         }
         let src = self.inodes.child(parent, name.bytes());
         let dst = self.inodes.child(newparent, newname.bytes());

@@ -37,6 +37,7 @@ fn by_name(p: &Policy, by: By) -> String {
         By::Visibility(i) => format!("visibility {}", p.rule(i).pattern),
         By::Default => "default".to_string(),
         By::Mode => "mode".to_string(),
+        By::Ignore(h) => format!("ignore:{}", h.line),
     }
 }
 
@@ -55,6 +56,7 @@ type MatchCase<'a> = (
 mod check;
 mod errors;
 mod except;
+mod ignore;
 mod layers;
 mod matching;
 mod modes;
