@@ -10,6 +10,7 @@ mod answers;
 mod explain;
 mod mount;
 mod notify;
+mod restage;
 mod startup;
 mod threads;
 mod vhost;

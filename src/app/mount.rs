@@ -204,6 +204,7 @@ pub(super) fn build_state(
         uids,
         gids,
         kcache: KernelCache::default(),
+        gate: a.stage.as_ref().map(|_| Default::default()),
         approvals: Arc::new(approvals),
         stats: Stats::default(),
     });
@@ -462,7 +463,9 @@ fn start_watch(
 
 /// Confines the FUSE workers (the calling thread's descendants) and logs what was applied.
 pub(super) fn confine(shared: &Shared, src: &Path) {
-    let c = crate::harden::confine(shared.inodes.root_fd().as_fd());
+    // Staged: the rule goes on the private tree every merged view is attached to.
+    let root = shared.inodes.root_fd();
+    let c = crate::harden::confine(crate::stage::tree_mount::root().unwrap_or(root.as_fd()));
     let nnp = if c.no_new_privs { "on" } else { "off" };
     match (c.landlock_abi, c.landlock_error) {
         (Some(abi), _) => log::info!(

@@ -371,7 +371,7 @@ fn set_meta(
 
 /// Removes `dir/n` and everything below it (no symlink followed: `unlinkat` removes a
 /// symlink itself, and directories are entered by `O_PATH | O_NOFOLLOW` handles).
-fn remove_tree(layer: &Layer, dir: BorrowedFd<'_>, n: &Name) -> io::Result<()> {
+pub(super) fn remove_tree(layer: &Layer, dir: BorrowedFd<'_>, n: &Name) -> io::Result<()> {
     remove_tree_at(layer, dir, n, 0)
 }
 
