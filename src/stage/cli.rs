@@ -1,10 +1,11 @@
 //! `fencefs stage status|diff|apply|discard|checkpoint|log|rewind`: parsing and output.
 //!
 //! A staging area is reached with `--dir DIR` (no daemon needed) or through a running
-//! mount's control SOCKET (the first argument without `--dir`). `status` and `diff` only
-//! read, so they work either way while a mount serves DIR; `apply` and `discard` take
-//! DIR's lock and are refused while a mount runs on it. Names are printed quoted as git quotes them
-//! (no byte of a name reaches the terminal raw).
+//! mount's control SOCKET (the first argument without `--dir`). `status`, `diff` and `log`
+//! only read, so `--dir` works while a mount serves DIR; `apply`, `discard`, `checkpoint`
+//! and `rewind` with `--dir` take DIR's lock (refused while a mount runs on it: use its
+//! SOCKET). Names are printed quoted as git quotes them (no byte of a name reaches the
+//! terminal raw).
 
 use std::ffi::OsString;
 use std::io::Write;

@@ -2,8 +2,9 @@
 //! lands in the staging area DIR, SOURCE stays untouched until a person applies it.
 //!
 //! Job: validate and lock DIR ([`area`]), build the merged view the daemon serves
-//! ([`engine`]), and read, diff, apply and discard the staged tree offline ([`changes`],
-//! [`diff`], [`apply`], [`cli`]).
+//! ([`engine`], [`view`], [`tree_mount`]), keep checkpoints as sealed layers ([`layers`],
+//! flattened by `flatten`), and read, diff, apply and discard the staged tree ([`changes`],
+//! [`diff`], [`apply`], [`cli`], live through [`control`]).
 //!
 //! The staged tree is kept in kernel overlayfs's upper-directory format, so standard tools
 //! (and `mount -t overlay`) read it. This increment's engine is the kernel's own overlayfs,
@@ -15,8 +16,10 @@
 //! Invariants:
 //! - SOURCE is written only by `apply` (never by the mount), through directory handles
 //!   without following symlinks, each file written beside its destination, synced, renamed.
-//! - Nothing here deletes staged work except `discard` and `apply` of the paths asked for.
-//! - One daemon (or one apply/discard) per DIR at a time (`DIR/lock`).
+//! - Nothing here deletes staged work except `discard`, `apply` of the paths asked for, and
+//!   `rewind` (the layers above its checkpoint).
+//! - One daemon (or one offline apply/discard/checkpoint/rewind) per DIR at a time
+//!   (`DIR/lock`); a running daemon changes DIR only with its requests quiesced.
 
 pub mod apply;
 pub mod area;
