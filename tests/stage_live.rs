@@ -436,3 +436,41 @@ fn live_apply_refusals_leave_source_untouched() {
     via(&sock, "apply", &["--force", "a.txt"]).assert_ok("apply --force");
     assert_eq!(fs::read(m.host("a.txt")).unwrap(), b"ONE\ntwo\nthree\n");
 }
+
+#[test]
+fn renames_across_checkpoints_flatten_and_apply_whole() {
+    let (m, _dir, sock) = live("stage-flatten-renames");
+    m.sh("set -e; mv sub moved; echo n > moved/new.txt")
+        .assert_ok("turn 1");
+    via(&sock, "checkpoint", &[]).assert_ok("checkpoint 1");
+    m.sh("set -e; echo more >> moved/deep/c.txt; mv moved again; rm again/b.txt; mkdir gone2; mv gone/x gone2/x")
+        .assert_ok("turn 2");
+    via(&sock, "checkpoint", &[]).assert_ok("checkpoint 2");
+    m.sh("set -e; mv again/deep again/deeper; echo top > again/deeper/top.txt")
+        .assert_ok("turn 3");
+    let merged = snapshot(&m.mnt(""));
+    let before = snapshot(&m.host(""));
+    // The whole stack over SOURCE, and each turn over the view before it.
+    assert_eq!(
+        via(&sock, "status", &[]).stdout,
+        "R sub/ -> again/\nD again/b.txt\nR sub/deep/ -> again/deeper/\nM again/deeper/c.txt\nA again/deeper/top.txt\nA again/new.txt\nD gone/x\nA gone2/ (1 entry)\n"
+    );
+    assert_eq!(
+        via(&sock, "status", &["--since", "2"]).stdout,
+        "R again/deep/ -> again/deeper/\nA again/deeper/top.txt\n"
+    );
+    assert_host_unchanged(&before, &m.host(""), "status over three layers");
+    // Applied whole (squashing the stack), the merged view unchanged, SOURCE equal to it.
+    via(&sock, "apply", &[]).assert_ok("apply everything");
+    let after = snapshot(&m.mnt(""));
+    let d = snapshot_diff(&merged, &after);
+    assert!(d.is_empty(), "the merged view is unchanged by apply:\n{d}");
+    assert_eq!(
+        fs::read(m.host("again/deeper/c.txt")).unwrap(),
+        b"sea\nmore\n"
+    );
+    assert_eq!(fs::read(m.host("again/deeper/top.txt")).unwrap(), b"top\n");
+    assert_eq!(fs::read(m.host("again/new.txt")).unwrap(), b"n\n");
+    assert!(!m.host("sub").exists() && !m.host("again/b.txt").exists());
+    assert_eq!(via(&sock, "status", &[]).stdout, "");
+}
