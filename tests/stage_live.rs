@@ -474,3 +474,28 @@ fn renames_across_checkpoints_flatten_and_apply_whole() {
     assert!(!m.host("sub").exists() && !m.host("again/b.txt").exists());
     assert_eq!(via(&sock, "status", &[]).stdout, "");
 }
+
+#[test]
+fn a_file_open_across_a_live_checkpoint_stays_usable() {
+    let (m, _dir, sock) = live("stage-open-ckpt");
+    let mut held = fs::OpenOptions::new()
+        .append(true)
+        .open(m.mnt("a.txt"))
+        .unwrap();
+    held.write_all(b"four\n").unwrap();
+    via(&sock, "checkpoint", &[]).assert_ok("checkpoint with a file open");
+    // The kernel keeps its entries (same contents): a new open of the same file works.
+    assert_eq!(
+        fs::read(m.mnt("a.txt")).unwrap(),
+        b"one\ntwo\nthree\nfour\n"
+    );
+    held.write_all(b"five\n").unwrap();
+    drop(held);
+    assert_eq!(
+        fs::read(m.mnt("a.txt")).unwrap(),
+        b"one\ntwo\nthree\nfour\nfive\n"
+    );
+    fs::write(m.mnt("a.txt"), b"new\n").unwrap();
+    assert_eq!(fs::read(m.mnt("a.txt")).unwrap(), b"new\n");
+    assert_eq!(fs::read(m.host("a.txt")).unwrap(), b"one\ntwo\nthree\n");
+}

@@ -9,11 +9,13 @@
 //! they were opened in: a process keeps its descriptor); (5) the gate opens; (6) the
 //! kernel's names, attributes and cached pages are taken back (the same passes as a
 //! policy reload) and the window closes. The command answers after (6): from then on
-//! every process sees the new merged view.
+//! every process sees the new merged view. A checkpoint keeps every path's contents, so
+//! it skips the window and (6): what the kernel holds stays true.
 //!
-//! Invariants: one swap or reload at a time; the old view is detached from the tree (it
-//! lives on only in descriptors opened before); a failed rebuild leaves the old view
-//! served and says so.
+//! Invariants: one swap or reload at a time; an old view is detached from the tree once
+//! no handle opened in it is open (the kernel reopens a passthrough backing file by its
+//! path, which needs the mount attached), checked at every swap; a failed rebuild leaves
+//! the old view served and says so.
 
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
@@ -37,6 +39,11 @@ pub(super) struct Restage {
     dir: PathBuf,
     /// The mount tree generation served now.
     current: Mutex<u64>,
+    /// Replaced generations still attached, each with the newest handle opened before it
+    /// was replaced: the kernel reopens a passthrough backing file by its path for every
+    /// later open of that inode, which fails once its mount is detached, so a generation
+    /// is detached only when every handle opened in it is closed.
+    old: Mutex<Vec<(u64, u64)>>,
 }
 
 impl Restage {
@@ -46,11 +53,13 @@ impl Restage {
             tx,
             dir,
             current: Mutex::new(0),
+            old: Mutex::new(Vec::new()),
         }
     }
 
-    /// Builds the merged view from DIR as it is now and serves it.
-    fn rebuild(&self) -> Result<(), String> {
+    /// Builds the merged view from DIR as it is now and serves it. With `same_view` every
+    /// node is re-found in it (the kernel keeps its entries, open files included).
+    fn rebuild(&self, same_view: bool) -> Result<(), String> {
         let area = Area::open(&self.dir)?;
         let source = crate::host::sys::open_root(&area.source)
             .map_err(|e| format!("source '{}': {e}", area.source.display()))?;
@@ -58,19 +67,34 @@ impl Restage {
         let view: OwnedFd = crate::stage::engine(&area, &source)?;
         let (root, g) = tree_mount::attach(view)?;
         let s = &self.shared;
-        let keep = |id: u64, kind: u32| kind != libc::S_IFDIR && s.handles.any_on(id, |_| true);
+        let keep = |id: u64, kind: u32| {
+            !same_view && kind != libc::S_IFDIR && s.handles.any_on(id, |_| true)
+        };
         s.inodes
             .swap_root(root, &keep)
             .map_err(|e| format!("serving the new view: {e}"))?;
         let mut cur = self.current.lock();
-        tree_mount::detach(*cur);
+        let mut old = self.old.lock();
+        old.push((*cur, s.handles.last_fh()));
         *cur = g;
+        let oldest = s.handles.oldest_open();
+        old.retain(|&(g, newest)| {
+            let in_use = oldest.is_some_and(|o| o <= newest);
+            if !in_use {
+                tree_mount::detach(g);
+            }
+            in_use
+        });
         Ok(())
     }
 }
 
 impl crate::stage::control::Live for Restage {
-    fn swap(&self, change: &mut dyn FnMut() -> Result<Value, String>) -> Result<Value, String> {
+    fn swap(
+        &self,
+        same_view: bool,
+        change: &mut dyn FnMut() -> Result<Value, String>,
+    ) -> Result<Value, String> {
         let _one = super::threads::RELOADING.lock();
         let started = Instant::now();
         let Some(gate) = self.shared.gate.as_ref() else {
@@ -82,12 +106,25 @@ impl crate::stage::control::Live for Restage {
                 DRAIN.as_secs()
             ));
         }
-        self.shared.kcache.begin_window();
+        if !same_view {
+            self.shared.kcache.begin_window();
+        }
         let res = change();
         // Whatever the change did (or left half done: finished by recovery), serve DIR.
         let recovered = crate::stage::layers::recover(&self.dir);
-        let rebuilt = recovered.and_then(|_| self.rebuild());
+        let rebuilt = recovered.and_then(|_| self.rebuild(same_view));
         gate.open();
+        if same_view && res.is_ok() && rebuilt.is_ok() {
+            // The same contents at every path: what the kernel holds stays true.
+            log::info!(
+                "stage: merged view rebuilt in {:?} (same contents)",
+                started.elapsed()
+            );
+            return res;
+        }
+        if same_view {
+            self.shared.kcache.begin_window();
+        }
         let first = super::threads::pass(
             &self.tx,
             Inval {

@@ -54,8 +54,13 @@ pub use crate::control::server::StageHandler as Handler;
 /// request gate, the inode table and the kernel caches).
 pub trait Live: Send + Sync {
     /// Runs `change` with no request in flight, then serves the merged view built from
-    /// DIR again and invalidates the kernel's caches; returns `change`'s answer.
-    fn swap(&self, change: &mut dyn FnMut() -> Result<Value, String>) -> Result<Value, String>;
+    /// DIR again and (unless `same_view`: the change keeps every path's contents, as a
+    /// checkpoint does) invalidates the kernel's caches; returns `change`'s answer.
+    fn swap(
+        &self,
+        same_view: bool,
+        change: &mut dyn FnMut() -> Result<Value, String>,
+    ) -> Result<Value, String>;
 }
 
 fn paths(r: &Request) -> Vec<Vec<u8>> {
@@ -116,14 +121,14 @@ fn run(dir: &Path, live: Option<&dyn Live>, r: &Request, uid: u32) -> Result<Val
             // Counted before the door closes (what changes meanwhile is sealed uncounted).
             let n = super::cli::count_since_last(&area)?;
             let msg = r.message.clone().unwrap_or_default();
-            live.expect("checked").swap(&mut || {
+            live.expect("checked").swap(true, &mut || {
                 let c = layers::checkpoint(&area.dir, &msg, n)?;
                 Ok(json!({"checkpoint": c}))
             })
         }
         "rewind" => {
             let to = r.to.ok_or("rewind needs `to` (the checkpoint number)")?;
-            let v = live.expect("checked").swap(&mut || {
+            let v = live.expect("checked").swap(false, &mut || {
                 layers::rewind(&area.dir, to)?;
                 Ok(json!({"rewound_to": to}))
             });
@@ -140,7 +145,7 @@ fn run(dir: &Path, live: Option<&dyn Live>, r: &Request, uid: u32) -> Result<Val
         "apply" | "discard" => {
             let ps = paths(r);
             let (op, force) = (r.op.clone(), r.force);
-            live.expect("checked").swap(&mut || {
+            live.expect("checked").swap(false, &mut || {
                 let report = super::cli::apply_or_discard(&area.dir, &op, &ps, force, uid)?;
                 Ok(json!({"lines": report.lines, "refused": report.refused}))
             })
