@@ -495,7 +495,9 @@ fn a_file_open_across_a_live_checkpoint_stays_usable() {
         fs::read(m.mnt("a.txt")).unwrap(),
         b"one\ntwo\nthree\nfour\nfive\n"
     );
+    // A new open after the checkpoint writes into the live layer, never the sealed one.
     fs::write(m.mnt("a.txt"), b"new\n").unwrap();
     assert_eq!(fs::read(m.mnt("a.txt")).unwrap(), b"new\n");
+    assert_eq!(via(&sock, "status", &["--since", "1"]).stdout, "M a.txt\n");
     assert_eq!(fs::read(m.host("a.txt")).unwrap(), b"one\ntwo\nthree\n");
 }

@@ -10,7 +10,9 @@
 //! kernel's names, attributes and cached pages are taken back (the same passes as a
 //! policy reload) and the window closes. The command answers after (6): from then on
 //! every process sees the new merged view. A checkpoint keeps every path's contents, so
-//! it skips the window and (6): what the kernel holds stays true.
+//! it skips the window and (6) but for the names of the files open now, which the kernel
+//! must look up again (a new open of one must not reach the old view's file: its writes
+//! would land in the sealed layer).
 //!
 //! Invariants: one swap or reload at a time; an old view is detached from the tree once
 //! no handle opened in it is open (the kernel reopens a passthrough backing file by its
@@ -57,9 +59,10 @@ impl Restage {
         }
     }
 
-    /// Builds the merged view from DIR as it is now and serves it. With `same_view` every
-    /// node is re-found in it (the kernel keeps its entries, open files included).
-    fn rebuild(&self, same_view: bool) -> Result<(), String> {
+    /// Builds the merged view from DIR as it is now and serves it; returns the names of
+    /// the files open now (they stay with the old view: the kernel must look those names
+    /// up again).
+    fn rebuild(&self) -> Result<Vec<(u64, Vec<u8>)>, String> {
         let area = Area::open(&self.dir)?;
         let source = crate::host::sys::open_root(&area.source)
             .map_err(|e| format!("source '{}': {e}", area.source.display()))?;
@@ -67,10 +70,9 @@ impl Restage {
         let view: OwnedFd = crate::stage::engine(&area, &source)?;
         let (root, g) = tree_mount::attach(view)?;
         let s = &self.shared;
-        let keep = |id: u64, kind: u32| {
-            !same_view && kind != libc::S_IFDIR && s.handles.any_on(id, |_| true)
-        };
-        s.inodes
+        let keep = |id: u64, kind: u32| kind != libc::S_IFDIR && s.handles.any_on(id, |_| true);
+        let kept = s
+            .inodes
             .swap_root(root, &keep)
             .map_err(|e| format!("serving the new view: {e}"))?;
         let mut cur = self.current.lock();
@@ -85,7 +87,7 @@ impl Restage {
             }
             in_use
         });
-        Ok(())
+        Ok(kept)
     }
 }
 
@@ -112,7 +114,7 @@ impl crate::stage::control::Live for Restage {
         let res = change();
         // Whatever the change did (or left half done: finished by recovery), serve DIR.
         let recovered = crate::stage::layers::recover(&self.dir);
-        let rebuilt = recovered.and_then(|_| self.rebuild(same_view));
+        let rebuilt = recovered.and_then(|_| self.rebuild());
         gate.open();
         if same_view && res.is_ok() && rebuilt.is_ok() {
             // The same contents at every path: what the kernel holds stays true.

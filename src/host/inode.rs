@@ -164,6 +164,8 @@ pub struct Inodes {
     root_fd: Mutex<Arc<OwnedFd>>,
     root_dev: std::sync::atomic::AtomicU64,
     watch_handles: AtomicBool,
+    /// The view was swapped once ([`Inodes::swap_root`]): loose nodes may exist.
+    swapped: AtomicBool,
     /// `/proc/self/fd`, to reopen `O_PATH` handles.
     pub proc_fd: OwnedFd,
 }
@@ -214,6 +216,7 @@ impl Inodes {
             root_fd: Mutex::new(Arc::new(root_fd)),
             root_dev: st.st_dev.into(),
             watch_handles: AtomicBool::new(false),
+            swapped: AtomicBool::new(false),
             proc_fd: sys::open_proc_self_fd()?,
         })
     }
@@ -426,7 +429,8 @@ impl Inodes {
         let mut t = self.table.lock();
         let mut existing = t.by_key.get(&key).copied();
         // After a view swap: the node known under this name, of this kind, is this file.
-        if let Some(&id) = t.by_name.get(&(parent, name.into()))
+        if self.swapped.load(Ordering::Relaxed)
+            && let Some(&id) = t.by_name.get(&(parent, name.into()))
             && existing.is_none_or(|e| e == id)
             && t.nodes.get(&id).is_some_and(|n| n.loose && n.kind == kind)
         {

@@ -20,7 +20,13 @@ impl Inodes {
     /// those `keep` names (files open now: they stay with the view they were opened in) is
     /// marked loose: re-found at its path in the new view when next needed. Cached handles
     /// are dropped. O(nodes known), no syscall under the table's lock but one `fstat`.
-    pub fn swap_root(&self, root: OwnedFd, keep: &dyn Fn(u64, u32) -> bool) -> io::Result<()> {
+    /// Returns the names (parent, name) of the nodes kept: the kernel must look them up
+    /// again to reach the new view.
+    pub fn swap_root(
+        &self,
+        root: OwnedFd,
+        keep: &dyn Fn(u64, u32) -> bool,
+    ) -> io::Result<Vec<(u64, Vec<u8>)>> {
         let st = sys::fstat(root.as_fd())?;
         let old_dev = self.root_dev();
         // `keep` may take other locks: asked outside the table's.
@@ -33,6 +39,7 @@ impl Inodes {
             .filter(|&(id, k)| id != ROOT && keep(id, k))
             .map(|(id, _)| id)
             .collect();
+        let mut names = Vec::new();
         {
             let mut t = self.table.lock();
             let t = &mut *t;
@@ -48,6 +55,7 @@ impl Inodes {
                     n.pinned = None;
                 } else {
                     // Stays with the old view: never found by a new lookup.
+                    names.extend(n.aliases.iter().map(|(p, nm)| (*p, nm.to_vec())));
                     continue;
                 }
                 by_key.insert(n.key, id);
@@ -58,12 +66,13 @@ impl Inodes {
                 n.handle = None;
             }
             self.root_dev.store(st.st_dev, Ordering::Relaxed);
+            self.swapped.store(true, Ordering::Relaxed);
             *self.root_fd.lock() = Arc::new(root);
         }
         let mut f = self.fds.lock();
         f.map.clear();
         f.order.clear();
-        Ok(())
+        Ok(names)
     }
 
     /// A loose node was found again as the file `key`.
