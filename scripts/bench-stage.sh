@@ -4,8 +4,11 @@
 # Each round mounts fencefs over a fresh copy of the same tree twice (without and with
 # --stage) and times, through the mount: creating N small files (python), untarring an
 # N-file tarball, `rm -rf` of it, `git status` (warm) in an N-file repository; then, for
-# the staged mount only, `fencefs stage status` of the N+ changed paths, and (unmounted)
-# `fencefs stage apply` of them against `cp -a` of the same files followed by `sync`. Medians of --runs.
+# the staged mount only, through its control socket: `fencefs stage status` of the 2N
+# changed paths, `stage checkpoint` of them (it counts them for the log, then seals),
+# `stage status` again (now flattening the checkpoint's layer), and (unmounted)
+# `fencefs stage apply` of them (squashing the checkpoint first) against `cp -a` of the
+# same files followed by `sync`. Medians of --runs.
 # Usage: scripts/bench-stage.sh [--files N] [--runs R] [--bin PATH]
 # Needs root (the staged mount uses kernel overlayfs). Leaves nothing mounted: every mount
 # it makes is unmounted on exit, and it kills only the daemons it started (by pid).
@@ -63,22 +66,26 @@ for i in range($N):
   R[$1,gitstatus]+=" $(t git -C "$d/mnt/repo" status)"
   if [ -n "$2" ]; then
     tar xf "$W/t.tar" -C "$d/mnt/c"
-    R[$1,status]+=" $(t "$BIN" stage status --dir "$d/stage")"
+    R[$1,status]+=" $(t "$BIN" stage status "$d/ctl.sock")"
+    R[$1,checkpoint]+=" $(t "$BIN" stage checkpoint "$d/ctl.sock")"
+    R[$1,status1]+=" $(t "$BIN" stage status "$d/ctl.sock")"
   fi
   kill "$pid"; wait "$pid" || true
   if [ -n "$2" ]; then
     sync
-    R[$1,cpa]+=" $(t sh -c "cp -a '$d/stage/upper/c' '$d/cp-copy' && sync")"
+    R[$1,cpa]+=" $(t sh -c "cp -a '$d/stage/layers/1/c' '$d/cp-copy' && sync")"
     R[$1,apply]+=" $(t "$BIN" stage apply --dir "$d/stage")"
   fi
 }
 med() { tr ' ' '\n' <<<"$1" | grep . | sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
-for _ in $(seq "$RUNS"); do one plain ""; one staged "--stage $W/staged/stage"; done
+for _ in $(seq "$RUNS"); do one plain ""; one staged "--stage $W/staged/stage --control $W/staged/ctl.sock"; done
 printf '%-28s %10s %10s %7s\n' workload unstaged staged ratio
 for w in create untar rmrf gitstatus; do
   a=$(med "${R[plain,$w]}"); b=$(med "${R[staged,$w]}")
   printf '%-28s %10.3f %10.3f %6.2fx\n' "$w ($N files)" "$a" "$b" "$(echo "$b / $a" | bc -l)"
 done
 printf '%-28s %10s %10.3f\n' "stage status ($((N * 2)) paths)" - "$(med "${R[staged,status]}")"
+printf '%-28s %10s %10.3f\n' "stage checkpoint ($((N * 2)))" - "$(med "${R[staged,checkpoint]}")"
+printf '%-28s %10s %10.3f\n' "status, 1 checkpoint" - "$(med "${R[staged,status1]}")"
 a=$(med "${R[staged,cpa]}"); b=$(med "${R[staged,apply]}")
 printf '%-28s %10.3f %10.3f %6.2fx\n' "apply vs cp -a ($((N * 2)))" "$a" "$b" "$(echo "$b / $a" | bc -l)"

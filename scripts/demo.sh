@@ -171,22 +171,32 @@ grep -qF " $MNT " /proc/self/mountinfo && { echo "still mounted!" >&2; exit 1; }
 echo
 echo "== staging: the agent's changes land in a staging area; the workspace is untouched"
 STAGE=$TMP/stage
-"$BIN" mount -p "$POLICY" --stage "$STAGE" "$WS" "$MNT" 2>"$TMP/daemon-stage.log" &
+SOCK=$TMP/stage.sock
+"$BIN" mount -p "$POLICY" --stage "$STAGE" --control "$SOCK" "$WS" "$MNT" 2>"$TMP/daemon-stage.log" &
 PID=$!
-for _ in $(seq 200); do grep -qF " $MNT " /proc/self/mountinfo && break; sleep 0.05; done
+for _ in $(seq 200); do grep -qF " $MNT " /proc/self/mountinfo && [ -S "$SOCK" ] && break; sleep 0.05; done
 grep -qF " $MNT " /proc/self/mountinfo || { cat "$TMP/daemon-stage.log" >&2; exit 1; }
-show "sed -i 's/greetings/salutations/' src/main.rs && echo notes > NOTES.md && rm -rf target && mv src lib"
+stage() { # one `fencefs stage` command through the running mount's control socket
+    printf '\n$ fencefs stage %s\n' "$*"
+    local op=$1; shift
+    "$BIN" stage "$op" "$SOCK" "$@" 2>&1 | sed 's/^/    /' || true
+}
+show "sed -i 's/greetings/salutations/' src/main.rs && echo notes > NOTES.md && mv src lib"
 printf '    host src/main.rs: %s\n' "$(grep -o '[a-z]* from' "$WS/src/main.rs")"
-printf '\n$ fencefs stage status --dir %s\n' "$STAGE"
-"$BIN" stage status --dir "$STAGE" | sed 's/^/    /'
-printf '\n$ fencefs stage diff --dir %s lib/main.rs\n' "$STAGE"
-"$BIN" stage diff --dir "$STAGE" lib/main.rs | sed 's/^/    /'
+stage status
+stage diff lib/main.rs
+stage apply NOTES.md              # a partial apply, while the mount runs
+stage checkpoint -m "turn 1 reviewed"
+echo
+echo "   the next turn wrecks the tree:"
+show "rm -rf lib && echo oops > NOTES.md"
+stage status --since 1           # what the last turn did
+stage log
+stage rewind 1                   # undone, for every process at once
+show "ls; head -1 NOTES.md"
+stage discard                    # drop the rest (the mount shows the workspace again)
 kill -TERM "$PID"; wait "$PID" || true; PID=
-printf '\n$ fencefs stage apply --dir %s NOTES.md lib     # a partial apply\n' "$STAGE"
-"$BIN" stage apply --dir "$STAGE" NOTES.md lib | sed 's/^/    /'
-printf '\n$ fencefs stage discard --dir %s                  # drop the rest (target/ stays)\n' "$STAGE"
-"$BIN" stage discard --dir "$STAGE" | sed 's/^/    /'
-printf '    host now: %s\n' "$(cd "$WS" && ls -d NOTES.md lib target 2>&1 | tr '\n' ' ')"
+printf '    host now: %s\n' "$(cd "$WS" && ls -d NOTES.md lib src target 2>&1 | tr '\n' ' ')"
 echo
 echo "== a git linked worktree: git works through the mount with no host path"
 WT=$TMP/worktree

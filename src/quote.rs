@@ -118,6 +118,30 @@ pub fn quote(bytes: &[u8]) -> Cow<'_, str> {
     Cow::Owned(out)
 }
 
+/// `bytes` quoted exactly as git quotes a path in a diff (`core.quotePath`, its default):
+/// like [`quote`], with the same escapes, but every byte outside printable ASCII is
+/// written in octal, valid UTF-8 too (so `git apply` and `patch` read the same name).
+pub fn quote_git(bytes: &[u8]) -> Cow<'_, str> {
+    let plain = bytes
+        .iter()
+        .all(|&b| (0x20..0x7f).contains(&b) && b != b'"' && b != b'\\');
+    if plain {
+        // Printable ASCII only: valid UTF-8.
+        return Cow::Borrowed(std::str::from_utf8(bytes).unwrap_or_default());
+    }
+    let mut out = String::with_capacity(bytes.len() + 8);
+    out.push('"');
+    for &b in bytes {
+        if b.is_ascii() {
+            push_escaped_char(&mut out, char::from(b));
+        } else {
+            push_octal(&mut out, b);
+        }
+    }
+    out.push('"');
+    Cow::Owned(out)
+}
+
 /// A whole message with caller bytes in it, made safe for a terminal: unsafe characters
 /// and invalid UTF-8 escaped as [`quote`] does, but no quotes added and `"`/`\` kept.
 pub fn escape(bytes: &[u8]) -> Cow<'_, str> {
@@ -234,6 +258,19 @@ pub fn json_safe(json: &str) -> Cow<'_, str> {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn git_quoting_writes_every_non_ascii_byte_in_octal() {
+        assert_eq!(quote_git(b"src/a.rs"), "src/a.rs");
+        assert_eq!(quote_git(b"a\tb"), "\"a\\tb\"");
+        assert_eq!(quote_git("é".as_bytes()), "\"\\303\\251\"");
+        assert_eq!(
+            quote_git(b"\xff\x7f\x01\"q\""),
+            "\"\\377\\177\\001\\\"q\\\"\""
+        );
+        assert_eq!(quote_git(b"tab\there"), "\"tab\\there\"");
+    }
+
     use super::*;
 
     /// The C escape git uses for a C0 byte, if it has one.

@@ -13,6 +13,7 @@ mod explain;
 mod mount;
 mod notify;
 mod policy_watch;
+mod restage;
 mod roots;
 mod startup;
 mod threads;

@@ -208,6 +208,7 @@ pub(super) fn build_state(
         uids,
         gids,
         kcache: KernelCache::default(),
+        gate: a.stage.as_ref().map(|_| Default::default()),
         approvals: Arc::new(approvals),
         stats: Stats::default(),
         notes: crate::fs::notes::Notes::new(a.stage.is_some()),
@@ -474,7 +475,12 @@ fn start_watch(
 pub(super) fn confine(shared: &Shared, src: &Path) {
     let roots: Vec<_> = shared.inodes.roots().iter().map(|r| r.fd.clone()).collect();
     let extra: Vec<_> = roots.iter().map(|fd| fd.as_fd()).collect();
-    let c = crate::harden::confine(shared.inodes.root_fd().as_fd(), &extra);
+    // Staged: the rule goes on the private tree every merged view is attached to.
+    let root = shared.inodes.root_fd();
+    let c = crate::harden::confine(
+        crate::stage::tree_mount::root().unwrap_or(root.as_fd()),
+        &extra,
+    );
     let others = shared
         .inodes
         .roots()

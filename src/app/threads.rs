@@ -21,7 +21,7 @@ use crate::policy::PolicyError;
 use crate::reload::Snapshot;
 
 /// One reload at a time (SIGHUP and `ctl reload` may come together).
-static RELOADING: parking_lot::Mutex<()> = parking_lot::Mutex::new(());
+pub(super) static RELOADING: parking_lot::Mutex<()> = parking_lot::Mutex::new(());
 
 /// How long a reload waits for one pass of the notify thread before it goes on (the pass
 /// waits only for requests in flight, so this is a safety net, never the normal case).
@@ -97,7 +97,7 @@ pub(super) fn reload_now(
 }
 
 /// Hands one job to the notify thread and waits until it is done (at most [`PASS_LIMIT`]).
-fn pass(tx: &Sender<Inval>, mut job: Inval) -> Done {
+pub(super) fn pass(tx: &Sender<Inval>, mut job: Inval) -> Done {
     let (done_tx, done_rx) = channel();
     job.done = Some(done_tx);
     if tx.send(job).is_err() {
@@ -225,7 +225,14 @@ pub(super) fn start_control(
         }),
     );
     let mut hooks = hooks(shared, tx, started);
-    crate::stage::control::hook(&mut hooks, a.stage.as_deref());
+    let live = a.stage.as_ref().map(|d| {
+        Arc::new(super::restage::Restage::new(
+            shared.clone(),
+            tx.clone(),
+            d.clone(),
+        )) as Arc<dyn crate::stage::control::Live>
+    });
+    crate::stage::control::hook(&mut hooks, a.stage.as_deref(), live);
     let access = server::Access {
         daemon_uid: crate::host::sys::geteuid(),
         group,

@@ -87,8 +87,9 @@ pub fn bind(path: &Path, group: Option<u32>) -> io::Result<UnixListener> {
     Ok(l)
 }
 
-/// What the server calls for a `stage` command (set by the staging module).
-pub type StageHandler = Box<dyn Fn(&proto::StageRequest) -> Value + Send>;
+/// What the server calls for a `stage` command (set by the staging module), with the
+/// peer's uid (for the audit).
+pub type StageHandler = Box<dyn Fn(&proto::StageRequest, u32) -> Value + Send>;
 
 /// The write end of the server's wake-up socket: events queued elsewhere become readable.
 pub struct Waker(UnixStream);
@@ -446,7 +447,7 @@ fn handle(c: &mut Conn, line: &[u8], approvals: &Approvals, hooks: &Hooks) {
             }
         },
         Command::Stage(r) => match &hooks.stage {
-            Some(f) => f(&r),
+            Some(f) => f(&r, c.uid),
             None => proto::error("this mount has no --stage"),
         },
         // Streamed as the peer reads: never dropped, however many are held.

@@ -7,6 +7,7 @@
 pub mod attr;
 mod core;
 mod decide;
+pub mod gate;
 pub mod handlers;
 pub mod kcache;
 pub mod notes;

@@ -128,6 +128,14 @@ impl Handles {
         self.map.write().insert(fh, Arc::new(h));
         fh
     }
+    /// The newest `fh` given out so far (ids only grow).
+    pub fn last_fh(&self) -> u64 {
+        self.next.load(Ordering::Relaxed)
+    }
+    /// The oldest `fh` still open.
+    pub fn oldest_open(&self) -> Option<u64> {
+        self.map.read().keys().min().copied()
+    }
     /// The handle for `fh`, if open.
     pub fn get(&self, fh: u64) -> Option<Arc<Handle>> {
         self.map.read().get(&fh).cloned()

@@ -26,6 +26,9 @@ use parking_lot::Mutex;
 use super::roots::Roots;
 use super::sys::{self, Name};
 
+mod swap;
+use swap::settle_in;
+
 /// FUSE id of the root.
 pub const ROOT: u64 = 1;
 const SYNTH_BASE: u64 = 1 << 62;
@@ -45,6 +48,9 @@ struct Node {
     pinned: Option<Arc<OwnedFd>>,
     /// The last path of a node whose every name was removed through the mount.
     gone: Option<Box<[u8]>>,
+    /// The view under the mount was replaced ([`Inodes::swap_root`]): the file now at
+    /// the node's first alias, if of the same kind, is this node (its key is re-read).
+    loose: bool,
 }
 
 struct Table {
@@ -156,9 +162,11 @@ impl FdCache {
 pub struct Inodes {
     table: Mutex<Table>,
     fds: Mutex<FdCache>,
-    root_fd: Arc<OwnedFd>,
-    root_dev: u64,
+    root_fd: Mutex<Arc<OwnedFd>>,
+    root_dev: std::sync::atomic::AtomicU64,
     watch_handles: AtomicBool,
+    /// The view was swapped once ([`Inodes::swap_root`]): loose nodes may exist.
+    swapped: AtomicBool,
     /// `/proc/self/fd`, to reopen `O_PATH` handles.
     pub proc_fd: OwnedFd,
     /// The roots served besides SOURCE (set before the mount, fixed afterwards).
@@ -190,6 +198,7 @@ impl Inodes {
                 aliases: Vec::new(),
                 pinned: None,
                 gone: None,
+                loose: false,
             },
         );
         let mut by_key = HashMap::new();
@@ -207,9 +216,10 @@ impl Inodes {
                 order: VecDeque::new(),
                 cap: fd_cap.max(64),
             }),
-            root_fd: Arc::new(root_fd),
-            root_dev: st.st_dev,
+            root_fd: Mutex::new(Arc::new(root_fd)),
+            root_dev: st.st_dev.into(),
             watch_handles: AtomicBool::new(false),
+            swapped: AtomicBool::new(false),
             proc_fd: sys::open_proc_self_fd()?,
             roots: Roots::default(),
         })
@@ -228,7 +238,7 @@ impl Inodes {
     /// Starts recording directories' kernel file handles (host change events name them).
     pub fn watch_handles(&self) {
         self.watch_handles.store(true, Ordering::Relaxed);
-        if let Ok(h) = sys::file_handle(self.root_fd.as_fd()) {
+        if let Ok(h) = sys::file_handle(self.root_fd().as_fd()) {
             self.record_handle(ROOT, h);
         }
     }
@@ -250,16 +260,21 @@ impl Inodes {
         self.table.lock().by_handle.get(h).copied()
     }
 
-    /// The handle of SOURCE (opened before mounting).
-    pub fn root_fd(&self) -> &OwnedFd {
-        &self.root_fd
+    /// The handle of SOURCE (opened before mounting), or of the merged view served now.
+    pub fn root_fd(&self) -> Arc<OwnedFd> {
+        self.root_fd.lock().clone()
+    }
+
+    fn root_dev(&self) -> u64 {
+        self.root_dev.load(Ordering::Relaxed)
     }
 
     /// The FUSE ids that host files of SOURCE's device with these inode numbers have or
     /// would get (for readdir's `d_ino`), under one lock.
     pub fn ids_for(&self, inos: impl Iterator<Item = u64>) -> Vec<u64> {
         let t = self.table.lock();
-        inos.map(|ino| match t.by_key.get(&(self.root_dev, ino)) {
+        let dev = self.root_dev();
+        inos.map(|ino| match t.by_key.get(&(dev, ino)) {
             Some(&id) => id,
             None if ino != ROOT && ino != 0 && ino < SYNTH_BASE => ino,
             // Not a stable id, but only ever reported as d_ino.
@@ -314,7 +329,7 @@ impl Inodes {
     /// The node's handle if one is open already (no syscall).
     pub fn cached_fd(&self, ino: u64) -> Option<Arc<OwnedFd>> {
         if ino == ROOT {
-            return Some(self.root_fd.clone());
+            return Some(self.root_fd());
         }
         let pinned = self.table.lock().nodes.get(&ino)?.pinned.clone();
         pinned.or_else(|| self.fds.lock().get(ino))
@@ -328,7 +343,7 @@ impl Inodes {
     /// The `O_PATH` handle of a node, re-resolved from its parent when not cached.
     pub fn fd(&self, ino: u64) -> io::Result<Arc<OwnedFd>> {
         if ino == ROOT {
-            return Ok(self.root_fd.clone());
+            return Ok(self.root_fd());
         }
         if let Some(fd) = self.fds.lock().get(ino) {
             return Ok(fd);
@@ -340,10 +355,10 @@ impl Inodes {
         if depth > 4096 {
             return Err(io::Error::from_raw_os_error(libc::ELOOP));
         }
-        let (key, aliases, pinned) = {
+        let (key, aliases, pinned, loose, nkind) = {
             let t = self.table.lock();
             let n = t.nodes.get(&ino).ok_or_else(stale)?;
-            (n.key, n.aliases.clone(), n.pinned.clone())
+            (n.key, n.aliases.clone(), n.pinned.clone(), n.loose, n.kind)
         };
         if let Some(p) = pinned {
             return Ok(p);
@@ -362,7 +377,7 @@ impl Inodes {
         };
         for (parent, name) in aliases {
             let pfd = if parent == ROOT {
-                self.root_fd.clone()
+                self.root_fd()
             } else if let Some(fd) = self.fds.lock().get(parent) {
                 fd
             } else {
@@ -383,7 +398,12 @@ impl Inodes {
                 Err(e) if resource(&e) => return Err(e),
                 Err(_) => continue,
             };
-            if (st.st_dev, st.st_ino) == key {
+            if loose && st.st_mode & libc::S_IFMT == nkind {
+                self.settle(ino, (st.st_dev, st.st_ino));
+            } else if (st.st_dev, st.st_ino) != key {
+                continue;
+            }
+            {
                 let fd = Arc::new(fd);
                 self.fds.lock().put(ino, fd.clone());
                 return Ok(fd);
@@ -442,7 +462,16 @@ impl Inodes {
         let key = (st.st_dev, st.st_ino);
         let kind = st.st_mode & libc::S_IFMT;
         let mut t = self.table.lock();
-        let existing = t.by_key.get(&key).copied();
+        let mut existing = t.by_key.get(&key).copied();
+        // After a view swap: the node known under this name, of this kind, is this file.
+        if self.swapped.load(Ordering::Relaxed)
+            && let Some(&id) = t.by_name.get(&(parent, name.into()))
+            && existing.is_none_or(|e| e == id)
+            && t.nodes.get(&id).is_some_and(|n| n.loose && n.kind == kind)
+        {
+            settle_in(&mut t, id, key);
+            existing = Some(id);
+        }
         let ino = match existing {
             // The same file — unless every name it had was removed through the mount and
             // nothing of ours held it open: then the host has freed its inode number and
@@ -458,7 +487,7 @@ impl Inodes {
                 id
             }
             _ => {
-                let id = if st.st_dev == self.root_dev
+                let id = if st.st_dev == self.root_dev()
                     && st.st_ino != ROOT
                     && st.st_ino != 0
                     && st.st_ino < SYNTH_BASE
@@ -485,6 +514,7 @@ impl Inodes {
                         aliases: Vec::new(),
                         pinned: None,
                         gone: None,
+                        loose: false,
                     },
                 );
                 t.by_key.insert(key, id);
@@ -764,7 +794,7 @@ mod tests {
     #[test]
     fn a_reused_inode_number_after_a_removal_is_a_new_node() {
         let (t, dir) = table();
-        let dev = t.root_dev;
+        let dev = t.root_dev();
         let a = t.insert(ROOT, b"a", &stat_of(dev, 5000), true);
         assert_eq!(a, 5000, "the host inode number is the node id");
         assert_eq!(

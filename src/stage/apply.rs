@@ -71,8 +71,30 @@ pub fn apply(l: &Layers, list: &[Change], force: bool) -> Report {
                 })
         })
     };
+    // Renames applied so far (SOURCE path, new path): a rename inside a renamed directory
+    // names its SOURCE path as it was before the outer one.
+    let mut moved: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
     for c in order {
         let line = status_line(c);
+        let rewritten;
+        let c = match &c.kind {
+            Kind::Renamed { from } => match moved
+                .iter()
+                .find(|(f, _)| from.starts_with(f) && from.get(f.len()) == Some(&b'/'))
+            {
+                Some((f, t)) => {
+                    let mut nf = t.clone();
+                    nf.extend_from_slice(&from[f.len()..]);
+                    rewritten = Change {
+                        kind: Kind::Renamed { from: nf },
+                        ..c.clone()
+                    };
+                    &rewritten
+                }
+                None => c,
+            },
+            _ => c,
+        };
         if c.conflict && !force {
             r.lines.push(format!(
                 "refused {line}: conflict (SOURCE changed after it was staged; --force applies the staged version)"
@@ -88,7 +110,12 @@ pub fn apply(l: &Layers, list: &[Change], force: bool) -> Report {
             continue;
         }
         match apply_one(l, c) {
-            Ok(()) => r.lines.push(format!("applied {line}")),
+            Ok(()) => {
+                if let Kind::Renamed { from } = &c.kind {
+                    moved.push((from.clone(), c.path.clone()));
+                }
+                r.lines.push(format!("applied {line}"))
+            }
             Err(e) => {
                 r.lines.push(format!("refused {line}: {e}"));
                 r.refused += 1;
@@ -371,7 +398,7 @@ fn set_meta(
 
 /// Removes `dir/n` and everything below it (no symlink followed: `unlinkat` removes a
 /// symlink itself, and directories are entered by `O_PATH | O_NOFOLLOW` handles).
-fn remove_tree(layer: &Layer, dir: BorrowedFd<'_>, n: &Name) -> io::Result<()> {
+pub(super) fn remove_tree(layer: &Layer, dir: BorrowedFd<'_>, n: &Name) -> io::Result<()> {
     remove_tree_at(layer, dir, n, 0)
 }
 

@@ -138,6 +138,22 @@ impl Area {
                 format!("was made by a newer fencefs (format {version}; this one reads {FORMAT})"),
             ));
         }
+        let lock = fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .mode(0o600)
+            .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
+            .open(dir.join("lock"))
+            .map_err(|e| err(&dir.join("lock"), e))?;
+        // A checkpoint, rewind or squash that a crash interrupted: finished here when no
+        // one else holds the area (a running daemon finishes its own).
+        if dir.join("intent").exists()
+            && ssys::try_lock(lock.as_fd()).unwrap_or(false)
+            && let Some(what) = super::layers::recover(&dir)?
+        {
+            log::warn!("stage '{}': {what} (interrupted before)", dir.display());
+        }
         for part in ["upper", "work"] {
             let p = dir.join(part);
             if !fs::symlink_metadata(&p).is_ok_and(|m| m.is_dir()) {
@@ -148,14 +164,6 @@ impl Area {
             }
         }
         let upper = crate::host::sys::open_root(&dir.join("upper")).map_err(|e| err(&dir, e))?;
-        let lock = fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .mode(0o600)
-            .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
-            .open(dir.join("lock"))
-            .map_err(|e| err(&dir.join("lock"), e))?;
         Ok(Area {
             dir,
             source,
@@ -190,6 +198,14 @@ impl Area {
                 )
             })
             .map_err(|e| err(&self.dir.join("upper"), e))
+    }
+
+    /// The same area with `DIR/upper` opened again (a checkpoint, rewind or squash
+    /// replaced it); the lock stays held.
+    pub fn reopen(self) -> Result<Area, String> {
+        let upper = crate::host::sys::open_root(&self.dir.join("upper"))
+            .map_err(|e| err(&self.dir.join("upper"), e))?;
+        Ok(Area { upper, ..self })
     }
 
     /// `DIR/work`, for the overlay.

@@ -56,6 +56,15 @@ pub struct Change {
     /// Some directory above it in the staged tree is opaque (its SOURCE contents hidden):
     /// the staged entry must stay after an apply.
     pub under_opaque: bool,
+    /// For a deletion: the SOURCE entry's identity (st_dev, st_ino). A directory a rename
+    /// took along is not deleted, whatever name its whiteout has.
+    pub lower_id: Option<(u64, u64)>,
+}
+
+/// The key of a renamed directory's SOURCE identity in `changes`'s set of rename sources
+/// (never a path: paths have no NUL).
+fn id_key(st: &libc::stat) -> Vec<u8> {
+    format!("\0{}:{}", st.st_dev, st.st_ino).into_bytes()
 }
 
 impl Change {
@@ -147,7 +156,11 @@ impl Layers {
             .ok_or_else(|| io::Error::from_raw_os_error(libc::ENOENT))?;
         let lower = self.lower.get(b"")?;
         self.walk(b"", &root, lower.as_ref(), false, &mut out, &mut sources)?;
-        out.retain(|c| !(c.kind == Kind::Deleted && sources.contains(&c.path)));
+        out.retain(|c| {
+            let moved = |(d, i): (u64, u64)| sources.contains(&format!("\0{d}:{i}").into_bytes());
+            !(c.kind == Kind::Deleted
+                && (sources.contains(&c.path) || c.lower_id.is_some_and(moved)))
+        });
         out.sort_by(|a, b| a.path.cmp(&b.path));
         Ok(out)
     }
@@ -179,12 +192,14 @@ impl Layers {
                 dir: false,
                 entries: None,
                 under_opaque: under,
+                lower_id: None,
             };
             if self.upper.is_whiteout(&u) {
                 if let Some(l) = &l {
                     out.push(Change {
                         kind: Kind::Deleted,
                         dir: kind(&l.st) == libc::S_IFDIR,
+                        lower_id: Some((l.st.st_dev, l.st.st_ino)),
                         ..base
                     });
                 }
@@ -219,6 +234,7 @@ impl Layers {
                 match self.lower.dir(&from)? {
                     Some(o) => {
                         sources.insert(from.clone());
+                        sources.insert(id_key(&o.st));
                         (Some(o), Some(from))
                     }
                     // The rename was carried into SOURCE (an apply that stopped before it
@@ -317,6 +333,7 @@ impl Layers {
                     dir: kind(&l.st) == libc::S_IFDIR,
                     entries: None,
                     under_opaque: true,
+                    lower_id: None,
                 });
             }
         }

@@ -1,10 +1,11 @@
 //! `fencefs stage status|diff|apply|discard|checkpoint|log|rewind`: parsing and output.
 //!
 //! A staging area is reached with `--dir DIR` (no daemon needed) or through a running
-//! mount's control SOCKET (the first argument without `--dir`). `status` and `diff` only
-//! read, so they work either way while a mount serves DIR; `apply` and `discard` take
-//! DIR's lock and are refused while a mount runs on it. Names are printed quoted as git quotes them
-//! (no byte of a name reaches the terminal raw).
+//! mount's control SOCKET (the first argument without `--dir`). `status`, `diff` and `log`
+//! only read, so `--dir` works while a mount serves DIR; `apply`, `discard`, `checkpoint`
+//! and `rewind` with `--dir` take DIR's lock (refused while a mount runs on it: use its
+//! SOCKET). Names are printed quoted as git quotes them (no byte of a name reaches the
+//! terminal raw).
 
 use std::ffi::OsString;
 use std::io::Write;
@@ -17,6 +18,7 @@ use super::Area;
 use super::changes::{Change, Kind, Layers};
 use super::diff::quote;
 use super::tree::Layer;
+use super::{layers as ckpt, view};
 
 /// `fencefs stage`.
 #[derive(clap::Args, Debug)]
@@ -44,6 +46,9 @@ pub enum StageOp {
         /// One JSON array instead.
         #[arg(long)]
         json: bool,
+        /// Only the changes made after checkpoint N.
+        #[arg(long, value_name = "N")]
+        since: Option<u64>,
         /// `SOCKET` (without --dir), then the paths to show (default: all).
         args: Vec<OsString>,
     },
@@ -51,6 +56,9 @@ pub enum StageOp {
     Diff {
         #[command(flatten)]
         at: At,
+        /// Only the changes made after checkpoint N.
+        #[arg(long, value_name = "N")]
+        since: Option<u64>,
         /// `SOCKET` (without --dir), then the paths to show (default: all).
         args: Vec<OsString>,
     },
@@ -71,7 +79,7 @@ pub enum StageOp {
         /// `SOCKET` (without --dir), then the paths to discard (default: all).
         args: Vec<OsString>,
     },
-    /// Record the staged state as checkpoint N (not yet implemented).
+    /// Record the staged state as checkpoint N (printed).
     Checkpoint {
         #[command(flatten)]
         at: At,
@@ -81,7 +89,7 @@ pub enum StageOp {
         /// `SOCKET` (without --dir).
         args: Vec<OsString>,
     },
-    /// List the checkpoints (not yet implemented).
+    /// List the checkpoints (N, time, changed paths, message).
     Log {
         #[command(flatten)]
         at: At,
@@ -91,7 +99,7 @@ pub enum StageOp {
         /// `SOCKET` (without --dir).
         args: Vec<OsString>,
     },
-    /// Make the merged view what it was at checkpoint N (not yet implemented).
+    /// Make the merged view what it was at checkpoint N (later checkpoints are removed).
     Rewind {
         #[command(flatten)]
         at: At,
@@ -204,17 +212,25 @@ pub fn json(c: &Change) -> serde_json::Value {
 /// Appends what an apply or discard did to `DIR/audit.jsonl` (one JSON line: time, op,
 /// the operator's uid and pid, the paths asked for, each result line), synced. A failure
 /// to record is logged, never a reason to undo the work.
-fn record(area: &Area, op: &str, paths: &[Vec<u8>], report: &super::apply::Report) {
+fn record(area: &Area, op: &str, uid: u32, paths: &[Vec<u8>], report: &super::apply::Report) {
+    let extra = serde_json::json!({"results": report.lines, "refused": report.refused});
+    record_line(area, op, uid, paths, &extra);
+}
+
+/// Appends one audit line to `DIR/audit.jsonl`: time, `op`, the operator's `uid`, this
+/// process's pid, the paths, and `extra`'s fields.
+pub fn record_line(area: &Area, op: &str, uid: u32, paths: &[Vec<u8>], extra: &serde_json::Value) {
     use std::os::unix::fs::OpenOptionsExt;
-    let line = serde_json::json!({
+    let mut line = serde_json::json!({
         "ts": crate::audit::timestamp(std::time::SystemTime::now()),
         "op": op,
-        "uid": nix::unistd::getuid().as_raw(),
+        "uid": uid,
         "pid": std::process::id(),
         "paths": paths.iter().map(|p| String::from_utf8_lossy(p).into_owned()).collect::<Vec<_>>(),
-        "results": report.lines,
-        "refused": report.refused,
     });
+    if let (Some(m), Some(e)) = (line.as_object_mut(), extra.as_object()) {
+        m.extend(e.clone());
+    }
     let path = area.dir.join("audit.jsonl");
     let res = std::fs::OpenOptions::new()
         .append(true)
@@ -247,26 +263,55 @@ pub fn run(a: StageArgs) -> i32 {
     }
 }
 
-/// Through a running mount's control socket: `args[0]` is SOCKET.
-fn via_socket(op: &str, args: &[OsString], json_out: bool, force: bool) -> Result<i32, String> {
+/// The CLI's arguments for one operation, as the control socket takes them.
+#[derive(Default)]
+struct Req {
+    json: bool,
+    force: bool,
+    since: Option<u64>,
+    message: Option<String>,
+    to: Option<u64>,
+}
+
+/// Through a running mount's control socket: `args[0]` is SOCKET (then the paths, or N
+/// for rewind).
+fn via_socket(op: &str, args: &[OsString], o: Req) -> Result<i32, String> {
     let socket = PathBuf::from(&args[0]);
     let ps: Vec<String> = paths(&args[1..])
         .iter()
         .map(|p| String::from_utf8_lossy(p).into_owned())
         .collect();
-    let req = serde_json::json!({"cmd": "stage", "op": op, "paths": ps, "force": force});
+    let mut req = serde_json::json!({"cmd": "stage", "op": op});
+    match op {
+        "status" | "diff" => {
+            req["paths"] = ps.into();
+            if let Some(n) = o.since {
+                req["since"] = n.into();
+            }
+        }
+        "apply" => {
+            req["paths"] = ps.into();
+            req["force"] = o.force.into();
+        }
+        "discard" => req["paths"] = ps.into(),
+        "checkpoint" => {
+            if let Some(m) = &o.message {
+                req["message"] = m.clone().into();
+            }
+        }
+        "rewind" => req["to"] = o.to.into(),
+        _ => {}
+    }
     let a = crate::control::client::call_once(&socket, &req)?;
     if a["ok"] != serde_json::Value::Bool(true) {
         return Err(a["error"].as_str().unwrap_or("refused").to_string());
     }
+    let esc = |s: &str| crate::quote::escape(s.as_bytes()).into_owned();
     match op {
-        "status" if json_out => println!("{}", json_text(&a["changes"])),
+        "status" if o.json => println!("{}", json_text(&a["changes"])),
         "status" => {
             for l in a["lines"].as_array().into_iter().flatten() {
-                println!(
-                    "{}",
-                    crate::quote::escape(l.as_str().unwrap_or_default().as_bytes())
-                );
+                println!("{}", esc(l.as_str().unwrap_or_default()));
             }
         }
         "diff" => {
@@ -274,9 +319,119 @@ fn via_socket(op: &str, args: &[OsString], json_out: bool, force: bool) -> Resul
             shown(std::io::stdout().lock(), |out| out.write_all(d.as_bytes()))
                 .map_err(|e| format!("diff: {e}"))?;
         }
+        "log" => {
+            let list: Vec<ckpt::Checkpoint> =
+                serde_json::from_value(a["checkpoints"].clone()).map_err(|e| e.to_string())?;
+            print_log(&list, o.json);
+        }
+        "checkpoint" => println!("checkpoint {}", a["checkpoint"]["n"]),
+        "rewind" => println!("rewound to checkpoint {}", a["rewound_to"]),
+        "apply" | "discard" => {
+            for l in a["lines"].as_array().into_iter().flatten() {
+                println!("{}", esc(l.as_str().unwrap_or_default()));
+            }
+            return Ok(if a["refused"].as_u64().unwrap_or(0) > 0 {
+                1
+            } else {
+                0
+            });
+        }
         _ => println!("{}", json_text(&a)),
     }
     Ok(0)
+}
+
+/// `stage log`: one line per checkpoint (`N  TIME  K changes  MESSAGE`, `(ended)` for one
+/// an apply or discard ended), or the JSON array.
+fn print_log(list: &[ckpt::Checkpoint], json: bool) {
+    if json {
+        println!(
+            "{}",
+            json_text(&serde_json::to_value(list).unwrap_or_default())
+        );
+        return;
+    }
+    for c in list {
+        let ended = if c.ended { " (ended)" } else { "" };
+        let m = crate::quote::escape(c.message.as_bytes());
+        let sep = if m.is_empty() { "" } else { "  " };
+        println!(
+            "{}  {}  {} change{}{sep}{m}{ended}",
+            c.n,
+            c.ts,
+            c.changes,
+            if c.changes == 1 { "" } else { "s" }
+        );
+    }
+}
+
+/// The paths changed since the last live checkpoint (since SOURCE when none): what a new
+/// checkpoint records in the log.
+pub fn count_since_last(area: &Area) -> Result<u64, String> {
+    let last = ckpt::live(&area.dir)?.last().copied();
+    let st = view::staged(area, last)?;
+    Ok(st
+        .layers
+        .changes()
+        .map_err(|e| format!("reading the staged tree: {e}"))?
+        .len() as u64)
+}
+
+/// `apply` or `discard` of `paths` on the area `dir` (its lock held, or the mount
+/// quiesced): checkpoints are squashed first (and so ended as rewind targets), then the
+/// staged tree is worked on; recorded in `DIR/audit.jsonl` with the operator's `uid`.
+pub fn apply_or_discard(
+    dir: &std::path::Path,
+    op: &str,
+    ps: &[Vec<u8>],
+    force: bool,
+    uid: u32,
+) -> Result<super::apply::Report, String> {
+    let area = Area::open(dir)?;
+    if let Some(what) = ckpt::recover(&area.dir)? {
+        log::warn!("stage: {what}");
+    }
+    let area = area.reopen()?;
+    let area = if view::squash(&area)? {
+        area.reopen()?
+    } else {
+        area
+    };
+    let l = layers(&area)?;
+    repair(&l)?;
+    let report = if op == "apply" {
+        let list = selected(&l, ps)?;
+        super::apply::apply(&l, &list, force)
+    } else {
+        let list = l
+            .changes()
+            .map_err(|e| format!("reading the staged tree: {e}"))?;
+        super::apply::discard(&l, &list, ps)
+    };
+    record(
+        &area,
+        if op == "apply" {
+            "stage-apply"
+        } else {
+            "stage-discard"
+        },
+        uid,
+        ps,
+        &report,
+    );
+    Ok(report)
+}
+
+fn rewind_arg(args: &[OsString]) -> Result<u64, String> {
+    let [n] = args else {
+        return Err("rewind takes one checkpoint number N".into());
+    };
+    n.to_str().and_then(|s| s.parse().ok()).ok_or_else(|| {
+        format!(
+            "rewind: '{}' is not a checkpoint number",
+            n.to_string_lossy()
+        )
+    })
 }
 
 /// JSON as printed: every character a terminal acts on (C1 controls, bidi and format
@@ -305,25 +460,75 @@ fn shown(
 }
 
 fn run_op(op: StageOp) -> Result<i32, String> {
+    let sock = |at: &At, args: &[OsString]| at.dir.is_none() && !args.is_empty();
     match &op {
-        StageOp::Status { at, json, args } if at.dir.is_none() && !args.is_empty() => {
-            return via_socket("status", args, *json, false);
+        StageOp::Status {
+            at,
+            json,
+            since,
+            args,
+        } if sock(at, args) => {
+            let o = Req {
+                json: *json,
+                since: *since,
+                ..Req::default()
+            };
+            return via_socket("status", args, o);
         }
-        StageOp::Diff { at, args } if at.dir.is_none() && !args.is_empty() => {
-            return via_socket("diff", args, false, false);
+        StageOp::Diff { at, since, args } if sock(at, args) => {
+            let o = Req {
+                since: *since,
+                ..Req::default()
+            };
+            return via_socket("diff", args, o);
         }
-        StageOp::Apply { at, args, force } if at.dir.is_none() && !args.is_empty() => {
-            return via_socket("apply", args, false, *force);
+        StageOp::Apply { at, args, force } if sock(at, args) => {
+            let o = Req {
+                force: *force,
+                ..Req::default()
+            };
+            return via_socket("apply", args, o);
         }
-        StageOp::Discard { at, args } if at.dir.is_none() && !args.is_empty() => {
-            return via_socket("discard", args, false, false);
+        StageOp::Discard { at, args } if sock(at, args) => {
+            return via_socket("discard", args, Req::default());
+        }
+        StageOp::Checkpoint { at, message, args } if sock(at, args) => {
+            if args.len() > 1 {
+                return Err("checkpoint takes no paths".into());
+            }
+            let o = Req {
+                message: message.clone(),
+                ..Req::default()
+            };
+            return via_socket("checkpoint", args, o);
+        }
+        StageOp::Log { at, json, args } if sock(at, args) => {
+            let o = Req {
+                json: *json,
+                ..Req::default()
+            };
+            return via_socket("log", args, o);
+        }
+        StageOp::Rewind { at, args } if sock(at, args) => {
+            let o = Req {
+                to: Some(rewind_arg(&args[1..])?),
+                ..Req::default()
+            };
+            return via_socket("rewind", &args[..1], o);
         }
         _ => {}
     }
+    let uid = nix::unistd::getuid().as_raw();
     match op {
-        StageOp::Status { at, json: js, args } => {
+        StageOp::Status {
+            at,
+            json: js,
+            since,
+            args,
+        } => {
             let (area, ps) = area(&at, &args)?;
-            let list = selected(&layers(&area)?, &ps)?;
+            let st = view::staged(&area, since)?;
+            let list = st.selected(&ps)?;
             if js {
                 let arr: Vec<_> = list.iter().map(json).collect();
                 println!("{}", json_text(&serde_json::Value::Array(arr)));
@@ -334,12 +539,12 @@ fn run_op(op: StageOp) -> Result<i32, String> {
             }
             Ok(0)
         }
-        StageOp::Diff { at, args } => {
+        StageOp::Diff { at, since, args } => {
             let (area, ps) = area(&at, &args)?;
-            let l = layers(&area)?;
-            let list = selected(&l, &ps)?;
+            let st = view::staged(&area, since)?;
+            let list = st.selected(&ps)?;
             shown(std::io::stdout().lock(), |mut out| {
-                super::diff::write(&l, &list, &mut out)
+                super::diff::write(&st.layers, &list, &mut out)
             })
             .map_err(|e| format!("diff: {e}"))?;
             Ok(0)
@@ -347,32 +552,58 @@ fn run_op(op: StageOp) -> Result<i32, String> {
         StageOp::Apply { at, force, args } => {
             let (area, ps) = area(&at, &args)?;
             area.lock()?;
-            let l = layers(&area)?;
-            repair(&l)?;
-            let list = selected(&l, &ps)?;
-            let report = super::apply::apply(&l, &list, force);
+            let report = apply_or_discard(&area.dir, "apply", &ps, force, uid)?;
             for line in &report.lines {
                 println!("{line}");
             }
-            record(&area, "stage-apply", &ps, &report);
             Ok(if report.refused > 0 { 1 } else { 0 })
         }
         StageOp::Discard { at, args } => {
             let (area, ps) = area(&at, &args)?;
             area.lock()?;
-            let l = layers(&area)?;
-            let list = l
-                .changes()
-                .map_err(|e| format!("reading the staged tree: {e}"))?;
-            let report = super::apply::discard(&l, &list, &ps);
+            let report = apply_or_discard(&area.dir, "discard", &ps, false, uid)?;
             for line in &report.lines {
                 println!("{line}");
             }
-            record(&area, "stage-discard", &ps, &report);
             Ok(if report.refused > 0 { 1 } else { 0 })
         }
-        StageOp::Checkpoint { .. } | StageOp::Log { .. } | StageOp::Rewind { .. } => {
-            Err("checkpoint, log and rewind are not implemented yet".to_string())
+        StageOp::Checkpoint { at, message, args } => {
+            if !args.is_empty() {
+                return Err("checkpoint takes no paths".into());
+            }
+            let (area, _) = area(&at, &args)?;
+            area.lock()?;
+            let area = super::recover(area)?;
+            let n = count_since_last(&area)?;
+            let c = ckpt::checkpoint(&area.dir, message.as_deref().unwrap_or(""), n)?;
+            println!("checkpoint {}", c.n);
+            Ok(0)
+        }
+        StageOp::Log { at, json, args } => {
+            let (area, _) = area(&at, &[])?;
+            if !args.is_empty() {
+                return Err("log takes no paths".into());
+            }
+            print_log(&ckpt::log(&area.dir)?, json);
+            Ok(0)
+        }
+        StageOp::Rewind { at, args } => {
+            let to = rewind_arg(&args)?;
+            let (area, _) = area(&at, &[])?;
+            area.lock()?;
+            let area = super::recover(area)?;
+            let r = ckpt::rewind(&area.dir, to);
+            record_line(
+                &area,
+                "stage-rewind",
+                uid,
+                &[],
+                &serde_json::json!({"to": to, "ok": r.is_ok()}),
+            );
+            r?;
+            ckpt::empty_trash(&area.dir)?;
+            println!("rewound to checkpoint {to}");
+            Ok(0)
         }
     }
 }

@@ -2,20 +2,27 @@
 //! `staged` count in `status`.
 //!
 //! Answers carry what the CLI prints with `--json` (`changes` for status, with the human
-//! `lines` too; `diff` for diff).
-//! With this increment's engine (kernel overlayfs under the daemon) the staged tree may
-//! not change under a live overlay, so `apply` and `discard` are refused while the mount
-//! runs, with what to do instead; checkpoint, log and rewind are not built yet.
+//! `lines` too; `diff` for diff; `checkpoint`, `checkpoints`, `rewound_to`; `lines` and
+//! `refused` for apply and discard).
 //!
-//! Invariants: read-only on DIR and SOURCE; an error is an answer (`ok:false`), never a
-//! panic or a dropped connection.
+//! `status`, `diff` and `log` only read. `checkpoint`, `rewind`, `apply` and `discard`
+//! change the layer stack under the live overlay, so they run through [`Live::swap`]: the
+//! daemon holds new requests at the door, waits for those in flight, makes the change,
+//! serves a new overlay built from DIR as it is then, and takes back the kernel's caches,
+//! so every process sees the new merged view at once.
+//!
+//! Invariants: an error is an answer (`ok:false`), never a panic or a dropped connection;
+//! whatever a change did, the daemon serves DIR's state afterwards (an interrupted change
+//! is finished or rolled back by [`layers::recover`] first).
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use serde_json::{Value, json};
 
 use super::Area;
-use super::cli::{json as change_json, layers, selected};
+use super::cli::json as change_json;
+use super::{layers, view};
 use crate::control::proto;
 use crate::control::server::Hooks;
 
@@ -43,6 +50,19 @@ impl std::io::Write for Capped {
 pub use crate::control::proto::StageRequest as Request;
 pub use crate::control::server::StageHandler as Handler;
 
+/// The running daemon's side of a live change (implemented by `app`, which owns the
+/// request gate, the inode table and the kernel caches).
+pub trait Live: Send + Sync {
+    /// Runs `change` with no request in flight, then serves the merged view built from
+    /// DIR again and (unless `same_view`: the change keeps every path's contents, as a
+    /// checkpoint does) invalidates the kernel's caches; returns `change`'s answer.
+    fn swap(
+        &self,
+        same_view: bool,
+        change: &mut dyn FnMut() -> Result<Value, String>,
+    ) -> Result<Value, String>;
+}
+
 fn paths(r: &Request) -> Vec<Vec<u8>> {
     r.paths
         .iter()
@@ -55,32 +75,35 @@ fn paths(r: &Request) -> Vec<Vec<u8>> {
         .collect()
 }
 
-/// The answer to `r` for the staging area `dir` (served by this daemon).
-pub fn answer(dir: &Path, r: &Request) -> Value {
-    match run(dir, r) {
+/// The answer to `r` (from a peer with `uid`) for the staging area `dir` served by this
+/// daemon.
+pub fn answer(dir: &Path, live: Option<&dyn Live>, r: &Request, uid: u32) -> Value {
+    match run(dir, live, r, uid) {
         Ok(v) => proto::ok(v),
         Err(e) => proto::error(&e),
     }
 }
 
-fn run(dir: &Path, r: &Request) -> Result<Value, String> {
-    if r.since.is_some() {
-        return Err("--since needs checkpoints, which are not implemented yet".into());
-    }
+fn run(dir: &Path, live: Option<&dyn Live>, r: &Request, uid: u32) -> Result<Value, String> {
     let area = Area::open(dir)?;
+    let changing = matches!(r.op.as_str(), "checkpoint" | "rewind" | "apply" | "discard");
+    if changing && live.is_none() {
+        return Err(format!("{} needs the running mount", r.op));
+    }
     match r.op.as_str() {
         "status" => {
-            let list = selected(&layers(&area)?, &paths(r))?;
+            let st = view::staged(&area, r.since)?;
+            let list = st.selected(&paths(r))?;
             Ok(json!({
                 "changes": list.iter().map(change_json).collect::<Vec<_>>(),
                 "lines": list.iter().map(super::cli::status_line).collect::<Vec<_>>(),
             }))
         }
         "diff" => {
-            let l = layers(&area)?;
-            let list = selected(&l, &paths(r))?;
+            let st = view::staged(&area, r.since)?;
+            let list = st.selected(&paths(r))?;
             let mut out = Capped(Vec::new());
-            match super::diff::write(&l, &list, &mut out) {
+            match super::diff::write(&st.layers, &list, &mut out) {
                 Ok(()) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::FileTooLarge => {
                     return Err(format!(
@@ -93,30 +116,59 @@ fn run(dir: &Path, r: &Request) -> Result<Value, String> {
             }
             Ok(json!({"diff": String::from_utf8_lossy(&out.0)}))
         }
-        "apply" | "discard" => Err(format!(
-            "{} while the mount runs is not implemented yet: stop the mount, then `fencefs stage {} --dir {}`",
-            r.op,
-            r.op,
-            area.dir.display()
-        )),
-        "checkpoint" | "log" | "rewind" => Err(format!("{} is not implemented yet", r.op)),
+        "log" => Ok(json!({"checkpoints": layers::log(&area.dir)?})),
+        "checkpoint" => {
+            // Counted before the door closes (what changes meanwhile is sealed uncounted).
+            let n = super::cli::count_since_last(&area)?;
+            let msg = r.message.clone().unwrap_or_default();
+            live.expect("checked").swap(true, &mut || {
+                let c = layers::checkpoint(&area.dir, &msg, n)?;
+                Ok(json!({"checkpoint": c}))
+            })
+        }
+        "rewind" => {
+            let to = r.to.ok_or("rewind needs `to` (the checkpoint number)")?;
+            let v = live.expect("checked").swap(false, &mut || {
+                layers::rewind(&area.dir, to)?;
+                Ok(json!({"rewound_to": to}))
+            });
+            super::cli::record_line(
+                &area,
+                "stage-rewind",
+                uid,
+                &[],
+                &json!({"to": to, "ok": v.is_ok()}),
+            );
+            let _ = layers::empty_trash(&area.dir);
+            v
+        }
+        "apply" | "discard" => {
+            let ps = paths(r);
+            let (op, force) = (r.op.clone(), r.force);
+            live.expect("checked").swap(false, &mut || {
+                let report = super::cli::apply_or_discard(&area.dir, &op, &ps, force, uid)?;
+                Ok(json!({"lines": report.lines, "refused": report.refused}))
+            })
+        }
         other => Err(format!("unknown stage op '{other}'")),
     }
 }
 
 /// Wires staging into the control socket's hooks when the mount stages into `dir`.
-pub fn hook(hooks: &mut Hooks, dir: Option<&Path>) {
+pub fn hook(hooks: &mut Hooks, dir: Option<&Path>, live: Option<Arc<dyn Live>>) {
     let Some(dir) = dir.map(Path::to_path_buf) else {
         return;
     };
     let d1: PathBuf = dir.clone();
-    hooks.stage = Some(Box::new(move |r| answer(&d1, r)));
+    hooks.stage = Some(Box::new(move |r, uid| answer(&d1, live.as_deref(), r, uid)));
     let status = std::mem::replace(&mut hooks.status, Box::new(|| json!({})));
     hooks.status = Box::new(move || {
         let mut v = status();
         let n = Area::open(&dir)
-            .and_then(|a| layers(&a))
-            .and_then(|l| l.changes().map_err(|e| e.to_string()))
+            .and_then(|a| {
+                let st = view::staged(&a, None)?;
+                st.layers.changes().map_err(|e| e.to_string())
+            })
             .map(|c| c.len());
         if let Value::Object(m) = &mut v {
             m.insert(

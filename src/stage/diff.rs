@@ -26,31 +26,7 @@ pub fn quote(p: &[u8]) -> String {
 /// `prefix` + `p`, quoted as one name (git's `"a/x\ty"`).
 pub fn quote_with(prefix: &[u8], p: &[u8]) -> String {
     let all: Vec<u8> = prefix.iter().chain(p).copied().collect();
-    let plain = all
-        .iter()
-        .all(|&b| (0x20..0x7f).contains(&b) && b != b'"' && b != b'\\');
-    if plain {
-        // Only printable ASCII: valid UTF-8.
-        return String::from_utf8_lossy(&all).into_owned();
-    }
-    let mut s = String::from("\"");
-    for &b in &all {
-        match b {
-            b'"' => s.push_str("\\\""),
-            b'\\' => s.push_str("\\\\"),
-            b'\x07' => s.push_str("\\a"),
-            b'\x08' => s.push_str("\\b"),
-            b'\t' => s.push_str("\\t"),
-            b'\n' => s.push_str("\\n"),
-            b'\x0b' => s.push_str("\\v"),
-            b'\x0c' => s.push_str("\\f"),
-            b'\r' => s.push_str("\\r"),
-            0x20..0x7f => s.push(b as char),
-            _ => s.push_str(&format!("\\{b:03o}")),
-        }
-    }
-    s.push('"');
-    s
+    crate::quote::quote_git(&all).into_owned()
 }
 
 /// One side of a file diff: its path and node in a layer.

@@ -168,3 +168,23 @@ pub fn origin_exists(mount_fd: BorrowedFd<'_>, origin: &[u8]) -> Option<bool> {
         _ => None,
     }
 }
+
+const MOVE_MOUNT_F_EMPTY_PATH: u32 = 0x4;
+
+/// `move_mount(mount, "", dir, name, MOVE_MOUNT_F_EMPTY_PATH)`: attaches the detached mount
+/// `mount` on `dir/name` (which may itself lie in a detached mount tree).
+pub fn move_mount(mount: BorrowedFd<'_>, dir: BorrowedFd<'_>, name: &Name) -> io::Result<()> {
+    let c = CString::new(name.bytes()).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    // SAFETY: valid fds, an empty and a NUL-terminated string; the result is checked.
+    cvt(unsafe {
+        libc::syscall(
+            libc::SYS_move_mount,
+            mount.as_raw_fd(),
+            c"".as_ptr(),
+            dir.as_raw_fd(),
+            c.as_ptr(),
+            MOVE_MOUNT_F_EMPTY_PATH,
+        )
+    })
+    .map(drop)
+}

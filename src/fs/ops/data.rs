@@ -128,6 +128,7 @@ impl Shared {
                 approved: None,
                 ask: RefCell::new(None),
                 may_hold: false,
+                inside: None,
             };
             self.allow_ino(&opener, op, h.ino, need, Special::default())?;
         }

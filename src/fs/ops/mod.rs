@@ -98,6 +98,8 @@ pub struct Ctx {
     pub ask: RefCell<Option<Ask>>,
     /// The glue can hold this request (`Core::serve`); otherwise such a refusal is final.
     pub may_hold: bool,
+    /// Inside the view-swap gate while the request runs (staged mounts).
+    pub inside: Option<crate::fs::gate::Inside>,
 }
 
 /// Cache lifetimes for one reply.
@@ -140,6 +142,9 @@ pub struct Shared {
     pub gids: IdMap,
     /// What the kernel caches on the daemon's word (hidden negative entries, invalidations).
     pub kcache: KernelCache,
+    /// Held closed while a staged mount swaps its merged view (`fs::gate`; `None`
+    /// without staging).
+    pub gate: Option<Arc<crate::fs::gate::Gate>>,
     /// Requests held for an approver.
     pub approvals: Arc<Approvals>,
     /// Decisions made (for `status`).
@@ -211,6 +216,7 @@ impl Shared {
             approved: None,
             ask: RefCell::new(None),
             may_hold: false,
+            inside: self.gate.as_ref().map(|g| g.enter()),
         }
     }
 

@@ -50,6 +50,7 @@ pub fn session(dir: &Path) -> Session {
         uids: crate::idmap::IdMap::parse(&[]).unwrap(),
         gids: crate::idmap::IdMap::parse(&[]).unwrap(),
         kcache: Default::default(),
+        gate: None,
         approvals: Arc::new(crate::approvals::Approvals::new(4, Duration::from_secs(1))),
         stats: Stats::default(),
         notes: Default::default(),

@@ -1,0 +1,158 @@
+//! A staged mount's live changes (`fencefs stage checkpoint|rewind|apply|discard SOCKET`):
+//! the daemon's side of [`crate::stage::control::Live`].
+//!
+//! One swap, in order: (1) the request gate closes and the requests in flight finish (at
+//! most [`DRAIN`], else the change is refused and nothing happens); (2) the no-cache
+//! window opens; (3) the change runs on DIR; (4) a new overlay is built from DIR as it is
+//! now, attached to the private mount tree and served: every node the kernel knows is
+//! re-found at its path in the new view when next used (files open now stay with the view
+//! they were opened in: a process keeps its descriptor); (5) the gate opens; (6) the
+//! kernel's names, attributes and cached pages are taken back (the same passes as a
+//! policy reload) and the window closes. The command answers after (6): from then on
+//! every process sees the new merged view. A checkpoint keeps every path's contents, so
+//! it skips the window and (6) but for the names of the files open now, which the kernel
+//! must look up again (a new open of one must not reach the old view's file: its writes
+//! would land in the sealed layer).
+//!
+//! Invariants: one swap or reload at a time; an old view is detached from the tree once
+//! no handle opened in it is open (the kernel reopens a passthrough backing file by its
+//! path, which needs the mount attached), checked at every swap; a failed rebuild leaves
+//! the old view served and says so.
+
+use std::os::fd::OwnedFd;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::mpsc::Sender;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use serde_json::Value;
+
+use crate::fs::kcache::Inval;
+use crate::fs::ops::Shared;
+use crate::stage::{Area, tree_mount};
+
+/// How long a swap waits for the requests in flight.
+const DRAIN: Duration = Duration::from_secs(10);
+
+pub(super) struct Restage {
+    shared: Arc<Shared>,
+    tx: Sender<Inval>,
+    dir: PathBuf,
+    /// The mount tree generation served now.
+    current: Mutex<u64>,
+    /// Replaced generations still attached, each with the newest handle opened before it
+    /// was replaced: the kernel reopens a passthrough backing file by its path for every
+    /// later open of that inode, which fails once its mount is detached, so a generation
+    /// is detached only when every handle opened in it is closed.
+    old: Mutex<Vec<(u64, u64)>>,
+}
+
+impl Restage {
+    pub(super) fn new(shared: Arc<Shared>, tx: Sender<Inval>, dir: PathBuf) -> Restage {
+        Restage {
+            shared,
+            tx,
+            dir,
+            current: Mutex::new(0),
+            old: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Builds the merged view from DIR as it is now and serves it; returns the names of
+    /// the files open now (they stay with the old view: the kernel must look those names
+    /// up again).
+    fn rebuild(&self) -> Result<Vec<(u64, Vec<u8>)>, String> {
+        let area = Area::open(&self.dir)?;
+        let source = crate::host::sys::open_root(&area.source)
+            .map_err(|e| format!("source '{}': {e}", area.source.display()))?;
+        area.match_root(&source)?;
+        let view: OwnedFd = crate::stage::engine(&area, &source)?;
+        let (root, g) = tree_mount::attach(view)?;
+        let s = &self.shared;
+        let keep = |id: u64, kind: u32| kind != libc::S_IFDIR && s.handles.any_on(id, |_| true);
+        let kept = s
+            .inodes
+            .swap_root(root, &keep)
+            .map_err(|e| format!("serving the new view: {e}"))?;
+        let mut cur = self.current.lock();
+        let mut old = self.old.lock();
+        old.push((*cur, s.handles.last_fh()));
+        *cur = g;
+        let oldest = s.handles.oldest_open();
+        old.retain(|&(g, newest)| {
+            let in_use = oldest.is_some_and(|o| o <= newest);
+            if !in_use {
+                tree_mount::detach(g);
+            }
+            in_use
+        });
+        Ok(kept)
+    }
+}
+
+impl crate::stage::control::Live for Restage {
+    fn swap(
+        &self,
+        same_view: bool,
+        change: &mut dyn FnMut() -> Result<Value, String>,
+    ) -> Result<Value, String> {
+        let _one = super::threads::RELOADING.lock();
+        let started = Instant::now();
+        let Some(gate) = self.shared.gate.as_ref() else {
+            return Err("this mount has no request gate (not staged)".into());
+        };
+        if !gate.close(DRAIN) {
+            return Err(format!(
+                "requests stayed in flight for {} s (held in the kernel?); nothing was changed, try again",
+                DRAIN.as_secs()
+            ));
+        }
+        if !same_view {
+            self.shared.kcache.begin_window();
+        }
+        let res = change();
+        // Whatever the change did (or left half done: finished by recovery), serve DIR.
+        let recovered = crate::stage::layers::recover(&self.dir);
+        let rebuilt = recovered.and_then(|_| self.rebuild());
+        gate.open();
+        if same_view && res.is_ok() && rebuilt.is_ok() {
+            // The same contents at every path: what the kernel holds stays true.
+            log::info!(
+                "stage: merged view rebuilt in {:?} (same contents)",
+                started.elapsed()
+            );
+            return res;
+        }
+        if same_view {
+            self.shared.kcache.begin_window();
+        }
+        let first = super::threads::pass(
+            &self.tx,
+            Inval {
+                everything: true,
+                ..Inval::default()
+            },
+        );
+        self.shared.kcache.end_window();
+        let second = super::threads::pass(
+            &self.tx,
+            Inval {
+                after_swap: true,
+                drop_pages: true,
+                ..Inval::default()
+            },
+        );
+        log::info!(
+            "stage: merged view replaced in {:?} (kernel caches: {} names, {} inodes invalidated)",
+            started.elapsed(),
+            first.names,
+            first.inodes + second.inodes
+        );
+        if let Err(e) = rebuilt {
+            log::error!("stage: {e}; the previous view is still served");
+            return Err(format!("{e}; the previous view is still served"));
+        }
+        res
+    }
+}

@@ -1,0 +1,353 @@
+//! Checkpoints on disk ("seal and stack"): `checkpoint` seals the live staged tree
+//! `DIR/upper` as the read-only layer `DIR/layers/N` and opens an empty one; the merged
+//! view is then kernel overlayfs over `upper : layers/N : … : layers/1 : SOURCE`, so a
+//! checkpoint costs two renames, whatever the size of SOURCE or of the changes. `rewind N`
+//! drops the upper and every layer above N; `squash` (run by `apply` and `discard`)
+//! flattens every layer into one staged tree and ends the checkpoints as rewind targets.
+//!
+//! Layout: `DIR/layers/N/` (sealed layers), `DIR/checkpoints.json` (the log: one entry per
+//! checkpoint, `ended` once an apply or discard squashed it), `DIR/intent` (the operation
+//! in flight), `DIR/next/` (the tree that replaces `upper`), `DIR/trash/` (dropped layers,
+//! deleted after the operation).
+//!
+//! Crash safety: `DIR/next` is prepared first; then the intent is written (synced); then
+//! the renames; then the log; then the intent goes. [`recover`] (run before any mount,
+//! command or live operation) finishes an operation whose intent exists and drops a
+//! `DIR/next` without one, so a SIGKILL leaves the old state or the new one.
+//!
+//! Invariants: the caller holds the area's lock or quiesces the daemon's requests (no
+//! overlay writes into `upper` while it is renamed); nothing outside DIR is touched.
+
+use std::fs;
+use std::io;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::fs::DirBuilderExt;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+/// At most this many live checkpoints (kernel overlayfs stacks at most 500 layers, and
+/// every layer costs each lookup a step).
+pub const MAX_LAYERS: u64 = 100;
+
+/// One checkpoint in the log.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct Checkpoint {
+    /// Its number (1, 2, …; never reused).
+    pub n: u64,
+    /// When it was taken (RFC 3339, UTC).
+    pub ts: String,
+    /// The operator's message.
+    #[serde(default)]
+    pub message: String,
+    /// The paths changed since the previous checkpoint.
+    pub changes: u64,
+    /// An apply or discard squashed it: no longer a rewind target.
+    #[serde(default)]
+    pub ended: bool,
+}
+
+#[derive(Serialize, Deserialize, Debug)]
+#[serde(tag = "op", rename_all = "lowercase")]
+enum Intent {
+    Checkpoint { entry: Checkpoint },
+    Rewind { to: u64 },
+    Squash,
+}
+
+fn err(p: &Path, e: impl std::fmt::Display) -> String {
+    format!("stage '{}': {e}", p.display())
+}
+
+fn sync_dir(p: &Path) -> Result<(), String> {
+    fs::File::open(p)
+        .and_then(|f| f.sync_all())
+        .map_err(|e| err(p, e))
+}
+
+fn exists(p: &Path) -> bool {
+    fs::symlink_metadata(p).is_ok()
+}
+
+/// Writes `text` to `p` whole (beside, synced, renamed).
+fn write_whole(p: &Path, text: &str) -> Result<(), String> {
+    let tmp = p.with_extension("tmp");
+    fs::write(&tmp, text).map_err(|e| err(&tmp, e))?;
+    fs::File::open(&tmp)
+        .and_then(|f| f.sync_all())
+        .map_err(|e| err(&tmp, e))?;
+    fs::rename(&tmp, p).map_err(|e| err(p, e))?;
+    sync_dir(p.parent().unwrap_or(Path::new("/")))
+}
+
+fn mkdir(p: &Path) -> Result<(), String> {
+    fs::DirBuilder::new()
+        .mode(0o700)
+        .create(p)
+        .map_err(|e| err(p, e))
+}
+
+fn rename(a: &Path, b: &Path) -> Result<(), String> {
+    fs::rename(a, b).map_err(|e| err(a, format!("rename to {}: {e}", b.display())))
+}
+
+fn log_path(a: &Path) -> PathBuf {
+    a.join("checkpoints.json")
+}
+
+fn intent_path(a: &Path) -> PathBuf {
+    a.join("intent")
+}
+
+/// `DIR/layers/N`.
+pub fn layer_path(a: &Path, n: u64) -> PathBuf {
+    a.join("layers").join(n.to_string())
+}
+
+/// `DIR/next`: the tree that replaces `upper` (prepared before the intent).
+pub fn next_path(a: &Path) -> PathBuf {
+    a.join("next")
+}
+
+/// The log, oldest first (empty when no checkpoint was ever taken).
+pub fn log(a: &Path) -> Result<Vec<Checkpoint>, String> {
+    let p = log_path(a);
+    match fs::read_to_string(&p) {
+        Ok(t) => serde_json::from_str(&t).map_err(|e| err(&p, format!("damaged: {e}"))),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Vec::new()),
+        Err(e) => Err(err(&p, e)),
+    }
+}
+
+fn write_log(a: &Path, log: &[Checkpoint]) -> Result<(), String> {
+    let text = serde_json::to_string_pretty(log).map_err(|e| e.to_string())?;
+    write_whole(&log_path(a), &text)
+}
+
+/// The live checkpoints' numbers, oldest first, each checked to have its layer.
+pub fn live(a: &Path) -> Result<Vec<u64>, String> {
+    let mut out = Vec::new();
+    for c in log(a)?.iter().filter(|c| !c.ended) {
+        let p = layer_path(a, c.n);
+        if !fs::symlink_metadata(&p).is_ok_and(|m| m.is_dir()) {
+            return Err(err(
+                &p,
+                "damaged: checkpoint layer missing (or not a directory); nothing was changed",
+            ));
+        }
+        out.push(c.n);
+    }
+    Ok(out)
+}
+
+/// Handles of the live layers, oldest first.
+pub fn open_layers(a: &Path) -> Result<Vec<OwnedFd>, String> {
+    live(a)?
+        .into_iter()
+        .map(|n| {
+            let p = layer_path(a, n);
+            crate::host::sys::open_root(&p).map_err(|e| err(&p, e))
+        })
+        .collect()
+}
+
+fn trash(a: &Path, what: &Path) -> Result<(), String> {
+    let t = a.join("trash");
+    if !exists(&t) {
+        mkdir(&t)?;
+    }
+    let mut i = 0u32;
+    let name = what.file_name().unwrap_or_default().to_string_lossy();
+    let dst = loop {
+        let d = t.join(format!("{name}.{}.{i}", std::process::id()));
+        if !exists(&d) {
+            break d;
+        }
+        i += 1;
+    };
+    rename(what, &dst)
+}
+
+/// Deletes what the operations dropped (`DIR/trash`): cost grows with the dropped changes.
+pub fn empty_trash(a: &Path) -> Result<(), String> {
+    let t = a.join("trash");
+    if !exists(&t) {
+        return Ok(());
+    }
+    let root = crate::host::sys::open_root(a).map_err(|e| err(a, e))?;
+    let layer = super::tree::Layer::new(root).map_err(|e| err(a, e))?;
+    let n = crate::host::sys::Name::new(b"trash").map_err(|e| err(&t, e))?;
+    super::apply::remove_tree(&layer, layer.root.as_fd(), &n).map_err(|e| err(&t, e))
+}
+
+/// A fresh, empty `DIR/next` (any leftover one, never named by an intent, goes first).
+pub fn fresh_next(a: &Path) -> Result<PathBuf, String> {
+    let next = next_path(a);
+    if exists(&next) {
+        trash(a, &next)?;
+    }
+    mkdir(&next)?;
+    Ok(next)
+}
+
+fn write_intent(a: &Path, i: &Intent) -> Result<(), String> {
+    write_whole(
+        &intent_path(a),
+        &serde_json::to_string(i).map_err(|e| e.to_string())?,
+    )
+}
+
+/// Replaces `upper` by `next` (the old one goes to `to`, or the trash): idempotent.
+fn swap_upper(a: &Path, to: Option<&Path>) -> Result<(), String> {
+    let (up, next) = (a.join("upper"), next_path(a));
+    if exists(&next) {
+        if exists(&up) {
+            match to {
+                Some(t) if !exists(t) => rename(&up, t)?,
+                _ => trash(a, &up)?,
+            }
+        }
+        rename(&next, &up)?;
+    }
+    Ok(())
+}
+
+/// Finishes the operation a crash interrupted (its intent exists), or drops a `DIR/next`
+/// that no intent names. Returns what it did, for the log.
+pub fn recover(a: &Path) -> Result<Option<String>, String> {
+    let ip = intent_path(a);
+    let text = match fs::read_to_string(&ip) {
+        Ok(t) => t,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            if exists(&next_path(a)) {
+                trash(a, &next_path(a))?;
+                empty_trash(a)?;
+                return Ok(Some("dropped an unfinished DIR/next".into()));
+            }
+            return Ok(None);
+        }
+        Err(e) => return Err(err(&ip, e)),
+    };
+    let intent: Intent =
+        serde_json::from_str(&text).map_err(|e| err(&ip, format!("damaged: {e}")))?;
+    let what = finish(a, &intent)?;
+    fs::remove_file(&ip).map_err(|e| err(&ip, e))?;
+    sync_dir(a)?;
+    empty_trash(a)?;
+    Ok(Some(what))
+}
+
+fn finish(a: &Path, intent: &Intent) -> Result<String, String> {
+    let mut log = log(a)?;
+    match intent {
+        Intent::Checkpoint { entry } => {
+            let layers = a.join("layers");
+            if !exists(&layers) {
+                mkdir(&layers)?;
+            }
+            swap_upper(a, Some(&layer_path(a, entry.n)))?;
+            if !log.iter().any(|c| c.n == entry.n) {
+                log.push(entry.clone());
+                write_log(a, &log)?;
+            }
+            Ok(format!("checkpoint {} finished", entry.n))
+        }
+        Intent::Rewind { to } => {
+            swap_upper(a, None)?;
+            for c in log.iter().filter(|c| c.n > *to) {
+                let p = layer_path(a, c.n);
+                if exists(&p) {
+                    trash(a, &p)?;
+                }
+            }
+            log.retain(|c| c.n <= *to);
+            write_log(a, &log)?;
+            Ok(format!("rewind to {to} finished"))
+        }
+        Intent::Squash => {
+            swap_upper(a, None)?;
+            for c in log.iter_mut() {
+                let p = layer_path(a, c.n);
+                if exists(&p) {
+                    trash(a, &p)?;
+                }
+                c.ended = true;
+            }
+            write_log(a, &log)?;
+            Ok("squash finished".into())
+        }
+    }
+}
+
+fn run(a: &Path, intent: Intent) -> Result<(), String> {
+    write_intent(a, &intent)?;
+    finish(a, &intent)?;
+    fs::remove_file(intent_path(a)).map_err(|e| err(&intent_path(a), e))?;
+    sync_dir(a)
+}
+
+/// Seals `upper` as checkpoint N (`changes`: the paths it changed) and opens an empty
+/// one. The caller prepared nothing; no write may reach `upper` meanwhile.
+pub fn checkpoint(a: &Path, message: &str, changes: u64) -> Result<Checkpoint, String> {
+    let log = log(a)?;
+    if live(a)?.len() as u64 >= MAX_LAYERS {
+        return Err(format!(
+            "{MAX_LAYERS} checkpoints already: rewind, apply or discard before taking another"
+        ));
+    }
+    let n = log.iter().map(|c| c.n).max().unwrap_or(0) + 1;
+    let entry = Checkpoint {
+        n,
+        ts: crate::audit::timestamp(std::time::SystemTime::now()),
+        message: message.to_string(),
+        changes,
+        ended: false,
+    };
+    let next = fresh_next(a)?;
+    copy_root_attrs(&a.join("upper"), &next)?;
+    run(
+        a,
+        Intent::Checkpoint {
+            entry: entry.clone(),
+        },
+    )?;
+    Ok(entry)
+}
+
+/// Makes the staged state what it was at checkpoint `to`: the upper and every layer above
+/// it are dropped (moved to the trash; the caller empties it).
+pub fn rewind(a: &Path, to: u64) -> Result<(), String> {
+    let log = log(a)?;
+    match log.iter().find(|c| c.n == to) {
+        None => {
+            return Err(format!(
+                "no checkpoint {to} (`fencefs stage log` lists them)"
+            ));
+        }
+        Some(c) if c.ended => {
+            return Err(format!(
+                "checkpoint {to} was ended by an apply or discard (staged changes were carried into SOURCE or dropped since): it is no longer a rewind target"
+            ));
+        }
+        Some(_) => {}
+    }
+    live(a)?;
+    let next = fresh_next(a)?;
+    copy_root_attrs(&a.join("upper"), &next)?;
+    run(a, Intent::Rewind { to })
+}
+
+/// Replaces the whole stack by `DIR/next` (a flattened tree the caller built there) and
+/// ends every checkpoint as a rewind target.
+pub fn squash(a: &Path) -> Result<(), String> {
+    run(a, Intent::Squash)
+}
+
+/// The new upper root gets the old one's owner and mode (the overlay shows them for the
+/// mount's root).
+pub fn copy_root_attrs(from: &Path, to: &Path) -> Result<(), String> {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let md = fs::metadata(from).map_err(|e| err(from, e))?;
+    std::os::unix::fs::chown(to, Some(md.uid()), Some(md.gid())).map_err(|e| err(to, e))?;
+    fs::set_permissions(to, fs::Permissions::from_mode(md.mode() & 0o7777)).map_err(|e| err(to, e))
+}

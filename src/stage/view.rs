@@ -1,0 +1,268 @@
+//! Views of a staging area's layer stack: the overlay mounts the daemon serves and the
+//! offline commands compare against, and the flattened staged tree `status`/`diff`/
+//! `apply`/`discard` work on when checkpoints exist.
+//!
+//! Every overlay here is mounted *detached* (`fsopen`/`fsmount`): only this process's
+//! descriptor reaches it, and it goes away with the last descriptor (or the process).
+//!
+//! Invariants: read-only on SOURCE and on the sealed layers; scratch trees live under
+//! `DIR/scratch/` and are deleted when their [`Staged`] is dropped (and at the next
+//! start after a crash).
+
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+
+use super::changes::Layers;
+use super::tree::Layer;
+use super::{Area, layers, sys};
+
+fn fd_path(fd: &OwnedFd) -> String {
+    format!("/proc/self/fd/{}", fd.as_raw_fd())
+}
+
+/// A detached overlay of `lowers` (top first); with `upper` (upper dir, work dir) a
+/// writable one with redirects on, else a read-only view following redirects.
+pub fn overlay(
+    dir: &Path,
+    lowers: &[&OwnedFd],
+    upper: Option<(&OwnedFd, &OwnedFd)>,
+) -> Result<OwnedFd, String> {
+    let fail = |what: &str, e: std::io::Error| {
+        let hint = match e.raw_os_error() {
+            Some(libc::EPERM) => " (kernel overlayfs needs CAP_SYS_ADMIN: run the daemon as root)",
+            Some(libc::ENODEV) => " (no overlay file system in this kernel: modprobe overlay)",
+            _ => "",
+        };
+        format!("stage '{}': {what}: {e}{hint}", dir.display())
+    };
+    let fs = sys::fsopen("overlay").map_err(|e| fail("overlay", e))?;
+    let lower: Vec<String> = lowers.iter().map(|f| fd_path(f)).collect();
+    let mut opts = vec![("lowerdir", lower.join(":"))];
+    match upper {
+        Some((up, work)) => {
+            opts.push(("upperdir", fd_path(up)));
+            opts.push(("workdir", fd_path(work)));
+            opts.push(("redirect_dir", "on".into()));
+        }
+        None => opts.push(("redirect_dir", "follow".into())),
+    }
+    opts.push(("index", "off".into()));
+    opts.push(("metacopy", "off".into()));
+    for (k, v) in &opts {
+        sys::fsconfig_str(fs.as_fd(), k, v).map_err(|e| fail(&format!("overlay option {k}"), e))?;
+    }
+    sys::fsconfig_create(fs.as_fd())
+        .map_err(|e| fail("overlay (upper on a file system with trusted xattrs?)", e))?;
+    sys::fsmount(fs.as_fd()).map_err(|e| fail("overlay mount", e))
+}
+
+/// The merged view the daemon serves: `upper : layers/N : … : layers/1 : SOURCE`.
+pub fn engine(area: &Area, source: &OwnedFd) -> Result<OwnedFd, String> {
+    let work = crate::host::sys::open_root(&area.work())
+        .map_err(|e| format!("stage '{}': work: {e}", area.dir.display()))?;
+    let ls = layers::open_layers(&area.dir)?;
+    let mut lowers: Vec<&OwnedFd> = ls.iter().rev().collect();
+    lowers.push(source);
+    overlay(&area.dir, &lowers, Some((&area.upper, &work)))
+}
+
+/// The view at checkpoint position `upto` (the first `upto` live layers over SOURCE; 0 is
+/// SOURCE itself).
+fn view(area: &Area, source: OwnedFd, ls: &[OwnedFd], upto: usize) -> Result<OwnedFd, String> {
+    if upto == 0 {
+        return Ok(source);
+    }
+    let mut lowers: Vec<&OwnedFd> = ls[..upto].iter().rev().collect();
+    lowers.push(&source);
+    overlay(&area.dir, &lowers, None)
+}
+
+/// A scratch directory under `DIR/scratch`, deleted on drop.
+struct Scratch {
+    area_dir: PathBuf,
+    path: PathBuf,
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        if let Err(e) = remove(&self.area_dir, &self.path) {
+            log::warn!("stage: removing {}: {e}", self.path.display());
+        }
+    }
+}
+
+fn remove(area_dir: &Path, p: &Path) -> Result<(), String> {
+    if std::fs::symlink_metadata(p).is_err() {
+        return Ok(());
+    }
+    let parent = p.parent().unwrap_or(area_dir);
+    let d = crate::host::sys::open_root(parent).map_err(|e| e.to_string())?;
+    let layer = Layer::new(d).map_err(|e| e.to_string())?;
+    let n = crate::host::sys::Name::from_os(p.file_name().unwrap_or_default())
+        .map_err(|e| e.to_string())?;
+    super::apply::remove_tree(&layer, layer.root.as_fd(), &n).map_err(|e| e.to_string())
+}
+
+/// Drops every scratch tree (a crash may leave some).
+pub fn clear_scratch(area: &Area) -> Result<(), String> {
+    remove(&area.dir, &area.dir.join("scratch"))
+}
+
+fn scratch(area: &Area) -> Result<Scratch, String> {
+    use std::os::unix::fs::DirBuilderExt;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let base = area.dir.join("scratch");
+    let mk = |p: &Path| {
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(p)
+            .map_err(|e| format!("stage '{}': {e}", p.display()))
+    };
+    if std::fs::symlink_metadata(&base).is_err() {
+        mk(&base)?;
+    }
+    let path = base.join(format!(
+        "{}.{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    ));
+    mk(&path)?;
+    let s = Scratch {
+        area_dir: area.dir.clone(),
+        path,
+    };
+    mk(&s.path.join("tree"))?;
+    mk(&s.path.join("stash"))?;
+    Ok(s)
+}
+
+fn open_layer(p: &Path) -> Result<Layer, String> {
+    crate::host::sys::open_root(p)
+        .and_then(Layer::new)
+        .map_err(|e| format!("stage '{}': {e}", p.display()))
+}
+
+/// The staged changes to compare: one staged tree over the view it applies to.
+pub struct Staged {
+    /// The staged tree (`upper`, or a flattened scratch copy) and the view below it.
+    pub layers: Layers,
+    /// With `--since`: the paths that are conflicts against SOURCE (a conflict is a host
+    /// edit; the view at a checkpoint is not the host).
+    conflicts: Option<std::collections::HashSet<Vec<u8>>>,
+    _scratch: Option<Scratch>,
+}
+
+impl Staged {
+    /// The changes concerning one of `paths` (all when empty), sorted.
+    pub fn selected(&self, paths: &[Vec<u8>]) -> Result<Vec<super::changes::Change>, String> {
+        let mut list = super::cli::selected(&self.layers, paths)?;
+        if let Some(c) = &self.conflicts {
+            for ch in &mut list {
+                ch.conflict = c.contains(&ch.path);
+            }
+        }
+        Ok(list)
+    }
+}
+
+/// The staged state since checkpoint `since` (`None`: since SOURCE), as one staged tree
+/// over the view at that checkpoint.
+pub fn staged(area: &Area, since: Option<u64>) -> Result<Staged, String> {
+    let live = layers::live(&area.dir)?;
+    let base = match since {
+        None => 0,
+        Some(n) => match live.iter().position(|&c| c == n) {
+            Some(i) => i + 1,
+            None => {
+                let ended = layers::log(&area.dir)?.iter().any(|c| c.n == n && c.ended);
+                return Err(if ended {
+                    format!("checkpoint {n} was ended by an apply or discard")
+                } else {
+                    format!("no checkpoint {n} (`fencefs stage log` lists them)")
+                });
+            }
+        },
+    };
+    let source = crate::host::sys::open_root(&area.source)
+        .map_err(|e| format!("source '{}': {e}", area.source.display()))?;
+    let ls = layers::open_layers(&area.dir)?;
+    let lower = Layer::new(view(area, source, &ls, base)?).map_err(|e| e.to_string())?;
+    let up = || area.upper.try_clone().map_err(|e| e.to_string());
+    if base == live.len() {
+        return Ok(Staged {
+            layers: Layers {
+                upper: Layer::new(up()?).map_err(|e| e.to_string())?,
+                lower,
+            },
+            conflicts: conflicts(area, base)?,
+            _scratch: None,
+        });
+    }
+    let s = scratch(area)?;
+    let mut stack = Vec::new();
+    for n in &live[base..] {
+        stack.push(open_layer(&layers::layer_path(&area.dir, *n))?);
+    }
+    stack.push(Layer::new(up()?).map_err(|e| e.to_string())?);
+    let tree = open_layer(&s.path.join("tree"))?;
+    let stash = open_layer(&s.path.join("stash"))?;
+    super::flatten::flatten(&stack, &tree, &stash)
+        .map_err(|e| format!("flattening the checkpoints: {e}"))?;
+    Ok(Staged {
+        layers: Layers { upper: tree, lower },
+        conflicts: conflicts(area, base)?,
+        _scratch: Some(s),
+    })
+}
+
+/// For a view above SOURCE (`base` > 0): the conflicts of the whole stage.
+fn conflicts(
+    area: &Area,
+    base: usize,
+) -> Result<Option<std::collections::HashSet<Vec<u8>>>, String> {
+    if base == 0 {
+        return Ok(None);
+    }
+    let all = staged(area, None)?
+        .layers
+        .changes()
+        .map_err(|e| format!("reading the staged tree: {e}"))?;
+    Ok(Some(
+        all.into_iter()
+            .filter(|c| c.conflict)
+            .map(|c| c.path)
+            .collect(),
+    ))
+}
+
+/// Flattens every layer and the upper into one staged tree that replaces them, ending
+/// every checkpoint as a rewind target (what `apply` and `discard` start with). Nothing
+/// to do without checkpoints. The caller holds the lock or has quiesced the mount.
+pub fn squash(area: &Area) -> Result<bool, String> {
+    let live = layers::live(&area.dir)?;
+    if live.is_empty() {
+        return Ok(false);
+    }
+    let s = scratch(area)?;
+    let next = layers::fresh_next(&area.dir)?;
+    let mut stack = Vec::new();
+    for n in &live {
+        stack.push(open_layer(&layers::layer_path(&area.dir, *n))?);
+    }
+    stack.push(
+        Layer::new(area.upper.try_clone().map_err(|e| e.to_string())?)
+            .map_err(|e| e.to_string())?,
+    );
+    let tree = open_layer(&next)?;
+    let stash = open_layer(&s.path.join("stash"))?;
+    super::flatten::flatten(&stack, &tree, &stash)
+        .map_err(|e| format!("flattening the checkpoints: {e}"))?;
+    layers::copy_root_attrs(&area.dir.join("upper"), &next)?;
+    std::fs::File::open(&next)
+        .and_then(|f| sys::syncfs(f.as_fd()))
+        .map_err(|e| format!("syncfs: {e}"))?;
+    layers::squash(&area.dir)?;
+    layers::empty_trash(&area.dir)?;
+    Ok(true)
+}

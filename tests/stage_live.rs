@@ -1,0 +1,503 @@
+//! Staging checkpoints and live changes on real mounts: `checkpoint`, `log`, `rewind`,
+//! `--since` offline (`--dir`) and through a running mount's control socket, `apply` and
+//! `discard` while mounted, and the crash story. Every process sees the new merged view
+//! at once; SOURCE stays byte-for-byte and stat-for-stat the same until `apply`; every
+//! refusal leaves SOURCE untouched.
+
+mod common;
+
+use std::fs;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::*;
+
+const WRITE: &str = "mode = \"workspace-write\"\ndefault = \"write\"\n";
+const LIMIT: Duration = Duration::from_secs(60);
+
+fn sample(src: &Path) {
+    put(&src.join("a.txt"), b"one\ntwo\nthree\n", 0o644);
+    put(&src.join("sub/b.txt"), b"bee\n", 0o644);
+    put(&src.join("sub/deep/c.txt"), b"sea\n", 0o644);
+    put(&src.join("gone/x"), b"x\n", 0o644);
+    put(&src.join("gone/y"), b"y\n", 0o644);
+}
+
+/// A staged mount with a control socket; returns it, DIR and SOCKET.
+fn live(name: &str) -> (Mount, PathBuf, PathBuf) {
+    let b = Mount::builder(name).policy(WRITE);
+    sample(&b.host(""));
+    let dir = b.root().join("stage");
+    let sock = b.root().join("ctl.sock");
+    let m = b
+        .arg("--stage")
+        .arg(&dir)
+        .arg("--control")
+        .arg(&sock)
+        .start();
+    (m, dir, sock)
+}
+
+/// `fencefs stage OP SOCKET ARGS…`.
+fn via(sock: &Path, op: &str, args: &[&str]) -> Out {
+    let mut v: Vec<std::ffi::OsString> = vec!["stage".into(), op.into()];
+    v.push(sock.into());
+    v.extend(args.iter().map(Into::into));
+    run_fencefs(v, LIMIT)
+}
+
+/// `fencefs stage OP --dir DIR ARGS…`.
+fn offline(dir: &Path, op: &str, args: &[&str]) -> Out {
+    let mut v: Vec<std::ffi::OsString> = vec!["stage".into(), op.into(), "--dir".into()];
+    v.push(dir.into());
+    v.extend(args.iter().map(Into::into));
+    run_fencefs(v, LIMIT)
+}
+
+/// Another daemon on SOURCE and `dir` (no control socket), at its own mount point.
+struct Second {
+    child: std::process::Child,
+    mnt: PathBuf,
+}
+
+impl Second {
+    fn start(m: &Mount, dir: &Path) -> Second {
+        let mnt = m
+            .root()
+            .join(format!("mp-{}", dir.file_name().unwrap().to_string_lossy()));
+        fs::create_dir_all(&mnt).unwrap();
+        let mut child = Command::new(BIN)
+            .arg("mount")
+            .arg("-p")
+            .arg(m.policy_path())
+            .arg("--stage")
+            .arg(dir)
+            .arg(m.host(""))
+            .arg(&mnt)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let t = std::time::Instant::now();
+        while !is_mounted(&mnt) {
+            if let Ok(Some(st)) = child.try_wait() {
+                let mut e = String::new();
+                child.stderr.take().unwrap().read_to_string(&mut e).unwrap();
+                panic!("second daemon exited ({st}): {e}");
+            }
+            assert!(t.elapsed() < READY_DEADLINE, "second daemon did not mount");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Second { child, mnt }
+    }
+    fn mnt(&self, rel: &str) -> PathBuf {
+        self.mnt.join(rel)
+    }
+    fn sh(&self, script: &str) -> Out {
+        sh_in(&self.mnt, script)
+    }
+}
+
+impl Drop for Second {
+    fn drop(&mut self) {
+        // SAFETY: kill(2) on our own, not yet reaped, child.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let _ = self.child.wait();
+        if is_mounted(&self.mnt) {
+            let _ = Command::new("fusermount3")
+                .args(["-u", "-z"])
+                .arg(&self.mnt)
+                .status();
+        }
+    }
+}
+
+fn stop(m: &mut Mount) {
+    let st = m.terminate().expect("daemon exits on SIGTERM");
+    assert!(st.success(), "daemon exit: {st}; stderr:\n{}", m.stderr());
+}
+
+/// A shell started through the mount before a live change, run from inside it: it prints
+/// what it sees when told to (`look`), so the test sees what a process that was already
+/// there sees.
+struct Watcher {
+    child: std::process::Child,
+    out: BufReader<std::process::ChildStdout>,
+}
+
+impl Watcher {
+    fn start(dir: &Path) -> Watcher {
+        let mut child = Command::new("sh")
+            .arg("-c")
+            .arg("while read cmd; do eval \"$cmd\"; echo @@; done")
+            .current_dir(dir)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let out = BufReader::new(child.stdout.take().unwrap());
+        Watcher { child, out }
+    }
+    fn look(&mut self, cmd: &str) -> String {
+        writeln!(self.child.stdin.as_mut().unwrap(), "{cmd}").unwrap();
+        let mut all = String::new();
+        loop {
+            let mut l = String::new();
+            assert!(self.out.read_line(&mut l).unwrap() > 0, "watcher died");
+            if l == "@@\n" {
+                return all;
+            }
+            all.push_str(&l);
+        }
+    }
+}
+
+impl Drop for Watcher {
+    fn drop(&mut self) {
+        drop(self.child.stdin.take());
+        let _ = self.child.wait();
+    }
+}
+
+const TURN: &str = "set -e
+sed -i 's/two/TWO/' a.txt
+rm -rf gone
+mv sub moved
+echo later > later.txt
+";
+
+#[test]
+fn a_turn_is_rewound_live_and_every_process_sees_it_at_once() {
+    let (m, dir, sock) = live("stage-live-rewind");
+    let before = snapshot(&m.host(""));
+    m.sh("echo first > t1.txt").assert_ok("turn 1");
+    let c = via(&sock, "checkpoint", &["-m", "after turn 1"]);
+    c.assert_ok("checkpoint");
+    assert_eq!(c.stdout, "checkpoint 1\n");
+    // A process already inside the mount, in a directory the turn will rename away.
+    let mut w = Watcher::start(&m.mnt("sub"));
+    assert_eq!(w.look("cat b.txt"), "bee\n");
+    m.sh(TURN).assert_ok("turn 2: sed -i, rm -rf, mv dir");
+    assert_eq!(fs::read(m.mnt("a.txt")).unwrap(), b"one\nTWO\nthree\n");
+    // What the last turn did.
+    let since = via(&sock, "status", &["--since", "1"]);
+    since.assert_ok("status --since 1");
+    assert_eq!(
+        since.stdout,
+        "M a.txt\nD gone/\nA later.txt\nR sub/ -> moved/\n"
+    );
+    let all = via(&sock, "status", &[]);
+    assert_eq!(
+        all.stdout,
+        "M a.txt\nD gone/\nA later.txt\nR sub/ -> moved/\nA t1.txt\n"
+    );
+    let d = via(&sock, "diff", &["--since", "1", "a.txt"]);
+    assert!(d.stdout.contains("-two\n+TWO\n"), "{}", d.stdout);
+    let log = via(&sock, "log", &["--json"]);
+    let v: serde_json::Value = serde_json::from_str(&log.stdout).unwrap();
+    assert_eq!(v[0]["n"], 1);
+    assert_eq!(v[0]["message"], "after turn 1");
+    assert_eq!(v[0]["changes"], 1, "{v}");
+    assert_eq!(v[0]["ended"], false);
+    assert_host_unchanged(&before, &m.host(""), "before the rewind");
+
+    let r = via(&sock, "rewind", &["1"]);
+    r.assert_ok("rewind 1");
+    assert_eq!(r.stdout, "rewound to checkpoint 1\n");
+    // At once, for a new process and for the one that was there.
+    assert_eq!(fs::read(m.mnt("a.txt")).unwrap(), b"one\ntwo\nthree\n");
+    assert_eq!(fs::read(m.mnt("t1.txt")).unwrap(), b"first\n");
+    assert_eq!(fs::read(m.mnt("gone/y")).unwrap(), b"y\n");
+    assert_eq!(fs::read(m.mnt("sub/deep/c.txt")).unwrap(), b"sea\n");
+    assert_errno(fs::metadata(m.mnt("moved")), libc::ENOENT, "moved/ rewound").ok();
+    assert_errno(
+        fs::metadata(m.mnt("later.txt")),
+        libc::ENOENT,
+        "later.txt rewound",
+    )
+    .ok();
+    assert_eq!(
+        w.look("cat ../a.txt; ls ..; cat b.txt"),
+        "one\ntwo\nthree\na.txt\ngone\nsub\nt1.txt\nbee\n"
+    );
+    let st = via(&sock, "status", &[]);
+    assert_eq!(st.stdout, "A t1.txt\n");
+    assert_eq!(via(&sock, "status", &["--since", "1"]).stdout, "");
+    // The stage keeps working after the swap: a write lands in the new live layer.
+    fs::write(m.mnt("a.txt"), b"again\n").unwrap();
+    assert_eq!(via(&sock, "status", &["--since", "1"]).stdout, "M a.txt\n");
+    assert_host_unchanged(&before, &m.host(""), "after the rewind");
+    // Audited.
+    let audit = fs::read_to_string(dir.join("audit.jsonl")).unwrap();
+    let line: serde_json::Value =
+        serde_json::from_str(audit.lines().last().unwrap()).expect("a JSON line");
+    assert_eq!(line["op"], "stage-rewind");
+    assert_eq!(line["to"], 1);
+    assert_eq!(line["uid"], 0);
+    // Rewinding to a checkpoint that does not exist is refused, nothing changes.
+    let bad = via(&sock, "rewind", &["7"]);
+    assert_eq!(bad.status.code(), Some(1));
+    assert!(bad.stderr.contains("no checkpoint 7"), "{}", bad.stderr);
+    assert_eq!(fs::read(m.mnt("a.txt")).unwrap(), b"again\n");
+}
+
+#[test]
+fn checkpoints_offline_then_apply_ends_them() {
+    let (mut m, dir, _sock) = live("stage-offline-ckpt");
+    m.sh("echo one > t1.txt; sed -i 's/one/ONE/' a.txt")
+        .assert_ok("turn 1");
+    stop(&mut m);
+    let before = snapshot(&m.host(""));
+    let c = offline(&dir, "checkpoint", &["-m", "t1"]);
+    c.assert_ok("checkpoint --dir");
+    assert_eq!(c.stdout, "checkpoint 1\n");
+    // A second daemon on the same DIR serves the stack; turn 2 through it.
+    let b = Second::start(&m, &dir);
+    b.sh("set -e; echo two > t2.txt; rm t1.txt; mv sub moved; echo more >> moved/b.txt")
+        .assert_ok("turn 2");
+    drop(b);
+    let merged_status = offline(&dir, "status", &[]);
+    assert_eq!(
+        merged_status.stdout,
+        "M a.txt\nR sub/ -> moved/\nM moved/b.txt\nA t2.txt\n"
+    );
+    assert_eq!(
+        offline(&dir, "status", &["--since", "1"]).stdout,
+        "R sub/ -> moved/\nM moved/b.txt\nD t1.txt\nA t2.txt\n"
+    );
+    let log = offline(&dir, "log", &[]);
+    assert!(log.stdout.starts_with("1  "), "{}", log.stdout);
+    assert!(
+        log.stdout.trim_end().ends_with("2 changes  t1"),
+        "{}",
+        log.stdout
+    );
+    assert_host_unchanged(&before, &m.host(""), "checkpoint and status");
+    // apply of one path squashes the stack: checkpoint 1 ends as a rewind target.
+    let a = offline(&dir, "apply", &["t2.txt"]);
+    a.assert_ok("apply t2.txt");
+    assert_eq!(fs::read(m.host("t2.txt")).unwrap(), b"two\n");
+    assert_eq!(
+        offline(&dir, "status", &[]).stdout,
+        "M a.txt\nR sub/ -> moved/\nM moved/b.txt\n"
+    );
+    let log = offline(&dir, "log", &["--json"]);
+    let v: serde_json::Value = serde_json::from_str(&log.stdout).unwrap();
+    assert_eq!(v[0]["ended"], true, "{v}");
+    let r = offline(&dir, "rewind", &["1"]);
+    assert_eq!(r.status.code(), Some(1));
+    assert!(
+        r.stderr.contains("ended by an apply or discard"),
+        "{}",
+        r.stderr
+    );
+    assert!(
+        !dir.join("layers/1").exists(),
+        "the layer went with the squash"
+    );
+    // The rest applies whole; SOURCE then equals the merged view.
+    offline(&dir, "apply", &[]).assert_ok("apply the rest");
+    assert_eq!(fs::read(m.host("moved/b.txt")).unwrap(), b"bee\nmore\n");
+    assert_eq!(fs::read(m.host("a.txt")).unwrap(), b"ONE\ntwo\nthree\n");
+    assert!(!m.host("sub").exists() && !m.host("t1.txt").exists());
+    assert_eq!(offline(&dir, "status", &[]).stdout, "");
+}
+
+#[test]
+fn a_checkpoint_killed_midway_is_finished_at_restart() {
+    let (mut m, dir, _sock) = live("stage-ckpt-crash");
+    m.sh("set -e; echo k > k.txt; rm -rf gone; mv sub moved")
+        .assert_ok("changes");
+    let merged = snapshot(&m.mnt(""));
+    m.signal(libc::SIGKILL);
+    assert!(m.wait_exit(Duration::from_secs(10)).is_some());
+    let _ = Command::new("fusermount3")
+        .args(["-u", "-z"])
+        .arg(m.mnt(""))
+        .status();
+    let before = snapshot(&m.host(""));
+    // The states a SIGKILL between the steps of a checkpoint leaves: (1) the new upper
+    // prepared and the intent written; (2) the live upper sealed as layers/1 too.
+    let entry = serde_json::json!({"op":"checkpoint","entry":{"n":1,"ts":"2026-01-01T00:00:00Z","message":"m","changes":3,"ended":false}});
+    for step in 1..=2 {
+        let work = m.root().join(format!("crash{step}"));
+        let _ = Command::new("cp").arg("-a").arg(&dir).arg(&work).status();
+        let _ = fs::remove_file(work.join("lock"));
+        fs::create_dir(work.join("next")).unwrap();
+        fs::write(work.join("intent"), entry.to_string()).unwrap();
+        if step == 2 {
+            fs::create_dir(work.join("layers")).unwrap();
+            fs::rename(work.join("upper"), work.join("layers/1")).unwrap();
+        }
+        let second = Second::start(&m, &work);
+        let again = snapshot(&second.mnt(""));
+        let d = snapshot_diff(&merged, &again);
+        assert!(d.is_empty(), "step {step}: merged view after restart:\n{d}");
+        drop(second);
+        assert!(
+            !work.join("intent").exists(),
+            "step {step}: intent finished"
+        );
+        let log = offline(&work, "log", &[]);
+        assert!(log.stdout.starts_with("1  "), "step {step}: {}", log.stdout);
+        // Rewinding to it keeps every change (they were all before the checkpoint).
+        offline(&work, "rewind", &["1"]).assert_ok("rewind 1");
+        assert_eq!(
+            offline(&work, "status", &[]).stdout,
+            "D gone/\nA k.txt\nR sub/ -> moved/\n",
+            "step {step}"
+        );
+    }
+    assert_host_unchanged(&before, &m.host(""), "crash and restart");
+}
+
+#[test]
+fn live_apply_keeps_the_merged_view_and_live_discard_shows_source_at_once() {
+    let (m, dir, sock) = live("stage-live-apply");
+    m.sh("set -e; echo A > new.txt; sed -i 's/one/ONE/' a.txt; echo B > sub/b.txt; rm -rf gone")
+        .assert_ok("changes");
+    via(&sock, "checkpoint", &[]).assert_ok("checkpoint");
+    let merged = snapshot(&m.mnt(""));
+    // A process holding a staged file open across the discard keeps its descriptor.
+    let mut held = fs::File::open(m.mnt("sub/b.txt")).unwrap();
+    let a = via(&sock, "apply", &["new.txt", "gone"]);
+    a.assert_ok("live apply");
+    assert_eq!(fs::read(m.host("new.txt")).unwrap(), b"A\n");
+    assert!(!m.host("gone").exists(), "the delete applied");
+    let after = snapshot(&m.mnt(""));
+    let d = snapshot_diff(&merged, &after);
+    assert!(d.is_empty(), "the merged view is unchanged by apply:\n{d}");
+    assert_eq!(via(&sock, "status", &[]).stdout, "M a.txt\nM sub/b.txt\n");
+    // apply ended the checkpoint.
+    assert_eq!(via(&sock, "rewind", &["1"]).status.code(), Some(1));
+    let host_before = snapshot(&m.host(""));
+    let dd = via(&sock, "discard", &["sub"]);
+    dd.assert_ok("live discard");
+    assert_eq!(
+        fs::read(m.mnt("sub/b.txt")).unwrap(),
+        b"bee\n",
+        "SOURCE at once"
+    );
+    let mut s = String::new();
+    held.read_to_string(&mut s).unwrap();
+    assert_eq!(s, "B\n", "the open descriptor keeps the discarded file");
+    assert_eq!(via(&sock, "status", &[]).stdout, "M a.txt\n");
+    assert_host_unchanged(&host_before, &m.host(""), "discard");
+    let audit = fs::read_to_string(dir.join("audit.jsonl")).unwrap();
+    let ops: Vec<String> = audit
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["op"].to_string())
+        .collect();
+    // The refused rewind is audited too (`"ok": false`).
+    assert_eq!(
+        ops,
+        ["\"stage-apply\"", "\"stage-rewind\"", "\"stage-discard\""]
+    );
+}
+
+#[test]
+fn live_apply_refusals_leave_source_untouched() {
+    let (m, _dir, sock) = live("stage-live-refuse");
+    m.sh("set -e; sed -i 's/one/ONE/' a.txt; echo B > sub/b.txt")
+        .assert_ok("changes");
+    // The host edits a.txt after it was staged (a conflict), and replaces sub/ with a
+    // file (the staged sub/b.txt's parent is no longer a directory).
+    std::thread::sleep(Duration::from_millis(20));
+    fs::write(m.host("a.txt"), b"host edit\n").unwrap();
+    fs::rename(m.host("sub"), m.root().join("sub.away")).unwrap();
+    fs::write(m.host("sub"), b"a file now\n").unwrap();
+    let before = snapshot(&m.host(""));
+    let st = via(&sock, "status", &[]);
+    assert!(st.stdout.contains("CM a.txt"), "{}", st.stdout);
+    let a = via(&sock, "apply", &["a.txt"]);
+    assert_eq!(
+        a.status.code(),
+        Some(1),
+        "conflict without --force: {}",
+        a.stdout
+    );
+    assert!(a.stdout.contains("refused"), "{}", a.stdout);
+    let b = via(&sock, "apply", &["sub/b.txt"]);
+    assert_eq!(
+        b.status.code(),
+        Some(1),
+        "parent not a directory: {}",
+        b.stdout
+    );
+    assert_host_unchanged(&before, &m.host(""), "refused applies");
+    // Both stay staged.
+    let st = via(&sock, "status", &[]);
+    assert_eq!(st.stdout, "CM a.txt\nCT sub/\n");
+    // --force: the staged version wins.
+    via(&sock, "apply", &["--force", "a.txt"]).assert_ok("apply --force");
+    assert_eq!(fs::read(m.host("a.txt")).unwrap(), b"ONE\ntwo\nthree\n");
+}
+
+#[test]
+fn renames_across_checkpoints_flatten_and_apply_whole() {
+    let (m, _dir, sock) = live("stage-flatten-renames");
+    m.sh("set -e; mv sub moved; echo n > moved/new.txt")
+        .assert_ok("turn 1");
+    via(&sock, "checkpoint", &[]).assert_ok("checkpoint 1");
+    m.sh("set -e; echo more >> moved/deep/c.txt; mv moved again; rm again/b.txt; mkdir gone2; mv gone/x gone2/x")
+        .assert_ok("turn 2");
+    via(&sock, "checkpoint", &[]).assert_ok("checkpoint 2");
+    m.sh("set -e; mv again/deep again/deeper; echo top > again/deeper/top.txt")
+        .assert_ok("turn 3");
+    let merged = snapshot(&m.mnt(""));
+    let before = snapshot(&m.host(""));
+    // The whole stack over SOURCE, and each turn over the view before it.
+    assert_eq!(
+        via(&sock, "status", &[]).stdout,
+        "R sub/ -> again/\nD again/b.txt\nR sub/deep/ -> again/deeper/\nM again/deeper/c.txt\nA again/deeper/top.txt\nA again/new.txt\nD gone/x\nA gone2/ (1 entry)\n"
+    );
+    assert_eq!(
+        via(&sock, "status", &["--since", "2"]).stdout,
+        "R again/deep/ -> again/deeper/\nA again/deeper/top.txt\n"
+    );
+    assert_host_unchanged(&before, &m.host(""), "status over three layers");
+    // Applied whole (squashing the stack), the merged view unchanged, SOURCE equal to it.
+    via(&sock, "apply", &[]).assert_ok("apply everything");
+    let after = snapshot(&m.mnt(""));
+    let d = snapshot_diff(&merged, &after);
+    assert!(d.is_empty(), "the merged view is unchanged by apply:\n{d}");
+    assert_eq!(
+        fs::read(m.host("again/deeper/c.txt")).unwrap(),
+        b"sea\nmore\n"
+    );
+    assert_eq!(fs::read(m.host("again/deeper/top.txt")).unwrap(), b"top\n");
+    assert_eq!(fs::read(m.host("again/new.txt")).unwrap(), b"n\n");
+    assert!(!m.host("sub").exists() && !m.host("again/b.txt").exists());
+    assert_eq!(via(&sock, "status", &[]).stdout, "");
+}
+
+#[test]
+fn a_file_open_across_a_live_checkpoint_stays_usable() {
+    let (m, _dir, sock) = live("stage-open-ckpt");
+    let mut held = fs::OpenOptions::new()
+        .append(true)
+        .open(m.mnt("a.txt"))
+        .unwrap();
+    held.write_all(b"four\n").unwrap();
+    via(&sock, "checkpoint", &[]).assert_ok("checkpoint with a file open");
+    // The kernel keeps its entries (same contents): a new open of the same file works.
+    assert_eq!(
+        fs::read(m.mnt("a.txt")).unwrap(),
+        b"one\ntwo\nthree\nfour\n"
+    );
+    held.write_all(b"five\n").unwrap();
+    drop(held);
+    assert_eq!(
+        fs::read(m.mnt("a.txt")).unwrap(),
+        b"one\ntwo\nthree\nfour\nfive\n"
+    );
+    // A new open after the checkpoint writes into the live layer, never the sealed one.
+    fs::write(m.mnt("a.txt"), b"new\n").unwrap();
+    assert_eq!(fs::read(m.mnt("a.txt")).unwrap(), b"new\n");
+    assert_eq!(via(&sock, "status", &["--since", "1"]).stdout, "M a.txt\n");
+    assert_eq!(fs::read(m.host("a.txt")).unwrap(), b"one\ntwo\nthree\n");
+}
