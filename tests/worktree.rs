@@ -558,3 +558,50 @@ fn git_rules_of_the_policy_apply_to_the_served_repository() {
     assert!(o.ok(), "{}{}", o.stdout, o.stderr);
     assert_records_unchanged(&m, &repo);
 }
+
+/// `.fencefs/denials` is no oracle for the names the layout or the `.git` alias hides: an
+/// existing hidden name (another worktree's private dir, a `.git/...` rule's file seen as
+/// `.fencefs-git/...`) and a missing one leave the same line.
+#[test]
+fn denials_do_not_tell_an_existing_fenced_or_aliased_name_from_a_missing_one() {
+    let policy = format!(
+        "{POLICY}agent_notes = true\n\n[[rule]]\npath = \".git/secret-*\"\naccess = \"none\"\n"
+    );
+    require_programs();
+    let b = Mount::builder("wt-notes-oracle")
+        .policy(&policy)
+        .arg("--allow-other");
+    let src = b.host("");
+    let repo = make_repo(b.root(), &src);
+    fs::write(repo.main.join(".git/secret-x"), "s\n").unwrap();
+    let m = b.start();
+    let o = m.sh_as(
+        AGENT,
+        "for p in worktrees/other worktrees/nope secret-x secret-y; do \
+         stat .fencefs-git/$p >/dev/null 2>&1 && echo \"FOUND $p\"; done; \
+         cat .fencefs/denials",
+    );
+    o.assert_ok("stat and cat denials as 1000");
+    assert!(!o.stdout.contains("FOUND"), "{}", o.stdout);
+    // Each line without its timestamp, the probed names made one.
+    let seen = |name: &str, same: &str| -> Vec<String> {
+        o.stdout
+            .lines()
+            .filter(|l| l.contains(name))
+            .map(|l| l.split_once(' ').map_or(l, |x| x.1).replace(name, same))
+            .collect()
+    };
+    assert_eq!(
+        seen("worktrees/other", "worktrees/N"),
+        seen("worktrees/nope", "worktrees/N"),
+        "another worktree's private dir is told from a missing one:\n{}",
+        o.stdout
+    );
+    assert_eq!(
+        seen("secret-x", "secret-N"),
+        seen("secret-y", "secret-N"),
+        "a hidden .git file is told from a missing one:\n{}",
+        o.stdout
+    );
+    assert_records_unchanged(&m, &repo);
+}

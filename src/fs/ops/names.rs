@@ -129,8 +129,11 @@ impl Shared {
                 // lookup does not tell an absent name from a hidden one.
                 let v = ctx.snap.policy.verdict_for(&path, ctx.caller, false);
                 std::hint::black_box(v);
-                // `.fencefs/denials` shows a hidden name whether or not it exists.
-                if v.effective == crate::policy::Access::None {
+                // `.fencefs/denials` shows a hidden name whether or not it exists: the
+                // layout's fences and the `.git` alias first, as `allow` decides them.
+                if self.fence(ctx, "lookup", &path, false, Need::List).is_ok()
+                    && v.effective == crate::policy::Access::None
+                {
                     let by = v.by;
                     self.notes
                         .record(ctx, "lookup", &path, &v, by, libc::ENOENT, None);
