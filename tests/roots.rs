@@ -210,6 +210,10 @@ fn bad_root_values_fail_with_one_line_and_nothing_mounted() {
         (vec![format!("no/parent={d}")], "parent"),
         (vec![format!("x={d}"), format!("x={d}")], "twice"),
         (vec![format!(".fencefs={d}")], "keeps for itself"),
+        (
+            vec![format!("up={}", mnt.parent().unwrap().display())],
+            "mount point",
+        ),
         (vec![format!(".fencefs-git/x={d}")], "keeps for itself"),
     ];
     for (values, why) in cases {
