@@ -389,11 +389,12 @@ impl Shared {
         Some(hidden_by)
     }
 
-    /// A root's point (`host/roots.rs`) is not removed nor renamed: EBUSY, as a mount point.
+    /// A root's point (`host/roots.rs`), or a directory above one, is not removed nor
+    /// renamed: EBUSY, as a mount point (moved, the root's files would be SOURCE's).
     fn not_a_root_point(&self, path: &[u8]) -> Res<()> {
-        match self.inodes.roots().at(path) {
-            Some(_) => Err(Error(libc::EBUSY)),
-            None => Ok(()),
+        match self.inodes.roots().holds_point(path) {
+            true => Err(Error(libc::EBUSY)),
+            false => Ok(()),
         }
     }
 
