@@ -605,3 +605,35 @@ fn denials_do_not_tell_an_existing_fenced_or_aliased_name_from_a_missing_one() {
     );
     assert_records_unchanged(&m, &repo);
 }
+
+/// SOURCE's `.git` is the agent's to write (here: a plain directory, no repository):
+/// a `.git` file naming another repository's worktree does not get that repository
+/// served at the next mount, since that worktree's `gitdir` does not name this `.git`.
+#[test]
+fn a_git_file_naming_another_repository_s_worktree_serves_nothing_of_it() {
+    require_programs();
+    let b = Mount::builder("wt-foreign")
+        .policy(POLICY)
+        .arg("--allow-other");
+    let src = b.host("");
+    let victim = b.root().join("outside/victim");
+    let vwt = b.root().join("outside/victim-wt");
+    fs::create_dir_all(&victim).unwrap();
+    host_git(&victim, &["init", "-q", "-b", "main"]);
+    fs::write(victim.join("v.txt"), "victim\n").unwrap();
+    host_git(&victim, &["add", "."]);
+    host_git(&victim, &["commit", "-q", "-m", "victim"]);
+    host_git(
+        &victim,
+        &["worktree", "add", "-q", vwt.to_str().unwrap(), "-b", "v"],
+    );
+    let planted = format!("gitdir: {}/.git/worktrees/victim-wt\n", victim.display());
+    fs::write(src.join(".git"), &planted).unwrap();
+    let m = b.start();
+    assert_eq!(
+        errno_of(fs::metadata(m.mnt(".fencefs-git/HEAD"))),
+        Some(libc::ENOENT),
+        "the other repository is served"
+    );
+    assert_eq!(fs::read_to_string(m.mnt(".git")).unwrap(), planted);
+}
