@@ -637,3 +637,44 @@ fn a_git_file_naming_another_repository_s_worktree_serves_nothing_of_it() {
     );
     assert_eq!(fs::read_to_string(m.mnt(".git")).unwrap(), planted);
 }
+
+/// The main checkout's own state in the common dir is not the agent's: its `HEAD`, and
+/// the todo lists of an operation in progress there (`rebase-merge/`, `rebase-apply/`,
+/// `sequencer/`), whose `exec` lines the host's git runs on `--continue`, are read-only
+/// (EROFS). Git in the linked worktree keeps its own in its private dir, and still works.
+#[test]
+fn the_main_checkout_s_head_and_todo_lists_are_read_only() {
+    let (m, repo) = mount_worktree("wt-main-state", &[]);
+    let g = |p: &str| m.mnt(format!(".fencefs-git/{p}"));
+    let head = fs::read(repo.main.join(".git/HEAD")).unwrap();
+    let o = m.sh_as(
+        AGENT,
+        "for d in rebase-merge rebase-apply sequencer; do mkdir .fencefs-git/$d && echo \"MADE $d\"; done; \
+         echo 'ref: refs/heads/wt' > .fencefs-git/HEAD && echo WROTE-HEAD; true",
+    );
+    assert!(
+        !o.stdout.contains("MADE") && !o.stdout.contains("WROTE"),
+        "{}",
+        o.stdout
+    );
+    assert_eq!(
+        errno_of(fs::create_dir(g("rebase-merge"))),
+        Some(libc::EROFS)
+    );
+    let append = fs::OpenOptions::new().append(true).open(g("HEAD"));
+    assert_eq!(errno_of(append), Some(libc::EROFS));
+    for d in ["rebase-merge", "rebase-apply", "sequencer"] {
+        assert!(
+            !repo.main.join(".git").join(d).exists(),
+            "{d} made on the host"
+        );
+    }
+    assert_eq!(fs::read(repo.main.join(".git/HEAD")).unwrap(), head);
+    // The worktree's own rebase state lives in its private dir: rebase still works.
+    let o = agent(
+        &m,
+        "git rebase -q hostbranch && git switch -q -c side && git status --short",
+    );
+    assert!(o.ok(), "{}{}", o.stdout, o.stderr);
+    assert_records_unchanged(&m, &repo);
+}

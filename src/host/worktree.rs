@@ -5,8 +5,9 @@
 //! ```text
 //! MOUNT/.git                     a file: "gitdir: .fencefs-git/worktrees/NAME" (in memory)
 //! MOUNT/.fencefs-git/            root: the repository's common dir COMMON, not listed
-//!       objects/ refs/ packed-refs logs/ info/ HEAD ...   served
+//!       objects/ refs/ packed-refs logs/ info/ ...        served
 //!       hooks/  config  config.worktree  modules/  commondir  read-only (EROFS)
+//!       HEAD  rebase-merge/  rebase-apply/  sequencer/         read-only (the main checkout's)
 //!       index                                              hidden (the main checkout's)
 //!       worktrees/NAME/          this worktree's private gitdir (HEAD, index, logs, ...)
 //!       worktrees/NAME/{gitdir,commondir,config.worktree}  read-only
@@ -172,6 +173,13 @@ pub fn serve(wt: &Worktree, src: &Path, roots: &mut Roots) -> Result<(), String>
     roots.fence(&g("commondir"), false, Fence::ReadOnly);
     roots.fence(&g("modules"), true, Fence::ReadOnly);
     roots.fence(&g("index"), false, Fence::Hidden);
+    // The main checkout's own state: its HEAD, and the todo lists of an operation in
+    // progress there, whose `exec` lines the host's git runs on `--continue`. A linked
+    // worktree's git keeps its own in its private dir.
+    roots.fence(&g("HEAD"), false, Fence::ReadOnly);
+    for d in ["rebase-merge", "rebase-apply", "sequencer"] {
+        roots.fence(&g(d), true, Fence::ReadOnly);
+    }
     roots.fence(&g("worktrees"), false, Fence::ReadOnly);
     roots.keep_only(&g("worktrees"), wt.name.as_bytes());
     for f in ["", "/gitdir", "/commondir", "/config.worktree", "/locked"] {
