@@ -662,3 +662,42 @@ fn a_long_hidden_path_is_cut_and_an_odd_name_quoted() {
     assert!(!d.contains('\u{1b}'), "{d:?}");
     assert!(d.contains("zz-\\033[31mred"), "{d}");
 }
+
+/// Open notes are bounded per uid: past 64 (files and the directory alike) an open is
+/// EMFILE for that uid, another uid still opens, and closing frees the share.
+#[test]
+fn open_notes_are_bounded_per_uid_and_freed_on_close() {
+    let m = mount("notes-open-bound", POLICY);
+    let mut held = Vec::new();
+    for _ in 0..63 {
+        held.push(File::open(m.mnt(".fencefs/denials")).expect("open within the share"));
+    }
+    let dir = fs::read_dir(m.mnt(".fencefs")).expect("the directory counts too");
+    let past = File::open(m.mnt(".fencefs/README"));
+    assert_eq!(
+        past.err().and_then(|e| e.raw_os_error()),
+        Some(libc::EMFILE),
+        "the 65th open note of one uid"
+    );
+    // Another uid's share is its own.
+    let o = m.sh_as(AGENT, "head -c 6 .fencefs/README");
+    o.assert_ok("uid 1000 opens while root holds 64");
+    assert_eq!(o.stdout, "This d");
+    drop(dir);
+    held.truncate(10);
+    // Released asynchronously by the kernel: allow it a moment on a loaded machine.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let f = loop {
+        match File::open(m.mnt(".fencefs/README")) {
+            Ok(f) => break f,
+            Err(e) if std::time::Instant::now() < deadline => {
+                assert_eq!(e.raw_os_error(), Some(libc::EMFILE));
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Err(e) => panic!("closed notes were not freed: {e}"),
+        }
+    };
+    let mut s = String::new();
+    (&f).read_to_string(&mut s).unwrap();
+    assert!(s.starts_with("This directory"), "{s}");
+}

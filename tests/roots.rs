@@ -210,6 +210,10 @@ fn bad_root_values_fail_with_one_line_and_nothing_mounted() {
         (vec![format!("no/parent={d}")], "parent"),
         (vec![format!("x={d}"), format!("x={d}")], "twice"),
         (vec![format!(".fencefs={d}")], "keeps for itself"),
+        (
+            vec![format!("up={}", mnt.parent().unwrap().display())],
+            "mount point",
+        ),
         (vec![format!(".fencefs-git/x={d}")], "keeps for itself"),
     ];
     for (values, why) in cases {
@@ -501,4 +505,42 @@ fn a_root_on_another_file_system_stands_alone() {
     put(&t.0.join("late.txt"), b"late\n", 0o644);
     assert_eq!(fs::read(m.mnt("data/late.txt")).unwrap(), b"late\n");
     drop(m);
+}
+
+/// A root's point below a directory of SOURCE (`cfg/data`): that directory cannot be
+/// renamed, replaced or removed (EBUSY) either, else the root's files would be reached
+/// under another path (`cfg2/data/...`) that is SOURCE's, and move into SOURCE.
+#[test]
+fn an_ancestor_of_a_root_point_stays_where_it_is() {
+    let b = Mount::builder("roots-ancestor").policy(POLICY);
+    mkdirp(&b.host("cfg"));
+    mkdirp(&b.host("other"));
+    let r2 = second(b.root());
+    put(&r2.join("d.txt"), b"data\n", 0o644);
+    let r2 = fs::canonicalize(&r2).unwrap();
+    let m = b
+        .arg("--root")
+        .arg(format!("cfg/data={}", r2.display()))
+        .start();
+    assert_eq!(
+        errno_of(&fs::rename(m.mnt("cfg/data/d.txt"), m.mnt("cfg/d.txt"))),
+        libc::EXDEV
+    );
+    assert_eq!(
+        errno_of(&fs::rename(m.mnt("cfg"), m.mnt("cfg2"))),
+        libc::EBUSY
+    );
+    assert_eq!(
+        errno_of(&fs::rename(m.mnt("other"), m.mnt("cfg"))),
+        libc::EBUSY
+    );
+    let swap = renameat2(&m.mnt("other"), &m.mnt("cfg"), libc::RENAME_EXCHANGE);
+    assert_eq!(errno_of(&swap), libc::EBUSY);
+    assert_eq!(errno_of(&fs::remove_dir(m.mnt("cfg"))), libc::EBUSY);
+    // Whatever got through, nothing of the root moved into SOURCE.
+    let _ = fs::rename(m.mnt("cfg2/data/d.txt"), m.mnt("cfg2/d.txt"));
+    let _ = fs::rename(m.mnt("other/data/d.txt"), m.mnt("other/d.txt"));
+    assert_eq!(fs::read(r2.join("d.txt")).unwrap(), b"data\n");
+    assert!(m.host("cfg").is_dir() && m.host("other").is_dir());
+    assert!(!m.host("cfg2").exists() && !m.host("other/d.txt").exists());
 }

@@ -558,3 +558,123 @@ fn git_rules_of_the_policy_apply_to_the_served_repository() {
     assert!(o.ok(), "{}{}", o.stdout, o.stderr);
     assert_records_unchanged(&m, &repo);
 }
+
+/// `.fencefs/denials` is no oracle for the names the layout or the `.git` alias hides: an
+/// existing hidden name (another worktree's private dir, a `.git/...` rule's file seen as
+/// `.fencefs-git/...`) and a missing one leave the same line.
+#[test]
+fn denials_do_not_tell_an_existing_fenced_or_aliased_name_from_a_missing_one() {
+    let policy = format!(
+        "{POLICY}agent_notes = true\n\n[[rule]]\npath = \".git/secret-*\"\naccess = \"none\"\n"
+    );
+    require_programs();
+    let b = Mount::builder("wt-notes-oracle")
+        .policy(&policy)
+        .arg("--allow-other");
+    let src = b.host("");
+    let repo = make_repo(b.root(), &src);
+    fs::write(repo.main.join(".git/secret-x"), "s\n").unwrap();
+    let m = b.start();
+    let o = m.sh_as(
+        AGENT,
+        "for p in worktrees/other worktrees/nope secret-x secret-y; do \
+         stat .fencefs-git/$p >/dev/null 2>&1 && echo \"FOUND $p\"; done; \
+         cat .fencefs/denials",
+    );
+    o.assert_ok("stat and cat denials as 1000");
+    assert!(!o.stdout.contains("FOUND"), "{}", o.stdout);
+    // Each line without its timestamp, the probed names made one.
+    let seen = |name: &str, same: &str| -> Vec<String> {
+        o.stdout
+            .lines()
+            .filter(|l| l.contains(name))
+            .map(|l| l.split_once(' ').map_or(l, |x| x.1).replace(name, same))
+            .collect()
+    };
+    assert_eq!(
+        seen("worktrees/other", "worktrees/N"),
+        seen("worktrees/nope", "worktrees/N"),
+        "another worktree's private dir is told from a missing one:\n{}",
+        o.stdout
+    );
+    assert_eq!(
+        seen("secret-x", "secret-N"),
+        seen("secret-y", "secret-N"),
+        "a hidden .git file is told from a missing one:\n{}",
+        o.stdout
+    );
+    assert_records_unchanged(&m, &repo);
+}
+
+/// SOURCE's `.git` is the agent's to write (here: a plain directory, no repository):
+/// a `.git` file naming another repository's worktree does not get that repository
+/// served at the next mount, since that worktree's `gitdir` does not name this `.git`.
+#[test]
+fn a_git_file_naming_another_repository_s_worktree_serves_nothing_of_it() {
+    require_programs();
+    let b = Mount::builder("wt-foreign")
+        .policy(POLICY)
+        .arg("--allow-other");
+    let src = b.host("");
+    let victim = b.root().join("outside/victim");
+    let vwt = b.root().join("outside/victim-wt");
+    fs::create_dir_all(&victim).unwrap();
+    host_git(&victim, &["init", "-q", "-b", "main"]);
+    fs::write(victim.join("v.txt"), "victim\n").unwrap();
+    host_git(&victim, &["add", "."]);
+    host_git(&victim, &["commit", "-q", "-m", "victim"]);
+    host_git(
+        &victim,
+        &["worktree", "add", "-q", vwt.to_str().unwrap(), "-b", "v"],
+    );
+    let planted = format!("gitdir: {}/.git/worktrees/victim-wt\n", victim.display());
+    fs::write(src.join(".git"), &planted).unwrap();
+    let m = b.start();
+    assert_eq!(
+        errno_of(fs::metadata(m.mnt(".fencefs-git/HEAD"))),
+        Some(libc::ENOENT),
+        "the other repository is served"
+    );
+    assert_eq!(fs::read_to_string(m.mnt(".git")).unwrap(), planted);
+}
+
+/// The main checkout's own state in the common dir is not the agent's: its `HEAD`, and
+/// the todo lists of an operation in progress there (`rebase-merge/`, `rebase-apply/`,
+/// `sequencer/`), whose `exec` lines the host's git runs on `--continue`, are read-only
+/// (EROFS). Git in the linked worktree keeps its own in its private dir, and still works.
+#[test]
+fn the_main_checkout_s_head_and_todo_lists_are_read_only() {
+    let (m, repo) = mount_worktree("wt-main-state", &[]);
+    let g = |p: &str| m.mnt(format!(".fencefs-git/{p}"));
+    let head = fs::read(repo.main.join(".git/HEAD")).unwrap();
+    let o = m.sh_as(
+        AGENT,
+        "for d in rebase-merge rebase-apply sequencer; do mkdir .fencefs-git/$d && echo \"MADE $d\"; done; \
+         echo 'ref: refs/heads/wt' > .fencefs-git/HEAD && echo WROTE-HEAD; true",
+    );
+    assert!(
+        !o.stdout.contains("MADE") && !o.stdout.contains("WROTE"),
+        "{}",
+        o.stdout
+    );
+    assert_eq!(
+        errno_of(fs::create_dir(g("rebase-merge"))),
+        Some(libc::EROFS)
+    );
+    let append = fs::OpenOptions::new().append(true).open(g("HEAD"));
+    assert_eq!(errno_of(append), Some(libc::EROFS));
+    for d in ["rebase-merge", "rebase-apply", "sequencer"] {
+        assert!(
+            !repo.main.join(".git").join(d).exists(),
+            "{d} made on the host"
+        );
+    }
+    assert_eq!(fs::read(repo.main.join(".git/HEAD")).unwrap(), head);
+    // The worktree's own rebase state lives in its private dir: rebase still works.
+    let o = agent(
+        &m,
+        "git rebase -q hostbranch && git switch -q -c side && git status --short",
+    );
+    assert!(o.ok(), "{}{}", o.stdout, o.stderr);
+    assert_records_unchanged(&m, &repo);
+}

@@ -145,7 +145,7 @@ pub(super) fn build_state(
         Some(dir) => crate::stage::start(dir, &src, &mnt, &root_fd)?,
         None => root_fd,
     };
-    let roots = super::roots::build(a, &src)?;
+    let roots = super::roots::build(a, &src, &mnt)?;
     let fan = if a.no_watch {
         Err("--no-watch".to_string())
     } else if a.stage.is_some() {

@@ -5,7 +5,8 @@
 //! Invariants: with `--stage`, every root besides SOURCE is read-only (only SOURCE is
 //! staged); a bad `--root` is one error line and nothing is mounted; a root's DIR is an
 //! existing directory that neither holds SOURCE nor lies inside it (one host directory
-//! has one path in the mount); PATH does not exist in SOURCE and its parent is a directory
+//! has one path in the mount), nor holds the mount point (the mount would contain
+//! itself, and the daemon would serve its own requests through it); PATH does not exist in SOURCE and its parent is a directory
 //! of SOURCE; a worktree that cannot be served is logged and served as it is.
 
 use std::path::Path;
@@ -24,7 +25,7 @@ pub(super) fn split(value: &str) -> Result<(&str, &str), String> {
         .ok_or_else(|| format!("--root '{value}': expected PATH=DIR"))
 }
 
-fn one_root(value: &str, src: &Path) -> Result<Root, String> {
+fn one_root(value: &str, src: &Path, mnt: &Path) -> Result<Root, String> {
     let (path, dir) = split(value)?;
     let bad = |why: String| format!("--root '{value}': {why}");
     let norm = roots::normalize(path).map_err(bad)?;
@@ -44,6 +45,14 @@ fn one_root(value: &str, src: &Path) -> Result<Root, String> {
             "{} and SOURCE {} are nested",
             dir.display(),
             src.display()
+        )));
+    }
+    // Mounting over DIR itself is fine (its handle is opened first), as for SOURCE.
+    if mnt != dir && mnt.starts_with(&dir) {
+        return Err(bad(format!(
+            "{} holds the mount point {} (the mount would contain itself)",
+            dir.display(),
+            mnt.display()
         )));
     }
     let at = src.join(path);
@@ -102,11 +111,11 @@ pub(super) fn git_alias(path: &[u8]) -> Option<Vec<u8>> {
     r.alias_of(path)
 }
 
-/// Every root of the mount of `src` (canonical).
-pub fn build(a: &MountArgs, src: &Path) -> Result<Roots, String> {
+/// Every root of the mount of `src` at `mnt` (both canonical).
+pub fn build(a: &MountArgs, src: &Path, mnt: &Path) -> Result<Roots, String> {
     let mut out = Roots::default();
     for value in &a.root {
-        let r = one_root(value, src)?;
+        let r = one_root(value, src, mnt)?;
         log::info!(
             "root: {} at {} in the mount",
             r.host.display(),

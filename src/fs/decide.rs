@@ -329,13 +329,26 @@ impl Shared {
 
     /// Refuses (and audits) what the layout's fences forbid at `path`, before the policy
     /// is asked: no rule and no approver lifts a fence.
-    fn fence(&self, ctx: &Ctx, op: &'static str, path: &[u8], is_dir: bool, need: Need) -> Res<()> {
+    pub(super) fn fence(
+        &self,
+        ctx: &Ctx,
+        op: &'static str,
+        path: &[u8],
+        is_dir: bool,
+        need: Need,
+    ) -> Res<()> {
         let roots = self.inodes.roots();
         if roots.is_empty() {
             return Ok(());
         }
-        if let Some(errno) = fenced(roots.fence_at(path), need) {
-            let v = ctx.snap.policy.verdict_for(path, ctx.caller, is_dir);
+        let fence = roots.fence_at(path);
+        if let Some(errno) = fenced(fence, need) {
+            let mut v = ctx.snap.policy.verdict_for(path, ctx.caller, is_dir);
+            // A hidden path is `none` to everyone: its audit line and `.fencefs/denials`
+            // say so (`hidden`), the same as for a missing name there (`do_lookup`).
+            if fence == Some(Fence::Hidden) {
+                v.effective = Access::None;
+            }
             self.audit(ctx, op, path, &v, By::Mode, Some(errno));
             return Err(Error(errno));
         }

@@ -16,8 +16,8 @@
 //! - Fences are facts of the layout, not policy: a [`Fence::Hidden`] path answers as
 //!   absent (and cannot be created), a [`Fence::ReadOnly`] path cannot be changed (EROFS),
 //!   in every mode and whatever the policy says; they only ever take access away.
-//! - A root's point cannot be removed or renamed (EBUSY), and nothing moves or links
-//!   across roots (EXDEV).
+//! - A root's point, and every directory above it, cannot be removed, renamed or
+//!   replaced (EBUSY), and nothing moves or links across roots (EXDEV).
 //! - PURE apart from the handles it holds: no syscall here.
 
 use std::os::fd::OwnedFd;
@@ -174,6 +174,14 @@ impl Roots {
         self.roots.iter().find(|r| r.path == path)
     }
 
+    /// Whether `path` is a root's point or a directory above one (neither is removed,
+    /// renamed nor replaced: a root's files keep their one path in the mount).
+    pub fn holds_point(&self, path: &[u8]) -> bool {
+        self.roots
+            .iter()
+            .any(|r| r.path == path || covers(path, &r.path))
+    }
+
     /// The handle of the root whose host identity is `key`.
     pub fn by_key(&self, key: (u64, u64)) -> Option<Arc<OwnedFd>> {
         self.roots
@@ -283,6 +291,11 @@ mod tests {
         assert!(!r.same_root(b"data/a", b"data/inner/c"));
         assert_eq!(r.label_of(b"x"), "SOURCE");
         assert!(r.may_be_point(b"inner") && !r.may_be_point(b"x"));
+        assert!(r.holds_point(b"data") && r.holds_point(b"data/inner"));
+        let mut n = Roots::default();
+        n.add(root("a/b")).unwrap();
+        assert!(n.holds_point(b"a") && n.holds_point(b"a/b"));
+        assert!(!n.holds_point(b"a/b/c") && !n.holds_point(b"ab") && !n.holds_point(b"a/bc"));
         let listed: Vec<_> = r.listed_in(b"").map(|r| r.path.clone()).collect();
         assert_eq!(listed, vec![b"data".to_vec()]);
     }

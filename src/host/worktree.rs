@@ -5,8 +5,9 @@
 //! ```text
 //! MOUNT/.git                     a file: "gitdir: .fencefs-git/worktrees/NAME" (in memory)
 //! MOUNT/.fencefs-git/            root: the repository's common dir COMMON, not listed
-//!       objects/ refs/ packed-refs logs/ info/ HEAD ...   served
+//!       objects/ refs/ packed-refs logs/ info/ ...        served
 //!       hooks/  config  config.worktree  modules/  commondir  read-only (EROFS)
+//!       HEAD  rebase-merge/  rebase-apply/  sequencer/         read-only (the main checkout's)
 //!       index                                              hidden (the main checkout's)
 //!       worktrees/NAME/          this worktree's private gitdir (HEAD, index, logs, ...)
 //!       worktrees/NAME/{gitdir,commondir,config.worktree}  read-only
@@ -20,8 +21,9 @@
 //! inside the mount from removing the host's record of this worktree (its `gitdir` names
 //! a host path that does not exist in a container).
 //!
-//! Invariants: the host's `.git` file and `worktrees/NAME/{gitdir,commondir}` are never
-//! written (the served `.git` is a sealed memory file, the others are fenced read-only);
+//! Invariants: a worktree is served only when the link goes both ways (`SOURCE/.git`
+//! names `worktrees/NAME`, whose `gitdir` names `SOURCE/.git`); the host's `.git` file
+//! and `worktrees/NAME/{gitdir,commondir}` are never written (the served `.git` is a sealed memory file, the others are fenced read-only);
 //! detection only reads; anything that is not exactly a linked worktree is served as is.
 
 use std::io;
@@ -73,6 +75,19 @@ pub fn detect(src: &Path) -> Result<Option<Worktree>, String> {
         // A submodule's gitdir (`.git/modules/X`) has no commondir: not a worktree.
         return Ok(None);
     };
+    // The link must go both ways: the private dir's `gitdir` names this `.git` (git
+    // writes it so). SOURCE's `.git` is the agent's to write; the other end is not, so a
+    // `.git` naming another repository's worktree does not get that repository served.
+    let back = std::fs::read_to_string(private.join("gitdir")).unwrap_or_default();
+    // (relative to the private dir with `worktree.useRelativePaths`)
+    let back = std::fs::canonicalize(private.join(back.trim())).ok();
+    if back.as_deref() != std::fs::canonicalize(&dotgit).ok().as_deref() {
+        return Err(format!(
+            "{}/gitdir does not name {}",
+            private.display(),
+            dotgit.display()
+        ));
+    }
     let common = std::fs::canonicalize(private.join(commondir.trim()))
         .map_err(|e| format!("commondir of {}: {e}", private.display()))?;
     let name = private
@@ -158,6 +173,13 @@ pub fn serve(wt: &Worktree, src: &Path, roots: &mut Roots) -> Result<(), String>
     roots.fence(&g("commondir"), false, Fence::ReadOnly);
     roots.fence(&g("modules"), true, Fence::ReadOnly);
     roots.fence(&g("index"), false, Fence::Hidden);
+    // The main checkout's own state: its HEAD, and the todo lists of an operation in
+    // progress there, whose `exec` lines the host's git runs on `--continue`. A linked
+    // worktree's git keeps its own in its private dir.
+    roots.fence(&g("HEAD"), false, Fence::ReadOnly);
+    for d in ["rebase-merge", "rebase-apply", "sequencer"] {
+        roots.fence(&g(d), true, Fence::ReadOnly);
+    }
     roots.fence(&g("worktrees"), false, Fence::ReadOnly);
     roots.keep_only(&g("worktrees"), wt.name.as_bytes());
     for f in ["", "/gitdir", "/commondir", "/config.worktree", "/locked"] {

@@ -129,8 +129,11 @@ impl Shared {
                 // lookup does not tell an absent name from a hidden one.
                 let v = ctx.snap.policy.verdict_for(&path, ctx.caller, false);
                 std::hint::black_box(v);
-                // `.fencefs/denials` shows a hidden name whether or not it exists.
-                if v.effective == crate::policy::Access::None {
+                // `.fencefs/denials` shows a hidden name whether or not it exists: the
+                // layout's fences and the `.git` alias first, as `allow` decides them.
+                if self.fence(ctx, "lookup", &path, false, Need::List).is_ok()
+                    && v.effective == crate::policy::Access::None
+                {
                     let by = v.by;
                     self.notes
                         .record(ctx, "lookup", &path, &v, by, libc::ENOENT, None);
@@ -386,11 +389,12 @@ impl Shared {
         Some(hidden_by)
     }
 
-    /// A root's point (`host/roots.rs`) is not removed nor renamed: EBUSY, as a mount point.
+    /// A root's point (`host/roots.rs`), or a directory above one, is not removed nor
+    /// renamed: EBUSY, as a mount point (moved, the root's files would be SOURCE's).
     fn not_a_root_point(&self, path: &[u8]) -> Res<()> {
-        match self.inodes.roots().at(path) {
-            Some(_) => Err(Error(libc::EBUSY)),
-            None => Ok(()),
+        match self.inodes.roots().holds_point(path) {
+            true => Err(Error(libc::EBUSY)),
+            false => Ok(()),
         }
     }
 
