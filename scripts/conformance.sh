@@ -42,6 +42,9 @@
 #   --keep               keep the scratch directories (logs are always kept)
 #   --stage              every fencefs mount stages its changes (`--stage DIR`, a fresh
 #                        DIR per mount): the same suites through the merged view
+#   --layers             every fencefs mount also loads conformance/second-layer.toml as a
+#                        second policy layer (an organisation floor: the `secrets` preset):
+#                        the same suites with the layered decision path
 #   -h, --help
 #
 # Exit status: 0 when every check passed, 1 when one failed, 2 on usage errors.
@@ -69,6 +72,7 @@ PJD_TIMEOUT=900
 FSX_TIMEOUT=1800
 KEEP=0
 STAGE=0
+LAYERS=0
 
 usage() { sed -n '2,/^$/{s/^# \{0,1\}//;p}' "$0"; }
 
@@ -87,6 +91,7 @@ while [ $# -gt 0 ]; do
         --fsx-timeout) FSX_TIMEOUT=$2; shift 2 ;;
         --keep) KEEP=1; shift ;;
         --stage) STAGE=1; shift ;;
+        --layers) LAYERS=1; shift ;;
         -h|--help) usage; exit 0 ;;
         *) echo "conformance: unknown argument '$1' (see --help)" >&2; exit 2 ;;
     esac
@@ -221,7 +226,9 @@ start_fencefs() {
     mkdir -p "$SRC" "$MNT"; chmod 755 "$SRC" "$MNT"
     local stage=()
     [ "$STAGE" = 1 ] && stage=(--stage "$WORK/stage$NMOUNT")
-    RUST_LOG=${RUST_LOG:-warn} "$FENCEFS" mount "${stage[@]}" "$@" "$SRC" "$MNT" >"$LOGS/$name.daemon.log" 2>&1 &
+    local layer=()
+    [ "$LAYERS" = 1 ] && layer=(-p "$CONF/second-layer.toml")
+    RUST_LOG=${RUST_LOG:-warn} "$FENCEFS" mount "${stage[@]}" "$@" "${layer[@]}" "$SRC" "$MNT" >"$LOGS/$name.daemon.log" 2>&1 &
     local pid=$!
     MOUNTS+=("$MNT"); PIDS+=("$pid")
     wait_mounted "$MNT" "$pid" fuse.fencefs "$LOGS/$name.daemon.log"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# soak.sh [--secs N] [--bin PATH] — mixed hostile load against one real mount while a
+# soak.sh [--secs N] [--bin PATH] [--transport T] [--layers] — mixed hostile load against one real mount while a
 # well-behaved user builds a C project through it (issue 9's soak).
 #
 # Hostile uid 1000 (each loop its own process, killed by pid at the end):
@@ -19,19 +19,22 @@
 # RLIMIT_NOFILE and its RSS under 128 MiB, the audit files and the daemon's log stayed
 # bounded, the approver stayed connected and got the held requests' events, and no raw
 # escape byte reached the daemon's log.
-# Default 600 s; scripts/test.sh runs it for 30 s. Needs root, fuse3, python3, make, cc.
+# --layers loads conformance/second-layer.toml as a second policy layer (every request
+# decided by both layers). Default 600 s; scripts/test.sh runs it for 30 s. Needs root, fuse3, python3, make, cc.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 SECS=600
 BIN=
 TRANSPORT=auto
+LAYERS=()
 while (($#)); do
     case $1 in
         --secs) SECS=$2; shift 2 ;;
         --bin) BIN=$2; shift 2 ;;
         --transport) TRANSPORT=$2; shift 2 ;;
-        *) echo "usage: soak.sh [--secs N] [--bin PATH] [--transport auto|io-uring|dev-fuse]" >&2; exit 2 ;;
+        --layers) LAYERS=(-p "$PWD/conformance/second-layer.toml"); shift ;;
+        *) echo "usage: soak.sh [--secs N] [--bin PATH] [--transport auto|io-uring|dev-fuse] [--layers]" >&2; exit 2 ;;
     esac
 done
 if [[ -z $BIN ]]; then
@@ -76,7 +79,7 @@ policy "w/hidden*" >"$POL"
 policy "w/gone*" >"$ROOT/policy.b"
 policy "w/hidden*" >"$ROOT/policy.a"
 
-"$BIN" mount -p "$POL" --allow-other --audit "$AUDIT" --audit-max-size 1M --audit-keep 2 \
+"$BIN" mount -p "$POL" "${LAYERS[@]}" --allow-other --audit "$AUDIT" --audit-max-size 1M --audit-keep 2 \
     --control "$ROOT/ctl.sock" --ask-timeout 4 --ask-dir-hold 1 \
     --transport "$TRANSPORT" "$SRC" "$MNT" 2>"$LOG" &
 DAEMON=$!

@@ -113,9 +113,9 @@ if [[ ! -e $uring ]]; then
 else
     FENCEFS_TEST_TRANSPORT=io-uring \
         cargo test --quiet --no-fail-fast --test '*' -- --test-threads="${FENCEFS_TEST_THREADS:-2}"
-    say "hostile soak over io_uring (short run)"
+    say "hostile soak over io_uring with two policy layers (short run)"
     bash scripts/soak.sh --secs "${FENCEFS_SOAK_SECS:-30}" --bin target/debug/fencefs \
-        --transport io-uring
+        --transport io-uring --layers
     echo "$was" >"$uring"
 fi
 
