@@ -384,6 +384,9 @@ fn keep_serving_takes_the_next_vm_and_sigterm_ends_it_with_0() {
     let _ = fs::remove_dir_all(&dir);
     let src = dir.join("src");
     write_file(&src.join("f.txt"), "one\n", 0o644);
+    for i in 0..40 {
+        write_file(&src.join(format!("d/f{i}")), "x\n", 0o644);
+    }
     let sock = dir.join("fs.sock");
     let daemon = Command::new(BIN)
         .args(["vhost-user", "--keep-serving", "--socket"])
@@ -399,13 +402,51 @@ fn keep_serving_takes_the_next_vm_and_sigterm_ends_it_with_0() {
         assert!(t.elapsed() < Duration::from_secs(20), "no socket");
         std::thread::sleep(Duration::from_millis(20));
     }
-    // The first VM reads and powers off; the daemon stays.
-    let first = "#!/bin/sh\nmkdir -p /w; mount -t virtiofs fencefs /w && echo \"R first: $(cat /w/f.txt)\"\numount /w\n";
+    let baseline = steady_fds(pid);
+    // The first VM looks up every file, keeps three open and powers off without
+    // unmounting: no RELEASE, no FORGET ever comes for them. The daemon stays.
+    let first = "#!/bin/sh\nmkdir -p /w; mount -t virtiofs fencefs /w && echo \"R first: $(cat /w/f.txt)\"\n\
+        ls -lR /w >/dev/null\nfor f in f.txt d/f1 d/f2; do sleep 600 < /w/$f & done\nsleep 1\necho \"R held-open\"\nsleep 3\n";
     let (mut q1, rx1) = boot(&dir, &vm, &sock, first, "1");
-    let seen = wait_for(&rx1, "GUEST: done");
+    let seen = wait_for(&rx1, "R held-open");
     assert!(seen.contains("R first: one"), "{seen}");
-    assert!(q1.0.take().unwrap().wait().unwrap().success());
-    std::thread::sleep(Duration::from_millis(300));
+    let during = fds(pid);
+    let seen = wait_for(&rx1, "GUEST: done");
+    assert!(q1.0.take().unwrap().wait().unwrap().success(), "{seen}");
+    // The second guest starts clean: the first one's handles are closed and its lookups
+    // forgotten (their cached descriptors closed), back to what the daemon held before.
+    let t = Instant::now();
+    while !fs::read_to_string(dir.join("daemon.stderr"))
+        .unwrap_or_default()
+        .contains("waiting for the next connection")
+    {
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "the first connection did not end"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let after = steady_fds(pid);
+    let links: Vec<String> = fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .filter_map(|e| {
+            Some((
+                e.as_ref().ok()?.file_name(),
+                fs::read_link(e.ok()?.path()).ok()?,
+            ))
+        })
+        .map(|(n, p)| format!("{n:?}={}", p.display()))
+        .collect();
+    let log = fs::read_to_string(dir.join("daemon.stderr")).unwrap();
+    assert!(
+        during >= baseline + 3,
+        "the first guest held no descriptors: {baseline} before, {during} during"
+    );
+    assert_eq!(
+        after, baseline,
+        "descriptors: {baseline} before the first guest, {during} during, {after} after: {links:?}\n{log}"
+    );
+    assert!(log.contains("closed 3 handles"), "{log}");
     assert!(
         daemon.0.as_mut().unwrap().try_wait().unwrap().is_none(),
         "exited after the first VM"
@@ -438,4 +479,27 @@ fn keep_serving_takes_the_next_vm_and_sigterm_ends_it_with_0() {
     assert!(log.contains("connection 2"), "{log}");
     assert!(!sock.exists(), "the socket file stays behind");
     let _ = fs::remove_dir_all(&dir);
+}
+
+/// The daemon's open descriptors.
+fn fds(pid: i32) -> usize {
+    fs::read_dir(format!("/proc/{pid}/fd")).unwrap().count()
+}
+
+/// The daemon's open descriptors once the count has not changed for half a second (at
+/// most 10 s).
+fn steady_fds(pid: i32) -> usize {
+    let t = Instant::now();
+    let mut last = fds(pid);
+    let mut since = Instant::now();
+    while t.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(50));
+        let n = fds(pid);
+        if n != last {
+            (last, since) = (n, Instant::now());
+        } else if since.elapsed() > Duration::from_millis(500) {
+            break;
+        }
+    }
+    last
 }

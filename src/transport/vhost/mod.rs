@@ -119,6 +119,11 @@ pub fn serve(
         let r = daemon.wait();
         *stop.conn.lock() = None;
         backend.end();
+        // Joins the queue threads: no request of this connection is served any more.
+        drop(daemon);
+        let reclaimed = backend.reclaim();
+        log::debug!("vhost-user: {reclaimed} exit event descriptors closed");
+        forget_connection(core, n);
         match r {
             Ok(())
             | Err(vhost_user_backend::Error::HandleRequest(
@@ -132,6 +137,21 @@ pub fn serve(
         }
         log::info!("vhost-user: waiting for the next connection (--keep-serving)");
     }
+}
+
+/// After connection `n` ended: the guest's kernel that held its handles and lookups is
+/// gone (a VM that stops sends no RELEASE or FORGET), so they are dropped, and the next
+/// guest starts with the tables a fresh daemon has (the root only, no handle). A request
+/// of the old connection still on a worker or held for an approver keeps what it uses.
+pub fn forget_connection(core: &Core, n: u64) {
+    let shared = &core.shared;
+    let handles = shared.handles.clear();
+    let nodes = shared.inodes.forget_all();
+    // The hidden names that guest may have cached went with it.
+    let hidden = shared.kcache.take_hidden().len();
+    log::info!(
+        "vhost-user: connection {n}: closed {handles} handles, forgot {nodes} nodes and {hidden} hidden names"
+    );
 }
 
 #[cfg(test)]
