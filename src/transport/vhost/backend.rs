@@ -71,6 +71,11 @@ impl FsBackend {
         })
     }
 
+    /// What the guest asked for on this connection.
+    pub fn stats(&self) -> &super::stats::Stats {
+        &self.inner.session.stats
+    }
+
     /// Ends the queue threads (after the connection is gone).
     pub fn end(&self) {
         for (_, n) in &self.inner.exits {

@@ -202,8 +202,9 @@ fn init_answers_only_what_the_guest_offered() {
     assert_eq!(flags, 1 | (1 << 13));
     assert_eq!(
         u32::from_ne_bytes(b[20..24].try_into().unwrap()),
-        crate::fs::MAX_WRITE as u32
+        super::MAX_WRITE as u32
     );
+    assert_eq!(u16::from_ne_bytes(b[28..30].try_into().unwrap()), 256);
     assert!(chain::init_out(&init[..6]).is_err());
 }
 
