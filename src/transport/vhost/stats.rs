@@ -48,10 +48,16 @@ impl Stats {
             })
             .filter(|&(c, _, _)| c > 0)
             .collect();
-        v.sort_unstable_by(|a, b| b.0.cmp(&a.0));
+        v.sort_unstable_by_key(|x| std::cmp::Reverse(x.0));
         let total: u64 = v.iter().map(|x| x.0).sum();
         let ns: u64 = v.iter().map(|x| x.1).sum();
-        let per = |c: u64, n: u64| if c == 0 { 0.0 } else { n as f64 / c as f64 / 1000.0 };
+        let per = |c: u64, n: u64| {
+            if c == 0 {
+                0.0
+            } else {
+                n as f64 / c as f64 / 1000.0
+            }
+        };
         let ops: Vec<String> = v
             .iter()
             .map(|&(c, n, i)| format!("{} {c} ({:.1} µs)", name(i as u32), per(c, n)))
@@ -93,4 +99,30 @@ fn name(op: u32) -> String {
         _ => return format!("op{op}"),
     };
     n.to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::transport::abi::op;
+
+    #[test]
+    fn the_summary_counts_by_opcode_most_first() {
+        let s = Stats::default();
+        let t = Instant::now();
+        for _ in 0..3 {
+            s.record(op::LOOKUP, t);
+        }
+        s.record(op::GETATTR, t);
+        s.record(9999, t);
+        assert_eq!(s.total(), 5);
+        let line = s.summary();
+        assert!(line.starts_with("5 requests, "), "{line}");
+        let (l, g) = (
+            line.find("LOOKUP 3").unwrap(),
+            line.find("GETATTR 1").unwrap(),
+        );
+        assert!(l < g, "{line}");
+        assert!(line.contains("op63 1"), "{line}");
+    }
 }
