@@ -81,6 +81,9 @@ r rule_read runas 1000 1000 cat $W/ro/locked.txt
 r protected_write sh -c "echo changed > $W/prot/file.txt"
 r uid_create runas 1000 1000 sh -c "echo mine > $W/work/mine.txt"
 r uid_owner stat -c %u:%g $W/work/mine.txt
+r big_write sh -c "dd if=/dev/urandom of=$W/work/big bs=1M count=4 2>/dev/null && sync && sha256sum $W/work/big | cut -d' ' -f1"
+echo 3 > /proc/sys/vm/drop_caches
+r big_read sh -c "sha256sum $W/work/big | cut -d' ' -f1"
 now() { cut -d' ' -f1 /proc/uptime; }
 (out=$(sh -c "echo x > $W/docs/a.md" 2>&1); echo "R held: ${out##*: } $(now)") &
 sleep 1
@@ -244,6 +247,17 @@ fn a_vm_gets_its_workspace_from_fencefs_with_the_policy() {
     let md = fs::metadata(src.join("work/mine.txt")).unwrap();
     assert_eq!((md.uid(), md.gid()), (4242, 4343));
     assert_eq!(get("uid_owner"), "ok 1000:1000");
+    // 1 MiB writes and reads (INIT's max_write): the host has the guest's bytes, and the
+    // guest reads them back from the host (its page cache dropped).
+    let host_sum = Command::new("sha256sum")
+        .arg(src.join("work/big"))
+        .output()
+        .unwrap();
+    let host_sum = String::from_utf8_lossy(&host_sum.stdout);
+    let host_sum = host_sum.split(' ').next().unwrap();
+    assert_eq!(fs::metadata(src.join("work/big")).unwrap().len(), 4 << 20);
+    assert_eq!(get("big_write"), format!("ok {host_sum}"));
+    assert_eq!(get("big_read"), format!("ok {host_sum}"));
     // A held request does not hold up the queue: the read during the hold finished
     // before the held write ended (EACCES at --ask-timeout, host unchanged).
     let held = get("held");
