@@ -111,10 +111,9 @@ pub fn close_leaked_dup(ours: &impl AsRawFd, leaked: RawFd) -> bool {
     if leaked < 0 || leaked == ours.as_raw_fd() {
         return false;
     }
+    let pid = std::process::id() as libc::pid_t;
     // SAFETY: kcmp only compares two descriptor numbers of this process; no memory is
     // passed.
-    let pid = unsafe { libc::getpid() };
-    // SAFETY: as above.
     let same = unsafe {
         libc::syscall(
             libc::SYS_kcmp,
