@@ -24,7 +24,7 @@ pub const QSIZE: u16 = 16;
 /// Where tests put request and reply buffers (past the queue's rings).
 pub const BUF: u64 = 0x1_0000;
 /// The guest memory's size.
-pub const MEM: usize = 0x40_0000;
+pub const MEM: usize = 0x10_0000;
 const DESC: u64 = 0;
 const AVAIL: u64 = 16 * QSIZE as u64;
 /// After the available ring (flags, idx, ring, used_event), aligned to 4.
