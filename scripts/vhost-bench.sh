@@ -1,24 +1,35 @@
 #!/usr/bin/env bash
 # Guest workloads over virtio-fs, fencefs vhost-user against virtiofsd (the anchor), same
-# run: untar 5,000 files, `ls -lR`, `find`, a 256 MiB sequential write and read (page cache
-# dropped in between). Each backend serves a fresh copy of the same tree to a fresh VM
-# (the guest scripts/vm-guest.sh prepares; QEMU under TCG here, so compare ratios within
-# one run, not absolute times). Times come from the guest's /proc/uptime (10 ms).
+# run: untar 5,000 files, `ls -lR` (warm, right after), `find` (cold: caches dropped), a
+# stat walk (the git status stand-in: the busybox guest has no git; lstat of every file,
+# warm), a 256 MiB sequential write and read (page cache dropped in between). Each backend
+# serves a fresh copy of the same tree to a fresh VM (the guest scripts/vm-guest.sh
+# prepares; QEMU under TCG here, so compare ratios within one run, not absolute times).
+# Times come from the guest's /proc/uptime (10 ms); the daemon's CPU time (user+system,
+# /proc/PID/stat) is sampled as the guest's console says each workload starts and ends.
 #
 # Usage: scripts/vhost-bench.sh [--runs N] [--bin target/release/fencefs]
-#                               [--virtiofsd PATH] [--policy FILE]
-# virtiofsd: `cargo install virtiofsd` (needs libseccomp-dev and libcap-ng-dev).
-# Results: a table on stdout and TSV in /tmp/fencefs-vhost-bench/results.tsv.
+#            [--virtiofsd PATH] [--policy FILE] [--queue-size N]
+#            [--variant NAME='FENCEFS ARGS']...   (default: one variant "fencefs", no args)
+# e.g. --variant fencefs= --variant ttl30='--cache-ttl 30'
+# virtiofsd: `cargo install --locked virtiofsd --root target/tools` (needs libseccomp-dev
+# and libcap-ng-dev).
+# Results: a table on stdout, TSV in target/tmp/vhost-bench/results.tsv, and fencefs's
+# per-connection request profile (requests by opcode, queue-thread µs each) from its logs.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 runs=1
 bin=target/release/fencefs
-virtiofsd=$(command -v virtiofsd || echo target/virtiofsd/bin/virtiofsd)
+virtiofsd=$(command -v virtiofsd || echo target/tools/bin/virtiofsd)
 policy=
+qsize=1024
+variants=()
 while (($#)); do
     case $1 in
         --runs) runs=$2; shift 2 ;;
+        --queue-size) qsize=$2; shift 2 ;;
+        --variant) variants+=("$2"); shift 2 ;;
         --bin) bin=$2; shift 2 ;;
         --virtiofsd) virtiofsd=$2; shift 2 ;;
         --policy) policy=$2; shift 2 ;;
@@ -26,10 +37,11 @@ while (($#)); do
     esac
 done
 [[ -x $bin ]] || { echo "no $bin (cargo build --release)" >&2; exit 1; }
+((${#variants[@]})) || variants=("fencefs=")
 [[ -x $virtiofsd ]] || { echo "no virtiofsd ($virtiofsd): cargo install virtiofsd" >&2; exit 1; }
 sh scripts/vm-guest.sh target/vm >/dev/null
 
-out=/tmp/fencefs-vhost-bench
+out=$PWD/target/tmp/vhost-bench
 rm -rf "$out"
 mkdir -p "$out/tree"
 # The tree to untar: 5,000 small files in 50 directories.
@@ -51,12 +63,13 @@ W=/w
 mkdir -p $W
 mount -t virtiofs fs $W || { echo "GUEST: mount failed"; exit; }
 now() { cut -d' ' -f1 /proc/uptime; }
-t() { name=$1; shift; a=$(now); if "$@" >/dev/null 2>&1; then b=$(now); echo "T $name $a $b"; else echo "GUEST: $name failed"; fi; }
+t() { name=$1; shift; echo "B $name"; a=$(now); if "$@" >/dev/null 2>&1; then b=$(now); echo "T $name $a $b"; else echo "GUEST: $name failed"; fi; }
 mkdir -p $W/x
 t untar tar -xf $W/tree.tar -C $W/x
 t ls_lR ls -lR $W/x
 echo 3 > /proc/sys/vm/drop_caches
 t find find $W/x
+t stat_walk sh -c "find $W/x -type f | xargs stat -c %Y"
 t write_256M sh -c "dd if=/dev/zero of=$W/big bs=1M count=256 && sync"
 echo 3 > /proc/sys/vm/drop_caches
 t read_256M dd if=$W/big of=/dev/null bs=1M
@@ -69,48 +82,79 @@ cat target/vm/initramfs.gz "$out/seg.cpio" >"$out/initrd"
 accel=tcg,thread=multi
 [[ -e /sys/module/kvm_intel || -e /sys/module/kvm_amd ]] && accel=kvm
 
-# run NAME: boots the VM against the daemon started by start_NAME on $out/NAME.sock.
+# CPU seconds (user + system) of process $1 so far.
+cpu() { awk -v hz="$(getconf CLK_TCK)" '{ print ($14 + $15) / hz }' "/proc/$1/stat" 2>/dev/null || echo 0; }
+
+# run NAME KIND ARGS: boots the VM against a daemon of KIND (virtiofsd or fencefs, with
+# ARGS) on $out/NAME.sock; prints NAME WORKLOAD SECONDS DAEMON-CPU-SECONDS lines.
 run() {
-    local name=$1 dir=$out/src-$1 sock=$out/$1.sock pid
+    local name=$1 kind=$2 args=$3 dir=$out/src-$1 sock=$out/$1.sock pid
     rm -rf "$dir" "$sock"
     mkdir -p "$dir"
     cp "$out/tree.tar" "$dir/"
-    case $name in
+    case $kind in
         virtiofsd) "$virtiofsd" --socket-path="$sock" --shared-dir="$dir" --cache=auto \
                        --sandbox=none >"$out/$name.log" 2>&1 & ;;
-        fencefs) "$bin" vhost-user --socket "$sock" --policy "$policy" "$dir" \
+        # shellcheck disable=SC2086
+        fencefs) "$bin" vhost-user --socket "$sock" --policy "$policy" $args "$dir" \
                      >"$out/$name.log" 2>&1 & ;;
     esac
     pid=$!
     for _ in $(seq 1 200); do [[ -S $sock ]] && break; sleep 0.05; done
-    timeout 600 qemu-system-x86_64 -accel "$accel" -cpu max -m 1G -smp 2 -nographic \
+    local nq=1
+    [[ $args =~ --request-queues[=\ ]([0-9]+) ]] && nq=${BASH_REMATCH[1]}
+    timeout 900 qemu-system-x86_64 -accel "$accel" -cpu max -m 1G -smp 2 -nographic \
         -no-reboot -nodefaults -serial stdio -kernel target/vm/vmlinuz -initrd "$out/initrd" \
         -append "console=ttyS0 quiet panic=-1" \
         -object memory-backend-memfd,id=mem,size=1G,share=on -numa node,memdev=mem \
-        -chardev socket,id=fs,path="$sock" -device vhost-user-fs-pci,chardev=fs,tag=fs \
-        </dev/null >"$out/$name.console" 2>&1 || true
+        -chardev socket,id=fs,path="$sock" \
+        -device "vhost-user-fs-pci,chardev=fs,tag=fs,queue-size=$qsize,num-request-queues=$nq" \
+        </dev/null 2>&1 | while IFS= read -r line; do
+            line=${line%$'\r'}
+            case $line in
+                "B "* | "T "*) echo "$line $(cpu "$pid")" ;;
+                *) echo "$line" ;;
+            esac
+        done >"$out/$name.console" || true
     kill "$pid" 2>/dev/null || true
     wait "$pid" 2>/dev/null || true
-    awk -v n="$name" '/^T / { printf "%s\t%s\t%.2f\n", n, $2, $4 - $3 }' "$out/$name.console"
+    awk -v n="$name" '/^B / { c[$2] = $3 } /^T / { printf "%s\t%s\t%.2f\t%.2f\n", n, $2, $4 - $3, $5 - c[$2] }' \
+        "$out/$name.console"
 }
 
 : >"$out/results.tsv"
+names=(virtiofsd)
 for r in $(seq 1 "$runs"); do
-    for name in virtiofsd fencefs; do
-        run "$name" | sed "s/^/$r\t/" >>"$out/results.tsv"
+    run virtiofsd virtiofsd "" | sed "s/^/$r\t/" >>"$out/results.tsv"
+    for v in "${variants[@]}"; do
+        run "${v%%=*}" fencefs "${v#*=}" | sed "s/^/$r\t/" >>"$out/results.tsv"
+        ((r > 1)) || names+=("${v%%=*}")
     done
 done
-# Medians per backend and workload, and fencefs / virtiofsd.
-python3 - "$out/results.tsv" <<'EOF'
+# Medians per backend and workload (seconds, and the daemon's CPU seconds), and each
+# fencefs variant / virtiofsd.
+python3 - "$out/results.tsv" "${names[@]}" <<'EOF'
 import sys, statistics, collections
 t = collections.defaultdict(list)
+c = collections.defaultdict(list)
 for line in open(sys.argv[1]):
-    _, name, work, secs = line.split()
+    _, name, work, secs, cpu = line.split()
     t[(name, work)].append(float(secs))
-works = [w for (n, w) in t if n == "virtiofsd"]
-print(f"{'workload':<12} {'virtiofsd s':>12} {'fencefs s':>10} {'ratio':>7}")
-for w in dict.fromkeys(works):
-    a = statistics.median(t[("virtiofsd", w)])
-    b = statistics.median(t.get(("fencefs", w), [float("nan")]))
-    print(f"{w:<12} {a:>12.2f} {b:>10.2f} {b / a if a else float('nan'):>7.2f}")
+    c[(name, work)].append(float(cpu))
+names = sys.argv[2:]
+works = list(dict.fromkeys(w for (n, w) in t if n == "virtiofsd"))
+med = lambda d, k: statistics.median(d[k]) if d.get(k) else float("nan")
+print("seconds in the guest (daemon CPU seconds); ratio = variant / virtiofsd")
+print(f"{'workload':<11}" + "".join(f"{n:>26}" for n in names))
+for w in works:
+    a = med(t, ("virtiofsd", w))
+    row = f"{w:<11}"
+    for n in names:
+        b, cb = med(t, (n, w)), med(c, (n, w))
+        cell = f"{b:.2f} ({cb:.2f})" + ("" if n == "virtiofsd" else f" {b / a if a else float('nan'):.2f}x")
+        row += f"{cell:>26}"
+    print(row)
 EOF
+for v in "${variants[@]}"; do
+    sed -n "s/.*connection 1: \([0-9]* requests.*\)/${v%%=*}: \1/p" "$out/${v%%=*}.log"
+done

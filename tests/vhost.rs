@@ -81,6 +81,9 @@ r rule_read runas 1000 1000 cat $W/ro/locked.txt
 r protected_write sh -c "echo changed > $W/prot/file.txt"
 r uid_create runas 1000 1000 sh -c "echo mine > $W/work/mine.txt"
 r uid_owner stat -c %u:%g $W/work/mine.txt
+r big_write sh -c "dd if=/dev/urandom of=$W/work/big bs=1M count=4 2>/dev/null && sync && sha256sum $W/work/big | cut -d' ' -f1"
+echo 3 > /proc/sys/vm/drop_caches
+r big_read sh -c "sha256sum $W/work/big | cut -d' ' -f1"
 now() { cut -d' ' -f1 /proc/uptime; }
 (out=$(sh -c "echo x > $W/docs/a.md" 2>&1); echo "R held: ${out##*: } $(now)") &
 sleep 1
@@ -244,6 +247,17 @@ fn a_vm_gets_its_workspace_from_fencefs_with_the_policy() {
     let md = fs::metadata(src.join("work/mine.txt")).unwrap();
     assert_eq!((md.uid(), md.gid()), (4242, 4343));
     assert_eq!(get("uid_owner"), "ok 1000:1000");
+    // 1 MiB writes and reads (INIT's max_write): the host has the guest's bytes, and the
+    // guest reads them back from the host (its page cache dropped).
+    let host_sum = Command::new("sha256sum")
+        .arg(src.join("work/big"))
+        .output()
+        .unwrap();
+    let host_sum = String::from_utf8_lossy(&host_sum.stdout);
+    let host_sum = host_sum.split(' ').next().unwrap();
+    assert_eq!(fs::metadata(src.join("work/big")).unwrap().len(), 4 << 20);
+    assert_eq!(get("big_write"), format!("ok {host_sum}"));
+    assert_eq!(get("big_read"), format!("ok {host_sum}"));
     // A held request does not hold up the queue: the read during the hold finished
     // before the held write ended (EACCES at --ask-timeout, host unchanged).
     let held = get("held");
@@ -384,6 +398,9 @@ fn keep_serving_takes_the_next_vm_and_sigterm_ends_it_with_0() {
     let _ = fs::remove_dir_all(&dir);
     let src = dir.join("src");
     write_file(&src.join("f.txt"), "one\n", 0o644);
+    for i in 0..40 {
+        write_file(&src.join(format!("d/f{i}")), "x\n", 0o644);
+    }
     let sock = dir.join("fs.sock");
     let daemon = Command::new(BIN)
         .args(["vhost-user", "--keep-serving", "--socket"])
@@ -399,13 +416,51 @@ fn keep_serving_takes_the_next_vm_and_sigterm_ends_it_with_0() {
         assert!(t.elapsed() < Duration::from_secs(20), "no socket");
         std::thread::sleep(Duration::from_millis(20));
     }
-    // The first VM reads and powers off; the daemon stays.
-    let first = "#!/bin/sh\nmkdir -p /w; mount -t virtiofs fencefs /w && echo \"R first: $(cat /w/f.txt)\"\numount /w\n";
+    let baseline = steady_fds(pid);
+    // The first VM looks up every file, keeps three open and powers off without
+    // unmounting: no RELEASE, no FORGET ever comes for them. The daemon stays.
+    let first = "#!/bin/sh\nmkdir -p /w; mount -t virtiofs fencefs /w && echo \"R first: $(cat /w/f.txt)\"\n\
+        ls -lR /w >/dev/null\nfor f in f.txt d/f1 d/f2; do sleep 600 < /w/$f & done\nsleep 1\necho \"R held-open\"\nsleep 3\n";
     let (mut q1, rx1) = boot(&dir, &vm, &sock, first, "1");
-    let seen = wait_for(&rx1, "GUEST: done");
+    let seen = wait_for(&rx1, "R held-open");
     assert!(seen.contains("R first: one"), "{seen}");
-    assert!(q1.0.take().unwrap().wait().unwrap().success());
-    std::thread::sleep(Duration::from_millis(300));
+    let during = fds(pid);
+    let seen = wait_for(&rx1, "GUEST: done");
+    assert!(q1.0.take().unwrap().wait().unwrap().success(), "{seen}");
+    // The second guest starts clean: the first one's handles are closed and its lookups
+    // forgotten (their cached descriptors closed), back to what the daemon held before.
+    let t = Instant::now();
+    while !fs::read_to_string(dir.join("daemon.stderr"))
+        .unwrap_or_default()
+        .contains("waiting for the next connection")
+    {
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "the first connection did not end"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let after = steady_fds(pid);
+    let links: Vec<String> = fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .filter_map(|e| {
+            Some((
+                e.as_ref().ok()?.file_name(),
+                fs::read_link(e.ok()?.path()).ok()?,
+            ))
+        })
+        .map(|(n, p)| format!("{n:?}={}", p.display()))
+        .collect();
+    let log = fs::read_to_string(dir.join("daemon.stderr")).unwrap();
+    assert!(
+        during >= baseline + 3,
+        "the first guest held no descriptors: {baseline} before, {during} during"
+    );
+    assert_eq!(
+        after, baseline,
+        "descriptors: {baseline} before the first guest, {during} during, {after} after: {links:?}\n{log}"
+    );
+    assert!(log.contains("closed 3 handles"), "{log}");
     assert!(
         daemon.0.as_mut().unwrap().try_wait().unwrap().is_none(),
         "exited after the first VM"
@@ -438,4 +493,27 @@ fn keep_serving_takes_the_next_vm_and_sigterm_ends_it_with_0() {
     assert!(log.contains("connection 2"), "{log}");
     assert!(!sock.exists(), "the socket file stays behind");
     let _ = fs::remove_dir_all(&dir);
+}
+
+/// The daemon's open descriptors.
+fn fds(pid: i32) -> usize {
+    fs::read_dir(format!("/proc/{pid}/fd")).unwrap().count()
+}
+
+/// The daemon's open descriptors once the count has not changed for half a second (at
+/// most 10 s).
+fn steady_fds(pid: i32) -> usize {
+    let t = Instant::now();
+    let mut last = fds(pid);
+    let mut since = Instant::now();
+    while t.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(50));
+        let n = fds(pid);
+        if n != last {
+            (last, since) = (n, Instant::now());
+        } else if since.elapsed() > Duration::from_millis(500) {
+            break;
+        }
+    }
+    last
 }

@@ -144,6 +144,12 @@ impl Handles {
     pub fn remove(&self, fh: u64) -> Option<Arc<Handle>> {
         self.map.write().remove(&fh)
     }
+    /// Closes every handle: the connection that opened them is gone (a VM disconnected).
+    /// Returns how many there were; their descriptors close as their last users finish.
+    pub fn clear(&self) -> usize {
+        let all = std::mem::take(&mut *self.map.write());
+        all.len()
+    }
     /// Whether some open handle on node `ino` satisfies `pred`.
     pub fn any_on(&self, ino: u64, pred: impl Fn(&Handle) -> bool) -> bool {
         self.map.read().values().any(|h| h.ino == ino && pred(h))

@@ -583,6 +583,27 @@ impl Inodes {
         }
     }
 
+    /// The connection ended (a VM disconnected): every lookup it held is forgotten, as if
+    /// it had sent the FORGETs; the nodes go with their cached handles. Returns how many.
+    pub fn forget_all(&self) -> usize {
+        let removed = {
+            let mut t = self.table.lock();
+            let held: Vec<u64> = t.nodes.keys().copied().filter(|&i| i != ROOT).collect();
+            let mut removed = Vec::new();
+            for ino in held {
+                if let Some(n) = t.nodes.get_mut(&ino) {
+                    n.nlookup = 0;
+                }
+                maybe_remove(&mut t, ino, &mut removed);
+            }
+            removed
+        };
+        let n = removed.len();
+        self.drop_fds(removed);
+        self.shrink();
+        n
+    }
+
     /// Gives memory back after the kernel forgot most of what a big walk made it learn:
     /// maps that fell below a quarter of their capacity are shrunk (rare: afterwards the
     /// capacity matches the size), and the allocator returns the freed pages.

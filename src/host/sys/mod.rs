@@ -16,8 +16,8 @@ mod xattr;
 
 pub use creds::{FsIds, WithoutFsetid};
 pub use process::{
-    fuse_backing_close, geteuid, limit_malloc_arenas, raise_nofile_limit, set_umask, trim_heap,
-    write_and_close,
+    close_leaked_dup, fuse_backing_close, geteuid, limit_malloc_arenas, raise_nofile_limit,
+    set_umask, trim_heap, write_and_close,
 };
 pub use xattr::{Xattr, getxattr_fd, listxattr_fd, removexattr_fd, setxattr_fd};
 

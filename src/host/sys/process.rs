@@ -6,7 +6,7 @@
 #![allow(unsafe_code)]
 
 use std::io;
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 
 use super::cvt;
 
@@ -100,4 +100,36 @@ pub fn limit_malloc_arenas(n: i32) {
     unsafe {
         libc::mallopt(libc::M_ARENA_MAX, n);
     }
+}
+
+/// Closes `leaked`, a descriptor number a library took out of an owning type with
+/// `into_raw_fd` and never closed, if it is still a duplicate of `ours` (the same open file
+/// description, by kcmp(2)). Returns whether it was closed; without kcmp (a seccomp filter,
+/// a kernel without it) it is left open.
+pub fn close_leaked_dup(ours: &impl AsRawFd, leaked: RawFd) -> bool {
+    const KCMP_FILE: libc::c_int = 0;
+    if leaked < 0 || leaked == ours.as_raw_fd() {
+        return false;
+    }
+    let pid = std::process::id() as libc::pid_t;
+    // SAFETY: kcmp only compares two descriptor numbers of this process; no memory is
+    // passed.
+    let same = unsafe {
+        libc::syscall(
+            libc::SYS_kcmp,
+            pid,
+            pid,
+            KCMP_FILE,
+            ours.as_raw_fd() as libc::c_ulong,
+            leaked as libc::c_ulong,
+        )
+    } == 0;
+    if same {
+        // SAFETY: `leaked` is open (kcmp found its file) and is a duplicate of `ours`, which
+        // we hold, so the number cannot have been closed and reused meanwhile; the caller
+        // says no owning type holds it (the library gave up ownership and leaked it). The
+        // OwnedFd closes it once.
+        drop(unsafe { OwnedFd::from_raw_fd(leaked) });
+    }
+    same
 }

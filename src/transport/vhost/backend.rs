@@ -9,6 +9,7 @@
 //! lock and served after it is released, so replies from other threads are not held up.
 
 use std::io;
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -27,6 +28,7 @@ use vmm_sys_util::event::{
 use super::Mem;
 use super::chain::{self, Session};
 use crate::fs::Core;
+use crate::host::sys;
 use crate::transport::pool::Pool;
 
 /// Descriptors per queue the device accepts (the guest picks up to this).
@@ -45,6 +47,10 @@ struct Inner {
     event_idx: AtomicBool,
     /// One exit event per queue thread.
     exits: Vec<(EventConsumer, EventNotifier)>,
+    /// The exit event consumers handed to `vhost-user-backend` (queue thread, descriptor
+    /// number): it keeps only their numbers and never closes them (0.24's
+    /// `VringEpollHandler::new` takes `into_raw_fd`), so [`FsBackend::reclaim`] does.
+    handed: Mutex<Vec<(usize, RawFd)>>,
 }
 
 impl FsBackend {
@@ -60,8 +66,14 @@ impl FsBackend {
                 mem: Mutex::new(None),
                 event_idx: AtomicBool::new(false),
                 exits,
+                handed: Mutex::new(Vec::new()),
             }),
         })
+    }
+
+    /// What the guest asked for on this connection.
+    pub fn stats(&self) -> &super::stats::Stats {
+        &self.inner.session.stats
     }
 
     /// Ends the queue threads (after the connection is gone).
@@ -69,6 +81,22 @@ impl FsBackend {
         for (_, n) in &self.inner.exits {
             let _ = n.notify();
         }
+    }
+
+    /// Closes the exit event descriptors the crate leaked, once its queue threads are
+    /// joined (the daemon dropped): without this, each connection served would keep one
+    /// descriptor per queue. Returns how many were closed.
+    pub fn reclaim(&self) -> usize {
+        let handed = std::mem::take(&mut *self.inner.handed.lock());
+        handed
+            .into_iter()
+            .filter(|&(i, fd)| {
+                self.inner
+                    .exits
+                    .get(i)
+                    .is_some_and(|(c, _)| sys::close_leaked_dup(c, fd))
+            })
+            .count()
     }
 
     /// Pops and serves every chain available on `vring`.
@@ -149,7 +177,9 @@ impl VhostUserBackend for FsBackend {
 
     fn exit_event(&self, thread_index: usize) -> Option<(EventConsumer, EventNotifier)> {
         let (c, n) = self.inner.exits.get(thread_index)?;
-        Some((c.try_clone().ok()?, n.try_clone().ok()?))
+        let (c, n) = (c.try_clone().ok()?, n.try_clone().ok()?);
+        self.inner.handed.lock().push((thread_index, c.as_raw_fd()));
+        Some((c, n))
     }
 
     fn handle_event(

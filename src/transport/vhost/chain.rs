@@ -11,15 +11,17 @@
 
 use std::io::Read;
 use std::sync::Arc;
+use std::time::Instant;
 
 use fuser::Errno;
 use vhost_user_backend::VringT;
 use virtio_queue::Reader;
 
 use super::reply::GuestReply;
-use super::{MAX_REPLY, MAX_REQUEST};
+use super::stats::Stats;
+use super::{MAX_REPLY, MAX_REQUEST, MAX_WRITE};
+use crate::fs::Core;
 use crate::fs::reply::Reply;
-use crate::fs::{Core, MAX_WRITE};
 use crate::transport::abi::{self, Args, IN_HEADER, InHeader, op};
 use crate::transport::dispatch::{self, Acl};
 use crate::transport::pool::Pool;
@@ -31,12 +33,18 @@ pub use super::queue::{Chain, Vring, notify};
 pub struct Session {
     core: Arc<Core>,
     pool: Pool,
+    /// Requests by opcode, and the queue threads' time on them.
+    pub stats: Stats,
 }
 
 impl Session {
     /// A session serving `core`.
     pub fn new(core: Arc<Core>, pool: Pool) -> Session {
-        Session { core, pool }
+        Session {
+            core,
+            pool,
+            stats: Stats::default(),
+        }
     }
 }
 
@@ -90,9 +98,12 @@ pub fn serve(s: &Session, chain: Chain, vring: &Vring, hiprio: bool) {
         Err(None) => unanswered(vring, head),
         Err(Some(unique)) => GuestReply::new(chain, vring.clone(), unique).error(Errno::EINVAL),
         Ok(()) => {
+            let t = Instant::now();
+            let opcode = InHeader::parse(buf).map_or(0, |h| h.opcode);
             let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                 request(s, chain, vring, buf, hiprio)
             }));
+            s.stats.record(opcode, t);
             if r.is_err() {
                 // The unwound reply answered EIO; the queue goes on.
                 log::error!("vhost-user: a request handler panicked; answered EIO");

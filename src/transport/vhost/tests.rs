@@ -114,12 +114,15 @@ fn lengths_that_lie_are_einval_and_short_requests_unanswered() {
     // Fewer bytes than a FUSE header: nothing to answer with.
     let used = g.run(&[d(BUF, 12, NEXT, 1), d(REPLY, 4096, WRITE, 0)]);
     assert_eq!(used, vec![(0, 0)]);
-    // A request larger than any the daemon reads (4 GiB announced by descriptors).
+    // A request larger than any the daemon reads: more readable bytes than MAX_REQUEST
+    // (two descriptors over the same guest buffer, as a chain may have).
     let r = req(op::WRITE, 1, None, &[0u8; 40]);
     g.write(BUF, &r);
+    let half = (super::MAX_REQUEST / 2 + 64) as u32;
     let used = g.run(&[
         d(BUF, r.len() as u32, NEXT, 1),
-        d(BUF + 0x1000, (super::MAX_REQUEST) as u32, NEXT, 2),
+        d(BUF + 0x1000, half, NEXT, 2),
+        d(BUF + 0x1000, half, NEXT, 3),
         d(REPLY, 4096, WRITE, 0),
     ]);
     assert_eq!(used, vec![(0, OUT_HEADER as u32)]);
@@ -202,8 +205,9 @@ fn init_answers_only_what_the_guest_offered() {
     assert_eq!(flags, 1 | (1 << 13));
     assert_eq!(
         u32::from_ne_bytes(b[20..24].try_into().unwrap()),
-        crate::fs::MAX_WRITE as u32
+        super::MAX_WRITE as u32
     );
+    assert_eq!(u16::from_ne_bytes(b[28..30].try_into().unwrap()), 256);
     assert!(chain::init_out(&init[..6]).is_err());
 }
 
