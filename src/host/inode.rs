@@ -26,7 +26,9 @@ use parking_lot::Mutex;
 use super::roots::Roots;
 use super::sys::{self, Name};
 
+mod forget;
 mod swap;
+use forget::maybe_remove;
 use swap::settle_in;
 
 /// FUSE id of the root.
@@ -551,91 +553,6 @@ impl Inodes {
         ino
     }
 
-    fn drop_fds(&self, gone: Vec<u64>) {
-        if gone.is_empty() {
-            return;
-        }
-        let mut f = self.fds.lock();
-        for r in gone {
-            f.remove(r);
-        }
-    }
-
-    /// The kernel dropped `n` lookups.
-    pub fn forget(&self, ino: u64, n: u64) {
-        if ino == ROOT {
-            return;
-        }
-        let removed = {
-            let mut t = self.table.lock();
-            let Some(node) = t.nodes.get_mut(&ino) else {
-                return;
-            };
-            node.nlookup = node.nlookup.saturating_sub(n);
-            let mut removed = Vec::new();
-            maybe_remove(&mut t, ino, &mut removed);
-            removed
-        };
-        let any = !removed.is_empty();
-        self.drop_fds(removed);
-        if any {
-            self.shrink();
-        }
-    }
-
-    /// The connection ended (a VM disconnected): every lookup it held is forgotten, as if
-    /// it had sent the FORGETs; the nodes go with their cached handles. Returns how many.
-    pub fn forget_all(&self) -> usize {
-        let removed = {
-            let mut t = self.table.lock();
-            let held: Vec<u64> = t.nodes.keys().copied().filter(|&i| i != ROOT).collect();
-            let mut removed = Vec::new();
-            for ino in held {
-                if let Some(n) = t.nodes.get_mut(&ino) {
-                    n.nlookup = 0;
-                }
-                maybe_remove(&mut t, ino, &mut removed);
-            }
-            removed
-        };
-        let n = removed.len();
-        self.drop_fds(removed);
-        self.shrink();
-        n
-    }
-
-    /// Gives memory back after the kernel forgot most of what a big walk made it learn:
-    /// maps that fell below a quarter of their capacity are shrunk (rare: afterwards the
-    /// capacity matches the size), and the allocator returns the freed pages.
-    fn shrink(&self) {
-        const MIN: usize = 4096;
-        let shrunk = {
-            let mut t = self.table.lock();
-            if t.nodes.capacity() > MIN && t.nodes.len() * 4 < t.nodes.capacity() {
-                t.nodes.shrink_to_fit();
-                t.by_key.shrink_to_fit();
-                t.by_name.shrink_to_fit();
-                t.by_handle.shrink_to_fit();
-                true
-            } else {
-                false
-            }
-        };
-        let shrunk = {
-            let mut f = self.fds.lock();
-            if f.map.capacity() > MIN && f.map.len() * 4 < f.map.capacity() {
-                f.map.shrink_to_fit();
-                f.order.shrink_to_fit();
-                true
-            } else {
-                shrunk
-            }
-        };
-        if shrunk {
-            sys::trim_heap();
-        }
-    }
-
     /// Drops the alias `parent/name` after an unlink/rmdir/rename through the mount. If it
     /// was the node's last alias, `fd` (its handle) is pinned so open files keep working.
     pub fn remove_alias(&self, parent: u64, name: &[u8], fd: Option<Arc<OwnedFd>>) {
@@ -755,88 +672,5 @@ fn dir_path(t: &Table, mut ino: u64) -> Option<Vec<u8>> {
     Some(out)
 }
 
-fn maybe_remove(t: &mut Table, ino: u64, removed: &mut Vec<u64>) {
-    let mut stack = vec![ino];
-    while let Some(ino) = stack.pop() {
-        if ino == ROOT {
-            continue;
-        }
-        let gone = match t.nodes.get(&ino) {
-            Some(n) => n.nlookup == 0 && n.children == 0,
-            None => false,
-        };
-        if !gone {
-            continue;
-        }
-        if let Some(n) = t.nodes.remove(&ino) {
-            if t.by_key.get(&n.key) == Some(&ino) {
-                t.by_key.remove(&n.key);
-            }
-            if let Some(h) = &n.handle
-                && t.by_handle.get(h) == Some(&ino)
-            {
-                t.by_handle.remove(h);
-            }
-            removed.push(ino);
-            for (p, name) in n.aliases {
-                let k = (p, name);
-                if t.by_name.get(&k) == Some(&ino) {
-                    t.by_name.remove(&k);
-                }
-                if let Some(pn) = t.nodes.get_mut(&p) {
-                    pn.children = pn.children.saturating_sub(1);
-                }
-                stack.push(p);
-            }
-        }
-    }
-}
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn table() -> (Inodes, std::path::PathBuf) {
-        let dir = std::env::temp_dir().join(format!("fencefs-inode-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let root = std::fs::File::open(&dir).unwrap();
-        (Inodes::new(root.into(), 16).unwrap(), dir)
-    }
-
-    /// A regular file's stat, with the inode number under test.
-    fn stat_of(dev: u64, ino: u64) -> libc::stat {
-        let f = std::fs::File::open("/proc/self/exe").unwrap();
-        let mut st = sys::fstat(f.as_fd()).unwrap();
-        st.st_dev = dev;
-        st.st_ino = ino;
-        st
-    }
-
-    #[test]
-    fn a_reused_inode_number_after_a_removal_is_a_new_node() {
-        let (t, dir) = table();
-        let dev = t.root_dev();
-        let a = t.insert(ROOT, b"a", &stat_of(dev, 5000), true);
-        assert_eq!(a, 5000, "the host inode number is the node id");
-        assert_eq!(
-            t.insert(ROOT, b"a", &stat_of(dev, 5000), true),
-            a,
-            "the same file"
-        );
-        // Removed through the mount with no handle to keep it: the kernel still holds
-        // the node (no FORGET yet) when the host hands the number to a new file.
-        t.remove_alias(ROOT, b"a", None);
-        let b = t.insert(ROOT, b"b", &stat_of(dev, 5000), true);
-        assert_ne!(b, a, "a new file gets its own node");
-        assert_eq!(t.paths(b).unwrap(), vec![b"b".to_vec()]);
-        assert_eq!(
-            t.paths(a).unwrap(),
-            vec![b"a".to_vec()],
-            "the old node keeps only the name it was removed under"
-        );
-        // The old node's FORGET leaves the new one alone.
-        t.forget(a, 2);
-        assert_eq!(t.insert(ROOT, b"b", &stat_of(dev, 5000), true), b);
-        let _ = std::fs::remove_dir(dir);
-    }
-}
+mod tests;
