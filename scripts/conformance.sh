@@ -407,8 +407,9 @@ run_pjdfstest() {
     printf '    %s passed, %s failed, %s skipped (%ds)\n' "$p" "$f" "$s" $(( SECONDS - t0 ))
 }
 
-# The exclusion list: "SCOPE PATTERN REASON..." (scope: fencefs | restricted; PATTERN is a
-# test name or a shell glob over test names, e.g. '*::block').
+# The exclusion list: "SCOPE PATTERN REASON..." (scope: fencefs | restricted | layers;
+# PATTERN is a test name or a shell glob over test names, e.g. '*::block'). `layers`
+# entries apply to the allow-all runs only with --layers.
 declare -A EXCLUDE
 excluded() { # SCOPE TEST -> prints the reason of the first matching entry
     local k
@@ -430,7 +431,7 @@ load_excludes() {
         if [ -z "$reason" ]; then
             echo "conformance: pjdfstest.exclude: '$name' has no reason" >&2; exit 1
         fi
-        case "$scope" in fencefs|restricted) ;; *)
+        case "$scope" in fencefs|restricted|layers) ;; *)
             echo "conformance: pjdfstest.exclude: unknown scope '$scope'" >&2; exit 1 ;;
         esac
         EXCLUDE["$scope|$name"]=$reason
@@ -519,7 +520,7 @@ pjdfstest_suite() {
         any=1
         note=""
         is_fail "${STATUS["bindfs|$name"]:-missing}" && note=" [also fails on bindfs]"
-        if reason=$(excluded fencefs "$name"); then
+        if reason=$(excluded fencefs "$name") || { [ "$LAYERS" = 1 ] && reason=$(excluded layers "$name"); }; then
             printf '  %-50s excluded: %s\n' "$name" "$reason"
         else
             unexpected=$((unexpected + 1))
