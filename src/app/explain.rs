@@ -249,6 +249,7 @@ fn print_op(policy: &Policy, path: &[u8], caller: Caller, as_dir: bool, op: &str
         "read" => Need::Read,
         "list" => Need::List,
         "create" => Need::Create,
+        "append" => Need::Append,
         _ => Need::Write,
     };
     let answer = policy.check_for(path, caller, need, Special::default(), as_dir);

@@ -147,9 +147,7 @@ impl Shared {
         // `--answers`: consulted before anyone is asked; a refusal there is final.
         let answered = || {
             let file = self.approvals.answers()?;
-            let paths = refused
-                .iter()
-                .map(|(p, _, _, _, a)| (*p, *a >= Access::Write));
+            let paths = refused.iter().map(|(p, _, _, _, a)| (*p, a.mutates()));
             file.lookup(ctx.caller.uid, paths).map(|allow| Outcome {
                 allow,
                 by: "answers",
@@ -193,7 +191,7 @@ impl Shared {
             need: refused
                 .iter()
                 .map(|(_, _, _, _, a)| *a)
-                .max()
+                .reduce(Access::join)
                 .unwrap_or(Access::Write),
         });
         None

@@ -13,7 +13,8 @@
 //!
 //! [[rule]]
 //! path = "secrets"           # glob, relative to the workspace root (required)
-//! access = "none"            # none | list | read | write          (required)
+//! access = "none"            # none | list | read | create | append | write (required)
+//! exec = false              # optional: covered files cannot be executed
 //! except = ["secrets/pub"]   # optional globs: not covered by this rule
 //! uid = [1000]               # optional, non-empty
 //! gid = [100]                # optional, non-empty
@@ -85,6 +86,8 @@ pub struct Layer {
     /// except glob matches falls to other rules (see the visibility lift).
     pub(super) hole_rules: Vec<usize>,
     pub(super) has_id_rules: bool,
+    /// Rules with `exec = false` (see `Layer::exec_denied`).
+    pub(super) noexec_rules: Vec<usize>,
     /// `default` or some rule is `none` (see [`Layer::may_hide`]).
     pub(super) may_hide: bool,
     pub(super) writable_roots: Vec<String>,
@@ -100,13 +103,17 @@ fn parse_access(word: &str) -> Option<Access> {
         "none" => Some(Access::None),
         "list" => Some(Access::List),
         "read" => Some(Access::Read),
+        "create" => Some(Access::Create),
+        "append" => Some(Access::Append),
         "write" => Some(Access::Write),
         _ => None,
     }
 }
 
-/// `ask` is `read` or `write`, above the rule's `access`, which is at least `list` (a
-/// hidden path cannot be asked for).
+/// `ask` is `read`, `create`, `append` or `write`, strictly above the rule's `access` in
+/// the lattice (so `ask = "append"` over `access = "create"` is an error: an approver
+/// would take the right to create away), which is at least `list` (a hidden path cannot
+/// be asked for).
 fn check_ask(
     word: &Located<String>,
     access: Option<Access>,
@@ -117,10 +124,10 @@ fn check_ask(
         message,
     };
     let ask = match parse_access(&word.value) {
-        Some(a @ (Access::Read | Access::Write)) => a,
+        Some(a) if a.includes(Access::Read) => a,
         _ => {
             errors.push(err(format!(
-                "unknown ask \"{}\" (expected read or write)",
+                "unknown ask \"{}\" (expected read, create, append or write)",
                 word.value
             )));
             return None;
@@ -133,9 +140,9 @@ fn check_ask(
             ));
             None
         }
-        Some(a) if ask <= a => {
+        Some(a) if !ask.above(a) => {
             errors.push(err(format!(
-                "ask = \"{ask}\" must be higher than access = \"{a}\""
+                "ask = \"{ask}\" must be higher than access = \"{a}\" (create and append are not above each other)"
             )));
             None
         }
@@ -147,7 +154,7 @@ fn bad_access(word: &Located<String>, what: &str) -> RawError {
     RawError {
         span: word.span.clone(),
         message: format!(
-            "unknown {what} \"{}\" (expected none, list, read or write)",
+            "unknown {what} \"{}\" (expected none, list, read, create, append or write)",
             word.value
         ),
     }
@@ -320,6 +327,7 @@ impl Layer {
                     preset: None,
                     uids: r.uid.clone().unwrap_or_default(),
                     gids: r.gid.clone().unwrap_or_default(),
+                    exec: r.exec.unwrap_or(true),
                 });
                 compiled.push(pattern);
                 excepts.push(except_compiled);
@@ -379,6 +387,7 @@ impl Layer {
                     preset: Some(preset.name),
                     uids: Vec::new(),
                     gids: Vec::new(),
+                    exec: true,
                 });
                 compiled.push(pattern);
                 excepts.push(except);
@@ -465,8 +474,9 @@ impl Layer {
             excepts.push(patterns);
         }
         let lift_rules = (0..rules.len())
-            .filter(|&i| rules[i].access >= Access::List)
+            .filter(|&i| rules[i].access.includes(Access::List))
             .collect();
+        let noexec_rules = (0..rules.len()).filter(|&i| !rules[i].exec).collect();
         let hole_rules = (0..rules.len())
             .filter(|&i| rules[i].access == Access::None && !excepts[i].is_empty())
             .collect();
@@ -491,6 +501,7 @@ impl Layer {
             allow_setid: false,
             allow_devices: false,
             has_id_rules: has_ids.iter().any(|&b| b),
+            noexec_rules,
             has_ids,
             patterns,
             set: builder.build()?,

@@ -24,6 +24,7 @@
 //!             except = [string, ...]           (globs; may be empty)
 //!             uid    = [integer 0..=u32::MAX, ...]  (non-empty)
 //!             gid    = [integer 0..=u32::MAX, ...]  (non-empty)
+//!             exec   = boolean                 (false: covered files cannot be executed)
 //! ```
 
 use std::ops::Range;
@@ -58,6 +59,8 @@ pub(crate) struct RawRule {
     pub except: Option<Vec<Located<String>>>,
     pub uid: Option<Vec<u32>>,
     pub gid: Option<Vec<u32>>,
+    /// `exec = false`: covered files cannot be executed.
+    pub exec: Option<bool>,
 }
 
 /// The policy file as written, types checked, meanings not yet.
@@ -77,7 +80,7 @@ pub(crate) struct RawPolicy {
 }
 
 const TOP_KEYS: &str = "mode, default, writable_roots, protected, allow_setid, allow_devices, presets, workspace_policy, rule";
-const RULE_KEYS: &str = "path, access, ask, except, uid, gid";
+const RULE_KEYS: &str = "path, access, ask, except, uid, gid, exec";
 
 /// Parses `src`. `Err` is a TOML syntax error (the parser stops at the first one);
 /// otherwise the raw policy plus every structural error found (possibly none).
@@ -278,6 +281,7 @@ fn rule(header: Range<usize>, table: &DeTable<'_>, errors: &mut Vec<RawError>) -
             "except" => r.except = strings(name, value, errors),
             "uid" => r.uid = ids(name, value, errors),
             "gid" => r.gid = ids(name, value, errors),
+            "exec" => r.exec = boolean(name, value, errors),
             _ => errors.push(unknown_key(key, RULE_KEYS)),
         }
     }
@@ -292,7 +296,8 @@ fn rule(header: Range<usize>, table: &DeTable<'_>, errors: &mut Vec<RawError>) -
     if !has_access {
         errors.push(RawError {
             span: r.header.clone(),
-            message: "rule is missing \"access\" (none, list, read or write)".to_string(),
+            message: "rule is missing \"access\" (none, list, read, create, append or write)"
+                .to_string(),
         });
     }
     r

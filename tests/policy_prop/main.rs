@@ -83,7 +83,13 @@ const CALLERS: &[Caller] = &[
     },
     Caller { uid: 5, gid: 5 },
 ];
-const NEEDS: &[Need] = &[Need::List, Need::Read, Need::Write, Need::Create];
+const NEEDS: &[Need] = &[
+    Need::List,
+    Need::Read,
+    Need::Write,
+    Need::Create,
+    Need::Append,
+];
 const SPECIALS: &[Special] = &[
     Special {
         device: false,

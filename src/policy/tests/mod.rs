@@ -55,6 +55,7 @@ type MatchCase<'a> = (
 mod check;
 mod errors;
 mod except;
+mod grants;
 mod layers;
 mod matching;
 mod modes;
