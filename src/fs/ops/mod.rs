@@ -46,6 +46,9 @@ use crate::reload::{PolicyStore, Snapshot};
 mod attrs;
 mod data;
 mod dirs;
+mod grants;
+
+pub use grants::WriteKind;
 mod names;
 mod xattr;
 
@@ -182,6 +185,10 @@ pub struct Opened {
     read: bool,
     write: bool,
     exec: bool,
+    /// See [`Handle::fresh`].
+    fresh: bool,
+    /// See [`Handle::append_only`]: never a passthrough file, served with direct I/O.
+    pub append_only: bool,
     slots: Slots,
 }
 
@@ -196,6 +203,9 @@ impl Shared {
         a.gid = self.gids.to_caller(a.gid);
         if a.kind == FileType::Directory && ctx.snap.policy.may_hide() {
             a.nlink = 1;
+        }
+        if a.kind == FileType::RegularFile && a.perm & 0o111 != 0 && self.no_exec(ctx, ino) {
+            a.perm &= !0o111;
         }
         a
     }
