@@ -435,20 +435,24 @@ impl Shared {
         } else {
             src_dir
         };
-        // Replacing an existing name is a change to it (`write`); a new name is a create.
-        let replaces = dst_st.is_some() && flags & libc::RENAME_NOREPLACE == 0;
-        let new_need = if exchange || replaces {
-            Need::Write
-        } else {
-            Need::Create
-        };
+        let new_need = if exchange { Need::Write } else { Need::Create };
         self.allow_all(
             ctx,
             "rename",
             &[(&old, src_dir, Need::Write), (&new, dst_dir, new_need)],
         )?;
-        // Allowed as a create only: a name that appeared meanwhile must not be replaced.
-        let flags = if new_need == Need::Create && !self.grants(ctx, &new, dst_dir, Need::Write) {
+        // Allowed as a create only (`create`, not `write`): an existing name is never
+        // replaced (EACCES), nor one that appears meanwhile (RENAME_NOREPLACE: EEXIST).
+        // (An approved re-run, whose policy grants neither, is the approver's to decide.)
+        let create_only = new_need == Need::Create
+            && self.grants(ctx, &new, dst_dir, Need::Create)
+            && !self.grants(ctx, &new, dst_dir, Need::Write);
+        let flags = if create_only {
+            if dst_st.is_some() && flags & libc::RENAME_NOREPLACE == 0 {
+                let v = ctx.snap.policy.verdict_for(&new, ctx.caller, dst_dir);
+                self.audit(ctx, "rename", &new, &v, v.grant_by, Some(libc::EACCES));
+                return Err(Error(libc::EACCES));
+            }
             flags | libc::RENAME_NOREPLACE
         } else {
             flags
