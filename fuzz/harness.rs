@@ -23,15 +23,9 @@ const MAX_PATHS: usize = 16;
 const MAX_PATH_LEN: usize = 512;
 
 const CALLERS: [Caller; 3] = [
-    Caller { uid: 0, gid: 0 },
-    Caller {
-        uid: 1000,
-        gid: 1000,
-    },
-    Caller {
-        uid: 2000,
-        gid: 100,
-    },
+    Caller::new(0, 0),
+    Caller::new(1000, 1000),
+    Caller::new(2000, 100),
 ];
 
 const FIXED_PATHS: [&[u8]; 10] = [

@@ -101,6 +101,7 @@ pub fn load_in(
         && let Some(layer) = read_workspace_layer(src, &name)?
     {
         p = p.with_layer(layer);
+        p.check_limits()?;
     }
     if let Some(m) = mode {
         p.set_mode(m);

@@ -373,3 +373,110 @@ fn no_exec_refuses_execve_masks_the_bits_and_lets_sh_read_scripts() {
     );
     assert!(audit.exists());
 }
+
+/// Runs `sh -c script` as uid 1000 inside bubblewrap (the host's root read-only, the
+/// mount at /mnt, a private /tmp, its own pid namespace).
+fn in_bwrap(m: &Mount, script: &str) -> Out {
+    std::process::Command::new("setpriv")
+        .args(["--reuid=1000", "--regid=1000", "--clear-groups", "bwrap"])
+        .args(["--ro-bind", "/", "/", "--bind"])
+        .arg(m.mnt("."))
+        .args([
+            "/mnt", "--chdir", "/mnt", "--dev", "/dev", "--proc", "/proc",
+        ])
+        .args(["--tmpfs", "/tmp", "--setenv", "HOME", "/tmp"])
+        .args(["--unshare-pid", "--die-with-parent", "sh", "-c", script])
+        .output()
+        .expect("run setpriv bwrap")
+        .into()
+}
+
+/// Only git (its own binary and its helpers, wherever this system installed them)
+/// writes `.git`; the rest of the workspace is writable by everyone.
+fn git_policy() -> String {
+    let git = fs::canonicalize(
+        String::from_utf8(
+            std::process::Command::new("sh")
+                .args(["-c", "command -v git"])
+                .output()
+                .unwrap()
+                .stdout,
+        )
+        .unwrap()
+        .trim(),
+    )
+    .unwrap();
+    let exec_path = String::from_utf8(
+        std::process::Command::new("git")
+            .arg("--exec-path")
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap();
+    format!(
+        "mode = \"danger\"\ndefault = \"write\"\n\n\
+         [[rule]]\npath = \".git\"\naccess = \"read\"\n\n\
+         [[rule]]\npath = \".git\"\naccess = \"write\"\nexe = [\"{g}\", \"{x}/*\"]\n\n\
+         [[rule]]\npath = \"out\"\naccess = \"read\"\n\n\
+         [[rule]]\npath = \"out\"\naccess = \"write\"\nancestor_exe = [\"{g}\"]\n",
+        g = git.display(),
+        x = exec_path.trim()
+    )
+}
+
+const GIT: &str = "git -c user.name=t -c user.email=t@t.invalid -c init.defaultBranch=main -c commit.gpgsign=false";
+
+#[test]
+fn only_git_writes_dot_git_inside_a_container() {
+    let b = Mount::builder("grants-git").policy(&git_policy());
+    put(&b.host("a.txt"), b"a\n", 0o644);
+    chown_r(&b.host(""), UID);
+    let audit = b.root().join("audit.jsonl");
+    let m = b.arg("--allow-other").arg("--audit").arg(&audit).start();
+
+    in_bwrap(
+        &m,
+        &format!("{GIT} init -q && {GIT} add a.txt && {GIT} commit -qm one && {GIT} log --oneline"),
+    )
+    .assert_ok("git init/add/commit");
+    assert!(m.host(".git/HEAD").exists());
+    let before = snapshot(&m.host(".git"));
+
+    // The agent's shell, and programs pretending to be git, cannot.
+    let o = in_bwrap(
+        &m,
+        "for c in 'echo x > .git/evil' 'echo x >> .git/HEAD' 'rm .git/HEAD' \
+                  'cp /bin/sh /tmp/git && /tmp/git -c \"echo x > .git/evil2\"' \
+                  'ln -s /bin/sh /tmp/git2 && /tmp/git2 -c \"echo x > .git/evil3\"'; do \
+             sh -c \"$c\" 2>/dev/null && echo ok || echo refused; done",
+    );
+    o.assert_ok("attempts ran");
+    assert_eq!(
+        o.stdout, "refused\nrefused\nrefused\nrefused\nrefused\n",
+        "{o:?}"
+    );
+    assert_eq!(snapshot(&m.host(".git")), before, "host .git unchanged");
+    assert!(audit_has(&audit, "create", ".git/evil", "EACCES"));
+    // The rest of the workspace stays writable for everyone.
+    in_bwrap(
+        &m,
+        &format!("echo b > b.txt && {GIT} status --short >/dev/null"),
+    )
+    .assert_ok("write outside .git");
+    in_bwrap(&m, &format!("{GIT} add b.txt && {GIT} commit -qm two")).assert_ok("git commit again");
+
+    // ancestor_exe: a shell git starts (an alias, a hook) may write out/; the same shell
+    // started by anything else may not.
+    mkdirp(&m.host("out"));
+    chown_r(&m.host("out"), UID);
+    in_bwrap(
+        &m,
+        &format!("{GIT} -c 'alias.w=!sh -c \"echo from-git > out/f\"' w"),
+    )
+    .assert_ok("a shell under git writes out/");
+    assert_eq!(fs::read(m.host("out/f")).unwrap(), b"from-git\n");
+    let o = in_bwrap(&m, "sh -c 'echo x > out/g'");
+    assert!(!o.ok() && o.stderr.contains("Permission denied"), "{o:?}");
+    assert!(!m.host("out/g").exists());
+}

@@ -173,6 +173,7 @@ pub(super) fn explain(a: ExplainArgs) -> i32 {
         }
     };
     let caller = Caller {
+        progs: 0,
         uid: a.uid,
         gid: a.gid,
     };

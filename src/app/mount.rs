@@ -206,6 +206,9 @@ pub(super) fn build_state(
         kcache: KernelCache::default(),
         approvals: Arc::new(approvals),
         stats: Stats::default(),
+        // Started now, before the workers are confined (host/programs.rs).
+        programs: crate::host::programs::Programs::with_thread()
+            .map_err(|e| format!("cannot start the programs thread: {e}"))?,
     });
     let state = State {
         src,

@@ -3,4 +3,5 @@
 pub mod budget;
 pub mod handle;
 pub mod inode;
+pub mod programs;
 pub mod sys;

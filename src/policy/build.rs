@@ -35,6 +35,7 @@ use std::path::Path;
 use globset::{GlobSet, GlobSetBuilder};
 
 use super::glob::{CompiledPattern, CoverSet, Pattern, compile_pattern};
+use super::programs::ProgSel;
 use super::raw::{self, Located, RawError};
 use super::{Access, Mode, PolicyError, RuleInfo};
 
@@ -64,8 +65,11 @@ pub struct Layer {
     pub(super) rules: Vec<RuleInfo>,
     /// Parallel to `rules`.
     pub(super) patterns: Vec<Pattern>,
-    /// Parallel to `rules`: the rule has a `uid` or `gid` list.
+    /// Parallel to `rules`: the rule has a `uid` or `gid` list, or a program selector
+    /// (such a rule beats a plain one at the same depth).
     pub(super) has_ids: Vec<bool>,
+    /// Parallel to `rules`: the rule's `exe` / `ancestor_exe` selector.
+    pub(super) prog: Vec<Option<ProgSel>>,
     /// All rules except root-only ones (`.`), one `matches()` per depth.
     pub(super) set: GlobSet,
     /// Glob index in `set` → rule index.
@@ -290,6 +294,7 @@ impl Layer {
         };
 
         let mut rules = Vec::with_capacity(raw.rules.len());
+        let mut progs = Vec::with_capacity(raw.rules.len());
         let mut compiled = Vec::with_capacity(raw.rules.len());
         let mut excepts = Vec::with_capacity(raw.rules.len());
         for r in &raw.rules {
@@ -316,6 +321,12 @@ impl Layer {
                 .ask
                 .as_ref()
                 .and_then(|a| check_ask(a, access, &mut errors));
+            let prog = ProgSel::compile(
+                r.exe.as_deref(),
+                r.ancestor_exe.as_deref(),
+                &r.header,
+                &mut errors,
+            );
             if let (Some(path), Some(pattern), Some(access)) = (&r.path, pattern, access) {
                 rules.push(RuleInfo {
                     pattern: path.value.clone(),
@@ -328,7 +339,12 @@ impl Layer {
                     uids: r.uid.clone().unwrap_or_default(),
                     gids: r.gid.clone().unwrap_or_default(),
                     exec: r.exec.unwrap_or(true),
+                    exe: r.exe.iter().flatten().map(|l| l.value.clone()).collect(),
+                    ancestor_exe: (r.ancestor_exe.iter().flatten())
+                        .map(|l| l.value.clone())
+                        .collect(),
                 });
+                progs.push(prog);
                 compiled.push(pattern);
                 excepts.push(except_compiled);
             }
@@ -388,7 +404,10 @@ impl Layer {
                     uids: Vec::new(),
                     gids: Vec::new(),
                     exec: true,
+                    exe: Vec::new(),
+                    ancestor_exe: Vec::new(),
                 });
+                progs.push(None);
                 compiled.push(pattern);
                 excepts.push(except);
             }
@@ -419,6 +438,11 @@ impl Layer {
         policy.workspace_policy = workspace_policy;
         policy.allow_setid = raw.allow_setid.unwrap_or(false);
         policy.allow_devices = raw.allow_devices.unwrap_or(false);
+        for (i, p) in progs.iter().enumerate() {
+            policy.has_ids[i] |= p.is_some();
+        }
+        policy.has_id_rules |= progs.iter().any(Option::is_some);
+        policy.prog = progs;
         Ok(policy)
     }
 
@@ -501,6 +525,7 @@ impl Layer {
             allow_setid: false,
             allow_devices: false,
             has_id_rules: has_ids.iter().any(|&b| b),
+            prog: vec![None; has_ids.len()],
             noexec_rules,
             has_ids,
             patterns,
@@ -565,7 +590,8 @@ impl Layer {
         &self.rules[idx]
     }
 
-    /// Some rule has a `uid` or `gid` list (answers may differ between callers).
+    /// Some rule has a `uid` or `gid` list or a program selector (answers may differ
+    /// between callers).
     pub fn has_id_rules(&self) -> bool {
         self.has_id_rules
     }

@@ -66,9 +66,19 @@ impl Layer {
     /// everybody; with `uid` only, to callers whose uid is listed; with `gid` only, to
     /// callers whose gid is listed; with **both**, to callers whose uid **or** gid is
     /// listed (either match suffices). Panics when `idx` is out of range.
+    ///
+    /// A rule with `exe`/`ancestor_exe` applies only when the caller's process matches it
+    /// ([`Caller::progs`]) **and** its `uid`/`gid` lists (if any) match as above.
     pub fn rule_applies(&self, idx: usize, caller: Caller) -> bool {
         let r = &self.rules[idx];
-        !self.has_ids[idx] || r.uids.contains(&caller.uid) || r.gids.contains(&caller.gid)
+        let ids = (r.uids.is_empty() && r.gids.is_empty())
+            || r.uids.contains(&caller.uid)
+            || r.gids.contains(&caller.gid);
+        let prog = match &self.prog[idx] {
+            None => true,
+            Some(sel) => sel.bit.is_some_and(|b| caller.progs & (1 << b) != 0),
+        };
+        ids && prog
     }
 
     /// The rule deciding at exactly one depth among `candidates`: id rules beat plain

@@ -90,6 +90,7 @@ impl Policy {
             .unwrap_or(Mode::ReadOnly);
         let (mut rule_off, mut prot_off, mut rules) = (Vec::new(), Vec::new(), Vec::new());
         let mut protected = Vec::new();
+        super::programs::assign_bits(&mut layers);
         for (k, l) in layers.iter_mut().enumerate() {
             l.set_mode(mode);
             rule_off.push(rules.len());
@@ -120,12 +121,16 @@ impl Policy {
 
     /// Reads and compiles one policy file as a set of one layer.
     pub fn load(path: &Path) -> Result<Policy, Vec<PolicyError>> {
-        Ok(Policy::from_layers(vec![load_layer(path)?]))
+        let p = Policy::from_layers(vec![load_layer(path)?]);
+        p.check_limits()?;
+        Ok(p)
     }
 
     /// Parses policy text as a set of one layer (`file` names it in errors).
     pub fn parse(src: &str, file: &str) -> Result<Policy, Vec<PolicyError>> {
-        Ok(Policy::from_layers(vec![Layer::parse(src, file)?]))
+        let p = Policy::from_layers(vec![Layer::parse(src, file)?]);
+        p.check_limits()?;
+        Ok(p)
     }
 
     /// Reads and compiles every file, in order: the set, or the errors of every file that
@@ -140,7 +145,9 @@ impl Policy {
             }
         }
         if errors.is_empty() {
-            Ok(Policy::from_layers(layers))
+            let p = Policy::from_layers(layers);
+            p.check_limits()?;
+            Ok(p)
         } else {
             Err(errors)
         }

@@ -94,12 +94,23 @@ impl std::str::FromStr for Mode {
 }
 
 /// Who asks.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct Caller {
     /// Requesting uid.
     pub uid: u32,
     /// Requesting gid.
     pub gid: u32,
+    /// The program rules (`exe` / `ancestor_exe`) whose programs the calling process
+    /// matches: bit `i` is program rule `i` of the policy set (see
+    /// [`Policy::match_programs`]). 0 when the policy has none.
+    pub progs: u64,
+}
+
+impl Caller {
+    /// A caller by ids alone (matching no program rule).
+    pub const fn new(uid: u32, gid: u32) -> Caller {
+        Caller { uid, gid, progs: 0 }
+    }
 }
 
 /// What an operation needs on one path.
@@ -246,6 +257,10 @@ pub struct RuleInfo {
     pub gids: Vec<u32>,
     /// `exec = false` (default true): files the rule covers cannot be executed.
     pub exec: bool,
+    /// `exe = [...]` as written, empty when absent.
+    pub exe: Vec<String>,
+    /// `ancestor_exe = [...]` as written, empty when absent.
+    pub ancestor_exe: Vec<String>,
 }
 
 /// A policy error with location: Display is `file:line:column: message`.
@@ -281,12 +296,14 @@ mod glob;
 mod lattice;
 mod layers;
 pub mod presets;
+mod programs;
 mod raw;
 #[cfg(test)]
 mod tests;
 
 pub use build::Layer;
 pub use layers::Policy;
+pub use programs::MAX_PROGRAM_RULES;
 
 /// Reads and compiles a policy file (one layer); every error found (not just the first).
 pub fn load(path: &Path) -> Result<Policy, Vec<PolicyError>> {

@@ -25,6 +25,8 @@
 //!             uid    = [integer 0..=u32::MAX, ...]  (non-empty)
 //!             gid    = [integer 0..=u32::MAX, ...]  (non-empty)
 //!             exec   = boolean                 (false: covered files cannot be executed)
+//!             exe    = [string, ...]           (absolute program globs; non-empty)
+//!             ancestor_exe = [string, ...]     (absolute program globs; non-empty)
 //! ```
 
 use std::ops::Range;
@@ -61,6 +63,11 @@ pub(crate) struct RawRule {
     pub gid: Option<Vec<u32>>,
     /// `exec = false`: covered files cannot be executed.
     pub exec: Option<bool>,
+    /// `exe = [...]`: only for requests from processes running one of these programs.
+    pub exe: Option<Vec<Located<String>>>,
+    /// `ancestor_exe = [...]`: only for processes with one of these among themselves and
+    /// their ancestors.
+    pub ancestor_exe: Option<Vec<Located<String>>>,
 }
 
 /// The policy file as written, types checked, meanings not yet.
@@ -80,7 +87,7 @@ pub(crate) struct RawPolicy {
 }
 
 const TOP_KEYS: &str = "mode, default, writable_roots, protected, allow_setid, allow_devices, presets, workspace_policy, rule";
-const RULE_KEYS: &str = "path, access, ask, except, uid, gid, exec";
+const RULE_KEYS: &str = "path, access, ask, except, uid, gid, exec, exe, ancestor_exe";
 
 /// Parses `src`. `Err` is a TOML syntax error (the parser stops at the first one);
 /// otherwise the raw policy plus every structural error found (possibly none).
@@ -282,6 +289,8 @@ fn rule(header: Range<usize>, table: &DeTable<'_>, errors: &mut Vec<RawError>) -
             "uid" => r.uid = ids(name, value, errors),
             "gid" => r.gid = ids(name, value, errors),
             "exec" => r.exec = boolean(name, value, errors),
+            "exe" => r.exe = strings(name, value, errors),
+            "ancestor_exe" => r.ancestor_exe = strings(name, value, errors),
             _ => errors.push(unknown_key(key, RULE_KEYS)),
         }
     }

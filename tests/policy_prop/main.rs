@@ -68,20 +68,11 @@ const ID_POOL: &[u32] = &[0, 1000, 2000, 3000];
 /// The callers every case is checked for: nobody listed, uid match only, gid match only,
 /// both, root.
 const CALLERS: &[Caller] = &[
-    Caller { uid: 0, gid: 0 },
-    Caller {
-        uid: 1000,
-        gid: 1000,
-    },
-    Caller {
-        uid: 1000,
-        gid: 2000,
-    },
-    Caller {
-        uid: 2000,
-        gid: 1000,
-    },
-    Caller { uid: 5, gid: 5 },
+    Caller::new(0, 0),
+    Caller::new(1000, 1000),
+    Caller::new(1000, 2000),
+    Caller::new(2000, 1000),
+    Caller::new(5, 5),
 ];
 const NEEDS: &[Need] = &[
     Need::List,

@@ -135,7 +135,7 @@ impl Shared {
         }
         for (uid, gid) in openers {
             let opener = Ctx {
-                caller: Caller { uid, gid },
+                caller: Caller::new(uid, gid),
                 pid: 0,
                 snap: ctx.snap.clone(),
                 approved: None,

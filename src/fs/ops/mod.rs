@@ -38,6 +38,7 @@ use crate::approvals::{Approvals, Outcome};
 use crate::audit::Audit;
 use crate::host::handle::{Handle, HandleFd, Handles, Slots};
 use crate::host::inode::{Inodes, join};
+use crate::host::programs::Programs;
 use crate::host::sys::{self, Name};
 use crate::idmap::IdMap;
 use crate::policy::{Access, By, Caller, Need, Verdict};
@@ -147,6 +148,8 @@ pub struct Shared {
     pub approvals: Arc<Approvals>,
     /// Decisions made (for `status`).
     pub stats: Stats,
+    /// Resolves callers' programs for `exe` / `ancestor_exe` rules.
+    pub programs: Programs,
 }
 
 /// Decision counters.
@@ -210,12 +213,23 @@ impl Shared {
         a
     }
 
-    /// Builds the request context (one policy snapshot).
+    /// Builds the request context (one policy snapshot). With program rules in the
+    /// policy, the calling process's program (and its ancestors', for `ancestor_exe`) is
+    /// resolved now (`host/programs.rs`) and matched once for the whole request.
     pub fn ctx(&self, uid: u32, gid: u32, pid: u32) -> Ctx {
+        let snap = self.policy.get();
+        let progs = if pid != 0 && snap.policy.has_programs() {
+            let chain = self
+                .programs
+                .chain(pid, snap.policy.has_ancestor_programs());
+            snap.policy.match_programs(&chain.exe, &chain.ancestors)
+        } else {
+            0
+        };
         Ctx {
-            caller: Caller { uid, gid },
+            caller: Caller { uid, gid, progs },
             pid,
-            snap: self.policy.get(),
+            snap,
             approved: None,
             ask: RefCell::new(None),
             may_hold: false,

@@ -19,7 +19,7 @@ fn error_table() {
         // unknown keys
         ("modes = \"danger\"\n", &[(1, 1, "unknown key \"modes\"")]),
         ("mode = \"danger\"\n[extra]\nx = 1\n", &[(2, 2, "unknown key \"extra\"")]),
-        ("[[rule]]\npath = \"a\"\naccess = \"none\"\nuids = [1]\n", &[(4, 1, "unknown key \"uids\" (expected one of: path, access, ask, except, uid, gid, exec)", )]),
+        ("[[rule]]\npath = \"a\"\naccess = \"none\"\nuids = [1]\n", &[(4, 1, "unknown key \"uids\" (expected one of: path, access, ask, except, uid, gid, exec, exe, ancestor_exe)", )]),
         // wrong types
         ("mode = 1\n", &[(1, 8, "\"mode\" must be a string, found integer")]),
         ("allow_setid = \"yes\"\n", &[(1, 15, "\"allow_setid\" must be a boolean")]),

@@ -162,3 +162,72 @@ fn exec_false_covers_below_and_deeper_rules_do_not_lift_it() {
     assert!(none.exec_denied(b"a/x", ME).is_none());
     assert!(Policy::parse("[[rule]]\npath='a'\naccess='read'\nexec='no'\n", "t").is_err());
 }
+
+#[test]
+fn program_rules_apply_only_to_matching_programs() {
+    let p = pol(&format!(
+        "{DANGER}default = 'write'\n\
+         [[rule]]\npath = '.git'\naccess = 'read'\n\
+         [[rule]]\npath = '.git'\naccess = 'write'\nexe = ['/usr/bin/git', '/usr/lib/git-core/*']\n\
+         [[rule]]\npath = 'cache'\naccess = 'write'\nancestor_exe = ['/usr/bin/npm']\n\
+         [[rule]]\npath = 'cache'\naccess = 'read'\n\
+         [[rule]]\npath = 'mine'\naccess = 'none'\nexe = ['/bin/sh']\nuid = [1000]\n"
+    ));
+    assert!(p.has_programs() && p.has_ancestor_programs() && p.has_id_rules());
+    let with = |exe: &[u8], anc: &[&[u8]]| Caller {
+        progs: p.match_programs(exe, &anc.iter().map(|a| a.to_vec()).collect::<Vec<_>>()),
+        ..ME
+    };
+    let git = with(b"/usr/bin/git", &[]);
+    let helper = with(b"/usr/lib/git-core/git-remote-http", &[b"/usr/bin/git"]);
+    let deep = with(b"/usr/lib/git-core/sub/x", &[]);
+    let sh = with(b"/bin/sh", &[]);
+    let under_npm = with(b"/bin/sh", &[b"/usr/bin/node", b"/usr/bin/npm"]);
+    let w = |c: Caller, path: &[u8]| p.verdict(path, c).grant;
+    assert_eq!(
+        w(git, b".git/objects/x"),
+        Write,
+        "exe rule beats the plain one"
+    );
+    assert_eq!(w(helper, b".git/objects/x"), Write);
+    assert_eq!(w(deep, b".git/objects/x"), Read, "* does not cross /");
+    assert_eq!(w(sh, b".git/objects/x"), Read);
+    assert_eq!(w(ME, b".git/objects/x"), Read, "no program known");
+    assert_eq!(w(under_npm, b"cache/a"), Write, "an ancestor matches");
+    assert_eq!(w(sh, b"cache/a"), Read);
+    // exe and uid together: both must match.
+    assert_eq!(w(sh, b"mine/x"), No);
+    assert_eq!(w(Caller { uid: 2000, ..sh }, b"mine/x"), Write);
+    assert_eq!(w(git, b"mine/x"), Write);
+}
+
+#[test]
+fn program_selectors_are_checked_when_loading() {
+    let bad = |body: &str| {
+        Policy::parse(
+            &format!("[[rule]]\npath = 'a'\naccess = 'read'\n{body}\n"),
+            "t",
+        )
+        .unwrap_err()[0]
+            .message
+            .clone()
+    };
+    assert!(bad("exe = ['git']").contains("absolute path"));
+    assert!(bad("exe = []").contains("must not be empty"));
+    assert!(bad("ancestor_exe = ['/usr/bin/[']").contains("invalid ancestor_exe glob"));
+    assert!(bad("exe = '/usr/bin/git'").contains("array of strings"));
+    let many: String = (0..=MAX_PROGRAM_RULES)
+        .map(|i| format!("[[rule]]\npath = 'p{i}'\naccess = 'read'\nexe = ['/bin/x{i}']\n"))
+        .collect();
+    let e = Policy::parse(&many, "t").unwrap_err();
+    assert!(e[0].message.contains("at most 64"), "{e:?}");
+    let fits: String = (0..MAX_PROGRAM_RULES)
+        .map(|i| format!("[[rule]]\npath = 'p{i}'\naccess = 'read'\nexe = ['/bin/x{i}']\n"))
+        .collect();
+    let p = pol(&fits);
+    let last = format!("/bin/x{}", MAX_PROGRAM_RULES - 1);
+    assert_eq!(
+        p.match_programs(last.as_bytes(), &[]),
+        1 << (MAX_PROGRAM_RULES - 1)
+    );
+}
