@@ -53,6 +53,9 @@ pub enum Command {
     Presets,
     /// Print the access PATH gets and what decided it; with OP also allow/deny and the errno.
     Explain(ExplainArgs),
+    /// Draft a policy from an audit log written with --audit-allowed: what the session
+    /// used and no more (directories used alike folded), on stdout.
+    Learn(LearnArgs),
     /// Send one command to a daemon's control socket and print the answer.
     Ctl {
         /// The daemon's `--control` socket.
@@ -210,6 +213,17 @@ pub struct VhostArgs {
     pub mount: MountArgs,
 }
 
+/// `fencefs learn`.
+#[derive(clap::Args, Debug)]
+pub struct LearnArgs {
+    /// The audit log (JSON lines; rotated files can be concatenated).
+    pub audit: PathBuf,
+    /// A base policy (repeat it for layers): paths it hides are never granted, and its
+    /// `none` rules are kept in the draft.
+    #[arg(short, long, value_name = "FILE")]
+    pub policy: Vec<PathBuf>,
+}
+
 /// `fencefs explain`.
 #[derive(clap::Args, Debug)]
 pub struct ExplainArgs {
@@ -227,8 +241,8 @@ pub struct ExplainArgs {
     pub gid: u32,
     /// Workspace-relative path (taken as a file; end it with '/' for a directory).
     pub path: String,
-    /// read | write | create | delete | rename | list
-    #[arg(value_parser = ["read", "write", "create", "delete", "rename", "list"])]
+    /// read | write | create | append | delete | rename | list
+    #[arg(value_parser = ["read", "write", "create", "append", "delete", "rename", "list"])]
     pub op: Option<String>,
 }
 

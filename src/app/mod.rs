@@ -8,6 +8,7 @@
 
 mod answers;
 mod explain;
+mod learn;
 mod mount;
 mod notify;
 mod startup;
@@ -58,6 +59,7 @@ pub fn run(cmd: Command) -> i32 {
         },
         Command::Check { policy } => explain::check(&policy),
         Command::Presets => explain::presets(),
+        Command::Learn(a) => learn::learn(a),
         Command::Explain(a) => explain::explain(a),
         Command::Ctl { socket, what } => crate::control::client::ctl(&socket, &what),
         Command::Stage(a) => crate::stage::cli::run(a),

@@ -205,6 +205,7 @@ mod tests {
             layer: None,
             mode: "read-only",
             generation: 0,
+            need: None,
         })
     }
 

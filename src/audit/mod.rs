@@ -63,6 +63,9 @@ pub struct Event {
     pub mode: &'static str,
     /// Policy generation.
     pub generation: u64,
+    /// The access level the decision needed (`None`: not a policy check, e.g. an
+    /// `exec = false` refusal).
+    pub need: Option<&'static str>,
 }
 
 enum Msg {
@@ -248,6 +251,10 @@ impl Event {
             self.layer.clone().map_or(Value::Null, Value::String),
         );
         m.insert("mode".into(), Value::String(self.mode.into()));
+        m.insert(
+            "need".into(),
+            self.need.map_or(Value::Null, |n| Value::String(n.into())),
+        );
         m.insert("generation".into(), json!(self.generation));
         m.insert("repeat".into(), json!(repeat));
         m.insert(

@@ -197,6 +197,7 @@ mod tests {
             layer: None,
             mode: "read-only",
             generation: 0,
+            need: None,
         }
     }
 

@@ -112,6 +112,7 @@ impl Shared {
             layer: policy.layer_name(v.layer).map(str::to_string),
             mode: ctx.snap.policy.mode().as_str(),
             generation: ctx.snap.generation,
+            need: ctx.need.get().map(|n| n.access().as_str()),
         });
     }
 
@@ -207,6 +208,7 @@ impl Shared {
         need: Need,
         sp: Special,
     ) -> Res<Verdict> {
+        ctx.need.set(Some(need));
         match ctx
             .snap
             .policy
@@ -245,7 +247,7 @@ impl Shared {
             libc::EROFS => 2,
             _ => 3,
         };
-        let mut worst: Option<(&[u8], Denial)> = None;
+        let mut worst: Option<(&[u8], Need, Denial)> = None;
         let mut oks = Vec::new();
         let mut askable = Vec::new();
         let mut all_askable = true;
@@ -255,34 +257,40 @@ impl Shared {
                 .policy
                 .check_for(path, ctx.caller, need, Special::default(), is_dir)
             {
-                Ok(v) => oks.push((path, v)),
+                Ok(v) => oks.push((path, need, v)),
                 Err(d) => {
                     match d.askable(&ctx.snap.policy, need) {
                         Some(a) => askable.push((path, is_dir, need, d, a)),
                         None => all_askable = false,
                     }
-                    if worst.as_ref().is_none_or(|(_, w)| rank(&d) < rank(w)) {
-                        worst = Some((path, d));
+                    if worst.as_ref().is_none_or(|(_, _, w)| rank(&d) < rank(w)) {
+                        worst = Some((path, need, d));
                     }
                 }
             }
         }
         match worst {
-            Some((_, d)) if all_askable => match self.lift(ctx, op, &askable) {
-                Some(Ok(())) => {
-                    for (path, v) in oks {
-                        self.audit(ctx, op, path, &v, v.by, None);
+            Some((_, need, d)) if all_askable => {
+                ctx.need.set(Some(need));
+                match self.lift(ctx, op, &askable) {
+                    Some(Ok(())) => {
+                        for (path, need, v) in oks {
+                            ctx.need.set(Some(need));
+                            self.audit(ctx, op, path, &v, v.by, None);
+                        }
+                        Ok(())
                     }
-                    Ok(())
+                    _ => Err(Error(d.errno)),
                 }
-                _ => Err(Error(d.errno)),
-            },
-            Some((path, d)) => {
+            }
+            Some((path, need, d)) => {
+                ctx.need.set(Some(need));
                 self.audit(ctx, op, path, &d.verdict, d.by, Some(d.errno));
                 Err(Error(d.errno))
             }
             None => {
-                for (path, v) in oks {
+                for (path, need, v) in oks {
+                    ctx.need.set(Some(need));
                     self.audit(ctx, op, path, &v, v.by, None);
                 }
                 Ok(())

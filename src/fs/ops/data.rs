@@ -141,6 +141,7 @@ impl Shared {
                 approved: None,
                 ask: RefCell::new(None),
                 may_hold: false,
+                need: std::cell::Cell::new(None),
             };
             self.allow_ino(&opener, op, h.ino, need, Special::default())?;
         }

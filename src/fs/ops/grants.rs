@@ -74,6 +74,7 @@ impl Shared {
         for p in &paths {
             if let Some(rule) = policy.exec_denied(p, ctx.caller) {
                 let v = policy.verdict_for(p, ctx.caller, kind == libc::S_IFDIR);
+                ctx.need.set(None);
                 self.audit(ctx, "exec", p, &v, By::Rule(rule), Some(libc::EACCES));
                 return Err(Error(libc::EACCES));
             }
@@ -156,6 +157,7 @@ impl Shared {
             && let Some(p) = paths.first()
         {
             let v = ctx.snap.policy.verdict_for(p, ctx.caller, false);
+            ctx.need.set(Some(Need::Write));
             self.audit(ctx, "write", p, &v, v.grant_by, Some(libc::EACCES));
         }
         Err(Error(libc::EACCES))

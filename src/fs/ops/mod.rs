@@ -23,7 +23,7 @@
 //! with `--revoke`); the host is reached only through inode handles, never a path string;
 //! every host error keeps its errno (`From<io::Error> for Error`).
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
@@ -102,6 +102,9 @@ pub struct Ctx {
     pub ask: RefCell<Option<Ask>>,
     /// The glue can hold this request (`Core::serve`); otherwise such a refusal is final.
     pub may_hold: bool,
+    /// What the decision being audited needed (the audit line's `need`, which
+    /// `fencefs learn` reads).
+    pub need: Cell<Option<Need>>,
 }
 
 /// Cache lifetimes for one reply.
@@ -233,6 +236,7 @@ impl Shared {
             approved: None,
             ask: RefCell::new(None),
             may_hold: false,
+            need: Cell::new(None),
         }
     }
 
