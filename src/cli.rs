@@ -97,6 +97,11 @@ pub struct MountArgs {
     /// Log allowed operations too (default: refusals only).
     #[arg(long)]
     pub audit_allowed: bool,
+    /// Learn a policy: report-only (what a grant, the mode or an ask would refuse is
+    /// allowed and audited as would-deny; none rules still hide), and at unmount a draft
+    /// policy of what was used is written to OUT.toml.
+    #[arg(long, value_name = "OUT.toml")]
+    pub learn: Option<PathBuf>,
     /// Rotate the audit file before it would exceed SIZE bytes (suffix K, M or G:
     /// binary multiples; 0 = never rotate). Not for `--audit -`.
     #[arg(long, value_name = "SIZE", default_value = "64M", value_parser = parse_size,

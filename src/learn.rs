@@ -19,8 +19,49 @@
 //! (TOML cannot hold them) are counted and left out.
 
 use std::collections::BTreeMap;
+use std::sync::Mutex;
 
 use crate::policy::{Access, Caller, Policy};
+
+/// Distinct paths a [`Recorder`] keeps at most; accesses to further paths are counted and
+/// named in the draft's header, not granted.
+pub const RECORD_CAP: usize = 100_000;
+
+/// What a `--learn` mount used: per path, the join of the needs and the count. Bounded
+/// by [`RECORD_CAP`] paths.
+#[derive(Debug, Default)]
+pub struct Recorder {
+    table: Mutex<(Table, u64)>,
+}
+
+impl Recorder {
+    /// Records one use of `path` needing `need`.
+    pub fn record(&self, path: &[u8], need: Access) {
+        let Ok(mut g) = self.table.lock() else { return };
+        let (t, dropped) = &mut *g;
+        if let Some(e) = t.get_mut(path) {
+            e.0 = e.0.join(need);
+            e.1 += 1;
+        } else if t.len() < RECORD_CAP && std::str::from_utf8(path).is_ok() {
+            t.insert(path.to_vec(), (need, 1));
+        } else {
+            *dropped += 1;
+        }
+    }
+
+    /// The draft for what was recorded, `base` being the mount's policy (its `none` rules
+    /// are kept).
+    pub fn draft(&self, base: &Policy) -> String {
+        let (mut t, dropped) = match self.table.lock() {
+            Ok(g) => g.clone(),
+            Err(_) => return String::new(),
+        };
+        let total = t.values().map(|v| v.1).sum::<u64>() + dropped;
+        drop_passages(&mut t);
+        fold(&mut t);
+        render(&t, Some(base), total, 0, dropped)
+    }
+}
 
 /// One used access: path, what it needed, who asked.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -170,7 +211,7 @@ fn render(t: &Table, base: Option<&Policy>, total: u64, hidden: u64, not_utf8: u
     }
     if not_utf8 > 0 {
         s.push_str(&format!(
-            " {not_utf8} accesses to names that are not UTF-8 were left out."
+            " {not_utf8} accesses to names that are not UTF-8 (or past the recording cap) were left out."
         ));
     }
     s.push_str("\n\n");

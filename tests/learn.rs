@@ -134,3 +134,57 @@ fn a_learned_policy_runs_the_session_again_and_refuses_the_rest() {
         fencefs::policy::Access::Read
     );
 }
+
+#[test]
+fn a_learn_mount_reports_instead_of_refusing_and_writes_the_draft_at_unmount() {
+    let policy = "mode = \"read-only\"\ndefault = \"read\"\n\n\
+                  [[rule]]\npath = \"secret\"\naccess = \"none\"\n";
+    let b = Mount::builder("learn-mount").policy(policy);
+    layout(&b);
+    let audit = b.root().join("audit.jsonl");
+    let out = b.root().join("learned.toml");
+    let mut rec = b
+        .arg("--allow-other")
+        .arg("--audit")
+        .arg(&audit)
+        .arg("--learn")
+        .arg(&out)
+        .start();
+    // Everything the read-only policy would refuse runs; `none` still hides.
+    rec.sh_as(UID, WORKLOAD)
+        .assert_ok("the session in report-only form");
+    assert_eq!(fs::read(rec.host("build/stamp")).unwrap(), b"built\n");
+    let o = rec.sh_as(UID, "cat secret/unused.txt");
+    assert!(!o.ok() && o.stderr.contains("No such file"), "{o:?}");
+    rec.terminate();
+    let lines = fs::read_to_string(&audit).unwrap();
+    assert!(
+        lines
+            .lines()
+            .any(|l| l.contains("\"decision\":\"would-deny\"")
+                && l.contains("\"path\":\"build/stamp\"")
+                && l.contains("\"errno\":\"EROFS\"")),
+        "{lines}"
+    );
+    assert!(!lines.contains("\"decision\":\"would-deny\",\"errno\":\"ENOENT\""));
+    let draft = fs::read_to_string(&out).expect("the draft at unmount");
+    let p = fencefs::policy::Policy::parse(&draft, "learned")
+        .unwrap_or_else(|e| panic!("{e:?}\n{draft}"));
+    let me = fencefs::policy::Caller::new(UID, UID);
+    assert_eq!(
+        p.verdict(b"secret", me).grant,
+        fencefs::policy::Access::None,
+        "{draft}"
+    );
+    assert!(draft.contains("# kept from the base policy"), "{draft}");
+
+    // The same session under the draft, from the same start.
+    let b = Mount::builder("learn-mount-replay").policy(&draft);
+    layout(&b);
+    let m = b.arg("--allow-other").start();
+    m.sh_as(UID, WORKLOAD)
+        .assert_ok(&format!("the session under the learned policy\n{draft}"));
+    m.sh_as(UID, "echo x > unused/new")
+        .assert_fail("unused dir");
+    assert!(!m.host("unused/new").exists());
+}

@@ -206,6 +206,7 @@ mod tests {
             mode: "read-only",
             generation: 0,
             need: None,
+            would_deny: false,
         })
     }
 

@@ -46,6 +46,9 @@ pub struct Event {
     pub allowed: bool,
     /// The request is held for an approver: decision "ask".
     pub held: bool,
+    /// `--learn`: refused by the policy, allowed in report-only form: decision
+    /// "would-deny".
+    pub would_deny: bool,
     /// The uid of the approver whose answer decided (`by` = "approver").
     pub approver: Option<u32>,
     /// Errno name for refusals.
@@ -221,6 +224,8 @@ impl Event {
             Value::String(
                 if self.held {
                     "ask"
+                } else if self.would_deny {
+                    "would-deny"
                 } else if self.allowed {
                     "allow"
                 } else {

@@ -198,6 +198,7 @@ mod tests {
             mode: "read-only",
             generation: 0,
             need: None,
+            would_deny: false,
         }
     }
 

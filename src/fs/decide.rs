@@ -36,6 +36,8 @@ pub(super) enum Line {
     Held,
     /// The end of a held request (always logged).
     Outcome(Outcome),
+    /// `--learn`: what the policy refuses, allowed (always logged).
+    WouldDeny(i32),
 }
 
 impl Shared {
@@ -54,7 +56,9 @@ impl Shared {
             (Line::Plain(None), Some(o)) if o.by == "reload" => Line::Outcome(o),
             _ => line,
         };
+        let would_deny = matches!(line, Line::WouldDeny(_));
         let (allowed, errno, by_s, held, approver) = match line {
+            Line::WouldDeny(e) => (true, Some(e), by_word(by), false, None),
             Line::Plain(err) => (err.is_none(), err, by_word(by), false, None),
             Line::Held => (false, None, by_word(by), true, None),
             Line::Outcome(o) => (
@@ -84,7 +88,10 @@ impl Shared {
                 (by_s, Some((r.pattern.clone(), Some(r.line))))
             }
             // What set the ceiling; an EPERM (device/setid) refusal stays "mode".
-            By::Mode if errno != Some(libc::EPERM) && matches!(line, Line::Plain(_)) => {
+            By::Mode
+                if errno != Some(libc::EPERM)
+                    && matches!(line, Line::Plain(_) | Line::WouldDeny(_)) =>
+            {
                 match policy.ceiling_by(path) {
                     CeilingBy::Protected(i) => {
                         let (entry, line) = policy.protected_entry(i);
@@ -104,6 +111,7 @@ impl Shared {
             pid: ctx.pid,
             allowed,
             held,
+            would_deny,
             approver,
             errno: errno.map(errno_name),
             access: v.effective.as_str(),
@@ -215,8 +223,14 @@ impl Shared {
             .check_for(path, ctx.caller, need, sp, is_dir)
         {
             Ok(v) => {
+                self.learned(path, need);
                 self.audit(ctx, op, path, &v, v.by, None);
                 Ok(v)
+            }
+            Err(d) if self.reports_only(&d) => {
+                self.learned(path, need);
+                self.audit_line(ctx, op, path, &d.verdict, d.by, Line::WouldDeny(d.errno));
+                Ok(d.verdict)
             }
             Err(d) => {
                 if let Some(ask) = d.askable(&ctx.snap.policy, need) {
@@ -229,6 +243,24 @@ impl Shared {
                 Err(Error(d.errno))
             }
         }
+    }
+
+    /// `--learn`: records a use of `path`.
+    fn learned(&self, path: &[u8], need: Need) {
+        if let Some(r) = &self.settings.learn {
+            r.record(path, need.access());
+        }
+    }
+
+    /// `--learn` and a refusal the report-only form allows: anything but a `none` path
+    /// (which still hides and still refuses).
+    fn reports_only(&self, d: &Denial) -> bool {
+        self.settings.learn.is_some() && d.verdict.grant != Access::None
+    }
+
+    /// Whether this mount learns (report-only): fs-level refusals stand aside too.
+    pub(super) fn learning(&self) -> bool {
+        self.settings.learn.is_some()
     }
 
     /// Decides several `(path, is_dir, need)` checks of one request (rename, link) against
@@ -248,6 +280,7 @@ impl Shared {
             _ => 3,
         };
         let mut worst: Option<(&[u8], Need, Denial)> = None;
+        let mut refused: Vec<(&[u8], Need, Denial)> = Vec::new();
         let mut oks = Vec::new();
         let mut askable = Vec::new();
         let mut all_askable = true;
@@ -259,6 +292,7 @@ impl Shared {
             {
                 Ok(v) => oks.push((path, need, v)),
                 Err(d) => {
+                    refused.push((path, need, d));
                     match d.askable(&ctx.snap.policy, need) {
                         Some(a) => askable.push((path, is_dir, need, d, a)),
                         None => all_askable = false,
@@ -268,6 +302,26 @@ impl Shared {
                     }
                 }
             }
+        }
+        if self.settings.learn.is_some()
+            && worst.as_ref().is_some_and(|(_, _, d)| self.reports_only(d))
+            && refused.iter().all(|(_, _, d)| self.reports_only(d))
+        {
+            for (path, need, d) in &refused {
+                ctx.need.set(Some(*need));
+                self.learned(path, *need);
+                let line = Line::WouldDeny(d.errno);
+                self.audit_line(ctx, op, path, &d.verdict, d.by, line);
+            }
+            for (path, need, v) in oks {
+                ctx.need.set(Some(need));
+                self.learned(path, need);
+                self.audit(ctx, op, path, &v, v.by, None);
+            }
+            return Ok(());
+        }
+        for (path, need, _) in &oks {
+            self.learned(path, *need);
         }
         match worst {
             Some((_, need, d)) if all_askable => {

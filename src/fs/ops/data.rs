@@ -70,7 +70,8 @@ impl Shared {
             self.check_exec(ctx, ino)?;
         }
         // Granted append but not write: the handle may only append.
-        let append_only = need == Need::Append && !self.grants_ino(ctx, ino, Need::Write);
+        let append_only =
+            need == Need::Append && !self.learning() && !self.grants_ino(ctx, ino, Need::Write);
         // O_TRUNC is applied by the host open itself (atomic O_TRUNC): refuse it for a
         // running program before the host file is touched, as a local disk would.
         if flags & libc::O_TRUNC != 0 && self.handles.executing(ino) {

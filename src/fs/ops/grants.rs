@@ -67,7 +67,7 @@ impl Shared {
     /// `exec` by that rule.
     pub(super) fn check_exec(&self, ctx: &Ctx, ino: u64) -> Res<()> {
         let policy = &ctx.snap.policy;
-        if !policy.has_noexec() {
+        if !policy.has_noexec() || self.learning() {
             return Ok(());
         }
         let (paths, kind) = self.inodes.paths_kind(ino)?;
@@ -150,7 +150,7 @@ impl Shared {
     /// Refuses a write through append-only handle `h` that does not append: EACCES,
     /// audited as `write`.
     pub(super) fn check_append(&self, ctx: &Ctx, h: &Handle, kind: WriteKind) -> Res<()> {
-        if !h.append_only || kind.append {
+        if !h.append_only || kind.append || self.learning() {
             return Ok(());
         }
         if let Ok((paths, _)) = self.inodes.paths_kind(h.ino)

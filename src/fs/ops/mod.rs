@@ -125,6 +125,8 @@ pub struct Settings {
     pub ttl: Duration,
     /// Use kernel FUSE passthrough for file I/O where the kernel allows it.
     pub passthrough: bool,
+    /// `--learn`: report-only; what was used is recorded here (see `learn.rs`).
+    pub learn: Option<Arc<crate::learn::Recorder>>,
 }
 
 /// Everything the operations share.

@@ -258,7 +258,7 @@ impl Shared {
         });
         let (file, existed) = match created {
             Ok(f) => (f, false),
-            Err(Error(libc::EEXIST)) if fresh => {
+            Err(Error(libc::EEXIST)) if fresh && !self.learning() => {
                 // The kernel's negative entry was stale: the name is an existing file,
                 // which `create` may not change.
                 self.forget_entry(parent, name);
@@ -445,6 +445,7 @@ impl Shared {
         // replaced (EACCES), nor one that appears meanwhile (RENAME_NOREPLACE: EEXIST).
         // (An approved re-run, whose policy grants neither, is the approver's to decide.)
         let create_only = new_need == Need::Create
+            && !self.learning()
             && self.grants(ctx, &new, dst_dir, Need::Create)
             && !self.grants(ctx, &new, dst_dir, Need::Write);
         let flags = if create_only {

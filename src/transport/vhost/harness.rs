@@ -45,6 +45,7 @@ pub fn session(dir: &Path) -> Session {
             revoke: false,
             ttl: Duration::from_secs(1),
             passthrough: false,
+            learn: None,
         },
         as_root: false,
         uids: crate::idmap::IdMap::parse(&[]).unwrap(),
