@@ -15,8 +15,9 @@
 //! [`WAIT`] for the answer, and a full queue or a late answer is "no program".
 //!
 //! Invariants: bounded work per request — the caller plus at most [`MAX_ANCESTORS`]
-//! ancestors, a handful of syscalls each; nothing is cached (so neither pid reuse nor an
-//! `execve` between two requests can serve a stale answer); any failure (the process has
+//! ancestors, a handful of syscalls each; the caller is always read afresh (an `execve`
+//! between two requests is seen at once); ancestors are cached by (pid, start time) on the
+//! resolver thread, bounded and for one second at most (see `Ancestors`); any failure (the process has
 //! exited, an executable outside its root, an old kernel) answers "no program", which no
 //! `exe` rule matches.
 
@@ -108,7 +109,7 @@ impl Programs {
     /// (on the resolver thread when there is one).
     pub fn chain(&self, pid: u32, ancestors: bool) -> Chain {
         let Some(tx) = &self.thread else {
-            return self.resolve(pid, ancestors);
+            return self.resolve(pid, ancestors, None);
         };
         let (atx, arx) = sync_channel(1);
         let sent = tx.lock().map(|t| t.try_send((pid, ancestors, atx)));
@@ -122,37 +123,101 @@ impl Programs {
         }
     }
 
-    /// [`Programs::chain`], read on this thread.
-    fn resolve(&self, pid: u32, ancestors: bool) -> Chain {
-        let Some((exe, mut ppid)) = self.one(pid) else {
+    /// [`Programs::chain`], read on this thread; the parent's chain from `cache` when it
+    /// has it.
+    fn resolve(&self, pid: u32, ancestors: bool, cache: Option<&mut Ancestors>) -> Chain {
+        let Some((exe, ppid)) = self.one(pid) else {
             return Chain::default();
         };
         let mut out = Chain {
             exe,
             ancestors: Vec::new(),
         };
-        if !ancestors {
+        if !ancestors || ppid == 0 {
             return out;
         }
+        out.ancestors = match cache {
+            Some(c) => c.get_or_walk(self, ppid),
+            None => self.walk(ppid),
+        };
+        out
+    }
+
+    /// The programs of `pid` and its ancestors, `pid` first, [`MAX_ANCESTORS`] at most.
+    fn walk(&self, mut pid: u32) -> Vec<Vec<u8>> {
+        let mut out = Vec::new();
         for _ in 0..MAX_ANCESTORS {
-            if ppid == 0 {
+            if pid == 0 {
                 break;
             }
-            let Some((exe, next)) = self.one(ppid) else {
+            let Some((exe, next)) = self.one(pid) else {
                 break;
             };
-            out.ancestors.push(exe);
-            ppid = next;
+            out.push(exe);
+            pid = next;
         }
         out
     }
 }
 
+/// How long the resolver trusts what it read about an ancestor.
+const ANCESTOR_TTL: Duration = Duration::from_secs(1);
+
+/// Ancestor chains the resolver thread has read, by the parent's (pid, start time): a
+/// reused pid has another start time, so it never hits an old entry. Bounded by
+/// [`ANCESTOR_CAP`] (emptied when full); an entry is used for [`ANCESTOR_TTL`] at most (an
+/// ancestor that `exec`s is seen with its new program within that time). The calling
+/// process itself is always read afresh.
+#[derive(Default)]
+struct Ancestors {
+    map: std::collections::HashMap<(u32, u64), Cached>,
+}
+
+/// An ancestor chain (parent first) and when it was read.
+type Cached = (Vec<Vec<u8>>, std::time::Instant);
+
+/// Entries [`Ancestors`] keeps at most.
+const ANCESTOR_CAP: usize = 4096;
+
+impl Ancestors {
+    fn get_or_walk(&mut self, p: &Programs, ppid: u32) -> Vec<Vec<u8>> {
+        let Some(start) = start_time(ppid) else {
+            return Vec::new();
+        };
+        if let Some((chain, at)) = self.map.get(&(ppid, start))
+            && at.elapsed() < ANCESTOR_TTL
+        {
+            return chain.clone();
+        }
+        let chain = p.walk(ppid);
+        // The same parent all along (not a pid reused while walking).
+        if start_time(ppid) != Some(start) {
+            return Vec::new();
+        }
+        if self.map.len() >= ANCESTOR_CAP {
+            self.map.clear();
+        }
+        let now = std::time::Instant::now();
+        self.map.insert((ppid, start), (chain.clone(), now));
+        chain
+    }
+}
+
+/// A process's start time (clock ticks since boot, `/proc/PID/stat` field 22).
+fn start_time(pid: u32) -> Option<u64> {
+    let stat = std::fs::read(format!("/proc/{pid}/stat")).ok()?;
+    // After the command name's last ')': state is field 3, start time field 22.
+    let close = stat.iter().rposition(|&b| b == b')')?;
+    let rest = std::str::from_utf8(&stat[close + 1..]).ok()?;
+    rest.split_ascii_whitespace().nth(19)?.parse().ok()
+}
+
 /// The resolver thread: answers until every sender is gone.
 fn serve(rx: Receiver<Question>) {
     let direct = Programs::default();
+    let mut cache = Ancestors::default();
     while let Ok((pid, ancestors, answer)) = rx.recv() {
-        let _ = answer.try_send(direct.resolve(pid, ancestors));
+        let _ = answer.try_send(direct.resolve(pid, ancestors, Some(&mut cache)));
     }
 }
 
@@ -190,9 +255,11 @@ mod tests {
         assert_eq!(p.chain(me, false).ancestors, Vec::<Vec<u8>>::new());
         // A pid that does not exist: no program.
         assert_eq!(p.chain(u32::MAX / 2, true), Chain::default());
-        // The same through a resolver thread.
+        // The same through a resolver thread, twice (the second from its cache).
         let t = Programs::with_thread().unwrap();
         assert_eq!(t.chain(me, true), c);
+        assert_eq!(t.chain(me, true), c);
+        assert!(start_time(me).is_some() && start_time(u32::MAX / 2).is_none());
         assert_eq!(t.chain(u32::MAX / 2, false), Chain::default());
     }
 }
