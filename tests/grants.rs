@@ -480,3 +480,43 @@ fn only_git_writes_dot_git_inside_a_container() {
     assert!(!o.ok() && o.stderr.contains("Permission denied"), "{o:?}");
     assert!(!m.host("out/g").exists());
 }
+
+#[test]
+fn ask_append_above_read_lifts_an_append_and_never_a_truncation() {
+    let policy = "mode = \"danger\"\ndefault = \"read\"\n\n\
+                  [[rule]]\npath = \"logs\"\naccess = \"read\"\nask = \"append\"\n";
+    let b = Mount::builder("grants-ask-append").policy(policy);
+    put(&b.host("logs/app.log"), b"one\n", 0o644);
+    chown_r(&b.host(""), UID);
+    let sock = b.root().join("ctl.sock");
+    let m = b.arg("--allow-other").arg("--control").arg(&sock).start();
+    let mut approver = std::process::Command::new(BIN)
+        .arg("approve")
+        .arg(&sock)
+        .args(["--auto", "allow"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let (mut peer, _) = Peer::connect_hello(&sock);
+    assert!(
+        eventually(Duration::from_secs(5), || {
+            peer.call(serde_json::json!({"cmd": "status"}))["approvers"] == 1
+        }),
+        "the approver connected"
+    );
+    // An append is asked and allowed; the handle it gets is append-only.
+    expect(
+        &m,
+        &[
+            ("write,logs/app.log,a,two\n", "ok"),
+            ("unappend,logs/app.log,X", "EACCES"),
+            // Not what `ask = "append"` can lift: refused at once, never asked.
+            ("write,logs/app.log,wt,X", "EACCES"),
+            ("truncate,logs/app.log,0", "EACCES"),
+        ],
+    );
+    approver.kill().unwrap();
+    let _ = approver.wait();
+    assert_eq!(fs::read(m.host("logs/app.log")).unwrap(), b"one\ntwo\n");
+}
