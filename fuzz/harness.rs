@@ -115,6 +115,10 @@ fn check_by(p: &Policy, by: By) {
             assert!(i < p.rules().len(), "{by:?} out of range");
             let _ = p.rule(i);
         }
+        By::Ignore(hit) => {
+            assert!(hit.file < p.ignore_set().len(), "{by:?} out of range");
+            let _ = p.ignore_set().describe(hit);
+        }
         By::Default | By::Mode => {}
     }
 }

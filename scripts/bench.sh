@@ -11,6 +11,10 @@
 #                   otherwise it is skipped (logged, noted in the header) and the other
 #                   fencefs targets run without the flag.
 #   fencefs-revoke  `fencefs ... --revoke` (with --transport dev-fuse when available)
+#   passthrough_hp, passthrough_hp-uring (only when asked for in --targets)
+#                   libfuse's example/passthrough_hp ($PASSTHROUGH_HP: a binary built from
+#                   libfuse's source), `--foreground SRC MNT`, the second with
+#                   `-o io_uring`: the low-level C peer, no policy
 # Medians over --runs rounds are printed as one table with ratios to native and saved
 # as TSV + JSON (+ every sample, the errors and the daemon logs) under --out.
 # A workload that fails on a target is recorded as FAIL for that cell; the run goes on.
@@ -89,7 +93,8 @@ usage: scripts/bench.sh [options]
                     concurrent rebuilds cannot swap it mid-run
   --build           run 'cargo build --release' first
   --threads N       pass --threads N to fencefs
-  --targets LIST    comma list out of native,bindfs,fencefs,fencefs-uring,fencefs-revoke
+  --targets LIST    comma list out of native,bindfs,fencefs,fencefs-uring,fencefs-revoke,
+                    passthrough_hp,passthrough_hp-uring (these two need \$PASSTHROUGH_HP)
                     (default all; fencefs-uring is skipped when the binary has no
                     --transport option)
   --only GROUPS     comma list out of tree,git,write,dd,fio,build,agent (default all)
@@ -143,9 +148,14 @@ mkdir -p "$WORK" "$OUT" || exit 1
 WORK=$(cd "$WORK" && pwd) OUT=$(cd "$OUT" && pwd)
 IFS=, read -r -a TARGETS <<<"$TARGETS_OPT"
 for t in "${TARGETS[@]}"; do
-    case $t in native | bindfs | fencefs | fencefs-uring | fencefs-revoke) ;; *) echo "bench.sh: unknown target $t" >&2; exit 2 ;; esac
+    case $t in native | bindfs | fencefs | fencefs-uring | fencefs-revoke) ;;
+    passthrough_hp | passthrough_hp-uring)
+        [[ -x ${PASSTHROUGH_HP:-} ]] || { echo "bench.sh: $t needs PASSTHROUGH_HP=path of libfuse's example/passthrough_hp" >&2; exit 2; } ;;
+    *) echo "bench.sh: unknown target $t" >&2; exit 2 ;; esac
 done
-ALL_TARGETS=(native bindfs fencefs fencefs-uring fencefs-revoke)
+ALL_TARGETS=(native bindfs passthrough_hp passthrough_hp-uring fencefs fencefs-uring fencefs-revoke)
+# targets that are not fencefs: unmounted with fusermount3, their exit status not checked
+peer() { [[ $1 == bindfs || $1 == passthrough_hp* ]]; }
 if ((COUNT)); then # counting is about FUSE requests: native has none
     read -r -a TARGETS <<<"$(for t in "${TARGETS[@]}"; do [[ $t != native ]] && printf '%s ' "$t"; done)"
     ((${#TARGETS[@]})) || { echo "bench.sh: --count needs a FUSE target" >&2; exit 2; }
@@ -211,7 +221,7 @@ unmount_current() {
     CUR_TARGET="" CUR_PID=""
     [[ -z $tgt || $tgt == native ]] && return 0
     if pid_is_ours "$pid"; then
-        if [[ $tgt == bindfs ]]; then fusermount3 -u "$MNT" 2>/dev/null || umount "$MNT" 2>/dev/null
+        if peer "$tgt"; then fusermount3 -u "$MNT" 2>/dev/null || umount "$MNT" 2>/dev/null
         else kill -TERM "$pid" 2>/dev/null; fi
         for ((i = 0; i < 200; i++)); do kill -0 "$pid" 2>/dev/null || break; sleep 0.05; done
         if kill -0 "$pid" 2>/dev/null; then
@@ -219,7 +229,7 @@ unmount_current() {
             kill -KILL "$pid" 2>/dev/null
         fi
         wait "$pid" 2>/dev/null; rc=$?
-        [[ $tgt != bindfs && $rc != 0 ]] && err "$tgt: daemon exited with status $rc on SIGTERM (log: $LOGDIR/$tgt.log)"
+        ! peer "$tgt" && [[ $rc != 0 ]] && err "$tgt: daemon exited with status $rc on SIGTERM (log: $LOGDIR/$tgt.log)"
     fi
     if is_mounted "$MNT"; then
         fusermount3 -u "$MNT" 2>/dev/null || umount "$MNT" 2>/dev/null || umount -l "$MNT" 2>/dev/null ||
@@ -318,10 +328,14 @@ mount_target() {
     fencefs-uring) args+=(--transport io-uring); uring_enable || return 1 ;;
     fencefs-revoke) args+=(--revoke); ((HAS_TRANSPORT)) && args+=(--transport dev-fuse) ;;
     esac
-    [[ $tgt == bindfs ]] && args=(bindfs -f)
+    case $tgt in
+    bindfs) args=(bindfs -f) ;;
+    passthrough_hp) args=("$PASSTHROUGH_HP" --foreground) ;;
+    passthrough_hp-uring) args=("$PASSTHROUGH_HP" --foreground -o io_uring); uring_enable || return 1 ;;
+    *) args=("$BIN" "${args[@]}") ;;
+    esac
     printf -- '--- %(%T)T %s\n' -1 "${args[*]}" >>"$log"
-    if [[ $tgt == bindfs ]]; then bindfs -f "$SRC" "$MNT" >>"$log" 2>&1 &
-    else "$BIN" "${args[@]}" "$SRC" "$MNT" >>"$log" 2>&1 & fi
+    "${args[@]}" "$SRC" "$MNT" >>"$log" 2>&1 &
     pid=$!
     STARTED_PIDS+=("$pid")
     for ((i = 0; i < 400; i++)); do
@@ -982,7 +996,7 @@ for t in "${ALL_TARGETS[@]}"; do
     COLS+=("$t")
     [[ $t != native ]] && RCOLS+=("$t")
 done
-short() { local x=${1/fencefs-revoke/revoke}; printf '%s' "${x/fencefs-uring/uring}"; }
+short() { local x=${1/fencefs-revoke/revoke}; x=${x/passthrough_hp/pt_hp}; printf '%s' "${x/fencefs-uring/uring}"; }
 POLICY_NOTE="mode danger, policy 4 rules (+ a $NRULES-rule row)"
 case $POLICY_OPT in
 example) POLICY_NOTE="policy.example.toml, mode workspace-write (+ a $NRULES-rule danger row)" ;;

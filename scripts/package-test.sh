@@ -91,6 +91,10 @@ echo "   fencefs --version: $got"
 [[ $(man -w fencefs) == /usr/share/man/man1/fencefs.1.gz ]] || fail "man -w fencefs: $(man -w fencefs)"
 [[ $(man -w fencefs-policy) == /usr/share/man/man5/fencefs-policy.5.gz ]] || fail "man -w fencefs-policy"
 echo "   man -w: $(man -w fencefs) $(man -w fencefs-policy)"
+schema=/usr/share/fencefs/fencefs-policy.schema.json
+[[ -f $schema ]] || fail "the JSON Schema is not installed at $schema"
+fencefs schema | cmp -s - "$schema" || fail "$schema differs from fencefs schema"
+echo "   JSON Schema: $schema"
 MANPAGER=cat MANWIDTH=80 man fencefs 2>/dev/null | grep -q 'MOUNT(8) AND FSTAB' || fail "man fencefs"
 MANPAGER=cat MANWIDTH=80 man 5 fencefs-policy 2>/dev/null | grep -q 'RULE KEYS' || fail "man fencefs-policy"
 comp=$(bash -c 'source /usr/share/bash-completion/completions/fencefs

@@ -51,6 +51,8 @@ pub enum Command {
     },
     /// Print every built-in preset's rules, each with the reason it is there.
     Presets,
+    /// Print the policy file's JSON Schema (for editors: taplo, VS Code "Even Better TOML").
+    Schema,
     /// Print the access PATH gets and what decided it; with OP also allow/deny and the errno.
     Explain(ExplainArgs),
     /// Draft a policy from an audit log written with --audit-allowed: what the session
@@ -139,6 +141,14 @@ pub struct MountArgs {
     /// Do not watch SOURCE for changes made by other processes (fanotify).
     #[arg(long)]
     pub no_watch: bool,
+    /// Serve the host directory DIR at PATH in the mount (PATH=DIR, repeatable; PATH is
+    /// relative to the mount's root and must not exist in SOURCE).
+    #[arg(long = "root", value_name = "PATH=DIR")]
+    pub root: Vec<String>,
+    /// When SOURCE is a linked git worktree, serve it as it is (its `.git` file names a
+    /// host path) instead of serving the repository git needs through the mount.
+    #[arg(long)]
+    pub no_git_worktree: bool,
     /// Map a caller uid to a host uid (CONTAINER:HOST, repeatable): files of HOST appear
     /// owned by CONTAINER; files CONTAINER creates or chowns land on the host as HOST.
     #[arg(long, value_name = "CONTAINER:HOST")]
@@ -244,6 +254,13 @@ pub struct ExplainArgs {
     /// Caller gid (default 0).
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub gid: u32,
+    /// A root of the mount, as `mount --root PATH=DIR` gives it (repeatable): `explain`
+    /// then names the root PATH is in.
+    #[arg(long = "root", value_name = "PATH=DIR")]
+    pub root: Vec<String>,
+    /// Also read the workspace layer and the ignore files in DIR, as a mount of DIR would.
+    #[arg(long, value_name = "DIR")]
+    pub source: Option<PathBuf>,
     /// Workspace-relative path (taken as a file; end it with '/' for a directory).
     pub path: String,
     /// read | write | create | append | delete | rename | list

@@ -42,6 +42,12 @@ pub fn generate(dir: &Path) -> io::Result<Vec<PathBuf>> {
     ] {
         put(comp.join(name), &completion(shell))?;
     }
+    let schema = dir.join("schema");
+    std::fs::create_dir_all(&schema)?;
+    put(
+        schema.join("fencefs-policy.schema.json"),
+        crate::policy::schema::json().as_bytes(),
+    )?;
     Ok(out)
 }
 

@@ -567,6 +567,8 @@ mod tests {
             "ask_dir_hold",
             "answers",
             "ask_exec",
+            "root",
+            "no_git_worktree",
         ] {
             assert!(
                 names.iter().any(|n| n == want),

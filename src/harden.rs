@@ -100,7 +100,7 @@ fn add_rule(ruleset: &OwnedFd, path_fd: BorrowedFd<'_>, access: u64) -> io::Resu
     }
 }
 
-fn landlock(source: BorrowedFd<'_>) -> io::Result<i64> {
+fn landlock(source: BorrowedFd<'_>, roots: &[BorrowedFd<'_>]) -> io::Result<i64> {
     let abi = abi_version()?;
     let handled = handled_for(abi);
     let attr = RulesetAttr {
@@ -122,6 +122,13 @@ fn landlock(source: BorrowedFd<'_>) -> io::Result<i64> {
     let ruleset = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd as i32) };
     // SOURCE: everything. /dev/fuse: read and write (fuser opens a clone per worker).
     add_rule(&ruleset, source, handled)?;
+    // Every other root directory: everything. (A root that is a file is a sealed memory
+    // file, which Landlock does not restrict: it lives on no user-visible mount.)
+    for &root in roots {
+        if sys::fstat(root)?.st_mode & libc::S_IFMT == libc::S_IFDIR {
+            add_rule(&ruleset, root, handled)?;
+        }
+    }
     let dev = sys::open_path_abs(Path::new("/dev/fuse"))?;
     let ioctl = if abi >= 5 { FS_IOCTL_DEV } else { 0 };
     add_rule(&ruleset, dev.as_fd(), FS_READ_FILE | FS_WRITE_FILE | ioctl)?;
@@ -135,11 +142,11 @@ fn landlock(source: BorrowedFd<'_>) -> io::Result<i64> {
 
 /// Confines the calling thread and every thread it creates afterwards to the directory
 /// behind `source` (the handle opened before mounting: with the mount over SOURCE, the
-/// path now leads to the mount itself) and `/dev/fuse`.
-pub fn confine(source: BorrowedFd<'_>) -> Applied {
+/// path now leads to the mount itself), the other roots' handles and `/dev/fuse`.
+pub fn confine(source: BorrowedFd<'_>, roots: &[BorrowedFd<'_>]) -> Applied {
     // SAFETY: prctl with constant arguments.
     let nnp = unsafe { libc::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } == 0;
-    match landlock(source) {
+    match landlock(source, roots) {
         Ok(abi) => Applied {
             landlock_abi: Some(abi),
             landlock_error: None,

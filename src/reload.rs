@@ -86,7 +86,9 @@ pub fn load(files: &[PathBuf], mode: Option<Mode>) -> Result<Policy, Vec<PolicyE
 /// CLI mode override.
 ///
 /// With `source` (a mount), a `workspace_policy = NAME` in any layer adds SOURCE/NAME, when
-/// present, as one more layer; an invalid one fails the load like any layer.
+/// present, as one more layer; an invalid one fails the load like any layer. Then the
+/// ignore files every layer names (`ignore_files`) are found in SOURCE and compiled in;
+/// a scan over its bounds or an unparsable line fails the load too.
 pub fn load_in(
     files: &[PathBuf],
     mode: Option<Mode>,
@@ -102,6 +104,19 @@ pub fn load_in(
     {
         p = p.with_layer(layer);
         p.check_limits()?;
+    }
+    if let Some(src) = source
+        && !p.ignore_names().is_empty()
+    {
+        let found = crate::host::ignore_scan::scan(src, p.ignore_names()).map_err(|e| {
+            vec![PolicyError {
+                file: format!("SOURCE/{}", e.path),
+                line: 0,
+                column: 0,
+                message: format!("ignore_files: {}", e.message),
+            }]
+        })?;
+        p = p.with_ignores(&found)?;
     }
     if let Some(m) = mode {
         p.set_mode(m);

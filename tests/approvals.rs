@@ -241,8 +241,10 @@ fn a_thousand_held_requests_take_no_worker() {
         worst = worst.max(t.elapsed());
     }
     eprintln!("while 1,024 requests are held: worst ls+cat+stat {worst:?}");
+    // A blocked worker pool would stall these until the held requests time out (minutes);
+    // 5 s leaves room for a loaded machine.
     assert!(
-        worst < Duration::from_secs(1),
+        worst < Duration::from_secs(5),
         "a blocked worker pool: {worst:?}"
     );
     // Allow half, deny half; every process ends.

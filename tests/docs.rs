@@ -107,6 +107,7 @@ fn generated_docs() -> (Workspace, PathBuf) {
         "completions/fencefs.fish",
         "man/fencefs-policy.5",
         "man/fencefs.1",
+        "schema/fencefs-policy.schema.json",
     ]
     .map(|f| out.join(f).display().to_string());
     assert_eq!(listed, want);
@@ -140,7 +141,7 @@ fn no_overstrike(s: &str) -> String {
 #[test]
 fn every_policy_key_is_in_the_policy_man_page_and_the_book() {
     let (top, rule) = policy_keys();
-    assert_eq!(top.len(), 9, "{top:?}");
+    assert_eq!(top.len(), 11, "{top:?}");
     assert!(rule.contains(&"path".to_string()) && rule.contains(&"access".to_string()));
     let man = fencefs::docs::POLICY_MAN;
     let policy = chapter("policy.md");
@@ -298,7 +299,12 @@ fn bash_completion_completes_subcommands_and_options() {
     assert_eq!(complete("fencefs mount --audit-m"), ["--audit-max-size"]);
     assert_eq!(
         complete("fencefs mount --no-"),
-        ["--no-confine", "--no-passthrough", "--no-watch"]
+        [
+            "--no-confine",
+            "--no-git-worktree",
+            "--no-passthrough",
+            "--no-watch"
+        ]
     );
 }
 

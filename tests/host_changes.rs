@@ -103,3 +103,68 @@ fn the_mounts_own_changes_are_not_echoed_back() {
     let names = names_str(&m.mnt("d")).unwrap();
     assert_eq!(names.iter().filter(|n| n.starts_with("ren")).count(), 200);
 }
+
+/// The voluntary context switches of the daemon's thread named `comm` so far.
+fn thread_switches(pid: i32, comm: &str) -> u64 {
+    for t in fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
+        let dir = t.unwrap().path();
+        if fs::read_to_string(dir.join("comm")).is_ok_and(|c| c.trim() == comm) {
+            let status = fs::read_to_string(dir.join("status")).unwrap();
+            let line = status
+                .lines()
+                .find(|l| l.starts_with("voluntary_ctxt_switches:"))
+                .unwrap();
+            return line.split_whitespace().nth(1).unwrap().parse().unwrap();
+        }
+    }
+    panic!("no thread {comm} in daemon {pid}");
+}
+
+/// 3,000 unlinks through the mount queue 3,000 fanotify events, all the daemon's own:
+/// the watch reads them in batches (at most one read per `watch::COALESCE`, 5 ms), not
+/// with one wake-up each. A read cycle is two voluntary switches (the read, the pause),
+/// so at most 2 per 5 ms of the run, whatever the machine's load; one wake-up per event
+/// would be about one switch per unlink.
+#[test]
+fn the_watch_reads_a_burst_of_the_daemons_own_events_in_few_wakeups() {
+    const N: usize = 3000;
+    let m = Mount::with("watch-burst", Some(OPEN), None, |src| {
+        mkdirp(&src.join("d"));
+        for i in 0..N {
+            put(&src.join(format!("d/f{i}")), b"", 0o644);
+        }
+    });
+    assert!(
+        eventually(Duration::from_secs(2), || m
+            .stderr()
+            .contains("host changes: watched (fanotify)")),
+        "{}",
+        m.stderr()
+    );
+    // Names known first, so that the timed part is the unlinks alone.
+    assert_eq!(names_str(&m.mnt("d")).unwrap().len(), N);
+    std::thread::sleep(Duration::from_millis(50));
+    let before = thread_switches(m.pid(), "fencefs-watch");
+    let t = Instant::now();
+    for i in 0..N {
+        fs::remove_file(m.mnt(format!("d/f{i}"))).unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    let took = t.elapsed();
+    let switches = thread_switches(m.pid(), "fencefs-watch") - before;
+    let bound = 2 * (took.as_millis() as u64 / 5) + 10;
+    eprintln!(
+        "{N} unlinks in {took:?}: the watch thread switched {switches} times (bound {bound})"
+    );
+    assert!(
+        switches <= bound,
+        "{switches} wake-ups of the watch for {N} unlinks in {took:?} (bound {bound})"
+    );
+    // Every file is gone on the host; a host change is still seen at once.
+    assert_eq!(fs::read_dir(m.host("d")).unwrap().count(), 0);
+    fs::write(m.host("d/late"), b"x").unwrap();
+    assert!(eventually(Duration::from_secs(2), || fs::metadata(
+        m.mnt("d/late")
+    )
+    .is_ok()));
+}

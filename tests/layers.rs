@@ -370,8 +370,8 @@ fn the_workspace_layer_tightens_is_read_only_and_follows_host_edits() {
     assert!(!m.host("moved.toml").exists());
 
     // A host edit takes effect within the watch delay: docs becomes hidden.
-    // Written as editors save (a new file renamed over the old): a plain write truncates
-    // first, and the watch may load the empty file in between (see the book).
+    // Written as editors save (a new file renamed over the old); in-place writes are
+    // tested in tests/ignore_files.rs (the reload is debounced).
     replace_on_host(
         &m.host(".fencefs.toml"),
         b"[[rule]]\npath = \"docs\"\naccess = \"none\"\n",

@@ -329,3 +329,122 @@ fn writes_drop_file_capabilities() {
         .ok();
     }
 }
+
+fn audit_lines(p: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(p)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
+
+/// The paths the daemon decided a lookup for (each READDIRPLUS entry with attributes is
+/// one, as is each LOOKUP), in `t/`.
+fn lookups(audit: &Path) -> Vec<String> {
+    audit_lines(audit)
+        .iter()
+        .filter(|v| v["op"] == "lookup")
+        .filter_map(|v| v["path"].as_str().map(str::to_string))
+        .collect()
+}
+
+/// A cold walk that never looks at attributes (`find`) costs the daemon no `fstatat`
+/// and no lookup decision per file: over io_uring a directory's first READDIRPLUS batch
+/// goes without attributes (node id 0) until readers show they stat what they list
+/// (`fs/plus.rs`). What the walk sees is unchanged: every visible name, none of the
+/// hidden ones, each with its real `d_ino`; `ls -l` afterwards gets every attribute
+/// (by LOOKUP), and the hidden names stay ENOENT.
+#[test]
+fn a_cold_walk_over_io_uring_decides_no_lookup_for_what_it_does_not_stat() {
+    let b = Mount::builder("plain-walk");
+    let audit = b.root().join("audit.jsonl");
+    let b = b
+        .policy(
+            "mode = \"danger\"\ndefault = \"write\"\n[[rule]]\npath = \"t/*/secret*\"\naccess = \"none\"\n",
+        )
+        .arg("--audit")
+        .arg(&audit)
+        .arg("--audit-allowed")
+        .arg("--transport")
+        .arg("io-uring");
+    for d in 0..20 {
+        for f in 0..10 {
+            put(&b.host(format!("t/d{d}/f{f}")), b"12345", 0o640);
+        }
+        put(&b.host(format!("t/d{d}/secret")), b"s", 0o600);
+    }
+    let m = b.start();
+    let found = m.sh("find t | sort");
+    found.assert_ok("find");
+    let names: Vec<&str> = found.stdout.lines().collect();
+    assert_eq!(names.len(), 1 + 20 + 200, "{names:?}");
+    assert!(!found.stdout.contains("secret"), "{}", found.stdout);
+    assert!(
+        eventually(std::time::Duration::from_secs(5), || audit_lines(&audit)
+            .iter()
+            .filter(|v| v["op"] == "opendir")
+            .count()
+            >= 21),
+        "{:#?}",
+        audit_lines(&audit)
+    );
+    // Only the directories it descends into are looked up (to open them).
+    let walked: Vec<String> = lookups(&audit)
+        .into_iter()
+        .filter(|p| p.starts_with("t/") && p.matches('/').count() > 1)
+        .collect();
+    assert!(
+        walked.is_empty(),
+        "find decided {} lookups of files: {walked:?}",
+        walked.len()
+    );
+    // The entries' inode numbers are the files' own (a program that skips d_ino 0, as
+    // Go's does, still sees every name).
+    let py = m.sh(
+        "python3 -c 'import os\nfor e in os.scandir(\"t/d3\"):\n assert e.inode() != 0 and e.inode() == os.lstat(e.path).st_ino, e.name\nprint(len(list(os.scandir(\"t/d3\"))))'",
+    );
+    py.assert_ok("scandir");
+    assert_eq!(py.stdout.trim(), "10");
+    // `ls -l` gets every attribute and still no hidden name.
+    let ls = m.sh("ls -ln t/d7");
+    ls.assert_ok("ls -l");
+    let rows: Vec<&str> = ls.stdout.lines().filter(|l| l.starts_with('-')).collect();
+    assert_eq!(rows.len(), 10, "{}", ls.stdout);
+    assert!(
+        rows.iter().all(|r| r.starts_with("-rw-r----- 1 0 0 5 ")),
+        "{}",
+        ls.stdout
+    );
+    assert_eq!(
+        errno_of(&std::fs::metadata(m.mnt("t/d7/secret"))),
+        libc::ENOENT
+    );
+    assert!(m.host("t/d7/secret").exists());
+}
+
+/// An access ACL set or removed through the mount changes the mode's group bits on the
+/// host (the ACL's mask): the mode seen through the mount follows at once, not after the
+/// kernel's 10 s attribute lifetime (the watch skips the daemon's own changes, and the
+/// kernel does not drop its cached mode on a SETXATTR).
+#[test]
+fn an_acl_changed_through_the_mount_shows_in_the_mode() {
+    let m = Mount::with("acl-mode", Some("mode = \"danger\"\n"), None, |src| {
+        put(&src.join("f"), b"x\n", 0o644)
+    });
+    let f = m.mnt("f");
+    assert_eq!(mode_seen(&f), "644");
+    run("setfacl", &["-m", "u:1001:rw", f.to_str().unwrap()]).assert_ok("setfacl -m");
+    assert_eq!(host_mode(&m.host("f")), "664");
+    assert!(
+        eventually(std::time::Duration::from_secs(2), || mode_seen(&f) == "664"),
+        "mode through the mount after setfacl -m: {}",
+        mode_seen(&f)
+    );
+    run("setfacl", &["-b", f.to_str().unwrap()]).assert_ok("setfacl -b");
+    assert_eq!(host_mode(&m.host("f")), "644");
+    assert!(
+        eventually(std::time::Duration::from_secs(2), || mode_seen(&f) == "644"),
+        "mode through the mount after setfacl -b: {}",
+        mode_seen(&f)
+    );
+}

@@ -126,6 +126,15 @@ fn describe_by_at(p: &Policy, by: By, layer: usize, path: &[u8]) -> String {
             esc(p.layer_file(layer))
         ),
         By::Default => format!("default = {}", p.layers()[layer].default_access()),
+        By::Ignore(hit) => {
+            let (file, glob) = p.ignore_set().describe(hit);
+            format!(
+                "ignore file SOURCE/{}:{} pattern \"{}\" (ignore_files: hidden)",
+                esc(&file),
+                hit.line,
+                esc(&glob)
+            )
+        }
     }
 }
 
@@ -158,7 +167,24 @@ fn describe_ceiling(p: &Policy, path: &[u8]) -> String {
 }
 
 pub(super) fn explain(a: ExplainArgs) -> i32 {
-    let policy = match reload::load(&a.policy, a.mode) {
+    let source = match a
+        .source
+        .as_deref()
+        .map(crate::host::sys::open_root)
+        .transpose()
+    {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("fencefs: --source: {e}");
+            return EXIT_ERR;
+        }
+    };
+    let loaded = reload::load_in(
+        &a.policy,
+        a.mode,
+        source.as_ref().map(std::os::fd::AsFd::as_fd),
+    );
+    let policy = match loaded {
         Ok(p) => p,
         Err(errs) => {
             print_errors(&errs);
@@ -187,6 +213,24 @@ pub(super) fn explain(a: ExplainArgs) -> i32 {
         quote::quote(&path).into_owned()
     };
     crate::outln!("path: {shown}");
+    match super::roots::describe(&a.root, &path) {
+        Ok(root) => {
+            crate::outln!("root: {}", esc(&root));
+            if let Some(alias) = super::roots::git_alias(&path) {
+                let va = policy.verdict_for(&alias, caller, as_dir);
+                crate::outln!(
+                    "also decided as {}: {} by {}",
+                    quote::quote(&alias),
+                    va.effective,
+                    describe_by_at(&policy, va.by, va.layer, &alias)
+                );
+            }
+        }
+        Err(e) => {
+            eprintln!("fencefs: {}", esc(&e));
+            return 2;
+        }
+    }
     crate::outln!("access: {}", v.effective);
     crate::outln!(
         "decided by: {}",

@@ -4,13 +4,17 @@
 //!   audit writer, session settings, descriptor budget, mountinfo);
 //! - `mount`: the mount's life cycle, step by step, in an order that must be kept;
 //! - `threads`: the daemon's own threads (signals, reloads, the control socket);
-//! - `notify`: the notify thread (kernel cache invalidations) and its held-directory lane.
+//! - `notify`: the notify thread (kernel cache invalidations) and its held-directory lane;
+//! - `roots`: the mount's roots besides SOURCE (`--root`, a linked worktree's repository).
+//! - `policy_watch`: the debounced reload when the host edits a policy file in SOURCE.
 
 mod answers;
 mod explain;
 mod learn;
 mod mount;
 mod notify;
+mod policy_watch;
+mod roots;
 mod startup;
 mod threads;
 mod vhost;
@@ -60,6 +64,10 @@ pub fn run(cmd: Command) -> i32 {
         Command::Check { policy } => explain::check(&policy),
         Command::Presets => explain::presets(),
         Command::Learn(a) => learn::learn(a),
+        Command::Schema => {
+            crate::out!("{}", crate::policy::schema::json());
+            0
+        }
         Command::Explain(a) => explain::explain(a),
         Command::Ctl { socket, what } => crate::control::client::ctl(&socket, &what),
         Command::Stage(a) => crate::stage::cli::run(a),

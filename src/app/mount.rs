@@ -145,12 +145,15 @@ pub(super) fn build_state(
         Some(dir) => crate::stage::start(dir, &src, &mnt, &root_fd)?,
         None => root_fd,
     };
+    let roots = super::roots::build(a, &src)?;
     let fan = if a.no_watch {
         Err("--no-watch".to_string())
     } else if a.stage.is_some() {
         Err("staging".to_string())
     } else {
-        crate::watch::open(root_fd.as_fd()).map_err(|e| e.to_string())
+        crate::watch::open(root_fd.as_fd())
+            .and_then(|fan| super::roots::watch(&fan, &roots, root_fd.as_fd()).map(|()| fan))
+            .map_err(|e| e.to_string())
     };
     // Host changes arrive as events: names and attributes may be cached for long.
     let ttl = a.cache_ttl.unwrap_or(if fan.is_ok() {
@@ -160,7 +163,8 @@ pub(super) fn build_state(
     });
     let fd_cap = (nofile / 3).clamp(64, 16_384) as usize;
     let handles = handle_budget(nofile as usize, fd_cap, threads, a.max_open_per_uid);
-    let inodes = Inodes::new(root_fd, fd_cap).map_err(|e| format!("source: {e}"))?;
+    let mut inodes = Inodes::new(root_fd, fd_cap).map_err(|e| format!("source: {e}"))?;
+    inodes.set_roots(roots);
     let rules = policy.rules().len();
     let mode = policy.mode();
     let mut approvals = Approvals::new(crate::approvals::MAX_HELD, threads::ask_timeout(a))
@@ -210,6 +214,7 @@ pub(super) fn build_state(
         // Started now, before the workers are confined (host/programs.rs).
         programs: crate::host::programs::Programs::with_thread()
             .map_err(|e| format!("cannot start the programs thread: {e}"))?,
+        notes: crate::fs::notes::Notes::new(a.stage.is_some()),
     });
     let state = State {
         src,
@@ -456,23 +461,28 @@ fn start_watch(
     let tx = tx.clone();
     let s = shared.clone();
     let s2 = shared.clone();
+    let reload = super::policy_watch::start(shared.clone(), tx.clone())?;
     std::thread::Builder::new()
         .name("fencefs-watch".into())
         .spawn(move || {
             crate::watch::run(fan, s, true, |b| {
-                // A host edit of the workspace layer's file takes effect like a reload.
-                let layer_changed = s2.policy.get().policy.workspace_policy().is_some_and(|n| {
+                // A host edit of the workspace layer's file or of an ignore file takes
+                // effect like a reload (debounced, on the policy-watch thread).
+                let snap = s2.policy.get();
+                let layer_changed = snap.policy.workspace_policy().is_some_and(|n| {
                     b.everything || b.root_names.iter().any(|r| r == n.as_bytes())
-                });
-                let _ = tx.send(Inval {
-                    entries: b.entries,
-                    inodes: b.inodes,
-                    everything: b.everything,
-                    ..Inval::default()
-                });
-                if layer_changed {
-                    log::info!("workspace layer changed on the host: reloading");
-                    let _ = threads::reload_now(&s2, &tx);
+                }) || (b.everything && !snap.policy.ignore_names().is_empty());
+                drop(snap);
+                if layer_changed || b.ignore_changed {
+                    reload.poke();
+                }
+                if b.everything || !b.entries.is_empty() || !b.inodes.is_empty() {
+                    let _ = tx.send(Inval {
+                        entries: b.entries,
+                        inodes: b.inodes,
+                        everything: b.everything,
+                        ..Inval::default()
+                    });
                 }
             })
         })
@@ -483,12 +493,24 @@ fn start_watch(
 
 /// Confines the FUSE workers (the calling thread's descendants) and logs what was applied.
 pub(super) fn confine(shared: &Shared, src: &Path) {
-    let c = crate::harden::confine(shared.inodes.root_fd().as_fd());
+    let roots: Vec<_> = shared.inodes.roots().iter().map(|r| r.fd.clone()).collect();
+    let extra: Vec<_> = roots.iter().map(|fd| fd.as_fd()).collect();
+    let c = crate::harden::confine(shared.inodes.root_fd().as_fd(), &extra);
+    let others = shared
+        .inodes
+        .roots()
+        .iter()
+        .filter(|r| r.kind == libc::S_IFDIR)
+        .count();
+    let src = if others > 0 {
+        format!("{} (and {others} more roots)", src.display())
+    } else {
+        src.display().to_string()
+    };
     let nnp = if c.no_new_privs { "on" } else { "off" };
     match (c.landlock_abi, c.landlock_error) {
         (Some(abi), _) => log::info!(
-            "self-confinement: FUSE workers limited by Landlock (ABI {abi}) to {} and /dev/fuse; no_new_privs {nnp}",
-            src.display()
+            "self-confinement: FUSE workers limited by Landlock (ABI {abi}) to {src} and /dev/fuse; no_new_privs {nnp}"
         ),
         (None, e) => log::warn!(
             "self-confinement: Landlock unavailable ({}); no_new_privs {nnp}",

@@ -203,6 +203,7 @@ mod tests {
             by: "rule",
             rule: None,
             layer: None,
+            root: None,
             mode: "read-only",
             generation: 0,
             need: None,

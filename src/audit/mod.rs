@@ -62,6 +62,8 @@ pub struct Event {
     pub rule: Option<(String, Option<usize>)>,
     /// The file of the layer that decided (`None`: the built-in policy).
     pub layer: Option<String>,
+    /// The root the path is in, by its path in the mount (`None`: SOURCE).
+    pub root: Option<String>,
     /// Mode in force.
     pub mode: &'static str,
     /// Policy generation.
@@ -254,6 +256,10 @@ impl Event {
         m.insert(
             "layer".into(),
             self.layer.clone().map_or(Value::Null, Value::String),
+        );
+        m.insert(
+            "root".into(),
+            self.root.clone().map_or(Value::Null, Value::String),
         );
         m.insert("mode".into(), Value::String(self.mode.into()));
         m.insert(

@@ -195,6 +195,7 @@ mod tests {
             by: "rule",
             rule: Some(("secrets".into(), Some(3))),
             layer: None,
+            root: None,
             mode: "read-only",
             generation: 0,
             need: None,

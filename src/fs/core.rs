@@ -78,6 +78,8 @@ pub struct Core {
     backing: Mutex<Backing>,
     /// The FUSE connection's device, for backing ids (set once the session is up).
     dev: OnceLock<Arc<OwnedFd>>,
+    /// Whether READDIRPLUS batches carry attributes (`fs/plus.rs`).
+    pub(super) plus: super::plus::PlusAdvisor,
 }
 
 impl Core {
@@ -89,6 +91,7 @@ impl Core {
             uring: AtomicBool::new(false),
             backing: Mutex::new(Backing::default()),
             dev: OnceLock::new(),
+            plus: Default::default(),
         }
     }
 

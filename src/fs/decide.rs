@@ -14,7 +14,20 @@ use std::sync::atomic::Ordering;
 use super::ops::{Ask, Ctx, Error, Res, Shared};
 use crate::approvals::Outcome;
 use crate::audit::{Event, errno_name};
+use crate::host::roots::Fence;
 use crate::policy::{Access, By, CeilingBy, Denial, Need, Special, Verdict};
+
+/// The errno a layout fence (`host/roots.rs`) gives `need`, if it refuses it: a hidden
+/// path is absent (EACCES for a create, as for `none`), a read-only one is EROFS.
+fn fenced(fence: Option<Fence>, need: Need) -> Option<i32> {
+    match (fence?, need) {
+        (Fence::Hidden, Need::Create) => Some(libc::EACCES),
+        (Fence::Hidden, _) => Some(libc::ENOENT),
+        // Every mutation: `append` and `create` as much as `write`.
+        (Fence::ReadOnly, n) if n.mutates() => Some(libc::EROFS),
+        (Fence::ReadOnly, _) => None,
+    }
+}
 
 /// One refusal an approver could lift: path, is_dir, need, the denial, the `ask` level.
 type Refused<'a> = (&'a [u8], bool, Need, Denial, Access);
@@ -24,6 +37,7 @@ fn by_word(by: By) -> &'static str {
         By::Rule(_) | By::Visibility(_) => "rule",
         By::Default => "default",
         By::Mode => "mode",
+        By::Ignore(_) => "ignore",
     }
 }
 
@@ -77,6 +91,14 @@ impl Shared {
         if !held {
             counter.fetch_add(1, Ordering::Relaxed);
         }
+        if !allowed && !held {
+            let asked = match line {
+                Line::Outcome(o) => Some(o),
+                _ => None,
+            };
+            let e = errno.unwrap_or(libc::EACCES);
+            self.notes.record(ctx, op, path, v, by, e, asked.as_ref());
+        }
         let Some(a) = &self.audit else { return };
         if matches!(line, Line::Plain(None)) && !a.allowed {
             return;
@@ -86,6 +108,11 @@ impl Shared {
             By::Rule(i) | By::Visibility(i) => {
                 let r = policy.rule(i);
                 (by_s, Some((r.pattern.clone(), Some(r.line))))
+            }
+            // The ignore file and the pattern of its deciding line.
+            By::Ignore(hit) => {
+                let (file, glob) = policy.ignore_set().describe(hit);
+                (by_s, Some((format!("{file}: {glob}"), Some(hit.line))))
             }
             // What set the ceiling; an EPERM (device/setid) refusal stays "mode".
             By::Mode
@@ -118,6 +145,11 @@ impl Shared {
             by: by_s,
             rule,
             layer: policy.layer_name(v.layer).map(str::to_string),
+            root: self
+                .inodes
+                .roots()
+                .root_of(path)
+                .map(|r| String::from_utf8_lossy(&r.path).into_owned()),
             mode: ctx.snap.policy.mode().as_str(),
             generation: ctx.snap.generation,
             need: ctx.need.get().map(|n| n.access().as_str()),
@@ -217,6 +249,7 @@ impl Shared {
         sp: Special,
     ) -> Res<Verdict> {
         ctx.need.set(Some(need));
+        self.fence(ctx, op, path, is_dir, need)?;
         match ctx
             .snap
             .policy
@@ -279,6 +312,9 @@ impl Shared {
             libc::EROFS => 2,
             _ => 3,
         };
+        for &(path, is_dir, need) in checks {
+            self.fence(ctx, op, path, is_dir, need)?;
+        }
         let mut worst: Option<(&[u8], Need, Denial)> = None;
         let mut refused: Vec<(&[u8], Need, Denial)> = Vec::new();
         let mut oks = Vec::new();
@@ -350,6 +386,32 @@ impl Shared {
                 Ok(())
             }
         }
+    }
+
+    /// Refuses (and audits) what the layout's fences forbid at `path`, before the policy
+    /// is asked: no rule and no approver lifts a fence.
+    fn fence(&self, ctx: &Ctx, op: &'static str, path: &[u8], is_dir: bool, need: Need) -> Res<()> {
+        let roots = self.inodes.roots();
+        if roots.is_empty() {
+            return Ok(());
+        }
+        if let Some(errno) = fenced(roots.fence_at(path), need) {
+            let v = ctx.snap.policy.verdict_for(path, ctx.caller, is_dir);
+            self.audit(ctx, op, path, &v, By::Mode, Some(errno));
+            return Err(Error(errno));
+        }
+        // A path with a second name (a worktree's repository, also `.git/...`): what the
+        // policy refuses under that name is refused here too, no approver asked.
+        if let Some(alias) = roots.alias_of(path)
+            && let Err(d) =
+                ctx.snap
+                    .policy
+                    .check_for(&alias, ctx.caller, need, Special::default(), is_dir)
+        {
+            self.audit(ctx, op, path, &d.verdict, d.by, Some(d.errno));
+            return Err(Error(d.errno));
+        }
+        Ok(())
     }
 
     /// Decides `need` on every path a node is known under (a hard link never widens

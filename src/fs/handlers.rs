@@ -13,13 +13,25 @@ use fuser::{Errno, FileType, FopenFlags};
 
 use super::attr;
 use super::core::{Core, Rq};
+use super::notes::{self, owns, owns_fh};
 use super::ops::{Error, Lookup, WriteKind};
 use super::reply::{
     AttrReply, CreateReply, DataReply, DirPlusReply, DirReply, EmptyReply, EntryReply, LseekReply,
     OpenReply, StatfsReply, WriteReply, XattrReply,
 };
 use super::{errno, negative_attr};
+use crate::host::handle::ListEntry;
 use crate::host::sys::{Name, Xattr};
+
+/// Hands a request on a synthetic `.fencefs/` node or handle (`fs/notes/`) its answer
+/// and returns: the one line each handler gives the notes.
+macro_rules! notes {
+    ($ours:expr, $answer:expr) => {
+        if $ours {
+            return $answer;
+        }
+    };
+}
 
 /// A name from the kernel, validated.
 fn name(n: &[u8]) -> Result<Name, Errno> {
@@ -59,6 +71,7 @@ impl Core {
             Ok(n) => n,
             Err(e) => return reply.error(e),
         };
+        self.plus.looked_up(parent);
         let ctx = self.ctx(rq);
         // Absent and hidden names get the same negative entry, cached for the entry TTL
         // (0 when rules depend on the caller), so repeated lookups cost the same; a hidden
@@ -67,6 +80,9 @@ impl Core {
         let found = self.shared.do_lookup(&ctx, parent, &n);
         let ttl = self.shared.ttl(&ctx);
         let cache = match found {
+            Ok(Lookup::Found(a)) if owns(a.ino.0) => {
+                return reply.entry(&notes::TTL, &notes::TTL, &a);
+            }
             Ok(Lookup::Found(a)) => return reply.entry(&ttl.attr, &ttl.entry, &a),
             Ok(Lookup::Absent) => !ttl.entry.is_zero(),
             Ok(Lookup::Hidden) => {
@@ -83,6 +99,7 @@ impl Core {
 
     /// GETATTR.
     pub fn getattr(self: &Arc<Self>, rq: Rq, ino: u64, fh: Option<u64>, reply: impl AttrReply) {
+        notes!(owns(ino), self.notes_getattr(rq, ino, reply));
         let ctx = self.ctx(rq);
         let r = self.shared.do_getattr(&ctx, ino, fh);
         match r {
@@ -102,6 +119,7 @@ impl Core {
 
     /// SETATTR.
     pub fn setattr(self: &Arc<Self>, rq: Rq, ino: u64, s: SetAttr, reply: impl AttrReply) {
+        notes!(owns(ino), reply.error(Errno::EROFS));
         self.serve_in(
             self.locked_dir(&[ino]),
             rq,
@@ -116,6 +134,7 @@ impl Core {
 
     /// READLINK.
     pub fn readlink(self: &Arc<Self>, rq: Rq, ino: u64, reply: impl DataReply) {
+        notes!(owns(ino), reply.error(Errno::EINVAL));
         let ctx = self.ctx(rq);
         match self.shared.do_readlink(&ctx, ino) {
             Ok(t) => reply.data(&t),
@@ -247,6 +266,7 @@ impl Core {
         newname: &[u8],
         reply: impl EntryReply,
     ) {
+        notes!(owns(ino), reply.error(Errno::EROFS));
         let nn = match name(newname) {
             Ok(n) => n,
             Err(e) => return reply.error(e),
@@ -262,6 +282,7 @@ impl Core {
 
     /// OPEN.
     pub fn open(self: &Arc<Self>, rq: Rq, ino: u64, flags: i32, reply: impl OpenReply) {
+        notes!(owns(ino), self.notes_open(rq, ino, flags, reply));
         self.serve(
             rq,
             reply,
@@ -281,6 +302,7 @@ impl Core {
 
     /// READ.
     pub fn read(self: &Arc<Self>, rq: Rq, fh: u64, offset: u64, size: u32, reply: impl DataReply) {
+        notes!(owns_fh(fh), self.notes_read(fh, offset, size, reply));
         let ctx = self.ctx(rq);
         match self.shared.do_read(&ctx, fh, offset, size) {
             Ok(d) => reply.data(&d),
@@ -315,6 +337,7 @@ impl Core {
 
     /// RELEASE.
     pub fn release(self: &Arc<Self>, ino: u64, fh: u64, reply: impl EmptyReply) {
+        notes!(owns_fh(fh), self.notes_release(fh, reply));
         self.shared.do_release(fh);
         self.release_backing(ino, fh);
         reply.ok();
@@ -322,11 +345,13 @@ impl Core {
 
     /// FSYNC and FSYNCDIR.
     pub fn fsync(self: &Arc<Self>, fh: u64, datasync: bool, reply: impl EmptyReply) {
+        notes!(owns_fh(fh), reply.ok());
         empty(reply, self.shared.do_fsync(fh, datasync))
     }
 
     /// OPENDIR.
     pub fn opendir(self: &Arc<Self>, rq: Rq, ino: u64, reply: impl OpenReply) {
+        notes!(owns(ino), self.notes_opendir(rq, ino, reply));
         let ctx = self.ctx(rq);
         let r = self.shared.do_opendir(&ctx, ino);
         // The kernel may keep a listing across opens (it drops it when the directory
@@ -353,6 +378,7 @@ impl Core {
         offset: u64,
         mut reply: impl DirReply,
     ) {
+        notes!(owns(ino), self.notes_readdir(fh, offset, reply));
         let ctx = self.ctx(rq);
         let (_h, entries) = match self.shared.dir_entries(&ctx, fh, offset) {
             Ok(x) => x,
@@ -390,19 +416,33 @@ impl Core {
         offset: u64,
         mut reply: impl DirPlusReply,
     ) {
+        notes!(owns(ino), self.notes_readdirplus(rq, fh, offset, reply));
         let ctx = self.ctx(rq);
         let (_h, entries) = match self.shared.dir_entries(&ctx, fh, offset) {
             Ok(x) => x,
             Err(e) => return reply.error(errno(e)),
         };
         // Same offsets as readdir: 1 = ".", 2 = "..", 3.. = entries. The kernel does not
-        // count lookups for the dot entries.
+        // count lookups for the dot entries and ignores their attributes: where the reply
+        // can, they go without. A batch after the first one comes as READDIRPLUS only
+        // when the reader looked names up meanwhile: it gets attributes.
+        let plain = reply.can_plain();
+        if plain && offset == 0 && !self.plus.attrs_wanted() {
+            return self.readdir_plain(ino, &entries, reply);
+        }
         let mut off = offset;
         for (o, dot, dino) in [
             (0u64, &b"."[..], ino),
             (1, b"..", self.shared.parent_ino(ino)),
         ] {
             if off == o {
+                if plain {
+                    if reply.add_plain(dino, o + 1, FileType::Directory, dot) {
+                        return reply.ok();
+                    }
+                    off = o + 1;
+                    continue;
+                }
                 let Ok(a) = self.shared.do_getattr(&ctx, dino, None) else {
                     return reply.error(Errno::ESTALE);
                 };
@@ -418,8 +458,11 @@ impl Core {
                 continue;
             };
             // After the lookup registered the node (kcache's invariant).
-            let ttl = self.shared.ttl(&ctx);
-            if reply.add(i as u64 + 3, &e.name, &ttl.entry, &a) {
+            let ttl = match owns(a.ino.0) {
+                true => notes::TTL,
+                false => self.shared.ttl(&ctx).entry,
+            };
+            if reply.add(i as u64 + 3, &e.name, &ttl, &a) {
                 // Not sent: give the lookup back.
                 self.shared.do_forget(a.ino.0, 1);
                 break;
@@ -428,14 +471,36 @@ impl Core {
         reply.ok();
     }
 
+    /// A directory's first READDIRPLUS batch without attributes (`fs/plus.rs`).
+    fn readdir_plain(&self, ino: u64, entries: &[ListEntry], mut reply: impl DirPlusReply) {
+        let parent = self.shared.parent_ino(ino);
+        if reply.add_plain(ino, 1, FileType::Directory, b".")
+            || reply.add_plain(parent, 2, FileType::Directory, b"..")
+        {
+            return reply.ok();
+        }
+        let mut sent = 0;
+        for (i, e) in entries.iter().enumerate() {
+            if reply.add_plain(e.ino, i as u64 + 3, attr::kind(e.kind), &e.name) {
+                break;
+            }
+            sent += 1;
+        }
+        self.plus.sent_plain(ino, sent);
+        reply.ok();
+    }
+
     /// RELEASEDIR.
     pub fn releasedir(self: &Arc<Self>, fh: u64, reply: impl EmptyReply) {
+        notes!(owns_fh(fh), self.notes_release(fh, reply));
         self.shared.do_release(fh);
         reply.ok();
     }
 
     /// STATFS.
     pub fn statfs(self: &Arc<Self>, rq: Rq, ino: u64, reply: impl StatfsReply) {
+        // The notes live on the mount: its statfs is the root's.
+        let ino = if owns(ino) { notes::ROOT } else { ino };
         let ctx = self.ctx(rq);
         match self.shared.do_statfs(&ctx, ino) {
             Ok(s) => reply.statfs(&s),
@@ -453,6 +518,7 @@ impl Core {
         flags: i32,
         reply: impl EmptyReply,
     ) {
+        notes!(owns(ino), reply.error(Errno::EROFS));
         let n = n.to_vec();
         let value = value.to_vec();
         self.serve_in(
@@ -473,18 +539,21 @@ impl Core {
         size: u32,
         reply: impl XattrReply,
     ) {
+        notes!(owns(ino), self.notes_xattr(false, size, reply));
         let ctx = self.ctx(rq);
         xattr(reply, self.shared.do_getxattr(&ctx, ino, n, size))
     }
 
     /// LISTXATTR.
     pub fn listxattr(self: &Arc<Self>, rq: Rq, ino: u64, size: u32, reply: impl XattrReply) {
+        notes!(owns(ino), self.notes_xattr(true, size, reply));
         let ctx = self.ctx(rq);
         xattr(reply, self.shared.do_listxattr(&ctx, ino, size))
     }
 
     /// REMOVEXATTR.
     pub fn removexattr(self: &Arc<Self>, rq: Rq, ino: u64, n: &[u8], reply: impl EmptyReply) {
+        notes!(owns(ino), reply.error(Errno::EROFS));
         let n = n.to_vec();
         self.serve_in(
             self.locked_dir(&[ino]),
@@ -497,6 +566,7 @@ impl Core {
 
     /// ACCESS.
     pub fn access(self: &Arc<Self>, rq: Rq, ino: u64, mask: i32, reply: impl EmptyReply) {
+        notes!(owns(ino), self.notes_access(rq, ino, mask, reply));
         let ctx = self.ctx(rq);
         empty(reply, self.shared.do_access(&ctx, ino, mask))
     }
@@ -555,6 +625,7 @@ impl Core {
 
     /// LSEEK.
     pub fn lseek(self: &Arc<Self>, fh: u64, offset: i64, whence: i32, reply: impl LseekReply) {
+        notes!(owns_fh(fh), self.notes_lseek(fh, offset, whence, reply));
         match self.shared.do_lseek(fh, offset, whence) {
             Ok(o) => reply.offset(o),
             Err(e) => reply.error(errno(e)),
@@ -573,6 +644,8 @@ impl Core {
         len: u64,
         reply: impl WriteReply,
     ) {
+        // An open note has no host file: the kernel copies it by reading.
+        notes!(owns_fh(fh_in) || owns_fh(fh_out), reply.error(Errno::EXDEV));
         self.serve(
             rq,
             reply,

@@ -9,7 +9,9 @@ mod core;
 mod decide;
 pub mod handlers;
 pub mod kcache;
+pub mod notes;
 pub mod ops;
+mod plus;
 pub mod reply;
 
 pub use core::{Core, Rq};

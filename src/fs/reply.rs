@@ -98,6 +98,18 @@ pub trait DirReply: Reply {
 pub trait DirPlusReply: Reply {
     /// Adds an entry with its attributes (node id `attr.ino`); true when full.
     fn add(&mut self, offset: u64, name: &[u8], ttl: &Duration, attr: &FileAttr) -> bool;
+    /// Whether this reply can carry an entry without attributes (node id 0, the real
+    /// `d_ino`: a plain directory entry to the kernel). fuser's cannot: it writes the
+    /// attributes' inode as both.
+    fn can_plain(&self) -> bool {
+        false
+    }
+    /// Adds an entry without attributes (see `can_plain`, the only case it is called
+    /// in); true when full.
+    fn add_plain(&mut self, ino: u64, offset: u64, kind: FileType, name: &[u8]) -> bool {
+        let _ = (ino, offset, kind, name);
+        true
+    }
     /// Sends the entries added.
     fn ok(self);
 }

@@ -23,6 +23,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use parking_lot::Mutex;
 
+use super::roots::Roots;
 use super::sys::{self, Name};
 
 /// FUSE id of the root.
@@ -160,6 +161,8 @@ pub struct Inodes {
     watch_handles: AtomicBool,
     /// `/proc/self/fd`, to reopen `O_PATH` handles.
     pub proc_fd: OwnedFd,
+    /// The roots served besides SOURCE (set before the mount, fixed afterwards).
+    roots: Roots,
 }
 
 fn stale() -> io::Error {
@@ -208,7 +211,18 @@ impl Inodes {
             root_dev: st.st_dev,
             watch_handles: AtomicBool::new(false),
             proc_fd: sys::open_proc_self_fd()?,
+            roots: Roots::default(),
         })
+    }
+
+    /// Serves `roots` besides SOURCE (before the mount).
+    pub fn set_roots(&mut self, roots: Roots) {
+        self.roots = roots;
+    }
+
+    /// The roots served besides SOURCE.
+    pub fn roots(&self) -> &Roots {
+        &self.roots
     }
 
     /// Starts recording directories' kernel file handles (host change events name them).
@@ -334,6 +348,10 @@ impl Inodes {
         if let Some(p) = pinned {
             return Ok(p);
         }
+        // A root's node is reached through the root's own handle, never through SOURCE.
+        if let Some(fd) = self.roots.by_key(key) {
+            return Ok(fd);
+        }
         // Resource errors (EMFILE, ENOMEM, ...) are the caller's answer; a name that is
         // gone or names another file means this alias is stale.
         let resource = |e: &io::Error| {
@@ -385,19 +403,36 @@ impl Inodes {
     /// handle is opened: the node's `O_PATH` handle is resolved (and verified against
     /// this identity) only when an operation needs it.
     pub fn probe(&self, parent: u64, name: &Name) -> io::Result<libc::stat> {
+        if let Some(root) = self.root_at(parent, name.bytes()) {
+            return sys::fstat(root.as_fd());
+        }
         let pfd = self.fd(parent)?;
         sys::fstatat_nofollow(pfd.as_fd(), name)
+    }
+
+    /// The handle of the root served at `parent/name`, if one is.
+    pub fn root_at(&self, parent: u64, name: &[u8]) -> Option<Arc<OwnedFd>> {
+        if self.roots.is_empty() || !self.roots.may_be_point(name) {
+            return None;
+        }
+        let dir = self.path(parent).ok()?;
+        self.roots.at(&join(&dir, name)).map(|r| r.fd.clone())
     }
 
     /// Records a probed file as `parent/name` (with a kernel lookup reference if `count`).
     pub fn adopt(&self, parent: u64, name: &Name, st: &libc::stat, count: bool) -> u64 {
         let ino = self.insert(parent, name.bytes(), st, count);
-        if st.st_mode & libc::S_IFMT == libc::S_IFDIR
-            && self.watch_handles.load(Ordering::Relaxed)
-            && let Ok(pfd) = self.fd(parent)
-            && let Ok(h) = sys::file_handle_at(pfd.as_fd(), name)
+        if st.st_mode & libc::S_IFMT == libc::S_IFDIR && self.watch_handles.load(Ordering::Relaxed)
         {
-            self.record_handle(ino, h);
+            let h = match self.root_at(parent, name.bytes()) {
+                Some(root) => sys::file_handle(root.as_fd()),
+                None => self
+                    .fd(parent)
+                    .and_then(|pfd| sys::file_handle_at(pfd.as_fd(), name)),
+            };
+            if let Ok(h) = h {
+                self.record_handle(ino, h);
+            }
         }
         ino
     }

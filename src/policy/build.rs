@@ -58,10 +58,14 @@ pub struct Layer {
     pub(super) mode_set: bool,
     /// `workspace_policy`: the name of a file at SOURCE's root that is one more layer.
     pub(super) workspace_policy: Option<String>,
+    /// `ignore_files`: names of gitignore-style files in SOURCE whose matches are hidden.
+    pub(super) ignore_files: Vec<String>,
     pub(super) mode: Mode,
     pub(super) default: Access,
     pub(super) allow_setid: bool,
     pub(super) allow_devices: bool,
+    /// `agent_notes` as written (`None`: the key is absent).
+    pub(super) agent_notes: Option<bool>,
     pub(super) rules: Vec<RuleInfo>,
     /// Parallel to `rules`.
     pub(super) patterns: Vec<Pattern>,
@@ -219,6 +223,25 @@ fn defaults(list: &[&str], what: &str) -> Vec<CompiledPattern> {
         .collect()
 }
 
+/// `ignore_files` entries: each one file name (no `/`, not `.`/`..`), duplicates dropped.
+fn ignore_names(items: &[Located<String>], errors: &mut Vec<RawError>) -> Vec<String> {
+    let mut out: Vec<String> = Vec::with_capacity(items.len());
+    for item in items {
+        let v = &item.value;
+        if v.is_empty() || v == "." || v == ".." || v.contains('/') || v.contains('\0') {
+            errors.push(RawError {
+                span: item.span.clone(),
+                message: format!(
+                    "ignore_files entry \"{v}\" must be a file name (e.g. \".aiignore\"), found anywhere in SOURCE"
+                ),
+            });
+        } else if !out.contains(v) {
+            out.push(v.clone());
+        }
+    }
+    out
+}
+
 impl Layer {
     /// Reads and compiles a policy file. A read error is one error with line 0; otherwise
     /// see [`Layer::parse`] (with `file` = `path.display()`).
@@ -363,6 +386,8 @@ impl Layer {
             }
             ok.then(|| v.clone())
         });
+        let ignore_files =
+            ignore_names(raw.ignore_files.as_deref().unwrap_or_default(), &mut errors);
         for entry in raw.presets.iter().flatten() {
             let Some(preset) = super::presets::find(&entry.value) else {
                 let names: Vec<&str> = super::presets::PRESETS.iter().map(|p| p.name).collect();
@@ -436,8 +461,10 @@ impl Layer {
         policy.file = file.to_string();
         policy.mode_set = raw.mode.is_some();
         policy.workspace_policy = workspace_policy;
+        policy.ignore_files = ignore_files;
         policy.allow_setid = raw.allow_setid.unwrap_or(false);
         policy.allow_devices = raw.allow_devices.unwrap_or(false);
+        policy.agent_notes = raw.agent_notes;
         for (i, p) in progs.iter().enumerate() {
             policy.has_ids[i] |= p.is_some();
         }
@@ -513,6 +540,7 @@ impl Layer {
             file: String::new(),
             mode_set: false,
             workspace_policy: None,
+            ignore_files: Vec::new(),
             mode,
             default,
             may_hide,
@@ -524,6 +552,7 @@ impl Layer {
             protected_lines,
             allow_setid: false,
             allow_devices: false,
+            agent_notes: None,
             has_id_rules: has_ids.iter().any(|&b| b),
             prog: vec![None; has_ids.len()],
             noexec_rules,
@@ -557,6 +586,11 @@ impl Layer {
     /// `workspace_policy = NAME` as written (one file name at SOURCE's root).
     pub fn workspace_policy(&self) -> Option<&str> {
         self.workspace_policy.as_deref()
+    }
+
+    /// `ignore_files` as written (file names, each at most once).
+    pub fn ignore_files(&self) -> &[String] {
+        &self.ignore_files
     }
 
     /// Whether this layer was read from a file (not the built-in policy).
@@ -611,6 +645,11 @@ impl Layer {
     /// `allow_devices = true`.
     pub fn allow_devices(&self) -> bool {
         self.allow_devices
+    }
+
+    /// `agent_notes` as written (`None` when absent).
+    pub fn agent_notes(&self) -> Option<bool> {
+        self.agent_notes
     }
 
     /// `writable_roots` as written (`["."]` when absent).

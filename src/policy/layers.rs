@@ -21,8 +21,10 @@
 //! the set is built whole or not at all (one broken layer fails the load).
 
 use std::path::Path;
+use std::sync::Arc;
 
 use super::build::Layer;
+use super::ignore::{IgnoreSet, IgnoreSource};
 use super::{Access, By, Caller, CeilingBy, Denial, Mode, Need, PolicyError, RuleInfo, Special};
 use super::{Verdict, load_layer};
 
@@ -43,6 +45,9 @@ pub struct Policy {
     may_hide: bool,
     /// Paths read-only to every caller in every mode (EROFS): the workspace layer's file.
     pinned: Vec<Vec<u8>>,
+    /// Every layer's `ignore_files`, compiled with the files found (see `ignore.rs`):
+    /// what they match is `none`; the ignore files themselves are pinned like `pinned`.
+    ignore: Arc<IgnoreSet>,
 }
 
 /// How a refusal ranks in the contract's order (lower decides): `none`, device/setid, the
@@ -106,10 +111,18 @@ impl Policy {
             .filter_map(|l| l.workspace_policy())
             .map(|n| n.as_bytes().to_vec())
             .collect();
+        let mut names: Vec<String> = Vec::new();
+        for n in layers.iter().flat_map(|l| l.ignore_files()) {
+            if !names.contains(n) {
+                names.push(n.clone());
+            }
+        }
+        let ignore = Arc::new(IgnoreSet::compile(&names, &[]).unwrap_or_default());
         Policy {
             pinned,
+            may_hide: layers.iter().any(Layer::may_hide) || !names.is_empty(),
+            ignore,
             has_id_rules: layers.iter().any(Layer::has_id_rules),
-            may_hide: layers.iter().any(Layer::may_hide),
             layers,
             rule_off,
             prot_off,
@@ -164,15 +177,52 @@ impl Policy {
     }
 
     /// Whether `path` is read-only to every caller in every mode (the workspace layer's
-    /// file, whether it exists or not: creating it is refused too).
+    /// file, and any file named in `ignore_files`, wherever it stands, whether it exists
+    /// or not: creating it is refused too).
     pub fn pinned(&self, path: &[u8]) -> bool {
-        self.pinned.iter().any(|p| p == path)
+        self.pinned.iter().any(|p| p == path) || self.ignore.is_ignore_file(path)
+    }
+
+    /// The names of the ignore files (every layer's `ignore_files`, first mention order).
+    pub fn ignore_names(&self) -> &[String] {
+        self.ignore.names()
+    }
+
+    /// The compiled ignore files.
+    pub fn ignore_set(&self) -> &IgnoreSet {
+        &self.ignore
+    }
+
+    /// The set with the ignore files found in SOURCE (`sources`, read by the host side)
+    /// compiled in; an unparsable line fails it (each error names file and line).
+    pub fn with_ignores(mut self, sources: &[IgnoreSource]) -> Result<Policy, Vec<PolicyError>> {
+        self.ignore = Arc::new(IgnoreSet::compile(self.ignore.names(), sources)?);
+        Ok(self)
+    }
+
+    /// The verdict for a path an ignore file hides, if `path` is one.
+    fn ignored(&self, path: &[u8], is_dir: bool) -> Option<Verdict> {
+        let hit = self.ignore.hides(path, is_dir)?;
+        let name = self.ignore.describe_name(hit);
+        let layer = self
+            .layers
+            .iter()
+            .position(|l| l.ignore_files().iter().any(|n| n.as_bytes() == name))
+            .unwrap_or(0);
+        Some(Verdict {
+            grant: Access::None,
+            effective: Access::None,
+            by: By::Ignore(hit),
+            grant_by: By::Ignore(hit),
+            layer,
+        })
     }
 
     /// The set plus `extra` as one more, last layer (the workspace layer): the mode is
     /// recombined; the pins stay those of `self`'s layers.
     pub fn with_layer(self, extra: Layer) -> Policy {
         let pinned = self.pinned.clone();
+        debug_assert!(self.ignore.is_empty(), "ignore files are compiled in last");
         let mut layers = self.layers;
         layers.push(extra);
         let mut p = Policy::from_layers(layers);
@@ -260,6 +310,13 @@ impl Policy {
     /// Every layer says `allow_setid = true`.
     pub fn allow_setid(&self) -> bool {
         self.layers.iter().all(Layer::allow_setid)
+    }
+
+    /// The virtual `.fencefs/` directory is shown: some layer says `agent_notes = true`
+    /// and none says `false` (a layer can turn the notes off, as it can only tighten).
+    pub fn agent_notes(&self) -> bool {
+        let set = || self.layers.iter().filter_map(Layer::agent_notes);
+        set().any(|b| b) && set().all(|b| b)
     }
 
     /// Every layer says `allow_devices = true`.
@@ -388,6 +445,9 @@ impl Policy {
     /// The access `path` gets for `caller`: the lowest of the layers' (the first such
     /// layer decides), knowing whether `path` is a directory (see [`Layer::verdict_for`]).
     pub fn verdict_for(&self, path: &[u8], caller: Caller, is_dir: bool) -> Verdict {
+        if let Some(v) = self.ignored(path, is_dir) {
+            return v;
+        }
         let v = self.verdict_layers(path, caller, is_dir);
         if v.effective.mutates() && self.pinned(path) {
             return Verdict {
@@ -452,6 +512,17 @@ impl Policy {
         special: Special,
         is_dir: bool,
     ) -> Result<Verdict, Denial> {
+        if let Some(v) = self.ignored(path, is_dir) {
+            let errno = match need {
+                Need::Create => libc::EACCES,
+                _ => libc::ENOENT,
+            };
+            return Err(Denial {
+                errno,
+                verdict: v,
+                by: v.by,
+            });
+        }
         let answer = self.check_layers(path, caller, need, special, is_dir);
         if !need.mutates() || !self.pinned(path) {
             return answer;
@@ -505,12 +576,21 @@ impl Policy {
         }
     }
 
+    /// Whether renaming a directory from `old` to `new` would move or replace a pinned
+    /// file (the workspace layer's, an ignore file): refused with EROFS, not EACCES.
+    pub fn dir_rename_pinned(&self, old: &[u8], new: &[u8]) -> bool {
+        self.pinned(old)
+            || self.pinned(new)
+            || self.ignore.holds_ignore_file(old)
+            || self.ignore.holds_ignore_file(new)
+    }
+
     /// Whether a directory may be renamed from `old` to `new`: every layer allows it
     /// (see [`Layer::dir_rename_allowed`]).
     pub fn dir_rename_allowed(&self, old: &[u8], new: &[u8]) -> bool {
         // A directory renamed over the pinned name would replace the workspace layer.
-        !self.pinned(old)
-            && !self.pinned(new)
+        // Nor one holding an ignore file: its patterns would move (or vanish) with it.
+        !self.dir_rename_pinned(old, new)
             && self.layers.iter().all(|l| l.dir_rename_allowed(old, new))
     }
 }

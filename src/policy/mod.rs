@@ -163,6 +163,9 @@ pub enum By {
     /// The path's own grant is `none`, but the rule with this index grants `list` or more
     /// somewhere below it, so the directory stays visible as `list`.
     Visibility(usize),
+    /// An ignore file (`ignore_files`) hides the path: which file, which line
+    /// (see [`Policy::ignore_set`]).
+    Ignore(IgnoreHit),
 }
 
 /// What sets the mode's ceiling at a path (see [`Policy::ceiling_by`]): the detail behind
@@ -293,15 +296,18 @@ impl fmt::Display for PolicyError {
 pub(crate) mod build;
 mod decide;
 mod glob;
+pub mod ignore;
 mod lattice;
 mod layers;
 pub mod presets;
 mod programs;
 mod raw;
+pub mod schema;
 #[cfg(test)]
 mod tests;
 
 pub use build::Layer;
+pub use ignore::{IgnoreHit, IgnoreSet, IgnoreSource};
 pub use layers::Policy;
 pub use programs::MAX_PROGRAM_RULES;
 

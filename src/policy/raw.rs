@@ -18,6 +18,10 @@
 //!             protected      = [string, ...]
 //!             allow_setid    = boolean
 //!             allow_devices  = boolean
+//!             agent_notes    = boolean
+//!             presets        = [string, ...]
+//!             workspace_policy = string
+//!             ignore_files   = [string, ...]
 //!             rule           = array of tables ([[rule]])
 //! [[rule]]    path   = string                  (required)
 //!             access = string                  (required)
@@ -79,15 +83,19 @@ pub(crate) struct RawPolicy {
     pub protected: Option<Vec<Located<String>>>,
     pub allow_setid: Option<bool>,
     pub allow_devices: Option<bool>,
+    /// `agent_notes = true`: the virtual `.fencefs/` directory (see `fs/notes/`).
+    pub agent_notes: Option<bool>,
     /// `presets = [...]`: built-in rule sets (see `presets.rs`).
     pub presets: Option<Vec<Located<String>>>,
     /// `workspace_policy = NAME`: a layer inside SOURCE (see `layers.rs`).
     pub workspace_policy: Option<Located<String>>,
+    /// `ignore_files = [NAME, ...]`: gitignore-style files in SOURCE (see `ignore.rs`).
+    pub ignore_files: Option<Vec<Located<String>>>,
     pub rules: Vec<RawRule>,
 }
 
-const TOP_KEYS: &str = "mode, default, writable_roots, protected, allow_setid, allow_devices, presets, workspace_policy, rule";
-const RULE_KEYS: &str = "path, access, ask, except, uid, gid, exec, exe, ancestor_exe";
+pub(crate) const TOP_KEYS: &str = "mode, default, writable_roots, protected, allow_setid, allow_devices, agent_notes, presets, workspace_policy, ignore_files, rule";
+pub(crate) const RULE_KEYS: &str = "path, access, ask, except, uid, gid, exec, exe, ancestor_exe";
 
 /// Parses `src`. `Err` is a TOML syntax error (the parser stops at the first one);
 /// otherwise the raw policy plus every structural error found (possibly none).
@@ -107,8 +115,10 @@ pub(crate) fn parse(src: &str) -> Result<(RawPolicy, Vec<RawError>), RawError> {
             "protected" => raw.protected = strings(name, value, &mut errors),
             "allow_setid" => raw.allow_setid = boolean(name, value, &mut errors),
             "allow_devices" => raw.allow_devices = boolean(name, value, &mut errors),
+            "agent_notes" => raw.agent_notes = boolean(name, value, &mut errors),
             "presets" => raw.presets = strings(name, value, &mut errors),
             "workspace_policy" => raw.workspace_policy = string(name, value, &mut errors),
+            "ignore_files" => raw.ignore_files = strings(name, value, &mut errors),
             "rule" => raw.rules = rules(value, &mut errors),
             _ => errors.push(unknown_key(key, TOP_KEYS)),
         }

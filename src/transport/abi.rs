@@ -323,6 +323,13 @@ pub fn direntplus(b: &mut [u8], off: u64, name: &[u8], ttl: &Duration, a: &FileA
     dirent(&mut b[ENTRY_OUT..], a.ino.0, off, a.kind, name);
 }
 
+/// Writes a `fuse_direntplus` without attributes: node id 0 (the kernel then links no
+/// dentry and counts no lookup) and the entry's own `d_ino`.
+pub fn direntplus_plain(b: &mut [u8], ino: u64, off: u64, kind: FileType, name: &[u8]) {
+    b[..ENTRY_OUT].fill(0);
+    dirent(&mut b[ENTRY_OUT..], ino, off, kind, name);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

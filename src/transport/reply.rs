@@ -206,6 +206,18 @@ impl DirPlusReply for RingDir {
             None => true,
         }
     }
+    fn can_plain(&self) -> bool {
+        true
+    }
+    fn add_plain(&mut self, ino: u64, offset: u64, kind: FileType, name: &[u8]) -> bool {
+        match self.room(abi::direntplus_len(name.len())) {
+            Some(b) => {
+                abi::direntplus_plain(b, ino, offset, kind, name);
+                false
+            }
+            None => true,
+        }
+    }
     fn ok(self) {
         let n = self.used;
         self.reply.finish(0, n)

@@ -79,6 +79,7 @@ fn fuzz_random_inputs() {
         b"protected",
         b"allow_setid",
         b"allow_devices",
+        b"agent_notes",
         b"[[rule]]\n",
         b"path = ",
         b"access = ",

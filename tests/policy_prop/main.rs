@@ -109,6 +109,7 @@ const SPECIALS: &[Special] = &[
 const TRAILING_STARSTAR_NEEDS_ONE: bool = true;
 
 mod fuzz;
+mod ignore;
 mod inputs;
 mod layers;
 mod property;

@@ -170,10 +170,17 @@ impl Shared {
         Ok(())
     }
 
-    /// statfs of SOURCE's file system.
+    /// statfs of the file system of the root `ino` is in (SOURCE's for SOURCE).
     pub fn do_statfs(&self, ctx: &Ctx, ino: u64) -> Res<libc::statvfs> {
         self.allow_ino(ctx, "statfs", ino, Need::List, Special::default())?;
-        let fd = self.inodes.fd(ROOT)?;
+        let root = self.inodes.path(ino).ok().and_then(|p| {
+            let r = self.inodes.roots().root_of(&p)?;
+            Some(r.fd.clone())
+        });
+        let fd = match root {
+            Some(fd) => fd,
+            None => self.inodes.fd(ROOT)?,
+        };
         Ok(sys::fstatvfs(fd.as_fd())?)
     }
 }

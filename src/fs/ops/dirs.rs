@@ -14,6 +14,7 @@ use super::{Ctx, Error, Lookup, Res, Shared};
 use crate::fs::attr;
 use crate::host::handle::{Handle, ListEntry};
 use crate::host::inode::{ROOT, join};
+use crate::host::roots::Fence;
 use crate::host::sys::{self, Name};
 use crate::policy::{Access, Need, Special};
 
@@ -53,19 +54,20 @@ impl Shared {
         let mut raw = sys::read_dir(file.as_fd())?;
         let mut path = join(&dir, b"");
         let base = path.len();
+        // A directory with a second name (`host/roots.rs`): entries hidden under it go too.
+        let alias = self.inodes.roots().alias_of(&dir);
         raw.retain(|e| {
             // One buffer for every entry's path; DT_UNKNOWN counts as a directory.
             path.truncate(base);
             path.extend_from_slice(&e.name);
             let is_dir = e.dtype == libc::DT_DIR || e.dtype == libc::DT_UNKNOWN;
-            ctx.snap
-                .policy
-                .verdict_for(&path, ctx.caller, is_dir)
-                .effective
-                != Access::None
+            let seen = |p: &[u8]| {
+                ctx.snap.policy.verdict_for(p, ctx.caller, is_dir).effective != Access::None
+            };
+            seen(&path) && alias.as_ref().is_none_or(|a| seen(&join(a, &e.name)))
         });
         let ids = self.inodes.ids_for(raw.iter().map(|e| e.ino));
-        Ok(raw
+        let mut listing: Vec<ListEntry> = raw
             .into_iter()
             .zip(ids)
             .map(|(e, ino)| ListEntry {
@@ -73,7 +75,42 @@ impl Shared {
                 kind: attr::dtype_to_mode(e.dtype),
                 name: e.name,
             })
-            .collect())
+            .collect();
+        self.splice_roots(ctx, &dir, &mut listing);
+        if ino == ROOT {
+            self.notes.root_listing(ctx, &mut listing);
+        }
+        Ok(listing)
+    }
+
+    /// The roots' share of a listing of `dir`: a fenced-off entry is dropped, a root's
+    /// point shows the root (whatever the host holds under that name), a hidden root's
+    /// point is not listed.
+    fn splice_roots(&self, ctx: &Ctx, dir: &[u8], out: &mut Vec<ListEntry>) {
+        let roots = self.inodes.roots();
+        if roots.is_empty() || !roots.may_change_listing(dir) {
+            return;
+        }
+        out.retain(|e| {
+            let path = join(dir, &e.name);
+            roots.fence_at(&path) != Some(Fence::Hidden) && roots.at(&path).is_none()
+        });
+        for r in roots.listed_in(dir) {
+            let name = r.path.rsplit(|&b| b == b'/').next().unwrap_or(&r.path);
+            let visible = ctx
+                .snap
+                .policy
+                .verdict_for(&r.path, ctx.caller, r.kind == libc::S_IFDIR)
+                .effective
+                != Access::None;
+            if visible {
+                out.push(ListEntry {
+                    ino: self.inodes.ids_for(std::iter::once(r.key.1))[0],
+                    kind: r.kind,
+                    name: name.to_vec(),
+                });
+            }
+        }
     }
 
     /// The listing for a readdir at `offset` (0 re-reads the directory, like rewinddir).

@@ -155,6 +155,8 @@ pub struct Shared {
     pub stats: Stats,
     /// Resolves callers' programs for `exe` / `ancestor_exe` rules.
     pub programs: Programs,
+    /// The virtual `.fencefs/` directory (`agent_notes = true`): open notes, denials.
+    pub notes: super::notes::Notes,
 }
 
 /// Decision counters.
@@ -264,6 +266,8 @@ impl Shared {
     }
 
     fn child_path(&self, parent: u64, name: &Name) -> Res<Vec<u8>> {
+        // Every name mutation builds its path here: none reaches `.fencefs/` (EROFS).
+        self.notes.guard(&self.policy, parent, name.bytes())?;
         let pp = self.inodes.path(parent)?;
         Ok(join(&pp, name.bytes()))
     }

@@ -118,13 +118,23 @@ impl Shared {
     /// host and a name the policy hides give the same answer (`Absent` / `Hidden`), which
     /// the glue sends as the same negative entry.
     pub fn do_lookup(&self, ctx: &Ctx, parent: u64, name: &Name) -> Res<Lookup> {
+        if let Some(found) = self.notes_lookup(ctx, parent, name.bytes()) {
+            return found;
+        }
         let path = self.child_path(parent, name)?;
         let st = match self.inodes.probe(parent, name) {
             Ok(st) => st,
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
                 // The same policy work as for a present name, so that the time of a
                 // lookup does not tell an absent name from a hidden one.
-                std::hint::black_box(ctx.snap.policy.verdict_for(&path, ctx.caller, false));
+                let v = ctx.snap.policy.verdict_for(&path, ctx.caller, false);
+                std::hint::black_box(v);
+                // `.fencefs/denials` shows a hidden name whether or not it exists.
+                if v.effective == crate::policy::Access::None {
+                    let by = v.by;
+                    self.notes
+                        .record(ctx, "lookup", &path, &v, by, libc::ENOENT, None);
+                }
                 return Ok(Lookup::Absent);
             }
             Err(e) => return Err(e.into()),
@@ -388,11 +398,30 @@ impl Shared {
         Some(hidden_by)
     }
 
+    /// A root's point (`host/roots.rs`) is not removed nor renamed: EBUSY, as a mount point.
+    fn not_a_root_point(&self, path: &[u8]) -> Res<()> {
+        match self.inodes.roots().at(path) {
+            Some(_) => Err(Error(libc::EBUSY)),
+            None => Ok(()),
+        }
+    }
+
+    /// Nothing moves or links across roots: EXDEV, as across file systems.
+    fn same_root(&self, a: &[u8], b: &[u8]) -> Res<()> {
+        let roots = self.inodes.roots();
+        if roots.is_empty() || roots.same_root(a, b) {
+            Ok(())
+        } else {
+            Err(Error(libc::EXDEV))
+        }
+    }
+
     /// unlink / rmdir: `write` on the path; a directory holding only hidden entries is
     /// refused with EACCES (see [`Shared::not_empty`]).
     pub fn do_remove(&self, ctx: &Ctx, parent: u64, name: &Name, dir: bool) -> Res<()> {
         let path = self.child_path(parent, name)?;
         let op = if dir { "rmdir" } else { "unlink" };
+        self.not_a_root_point(&path)?;
         let v = self.allow(ctx, op, &path, dir, Need::Write, Special::default())?;
         let pfd = self.inodes.fd(parent)?;
         let known = self.inodes.child(parent, name.bytes());
@@ -423,6 +452,9 @@ impl Shared {
     ) -> Res<()> {
         let old = self.child_path(parent, name)?;
         let new = self.child_path(newparent, newname)?;
+        self.not_a_root_point(&old)?;
+        self.not_a_root_point(&new)?;
+        self.same_root(&old, &new)?;
         let exchange = flags & libc::RENAME_EXCHANGE != 0;
         let pfd = self.inodes.fd(parent)?;
         let npfd = self.inodes.fd(newparent)?;
@@ -461,8 +493,14 @@ impl Shared {
         let moves_dir = src_dir || (exchange && dst_dir);
         if moves_dir && !ctx.snap.policy.dir_rename_allowed(&old, &new) {
             let v = ctx.snap.policy.verdict(&old, ctx.caller);
-            self.audit(ctx, "rename", &old, &v, v.grant_by, Some(libc::EACCES));
-            return Err(Error(libc::EACCES));
+            // Moving a pinned file (an ignore file, the workspace layer) away: EROFS.
+            let errno = if ctx.snap.policy.dir_rename_pinned(&old, &new) {
+                libc::EROFS
+            } else {
+                libc::EACCES
+            };
+            self.audit(ctx, "rename", &old, &v, v.grant_by, Some(errno));
+            return Err(Error(errno));
         }
         let src = self.inodes.child(parent, name.bytes());
         let dst = self.inodes.child(newparent, newname.bytes());
@@ -503,6 +541,9 @@ impl Shared {
         let sources = self.inodes.paths(ino)?;
         if sources.is_empty() {
             return Err(Error(libc::ENOENT));
+        }
+        for p in &sources {
+            self.same_root(p, &new)?;
         }
         let is_dir = self.inodes.kind(ino)? == libc::S_IFDIR;
         let mut checks: Vec<(&[u8], bool, Need)> = sources

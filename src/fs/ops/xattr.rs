@@ -3,13 +3,17 @@
 //! Invariants: reading needs `read`, changing needs `write`; setting
 //! `security.capability` counts as setting a set-ID bit (`allow_setid`); names the mount
 //! does not mirror are EOPNOTSUPP everywhere and left out of lists; only regular files and
-//! directories carry attributes (symlinks and special files report none and accept none).
+//! directories carry attributes (symlinks and special files report none and accept none);
+//! a change of `system.posix_acl_access`, which the host reflects in the mode's group
+//! bits, drops the kernel's cached attributes of the node (the kernel keeps them
+//! otherwise, and the watch skips the daemon's own changes).
 
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
 
 use super::{Ctx, Error, Res, Shared};
 use crate::fs::attr;
+use crate::fs::kcache::Inval;
 use crate::host::sys::{self, Xattr};
 use crate::policy::{Need, Special};
 
@@ -83,7 +87,20 @@ impl Shared {
         if !ok {
             return Err(Error(libc::EPERM));
         }
-        Ok(sys::setxattr_fd(fd.as_fd(), name, value, flags)?)
+        sys::setxattr_fd(fd.as_fd(), name, value, flags)?;
+        self.acl_changed(ino, name);
+        Ok(())
+    }
+
+    /// An access ACL set or removed through the mount may have changed the mode (its
+    /// mask is the group bits): the kernel's cached mode must go.
+    fn acl_changed(&self, ino: u64, name: &[u8]) {
+        if name == b"system.posix_acl_access" {
+            self.kcache.send(Inval {
+                inodes: vec![(ino, -1)],
+                ..Inval::default()
+            });
+        }
     }
 
     /// removexattr: `write`.
@@ -97,6 +114,8 @@ impl Shared {
         if !ok {
             return Err(Error(libc::ENODATA));
         }
-        Ok(sys::removexattr_fd(fd.as_fd(), name)?)
+        sys::removexattr_fd(fd.as_fd(), name)?;
+        self.acl_changed(ino, name);
+        Ok(())
     }
 }

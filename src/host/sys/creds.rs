@@ -5,9 +5,18 @@
 //! Invariant: each guard restores exactly what it changed, in reverse order, on drop.
 #![allow(unsafe_code)]
 
+use std::cell::RefCell;
 use std::io;
 
 use super::cvt;
+
+/// How many id pairs a thread remembers as switchable (see [`FsIds::assume`]).
+const VERIFIED_MAX: usize = 16;
+
+thread_local! {
+    /// The (uid, gid) pairs this thread switched to and read back once.
+    static VERIFIED: RefCell<Vec<(u32, u32)>> = const { RefCell::new(Vec::new()) };
+}
 
 /// The calling thread's file-system ids switched to a caller's for as long as the guard
 /// lives (`setfsgid` then `setfsuid`; restored in reverse order on drop). Files created
@@ -19,7 +28,12 @@ pub struct FsIds {
 }
 
 impl FsIds {
-    /// Switches to `uid`/`gid`; fails with EPERM when the kernel refuses (not root).
+    /// Switches to `uid`/`gid`; fails with EPERM when the kernel refuses (not root, or an
+    /// id the daemon's user namespace does not map). The syscalls report no error, so the
+    /// ids are read back — the first time per thread and pair only: whether a switch
+    /// succeeds depends on CAP_SETUID/CAP_SETGID, which the daemon keeps for its life, and
+    /// on the namespace's id maps, which never change once written. The two read-backs are
+    /// two of the six syscalls of a switch, each allocating a set of credentials.
     pub fn assume(uid: u32, gid: u32) -> io::Result<FsIds> {
         // SAFETY: setfsgid/setfsuid only change this thread's credentials; they return the
         // previous id and never fail in a way that leaves memory unsafe.
@@ -32,6 +46,9 @@ impl FsIds {
             uid: old_uid,
             gid: old_gid,
         };
+        if VERIFIED.with(|v| v.borrow().contains(&(uid, gid))) {
+            return Ok(guard);
+        }
         // The syscalls report no error: read the ids back (-1 changes nothing).
         // SAFETY: as above; -1 only queries.
         let (now_u, now_g) = unsafe {
@@ -43,6 +60,12 @@ impl FsIds {
         if now_u != uid || now_g != gid {
             return Err(io::Error::from_raw_os_error(libc::EPERM));
         }
+        VERIFIED.with(|v| {
+            let mut v = v.borrow_mut();
+            if v.len() < VERIFIED_MAX {
+                v.push((uid, gid));
+            }
+        });
         Ok(guard)
     }
 }
@@ -129,5 +152,41 @@ impl Drop for WithoutFsetid {
         if let Err(e) = raised {
             log::error!("cannot raise CAP_FSETID again on this worker: {e}");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fs_ids() -> (u32, u32) {
+        // SAFETY: -1 only queries this thread's file-system ids.
+        unsafe {
+            (
+                libc::setfsuid(u32::MAX) as u32,
+                libc::setfsgid(u32::MAX) as u32,
+            )
+        }
+    }
+
+    /// A pair switched to once is switched to again without the read-back, and every
+    /// guard restores the daemon's ids.
+    #[test]
+    fn a_verified_pair_switches_again_and_restores() {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            // As a plain user the kernel refuses: the guard says so every time.
+            assert!(FsIds::assume(4242, 4242).is_err());
+            assert!(FsIds::assume(4242, 4242).is_err());
+            return;
+        }
+        let before = fs_ids();
+        for _ in 0..3 {
+            let g = FsIds::assume(4242, 4343).unwrap();
+            assert_eq!(fs_ids(), (4242, 4343));
+            drop(g);
+            assert_eq!(fs_ids(), before);
+        }
+        assert!(VERIFIED.with(|v| v.borrow().contains(&(4242, 4343))));
     }
 }

@@ -595,3 +595,29 @@ fn handle_impl(fd: BorrowedFd<'_>, name: &CStr, flags: i32) -> io::Result<Vec<u8
     out.extend_from_slice(&fh.data[..n]);
     Ok(out)
 }
+
+/// A read-only in-memory file holding `content` (a file the daemon serves that exists on
+/// no host directory: a linked worktree's rewritten `.git` file): sealed against every
+/// write, owned by `uid:gid` with `mode`.
+pub fn sealed_memfd(content: &[u8], uid: u32, gid: u32, mode: u32) -> io::Result<OwnedFd> {
+    // SAFETY: constant NUL-terminated name and flags; the result is checked.
+    let fd = cvt_fd(unsafe {
+        libc::memfd_create(
+            c"fencefs".as_ptr(),
+            libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING,
+        )
+    })?;
+    let mut f = std::fs::File::from(fd);
+    std::io::Write::write_all(&mut f, content)?;
+    // SAFETY: valid fd; plain syscalls whose results are checked.
+    unsafe {
+        cvt(libc::fchown(f.as_raw_fd(), uid, gid))?;
+        cvt(libc::fchmod(f.as_raw_fd(), mode))?;
+        cvt(libc::fcntl(
+            f.as_raw_fd(),
+            libc::F_ADD_SEALS,
+            libc::F_SEAL_WRITE | libc::F_SEAL_GROW | libc::F_SEAL_SHRINK | libc::F_SEAL_SEAL,
+        ))?;
+    }
+    Ok(OwnedFd::from(f))
+}

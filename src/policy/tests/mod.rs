@@ -31,6 +31,7 @@ fn by_name(p: &Policy, by: By) -> String {
         By::Visibility(i) => format!("visibility {}", p.rule(i).pattern),
         By::Default => "default".to_string(),
         By::Mode => "mode".to_string(),
+        By::Ignore(h) => format!("ignore:{}", h.line),
     }
 }
 
@@ -50,6 +51,7 @@ mod check;
 mod errors;
 mod except;
 mod grants;
+mod ignore;
 mod layers;
 mod matching;
 mod modes;

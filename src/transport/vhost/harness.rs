@@ -54,6 +54,7 @@ pub fn session(dir: &Path) -> Session {
         approvals: Arc::new(crate::approvals::Approvals::new(4, Duration::from_secs(1))),
         stats: Stats::default(),
         programs: Default::default(),
+        notes: Default::default(),
     });
     let core = FenceFs::new(shared).core();
     Session::new(core, crate::transport::pool::Pool::start().unwrap())

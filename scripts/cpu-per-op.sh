@@ -1,0 +1,146 @@
+#!/usr/bin/env bash
+# cpu-per-op.sh: the daemon's own CPU time per FUSE request, for one metadata workload
+# at a time, on a private ext4 image (so the file-system-wide fanotify watch sees only
+# this run). Wall time on a shared machine is noise; the daemon's task-clock (perf stat
+# -p, every thread) per operation is what a change to the daemon moves.
+#
+#   sudo scripts/cpu-per-op.sh [-n N] [-r ROUNDS] [-p POLICY] [-u UID] TARGET...
+#
+# TARGET: fencefs | fencefs-uring | fencefs-nowatch | passthrough_hp | passthrough_hp-uring
+# (passthrough_hp: $PASSTHROUGH_HP, a libfuse example/passthrough_hp binary).
+# Workloads, N files each (default 5000) in one directory:
+#   create   open(O_CREAT|O_EXCL) + write 4 bytes + close   (LOOKUP CREATE GETXATTR RELEASE)
+#   lookup   lstat of every name after a remount + drop_caches   (LOOKUP)
+#   unlink   unlink of every name (names cached)             (UNLINK)
+# and on a tree of N files, 16 to a directory, after a remount + drop_caches:
+#   find     `find` of the tree                              (OPENDIR READDIRPLUS RELEASEDIR)
+#   lslr     `ls -lR` of the tree                            (the same + LOOKUP, GETXATTR)
+# -u UID: the workloads run as UID (its files, created as the caller: setfsuid).
+# Prints µs of daemon CPU per file, the median of ROUNDS (default 3). With PROFILE=DIR,
+# each run is also recorded (`perf record -g`) to DIR/TARGET-WORKLOAD.data.
+set -euo pipefail
+N=5000 ROUNDS=3 POLICY= AS=()
+while getopts n:r:p:u: o; do case $o in n) N=$OPTARG ;; r) ROUNDS=$OPTARG ;; p) POLICY=$OPTARG ;;
+    u) AS=(setpriv --reuid="$OPTARG" --regid="$OPTARG" --clear-groups) ;; *) exit 2 ;; esac; done
+OTHER=() # other users reach a root-mounted FUSE file system only with allow_other
+((${#AS[@]})) && OTHER=(--allow-other)
+shift $((OPTIND - 1))
+(($#)) || { sed -n 2,16p "$0"; exit 2; }
+HERE=$(cd "$(dirname "$0")/.." && pwd)
+BIN=${FENCEFS_BIN:-$HERE/target/release/fencefs}
+POLICY=${POLICY:-$HERE/policy.example.toml}
+WORK=$HERE/target/tmp/cpu-per-op.$$
+IMG=$WORK/img SRC=$WORK/fs/src MNT=$WORK/mnt
+PID=
+mkdir -p "$WORK/fs" "$MNT"
+cleanup() {
+    unmount || true
+    mountpoint -q "$WORK/fs" && umount "$WORK/fs"
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+truncate -s 2G "$IMG"
+mkfs.ext4 -q -F "$IMG"
+mount -o loop "$IMG" "$WORK/fs"
+mkdir -p "$SRC/d"
+for ((i = 0; i < N / 16; i++)); do
+    mkdir -p "$SRC/t/d$i"
+    for ((j = 0; j < 16; j++)); do : >"$SRC/t/d$i/f$j"; done
+done
+((${#AS[@]})) && chown -R "${AS[1]#--reuid=}:${AS[1]#--reuid=}" "$SRC/d" "$SRC/t"
+
+unmount() {
+    [[ -n $PID ]] || return 0
+    fusermount3 -u "$MNT" 2>/dev/null || umount -l "$MNT" 2>/dev/null || true
+    local i
+    for ((i = 0; i < 200; i++)); do kill -0 "$PID" 2>/dev/null || break; sleep 0.05; done
+    kill "$PID" 2>/dev/null || true
+    wait "$PID" 2>/dev/null || true
+    PID=
+}
+
+mounted() { awk -v m="$MNT" '$5 == m { f = 1 } END { exit !f }' /proc/self/mountinfo; }
+
+mount_t() {
+    local t=$1
+    case $t in
+    fencefs) "$BIN" mount -p "$POLICY" "${OTHER[@]}" --transport dev-fuse "$SRC" "$MNT" 2>>"$WORK/log" & ;;
+    fencefs-uring) "$BIN" mount -p "$POLICY" "${OTHER[@]}" --transport io-uring "$SRC" "$MNT" 2>>"$WORK/log" & ;;
+    fencefs-nowatch) "$BIN" mount -p "$POLICY" "${OTHER[@]}" --no-watch --transport dev-fuse "$SRC" "$MNT" 2>>"$WORK/log" & ;;
+    passthrough_hp) "$PASSTHROUGH_HP" --foreground ${OTHER:+-o allow_other} "$SRC" "$MNT" 2>>"$WORK/log" & ;;
+    passthrough_hp-uring) "$PASSTHROUGH_HP" --foreground -o io_uring ${OTHER:+-o allow_other} "$SRC" "$MNT" 2>>"$WORK/log" & ;;
+    *) echo "unknown target $t" >&2; exit 2 ;;
+    esac
+    PID=$!
+    local i
+    for ((i = 0; i < 400; i++)); do mounted && return 0; sleep 0.025; done
+    echo "mount of $t failed: $(tail -n 3 "$WORK/log")" >&2
+    exit 1
+}
+
+# cpu WORKLOAD: runs it while perf counts the daemon's task-clock; prints µs per file
+cpu() {
+    perf stat -x, -e task-clock -p "$PID" -o "$WORK/perf" &
+    local pp=$! rp=
+    if [[ -n ${PROFILE:-} ]]; then
+        mkdir -p "$PROFILE"
+        perf record -q -g -p "$PID" -o "$PROFILE/$T-$1.data" 2>/dev/null &
+        rp=$!
+    fi
+    sleep 0.3
+    "run_$1"
+    sleep 0.2
+    kill -INT $pp ${rp:+$rp}
+    wait $pp ${rp:+$rp} 2>/dev/null || true
+    awk -F, -v n="$N" '$3 == "task-clock" || $3 ~ /task-clock/ { printf "%.2f", $1 * 1000 / n }' "$WORK/perf"
+}
+
+run_create() { "${AS[@]}" /usr/bin/python3 - "$MNT/d" "$N" <<'EOF'
+import os, sys
+d, n = sys.argv[1], int(sys.argv[2])
+for i in range(n):
+    fd = os.open(f"{d}/f{i}", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    os.write(fd, b"abc\n")
+    os.close(fd)
+EOF
+}
+run_lookup() { "${AS[@]}" /usr/bin/python3 - "$MNT/d" "$N" <<'EOF'
+import os, sys
+d, n = sys.argv[1], int(sys.argv[2])
+for i in range(n):
+    os.lstat(f"{d}/f{i}")
+EOF
+}
+run_unlink() { "${AS[@]}" /usr/bin/python3 - "$MNT/d" "$N" <<'EOF'
+import os, sys
+d, n = sys.argv[1], int(sys.argv[2])
+for i in range(n):
+    os.unlink(f"{d}/f{i}")
+EOF
+}
+run_find() { "${AS[@]}" find "$MNT/t" >/dev/null; }
+run_lslr() { "${AS[@]}" ls -lR "$MNT/t" >/dev/null; }
+cold() { unmount; sync; echo 3 >/proc/sys/vm/drop_caches; mount_t "$1"; }
+median() { tr ' ' '\n' | sort -g | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }'; }
+
+printf 'target\tcreate\tlookup\tunlink\tfind\tlslr\t(µs of daemon CPU per file, median of %s, N=%s)\n' "$ROUNDS" "$N"
+for t in "$@"; do
+    T=$t
+    declare -A R=()
+    for ((r = 0; r < ROUNDS; r++)); do
+        mount_t "$t"
+        R[create]+=" $(cpu create)"
+        cold "$t"
+        R[lookup]+=" $(cpu lookup)"
+        R[unlink]+=" $(cpu unlink)"
+        cold "$t"
+        R[find]+=" $(cpu find)"
+        cold "$t"
+        R[lslr]+=" $(cpu lslr)"
+        unmount
+    done
+    printf '%s' "$t"
+    for w in create lookup unlink find lslr; do printf '\t%s' "$(echo ${R[$w]} | median)"; done
+    printf '\n'
+    unset R
+done

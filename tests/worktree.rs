@@ -1,0 +1,560 @@
+//! Git linked worktrees through the mount (SPEC "Several roots, and git linked
+//! worktrees"): SOURCE is a worktree made by `git worktree add` on the host; the agent is
+//! the real git of the distribution in a bubblewrap sandbox as host uid 1000 with nothing
+//! but the mount (at /workspace), so no host path of the repository exists for it.
+//!
+//! Checked: status, add, commit, branch, switch, log, stash / pop, rebase onto a branch
+//! made on the host and worktree list each exit 0; the agent's commits are in the host's
+//! `git log` and `git fsck` is clean; the host's `.git` file and the worktree's records are
+//! byte-identical; the repository's hooks/ and config are read-only (EROFS), other
+//! worktrees' private dirs are absent, the served names cannot be removed or renamed;
+//! `--no-git-worktree` serves the `.git` file as it is; an ordinary repository is served
+//! unchanged; two agents in two worktrees of one repository commit at once without a lost
+//! commit.
+//!
+//! Needs `bwrap`, `setpriv` and git; it never skips.
+
+mod common;
+
+use common::*;
+use std::fs;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::thread;
+use std::time::{Duration, Instant};
+
+const AGENT: u32 = 1000;
+
+const POLICY: &str = r#"
+mode = "workspace-write"
+default = "write"
+writable_roots = ["."]
+"#;
+
+const SANDBOX_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// Panics (never skips) when bwrap, setpriv or git is missing.
+fn require_programs() {
+    for prog in ["bwrap", "setpriv", "git"] {
+        let found = std::env::split_paths(SANDBOX_PATH).any(|d| d.join(prog).is_file());
+        assert!(found, "tests/worktree.rs needs {prog} in {SANDBOX_PATH}");
+    }
+}
+
+/// A command with a fixed environment (no user git config, C locale, fixed identity).
+fn clean_cmd(program: &str) -> Command {
+    let mut c = Command::new(program);
+    c.env_clear()
+        .env("PATH", SANDBOX_PATH)
+        .env("LC_ALL", "C")
+        .env("HOME", "/tmp")
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env("GIT_AUTHOR_NAME", "agent")
+        .env("GIT_AUTHOR_EMAIL", "agent@example.com")
+        .env("GIT_COMMITTER_NAME", "agent")
+        .env("GIT_COMMITTER_EMAIL", "agent@example.com");
+    c
+}
+
+/// Runs `cmd`, output captured; killed (its own pid) after `limit`.
+fn run_bounded(mut cmd: Command, limit: Duration, what: &str) -> Out {
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{what}: spawn failed: {e}"));
+    let mut so = child.stdout.take().unwrap();
+    let mut se = child.stderr.take().unwrap();
+    let t1 = thread::spawn(move || {
+        let mut v = vec![];
+        let _ = so.read_to_end(&mut v);
+        v
+    });
+    let t2 = thread::spawn(move || {
+        let mut v = vec![];
+        let _ = se.read_to_end(&mut v);
+        v
+    });
+    let start = Instant::now();
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if start.elapsed() > limit {
+            // SAFETY: kill(2) on our own child, not yet reaped.
+            unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+            let _ = child.wait();
+            panic!("{what}: still running after {limit:?}");
+        }
+        thread::sleep(Duration::from_millis(20));
+    };
+    Out {
+        status,
+        stdout: String::from_utf8_lossy(&t1.join().unwrap()).into_owned(),
+        stderr: String::from_utf8_lossy(&t2.join().unwrap()).into_owned(),
+    }
+}
+
+/// `setpriv … bwrap … sh -c script` as host uid/gid 1000 with only the system dirs
+/// (read-only) and the mount at /workspace (see tests/container.rs for why setpriv).
+fn bwrap(mnt: &Path, script: &str) -> Command {
+    let mut c = clean_cmd("setpriv");
+    c.arg(format!("--reuid={AGENT}"))
+        .arg(format!("--regid={AGENT}"))
+        .arg("--clear-groups")
+        .arg("bwrap")
+        .args(["--unshare-user", "--uid", "1000", "--gid", "1000"])
+        .args(["--unshare-pid", "--unshare-net", "--die-with-parent"]);
+    for name in ["usr", "etc", "bin", "sbin", "lib", "lib32", "lib64"] {
+        let p = Path::new("/").join(name);
+        match fs::symlink_metadata(&p) {
+            Ok(md) if md.file_type().is_symlink() => {
+                c.arg("--symlink").arg(fs::read_link(&p).unwrap()).arg(&p);
+            }
+            Ok(md) if md.is_dir() => {
+                c.arg("--ro-bind").arg(&p).arg(&p);
+            }
+            _ => {}
+        }
+    }
+    c.arg("--bind")
+        .arg(mnt)
+        .arg("/workspace")
+        .args(["--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"])
+        .args(["--chdir", "/workspace", "sh", "-c", script]);
+    c
+}
+
+/// Runs the agent's script in the sandbox.
+fn agent(m: &Mount, script: &str) -> Out {
+    run_bounded(bwrap(&m.mnt(""), script), Duration::from_secs(120), "agent")
+}
+
+/// Host-side git as root (trusting the agent-owned repository).
+fn host_git(dir: &Path, args: &[&str]) -> Out {
+    let mut c = clean_cmd("git");
+    c.arg("-c")
+        .arg("safe.directory=*")
+        .arg("-C")
+        .arg(dir)
+        .args(args);
+    let o = run_bounded(c, Duration::from_secs(60), "host git");
+    assert!(o.ok(), "host git {args:?}: {}{}", o.stdout, o.stderr);
+    o
+}
+
+fn chown_r(p: &Path) {
+    let st = Command::new("chown")
+        .arg("-R")
+        .arg(format!("{AGENT}:{AGENT}"))
+        .arg(p)
+        .status()
+        .unwrap();
+    assert!(st.success(), "chown -R {}", p.display());
+}
+
+/// The repository of a test: main checkout ROOT/outside/repo, worktree `src` (branch
+/// `wt`) at SOURCE,
+/// another worktree `other` at ROOT/outside/other, a host-made branch `hostbranch`.
+struct Repo {
+    main: PathBuf,
+    dotgit: Vec<u8>,
+    gitdir: Vec<u8>,
+    commondir: Vec<u8>,
+}
+
+fn make_repo(root: &Path, src: &Path) -> Repo {
+    let main = root.join("outside/repo");
+    fs::create_dir_all(&main).unwrap();
+    host_git(&main, &["init", "-q", "-b", "main"]);
+    fs::write(main.join("a.txt"), "one\n").unwrap();
+    fs::write(main.join("main-only.txt"), "the main checkout's own file\n").unwrap();
+    host_git(&main, &["add", "."]);
+    host_git(&main, &["commit", "-q", "-m", "init"]);
+    let s = src.to_str().unwrap();
+    host_git(&main, &["worktree", "add", "-q", s, "-b", "wt"]);
+    let other = root.join("outside/other");
+    host_git(
+        &main,
+        &[
+            "worktree",
+            "add",
+            "-q",
+            other.to_str().unwrap(),
+            "-b",
+            "other",
+        ],
+    );
+    // A branch made on the host, for the agent to rebase onto.
+    host_git(&main, &["branch", "hostbranch", "main"]);
+    host_git(&other, &["switch", "-q", "hostbranch"]);
+    fs::write(other.join("host.txt"), "from the host\n").unwrap();
+    host_git(&other, &["add", "host.txt"]);
+    host_git(&other, &["commit", "-q", "-m", "host commit"]);
+    host_git(&other, &["switch", "-q", "other"]);
+    fs::create_dir_all(main.join(".git/hooks")).unwrap();
+    fs::write(main.join(".git/hooks/pre-commit"), "#!/bin/sh\nexit 0\n").unwrap();
+    chown_r(&main);
+    chown_r(&other);
+    chown_r(src);
+    let private = main.join(".git/worktrees/src");
+    Repo {
+        dotgit: fs::read(src.join(".git")).unwrap(),
+        gitdir: fs::read(private.join("gitdir")).unwrap(),
+        commondir: fs::read(private.join("commondir")).unwrap(),
+        main,
+    }
+}
+
+fn mount_worktree(name: &str, extra: &[&str]) -> (Mount, Repo) {
+    require_programs();
+    let mut b = Mount::builder(name).policy(POLICY).arg("--allow-other");
+    for a in extra {
+        b = b.arg(*a);
+    }
+    let src = b.host("");
+    let repo = make_repo(b.root(), &src);
+    (b.start(), repo)
+}
+
+fn assert_records_unchanged(m: &Mount, repo: &Repo) {
+    let private = repo.main.join(".git/worktrees/src");
+    assert_eq!(
+        fs::read(m.host(".git")).unwrap(),
+        repo.dotgit,
+        "host .git file"
+    );
+    assert_eq!(fs::read(private.join("gitdir")).unwrap(), repo.gitdir);
+    assert_eq!(fs::read(private.join("commondir")).unwrap(), repo.commondir);
+}
+
+/// Every git command of the SPEC, each checked for exit 0 (the script stops at the first
+/// failure and says which).
+const WORKFLOW: &str = r#"
+run() { "$@" || { echo "FAILED: $*" >&2; exit 1; }; }
+run git status
+echo two > b.txt
+run git add b.txt
+run git commit -q -m "agent commit"
+run git branch feature
+run git switch -q feature
+echo three > c.txt
+run git add c.txt
+run git commit -q -m "feature commit"
+run git switch -q wt
+run git log --oneline
+echo change >> a.txt
+run git stash -q
+test "$(cat a.txt)" = one || { echo "FAILED: stash left a.txt changed" >&2; exit 1; }
+run git stash pop -q
+run git checkout -q -- a.txt
+run git rebase -q hostbranch
+test -f host.txt || { echo "FAILED: rebase did not bring host.txt" >&2; exit 1; }
+run git worktree list
+echo "LIST:"; git worktree list
+echo "TOP:"; ls -a
+"#;
+
+#[test]
+fn git_works_in_a_linked_worktree_with_only_the_mount() {
+    let (m, repo) = mount_worktree("wt-git", &[]);
+    let o = agent(&m, WORKFLOW);
+    assert!(o.ok(), "agent workflow: {}\n{}", o.stdout, o.stderr);
+    // The commits are in the shared repository, seen at once by the host's git.
+    let log = host_git(&repo.main, &["log", "--format=%s", "wt"]).stdout;
+    assert!(log.contains("agent commit"), "host log of wt: {log}");
+    assert!(
+        log.contains("host commit"),
+        "rebased onto hostbranch: {log}"
+    );
+    let feat = host_git(&repo.main, &["log", "--format=%s", "feature"]).stdout;
+    assert!(feat.contains("feature commit"), "{feat}");
+    let fsck = host_git(&repo.main, &["fsck", "--strict"]);
+    assert!(!fsck.stderr.contains("error"), "fsck: {}", fsck.stderr);
+    // worktree list names the main repository (as served) and this worktree.
+    let list = o.stdout.split("LIST:").nth(1).unwrap();
+    assert!(list.contains("/workspace/.fencefs-git"), "{list}");
+    assert!(list.contains("[wt]"), "{list}");
+    assert!(
+        !list.contains("[other]"),
+        "other worktrees are not served: {list}"
+    );
+    // The repository's root is reached by name only: no listing shows it, so neither
+    // `git status` nor `git add -A` ever sees it.
+    let top = o.stdout.split("TOP:").nth(1).unwrap();
+    assert!(top.lines().any(|l| l == ".git"), "{top}");
+    assert!(!top.contains(".fencefs-git"), "{top}");
+    assert_records_unchanged(&m, &repo);
+    // The agent's files landed as the agent.
+    use std::os::unix::fs::MetadataExt;
+    assert_eq!(fs::metadata(m.host("b.txt")).unwrap().uid(), AGENT);
+}
+
+fn errno_of<T>(r: std::io::Result<T>) -> Option<i32> {
+    r.err().and_then(|e| e.raw_os_error())
+}
+
+#[test]
+fn hooks_and_config_are_read_only_and_other_worktrees_absent() {
+    let (m, repo) = mount_worktree("wt-fence", &[]);
+    let g = |p: &str| m.mnt(format!(".fencefs-git/{p}"));
+    let config = fs::read(repo.main.join(".git/config")).unwrap();
+    let hook = fs::read(repo.main.join(".git/hooks/pre-commit")).unwrap();
+    let append = |p: PathBuf| fs::OpenOptions::new().append(true).open(p);
+    // Read-only: the repository's config and hooks, this worktree's records, the .git file.
+    assert_eq!(errno_of(append(g("config"))), Some(libc::EROFS));
+    assert_eq!(errno_of(append(g("hooks/pre-commit"))), Some(libc::EROFS));
+    assert_eq!(
+        errno_of(fs::write(g("hooks/post-checkout"), "#!/bin/sh\n")),
+        Some(libc::EROFS)
+    );
+    assert_eq!(
+        errno_of(fs::remove_file(g("hooks/pre-commit"))),
+        Some(libc::EROFS)
+    );
+    assert_eq!(errno_of(fs::rename(g("hooks"), g("h2"))), Some(libc::EROFS));
+    assert_eq!(
+        errno_of(append(g("worktrees/src/gitdir"))),
+        Some(libc::EROFS)
+    );
+    // No commondir can be planted for the host's own git, no submodule config or hook.
+    assert_eq!(
+        errno_of(fs::write(g("commondir"), "../evil\n")),
+        Some(libc::EROFS)
+    );
+    assert_eq!(errno_of(fs::create_dir(g("modules"))), Some(libc::EROFS));
+    assert_eq!(
+        errno_of(fs::write(g("config.worktree"), "")),
+        Some(libc::EROFS)
+    );
+    assert_eq!(
+        errno_of(fs::remove_file(g("worktrees/src/commondir"))),
+        Some(libc::EROFS)
+    );
+    assert_eq!(errno_of(append(m.mnt(".git"))), Some(libc::EROFS));
+    // The served names stay: EBUSY, as a mount point.
+    assert_eq!(errno_of(fs::remove_file(m.mnt(".git"))), Some(libc::EBUSY));
+    assert_eq!(
+        errno_of(fs::rename(m.mnt(".git"), m.mnt("g"))),
+        Some(libc::EBUSY)
+    );
+    assert_eq!(
+        errno_of(fs::write(m.mnt("x"), "x").and_then(|_| fs::rename(m.mnt("x"), m.mnt(".git")))),
+        Some(libc::EBUSY)
+    );
+    assert_eq!(
+        errno_of(fs::remove_dir(m.mnt(".fencefs-git"))),
+        Some(libc::EBUSY)
+    );
+    // Other worktrees and the main checkout's index are absent; nothing new appears there.
+    assert_eq!(
+        errno_of(fs::metadata(g("worktrees/other"))),
+        Some(libc::ENOENT)
+    );
+    assert_eq!(errno_of(fs::metadata(g("index"))), Some(libc::ENOENT));
+    assert_eq!(
+        errno_of(fs::create_dir(g("worktrees/new"))),
+        Some(libc::EACCES)
+    );
+    let listed: Vec<String> = fs::read_dir(g("worktrees"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert_eq!(listed, vec!["src"]);
+    // The served .git names the served repository, relative: no host path.
+    let served = fs::read_to_string(m.mnt(".git")).unwrap();
+    assert_eq!(served, "gitdir: .fencefs-git/worktrees/src\n");
+    // Prune and gc inside cannot drop the host's record of this worktree (whose gitdir
+    // names a host path the sandbox lacks): the served `locked` keeps it.
+    let o = agent(
+        &m,
+        "git worktree prune && git gc -q --prune=now && git worktree list",
+    );
+    assert!(o.ok(), "{}{}", o.stdout, o.stderr);
+    assert!(o.stdout.contains("locked"), "{}", o.stdout);
+    assert!(repo.main.join(".git/worktrees/src/HEAD").exists());
+    assert!(!repo.main.join(".git/worktrees/src/locked").exists());
+    // git config writes are refused too.
+    let o = agent(&m, "git config user.name evil");
+    assert!(!o.ok(), "git config must fail: {}", o.stdout);
+    assert_eq!(fs::read(repo.main.join(".git/config")).unwrap(), config);
+    assert_eq!(
+        fs::read(repo.main.join(".git/hooks/pre-commit")).unwrap(),
+        hook
+    );
+    assert!(!repo.main.join(".git/hooks/post-checkout").exists());
+    assert!(!repo.main.join(".git/commondir").exists());
+    assert!(!repo.main.join(".git/modules").exists());
+    assert!(!repo.main.join(".git/worktrees/new").exists());
+    assert!(repo.main.join(".git/worktrees/other").exists());
+    assert_records_unchanged(&m, &repo);
+}
+
+#[test]
+fn no_git_worktree_serves_the_git_file_as_it_is() {
+    let (m, repo) = mount_worktree("wt-off", &["--no-git-worktree"]);
+    assert_eq!(fs::read(m.mnt(".git")).unwrap(), repo.dotgit);
+    assert_eq!(
+        errno_of(fs::metadata(m.mnt(".fencefs-git"))),
+        Some(libc::ENOENT)
+    );
+    let o = agent(&m, "git status");
+    assert!(
+        !o.ok(),
+        "git has no repository without the host path: {}",
+        o.stdout
+    );
+    assert!(o.stderr.contains("not a git repository"), "{}", o.stderr);
+    assert!(m.stderr().contains("--no-git-worktree"), "{}", m.stderr());
+    assert_records_unchanged(&m, &repo);
+}
+
+#[test]
+fn an_ordinary_repository_is_served_unchanged() {
+    require_programs();
+    let b = Mount::builder("wt-plain")
+        .policy(POLICY)
+        .arg("--allow-other");
+    let src = b.host("");
+    host_git(&src, &["init", "-q", "-b", "main"]);
+    fs::write(src.join("a.txt"), "one\n").unwrap();
+    host_git(&src, &["add", "."]);
+    host_git(&src, &["commit", "-q", "-m", "init"]);
+    chown_r(&src);
+    let m = b.start();
+    assert!(fs::metadata(m.mnt(".git")).unwrap().is_dir());
+    assert_eq!(
+        errno_of(fs::metadata(m.mnt(".fencefs-git"))),
+        Some(libc::ENOENT)
+    );
+    let o = agent(
+        &m,
+        "echo two > b.txt && git add b.txt && git commit -q -m agent && git status --short",
+    );
+    assert!(o.ok(), "{}{}", o.stdout, o.stderr);
+    let log = host_git(&src, &["log", "--format=%s"]).stdout;
+    assert!(log.contains("agent"), "{log}");
+    assert!(!m.stderr().contains("git worktree"), "{}", m.stderr());
+}
+
+/// Two agents in two worktrees of one repository (two mounts) commit in a loop at once:
+/// every commit of each is in the host's log afterwards and `git fsck` is clean.
+#[test]
+fn two_agents_in_two_worktrees_lose_no_commit() {
+    let (m1, repo) = mount_worktree("wt-two", &[]);
+    // The second worktree is `other`: mount it too.
+    let b = Mount::builder("wt-two-b")
+        .policy(POLICY)
+        .arg("--allow-other");
+    let src2 = b.host("");
+    fs::remove_dir(&src2).unwrap();
+    host_git(
+        &repo.main,
+        &["worktree", "add", "-q", src2.to_str().unwrap(), "-b", "wt2"],
+    );
+    chown_r(&repo.main);
+    chown_r(&src2);
+    let m2 = b.start();
+    let secs = 30;
+    let script = format!(
+        r#"n=0; end=$(( $(date +%s) + {secs} ))
+while [ "$(date +%s)" -lt "$end" ]; do
+  n=$((n+1)); echo "$n" > "f$n"; git add "f$n" || exit 1; git commit -q -m "c$n" || exit 1
+done; echo "COMMITS $n""#
+    );
+    let (s1, s2) = (script.clone(), script);
+    let mnt1 = m1.mnt("");
+    let mnt2 = m2.mnt("");
+    let limit = Duration::from_secs(secs + 120);
+    let t1 = thread::spawn(move || run_bounded(bwrap(&mnt1, &s1), limit, "agent 1"));
+    let t2 = thread::spawn(move || run_bounded(bwrap(&mnt2, &s2), limit, "agent 2"));
+    for (o, branch) in [(t1.join().unwrap(), "wt"), (t2.join().unwrap(), "wt2")] {
+        assert!(o.ok(), "{branch}: {}{}", o.stdout, o.stderr);
+        let n: usize = o
+            .stdout
+            .rsplit("COMMITS ")
+            .next()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or_else(|| panic!("{branch}: {}", o.stdout));
+        assert!(n > 0, "{branch}: no commit in {secs} s");
+        eprintln!("{branch}: {n} commits in {secs} s");
+        let log = host_git(&repo.main, &["log", "--format=%s", branch]).stdout;
+        let mine = log.lines().filter(|l| l.starts_with('c')).count();
+        assert_eq!(mine, n, "{branch}: every commit is in the host's log");
+    }
+    let fsck = host_git(&repo.main, &["fsck", "--strict"]);
+    assert!(!fsck.stderr.contains("error"), "fsck: {}", fsck.stderr);
+}
+
+/// A commit made on the host in the main checkout is seen through the mount at once: the
+/// agent reads `main`, the host commits there (git replaces the ref file by a rename), the
+/// agent sees the new commit well before the kernel's 10 s name cache would expire.
+#[test]
+fn host_commits_reach_the_mount_at_once() {
+    let (m, repo) = mount_worktree("wt-watch", &[]);
+    let o = agent(&m, "git log -1 --format=%s main");
+    assert!(
+        o.ok() && o.stdout.trim() == "init",
+        "{}{}",
+        o.stdout,
+        o.stderr
+    );
+    fs::write(repo.main.join("late.txt"), "late\n").unwrap();
+    host_git(&repo.main, &["add", "late.txt"]);
+    host_git(&repo.main, &["commit", "-q", "-m", "host late commit"]);
+    chown_r(&repo.main);
+    let start = Instant::now();
+    let seen = loop {
+        let o = agent(&m, "git log -1 --format=%s main");
+        if o.stdout.trim() == "host late commit" {
+            break true;
+        }
+        if start.elapsed() > Duration::from_secs(5) {
+            break false;
+        }
+        thread::sleep(Duration::from_millis(100));
+    };
+    assert!(
+        seen,
+        "the host's commit on main is visible through the mount within 5 s"
+    );
+}
+
+/// The policy's rules for `.git/...` apply to the served repository too: it is decided
+/// under both names, so a policy written for ordinary repositories keeps its meaning.
+#[test]
+fn git_rules_of_the_policy_apply_to_the_served_repository() {
+    let policy = format!(
+        "{POLICY}\n[[rule]]\npath = \".git/refs/tags\"\naccess = \"read\"\n\n\
+         [[rule]]\npath = \".git/description\"\naccess = \"none\"\n"
+    );
+    require_programs();
+    let b = Mount::builder("wt-alias")
+        .policy(&policy)
+        .arg("--allow-other");
+    let src = b.host("");
+    let repo = make_repo(b.root(), &src);
+    fs::write(repo.main.join(".git/description"), "the repository\n").unwrap();
+    let m = b.start();
+    let o = agent(&m, "git tag v1");
+    assert!(!o.ok(), "a tag needs .git/refs/tags writable: {}", o.stdout);
+    assert!(!repo.main.join(".git/refs/tags/v1").exists());
+    let tag = fs::write(m.mnt(".fencefs-git/refs/tags/v2"), "x\n");
+    assert_eq!(errno_of(tag), Some(libc::EACCES));
+    assert_eq!(
+        errno_of(fs::metadata(m.mnt(".fencefs-git/description"))),
+        Some(libc::ENOENT)
+    );
+    let listed = fs::read_dir(m.mnt(".fencefs-git")).unwrap();
+    let names: Vec<String> = listed
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert!(!names.iter().any(|n| n == "description"), "{names:?}");
+    assert!(names.iter().any(|n| n == "objects"), "{names:?}");
+    // Everything else still works.
+    let o = agent(&m, "echo x > x.txt && git add x.txt && git commit -q -m x");
+    assert!(o.ok(), "{}{}", o.stdout, o.stderr);
+    assert_records_unchanged(&m, &repo);
+}
