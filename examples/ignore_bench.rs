@@ -55,10 +55,7 @@ fn main() {
     let _ = fs::remove_dir_all(&root);
     fs::create_dir_all(&root).unwrap();
     let paths = make_tree(&root);
-    let caller = Caller {
-        uid: 1000,
-        gid: 1000,
-    };
+    let caller = Caller::new(1000, 1000);
     let base = Policy::parse(POLICY, "bench.toml").expect("bench policy");
     let src = fencefs::host::sys::open_root(&root).unwrap();
 

@@ -49,10 +49,7 @@ fn main() {
     .iter()
     .map(|s| s.as_bytes().to_vec())
     .collect();
-    let caller = Caller {
-        uid: 1000,
-        gid: 1000,
-    };
+    let caller = Caller::new(1000, 1000);
     for n in [1, 2, 4] {
         let layers = (0..n)
             .map(|k| Layer::parse(LAYER, &format!("l{k}.toml")).expect("bench layer"))

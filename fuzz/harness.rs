@@ -23,15 +23,9 @@ const MAX_PATHS: usize = 16;
 const MAX_PATH_LEN: usize = 512;
 
 const CALLERS: [Caller; 3] = [
-    Caller { uid: 0, gid: 0 },
-    Caller {
-        uid: 1000,
-        gid: 1000,
-    },
-    Caller {
-        uid: 2000,
-        gid: 100,
-    },
+    Caller::new(0, 0),
+    Caller::new(1000, 1000),
+    Caller::new(2000, 100),
 ];
 
 const FIXED_PATHS: [&[u8]; 10] = [
@@ -47,7 +41,13 @@ const FIXED_PATHS: [&[u8]; 10] = [
     b"a//b/./../c/",
 ];
 
-const NEEDS: [Need; 4] = [Need::List, Need::Read, Need::Write, Need::Create];
+const NEEDS: [Need; 5] = [
+    Need::List,
+    Need::Read,
+    Need::Write,
+    Need::Create,
+    Need::Append,
+];
 
 const SPECIALS: [Special; 3] = [
     Special {
@@ -125,7 +125,10 @@ fn check_by(p: &Policy, by: By) {
 
 fn decide(p: &Policy, path: &[u8], caller: Caller) {
     let ceiling = p.ceiling(path);
-    assert!(ceiling >= Access::Read, "ceiling below read at {path:?}");
+    assert!(
+        ceiling.includes(Access::Read),
+        "ceiling below read at {path:?}"
+    );
     let ceiling_by = p.ceiling_by(path);
     assert_eq!(
         ceiling_by == CeilingBy::Open,
@@ -139,8 +142,12 @@ fn decide(p: &Policy, path: &[u8], caller: Caller) {
     let excepted = p.excepted(path, caller);
     for is_dir in [true, false] {
         let v = p.verdict_for(path, caller, is_dir);
-        assert_eq!(v.effective, v.grant.min(ceiling), "{v:?} at {path:?}");
-        assert_eq!(v.by == By::Mode, v.effective < v.grant, "{v:?} at {path:?}");
+        assert_eq!(v.effective, v.grant.meet(ceiling), "{v:?} at {path:?}");
+        assert_eq!(
+            v.by == By::Mode,
+            v.grant.above(v.effective),
+            "{v:?} at {path:?}"
+        );
         assert_ne!(v.grant_by, By::Mode, "{v:?} at {path:?}");
         if matches!(v.grant_by, By::Visibility(_)) {
             assert_eq!(v.grant, Access::List, "{v:?} at {path:?}");
@@ -174,12 +181,10 @@ fn decide(p: &Policy, path: &[u8], caller: Caller) {
                 match got {
                     Ok(ok) => {
                         assert_eq!(ok, v);
-                        let needed = match need {
-                            Need::List => Access::List,
-                            Need::Read => Access::Read,
-                            Need::Write | Need::Create => Access::Write,
-                        };
-                        assert!(v.effective >= needed, "{need:?} allowed with {v:?}");
+                        assert!(
+                            v.effective.includes(need.access()),
+                            "{need:?} allowed with {v:?}"
+                        );
                     }
                     Err(d) => {
                         assert_eq!(d.verdict, v);

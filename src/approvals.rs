@@ -487,7 +487,7 @@ impl Approvals {
             )?;
             list.push(answers::Answer {
                 path: path.to_string(),
-                write: req.need == "write",
+                write: !matches!(req.need, "read" | "list"),
                 uid: req.uid,
                 allow,
                 by: format!("uid {approver}"),

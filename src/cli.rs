@@ -55,6 +55,9 @@ pub enum Command {
     Schema,
     /// Print the access PATH gets and what decided it; with OP also allow/deny and the errno.
     Explain(ExplainArgs),
+    /// Draft a policy from an audit log written with --audit-allowed: what the session
+    /// used and no more (directories used alike folded), on stdout.
+    Learn(LearnArgs),
     /// Send one command to a daemon's control socket and print the answer.
     Ctl {
         /// The daemon's `--control` socket.
@@ -96,6 +99,11 @@ pub struct MountArgs {
     /// Log allowed operations too (default: refusals only).
     #[arg(long)]
     pub audit_allowed: bool,
+    /// Learn a policy: report-only (what a grant, the mode or an ask would refuse is
+    /// allowed and audited as would-deny; none rules still hide), and at unmount a draft
+    /// policy of what was used is written to OUT.toml.
+    #[arg(long, value_name = "OUT.toml")]
+    pub learn: Option<PathBuf>,
     /// Rotate the audit file before it would exceed SIZE bytes (suffix K, M or G:
     /// binary multiples; 0 = never rotate). Not for `--audit -`.
     #[arg(long, value_name = "SIZE", default_value = "64M", value_parser = parse_size,
@@ -220,6 +228,17 @@ pub struct VhostArgs {
     pub mount: MountArgs,
 }
 
+/// `fencefs learn`.
+#[derive(clap::Args, Debug)]
+pub struct LearnArgs {
+    /// The audit log (JSON lines; rotated files can be concatenated).
+    pub audit: PathBuf,
+    /// A base policy (repeat it for layers): paths it hides are never granted, and its
+    /// `none` rules are kept in the draft.
+    #[arg(short, long, value_name = "FILE")]
+    pub policy: Vec<PathBuf>,
+}
+
 /// `fencefs explain`.
 #[derive(clap::Args, Debug)]
 pub struct ExplainArgs {
@@ -244,8 +263,8 @@ pub struct ExplainArgs {
     pub source: Option<PathBuf>,
     /// Workspace-relative path (taken as a file; end it with '/' for a directory).
     pub path: String,
-    /// read | write | create | delete | rename | list
-    #[arg(value_parser = ["read", "write", "create", "delete", "rename", "list"])]
+    /// read | write | create | append | delete | rename | list
+    #[arg(value_parser = ["read", "write", "create", "append", "delete", "rename", "list"])]
     pub op: Option<String>,
 }
 

@@ -24,6 +24,7 @@ pub mod fuse_opts;
 pub mod harden;
 pub mod host;
 pub mod idmap;
+pub mod learn;
 pub mod logging;
 pub mod out;
 pub mod policy;

@@ -103,6 +103,7 @@ pub fn load_in(
         && let Some(layer) = read_workspace_layer(src, &name)?
     {
         p = p.with_layer(layer);
+        p.check_limits()?;
     }
     if let Some(src) = source
         && !p.ignore_names().is_empty()

@@ -199,6 +199,7 @@ pub(super) fn explain(a: ExplainArgs) -> i32 {
         }
     };
     let caller = Caller {
+        progs: 0,
         uid: a.uid,
         gid: a.gid,
     };
@@ -293,6 +294,7 @@ fn print_op(policy: &Policy, path: &[u8], caller: Caller, as_dir: bool, op: &str
         "read" => Need::Read,
         "list" => Need::List,
         "create" => Need::Create,
+        "append" => Need::Append,
         _ => Need::Write,
     };
     let answer = policy.check_for(path, caller, need, Special::default(), as_dir);

@@ -10,6 +10,7 @@
 
 mod answers;
 mod explain;
+mod learn;
 mod mount;
 mod notify;
 mod policy_watch;
@@ -63,6 +64,7 @@ pub fn run(cmd: Command) -> i32 {
         },
         Command::Check { policy } => explain::check(&policy),
         Command::Presets => explain::presets(),
+        Command::Learn(a) => learn::learn(a),
         Command::Schema => {
             crate::out!("{}", crate::policy::schema::json());
             0

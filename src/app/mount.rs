@@ -203,6 +203,7 @@ pub(super) fn build_state(
             revoke: a.revoke,
             ttl: Duration::from_secs_f64(ttl),
             passthrough: !a.no_passthrough,
+            learn: a.learn.as_ref().map(|_| Default::default()),
         },
         as_root: sys::geteuid() == 0,
         uids,
@@ -211,6 +212,9 @@ pub(super) fn build_state(
         gate: a.stage.as_ref().map(|_| Default::default()),
         approvals: Arc::new(approvals),
         stats: Stats::default(),
+        // Started now, before the workers are confined (host/programs.rs).
+        programs: crate::host::programs::Programs::with_thread()
+            .map_err(|e| format!("cannot start the programs thread: {e}"))?,
         notes: crate::fs::notes::Notes::new(a.stage.is_some()),
     });
     let state = State {
@@ -347,6 +351,16 @@ fn serve(
         ended: ended_tx,
         handle: finisher,
     } = exit;
+    // --learn: the draft's file is opened now, outside the confinement that follows.
+    let learn_out = match &a.learn {
+        Some(p) => Some(std::fs::File::create(p).map_err(|e| {
+            format!(
+                "--learn {}: {e}",
+                crate::quote::quote(p.as_os_str().as_encoded_bytes())
+            )
+        })?),
+        None => None,
+    };
     if a.no_confine {
         log::info!("self-confinement: off (--no-confine)");
     } else {
@@ -368,6 +382,13 @@ fn serve(
     SESSION_DONE.store(true, Ordering::SeqCst);
     state.shared.approvals.shutdown();
     flush_audit(&state.shared);
+    if let (Some(mut f), Some(rec)) = (learn_out, &state.shared.settings.learn) {
+        let draft = rec.draft(&state.shared.policy.get().policy);
+        match std::io::Write::write_all(&mut f, draft.as_bytes()) {
+            Ok(()) => log::info!("--learn: the draft policy is written"),
+            Err(e) => log::error!("--learn: writing the draft failed: {e}"),
+        }
+    }
     let _ = ended_tx.send(());
     let _ = finisher.join();
     r.map_err(|e| format!("session ended: {e}"))?;

@@ -135,10 +135,8 @@ fn reload_answers(shared: &Shared) {
 fn redecide(shared: &Shared, snap: &Snapshot) {
     let policy = &snap.policy;
     shared.approvals.reload(|req| {
-        let caller = crate::policy::Caller {
-            uid: req.uid,
-            gid: req.gid,
-        };
+        // A held request's program is not kept: program rules do not apply to it.
+        let caller = crate::policy::Caller::new(req.uid, req.gid);
         let mut all_ok = true;
         for (path, (is_dir, need)) in req.paths.iter().zip(&req.checks) {
             let sp = crate::policy::Special::default();

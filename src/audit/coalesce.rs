@@ -206,6 +206,8 @@ mod tests {
             root: None,
             mode: "read-only",
             generation: 0,
+            need: None,
+            would_deny: false,
         })
     }
 

@@ -46,6 +46,9 @@ pub struct Event {
     pub allowed: bool,
     /// The request is held for an approver: decision "ask".
     pub held: bool,
+    /// `--learn`: refused by the policy, allowed in report-only form: decision
+    /// "would-deny".
+    pub would_deny: bool,
     /// The uid of the approver whose answer decided (`by` = "approver").
     pub approver: Option<u32>,
     /// Errno name for refusals.
@@ -65,6 +68,9 @@ pub struct Event {
     pub mode: &'static str,
     /// Policy generation.
     pub generation: u64,
+    /// The access level the decision needed (`None`: not a policy check, e.g. an
+    /// `exec = false` refusal).
+    pub need: Option<&'static str>,
 }
 
 enum Msg {
@@ -220,6 +226,8 @@ impl Event {
             Value::String(
                 if self.held {
                     "ask"
+                } else if self.would_deny {
+                    "would-deny"
                 } else if self.allowed {
                     "allow"
                 } else {
@@ -254,6 +262,10 @@ impl Event {
             self.root.clone().map_or(Value::Null, Value::String),
         );
         m.insert("mode".into(), Value::String(self.mode.into()));
+        m.insert(
+            "need".into(),
+            self.need.map_or(Value::Null, |n| Value::String(n.into())),
+        );
         m.insert("generation".into(), json!(self.generation));
         m.insert("repeat".into(), json!(repeat));
         m.insert(

@@ -78,8 +78,8 @@ pub struct OpenIntent {
 }
 
 /// Classifies open flags completely: `O_ACCMODE` (3 = both), `O_TRUNC` and `O_CREAT` /
-/// `O_TMPFILE` need write; exec (`FMODE_EXEC`) and plain reads need read. `O_APPEND` only
-/// shapes writes that the access mode already allows; `O_EXCL` only matters with `O_CREAT`.
+/// `O_TMPFILE` need write; a write with `O_APPEND` (and none of those) needs only append;
+/// exec (`FMODE_EXEC`) and plain reads need read. `O_EXCL` only matters with `O_CREAT`.
 pub fn classify(flags: i32) -> OpenIntent {
     let acc = flags & libc::O_ACCMODE;
     let mut read = acc == libc::O_RDONLY || acc == libc::O_RDWR || acc == libc::O_ACCMODE;
@@ -93,7 +93,14 @@ pub fn classify(flags: i32) -> OpenIntent {
     if flags & FMODE_EXEC != 0 {
         read = true;
     }
-    let need = if write { Need::Write } else { Need::Read };
+    let appends = flags & libc::O_APPEND != 0
+        && flags & (libc::O_TRUNC | libc::O_CREAT) == 0
+        && flags & libc::O_TMPFILE != libc::O_TMPFILE;
+    let need = match (write, appends) {
+        (false, _) => Need::Read,
+        (true, true) => Need::Append,
+        (true, false) => Need::Write,
+    };
     OpenIntent { read, write, need }
 }
 
@@ -166,7 +173,20 @@ mod tests {
             (libc::O_WRONLY, false, true, Need::Write),
             (libc::O_RDWR, true, true, Need::Write),
             (libc::O_RDONLY | libc::O_TRUNC, true, true, Need::Write),
-            (libc::O_WRONLY | libc::O_APPEND, false, true, Need::Write),
+            (libc::O_WRONLY | libc::O_APPEND, false, true, Need::Append),
+            (libc::O_RDWR | libc::O_APPEND, true, true, Need::Append),
+            (
+                libc::O_WRONLY | libc::O_APPEND | libc::O_TRUNC,
+                false,
+                true,
+                Need::Write,
+            ),
+            (
+                libc::O_WRONLY | libc::O_APPEND | libc::O_CREAT,
+                false,
+                true,
+                Need::Write,
+            ),
             (libc::O_RDONLY | libc::O_APPEND, true, false, Need::Read),
             (libc::O_RDONLY | libc::O_CREAT, true, true, Need::Write),
             (

@@ -165,7 +165,12 @@ impl Core {
     /// backing id.
     pub(super) fn register(&self, o: Opened) -> (u64, Option<u32>) {
         let ino = o.ino;
-        let id = self.backing_for(ino, &o.file, o.writer);
+        // An append-only handle's writes must reach the daemon (grants.rs).
+        let id = if o.append_only {
+            None
+        } else {
+            self.backing_for(ino, &o.file, o.writer)
+        };
         let fh = self.shared.register(o, id.is_some());
         let raw = id.as_ref().map(|b| b.id);
         if let Some(id) = id {
@@ -189,8 +194,10 @@ impl Core {
         self.shared.ctx(rq.uid, rq.gid, rq.pid)
     }
 
-    pub(super) fn open_flags(&self) -> FopenFlags {
-        if self.shared.settings.revoke {
+    /// The open flags of a handle served through the daemon; `append_only`: direct I/O,
+    /// so that no shared writable map (whose writeback would not append) can exist.
+    pub(super) fn open_flags(&self, append_only: bool) -> FopenFlags {
+        if self.shared.settings.revoke || append_only {
             // Every read and write must reach the daemon to be re-checked.
             FopenFlags::FOPEN_DIRECT_IO
         } else {

@@ -23,7 +23,8 @@ fn fenced(fence: Option<Fence>, need: Need) -> Option<i32> {
     match (fence?, need) {
         (Fence::Hidden, Need::Create) => Some(libc::EACCES),
         (Fence::Hidden, _) => Some(libc::ENOENT),
-        (Fence::ReadOnly, Need::Write | Need::Create) => Some(libc::EROFS),
+        // Every mutation: `append` and `create` as much as `write`.
+        (Fence::ReadOnly, n) if n.mutates() => Some(libc::EROFS),
         (Fence::ReadOnly, _) => None,
     }
 }
@@ -49,6 +50,8 @@ pub(super) enum Line {
     Held,
     /// The end of a held request (always logged).
     Outcome(Outcome),
+    /// `--learn`: what the policy refuses, allowed (always logged).
+    WouldDeny(i32),
 }
 
 impl Shared {
@@ -67,7 +70,9 @@ impl Shared {
             (Line::Plain(None), Some(o)) if o.by == "reload" => Line::Outcome(o),
             _ => line,
         };
+        let would_deny = matches!(line, Line::WouldDeny(_));
         let (allowed, errno, by_s, held, approver) = match line {
+            Line::WouldDeny(e) => (true, Some(e), by_word(by), false, None),
             Line::Plain(err) => (err.is_none(), err, by_word(by), false, None),
             Line::Held => (false, None, by_word(by), true, None),
             Line::Outcome(o) => (
@@ -110,7 +115,10 @@ impl Shared {
                 (by_s, Some((format!("{file}: {glob}"), Some(hit.line))))
             }
             // What set the ceiling; an EPERM (device/setid) refusal stays "mode".
-            By::Mode if errno != Some(libc::EPERM) && matches!(line, Line::Plain(_)) => {
+            By::Mode
+                if errno != Some(libc::EPERM)
+                    && matches!(line, Line::Plain(_) | Line::WouldDeny(_)) =>
+            {
                 match policy.ceiling_by(path) {
                     CeilingBy::Protected(i) => {
                         let (entry, line) = policy.protected_entry(i);
@@ -130,6 +138,7 @@ impl Shared {
             pid: ctx.pid,
             allowed,
             held,
+            would_deny,
             approver,
             errno: errno.map(errno_name),
             access: v.effective.as_str(),
@@ -143,6 +152,7 @@ impl Shared {
                 .map(|r| String::from_utf8_lossy(&r.path).into_owned()),
             mode: ctx.snap.policy.mode().as_str(),
             generation: ctx.snap.generation,
+            need: ctx.need.get().map(|n| n.access().as_str()),
         });
     }
 
@@ -178,9 +188,7 @@ impl Shared {
         // `--answers`: consulted before anyone is asked; a refusal there is final.
         let answered = || {
             let file = self.approvals.answers()?;
-            let paths = refused
-                .iter()
-                .map(|(p, _, _, _, a)| (*p, *a >= Access::Write));
+            let paths = refused.iter().map(|(p, _, _, _, a)| (*p, a.mutates()));
             file.lookup(ctx.caller.uid, paths).map(|allow| Outcome {
                 allow,
                 by: "answers",
@@ -224,7 +232,7 @@ impl Shared {
             need: refused
                 .iter()
                 .map(|(_, _, _, _, a)| *a)
-                .max()
+                .reduce(Access::join)
                 .unwrap_or(Access::Write),
         });
         None
@@ -240,6 +248,7 @@ impl Shared {
         need: Need,
         sp: Special,
     ) -> Res<Verdict> {
+        ctx.need.set(Some(need));
         self.fence(ctx, op, path, is_dir, need)?;
         match ctx
             .snap
@@ -247,8 +256,14 @@ impl Shared {
             .check_for(path, ctx.caller, need, sp, is_dir)
         {
             Ok(v) => {
+                self.learned(path, need);
                 self.audit(ctx, op, path, &v, v.by, None);
                 Ok(v)
+            }
+            Err(d) if self.reports_only(&d) => {
+                self.learned(path, need);
+                self.audit_line(ctx, op, path, &d.verdict, d.by, Line::WouldDeny(d.errno));
+                Ok(d.verdict)
             }
             Err(d) => {
                 if let Some(ask) = d.askable(&ctx.snap.policy, need) {
@@ -261,6 +276,24 @@ impl Shared {
                 Err(Error(d.errno))
             }
         }
+    }
+
+    /// `--learn`: records a use of `path`.
+    fn learned(&self, path: &[u8], need: Need) {
+        if let Some(r) = &self.settings.learn {
+            r.record(path, need.access());
+        }
+    }
+
+    /// `--learn` and a refusal the report-only form allows: anything but a `none` path
+    /// (which still hides and still refuses).
+    fn reports_only(&self, d: &Denial) -> bool {
+        self.settings.learn.is_some() && d.verdict.grant != Access::None
+    }
+
+    /// Whether this mount learns (report-only): fs-level refusals stand aside too.
+    pub(super) fn learning(&self) -> bool {
+        self.settings.learn.is_some()
     }
 
     /// Decides several `(path, is_dir, need)` checks of one request (rename, link) against
@@ -282,7 +315,8 @@ impl Shared {
         for &(path, is_dir, need) in checks {
             self.fence(ctx, op, path, is_dir, need)?;
         }
-        let mut worst: Option<(&[u8], Denial)> = None;
+        let mut worst: Option<(&[u8], Need, Denial)> = None;
+        let mut refused: Vec<(&[u8], Need, Denial)> = Vec::new();
         let mut oks = Vec::new();
         let mut askable = Vec::new();
         let mut all_askable = true;
@@ -292,34 +326,61 @@ impl Shared {
                 .policy
                 .check_for(path, ctx.caller, need, Special::default(), is_dir)
             {
-                Ok(v) => oks.push((path, v)),
+                Ok(v) => oks.push((path, need, v)),
                 Err(d) => {
+                    refused.push((path, need, d));
                     match d.askable(&ctx.snap.policy, need) {
                         Some(a) => askable.push((path, is_dir, need, d, a)),
                         None => all_askable = false,
                     }
-                    if worst.as_ref().is_none_or(|(_, w)| rank(&d) < rank(w)) {
-                        worst = Some((path, d));
+                    if worst.as_ref().is_none_or(|(_, _, w)| rank(&d) < rank(w)) {
+                        worst = Some((path, need, d));
                     }
                 }
             }
         }
+        if self.settings.learn.is_some()
+            && worst.as_ref().is_some_and(|(_, _, d)| self.reports_only(d))
+            && refused.iter().all(|(_, _, d)| self.reports_only(d))
+        {
+            for (path, need, d) in &refused {
+                ctx.need.set(Some(*need));
+                self.learned(path, *need);
+                let line = Line::WouldDeny(d.errno);
+                self.audit_line(ctx, op, path, &d.verdict, d.by, line);
+            }
+            for (path, need, v) in oks {
+                ctx.need.set(Some(need));
+                self.learned(path, need);
+                self.audit(ctx, op, path, &v, v.by, None);
+            }
+            return Ok(());
+        }
+        for (path, need, _) in &oks {
+            self.learned(path, *need);
+        }
         match worst {
-            Some((_, d)) if all_askable => match self.lift(ctx, op, &askable) {
-                Some(Ok(())) => {
-                    for (path, v) in oks {
-                        self.audit(ctx, op, path, &v, v.by, None);
+            Some((_, need, d)) if all_askable => {
+                ctx.need.set(Some(need));
+                match self.lift(ctx, op, &askable) {
+                    Some(Ok(())) => {
+                        for (path, need, v) in oks {
+                            ctx.need.set(Some(need));
+                            self.audit(ctx, op, path, &v, v.by, None);
+                        }
+                        Ok(())
                     }
-                    Ok(())
+                    _ => Err(Error(d.errno)),
                 }
-                _ => Err(Error(d.errno)),
-            },
-            Some((path, d)) => {
+            }
+            Some((path, need, d)) => {
+                ctx.need.set(Some(need));
                 self.audit(ctx, op, path, &d.verdict, d.by, Some(d.errno));
                 Err(Error(d.errno))
             }
             None => {
-                for (path, v) in oks {
+                for (path, need, v) in oks {
+                    ctx.need.set(Some(need));
                     self.audit(ctx, op, path, &v, v.by, None);
                 }
                 Ok(())

@@ -14,7 +14,7 @@ use fuser::{Errno, FileType, FopenFlags};
 use super::attr;
 use super::core::{Core, Rq};
 use super::notes::{self, owns, owns_fh};
-use super::ops::{Error, Lookup};
+use super::ops::{Error, Lookup, WriteKind};
 use super::reply::{
     AttrReply, CreateReply, DataReply, DirPlusReply, DirReply, EmptyReply, EntryReply, LseekReply,
     OpenReply, StatfsReply, WriteReply, XattrReply,
@@ -288,10 +288,13 @@ impl Core {
             reply,
             move |c, ctx| c.shared.do_open(ctx, ino, flags),
             |c, _, reply, r| match r {
-                Ok(o) => match c.register(o) {
-                    (fh, Some(id)) => reply.opened(fh, FopenFlags::empty(), Some(id)),
-                    (fh, None) => reply.opened(fh, c.open_flags(), None),
-                },
+                Ok(o) => {
+                    let append_only = o.append_only;
+                    match c.register(o) {
+                        (fh, Some(id)) => reply.opened(fh, FopenFlags::empty(), Some(id)),
+                        (fh, None) => reply.opened(fh, c.open_flags(append_only), None),
+                    }
+                }
                 Err(e) => reply.error(errno(e)),
             },
         );
@@ -307,18 +310,19 @@ impl Core {
         }
     }
 
-    /// WRITE (`kill`: the kernel asks to clear set-ID bits, FUSE_WRITE_KILL_SUIDGID).
+    /// WRITE (`kind`: whether the kernel asks to clear set-ID bits, FUSE_WRITE_KILL_SUIDGID,
+    /// and whether the write appends).
     pub fn write(
         self: &Arc<Self>,
         rq: Rq,
         fh: u64,
         offset: u64,
         data: &[u8],
-        kill: bool,
+        kind: WriteKind,
         reply: impl WriteReply,
     ) {
         let ctx = self.ctx(rq);
-        match self.shared.do_write(&ctx, fh, offset, data, kill) {
+        match self.shared.do_write(&ctx, fh, offset, data, kind) {
             Ok(n) => reply.written(n),
             Err(e) => reply.error(errno(e)),
         }
@@ -593,7 +597,7 @@ impl Core {
                         (fh, Some(id)) => {
                             reply.created(&ttl.entry, &a, fh, FopenFlags::empty(), Some(id))
                         }
-                        (fh, None) => reply.created(&ttl.entry, &a, fh, c.open_flags(), None),
+                        (fh, None) => reply.created(&ttl.entry, &a, fh, c.open_flags(false), None),
                     },
                     Err(e) => reply.error(errno(e)),
                 }

@@ -317,12 +317,13 @@ impl Filesystem for FenceFs {
         offset: u64,
         data: &[u8],
         write_flags: WriteFlags,
-        _flags: OpenFlags,
+        flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
         let kill = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
-        self.core.write(req.into(), fh.0, offset, data, kill, reply)
+        let kind = ops::WriteKind::from_flags(write_flags.bits(), kill, flags.0);
+        self.core.write(req.into(), fh.0, offset, data, kind, reply)
     }
 
     fn flush(

@@ -45,6 +45,14 @@ pub struct Handle {
     pub write: bool,
     /// Opened to execute the file (FMODE_EXEC): the file is "text busy" while it is open.
     pub exec: bool,
+    /// Made by this handle's CREATE under a grant without `write` (`create`): until this
+    /// handle is released, the opener may keep writing the file (reopen, truncate, chmod
+    /// it); afterwards it is a pre-existing file like any other. The state lives only
+    /// here, so it is bounded by the handle budget and gone after a daemon restart.
+    pub fresh: bool,
+    /// Granted `append` but not `write`: every write must carry O_APPEND (and the host
+    /// file is open with O_APPEND, so it lands at the end whatever the offset).
+    pub append_only: bool,
     /// For directories: the listing read by the first readdir or a rewind (`None` until
     /// then).
     pub entries: Option<Mutex<Option<Arc<Vec<ListEntry>>>>>,
@@ -93,6 +101,8 @@ impl AsFd for HandleFd<'_> {
 pub struct Handles {
     map: RwLock<HashMap<u64, Arc<Handle>>>,
     next: AtomicU64,
+    /// Open handles with [`Handle::fresh`]: while zero, no node is "created here".
+    fresh: AtomicU64,
     /// Host descriptors held by handles.
     pub fds: Arc<Budget>,
     /// Handle table entries (memory), also of handles that hold no fd.
@@ -106,6 +116,7 @@ impl Handles {
         Handles {
             map: RwLock::new(HashMap::new()),
             next: AtomicU64::new(0),
+            fresh: AtomicU64::new(0),
             fds: Budget::new("descriptor", fds, fds_per_uid),
             entries: Budget::new("handle", entries, entries_per_uid),
         }
@@ -125,6 +136,9 @@ impl Handles {
     /// Registers a handle; returns its `fh`.
     pub fn insert(&self, h: Handle) -> u64 {
         let fh = self.next.fetch_add(1, Ordering::Relaxed) + 1;
+        if h.fresh {
+            self.fresh.fetch_add(1, Ordering::Relaxed);
+        }
         self.map.write().insert(fh, Arc::new(h));
         fh
     }
@@ -142,7 +156,19 @@ impl Handles {
     }
     /// Closes `fh` (the host fd closes when the last user drops it).
     pub fn remove(&self, fh: u64) -> Option<Arc<Handle>> {
-        self.map.write().remove(&fh)
+        let h = self.map.write().remove(&fh);
+        if h.as_ref().is_some_and(|h| h.fresh) {
+            self.fresh.fetch_sub(1, Ordering::Relaxed);
+        }
+        h
+    }
+
+    /// Whether `uid` created node `ino` through the mount under a `create` grant and the
+    /// creating handle is still open (see [`Handle::fresh`]). Free while no such handle
+    /// exists anywhere; otherwise one pass over the table.
+    pub fn fresh_for(&self, ino: u64, uid: u32) -> bool {
+        self.fresh.load(Ordering::Relaxed) != 0
+            && self.any_on(ino, |h| h.fresh && h.opener.0 == uid)
     }
     /// Closes every handle: the connection that opened them is gone (a VM disconnected).
     /// Returns how many there were; their descriptors close as their last users finish.

@@ -13,7 +13,8 @@
 //!
 //! [[rule]]
 //! path = "secrets"           # glob, relative to the workspace root (required)
-//! access = "none"            # none | list | read | write          (required)
+//! access = "none"            # none | list | read | create | append | write (required)
+//! exec = false              # optional: covered files cannot be executed
 //! except = ["secrets/pub"]   # optional globs: not covered by this rule
 //! uid = [1000]               # optional, non-empty
 //! gid = [100]                # optional, non-empty
@@ -34,6 +35,7 @@ use std::path::Path;
 use globset::{GlobSet, GlobSetBuilder};
 
 use super::glob::{CompiledPattern, CoverSet, Pattern, compile_pattern};
+use super::programs::ProgSel;
 use super::raw::{self, Located, RawError};
 use super::{Access, Mode, PolicyError, RuleInfo};
 
@@ -67,8 +69,11 @@ pub struct Layer {
     pub(super) rules: Vec<RuleInfo>,
     /// Parallel to `rules`.
     pub(super) patterns: Vec<Pattern>,
-    /// Parallel to `rules`: the rule has a `uid` or `gid` list.
+    /// Parallel to `rules`: the rule has a `uid` or `gid` list, or a program selector
+    /// (such a rule beats a plain one at the same depth).
     pub(super) has_ids: Vec<bool>,
+    /// Parallel to `rules`: the rule's `exe` / `ancestor_exe` selector.
+    pub(super) prog: Vec<Option<ProgSel>>,
     /// All rules except root-only ones (`.`), one `matches()` per depth.
     pub(super) set: GlobSet,
     /// Glob index in `set` → rule index.
@@ -89,6 +94,8 @@ pub struct Layer {
     /// except glob matches falls to other rules (see the visibility lift).
     pub(super) hole_rules: Vec<usize>,
     pub(super) has_id_rules: bool,
+    /// Rules with `exec = false` (see `Layer::exec_denied`).
+    pub(super) noexec_rules: Vec<usize>,
     /// `default` or some rule is `none` (see [`Layer::may_hide`]).
     pub(super) may_hide: bool,
     pub(super) writable_roots: Vec<String>,
@@ -104,13 +111,17 @@ fn parse_access(word: &str) -> Option<Access> {
         "none" => Some(Access::None),
         "list" => Some(Access::List),
         "read" => Some(Access::Read),
+        "create" => Some(Access::Create),
+        "append" => Some(Access::Append),
         "write" => Some(Access::Write),
         _ => None,
     }
 }
 
-/// `ask` is `read` or `write`, above the rule's `access`, which is at least `list` (a
-/// hidden path cannot be asked for).
+/// `ask` is `read`, `create`, `append` or `write`, strictly above the rule's `access` in
+/// the lattice (so `ask = "append"` over `access = "create"` is an error: an approver
+/// would take the right to create away), which is at least `list` (a hidden path cannot
+/// be asked for).
 fn check_ask(
     word: &Located<String>,
     access: Option<Access>,
@@ -121,10 +132,10 @@ fn check_ask(
         message,
     };
     let ask = match parse_access(&word.value) {
-        Some(a @ (Access::Read | Access::Write)) => a,
+        Some(a) if a.includes(Access::Read) => a,
         _ => {
             errors.push(err(format!(
-                "unknown ask \"{}\" (expected read or write)",
+                "unknown ask \"{}\" (expected read, create, append or write)",
                 word.value
             )));
             return None;
@@ -137,9 +148,9 @@ fn check_ask(
             ));
             None
         }
-        Some(a) if ask <= a => {
+        Some(a) if !ask.above(a) => {
             errors.push(err(format!(
-                "ask = \"{ask}\" must be higher than access = \"{a}\""
+                "ask = \"{ask}\" must be higher than access = \"{a}\" (create and append are not above each other)"
             )));
             None
         }
@@ -151,7 +162,7 @@ fn bad_access(word: &Located<String>, what: &str) -> RawError {
     RawError {
         span: word.span.clone(),
         message: format!(
-            "unknown {what} \"{}\" (expected none, list, read or write)",
+            "unknown {what} \"{}\" (expected none, list, read, create, append or write)",
             word.value
         ),
     }
@@ -306,6 +317,7 @@ impl Layer {
         };
 
         let mut rules = Vec::with_capacity(raw.rules.len());
+        let mut progs = Vec::with_capacity(raw.rules.len());
         let mut compiled = Vec::with_capacity(raw.rules.len());
         let mut excepts = Vec::with_capacity(raw.rules.len());
         for r in &raw.rules {
@@ -332,6 +344,12 @@ impl Layer {
                 .ask
                 .as_ref()
                 .and_then(|a| check_ask(a, access, &mut errors));
+            let prog = ProgSel::compile(
+                r.exe.as_deref(),
+                r.ancestor_exe.as_deref(),
+                &r.header,
+                &mut errors,
+            );
             if let (Some(path), Some(pattern), Some(access)) = (&r.path, pattern, access) {
                 rules.push(RuleInfo {
                     pattern: path.value.clone(),
@@ -343,7 +361,13 @@ impl Layer {
                     preset: None,
                     uids: r.uid.clone().unwrap_or_default(),
                     gids: r.gid.clone().unwrap_or_default(),
+                    exec: r.exec.unwrap_or(true),
+                    exe: r.exe.iter().flatten().map(|l| l.value.clone()).collect(),
+                    ancestor_exe: (r.ancestor_exe.iter().flatten())
+                        .map(|l| l.value.clone())
+                        .collect(),
                 });
+                progs.push(prog);
                 compiled.push(pattern);
                 excepts.push(except_compiled);
             }
@@ -404,7 +428,11 @@ impl Layer {
                     preset: Some(preset.name),
                     uids: Vec::new(),
                     gids: Vec::new(),
+                    exec: true,
+                    exe: Vec::new(),
+                    ancestor_exe: Vec::new(),
                 });
+                progs.push(None);
                 compiled.push(pattern);
                 excepts.push(except);
             }
@@ -437,6 +465,11 @@ impl Layer {
         policy.allow_setid = raw.allow_setid.unwrap_or(false);
         policy.allow_devices = raw.allow_devices.unwrap_or(false);
         policy.agent_notes = raw.agent_notes;
+        for (i, p) in progs.iter().enumerate() {
+            policy.has_ids[i] |= p.is_some();
+        }
+        policy.has_id_rules |= progs.iter().any(Option::is_some);
+        policy.prog = progs;
         Ok(policy)
     }
 
@@ -492,8 +525,9 @@ impl Layer {
             excepts.push(patterns);
         }
         let lift_rules = (0..rules.len())
-            .filter(|&i| rules[i].access >= Access::List)
+            .filter(|&i| rules[i].access.includes(Access::List))
             .collect();
+        let noexec_rules = (0..rules.len()).filter(|&i| !rules[i].exec).collect();
         let hole_rules = (0..rules.len())
             .filter(|&i| rules[i].access == Access::None && !excepts[i].is_empty())
             .collect();
@@ -520,6 +554,8 @@ impl Layer {
             allow_devices: false,
             agent_notes: None,
             has_id_rules: has_ids.iter().any(|&b| b),
+            prog: vec![None; has_ids.len()],
+            noexec_rules,
             has_ids,
             patterns,
             set: builder.build()?,
@@ -588,7 +624,8 @@ impl Layer {
         &self.rules[idx]
     }
 
-    /// Some rule has a `uid` or `gid` list (answers may differ between callers).
+    /// Some rule has a `uid` or `gid` list or a program selector (answers may differ
+    /// between callers).
     pub fn has_id_rules(&self) -> bool {
         self.has_id_rules
     }

@@ -66,34 +66,55 @@ impl Layer {
     /// everybody; with `uid` only, to callers whose uid is listed; with `gid` only, to
     /// callers whose gid is listed; with **both**, to callers whose uid **or** gid is
     /// listed (either match suffices). Panics when `idx` is out of range.
+    ///
+    /// A rule with `exe`/`ancestor_exe` applies only when the caller's process matches it
+    /// ([`Caller::progs`]) **and** its `uid`/`gid` lists (if any) match as above.
     pub fn rule_applies(&self, idx: usize, caller: Caller) -> bool {
         let r = &self.rules[idx];
-        !self.has_ids[idx] || r.uids.contains(&caller.uid) || r.gids.contains(&caller.gid)
+        let ids = (r.uids.is_empty() && r.gids.is_empty())
+            || r.uids.contains(&caller.uid)
+            || r.gids.contains(&caller.gid);
+        let prog = match &self.prog[idx] {
+            None => true,
+            Some(sel) => sel.bit.is_some_and(|b| caller.progs & (1 << b) != 0),
+        };
+        ids && prog
     }
 
     /// The rule deciding at exactly one depth among `candidates`: id rules beat plain
-    /// ones, then the lowest access, then the lowest index (only for a stable `By`).
+    /// ones; among the winners the access is the meet of theirs (most restrictive; `create`
+    /// and `append` together give `read`), decided by the lowest-index rule with exactly
+    /// that access, or — when the meet is no rule's own (create ∧ append) — the lowest-index
+    /// rule of them (only for a stable `By`).
     fn decide_among(
         &self,
         candidates: impl Iterator<Item = usize>,
         caller: Caller,
     ) -> Option<(Access, usize)> {
-        let mut best: Option<(bool, Access, usize)> = None;
+        // (has ids, meet, lowest index with access == meet, lowest index)
+        let mut best: Option<(bool, Access, Option<usize>, usize)> = None;
         for idx in candidates {
             if !self.rule_applies(idx, caller) {
                 continue;
             }
-            let cand = (self.has_ids[idx], self.rules[idx].access, idx);
+            let (ids, access) = (self.has_ids[idx], self.rules[idx].access);
             best = match best {
-                None => Some(cand),
-                Some(b) => {
-                    let better =
-                        (cand.0 && !b.0) || (cand.0 == b.0 && (cand.1, cand.2) < (b.1, b.2));
-                    Some(if better { cand } else { b })
+                Some(b) if b.0 && !ids => Some(b),
+                Some((bids, meet, exact, low)) if bids == ids => {
+                    let m = meet.meet(access);
+                    let keep = |e: Option<usize>| e.filter(|&e| self.rules[e].access == m);
+                    let exact = match (keep(exact), access == m) {
+                        (Some(e), true) => Some(e.min(idx)),
+                        (Some(e), false) => Some(e),
+                        (None, true) => Some(idx),
+                        (None, false) => None,
+                    };
+                    Some((ids, m, exact, low.min(idx)))
                 }
+                _ => Some((ids, access, Some(idx), idx)),
             };
         }
-        best.map(|(_, access, idx)| (access, idx))
+        best.map(|(_, access, exact, low)| (access, exact.unwrap_or(low)))
     }
 
     /// The deepest-matching rule for `path` (before the visibility lift), ignoring the
@@ -188,7 +209,7 @@ impl Layer {
             .find(|&i| self.rule_applies(i, caller) && covers(i) && !excl.takes_out(i));
         match from_above {
             Some(i) => Some(i),
-            None if self.default >= Access::List => Some(hole),
+            None if self.default.includes(Access::List) => Some(hole),
             None => None,
         }
     }
@@ -248,6 +269,23 @@ impl Layer {
         out
     }
 
+    /// Whether files at `path` cannot be executed by `caller`: some `exec = false` rule
+    /// that applies to the caller covers `path` (its `path` matches `path` or an
+    /// ancestor) and is not taken out there by its own `except`. Unlike access, this is
+    /// not decided by the deepest rule alone: a fence against executing is additive, so a
+    /// deeper rule (say `**/*.sh` granting `read`) never lifts an `exec = false` above it.
+    /// The returned index is the first such rule (for `explain` and audit).
+    pub fn exec_denied(&self, path: &[u8], caller: Caller) -> Option<usize> {
+        if self.noexec_rules.is_empty() {
+            return None;
+        }
+        let covering = self.covering_rules(path);
+        let mut excl = Exclusions::new(self, path);
+        self.noexec_rules.iter().copied().find(|&i| {
+            self.rule_applies(i, caller) && covering.binary_search(&i).is_ok() && !excl.takes_out(i)
+        })
+    }
+
     /// Why the mode caps `path` at `read` (for `explain` and logs).
     pub fn ceiling_reason(&self, path: &[u8]) -> &'static str {
         match self.ceiling_by(path) {
@@ -301,12 +339,13 @@ impl Layer {
         }
     }
 
-    /// Combines a grant with the ceiling.
+    /// Combines a grant with the ceiling (`Write` or `Read`): the effective access is
+    /// their meet.
     fn combine(grant: Access, grant_by: By, ceiling: Access) -> Verdict {
-        if ceiling < grant {
+        if !ceiling.includes(grant) {
             Verdict {
                 grant,
-                effective: ceiling,
+                effective: grant.meet(ceiling),
                 by: By::Mode,
                 grant_by,
                 layer: 0,
@@ -334,8 +373,8 @@ impl Layer {
     /// some rule (say `**/*.md`) could match "below" it. Use this when the type is known.
     pub fn verdict_for(&self, path: &[u8], caller: Caller, is_dir: bool) -> Verdict {
         let (grant, grant_by) = self.grant(path, caller, is_dir);
-        // The ceiling is never below Read: only a Write grant can be lowered.
-        let ceiling = if grant == Access::Write {
+        // The ceiling is never below Read: only a mutating grant can be lowered.
+        let ceiling = if grant.mutates() {
             self.ceiling(path)
         } else {
             Access::Read
@@ -348,7 +387,8 @@ impl Layer {
     /// a device node / setid bit not allowed → EPERM, by [`By::Mode`] (the refusal comes from
     /// the policy's global switches, not from a path's rule);
     /// `Write`/`Create` above the mode ceiling → EROFS, by [`By::Mode`];
-    /// grant below the need (`List` < `Read` < `Write`; `Create` needs `Write`) → EACCES,
+    /// grant not including the need's level (`Create` needs `create` or `write`, `Append`
+    /// `append` or `write`) → EACCES,
     /// by the grant. The visibility lift applies (as for a directory); see
     /// [`Layer::check_for`].
     pub fn check(
@@ -372,13 +412,9 @@ impl Layer {
         special: Special,
         is_dir: bool,
     ) -> Result<Verdict, Denial> {
-        let needed = match need {
-            Need::List => Access::List,
-            Need::Read => Access::Read,
-            Need::Write | Need::Create => Access::Write,
-        };
+        let needed = need.access();
         let (grant, grant_by) = self.grant(path, caller, is_dir);
-        let ceiling = if grant == Access::Write || needed == Access::Write {
+        let ceiling = if grant.mutates() || need.mutates() {
             self.ceiling(path)
         } else {
             Access::Read // the ceiling is never lower, so this cannot change the result
@@ -396,10 +432,10 @@ impl Layer {
         if (special.device && !self.allow_devices) || (special.setid && !self.allow_setid) {
             return deny(libc::EPERM, By::Mode);
         }
-        if needed == Access::Write && ceiling < Access::Write {
+        if need.mutates() && !ceiling.includes(needed) {
             return deny(libc::EROFS, By::Mode);
         }
-        if grant < needed {
+        if !grant.includes(needed) {
             return deny(libc::EACCES, grant_by);
         }
         Ok(verdict)

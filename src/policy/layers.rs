@@ -69,12 +69,7 @@ fn local_askable(layer: &Layer, d: &Denial, need: Need) -> Option<Access> {
         return None;
     }
     let ask = layer.rule(i).ask?;
-    let needed = match need {
-        Need::List => Access::List,
-        Need::Read => Access::Read,
-        Need::Write | Need::Create => Access::Write,
-    };
-    (ask >= needed).then_some(ask)
+    ask.includes(need.access()).then_some(ask)
 }
 
 fn shift_by(by: By, off: usize) -> By {
@@ -100,6 +95,7 @@ impl Policy {
             .unwrap_or(Mode::ReadOnly);
         let (mut rule_off, mut prot_off, mut rules) = (Vec::new(), Vec::new(), Vec::new());
         let mut protected = Vec::new();
+        super::programs::assign_bits(&mut layers);
         for (k, l) in layers.iter_mut().enumerate() {
             l.set_mode(mode);
             rule_off.push(rules.len());
@@ -138,12 +134,16 @@ impl Policy {
 
     /// Reads and compiles one policy file as a set of one layer.
     pub fn load(path: &Path) -> Result<Policy, Vec<PolicyError>> {
-        Ok(Policy::from_layers(vec![load_layer(path)?]))
+        let p = Policy::from_layers(vec![load_layer(path)?]);
+        p.check_limits()?;
+        Ok(p)
     }
 
     /// Parses policy text as a set of one layer (`file` names it in errors).
     pub fn parse(src: &str, file: &str) -> Result<Policy, Vec<PolicyError>> {
-        Ok(Policy::from_layers(vec![Layer::parse(src, file)?]))
+        let p = Policy::from_layers(vec![Layer::parse(src, file)?]);
+        p.check_limits()?;
+        Ok(p)
     }
 
     /// Reads and compiles every file, in order: the set, or the errors of every file that
@@ -158,7 +158,9 @@ impl Policy {
             }
         }
         if errors.is_empty() {
-            Ok(Policy::from_layers(layers))
+            let p = Policy::from_layers(layers);
+            p.check_limits()?;
+            Ok(p)
         } else {
             Err(errors)
         }
@@ -257,12 +259,12 @@ impl Policy {
         self.mode
     }
 
-    /// The access of paths no rule of any layer matches: the lowest layer default.
+    /// The access of paths no rule of any layer matches: the meet of the layer defaults.
     pub fn default_access(&self) -> Access {
         self.layers
             .iter()
             .map(Layer::default_access)
-            .min()
+            .reduce(Access::meet)
             .unwrap_or(Access::None)
     }
 
@@ -279,6 +281,20 @@ impl Policy {
     /// Every layer's `protected` entries as written, in layer order.
     pub fn protected(&self) -> &[String] {
         &self.protected
+    }
+
+    /// Whether files at `path` cannot be executed by `caller` (some layer's `exec = false`
+    /// rule covers it; see [`Layer::exec_denied`]): the global index of that rule.
+    pub fn exec_denied(&self, path: &[u8], caller: Caller) -> Option<usize> {
+        self.layers
+            .iter()
+            .enumerate()
+            .find_map(|(k, l)| l.exec_denied(path, caller).map(|i| i + self.rule_off[k]))
+    }
+
+    /// Some layer has an `exec = false` rule.
+    pub fn has_noexec(&self) -> bool {
+        self.layers.iter().any(|l| !l.noexec_rules.is_empty())
     }
 
     /// Some layer has a rule with a `uid` or `gid` list.
@@ -377,7 +393,7 @@ impl Policy {
         self.layers
             .iter()
             .map(|l| l.ceiling(path))
-            .min()
+            .reduce(Access::meet)
             .unwrap_or(Access::Read)
     }
 
@@ -433,7 +449,7 @@ impl Policy {
             return v;
         }
         let v = self.verdict_layers(path, caller, is_dir);
-        if v.effective == Access::Write && self.pinned(path) {
+        if v.effective.mutates() && self.pinned(path) {
             return Verdict {
                 effective: Access::Read,
                 by: By::Mode,
@@ -444,15 +460,34 @@ impl Policy {
     }
 
     fn verdict_layers(&self, path: &[u8], caller: Caller, is_dir: bool) -> Verdict {
-        let mut best = self.layers[0].verdict_for(path, caller, is_dir);
-        let mut at = 0;
-        for (k, l) in self.layers.iter().enumerate().skip(1) {
-            let v = l.verdict_for(path, caller, is_dir);
-            if v.effective < best.effective {
-                (best, at) = (v, k);
-            }
-        }
-        self.shift(at, best)
+        let vs: Vec<(usize, Verdict)> = self
+            .layers
+            .iter()
+            .enumerate()
+            .map(|(k, l)| (k, l.verdict_for(path, caller, is_dir)))
+            .collect();
+        // There is always a layer (`from_layers`); layer 0's verdict stands in otherwise.
+        self.lowest(vs)
+            .unwrap_or_else(|| self.layers[0].verdict_for(path, caller, is_dir))
+    }
+
+    /// The verdict of several layers that all allow: the meet of their effective access
+    /// (`create` in one layer and `append` in another give `read`), decided by the first
+    /// layer with exactly that access, or — when the meet is no layer's own — by the first
+    /// layer of the lowest rank.
+    fn lowest(&self, vs: Vec<(usize, Verdict)>) -> Option<Verdict> {
+        let meet = vs
+            .iter()
+            .map(|(_, v)| v.effective)
+            .reduce(Access::meet)
+            .unwrap_or(Access::None);
+        let (k, mut v) = vs
+            .iter()
+            .copied()
+            .find(|(_, v)| v.effective == meet)
+            .or_else(|| vs.iter().copied().min_by_key(|(_, v)| v.effective.rank()))?;
+        v.effective = meet;
+        Some(self.shift(k, v))
     }
 
     /// Decides one request (visibility lift as for a directory); see [`Policy::check_for`].
@@ -489,7 +524,7 @@ impl Policy {
             });
         }
         let answer = self.check_layers(path, caller, need, special, is_dir);
-        if !matches!(need, Need::Write | Need::Create) || !self.pinned(path) {
+        if !need.mutates() || !self.pinned(path) {
             return answer;
         }
         // The workspace layer's file: EROFS in every mode, after `none` and device/setid.
@@ -498,7 +533,7 @@ impl Policy {
             Err(Denial { verdict, .. }) | Ok(verdict) => Err(Denial {
                 errno: libc::EROFS,
                 verdict: Verdict {
-                    effective: verdict.effective.min(Access::Read),
+                    effective: verdict.effective.meet(Access::Read),
                     by: By::Mode,
                     ..verdict
                 },
@@ -518,15 +553,11 @@ impl Policy {
         if self.layers.len() == 1 {
             return self.layers[0].check_for(path, caller, need, special, is_dir);
         }
-        let mut ok: Option<(usize, Verdict)> = None;
+        let mut ok: Vec<(usize, Verdict)> = Vec::new();
         let mut refused: Option<(usize, u8, Denial)> = None;
         for (k, l) in self.layers.iter().enumerate() {
             match l.check_for(path, caller, need, special, is_dir) {
-                Ok(v) => {
-                    if ok.is_none_or(|(_, b)| v.effective < b.effective) {
-                        ok = Some((k, v));
-                    }
-                }
+                Ok(v) => ok.push((k, v)),
                 Err(d) => {
                     let r = rank(l, &d, need);
                     if refused.is_none_or(|(_, br, _)| r < br) {
@@ -535,11 +566,13 @@ impl Policy {
                 }
             }
         }
-        match (refused, ok) {
-            (Some((k, _, d)), _) => Err(self.shift_denial(k, d)),
-            (None, Some((k, v))) => Ok(self.shift(k, v)),
+        if let Some((k, _, d)) = refused {
+            return Err(self.shift_denial(k, d));
+        }
+        match self.lowest(ok) {
+            Some(v) => Ok(v),
             // No layer answered: impossible (there is always one), answered as layer 0.
-            (None, None) => self.layers[0].check_for(path, caller, need, special, is_dir),
+            None => self.layers[0].check_for(path, caller, need, special, is_dir),
         }
     }
 

@@ -10,8 +10,11 @@
 use std::fmt;
 use std::path::Path;
 
-/// Access levels; each includes the ones before it (`Ord` follows that order).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+/// Access levels, a lattice: none < list < read < {create, append} < write. `create` and
+/// `append` are incomparable (their meet is `read`, their join `write`), so there is no
+/// `Ord`: compare with [`Access::includes`], combine with [`Access::meet`] /
+/// [`Access::join`] (see `lattice.rs`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Access {
     /// The path does not exist for the caller.
     None,
@@ -19,17 +22,24 @@ pub enum Access {
     List,
     /// open and read contents, xattrs, execute.
     Read,
+    /// `read`, plus creating new files, directories and symlinks, and writing a file this
+    /// uid created through the mount until its first close; nothing that existed changes.
+    Create,
+    /// `read`, plus writes with O_APPEND to existing files; no truncate, no other write.
+    Append,
     /// every mutation.
     Write,
 }
 
 impl Access {
-    /// The policy-file word: "none" | "list" | "read" | "write".
+    /// The policy-file word: "none" | "list" | "read" | "create" | "append" | "write".
     pub fn as_str(self) -> &'static str {
         match self {
             Access::None => "none",
             Access::List => "list",
             Access::Read => "read",
+            Access::Create => "create",
+            Access::Append => "append",
             Access::Write => "write",
         }
     }
@@ -84,12 +94,23 @@ impl std::str::FromStr for Mode {
 }
 
 /// Who asks.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct Caller {
     /// Requesting uid.
     pub uid: u32,
     /// Requesting gid.
     pub gid: u32,
+    /// The program rules (`exe` / `ancestor_exe`) whose programs the calling process
+    /// matches: bit `i` is program rule `i` of the policy set (see
+    /// [`Policy::match_programs`]). 0 when the policy has none.
+    pub progs: u64,
+}
+
+impl Caller {
+    /// A caller by ids alone (matching no program rule).
+    pub const fn new(uid: u32, gid: u32) -> Caller {
+        Caller { uid, gid, progs: 0 }
+    }
 }
 
 /// What an operation needs on one path.
@@ -101,9 +122,32 @@ pub enum Need {
     Read,
     /// mutation of an existing path (write, truncate, unlink, rmdir, rename source, chmod, …).
     Write,
-    /// creating the path (create, mkdir, mknod, symlink, link target, rename target):
-    /// like `Write`, but a `none` path is refused with EACCES instead of ENOENT.
+    /// creating the path (create, mkdir, mknod, symlink, link target, a rename target that
+    /// does not exist), or mutating a file this uid created through the mount and has not
+    /// closed yet: needs `create` (or `write`); a `none` path is refused with EACCES
+    /// instead of ENOENT.
     Create,
+    /// opening an existing file for writing with O_APPEND (no O_TRUNC), and such writes:
+    /// needs `append` (or `write`).
+    Append,
+}
+
+impl Need {
+    /// The access level that satisfies this need.
+    pub fn access(self) -> Access {
+        match self {
+            Need::List => Access::List,
+            Need::Read => Access::Read,
+            Need::Create => Access::Create,
+            Need::Append => Access::Append,
+            Need::Write => Access::Write,
+        }
+    }
+
+    /// A mutation: capped by the mode's ceiling (EROFS).
+    pub fn mutates(self) -> bool {
+        matches!(self, Need::Write | Need::Create | Need::Append)
+    }
 }
 
 /// What decided a path's access.
@@ -178,12 +222,7 @@ impl Denial {
             return None;
         }
         let ask = policy.rule(i).ask?;
-        let needed = match need {
-            Need::List => Access::List,
-            Need::Read => Access::Read,
-            Need::Write | Need::Create => Access::Write,
-        };
-        (ask >= needed).then_some(ask)
+        ask.includes(need.access()).then_some(ask)
     }
 }
 
@@ -219,6 +258,12 @@ pub struct RuleInfo {
     pub uids: Vec<u32>,
     /// `gid = [...]`, empty when absent.
     pub gids: Vec<u32>,
+    /// `exec = false` (default true): files the rule covers cannot be executed.
+    pub exec: bool,
+    /// `exe = [...]` as written, empty when absent.
+    pub exe: Vec<String>,
+    /// `ancestor_exe = [...]` as written, empty when absent.
+    pub ancestor_exe: Vec<String>,
 }
 
 /// A policy error with location: Display is `file:line:column: message`.
@@ -252,8 +297,10 @@ pub(crate) mod build;
 mod decide;
 mod glob;
 pub mod ignore;
+mod lattice;
 mod layers;
 pub mod presets;
+mod programs;
 mod raw;
 pub mod schema;
 #[cfg(test)]
@@ -262,6 +309,7 @@ mod tests;
 pub use build::Layer;
 pub use ignore::{IgnoreHit, IgnoreSet, IgnoreSource};
 pub use layers::Policy;
+pub use programs::MAX_PROGRAM_RULES;
 
 /// Reads and compiles a policy file (one layer); every error found (not just the first).
 pub fn load(path: &Path) -> Result<Policy, Vec<PolicyError>> {

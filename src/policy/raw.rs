@@ -28,6 +28,9 @@
 //!             except = [string, ...]           (globs; may be empty)
 //!             uid    = [integer 0..=u32::MAX, ...]  (non-empty)
 //!             gid    = [integer 0..=u32::MAX, ...]  (non-empty)
+//!             exec   = boolean                 (false: covered files cannot be executed)
+//!             exe    = [string, ...]           (absolute program globs; non-empty)
+//!             ancestor_exe = [string, ...]     (absolute program globs; non-empty)
 //! ```
 
 use std::ops::Range;
@@ -62,6 +65,13 @@ pub(crate) struct RawRule {
     pub except: Option<Vec<Located<String>>>,
     pub uid: Option<Vec<u32>>,
     pub gid: Option<Vec<u32>>,
+    /// `exec = false`: covered files cannot be executed.
+    pub exec: Option<bool>,
+    /// `exe = [...]`: only for requests from processes running one of these programs.
+    pub exe: Option<Vec<Located<String>>>,
+    /// `ancestor_exe = [...]`: only for processes with one of these among themselves and
+    /// their ancestors.
+    pub ancestor_exe: Option<Vec<Located<String>>>,
 }
 
 /// The policy file as written, types checked, meanings not yet.
@@ -85,7 +95,7 @@ pub(crate) struct RawPolicy {
 }
 
 pub(crate) const TOP_KEYS: &str = "mode, default, writable_roots, protected, allow_setid, allow_devices, agent_notes, presets, workspace_policy, ignore_files, rule";
-pub(crate) const RULE_KEYS: &str = "path, access, ask, except, uid, gid";
+pub(crate) const RULE_KEYS: &str = "path, access, ask, except, uid, gid, exec, exe, ancestor_exe";
 
 /// Parses `src`. `Err` is a TOML syntax error (the parser stops at the first one);
 /// otherwise the raw policy plus every structural error found (possibly none).
@@ -288,6 +298,9 @@ fn rule(header: Range<usize>, table: &DeTable<'_>, errors: &mut Vec<RawError>) -
             "except" => r.except = strings(name, value, errors),
             "uid" => r.uid = ids(name, value, errors),
             "gid" => r.gid = ids(name, value, errors),
+            "exec" => r.exec = boolean(name, value, errors),
+            "exe" => r.exe = strings(name, value, errors),
+            "ancestor_exe" => r.ancestor_exe = strings(name, value, errors),
             _ => errors.push(unknown_key(key, RULE_KEYS)),
         }
     }
@@ -302,7 +315,8 @@ fn rule(header: Range<usize>, table: &DeTable<'_>, errors: &mut Vec<RawError>) -
     if !has_access {
         errors.push(RawError {
             span: r.header.clone(),
-            message: "rule is missing \"access\" (none, list, read or write)".to_string(),
+            message: "rule is missing \"access\" (none, list, read, create, append or write)"
+                .to_string(),
         });
     }
     r

@@ -65,6 +65,15 @@ pub struct Rule {
     /// The rule applies only to these gids.
     #[schemars(length(min = 1))]
     pub gid: Option<Vec<u32>>,
+    /// false: files the rule covers cannot be executed (execute bits read as cleared).
+    pub exec: Option<bool>,
+    /// The rule applies only to processes running one of these programs (absolute globs,
+    /// as the process sees them).
+    #[schemars(length(min = 1))]
+    pub exe: Option<Vec<String>>,
+    /// The rule applies when the process or an ancestor runs one of these programs.
+    #[schemars(length(min = 1))]
+    pub ancestor_exe: Option<Vec<String>>,
 }
 
 /// Sandbox modes.
@@ -81,7 +90,7 @@ pub enum ModeWord {
     Danger,
 }
 
-/// Access levels, each including the ones before it.
+/// Access levels: none < list < read < {create, append} < write.
 #[derive(Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum AccessWord {
@@ -91,6 +100,10 @@ pub enum AccessWord {
     List,
     /// Open and read contents, execute.
     Read,
+    /// Read, plus creating new entries and writing a new file until its first close.
+    Create,
+    /// Read, plus writes with O_APPEND to existing files.
+    Append,
     /// Every mutation.
     Write,
 }
@@ -101,6 +114,10 @@ pub enum AccessWord {
 pub enum AskWord {
     /// Reading.
     Read,
+    /// Creating new entries.
+    Create,
+    /// Appending.
+    Append,
     /// Every mutation.
     Write,
 }

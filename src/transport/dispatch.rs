@@ -16,6 +16,7 @@ use super::pool::Pool;
 use super::reply::{RingDir, RingReply};
 use super::ring::Incoming;
 use crate::fs::handlers::SetAttr;
+use crate::fs::ops::WriteKind;
 use crate::fs::reply::{
     AttrReply, CreateReply, DataReply, DirPlusReply, DirReply, EmptyReply, EntryReply, LseekReply,
     OpenReply, Reply, StatfsReply, WriteReply, XattrReply,
@@ -36,7 +37,7 @@ pub enum Req {
     Link(u64, u64, Vec<u8>),
     Open(u64, i32),
     Read(u64, u64, u32),
-    Write(u64, u64, Vec<u8>, bool),
+    Write(u64, u64, Vec<u8>, WriteKind),
     StatFs(u64),
     Release(u64, u64),
     Fsync(u64, bool),
@@ -236,8 +237,12 @@ fn decode_args(h: &InHeader, a: Args<'_>, p: Args<'_>) -> Result<Req, Short> {
         op::WRITE => {
             let size = a.u32(16)? as usize;
             let data = p.0.get(..size).ok_or(Short)?;
-            let kill = a.u32(20)? & abi::WRITE_KILL_SUIDGID != 0;
-            Req::Write(a.u64(0)?, a.u64(8)?, data.to_vec(), kill)
+            let wflags = a.u32(20)?;
+            let kill = wflags & abi::WRITE_KILL_SUIDGID != 0;
+            // `flags` (the file's open flags) since protocol 7.9; 0 before.
+            let flags = a.u32(32).unwrap_or(0) as i32;
+            let kind = WriteKind::from_flags(wflags, kill, flags);
+            Req::Write(a.u64(0)?, a.u64(8)?, data.to_vec(), kind)
         }
         op::STATFS => Req::StatFs(n),
         op::RELEASE => Req::Release(n, a.u64(0)?),
@@ -377,10 +382,18 @@ mod tests {
         w[8..16].copy_from_slice(&4096u64.to_ne_bytes());
         w[16..20].copy_from_slice(&5u32.to_ne_bytes());
         let d = dec(op::WRITE, &w, b"hello, and more", 0, Acl::All);
-        assert!(matches!(d.req, Req::Write(3, 4096, ref v, false) if v == b"hello"));
+        let plain = WriteKind::default();
+        assert!(matches!(d.req, Req::Write(3, 4096, ref v, k) if v == b"hello" && k == plain));
         w[20..24].copy_from_slice(&abi::WRITE_KILL_SUIDGID.to_ne_bytes());
         let d = dec(op::WRITE, &w, b"hello", 0, Acl::All);
-        assert!(matches!(d.req, Req::Write(3, 4096, _, true)));
+        assert!(matches!(d.req, Req::Write(3, 4096, _, k) if k.kill_setid && !k.append));
+        w[32..36].copy_from_slice(&(libc::O_WRONLY | libc::O_APPEND).to_ne_bytes());
+        let d = dec(op::WRITE, &w, b"hello", 0, Acl::All);
+        assert!(matches!(d.req, Req::Write(3, 4096, _, k) if k.kill_setid && k.append));
+        // A page-cache write (FUSE_WRITE_CACHE) never counts as an append.
+        w[20..24].copy_from_slice(&1u32.to_ne_bytes());
+        let d = dec(op::WRITE, &w, b"hello", 0, Acl::All);
+        assert!(matches!(d.req, Req::Write(3, 4096, _, k) if !k.append));
         // setattr: size and mtime "now", nothing else.
         let mut sa = vec![0u8; 88];
         let valid = fattr::SIZE | fattr::MTIME | fattr::MTIME_NOW;

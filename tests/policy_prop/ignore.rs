@@ -166,7 +166,7 @@ fn run_ignore(g: &GenPolicy, files: &[GenIgnore], case: &Case) -> Result<(), Str
                 let want = if hidden {
                     Access::None
                 } else if pinned {
-                    rv.effective.min(Access::Read)
+                    meet(rv.effective, Access::Read)
                 } else {
                     rv.effective
                 };
@@ -193,7 +193,9 @@ fn run_ignore(g: &GenPolicy, files: &[GenIgnore], case: &Case) -> Result<(), Str
                             } else {
                                 libc::ENOENT
                             })
-                        } else if pinned && matches!(need, Need::Write | Need::Create) {
+                        } else if pinned
+                            && matches!(need, Need::Write | Need::Create | Need::Append)
+                        {
                             match base {
                                 Err(e) if rv.grant == Access::None || e == libc::EPERM => Err(e),
                                 _ => Err(libc::EROFS),

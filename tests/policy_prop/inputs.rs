@@ -117,6 +117,8 @@ pub(super) fn access() -> impl Strategy<Value = Access> {
         Access::None,
         Access::List,
         Access::Read,
+        Access::Create,
+        Access::Append,
         Access::Write,
     ])
 }

@@ -2,7 +2,7 @@
 //! a set of 1–3 generated policies, compiled as layers, decides as the naive combination
 //! of one [`Reference`] per layer does — every layer decides on its own; refused if any
 //! refuses, the errno by the contract's order across layers (`none` first, then
-//! device/setid, the mode, a rule); the access is the lowest layer's; the mode is the most
+//! device/setid, the mode, a rule); the access is the meet of the layers'; the mode is the most
 //! restrictive of the modes the files set (read-only when none sets one), `--mode` over
 //! all; a directory rename is allowed only when every layer allows it.
 
@@ -95,7 +95,7 @@ fn run_layers(layers: &[GenPolicy], over: Option<Mode>, case: &Case) -> Result<(
             let want = refs
                 .iter()
                 .map(|r| r.verdict(&comps, caller, is_dir).effective)
-                .min()
+                .reduce(meet)
                 .unwrap();
             let v = policy.verdict_for(path, caller, is_dir);
             let at = || format!("path {}, {caller:?}, is_dir {is_dir}", show(path));

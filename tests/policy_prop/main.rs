@@ -68,22 +68,19 @@ const ID_POOL: &[u32] = &[0, 1000, 2000, 3000];
 /// The callers every case is checked for: nobody listed, uid match only, gid match only,
 /// both, root.
 const CALLERS: &[Caller] = &[
-    Caller { uid: 0, gid: 0 },
-    Caller {
-        uid: 1000,
-        gid: 1000,
-    },
-    Caller {
-        uid: 1000,
-        gid: 2000,
-    },
-    Caller {
-        uid: 2000,
-        gid: 1000,
-    },
-    Caller { uid: 5, gid: 5 },
+    Caller::new(0, 0),
+    Caller::new(1000, 1000),
+    Caller::new(1000, 2000),
+    Caller::new(2000, 1000),
+    Caller::new(5, 5),
 ];
-const NEEDS: &[Need] = &[Need::List, Need::Read, Need::Write, Need::Create];
+const NEEDS: &[Need] = &[
+    Need::List,
+    Need::Read,
+    Need::Write,
+    Need::Create,
+    Need::Append,
+];
 const SPECIALS: &[Special] = &[
     Special {
         device: false,

@@ -14,6 +14,7 @@ fn need_name(n: Need) -> &'static str {
         Need::Read => "Read",
         Need::Write => "Write",
         Need::Create => "Create",
+        Need::Append => "Append",
     }
 }
 
@@ -25,7 +26,7 @@ fn check_verdict(v: &Verdict, r: &RefVerdict, p: &Policy) -> Result<(), String> 
             v.grant, v.effective, r.grant, r.effective, r.source
         ));
     }
-    let by_mode = r.ceiling < r.grant;
+    let by_mode = !ge(r.ceiling, r.grant);
     if (v.by == By::Mode) != by_mode || (!by_mode && v.by != v.grant_by) {
         return Err(format!(
             "by: engine {:?}, reference ceiling {:?} under grant {:?}",

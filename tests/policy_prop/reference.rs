@@ -4,6 +4,41 @@ use super::*;
 
 // ------------------------------------------------------------------------ the reference
 
+/// The reference's own lattice, independent of the engine's: each level is the set of
+/// what it lets a caller do (l list, r read, c create, a append, w overwrite/delete); a
+/// level includes another when its set is a superset, and the meet is the level of the
+/// intersection (the SPEC: none < list < read < {create, append} < write).
+pub(super) fn caps(a: Access) -> u8 {
+    const L: u8 = 1;
+    const R: u8 = 2;
+    const C: u8 = 4;
+    const A: u8 = 8;
+    const W: u8 = 16;
+    match a {
+        Access::None => 0,
+        Access::List => L,
+        Access::Read => L | R,
+        Access::Create => L | R | C,
+        Access::Append => L | R | A,
+        Access::Write => L | R | C | A | W,
+    }
+}
+
+/// `a` allows everything `b` allows.
+pub(super) fn ge(a: Access, b: Access) -> bool {
+    caps(a) & caps(b) == caps(b)
+}
+
+/// The greatest level whose set lies inside both.
+pub(super) fn meet(a: Access, b: Access) -> Access {
+    let both = caps(a) & caps(b);
+    Access::ALL
+        .into_iter()
+        .filter(|&x| caps(x) & both == caps(x))
+        .max_by_key(|&x| caps(x).count_ones())
+        .unwrap()
+}
+
 /// A normalized pattern: its components (`.` → no components, the root).
 pub(super) type Pat = Vec<Vec<u8>>;
 /// A path as its names (the root: none).
@@ -273,11 +308,23 @@ impl Reference {
                 .filter(|&i| self.rules[i].has_ids())
                 .collect();
             let pool = if with_ids.is_empty() { hits } else { with_ids };
-            let min = pool.iter().map(|&i| self.rules[i].access).min().unwrap();
-            let winners = pool
-                .into_iter()
+            let min = pool
+                .iter()
+                .map(|&i| self.rules[i].access)
+                .reduce(meet)
+                .unwrap();
+            // The rules whose access is the meet decide; when none has it (create and
+            // append together give read), any of them may be named.
+            let exact: BTreeSet<usize> = pool
+                .iter()
+                .copied()
                 .filter(|&i| self.rules[i].access == min)
                 .collect();
+            let winners = if exact.is_empty() {
+                pool.into_iter().collect()
+            } else {
+                exact
+            };
             decided = Some((min, Source::Rules(winners)));
             break;
         }
@@ -287,7 +334,7 @@ impl Reference {
             let mut lifters: BTreeSet<usize> = (0..self.rules.len())
                 .filter(|&i| {
                     let r = &self.rules[i];
-                    r.access >= Access::List && exists(i) && self.below(&r.pat, path)
+                    ge(r.access, Access::List) && exists(i) && self.below(&r.pat, path)
                 })
                 .collect();
             // 2. a hole: a `none` rule that covers the directory and exists here has an
@@ -306,9 +353,9 @@ impl Reference {
             if !holes.is_empty() {
                 lifters.extend((0..self.rules.len()).filter(|&i| {
                     let r = &self.rules[i];
-                    r.access >= Access::List && exists(i) && covers(&r.pat, path)
+                    ge(r.access, Access::List) && exists(i) && covers(&r.pat, path)
                 }));
-                if self.default >= Access::List {
+                if ge(self.default, Access::List) {
                     lifters.extend(holes);
                 }
             }
@@ -321,7 +368,7 @@ impl Reference {
         RefVerdict {
             grant,
             ceiling,
-            effective: grant.min(ceiling),
+            effective: meet(grant, ceiling),
             source,
         }
     }
@@ -331,8 +378,11 @@ impl Reference {
         let needed = match need {
             Need::List => Access::List,
             Need::Read => Access::Read,
-            Need::Write | Need::Create => Access::Write,
+            Need::Create => Access::Create,
+            Need::Append => Access::Append,
+            Need::Write => Access::Write,
         };
+        let mutation = matches!(need, Need::Create | Need::Append | Need::Write);
         if v.grant == Access::None {
             return Err(if need == Need::Create {
                 libc::EACCES
@@ -343,10 +393,10 @@ impl Reference {
         if (special.device && !self.allow_devices) || (special.setid && !self.allow_setid) {
             return Err(libc::EPERM);
         }
-        if needed == Access::Write && v.ceiling < Access::Write {
+        if mutation && !ge(v.ceiling, needed) {
             return Err(libc::EROFS);
         }
-        if v.grant < needed {
+        if !ge(v.grant, needed) {
             return Err(libc::EACCES);
         }
         Ok(())

@@ -167,11 +167,8 @@ fn reference_decides_spec_examples() {
         inline_rules: false,
     };
     let r = Reference::new(&g);
-    let me = Caller {
-        uid: 1000,
-        gid: 1000,
-    };
-    let other = Caller { uid: 5, gid: 5 };
+    let me = Caller::new(1000, 1000);
+    let other = Caller::new(5, 5);
     let eff = |path: &str, c: Caller, is_dir: bool| r.verdict(&p(path), c, is_dir).effective;
     assert_eq!(eff("secrets", me, true), Access::List);
     assert_eq!(eff("secrets", me, false), Access::None);

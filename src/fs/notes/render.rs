@@ -278,10 +278,7 @@ mod tests {
         Policy::parse(src, "p.toml").unwrap()
     }
 
-    const AGENT: Caller = Caller {
-        uid: 1000,
-        gid: 1000,
-    };
+    const AGENT: Caller = Caller::new(1000, 1000);
 
     #[test]
     fn braces_expand_nested_and_bounded() {

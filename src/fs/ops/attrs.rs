@@ -85,7 +85,8 @@ impl Shared {
             // Only turning a set-ID bit on is "setting" it.
             sp.setid = (m & setid) & !(st.st_mode & setid) != 0;
         }
-        self.allow_ino(ctx, "setattr", ino, Need::Write, sp)?;
+        let need = self.mutate_need(ctx, ino);
+        self.allow_ino(ctx, "setattr", ino, need, sp)?;
         let kind = st.st_mode & libc::S_IFMT;
         let fd = self.inodes.fd(ino)?;
         let handle = fh.and_then(|fh| self.handles.get(fh));
@@ -145,11 +146,13 @@ impl Shared {
         Ok(self.attr(ctx, ino, &sys::fstat(fd.as_fd())?))
     }
 
-    /// access(2): F_OK needs `list`, R_OK/X_OK `read`, W_OK `write`; X_OK also needs an
-    /// execute bit on non-directories (as for root on a local disk).
+    /// access(2): F_OK needs `list`, R_OK/X_OK `read`, W_OK some way to write (`write`;
+    /// `append` for a file, `create` for a directory or a file this uid is creating); X_OK
+    /// also needs an execute bit on non-directories (as for root on a local disk) that no
+    /// `exec = false` rule masks.
     pub fn do_access(&self, ctx: &Ctx, ino: u64, mask: i32) -> Res<()> {
         let need = if mask & libc::W_OK != 0 {
-            Need::Write
+            self.access_write_need(ctx, ino)
         } else if mask & (libc::R_OK | libc::X_OK) != 0 {
             Need::Read
         } else {
@@ -158,7 +161,9 @@ impl Shared {
         self.allow_ino(ctx, "access", ino, need, Special::default())?;
         if mask & libc::X_OK != 0 {
             let st = self.stat_ino(ino)?;
-            if st.st_mode & libc::S_IFMT != libc::S_IFDIR && st.st_mode & 0o111 == 0 {
+            if st.st_mode & libc::S_IFMT != libc::S_IFDIR
+                && (st.st_mode & 0o111 == 0 || self.no_exec(ctx, ino))
+            {
                 return Err(Error(libc::EACCES));
             }
         }

@@ -14,7 +14,8 @@ use std::io;
 use std::os::fd::AsFd;
 use std::sync::OnceLock;
 
-use super::{Ctx, Error, Opened, Res, Shared};
+use super::grants::write_need;
+use super::{Ctx, Error, Opened, Res, Shared, WriteKind};
 use crate::fs::attr;
 use crate::host::handle::Handle;
 use crate::host::sys;
@@ -32,6 +33,8 @@ impl Shared {
             read,
             write,
             exec,
+            fresh,
+            append_only,
             mut slots,
         } = o;
         let file = if passthrough {
@@ -47,6 +50,8 @@ impl Shared {
             read,
             write,
             exec,
+            fresh,
+            append_only,
             entries: None,
             slots,
             kept: OnceLock::new(),
@@ -59,7 +64,14 @@ impl Shared {
     /// descriptor budget is taken before the open.
     pub fn do_open(&self, ctx: &Ctx, ino: u64, flags: i32) -> Res<Opened> {
         let intent = attr::classify(flags);
-        self.allow_ino(ctx, "open", ino, intent.need, Special::default())?;
+        let need = self.open_need(ctx, ino, flags);
+        self.allow_ino(ctx, "open", ino, need, Special::default())?;
+        if flags & attr::FMODE_EXEC != 0 {
+            self.check_exec(ctx, ino)?;
+        }
+        // Granted append but not write: the handle may only append.
+        let append_only =
+            need == Need::Append && !self.learning() && !self.grants_ino(ctx, ino, Need::Write);
         // O_TRUNC is applied by the host open itself (atomic O_TRUNC): refuse it for a
         // running program before the host file is touched, as a local disk would.
         if flags & libc::O_TRUNC != 0 && self.handles.executing(ino) {
@@ -93,6 +105,8 @@ impl Shared {
             read: intent.read,
             write: intent.write,
             exec: flags & attr::FMODE_EXEC != 0,
+            fresh: false,
+            append_only,
             slots,
         })
     }
@@ -113,7 +127,7 @@ impl Shared {
         // newest shared writable map of the file, whoever dirtied them (and the pages are
         // shared by every map): the I/O is decided for every uid holding a handle on the
         // node with that access, so a uid cut off cannot write through another's handle.
-        let write = need == Need::Write;
+        let write = need.mutates();
         let mut openers = self
             .handles
             .openers_on(h.ino, |o| if write { o.write } else { o.read });
@@ -122,13 +136,14 @@ impl Shared {
         }
         for (uid, gid) in openers {
             let opener = Ctx {
-                caller: Caller { uid, gid },
+                caller: Caller::new(uid, gid),
                 pid: 0,
                 snap: ctx.snap.clone(),
                 approved: None,
                 ask: RefCell::new(None),
                 may_hold: false,
                 inside: None,
+                need: std::cell::Cell::new(None),
             };
             self.allow_ino(&opener, op, h.ino, need, Special::default())?;
         }
@@ -157,23 +172,25 @@ impl Shared {
         Ok(buf)
     }
 
-    /// write through a handle opened for writing; `kill_setid`: the kernel's
-    /// FUSE_WRITE_KILL_SUIDGID (the writer lacks CAP_FSETID), see [`Shared::kill_setid`].
+    /// write through a handle opened for writing; `kind.kill_setid`: the kernel's
+    /// FUSE_WRITE_KILL_SUIDGID (the writer lacks CAP_FSETID), see [`Shared::kill_setid`];
+    /// an append-only handle takes only appending writes (see `grants.rs`).
     pub fn do_write(
         &self,
         ctx: &Ctx,
         fh: u64,
         offset: u64,
         data: &[u8],
-        kill_setid: bool,
+        kind: WriteKind,
     ) -> Res<u32> {
         let h = self.handle(fh)?;
         if !h.write {
             return Err(Error(libc::EBADF));
         }
-        self.recheck(ctx, "write", &h, Need::Write)?;
+        self.check_append(ctx, &h, kind)?;
+        self.recheck(ctx, "write", &h, write_need(&h))?;
         let fd = self.io_fd(&h, libc::O_WRONLY)?;
-        if kill_setid {
+        if kind.kill_setid {
             self.kill_setid(h.ino, fd.as_fd())?;
         }
         let n = pwrite_all(fd.as_fd(), data, offset)?;
@@ -202,7 +219,11 @@ impl Shared {
         if !h.write {
             return Err(Error(libc::EBADF));
         }
-        self.recheck(ctx, "fallocate", &h, Need::Write)?;
+        if h.append_only {
+            // Never a pure append: it may punch, zero or extend in place.
+            self.check_append(ctx, &h, WriteKind::default())?;
+        }
+        self.recheck(ctx, "fallocate", &h, write_need(&h))?;
         let fd = self.io_fd(&h, libc::O_WRONLY)?;
         if self.kills_setid(ctx) {
             self.kill_setid(h.ino, fd.as_fd())?;
@@ -233,8 +254,11 @@ impl Shared {
         if !hi.read || !ho.write {
             return Err(Error(libc::EBADF));
         }
+        // Into an append-only file: the host refuses copy_file_range to an O_APPEND file
+        // (EBADF); refusing first says why.
+        self.check_append(ctx, &ho, WriteKind::default())?;
         self.recheck(ctx, "read", &hi, Need::Read)?;
-        self.recheck(ctx, "write", &ho, Need::Write)?;
+        self.recheck(ctx, "write", &ho, write_need(&ho))?;
         let len = len.min(u32::MAX as u64 & !0xfff);
         let fi = self.io_fd(&hi, libc::O_RDONLY)?;
         let fo = self.io_fd(&ho, libc::O_WRONLY)?;

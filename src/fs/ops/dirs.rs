@@ -40,6 +40,8 @@ impl Shared {
             read: true,
             write: false,
             exec: false,
+            fresh: false,
+            append_only: false,
             entries: Some(parking_lot::Mutex::new(None)),
             slots,
             kept: OnceLock::new(),

@@ -23,7 +23,7 @@
 //! with `--revoke`); the host is reached only through inode handles, never a path string;
 //! every host error keeps its errno (`From<io::Error> for Error`).
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
@@ -38,6 +38,7 @@ use crate::approvals::{Approvals, Outcome};
 use crate::audit::Audit;
 use crate::host::handle::{Handle, HandleFd, Handles, Slots};
 use crate::host::inode::{Inodes, join};
+use crate::host::programs::Programs;
 use crate::host::sys::{self, Name};
 use crate::idmap::IdMap;
 use crate::policy::{Access, By, Caller, Need, Verdict};
@@ -46,6 +47,9 @@ use crate::reload::{PolicyStore, Snapshot};
 mod attrs;
 mod data;
 mod dirs;
+mod grants;
+
+pub use grants::WriteKind;
 mod names;
 mod xattr;
 
@@ -100,6 +104,9 @@ pub struct Ctx {
     pub may_hold: bool,
     /// Inside the view-swap gate while the request runs (staged mounts).
     pub inside: Option<crate::fs::gate::Inside>,
+    /// What the decision being audited needed (the audit line's `need`, which
+    /// `fencefs learn` reads).
+    pub need: Cell<Option<Need>>,
 }
 
 /// Cache lifetimes for one reply.
@@ -120,6 +127,8 @@ pub struct Settings {
     pub ttl: Duration,
     /// Use kernel FUSE passthrough for file I/O where the kernel allows it.
     pub passthrough: bool,
+    /// `--learn`: report-only; what was used is recorded here (see `learn.rs`).
+    pub learn: Option<Arc<crate::learn::Recorder>>,
 }
 
 /// Everything the operations share.
@@ -149,6 +158,8 @@ pub struct Shared {
     pub approvals: Arc<Approvals>,
     /// Decisions made (for `status`).
     pub stats: Stats,
+    /// Resolves callers' programs for `exe` / `ancestor_exe` rules.
+    pub programs: Programs,
     /// The virtual `.fencefs/` directory (`agent_notes = true`): open notes, denials.
     pub notes: super::notes::Notes,
 }
@@ -189,6 +200,10 @@ pub struct Opened {
     read: bool,
     write: bool,
     exec: bool,
+    /// See [`Handle::fresh`].
+    fresh: bool,
+    /// See [`Handle::append_only`]: never a passthrough file, served with direct I/O.
+    pub append_only: bool,
     slots: Slots,
 }
 
@@ -204,19 +219,34 @@ impl Shared {
         if a.kind == FileType::Directory && ctx.snap.policy.may_hide() {
             a.nlink = 1;
         }
+        if a.kind == FileType::RegularFile && a.perm & 0o111 != 0 && self.no_exec(ctx, ino) {
+            a.perm &= !0o111;
+        }
         a
     }
 
-    /// Builds the request context (one policy snapshot).
+    /// Builds the request context (one policy snapshot). With program rules in the
+    /// policy, the calling process's program (and its ancestors', for `ancestor_exe`) is
+    /// resolved now (`host/programs.rs`) and matched once for the whole request.
     pub fn ctx(&self, uid: u32, gid: u32, pid: u32) -> Ctx {
+        let snap = self.policy.get();
+        let progs = if pid != 0 && snap.policy.has_programs() {
+            let chain = self
+                .programs
+                .chain(pid, snap.policy.has_ancestor_programs());
+            snap.policy.match_programs(&chain.exe, &chain.ancestors)
+        } else {
+            0
+        };
         Ctx {
-            caller: Caller { uid, gid },
+            caller: Caller { uid, gid, progs },
             pid,
-            snap: self.policy.get(),
+            snap,
             approved: None,
             ask: RefCell::new(None),
             may_hold: false,
             inside: self.gate.as_ref().map(|g| g.enter()),
+            need: Cell::new(None),
         }
     }
 

@@ -247,7 +247,10 @@ impl Shared {
             device: false,
             setid: mode & (libc::S_ISUID | libc::S_ISGID) != 0,
         };
-        self.allow(ctx, "create", &path, false, Need::Create, sp)?;
+        let v = self.allow(ctx, "create", &path, false, Need::Create, sp)?;
+        // Granted `create` but not `write`: the new file stays writable by this handle
+        // (and this uid) until it is closed, and an existing file is never opened.
+        let fresh = !v.effective.includes(Access::Write);
         let intent = attr::classify(flags);
         if flags & libc::O_TRUNC != 0
             && let Some(existing) = self.inodes.child(parent, name.bytes())
@@ -268,6 +271,13 @@ impl Shared {
         });
         let (file, existed) = match created {
             Ok(f) => (f, false),
+            Err(Error(libc::EEXIST)) if fresh && !self.learning() => {
+                // The kernel's negative entry was stale: the name is an existing file,
+                // which `create` may not change.
+                self.forget_entry(parent, name);
+                self.audit(ctx, "create", &path, &v, v.grant_by, Some(libc::EACCES));
+                return Err(Error(libc::EACCES));
+            }
             Err(Error(libc::EEXIST)) if flags & libc::O_EXCL == 0 => {
                 (self.open_existing(ctx, parent, &pfd, name, base)?, true)
             }
@@ -288,6 +298,8 @@ impl Shared {
             read: intent.read,
             write: true,
             exec: false,
+            fresh: fresh && !existed,
+            append_only: false,
             slots,
         };
         Ok((self.attr(ctx, ino, &st), opened))
@@ -465,6 +477,23 @@ impl Shared {
             "rename",
             &[(&old, src_dir, Need::Write), (&new, dst_dir, new_need)],
         )?;
+        // Allowed as a create only (`create`, not `write`): an existing name is never
+        // replaced (EACCES), nor one that appears meanwhile (RENAME_NOREPLACE: EEXIST).
+        // (An approved re-run, whose policy grants neither, is the approver's to decide.)
+        let create_only = new_need == Need::Create
+            && !self.learning()
+            && self.grants(ctx, &new, dst_dir, Need::Create)
+            && !self.grants(ctx, &new, dst_dir, Need::Write);
+        let flags = if create_only {
+            if dst_st.is_some() && flags & libc::RENAME_NOREPLACE == 0 {
+                let v = ctx.snap.policy.verdict_for(&new, ctx.caller, dst_dir);
+                self.audit(ctx, "rename", &new, &v, v.grant_by, Some(libc::EACCES));
+                return Err(Error(libc::EACCES));
+            }
+            flags | libc::RENAME_NOREPLACE
+        } else {
+            flags
+        };
         let moves_dir = src_dir || (exchange && dst_dir);
         if moves_dir && !ctx.snap.policy.dir_rename_allowed(&old, &new) {
             let v = ctx.snap.policy.verdict(&old, ctx.caller);

@@ -81,7 +81,8 @@ impl Shared {
             device: false,
             setid: name == b"security.capability",
         };
-        self.allow_ino(ctx, "setxattr", ino, Need::Write, sp)?;
+        let need = self.mutate_need(ctx, ino);
+        self.allow_ino(ctx, "setxattr", ino, need, sp)?;
         let (fd, ok) = self.xattr_target(ino)?;
         if !ok {
             return Err(Error(libc::EPERM));
@@ -107,7 +108,8 @@ impl Shared {
         if attr::unmirrored_xattr(name) {
             return Err(Error(libc::EOPNOTSUPP));
         }
-        self.allow_ino(ctx, "removexattr", ino, Need::Write, Special::default())?;
+        let need = self.mutate_need(ctx, ino);
+        self.allow_ino(ctx, "removexattr", ino, need, Special::default())?;
         let (fd, ok) = self.xattr_target(ino)?;
         if !ok {
             return Err(Error(libc::ENODATA));

@@ -103,8 +103,8 @@ fn matching_table() {
 
 #[test]
 fn id_rules_table() {
-    let me_gid_only = Caller { uid: 5, gid: 1000 };
-    let me_uid_only = Caller { uid: 1000, gid: 5 };
+    let me_gid_only = Caller::new(5, 1000);
+    let me_uid_only = Caller::new(1000, 5);
     // (rules src, path, caller, want, want_by)
     #[rustfmt::skip]
     let cases: &[(&str, &[u8], Caller, Access, &str)] = &[

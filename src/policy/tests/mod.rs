@@ -4,14 +4,8 @@
 
 use super::*;
 
-const ME: Caller = Caller {
-    uid: 1000,
-    gid: 1000,
-};
-const OTHER: Caller = Caller {
-    uid: 2000,
-    gid: 2000,
-};
+const ME: Caller = Caller::new(1000, 1000);
+const OTHER: Caller = Caller::new(2000, 2000);
 
 fn pol(src: &str) -> Policy {
     Policy::parse(src, "t.toml").unwrap_or_else(|e| panic!("policy should parse: {e:?}\n{src}"))
@@ -56,6 +50,7 @@ type MatchCase<'a> = (
 mod check;
 mod errors;
 mod except;
+mod grants;
 mod ignore;
 mod layers;
 mod matching;

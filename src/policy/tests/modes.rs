@@ -70,7 +70,7 @@ fn mode_ceiling_table() {
             String::from_utf8_lossy(path)
         );
         assert_ne!(v.grant_by, By::Mode, "case {i}");
-        assert_eq!(v.effective, v.grant.min(p.ceiling(path)), "case {i}");
+        assert_eq!(v.effective, v.grant.meet(p.ceiling(path)), "case {i}");
     }
 }
 

@@ -45,6 +45,7 @@ pub fn session(dir: &Path) -> Session {
             revoke: false,
             ttl: Duration::from_secs(1),
             passthrough: false,
+            learn: None,
         },
         as_root: false,
         uids: crate::idmap::IdMap::parse(&[]).unwrap(),
@@ -53,6 +54,7 @@ pub fn session(dir: &Path) -> Session {
         gate: None,
         approvals: Arc::new(crate::approvals::Approvals::new(4, Duration::from_secs(1))),
         stats: Stats::default(),
+        programs: Default::default(),
         notes: Default::default(),
     });
     let core = FenceFs::new(shared).core();
