@@ -430,3 +430,38 @@ fn explain_with_source_names_the_ignore_file_and_line() {
         out.stdout
     );
 }
+
+#[test]
+fn a_directory_rename_cannot_lift_a_hide() {
+    let b = Mount::builder("ignore-rename").policy(POLICY);
+    put(&b.host(".aiignore"), b"vault/keys\nsecret\n", 0o644);
+    put(&b.host("pub/.aiignore"), b"!secret\n", 0o644);
+    put(&b.host("vault/keys"), b"hidden key\n", 0o600);
+    put(&b.host("x/secret"), b"hidden secret\n", 0o600);
+    put(&b.host("src/a/f"), b"f\n", 0o644);
+    let m = b.start();
+    assert_errno(fs::metadata(m.mnt("vault/keys")), ENOENT, "vault/keys").ok();
+    assert_errno(fs::metadata(m.mnt("x/secret")), ENOENT, "x/secret").ok();
+    // Renaming the directory on the pattern's path, or moving one under the directory
+    // whose ignore file re-includes: EACCES, the host unchanged, still hidden.
+    assert_errno(
+        fs::rename(m.mnt("vault"), m.mnt("v2")),
+        EACCES,
+        "mv vault v2",
+    )
+    .ok();
+    assert_errno(fs::rename(m.mnt("x"), m.mnt("pub/x")), EACCES, "mv x pub/x").ok();
+    m.sh("mv vault v3").assert_fail("mv vault v3");
+    assert!(m.host("vault/keys").exists() && m.host("x/secret").exists());
+    assert!(!m.host("v2").exists() && !m.host("v3").exists() && !m.host("pub/x").exists());
+    assert_errno(
+        fs::metadata(m.mnt("vault/keys")),
+        ENOENT,
+        "vault/keys after",
+    )
+    .ok();
+    assert!(!m.sh("cat v2/keys v3/keys pub/x/secret").ok());
+    // Renames the ignore files answer alike for still work.
+    fs::rename(m.mnt("src/a"), m.mnt("src/b")).unwrap();
+    assert_eq!(fs::read(m.host("src/b/f")).unwrap(), b"f\n");
+}
