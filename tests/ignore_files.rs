@@ -465,3 +465,31 @@ fn a_directory_rename_cannot_lift_a_hide() {
     fs::rename(m.mnt("src/a"), m.mnt("src/b")).unwrap();
     assert_eq!(fs::read(m.host("src/b/f")).unwrap(), b"f\n");
 }
+
+#[test]
+fn a_tree_deeper_than_the_scan_bound_is_hidden_and_reloads_still_work() {
+    let b = Mount::builder("ignore-deep").policy(POLICY);
+    put(&b.host(".aiignore"), b"*.key\n", 0o644);
+    put(&b.host("b.pem"), b"data\n", 0o644);
+    let m = b.start();
+    // The agent makes a tree deeper than the scan walks (256 levels): two of 200 and 100,
+    // one moved into the other (a reload in between cannot stop it) ...
+    let at = |n: usize| vec!["d"; n].join("/");
+    let script = format!("mkdir -p {} t/{} && mv t/d {}/", at(200), at(100), at(200));
+    m.sh(&script).assert_ok("make 300 levels");
+    assert!(m.host(&at(300)).is_dir());
+    // ... and the operator then adds a hide: it takes effect (the reload is not refused).
+    fs::write(m.host(".aiignore"), b"*.key\n*.pem\n").unwrap();
+    assert!(
+        eventually(Duration::from_secs(20), || gone(&m.mnt("b.pem"))),
+        "the new hide never took effect: {}",
+        m.stderr()
+    );
+    assert!(!m.stderr().contains("reload refused"), "{}", m.stderr());
+    // What the walk did not look inside is hidden; the level above it is not.
+    assert!(fs::metadata(m.mnt(&at(255))).is_ok(), "255 levels visible");
+    assert_errno(fs::metadata(m.mnt(&at(256))), ENOENT, "256 levels").ok();
+    assert_errno(fs::metadata(m.mnt(&at(300))), ENOENT, "300 levels").ok();
+    assert_errno(fs::create_dir(m.mnt(&at(257))), ENOENT, "mkdir below").ok();
+    assert!(m.host(&at(300)).is_dir(), "the host tree untouched");
+}
