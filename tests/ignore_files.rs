@@ -477,7 +477,7 @@ fn a_tree_deeper_than_the_scan_bound_is_hidden_and_reloads_still_work() {
     let at = |n: usize| vec!["d"; n].join("/");
     let script = format!("mkdir -p {} t/{} && mv t/d {}/", at(200), at(100), at(200));
     m.sh(&script).assert_ok("make 300 levels");
-    assert!(m.host(&at(300)).is_dir());
+    assert!(m.host(at(300)).is_dir());
     // ... and the operator then adds a hide: it takes effect (the reload is not refused).
     fs::write(m.host(".aiignore"), b"*.key\n*.pem\n").unwrap();
     assert!(
@@ -487,9 +487,9 @@ fn a_tree_deeper_than_the_scan_bound_is_hidden_and_reloads_still_work() {
     );
     assert!(!m.stderr().contains("reload refused"), "{}", m.stderr());
     // What the walk did not look inside is hidden; the level above it is not.
-    assert!(fs::metadata(m.mnt(&at(255))).is_ok(), "255 levels visible");
-    assert_errno(fs::metadata(m.mnt(&at(256))), ENOENT, "256 levels").ok();
-    assert_errno(fs::metadata(m.mnt(&at(300))), ENOENT, "300 levels").ok();
-    assert_errno(fs::create_dir(m.mnt(&at(257))), ENOENT, "mkdir below").ok();
-    assert!(m.host(&at(300)).is_dir(), "the host tree untouched");
+    assert!(fs::metadata(m.mnt(at(255))).is_ok(), "255 levels visible");
+    assert_errno(fs::metadata(m.mnt(at(256))), ENOENT, "256 levels").ok();
+    assert_errno(fs::metadata(m.mnt(at(300))), ENOENT, "300 levels").ok();
+    assert_errno(fs::create_dir(m.mnt(at(257))), ENOENT, "mkdir below").ok();
+    assert!(m.host(at(300)).is_dir(), "the host tree untouched");
 }
