@@ -493,3 +493,37 @@ fn a_tree_deeper_than_the_scan_bound_is_hidden_and_reloads_still_work() {
     assert_errno(fs::create_dir(m.mnt(at(257))), ENOENT, "mkdir below").ok();
     assert!(m.host(at(300)).is_dir(), "the host tree untouched");
 }
+
+#[test]
+fn a_scan_that_fails_on_reload_keeps_the_ignore_files_and_loads_the_new_policy() {
+    let b = Mount::builder("ignore-keep").policy(POLICY);
+    put(&b.host(".aiignore"), b"*.key\n", 0o644);
+    put(&b.host("a.key"), b"k\n", 0o644);
+    put(&b.host("b.txt"), b"b\n", 0o644);
+    let m = b.start();
+    assert!(fs::metadata(m.mnt("b.txt")).is_ok());
+    // The scan now fails (here: an ignore file that is a symlink, made on the host; the
+    // bounds on directories and entries walked, which any caller can exceed, fail it
+    // alike). The operator's tightened policy still takes effect.
+    std::os::unix::fs::symlink("/dev/null", m.host("sub/.aiignore"))
+        .or_else(|_| {
+            fs::create_dir_all(m.host("sub"))?;
+            std::os::unix::fs::symlink("/dev/null", m.host("sub/.aiignore"))
+        })
+        .unwrap();
+    m.reload_with(&format!(
+        "{POLICY}[[rule]]\npath = \"b.txt\"\naccess = \"none\"\n"
+    ));
+    assert!(
+        eventually(Duration::from_secs(10), || gone(&m.mnt("b.txt"))),
+        "the new rule never took effect: {}",
+        m.stderr()
+    );
+    assert_errno(fs::metadata(m.mnt("a.key")), ENOENT, "a.key still hidden").ok();
+    assert!(
+        m.stderr().contains("the ignore files in force are kept"),
+        "{}",
+        m.stderr()
+    );
+    assert_eq!(fs::read(m.host("b.txt")).unwrap(), b"b\n");
+}

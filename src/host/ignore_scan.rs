@@ -12,8 +12,8 @@
 //! [`too_deep_hide`]), a depth being something any caller of the mount can make. Over any
 //! other bound, and for an ignore file that is not a
 //! regular file (a symlink, a FIFO), the scan fails: the caller refuses to mount (at
-//! start) or keeps the old policy (reload) — the most restrictive answer, never a partial
-//! set of ignore files.
+//! start) or keeps the ignore files in force (reload, see `reload::load_in`), never a
+//! partial set of ignore files.
 
 use std::io::{self, Read};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};

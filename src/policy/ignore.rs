@@ -188,6 +188,18 @@ impl IgnoreSet {
         &self.names
     }
 
+    /// The ignore files compiled, as read (what a reload whose scan fails keeps).
+    pub fn sources(&self) -> Vec<IgnoreSource> {
+        self.files
+            .iter()
+            .map(|f| IgnoreSource {
+                dir: f.dir.clone(),
+                name: self.names[f.rank].clone(),
+                text: f.text.clone(),
+            })
+            .collect()
+    }
+
     /// Number of ignore files compiled.
     pub fn len(&self) -> usize {
         self.files.len()

@@ -198,6 +198,11 @@ impl Policy {
         Ok(self)
     }
 
+    /// The ignore files compiled in, as read (see [`IgnoreSet::sources`]).
+    pub fn ignore_sources(&self) -> Vec<IgnoreSource> {
+        self.ignore.sources()
+    }
+
     /// The verdict for a path an ignore file hides, if `path` is one.
     fn ignored(&self, path: &[u8], is_dir: bool) -> Option<Verdict> {
         let hit = self.ignore.hides(path, is_dir)?;
