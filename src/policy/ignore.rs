@@ -347,7 +347,8 @@ impl IgnoreSet {
 }
 
 /// The patterns of an ignore file's text that contain a `/` before their end (anchored
-/// at its directory), split into components (`!`, a leading and a trailing `/` removed).
+/// at its directory), split into components (`!`, a leading and a trailing `/` removed),
+/// but for `**/name`: it matches a name at any depth.
 fn anchored_patterns(text: &str) -> Vec<Vec<Vec<u8>>> {
     text.lines()
         .map(str::trim_end)
@@ -355,10 +356,16 @@ fn anchored_patterns(text: &str) -> Vec<Vec<Vec<u8>>> {
         .map(|l| l.strip_prefix('!').unwrap_or(l))
         .map(|l| l.strip_suffix('/').unwrap_or(l))
         .filter(|l| l.contains('/'))
-        .map(|l| {
-            let l = l.strip_prefix('/').unwrap_or(l);
-            l.split('/').map(|c| c.as_bytes().to_vec()).collect()
+        .map(|l| l.strip_prefix('/').unwrap_or(l))
+        .filter(|l| {
+            // `**/name` (and `/**/name`) matches names at any depth, as `name` does.
+            let mut rest = *l;
+            while let Some(r) = rest.strip_prefix("**/") {
+                rest = r;
+            }
+            rest.len() == l.len() || rest.contains('/')
         })
+        .map(|l| l.split('/').map(|c| c.as_bytes().to_vec()).collect())
         .collect()
 }
 

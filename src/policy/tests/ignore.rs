@@ -159,6 +159,11 @@ fn a_directory_rename_cannot_lift_a_hide() {
     );
     // Patterns without a `/` stand alike under both names.
     assert!(p.dir_rename_allowed(b"src/a", b"lib/b"));
+    let any_depth = with(&[src("", ".aiignore", "**/*.pem\n/**/id_rsa\n")]);
+    assert!(any_depth.dir_rename_allowed(b"src/a", b"lib/b"));
+    let inside = with(&[src("", ".aiignore", "keys/**\n")]);
+    assert!(!inside.dir_rename_allowed(b"keys", b"k2"));
+    assert!(inside.dir_rename_allowed(b"src/a", b"lib/b"));
     assert!(p.dir_rename_allowed(b"deep/z", b"lib/b"));
     // A move under a directory whose file re-includes (`!secret`): refused both ways.
     let p = with(&[
