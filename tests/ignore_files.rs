@@ -492,6 +492,10 @@ fn a_tree_deeper_than_the_scan_bound_is_hidden_and_reloads_still_work() {
     assert_errno(fs::metadata(m.mnt(at(300))), ENOENT, "300 levels").ok();
     assert_errno(fs::create_dir(m.mnt(at(257))), ENOENT, "mkdir below").ok();
     assert!(m.host(at(300)).is_dir(), "the host tree untouched");
+    // Meanwhile no directory moves (a move could lift what lies unwalked).
+    fs::create_dir(m.mnt("x1")).unwrap();
+    assert_errno(fs::rename(m.mnt("x1"), m.mnt("x2")), EACCES, "mv x1 x2").ok();
+    assert!(m.host("x1").is_dir() && !m.host("x2").exists());
 }
 
 #[test]
