@@ -94,6 +94,20 @@ pub fn load_in(
     mode: Option<Mode>,
     source: Option<BorrowedFd<'_>>,
 ) -> Result<Policy, Vec<PolicyError>> {
+    load_keeping(files, mode, source, None)
+}
+
+/// [`load_in`], but a scan of SOURCE that fails (over a bound any caller of the mount can
+/// reach: directories or entries walked) uses the ignore files in `kept` (those in force)
+/// instead of failing the load, logged as an error: a caller filling SOURCE must not keep
+/// the operator's new layers out (a refused reload keeps the old, maybe less
+/// restrictive, policy whole). An unparsable ignore file still fails the load.
+fn load_keeping(
+    files: &[PathBuf],
+    mode: Option<Mode>,
+    source: Option<BorrowedFd<'_>>,
+    kept: Option<&[policy::IgnoreSource]>,
+) -> Result<Policy, Vec<PolicyError>> {
     let mut p = if files.is_empty() {
         Policy::builtin_default()
     } else {
@@ -108,14 +122,25 @@ pub fn load_in(
     if let Some(src) = source
         && !p.ignore_names().is_empty()
     {
-        let found = crate::host::ignore_scan::scan(src, p.ignore_names()).map_err(|e| {
-            vec![PolicyError {
-                file: format!("SOURCE/{}", e.path),
-                line: 0,
-                column: 0,
-                message: format!("ignore_files: {}", e.message),
-            }]
-        })?;
+        let found = match (crate::host::ignore_scan::scan(src, p.ignore_names()), kept) {
+            (Ok(found), _) => found,
+            (Err(e), Some(kept)) => {
+                log::error!(
+                    "SOURCE/{}: ignore_files: {}; the ignore files in force are kept, the policy files reloaded",
+                    e.path,
+                    e.message
+                );
+                kept.to_vec()
+            }
+            (Err(e), None) => {
+                return Err(vec![PolicyError {
+                    file: format!("SOURCE/{}", e.path),
+                    line: 0,
+                    column: 0,
+                    message: format!("ignore_files: {}", e.message),
+                }]);
+            }
+        };
         p = p.with_ignores(&found)?;
     }
     if let Some(m) = mode {
@@ -167,10 +192,12 @@ impl PolicyStore {
     /// Reads and compiles every layer's file without putting it in force (a reload first
     /// takes back what the kernel caches, then [`install`](Self::install)s it).
     pub fn prepare(&self) -> Result<Policy, Vec<PolicyError>> {
-        load_in(
+        let kept = self.get().policy.ignore_sources();
+        load_keeping(
             &self.files,
             self.mode,
             self.source.as_ref().map(|f| f.as_fd()),
+            Some(&kept),
         )
     }
 

@@ -430,3 +430,104 @@ fn explain_with_source_names_the_ignore_file_and_line() {
         out.stdout
     );
 }
+
+#[test]
+fn a_directory_rename_cannot_lift_a_hide() {
+    let b = Mount::builder("ignore-rename").policy(POLICY);
+    put(&b.host(".aiignore"), b"vault/keys\nsecret\n", 0o644);
+    put(&b.host("pub/.aiignore"), b"!secret\n", 0o644);
+    put(&b.host("vault/keys"), b"hidden key\n", 0o600);
+    put(&b.host("x/secret"), b"hidden secret\n", 0o600);
+    put(&b.host("src/a/f"), b"f\n", 0o644);
+    let m = b.start();
+    assert_errno(fs::metadata(m.mnt("vault/keys")), ENOENT, "vault/keys").ok();
+    assert_errno(fs::metadata(m.mnt("x/secret")), ENOENT, "x/secret").ok();
+    // Renaming the directory on the pattern's path, or moving one under the directory
+    // whose ignore file re-includes: EACCES, the host unchanged, still hidden.
+    assert_errno(
+        fs::rename(m.mnt("vault"), m.mnt("v2")),
+        EACCES,
+        "mv vault v2",
+    )
+    .ok();
+    assert_errno(fs::rename(m.mnt("x"), m.mnt("pub/x")), EACCES, "mv x pub/x").ok();
+    m.sh("mv vault v3").assert_fail("mv vault v3");
+    assert!(m.host("vault/keys").exists() && m.host("x/secret").exists());
+    assert!(!m.host("v2").exists() && !m.host("v3").exists() && !m.host("pub/x").exists());
+    assert_errno(
+        fs::metadata(m.mnt("vault/keys")),
+        ENOENT,
+        "vault/keys after",
+    )
+    .ok();
+    assert!(!m.sh("cat v2/keys v3/keys pub/x/secret").ok());
+    // Renames the ignore files answer alike for still work.
+    fs::rename(m.mnt("src/a"), m.mnt("src/b")).unwrap();
+    assert_eq!(fs::read(m.host("src/b/f")).unwrap(), b"f\n");
+}
+
+#[test]
+fn a_tree_deeper_than_the_scan_bound_is_hidden_and_reloads_still_work() {
+    let b = Mount::builder("ignore-deep").policy(POLICY);
+    put(&b.host(".aiignore"), b"*.key\n", 0o644);
+    put(&b.host("b.pem"), b"data\n", 0o644);
+    let m = b.start();
+    // The agent makes a tree deeper than the scan walks (256 levels): two of 200 and 100,
+    // one moved into the other (a reload in between cannot stop it) ...
+    let at = |n: usize| vec!["d"; n].join("/");
+    let script = format!("mkdir -p {} t/{} && mv t/d {}/", at(200), at(100), at(200));
+    m.sh(&script).assert_ok("make 300 levels");
+    assert!(m.host(at(300)).is_dir());
+    // ... and the operator then adds a hide: it takes effect (the reload is not refused).
+    fs::write(m.host(".aiignore"), b"*.key\n*.pem\n").unwrap();
+    assert!(
+        eventually(Duration::from_secs(20), || gone(&m.mnt("b.pem"))),
+        "the new hide never took effect: {}",
+        m.stderr()
+    );
+    assert!(!m.stderr().contains("reload refused"), "{}", m.stderr());
+    // What the walk did not look inside is hidden; the level above it is not.
+    assert!(fs::metadata(m.mnt(at(255))).is_ok(), "255 levels visible");
+    assert_errno(fs::metadata(m.mnt(at(256))), ENOENT, "256 levels").ok();
+    assert_errno(fs::metadata(m.mnt(at(300))), ENOENT, "300 levels").ok();
+    assert_errno(fs::create_dir(m.mnt(at(257))), ENOENT, "mkdir below").ok();
+    assert!(m.host(at(300)).is_dir(), "the host tree untouched");
+    // Meanwhile no directory moves (a move could lift what lies unwalked).
+    fs::create_dir(m.mnt("x1")).unwrap();
+    assert_errno(fs::rename(m.mnt("x1"), m.mnt("x2")), EACCES, "mv x1 x2").ok();
+    assert!(m.host("x1").is_dir() && !m.host("x2").exists());
+}
+
+#[test]
+fn a_scan_that_fails_on_reload_keeps_the_ignore_files_and_loads_the_new_policy() {
+    let b = Mount::builder("ignore-keep").policy(POLICY);
+    put(&b.host(".aiignore"), b"*.key\n", 0o644);
+    put(&b.host("a.key"), b"k\n", 0o644);
+    put(&b.host("b.txt"), b"b\n", 0o644);
+    let m = b.start();
+    assert!(fs::metadata(m.mnt("b.txt")).is_ok());
+    // The scan now fails (here: an ignore file that is a symlink, made on the host; the
+    // bounds on directories and entries walked, which any caller can exceed, fail it
+    // alike). The operator's tightened policy still takes effect.
+    std::os::unix::fs::symlink("/dev/null", m.host("sub/.aiignore"))
+        .or_else(|_| {
+            fs::create_dir_all(m.host("sub"))?;
+            std::os::unix::fs::symlink("/dev/null", m.host("sub/.aiignore"))
+        })
+        .unwrap();
+    m.reload_with(&format!(
+        "{POLICY}[[rule]]\npath = \"b.txt\"\naccess = \"none\"\n"
+    ));
+    assert!(
+        eventually(Duration::from_secs(10), || gone(&m.mnt("b.txt"))),
+        "the new rule never took effect: {}",
+        m.stderr()
+    );
+    assert_errno(fs::metadata(m.mnt("a.key")), ENOENT, "a.key still hidden").ok();
+    assert!(
+        m.stderr().contains("the ignore files in force are kept"),
+        "{}",
+        m.stderr()
+    );
+    assert_eq!(fs::read(m.host("b.txt")).unwrap(), b"b\n");
+}

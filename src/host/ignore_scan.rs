@@ -8,10 +8,12 @@
 //! Invariants (bounds; a hostile repository cannot stall startup or eat memory): at most
 //! [`MAX_FILES`] ignore files, each at most [`MAX_FILE_BYTES`] and together at most
 //! [`MAX_TOTAL_BYTES`]; at most [`MAX_DIRS`] directories and [`MAX_ENTRIES`] entries walked,
-//! at most [`MAX_DEPTH`] levels deep. Over any bound, and for an ignore file that is not a
+//! at most [`MAX_DEPTH`] levels deep: a directory that deep is not walked but hidden (see
+//! [`too_deep_hide`]), a depth being something any caller of the mount can make. Over any
+//! other bound, and for an ignore file that is not a
 //! regular file (a symlink, a FIFO), the scan fails: the caller refuses to mount (at
-//! start) or keeps the old policy (reload) — the most restrictive answer, never a partial
-//! set of ignore files.
+//! start) or keeps the ignore files in force (reload, see `reload::load_in`), never a
+//! partial set of ignore files.
 
 use std::io::{self, Read};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -83,6 +85,7 @@ pub fn scan(root: BorrowedFd<'_>, names: &[String]) -> Result<Vec<IgnoreSource>,
         .map_err(|e| fail(b"", format!("cannot open SOURCE: {e}")))?;
     let mut counts = Counts::default();
     let mut stack = vec![visit(top, Vec::new(), names, &mut counts, &mut out)?];
+    let mut too_deep = false;
     while let Some(level) = stack.last_mut() {
         let Some(name) = level.todo.pop() else {
             stack.pop();
@@ -92,7 +95,11 @@ pub fn scan(root: BorrowedFd<'_>, names: &[String]) -> Result<Vec<IgnoreSource>,
         let depth = stack.len();
         let Some(level) = stack.last() else { break };
         if depth >= MAX_DEPTH {
-            return Err(fail(&path, format!("deeper than {MAX_DEPTH} directories")));
+            // Not walked, and hidden (below): the scan never fails on a depth a caller
+            // of the mount can make (`mkdir -p` 300 levels would otherwise refuse every
+            // reload and keep the old, maybe less restrictive, policy).
+            too_deep = true;
+            continue;
         }
         let fd = match open_dir(level.fd.as_fd(), &name) {
             Ok(fd) => fd,
@@ -110,7 +117,22 @@ pub fn scan(root: BorrowedFd<'_>, names: &[String]) -> Result<Vec<IgnoreSource>,
         let next = visit(fd, path, names, &mut counts, &mut out)?;
         stack.push(next);
     }
+    if too_deep && let Some(name) = names.last() {
+        // First, and of the highest-precedence name: no file of SOURCE's root outranks it.
+        out.insert(0, too_deep_hide(name));
+    }
     Ok(out)
+}
+
+/// The ignore source that hides every directory [`MAX_DEPTH`] levels deep (what the walk
+/// did not look inside, so whatever ignore files it holds are never missed): one
+/// anchored, directory-only pattern of `MAX_DEPTH` components at SOURCE's root.
+pub fn too_deep_hide(name: &str) -> IgnoreSource {
+    IgnoreSource {
+        dir: Vec::new(),
+        name: name.to_string(),
+        text: format!("/{}\n", "*/".repeat(MAX_DEPTH)),
+    }
 }
 
 fn open_dir(dir: BorrowedFd<'_>, name: &[u8]) -> io::Result<OwnedFd> {

@@ -70,6 +70,11 @@ struct Compiled {
     matcher: Gitignore,
     /// Its text, for [`IgnoreSet::describe`].
     text: String,
+    /// The directory holding it (workspace-relative).
+    dir: Vec<u8>,
+    /// Its patterns that name a path (a `/` before the end), as components: the ones a
+    /// directory rename can change the answer of (see [`IgnoreSet::dir_rename_keeps_hides`]).
+    anchored: Vec<Vec<Vec<u8>>>,
 }
 
 /// Which line of which ignore file hid a path (see [`IgnoreSet::describe`]).
@@ -144,6 +149,8 @@ impl IgnoreSet {
                     rank,
                     matcher,
                     text: src.text.clone(),
+                    dir: src.dir.clone(),
+                    anchored: anchored_patterns(&src.text),
                 }),
                 Err(e) => errors.push(PolicyError {
                     file: shown,
@@ -181,6 +188,18 @@ impl IgnoreSet {
         &self.names
     }
 
+    /// The ignore files compiled, as read (what a reload whose scan fails keeps).
+    pub fn sources(&self) -> Vec<IgnoreSource> {
+        self.files
+            .iter()
+            .map(|f| IgnoreSource {
+                dir: f.dir.clone(),
+                name: self.names[f.rank].clone(),
+                text: f.text.clone(),
+            })
+            .collect()
+    }
+
     /// Number of ignore files compiled.
     pub fn len(&self) -> usize {
         self.files.len()
@@ -210,6 +229,42 @@ impl IgnoreSet {
     /// Whether some ignore file lies at or below directory `dir` (`b""`: everywhere).
     pub fn holds_ignore_file(&self, dir: &[u8]) -> bool {
         self.by_dir.keys().any(|d| under(d, dir))
+    }
+
+    /// Whether renaming directory `old` to `new` leaves every ignore file's answer for
+    /// the entries below it as it was: the same ignore files stand above both names (a
+    /// move under a directory whose file says `!name` would re-include what an upper file
+    /// hides), and none of them has a pattern naming a path that could reach below
+    /// either name (`vault/keys` hides nothing once `vault` is renamed). Patterns without
+    /// a `/` match names at any depth and stand alike under both.
+    pub fn dir_rename_keeps_hides(&self, old: &[u8], new: &[u8]) -> bool {
+        if self.files.is_empty() {
+            return true;
+        }
+        let above = |p: &[u8]| -> Vec<usize> {
+            (0..self.files.len())
+                .filter(|&i| self.files[i].dir != p && under(p, &self.files[i].dir))
+                .collect()
+        };
+        let chain = above(old);
+        if chain != above(new) {
+            return false;
+        }
+        chain.iter().all(|&i| {
+            let f = &self.files[i];
+            let rel = |p: &[u8]| -> Vec<Vec<u8>> {
+                let r = if f.dir.is_empty() {
+                    p
+                } else {
+                    &p[f.dir.len() + 1..]
+                };
+                r.split(|&c| c == b'/').map(<[u8]>::to_vec).collect()
+            };
+            let (o, n) = (rel(old), rel(new));
+            !f.anchored
+                .iter()
+                .any(|pat| could_reach(pat, &o) || could_reach(pat, &n))
+        })
     }
 
     /// The ignore file and line that hide `path` (a directory when `is_dir`), if any.
@@ -289,6 +344,49 @@ impl IgnoreSet {
             .to_string();
         (String::from_utf8_lossy(&f.path).into_owned(), glob)
     }
+}
+
+/// The patterns of an ignore file's text that contain a `/` before their end (anchored
+/// at its directory), split into components (`!`, a leading and a trailing `/` removed),
+/// but for `**/name`: it matches a name at any depth.
+fn anchored_patterns(text: &str) -> Vec<Vec<Vec<u8>>> {
+    text.lines()
+        .map(str::trim_end)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(|l| l.strip_prefix('!').unwrap_or(l))
+        .map(|l| l.strip_suffix('/').unwrap_or(l))
+        .filter(|l| l.contains('/'))
+        .map(|l| l.strip_prefix('/').unwrap_or(l))
+        .filter(|l| {
+            // `**/name` (and `/**/name`) matches names at any depth, as `name` does.
+            let mut rest = *l;
+            while let Some(r) = rest.strip_prefix("**/") {
+                rest = r;
+            }
+            rest.len() == l.len() || rest.contains('/')
+        })
+        .map(|l| l.split('/').map(|c| c.as_bytes().to_vec()).collect())
+        .collect()
+}
+
+/// Whether an anchored pattern (components) could match `dir` (components, relative to
+/// the pattern's directory) or a path below it. Conservative: a component with a glob
+/// character matches any, `**` anything below.
+fn could_reach(pat: &[Vec<u8>], dir: &[Vec<u8>]) -> bool {
+    for (k, d) in dir.iter().enumerate() {
+        let Some(p) = pat.get(k) else {
+            // The pattern names an ancestor of `dir`: not what moves.
+            return false;
+        };
+        if p == b"**" {
+            return true;
+        }
+        let glob = p.iter().any(|c| b"*?[\\".contains(c));
+        if !glob && p != d {
+            return false;
+        }
+    }
+    true
 }
 
 fn last(path: &[u8]) -> &[u8] {

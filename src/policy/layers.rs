@@ -200,6 +200,11 @@ impl Policy {
         Ok(self)
     }
 
+    /// The ignore files compiled in, as read (see [`IgnoreSet::sources`]).
+    pub fn ignore_sources(&self) -> Vec<IgnoreSource> {
+        self.ignore.sources()
+    }
+
     /// The verdict for a path an ignore file hides, if `path` is one.
     fn ignored(&self, path: &[u8], is_dir: bool) -> Option<Verdict> {
         let hit = self.ignore.hides(path, is_dir)?;
@@ -590,7 +595,9 @@ impl Policy {
     pub fn dir_rename_allowed(&self, old: &[u8], new: &[u8]) -> bool {
         // A directory renamed over the pinned name would replace the workspace layer.
         // Nor one holding an ignore file: its patterns would move (or vanish) with it.
+        // Nor one whose move would change what an ignore file hides below it.
         !self.dir_rename_pinned(old, new)
+            && self.ignore.dir_rename_keeps_hides(old, new)
             && self.layers.iter().all(|l| l.dir_rename_allowed(old, new))
     }
 }

@@ -146,6 +146,38 @@ fn a_directory_holding_an_ignore_file_cannot_be_renamed() {
 }
 
 #[test]
+fn a_directory_rename_cannot_lift_a_hide() {
+    // A pattern naming a path: renaming a directory on it re-includes what it hid.
+    let p = with(&[src("", ".aiignore", "vault/keys\n/deep/a/b/\n*.pem\n")]);
+    assert!(hidden(&p, "vault/keys", false));
+    assert!(!p.dir_rename_allowed(b"vault", b"v2"));
+    assert!(!p.dir_rename_allowed(b"deep", b"v2"));
+    assert!(!p.dir_rename_allowed(b"deep/a", b"v2"));
+    assert!(
+        !p.dir_rename_allowed(b"x", b"vault"),
+        "into the pattern's path"
+    );
+    // Patterns without a `/` stand alike under both names.
+    assert!(p.dir_rename_allowed(b"src/a", b"lib/b"));
+    let any_depth = with(&[src("", ".aiignore", "**/*.pem\n/**/id_rsa\n")]);
+    assert!(any_depth.dir_rename_allowed(b"src/a", b"lib/b"));
+    let inside = with(&[src("", ".aiignore", "keys/**\n")]);
+    assert!(!inside.dir_rename_allowed(b"keys", b"k2"));
+    assert!(inside.dir_rename_allowed(b"src/a", b"lib/b"));
+    assert!(p.dir_rename_allowed(b"deep/z", b"lib/b"));
+    // A move under a directory whose file re-includes (`!secret`): refused both ways.
+    let p = with(&[
+        src("", ".aiignore", "secret\n"),
+        src("pub", ".aiignore", "!secret\n"),
+    ]);
+    assert!(hidden(&p, "x/secret", false) && !hidden(&p, "pub/x/secret", false));
+    assert!(!p.dir_rename_allowed(b"x", b"pub/x"));
+    assert!(!p.dir_rename_allowed(b"pub/x", b"x"));
+    assert!(p.dir_rename_allowed(b"x", b"y/z"));
+    assert!(p.dir_rename_allowed(b"pub/x", b"pub/y"));
+}
+
+#[test]
 fn ignore_file_errors() {
     // An unparsable line: file and line.
     let e = pol(DANGER)
