@@ -4,6 +4,9 @@
 //! bind the control socket and the vhost-user socket; start the control and signal
 //! threads; confine; say "ready"; serve until the VM disconnects (or, with
 //! `--keep-serving`, until SIGTERM); flush the audit and remove the sockets.
+//! The steps it has in common with a mount are the mount's own functions (`app/mount/`:
+//! `block_signals`, `source_dir`, `cache_ttl`, `build_state`, `confine_workers`,
+//! `signal_ready`, `end_session`).
 //!
 //! Invariants: as for a mount, the signal mask is set before any thread exists and the
 //! threads that need the host outside SOURCE start before confinement. The guest's caches

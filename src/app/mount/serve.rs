@@ -40,8 +40,8 @@ pub(super) struct Served {
 }
 
 /// Opens `--learn`'s file, confines the workers, starts the transport, says "ready",
-/// starts the resume thread and serves until the session ends. The session is handed on
-/// (still alive) to the tear-down step.
+/// starts the resume thread and serves until the session ends; what is left to do goes to
+/// the tear-down step.
 pub(super) fn serve(
     a: &MountArgs,
     state: &State,

@@ -13,7 +13,7 @@
 //! programs thread starts here, before the workers are confined (host/programs.rs).
 //! `vhost-user` builds its state with the same function.
 
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -26,6 +26,7 @@ use crate::fs::kcache::KernelCache;
 use crate::fs::ops::{Settings, Shared, Stats};
 use crate::host::handle::Handles;
 use crate::host::inode::Inodes;
+use crate::host::roots::Roots;
 use crate::host::sys;
 use crate::idmap::IdMap;
 use crate::policy::{Mode, Policy};
@@ -80,15 +81,7 @@ pub(in crate::app) fn build_state(
         None => root_fd,
     };
     let roots = super::super::roots::build(a, &src, &mnt)?;
-    let fan = if a.no_watch {
-        Err("--no-watch".to_string())
-    } else if a.stage.is_some() {
-        Err("staging".to_string())
-    } else {
-        crate::watch::open(root_fd.as_fd())
-            .and_then(|fan| super::super::roots::watch(&fan, &roots, root_fd.as_fd()).map(|()| fan))
-            .map_err(|e| e.to_string())
-    };
+    let fan = open_watch(a, &roots, root_fd.as_fd());
     // Host changes arrive as events: names and attributes may be cached for long.
     let ttl = a.cache_ttl.unwrap_or(if fan.is_ok() {
         WATCHED_TTL
@@ -137,6 +130,20 @@ pub(in crate::app) fn build_state(
         mode,
     };
     Ok((state, fan))
+}
+
+/// The fanotify descriptor on SOURCE and the other roots, or why host changes are not
+/// watched.
+fn open_watch(a: &MountArgs, roots: &Roots, root: BorrowedFd<'_>) -> Result<OwnedFd, String> {
+    if a.no_watch {
+        Err("--no-watch".to_string())
+    } else if a.stage.is_some() {
+        Err("staging".to_string())
+    } else {
+        crate::watch::open(root)
+            .and_then(|fan| super::super::roots::watch(&fan, roots, root).map(|()| fan))
+            .map_err(|e| e.to_string())
+    }
 }
 
 /// `--answers`: the remembered answers, loaded into the approvals table. The file must
