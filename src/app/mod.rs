@@ -1,9 +1,9 @@
 //! Running the commands. This file dispatches; the work is in:
 //! - `explain`: `check` and `explain` (read a policy, never mount);
-//! - `startup`: before the mount (checks on SOURCE and MOUNTPOINT, signal mask, policy,
-//!   audit writer, session settings, descriptor budget, mountinfo);
-//! - `mount`: the mount's life cycle, step by step, in an order that must be kept;
-//! - `threads`: the daemon's own threads (signals, reloads, the control socket);
+//! - `mount`: the mount's life cycle, one file per step in the order they run (check,
+//!   state, session, threads, serve, teardown; `mount/mod.rs` maps them);
+//! - `vhost`: `vhost-user`'s life cycle, sharing the mount's steps where they are the same;
+//! - `threads`: the daemon's own threads' bodies (signals, reloads, the control socket);
 //! - `notify`: the notify thread (kernel cache invalidations) and its held-directory lane;
 //! - `roots`: the mount's roots besides SOURCE (`--root`, a linked worktree's repository).
 //! - `policy_watch`: the debounced reload when the host edits a policy file in SOURCE.
@@ -16,7 +16,6 @@ mod notify;
 mod policy_watch;
 mod restage;
 mod roots;
-mod startup;
 mod threads;
 mod vhost;
 

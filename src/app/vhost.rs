@@ -4,6 +4,9 @@
 //! bind the control socket and the vhost-user socket; start the control and signal
 //! threads; confine; say "ready"; serve until the VM disconnects (or, with
 //! `--keep-serving`, until SIGTERM); flush the audit and remove the sockets.
+//! The steps it has in common with a mount are the mount's own functions (`app/mount/`:
+//! `block_signals`, `source_dir`, `cache_ttl`, `build_state`, `confine_workers`,
+//! `signal_ready`, `end_session`).
 //!
 //! Invariants: as for a mount, the signal mask is set before any thread exists and the
 //! threads that need the host outside SOURCE start before confinement. The guest's caches
@@ -20,8 +23,10 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::{SigSet, Signal};
 
 use super::SESSION_DONE;
-use super::mount::{build_state, confine, flush_audit, signal_ready};
-use super::startup::block_signals;
+use super::mount::{
+    block_signals, build_state, cache_ttl, confine_workers, end_session, flush_audit, signal_ready,
+    source_dir,
+};
 use super::threads;
 use crate::cli::VhostArgs;
 use crate::fs::FenceFs;
@@ -81,11 +86,7 @@ pub(super) fn vhost_user(v: VhostArgs) -> Result<(), String> {
             })
             .map_err(|e| e.to_string())?
     };
-    if a.no_confine {
-        log::info!("self-confinement: off (--no-confine)");
-    } else {
-        confine(&shared, &state.src);
-    }
+    confine_workers(&a, &shared, &state.src);
     let core = FenceFs::new(shared.clone()).core();
     log::info!(
         "serving {} as a vhost-user virtio-fs device at {} (mode {}, {} rules, {} request queue{}, cache {} s)",
@@ -107,9 +108,7 @@ pub(super) fn vhost_user(v: VhostArgs) -> Result<(), String> {
         keep_serving,
     };
     let r = vhost::serve(&mut listener, &core, &opts, &stop);
-    SESSION_DONE.store(true, Ordering::SeqCst);
-    shared.approvals.shutdown();
-    flush_audit(&shared);
+    end_session(&shared);
     let _ = ended.send(());
     let _ = finisher.join();
     r
@@ -128,19 +127,12 @@ fn checks(a: &crate::cli::MountArgs, socket: &Path) -> Result<PathBuf, String> {
             "--allow-other is for FUSE mounts; a guest's kernel checks its own permissions".into(),
         );
     }
-    if a.cache_ttl
-        .is_some_and(|t| !t.is_finite() || !(0.0..=3600.0).contains(&t))
-    {
-        return Err("--cache-ttl must be between 0 and 3600 seconds".into());
-    }
+    cache_ttl(a)?;
     if socket.as_os_str().is_empty() {
         return Err("--socket: an empty path".into());
     }
+    source_dir(a)?;
     let src = &a.source;
-    let md = std::fs::metadata(src).map_err(|e| format!("source '{}': {e}", src.display()))?;
-    if !md.is_dir() {
-        return Err(format!("source '{}' is not a directory", src.display()));
-    }
     src.canonicalize()
         .map_err(|e| format!("source '{}': {e}", src.display()))
 }

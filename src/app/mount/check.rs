@@ -1,24 +1,23 @@
-//! Before the mount: the checks on SOURCE and MOUNTPOINT, the signal mask, the policy and
-//! audit writer to start with, the FUSE session's settings and the descriptor budget, and
-//! reading `/proc/self/mountinfo`.
+//! Step 1 of a mount, **check**: block the signals the signal thread handles, then check
+//! SOURCE and MOUNTPOINT (directories, MOUNTPOINT not busy with a FUSE mount nor inside
+//! SOURCE), `/dev/fuse`, `fusermount3`, `--allow-other` and `--cache-ttl`. Also the
+//! reading of `/proc/self/mountinfo` the checks and the exit thread share.
 //!
-//! Invariants: nothing here mounts or starts a FUSE worker. [`block_signals`] must run
-//! before any thread exists (every later thread inherits the mask). A check that fails
+//! Takes: the parsed [`MountArgs`]. Gives: the signal set to wait on, and SOURCE and
+//! MOUNTPOINT canonical.
+//!
+//! Invariants: nothing here opens SOURCE, mounts or starts a thread. [`block_signals`]
+//! runs before any thread exists (every later thread inherits the mask). A check that fails
 //! returns one line naming the bad input and what to do about it; [`top_mount`] reads
 //! mountinfo only and never touches the path itself (it may be a FUSE mount nobody serves).
 
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
-use fuser::{Config, MountOption, SessionACL};
 use nix::sys::signal::{SigSet, Signal};
 
-use crate::audit::{Audit, Rotation, Target};
 use crate::cli::MountArgs;
-use crate::host::handle::Handles;
 use crate::host::sys;
-use crate::policy::Policy;
-use crate::reload;
 
 /// The file system type of the topmost mount exactly at `path`, if one is there.
 fn top_mount_type(path: &Path) -> Option<String> {
@@ -83,11 +82,8 @@ fn find_in_path(bin: &str) -> bool {
 }
 
 pub(super) fn startup_checks(a: &MountArgs) -> Result<(PathBuf, PathBuf), String> {
+    source_dir(a)?;
     let src = &a.source;
-    let md = std::fs::metadata(src).map_err(|e| format!("source '{}': {e}", src.display()))?;
-    if !md.is_dir() {
-        return Err(format!("source '{}' is not a directory", src.display()));
-    }
     let mnt = &a.mountpoint;
     let mm = std::fs::metadata(mnt).map_err(|e| {
         if e.raw_os_error() == Some(libc::ENOTCONN) {
@@ -147,16 +143,32 @@ pub(super) fn startup_checks(a: &MountArgs) -> Result<(PathBuf, PathBuf), String
             );
         }
     }
+    cache_ttl(a)?;
+    Ok((src, mnt_c))
+}
+
+/// SOURCE must be a directory (a mount and `vhost-user` both check it).
+pub(in crate::app) fn source_dir(a: &MountArgs) -> Result<(), String> {
+    let src = &a.source;
+    let md = std::fs::metadata(src).map_err(|e| format!("source '{}': {e}", src.display()))?;
+    if !md.is_dir() {
+        return Err(format!("source '{}' is not a directory", src.display()));
+    }
+    Ok(())
+}
+
+/// `--cache-ttl`, when given, must be finite and within an hour.
+pub(in crate::app) fn cache_ttl(a: &MountArgs) -> Result<(), String> {
     if a.cache_ttl
         .is_some_and(|t| !t.is_finite() || !(0.0..=3600.0).contains(&t))
     {
         return Err("--cache-ttl must be between 0 and 3600 seconds".into());
     }
-    Ok((src, mnt_c))
+    Ok(())
 }
 
 /// Blocks the signals the signal thread handles; must run before any thread exists.
-pub(super) fn block_signals() -> Result<SigSet, String> {
+pub(in crate::app) fn block_signals() -> Result<SigSet, String> {
     let mut sigs = SigSet::empty();
     for s in [Signal::SIGHUP, Signal::SIGINT, Signal::SIGTERM] {
         sigs.add(s);
@@ -164,116 +176,6 @@ pub(super) fn block_signals() -> Result<SigSet, String> {
     sigs.thread_block()
         .map_err(|e| format!("cannot block signals: {e}"))?;
     Ok(sigs)
-}
-
-/// The policy to mount with, and its layers' files (canonical, for reloads).
-pub(super) fn load_policy(
-    a: &MountArgs,
-    source: std::os::fd::BorrowedFd<'_>,
-) -> Result<(Policy, Vec<PathBuf>), String> {
-    let invalid = |errs: Vec<crate::policy::PolicyError>| {
-        // One line: every error, separated by "; ".
-        let all: Vec<String> = errs.iter().map(|e| e.to_string()).collect();
-        format!("invalid policy: {}", all.join("; "))
-    };
-    // Errors name the files as given.
-    let policy = reload::load_in(&a.policy, a.mode, Some(source)).map_err(invalid)?;
-    let files = a
-        .policy
-        .iter()
-        .map(|p| {
-            p.canonicalize()
-                .map_err(|e| format!("policy '{}': {e}", p.display()))
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    // Named by the canonical paths, as every reload reads them: audit lines keep one name.
-    let policy = if files == a.policy {
-        policy
-    } else {
-        reload::load_in(&files, a.mode, Some(source)).map_err(invalid)?
-    };
-    Ok((policy, files))
-}
-
-/// Starts the audit writer when `--audit` is given.
-pub(super) fn start_audit(a: &MountArgs) -> Result<Option<Audit>, String> {
-    let Some(t) = &a.audit else { return Ok(None) };
-    let target = if t == "-" {
-        Target::Stderr
-    } else {
-        Target::File(PathBuf::from(t))
-    };
-    let rotation = Rotation {
-        max_size: a.audit_max_size,
-        keep: a.audit_keep,
-    };
-    Audit::start(target, a.audit_allowed, rotation)
-        .map(Some)
-        .map_err(|e| format!("audit file '{t}': {e}"))
-}
-
-/// FUSE session settings: mount options, who may use the mount, worker threads.
-/// `src` is the canonical SOURCE: the mount table names it as the mount's source.
-pub(super) fn session_config(a: &MountArgs, src: &Path, threads: usize) -> Config {
-    let mut opts = vec![
-        MountOption::FSName(fsname(src)),
-        // As root fuser calls mount(2) itself, which ignores `Subtype`; the kernel takes
-        // `subtype=` as a mount option, so the type reads `fuse.fencefs` either way.
-        MountOption::CUSTOM("subtype=fencefs".into()),
-        MountOption::NoSuid,
-        MountOption::NoDev,
-    ];
-    if a.allow_other {
-        opts.push(MountOption::DefaultPermissions);
-    }
-    let mut config = Config::default();
-    config.mount_options = opts;
-    config.acl = if a.allow_other {
-        SessionACL::All
-    } else {
-        SessionACL::Owner
-    };
-    config.n_threads = Some(threads);
-    config.clone_fd = true;
-    config
-}
-
-/// The mount's source in the mount table (findmnt, df, /proc/self/mountinfo): SOURCE, as
-/// bindfs and sshfs show theirs. A path that is not UTF-8, or holds a comma, a backslash
-/// or a control character (which fusermount3's option list and mount(2) would read
-/// differently), shows as `fencefs`.
-pub(super) fn fsname(src: &Path) -> String {
-    match src.to_str() {
-        Some(s) if !s.chars().any(|c| c == ',' || c == '\\' || c.is_control()) => s.to_string(),
-        _ => "fencefs".to_string(),
-    }
-}
-
-/// Descriptors kept back from open handles for the daemon's own work: the FUSE channels,
-/// the audit file, fanotify, and the short-lived opens of every worker.
-const FD_RESERVE: usize = 256;
-/// Handle table entries: for all uids together, and for one uid.
-const HANDLES_TOTAL: usize = 262_144;
-const HANDLES_PER_UID: usize = 65_536;
-
-/// The handle table with its budgets: what is left of RLIMIT_NOFILE after the `O_PATH`
-/// cache and a reserve goes to handles that hold a descriptor, a quarter of it (or
-/// `--max-open-per-uid`) at most to one uid, so one caller cannot starve the others.
-pub(super) fn handle_budget(
-    nofile: usize,
-    fd_cache: usize,
-    threads: usize,
-    cap: Option<u32>,
-) -> Handles {
-    let pool = nofile
-        .saturating_sub(fd_cache + FD_RESERVE + 8 * threads)
-        .max(64);
-    let per_uid = cap.map_or(pool / 4, |n| n as usize);
-    log::info!(
-        "descriptors: {pool} for open handles, at most {} for one uid (RLIMIT_NOFILE {nofile}, {fd_cache} cached lookups)",
-        per_uid.min(pool)
-    );
-    Handles::new(pool, per_uid, HANDLES_TOTAL, HANDLES_PER_UID)
 }
 
 #[cfg(test)]
@@ -284,16 +186,5 @@ mod tests {
     fn mountinfo_escapes_are_decoded() {
         assert_eq!(unescape(b"/tmp/a\\040b"), b"/tmp/a b");
         assert_eq!(unescape(b"/x"), b"/x");
-    }
-
-    #[test]
-    fn fsname_is_source_unless_it_would_be_misread() {
-        assert_eq!(fsname(Path::new("/srv/work")), "/srv/work");
-        assert_eq!(fsname(Path::new("/srv/my work")), "/srv/my work");
-        for odd in ["/srv/a,b", "/srv/a\\b", "/srv/a\nb"] {
-            assert_eq!(fsname(Path::new(odd)), "fencefs", "{odd:?}");
-        }
-        let not_utf8 = std::ffi::OsStr::from_bytes(b"/srv/\xff");
-        assert_eq!(fsname(Path::new(not_utf8)), "fencefs");
     }
 }

@@ -1,0 +1,55 @@
+//! Step 6 of a mount, **tear down**: mark the session done, refuse every held request,
+//! flush the audit log, write `--learn`'s draft, then let the exit thread report whether
+//! the mount is really gone (and remove the control socket's file).
+//!
+//! Takes: the [`State`] and what `serve` gave ([`Served`]). Gives: the mount's result.
+//!
+//! Invariants: `SESSION_DONE` is set first (the signal thread waits for it on SIGTERM);
+//! held requests are answered before the audit is flushed (their refusals are audited);
+//! the exit thread is told last, and joined, so its "unmounted" line is the daemon's last.
+//! `vhost-user` ends its device with the same [`end_session`].
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use super::super::SESSION_DONE;
+use super::serve::Served;
+use super::state::State;
+use crate::fs::ops::Shared;
+
+/// Ends the mount after its session ended.
+pub(super) fn teardown(state: &State, served: Served) -> Result<(), String> {
+    let Served {
+        run,
+        learn_out,
+        exit,
+    } = served;
+    end_session(&state.shared);
+    if let (Some(mut f), Some(rec)) = (learn_out, &state.shared.settings.learn) {
+        let draft = rec.draft(&state.shared.policy.get().policy);
+        match std::io::Write::write_all(&mut f, draft.as_bytes()) {
+            Ok(()) => log::info!("--learn: the draft policy is written"),
+            Err(e) => log::error!("--learn: writing the draft failed: {e}"),
+        }
+    }
+    let _ = exit.ended.send(());
+    let _ = exit.handle.join();
+    run.map_err(|e| format!("session ended: {e}"))?;
+    Ok(())
+}
+
+/// The session is over: say so, refuse every held request, flush the audit.
+pub(in crate::app) fn end_session(shared: &Shared) {
+    SESSION_DONE.store(true, Ordering::SeqCst);
+    shared.approvals.shutdown();
+    flush_audit(shared);
+}
+
+/// Writes the audit lines still pending (coalescing windows) before the daemon exits.
+pub(crate) fn flush_audit(shared: &Shared) {
+    if let Some(a) = &shared.audit
+        && !a.flush(Duration::from_secs(2))
+    {
+        log::warn!("audit: the writer did not flush within 2 s; the last lines may be missing");
+    }
+}
