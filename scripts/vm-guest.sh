@@ -11,6 +11,10 @@ set -eu
 OUT=${1:-target/vm}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
+# One preparation at a time: two tests that start at once wait for the first (a second
+# writer into OUT/work would corrupt the image both then boot).
+exec 9>"$OUT/.lock"
+flock 9
 
 if [ -s "$OUT/vmlinuz" ] && [ -s "$OUT/initramfs.gz" ] && command -v qemu-system-x86_64 >/dev/null; then
     exit 0
