@@ -12,18 +12,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use common::stage::*;
 use common::*;
-
-const WRITE: &str = "mode = \"workspace-write\"\ndefault = \"write\"\n";
-const LIMIT: Duration = Duration::from_secs(60);
-
-fn sample(src: &Path) {
-    put(&src.join("a.txt"), b"one\ntwo\nthree\n", 0o644);
-    put(&src.join("sub/b.txt"), b"bee\n", 0o644);
-    put(&src.join("sub/deep/c.txt"), b"sea\n", 0o644);
-    put(&src.join("gone/x"), b"x\n", 0o644);
-    put(&src.join("gone/y"), b"y\n", 0o644);
-}
 
 /// A staged mount with a control socket; returns it, DIR and SOCKET.
 fn live(name: &str) -> (Mount, PathBuf, PathBuf) {
@@ -46,78 +36,6 @@ fn via(sock: &Path, op: &str, args: &[&str]) -> Out {
     v.push(sock.into());
     v.extend(args.iter().map(Into::into));
     run_fencefs(v, LIMIT)
-}
-
-/// `fencefs stage OP --dir DIR ARGS…`.
-fn offline(dir: &Path, op: &str, args: &[&str]) -> Out {
-    let mut v: Vec<std::ffi::OsString> = vec!["stage".into(), op.into(), "--dir".into()];
-    v.push(dir.into());
-    v.extend(args.iter().map(Into::into));
-    run_fencefs(v, LIMIT)
-}
-
-/// Another daemon on SOURCE and `dir` (no control socket), at its own mount point.
-struct Second {
-    child: std::process::Child,
-    mnt: PathBuf,
-}
-
-impl Second {
-    fn start(m: &Mount, dir: &Path) -> Second {
-        let mnt = m
-            .root()
-            .join(format!("mp-{}", dir.file_name().unwrap().to_string_lossy()));
-        fs::create_dir_all(&mnt).unwrap();
-        let mut child = Command::new(BIN)
-            .arg("mount")
-            .arg("-p")
-            .arg(m.policy_path())
-            .arg("--stage")
-            .arg(dir)
-            .arg(m.host(""))
-            .arg(&mnt)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let t = std::time::Instant::now();
-        while !is_mounted(&mnt) {
-            if let Ok(Some(st)) = child.try_wait() {
-                let mut e = String::new();
-                child.stderr.take().unwrap().read_to_string(&mut e).unwrap();
-                panic!("second daemon exited ({st}): {e}");
-            }
-            assert!(t.elapsed() < READY_DEADLINE, "second daemon did not mount");
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        Second { child, mnt }
-    }
-    fn mnt(&self, rel: &str) -> PathBuf {
-        self.mnt.join(rel)
-    }
-    fn sh(&self, script: &str) -> Out {
-        sh_in(&self.mnt, script)
-    }
-}
-
-impl Drop for Second {
-    fn drop(&mut self) {
-        // SAFETY: kill(2) on our own, not yet reaped, child.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let _ = self.child.wait();
-        if is_mounted(&self.mnt) {
-            let _ = Command::new("fusermount3")
-                .args(["-u", "-z"])
-                .arg(&self.mnt)
-                .status();
-        }
-    }
-}
-
-fn stop(m: &mut Mount) {
-    let st = m.terminate().expect("daemon exits on SIGTERM");
-    assert!(st.success(), "daemon exit: {st}; stderr:\n{}", m.stderr());
 }
 
 /// A shell started through the mount before a live change, run from inside it: it prints
@@ -256,7 +174,7 @@ fn checkpoints_offline_then_apply_ends_them() {
     c.assert_ok("checkpoint --dir");
     assert_eq!(c.stdout, "checkpoint 1\n");
     // A second daemon on the same DIR serves the stack; turn 2 through it.
-    let b = Second::start(&m, &dir);
+    let b = Second::start(&m, &dir, &m.policy_path());
     b.sh("set -e; echo two > t2.txt; rm t1.txt; mv sub moved; echo more >> moved/b.txt")
         .assert_ok("turn 2");
     drop(b);
@@ -333,7 +251,7 @@ fn a_checkpoint_killed_midway_is_finished_at_restart() {
             fs::create_dir(work.join("layers")).unwrap();
             fs::rename(work.join("upper"), work.join("layers/1")).unwrap();
         }
-        let second = Second::start(&m, &work);
+        let second = Second::start(&m, &work, &m.policy_path());
         let again = snapshot(&second.mnt(""));
         let d = snapshot_diff(&merged, &again);
         assert!(d.is_empty(), "step {step}: merged view after restart:\n{d}");

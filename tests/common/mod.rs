@@ -37,6 +37,7 @@ use std::time::{Duration, Instant};
 mod control;
 mod mountinfo;
 mod snapshot;
+pub mod stage;
 mod syscalls;
 
 #[allow(unused_imports)]

@@ -1,0 +1,127 @@
+//! Staging helpers shared by tests/stage.rs, tests/stage_edges.rs and tests/stage_live.rs:
+//! a workspace-write policy, a small SOURCE, `fencefs stage OP --dir DIR`, a clean stop.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use super::{BIN, Mount, MountBuilder, Out, READY_DEADLINE, is_mounted, put, run_fencefs, sh_in};
+
+/// Everything writable, in workspace-write mode.
+pub const WRITE: &str = "mode = \"workspace-write\"\ndefault = \"write\"\n";
+/// How long a `fencefs stage` command may take.
+pub const LIMIT: Duration = Duration::from_secs(60);
+
+/// A small SOURCE: files at three depths and a directory to delete.
+pub fn sample(src: &Path) {
+    put(&src.join("a.txt"), b"one\ntwo\nthree\n", 0o644);
+    put(&src.join("sub/b.txt"), b"bee\n", 0o644);
+    put(&src.join("sub/deep/c.txt"), b"sea\n", 0o644);
+    put(&src.join("gone/x"), b"x\n", 0o644);
+    put(&src.join("gone/y"), b"y\n", 0o644);
+}
+
+/// `fencefs stage OP --dir DIR ARGS…`.
+pub fn offline(dir: &Path, op: &str, args: &[&str]) -> Out {
+    let mut v: Vec<std::ffi::OsString> = vec!["stage".into(), op.into(), "--dir".into()];
+    v.push(dir.into());
+    v.extend(args.iter().map(Into::into));
+    run_fencefs(v, LIMIT)
+}
+
+/// The daemon was told to unmount and has exited 0, unmounted.
+pub fn stop(m: &mut Mount) {
+    let st = m.terminate().expect("daemon exits on SIGTERM");
+    assert!(st.success(), "daemon exit: {st}; stderr:\n{}", m.stderr());
+    assert!(!m.is_mounted());
+}
+
+/// A small SOURCE as [`sample`], with a script (`run.sh`, not executable).
+pub fn staged_sample(src: &Path) {
+    sample(src);
+    put(&src.join("run.sh"), b"#!/bin/sh\necho hi\n", 0o644);
+}
+
+/// The staging area of a mount being built.
+pub fn stage_dir(b: &MountBuilder) -> PathBuf {
+    b.root().join("stage")
+}
+
+/// A staged mount with `policy`, SOURCE populated by `setup`; returns it and DIR.
+pub fn staged(name: &str, policy: &str, setup: impl FnOnce(&Path)) -> (Mount, PathBuf) {
+    let b = Mount::builder(name).policy(policy);
+    setup(&b.host(""));
+    let dir = stage_dir(&b);
+    let m = b.arg("--stage").arg(&dir).start();
+    (m, dir)
+}
+
+/// `fencefs stage ARGS[0] --dir DIR ARGS[1..]`.
+pub fn stage(args: &[&str], dir: &Path) -> Out {
+    offline(dir, args[0], &args[1..])
+}
+
+/// A second daemon on the same SOURCE and DIR (no control socket), at its own mount
+/// point; stopped (SIGTERM, then a lazy unmount if needed) when dropped.
+pub struct Second {
+    child: Child,
+    pub mnt: PathBuf,
+}
+
+impl Second {
+    pub fn start(m: &Mount, dir: &Path, policy: &Path) -> Second {
+        let mnt = m
+            .root()
+            .join(format!("mp-{}", dir.file_name().unwrap().to_string_lossy()));
+        std::fs::create_dir_all(&mnt).unwrap();
+        let mut child = Command::new(BIN)
+            .arg("mount")
+            .arg("-p")
+            .arg(policy)
+            .arg("--stage")
+            .arg(dir)
+            .arg(m.host(""))
+            .arg(&mnt)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let t = Instant::now();
+        while !is_mounted(&mnt) {
+            if let Ok(Some(st)) = child.try_wait() {
+                let mut e = String::new();
+                child.stderr.take().unwrap().read_to_string(&mut e).unwrap();
+                panic!("second daemon exited ({st}): {e}");
+            }
+            assert!(t.elapsed() < READY_DEADLINE, "second daemon did not mount");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Second { child, mnt }
+    }
+
+    /// A path under its mount point.
+    pub fn mnt(&self, rel: &str) -> PathBuf {
+        self.mnt.join(rel)
+    }
+
+    /// `sh -c SCRIPT` as root in its mount point.
+    pub fn sh(&self, script: &str) -> Out {
+        sh_in(&self.mnt, script)
+    }
+}
+
+impl Drop for Second {
+    fn drop(&mut self) {
+        // SAFETY: kill(2) on our own, not yet reaped, child.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let _ = self.child.wait();
+        if is_mounted(&self.mnt) {
+            let _ = Command::new("fusermount3")
+                .args(["-u", "-z"])
+                .arg(&self.mnt)
+                .status();
+        }
+    }
+}

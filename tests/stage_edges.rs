@@ -1,0 +1,422 @@
+//! Staging's edge cases and hostile input, on real mounts: names with control characters
+//! quoted as git quotes them, the control socket's status/diff, an apply stopped midway,
+//! links/FIFOs/renames over files, a directory deleted and made again, ENOSPC in DIR, a
+//! daemon without root, type changes, a staged tree too deep to walk, hostile names and
+//! contents kept off the operator's terminal, and a huge diff refused on the socket.
+//! (tests/stage.rs has the main flows; tests/stage_live.rs the live operations.)
+
+mod common;
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::stage::*;
+use common::*;
+
+#[test]
+fn names_with_control_characters_are_quoted_as_git_quotes_them() {
+    let (m, dir) = staged("stage-names", WRITE, |_| {});
+    fs::write(m.mnt("tab\there"), b"t\n").unwrap();
+    fs::write(m.mnt("esc\x1b[31m"), b"e\n").unwrap();
+    fs::write(m.mnt("").join(bpath(b"raw\xff")), b"\x00\x01bin").unwrap();
+    let st = stage(&["status"], &dir);
+    assert_eq!(
+        st.stdout,
+        "A \"esc\\033[31m\"\nA \"raw\\377\"\nA \"tab\\there\"\n"
+    );
+    let d = stage(&["diff"], &dir).stdout;
+    assert!(
+        d.contains("diff --git \"a/tab\\there\" \"b/tab\\there\"\n"),
+        "{d}"
+    );
+    assert!(
+        d.contains("Binary files /dev/null and \"b/raw\\377\" differ\n"),
+        "{d}"
+    );
+    assert!(
+        !d.bytes().any(|b| b == 0x1b || b == 0),
+        "no raw control bytes: {d:?}"
+    );
+}
+
+/// One command on the control socket; the answer.
+fn ctl(sock: &Path, cmd: serde_json::Value) -> serde_json::Value {
+    use std::io::{BufRead, BufReader, Write};
+    let mut s = std::os::unix::net::UnixStream::connect(sock).unwrap();
+    s.set_read_timeout(Some(LIMIT)).unwrap();
+    let mut r = BufReader::new(s.try_clone().unwrap());
+    let mut line = String::new();
+    r.read_line(&mut line).unwrap(); // greeting
+    writeln!(s, "{cmd}").unwrap();
+    line.clear();
+    r.read_line(&mut line).unwrap();
+    serde_json::from_str(&line).unwrap()
+}
+
+#[test]
+fn the_control_socket_serves_status_and_diff_of_a_running_mount() {
+    let b = Mount::builder("stage-control").policy(WRITE);
+    staged_sample(&b.host(""));
+    let dir = stage_dir(&b);
+    let sock = b.root().join("ctl.sock");
+    let m = b
+        .arg("--stage")
+        .arg(&dir)
+        .arg("--control")
+        .arg(&sock)
+        .start();
+    fs::write(m.mnt("a.txt"), b"staged\n").unwrap();
+    fs::write(m.mnt("new.txt"), b"n\n").unwrap();
+    let st = ctl(&sock, serde_json::json!({"cmd":"status"}));
+    assert_eq!(st["ok"], true);
+    assert_eq!(st["staged"], 2, "{st}");
+    let s = ctl(&sock, serde_json::json!({"cmd":"stage","op":"status"}));
+    assert_eq!(
+        s["changes"],
+        serde_json::json!([
+            {"path":"a.txt","change":"modified","conflict":false},
+            {"path":"new.txt","change":"added","conflict":false}
+        ])
+    );
+    let cli = run_fencefs(
+        ["stage".as_ref(), "status".as_ref(), sock.as_os_str()],
+        LIMIT,
+    );
+    cli.assert_ok("stage status SOCKET");
+    assert_eq!(cli.stdout, "M a.txt\nA new.txt\n");
+    let d = run_fencefs(
+        [
+            "stage".as_ref(),
+            "diff".as_ref(),
+            sock.as_os_str(),
+            "a.txt".as_ref(),
+        ],
+        LIMIT,
+    );
+    assert!(
+        d.stdout.starts_with("diff --git a/a.txt b/a.txt\n"),
+        "{}",
+        d.stdout
+    );
+    assert!(!d.stdout.contains("new.txt"), "PATH filter: {}", d.stdout);
+    // An unknown op is refused, and nothing changes (live apply: tests/stage_live.rs).
+    let a = ctl(&sock, serde_json::json!({"cmd":"stage","op":"bogus"}));
+    assert_eq!(a["ok"], false);
+    assert!(
+        a["error"].as_str().unwrap().contains("unknown stage op"),
+        "{a}"
+    );
+    assert_eq!(fs::read(m.host("a.txt")).unwrap(), b"one\ntwo\nthree\n");
+    let bad = ctl(
+        &sock,
+        serde_json::json!({"cmd":"stage","op":"status","bogus":1}),
+    );
+    assert_eq!(bad["ok"], false, "{bad}");
+}
+
+#[test]
+fn an_apply_stopped_after_a_directory_rename_loses_nothing() {
+    let (mut m, dir) = staged("stage-rename-crash", WRITE, staged_sample);
+    m.sh("set -e; echo changed > sub/b.txt; mv sub moved")
+        .assert_ok("stage a dir rename");
+    let merged = snapshot(&m.mnt(""));
+    stop(&mut m);
+    // What an apply killed right after its SOURCE rename leaves: SOURCE renamed, the
+    // staged directory still redirected to the old name.
+    fs::rename(m.host("sub"), m.host("moved")).unwrap();
+    assert_eq!(stage(&["status"], &dir).stdout, "M moved/b.txt\n");
+    // A new daemon shows the same merged view (the redirect is repaired at startup).
+    let second = Second::start(&m, &dir, &m.policy_path());
+    let d = snapshot_diff(&merged, &snapshot(&second.mnt));
+    assert!(
+        d.is_empty(),
+        "merged view after the interrupted apply:\n{d}"
+    );
+    drop(second);
+    stage(&["apply"], &dir).assert_ok("apply the rest");
+    assert_eq!(fs::read(m.host("moved/b.txt")).unwrap(), b"changed\n");
+    assert_eq!(fs::read(m.host("moved/deep/c.txt")).unwrap(), b"sea\n");
+    assert_eq!(stage(&["status"], &dir).stdout, "");
+}
+
+#[test]
+fn links_fifos_and_renames_over_files_land_in_the_stage() {
+    let (mut m, dir) = staged("stage-links", WRITE, staged_sample);
+    let before = snapshot(&m.host(""));
+    m.sh("set -e; ln a.txt hard; mkfifo pipe; echo r > repl; mv repl sub/b.txt; mv run.sh run2.sh")
+        .assert_ok("link, mkfifo, rename over a file, rename a file");
+    use std::os::unix::fs::MetadataExt;
+    assert_eq!(
+        fs::metadata(m.mnt("hard")).unwrap().nlink(),
+        2,
+        "a link of a host file"
+    );
+    assert_eq!(fs::read(m.mnt("hard")).unwrap(), b"one\ntwo\nthree\n");
+    assert_host_unchanged(&before, &m.host(""), "links, fifos, renames");
+    assert_eq!(
+        stage(&["status"], &dir).stdout,
+        "A hard\nA pipe\nD run.sh\nA run2.sh\nM sub/b.txt\n"
+    );
+    stop(&mut m);
+    stage(&["apply"], &dir).assert_ok("apply");
+    assert_eq!(fs::read(m.host("hard")).unwrap(), b"one\ntwo\nthree\n");
+    use std::os::unix::fs::FileTypeExt;
+    assert!(
+        fs::symlink_metadata(m.host("pipe"))
+            .unwrap()
+            .file_type()
+            .is_fifo()
+    );
+    assert!(!m.host("run.sh").exists());
+    assert_eq!(fs::read(m.host("sub/b.txt")).unwrap(), b"r\n");
+}
+
+#[test]
+fn a_directory_deleted_and_made_again_applies_as_such() {
+    let (mut m, dir) = staged("stage-opaque", WRITE, staged_sample);
+    m.sh("set -e; rm -rf sub; mkdir sub; echo n > sub/new")
+        .assert_ok("rm -rf, mkdir");
+    assert_eq!(names_str(&m.mnt("sub")).unwrap(), vec!["new"]);
+    assert_eq!(
+        stage(&["status"], &dir).stdout,
+        "D sub/b.txt\nD sub/deep/\nA sub/new\n"
+    );
+    let merged = snapshot(&m.mnt(""));
+    stop(&mut m);
+    // One entry inside cannot be discarded alone (SOURCE's would come back half-way).
+    let d = stage(&["discard", "sub/new"], &dir);
+    d.assert_fail("discard inside an opaque directory");
+    assert!(d.stdout.contains("discard that directory"), "{}", d.stdout);
+    // The directory itself can be discarded, and can be made again the same way.
+    let backup = m.root().join("stage-copy");
+    sh_in(
+        m.root(),
+        &format!("cp -a {} {}", dir.display(), backup.display()),
+    )
+    .assert_ok("cp");
+    stage(&["discard", "sub"], &dir).assert_ok("discard the directory");
+    assert_eq!(stage(&["status"], &dir).stdout, "");
+    fs::remove_dir_all(&dir).unwrap();
+    fs::rename(&backup, &dir).unwrap();
+    stage(&["apply"], &dir).assert_ok("apply");
+    let dd = snapshot_diff(&merged, &snapshot(&m.host("")));
+    assert!(dd.is_empty(), "SOURCE after apply:\n{dd}");
+    assert_eq!(stage(&["status"], &dir).stdout, "");
+}
+
+/// A small tmpfs for DIR, unmounted on drop.
+struct SmallFs(PathBuf);
+
+impl Drop for SmallFs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+#[test]
+fn enospc_in_dir_fails_the_write_and_keeps_the_stage_consistent() {
+    let b = Mount::builder("stage-enospc").policy(WRITE);
+    staged_sample(&b.host(""));
+    let tm = b.root().join("tm");
+    fs::create_dir_all(&tm).unwrap();
+    let ok = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=1m", "tmpfs"])
+        .arg(&tm)
+        .status()
+        .unwrap();
+    assert!(ok.success(), "mount a 1 MiB tmpfs");
+    let _small = SmallFs(tm.clone());
+    let dir = tm.join("stage");
+    let mut m = b.arg("--stage").arg(&dir).start();
+    let before = snapshot(&m.host(""));
+    fs::write(m.mnt("small.txt"), b"fits\n").unwrap();
+    let big = pseudo_random(4 << 20, 7);
+    assert_errno(
+        fs::write(m.mnt("big.bin"), &big),
+        libc::ENOSPC,
+        "write past DIR's space",
+    )
+    .ok();
+    assert_eq!(fs::read(m.mnt("small.txt")).unwrap(), b"fits\n");
+    assert_host_unchanged(&before, &m.host(""), "ENOSPC in DIR");
+    m.sh("rm -f big.bin").assert_ok("rm the partial file");
+    assert_eq!(stage(&["status"], &dir).stdout, "A small.txt\n");
+    stop(&mut m);
+    stage(&["apply"], &dir).assert_ok("apply");
+    assert_eq!(fs::read(m.host("small.txt")).unwrap(), b"fits\n");
+}
+
+#[test]
+fn a_daemon_without_root_is_told_staging_needs_it() {
+    let ws = Mount::builder("stage-nonroot");
+    let root = ws.root().to_path_buf();
+    sh_in(&root, "mkdir -p u/src u/mnt && chown -R 1000:1000 u").assert_ok("setup");
+    let o = sh_as(
+        1000,
+        &root.join("u"),
+        &format!("{BIN} mount -m workspace-write --stage st src mnt"),
+    );
+    o.assert_fail("--stage as uid 1000");
+    assert_eq!(o.stderr.lines().count(), 1, "one line: {}", o.stderr);
+    assert!(o.stderr.contains("run the daemon as root"), "{}", o.stderr);
+    assert!(!is_mounted(&root.join("u/mnt")));
+}
+
+#[test]
+fn type_changes_are_t_and_apply_replaces_what_is_in_the_way() {
+    let (mut m, dir) = staged("stage-type", WRITE, staged_sample);
+    m.sh("set -e; rm a.txt; mkdir a.txt; echo in > a.txt/inner; rm -rf gone; ln -s sub gone")
+        .assert_ok("a file becomes a directory, a directory a symlink");
+    assert_eq!(stage(&["status"], &dir).stdout, "T a.txt/\nT gone\n");
+    let merged = snapshot(&m.mnt(""));
+    stop(&mut m);
+    stage(&["apply"], &dir).assert_ok("apply");
+    let d = snapshot_diff(&merged, &snapshot(&m.host("")));
+    assert!(d.is_empty(), "SOURCE after apply:\n{d}");
+    assert_eq!(stage(&["status"], &dir).stdout, "");
+}
+
+#[test]
+fn a_staged_tree_too_deep_to_walk_is_refused_and_the_daemon_lives() {
+    let b = Mount::builder("stage-deep").policy(WRITE);
+    let dir = stage_dir(&b);
+    let sock = b.root().join("ctl.sock");
+    let mut m = b
+        .arg("--stage")
+        .arg(&dir)
+        .arg("--control")
+        .arg(&sock)
+        .start();
+    let deep = vec!["d"; 450].join("/");
+    m.sh(&format!("mkdir -p {deep} && echo x > {deep}/f"))
+        .assert_ok("a 450-level tree");
+    let s = ctl(&sock, serde_json::json!({"cmd":"stage","op":"status"}));
+    assert_eq!(s["ok"], false, "{s}");
+    assert!(
+        s["error"].as_str().unwrap().contains("deeper than 400"),
+        "{s}"
+    );
+    assert_eq!(
+        ctl(&sock, serde_json::json!({"cmd":"status"}))["staged"],
+        serde_json::Value::Null
+    );
+    m.assert_alive("after walking a too-deep staged tree");
+    let o = stage(&["status"], &dir);
+    o.assert_fail("offline status");
+    assert!(o.stderr.contains("deeper than 400"), "{}", o.stderr);
+    assert_eq!(fs::read(m.mnt(format!("{deep}/f"))).unwrap(), b"x\n");
+}
+
+/// `cmd` run with its stdout on a terminal (`script` gives it a pty); what the terminal got.
+fn on_a_tty(cmd: &[&std::ffi::OsStr]) -> String {
+    let line: Vec<String> = cmd
+        .iter()
+        .map(|a| format!("'{}'", a.to_string_lossy().replace('\'', "'\\''")))
+        .collect();
+    let o = std::process::Command::new("timeout")
+        .args(["60", "script", "-qec", &line.join(" "), "/dev/null"])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("script(1)");
+    assert!(
+        o.status.success(),
+        "{cmd:?}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// Nothing a terminal acts on: printable ASCII, newlines (and the pty's carriage returns
+/// before them), tabs, and printable non-ASCII that is neither a C1 control nor bidi.
+fn inert(s: &str, what: &str) {
+    let bad: Vec<char> = s
+        .chars()
+        .filter(|&c| c != '\n' && c != '\t' && fencefs::quote::unsafe_char(c))
+        .filter(|&c| c != '\r')
+        .collect();
+    assert!(bad.is_empty(), "{what}: raw {bad:?} in {s:?}");
+}
+
+#[test]
+fn hostile_names_and_contents_never_reach_the_operators_terminal_raw() {
+    let (m, dir) = staged("stage-tty", WRITE, |_| {});
+    // A name that reads "abcexe.pdf" through U+202E, one with a C1 CSI (U+009B).
+    fs::write(m.mnt("abc\u{202e}fdp.exe"), b"x\n").unwrap();
+    fs::write(m.mnt("csi\u{9b}31m"), b"y\n").unwrap();
+    // Contents that, printed raw, erase the line above and redraw what the operator reads.
+    let payload = "rm -rf ~ # \x1b[1A\x1b[2K\rharmless\n\u{9b}2K\u{202e}x\n";
+    fs::write(m.mnt("run.sh"), payload).unwrap();
+    let js = stage(&["status", "--json"], &dir);
+    js.assert_ok("stage status --json");
+    inert(&js.stdout, "status --json");
+    let v: serde_json::Value = serde_json::from_str(&js.stdout).expect("still JSON");
+    assert_eq!(v[0]["path"], "abc\u{202e}fdp.exe", "the same JSON: {v}");
+    // Piped, the diff is the exact patch (git apply needs the bytes).
+    let piped = stage(&["diff"], &dir);
+    assert!(
+        piped.stdout.contains(payload.lines().next().unwrap()),
+        "{}",
+        piped.stdout
+    );
+    // On a terminal, every byte a terminal would act on is escaped.
+    let bin: &std::ffi::OsStr = BIN.as_ref();
+    let tty = on_a_tty(&[
+        bin,
+        "stage".as_ref(),
+        "diff".as_ref(),
+        "--dir".as_ref(),
+        dir.as_os_str(),
+    ]);
+    inert(&tty, "stage diff on a tty");
+    assert!(!tty.contains('\x1b'), "{tty:?}");
+    assert!(
+        tty.contains("+rm -rf ~ # \\033[1A\\033[2K\\rharmless"),
+        "{tty:?}"
+    );
+    assert!(tty.contains("+\\302\\2332K\\342\\200\\256x"), "{tty:?}");
+    drop(m);
+}
+
+/// The daemon's peak resident memory (VmHWM), in bytes.
+fn peak_rss(pid: i32) -> u64 {
+    let s = fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let l = s.lines().find(|l| l.starts_with("VmHWM:")).unwrap();
+    l.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap() * 1024
+}
+
+#[test]
+fn a_huge_staged_diff_on_the_socket_is_refused_without_rendering_it_all() {
+    // The agent decides how big the staged tree is: 8 text files of 15 MiB. The socket's
+    // diff is refused past 32 MiB, and the daemon stops rendering there, so its memory
+    // does not grow with the tree (before: the whole 120 MiB diff was built first).
+    let b = Mount::builder("stage-bigdiff").policy(WRITE);
+    let dir = stage_dir(&b);
+    let sock = b.root().join("ctl.sock");
+    let m = b
+        .arg("--stage")
+        .arg(&dir)
+        .arg("--control")
+        .arg(&sock)
+        .start();
+    let line = format!("{}\n", "x".repeat(1023));
+    let text = line.repeat(15 * 1024);
+    for i in 0..8 {
+        fs::write(m.mnt(format!("big{i}.txt")), &text).unwrap();
+    }
+    let before = peak_rss(m.pid());
+    let a = ctl(&sock, serde_json::json!({"cmd":"stage","op":"diff"}));
+    let grew = peak_rss(m.pid()).saturating_sub(before);
+    eprintln!(
+        "daemon peak RSS growth for a refused 120 MiB diff: {} MiB",
+        grew >> 20
+    );
+    assert_eq!(a["ok"], false, "{}", a.to_string().len());
+    assert!(
+        a["error"].as_str().unwrap_or("").contains("over 32 MiB"),
+        "{a}"
+    );
+    assert!(grew < 100 << 20, "the daemon grew {} MiB", grew >> 20);
+    // And it still answers.
+    assert_eq!(ctl(&sock, serde_json::json!({"cmd":"status"}))["ok"], true);
+}
