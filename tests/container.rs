@@ -25,12 +25,10 @@ mod common;
 use common::*;
 use std::collections::BTreeMap;
 use std::fs;
-use std::io::Read;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::thread;
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
 const AGENT_UID: u32 = 1000;
 const AGENT_GID: u32 = 1000;
@@ -88,49 +86,6 @@ fn require_programs() {
         "the container test needs {} in {SANDBOX_PATH}; scripts/test.sh installs them",
         missing.join(", ")
     );
-}
-
-/// Runs `cmd` with its output captured; kills it (by its own pid) after `limit`.
-fn run_bounded(mut cmd: Command, limit: Duration, what: &str) -> Out {
-    let mut child = cmd
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("{what}: spawn failed: {e}"));
-    let mut so = child.stdout.take().unwrap();
-    let mut se = child.stderr.take().unwrap();
-    let t1 = thread::spawn(move || {
-        let mut v = vec![];
-        let _ = so.read_to_end(&mut v);
-        v
-    });
-    let t2 = thread::spawn(move || {
-        let mut v = vec![];
-        let _ = se.read_to_end(&mut v);
-        v
-    });
-    let start = Instant::now();
-    let status = loop {
-        if let Some(st) = child.try_wait().unwrap() {
-            break st;
-        }
-        if start.elapsed() > limit {
-            // SAFETY: kill(2) on our own child, not yet reaped (bwrap --die-with-parent
-            // takes the sandbox down with it).
-            unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
-            let _ = child.wait();
-            let out = String::from_utf8_lossy(&t1.join().unwrap()).into_owned();
-            let err = String::from_utf8_lossy(&t2.join().unwrap()).into_owned();
-            panic!("{what}: still running after {limit:?}; stdout:\n{out}\nstderr:\n{err}");
-        }
-        thread::sleep(Duration::from_millis(20));
-    };
-    Out {
-        status,
-        stdout: String::from_utf8_lossy(&t1.join().unwrap()).into_owned(),
-        stderr: String::from_utf8_lossy(&t2.join().unwrap()).into_owned(),
-    }
 }
 
 /// A command with a minimal, fixed environment (no user git config, C locale).

@@ -18,9 +18,8 @@ mod common;
 
 use common::*;
 use std::fs;
-use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -55,46 +54,6 @@ fn clean_cmd(program: &str) -> Command {
         .env("GIT_COMMITTER_NAME", "agent")
         .env("GIT_COMMITTER_EMAIL", "agent@example.com");
     c
-}
-
-/// Runs `cmd`, output captured; killed (its own pid) after `limit`.
-fn run_bounded(mut cmd: Command, limit: Duration, what: &str) -> Out {
-    let mut child = cmd
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("{what}: spawn failed: {e}"));
-    let mut so = child.stdout.take().unwrap();
-    let mut se = child.stderr.take().unwrap();
-    let t1 = thread::spawn(move || {
-        let mut v = vec![];
-        let _ = so.read_to_end(&mut v);
-        v
-    });
-    let t2 = thread::spawn(move || {
-        let mut v = vec![];
-        let _ = se.read_to_end(&mut v);
-        v
-    });
-    let start = Instant::now();
-    let status = loop {
-        if let Some(st) = child.try_wait().unwrap() {
-            break st;
-        }
-        if start.elapsed() > limit {
-            // SAFETY: kill(2) on our own child, not yet reaped.
-            unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
-            let _ = child.wait();
-            panic!("{what}: still running after {limit:?}");
-        }
-        thread::sleep(Duration::from_millis(20));
-    };
-    Out {
-        status,
-        stdout: String::from_utf8_lossy(&t1.join().unwrap()).into_owned(),
-        stderr: String::from_utf8_lossy(&t2.join().unwrap()).into_owned(),
-    }
 }
 
 /// `setpriv … bwrap … sh -c script` as host uid/gid 1000 with only the system dirs

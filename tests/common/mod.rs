@@ -608,13 +608,20 @@ where
     I: IntoIterator<Item = S>,
     S: AsRef<OsStr>,
 {
-    let mut child = Command::new(BIN)
-        .args(args)
+    let mut cmd = Command::new(BIN);
+    cmd.args(args);
+    run_bounded(cmd, limit, "fencefs")
+}
+
+/// Runs `cmd` with its output captured; kills it (by its own pid) after `limit` and
+/// panics with what it printed.
+pub fn run_bounded(mut cmd: Command, limit: Duration, what: &str) -> Out {
+    let mut child = cmd
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .expect("spawn fencefs");
+        .unwrap_or_else(|e| panic!("{what}: spawn failed: {e}"));
     let mut so = child.stdout.take().unwrap();
     let mut se = child.stderr.take().unwrap();
     let t1 = thread::spawn(move || {
@@ -630,10 +637,13 @@ where
     let status = match wait_bounded(&mut child, limit) {
         Some(s) => s,
         None => {
-            // SAFETY: kill(2) on our own, not yet reaped, child.
+            // SAFETY: kill(2) on our own, not yet reaped, child (bwrap --die-with-parent
+            // takes a sandbox down with it).
             unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
             let _ = child.wait();
-            panic!("fencefs did not exit within {limit:?}");
+            let out = String::from_utf8_lossy(&t1.join().unwrap()).into_owned();
+            let err = String::from_utf8_lossy(&t2.join().unwrap()).into_owned();
+            panic!("{what}: still running after {limit:?}; stdout:\n{out}\nstderr:\n{err}");
         }
     };
     Out {
