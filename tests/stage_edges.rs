@@ -56,16 +56,7 @@ fn ctl(sock: &Path, cmd: serde_json::Value) -> serde_json::Value {
 
 #[test]
 fn the_control_socket_serves_status_and_diff_of_a_running_mount() {
-    let b = Mount::builder("stage-control").policy(WRITE);
-    staged_sample(&b.host(""));
-    let dir = stage_dir(&b);
-    let sock = b.root().join("ctl.sock");
-    let m = b
-        .arg("--stage")
-        .arg(&dir)
-        .arg("--control")
-        .arg(&sock)
-        .start();
+    let (m, _dir, sock) = staged_live("stage-control", staged_sample);
     fs::write(m.mnt("a.txt"), b"staged\n").unwrap();
     fs::write(m.mnt("new.txt"), b"n\n").unwrap();
     let st = ctl(&sock, serde_json::json!({"cmd":"status"}));
@@ -390,15 +381,7 @@ fn a_huge_staged_diff_on_the_socket_is_refused_without_rendering_it_all() {
     // The agent decides how big the staged tree is: 8 text files of 15 MiB. The socket's
     // diff is refused past 32 MiB, and the daemon stops rendering there, so its memory
     // does not grow with the tree (before: the whole 120 MiB diff was built first).
-    let b = Mount::builder("stage-bigdiff").policy(WRITE);
-    let dir = stage_dir(&b);
-    let sock = b.root().join("ctl.sock");
-    let m = b
-        .arg("--stage")
-        .arg(&dir)
-        .arg("--control")
-        .arg(&sock)
-        .start();
+    let (m, _dir, sock) = staged_live("stage-bigdiff", |_| {});
     let line = format!("{}\n", "x".repeat(1023));
     let text = line.repeat(15 * 1024);
     for i in 0..8 {

@@ -15,19 +15,9 @@ use std::time::Duration;
 use common::stage::*;
 use common::*;
 
-/// A staged mount with a control socket; returns it, DIR and SOCKET.
+/// A staged mount of the sample SOURCE with a control socket; returns it, DIR and SOCKET.
 fn live(name: &str) -> (Mount, PathBuf, PathBuf) {
-    let b = Mount::builder(name).policy(WRITE);
-    sample(&b.host(""));
-    let dir = b.root().join("stage");
-    let sock = b.root().join("ctl.sock");
-    let m = b
-        .arg("--stage")
-        .arg(&dir)
-        .arg("--control")
-        .arg(&sock)
-        .start();
-    (m, dir, sock)
+    staged_live(name, sample)
 }
 
 /// `fencefs stage OP SOCKET ARGS…`.

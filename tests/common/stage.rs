@@ -57,6 +57,22 @@ pub fn staged(name: &str, policy: &str, setup: impl FnOnce(&Path)) -> (Mount, Pa
     (m, dir)
 }
 
+/// A staged mount with a control socket, SOURCE populated by `setup`; returns it, DIR and
+/// SOCKET.
+pub fn staged_live(name: &str, setup: impl FnOnce(&Path)) -> (Mount, PathBuf, PathBuf) {
+    let b = Mount::builder(name).policy(WRITE);
+    setup(&b.host(""));
+    let dir = stage_dir(&b);
+    let sock = b.root().join("ctl.sock");
+    let m = b
+        .arg("--stage")
+        .arg(&dir)
+        .arg("--control")
+        .arg(&sock)
+        .start();
+    (m, dir, sock)
+}
+
 /// `fencefs stage ARGS[0] --dir DIR ARGS[1..]`.
 pub fn stage(args: &[&str], dir: &Path) -> Out {
     offline(dir, args[0], &args[1..])
