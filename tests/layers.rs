@@ -194,6 +194,7 @@ fn check_and_explain_take_a_set_of_layers() {
 
 /// `presets = ["secrets", "agent-config"]` in danger mode, with real tools: git commits
 /// (its hooks and config read-only, EACCES), npm runs with the project's `.npmrc` hidden,
+/// Python reads a venv's certifi bundle while the workspace's `server.key` is hidden,
 /// `.claude/settings.json` reads but cannot be written, truncated, replaced or removed;
 /// the host stays unchanged.
 #[test]
@@ -230,6 +231,20 @@ fn presets_hide_secrets_and_keep_agent_config_read_only_with_real_tools() {
         b"{\"name\":\"p\",\"version\":\"1.0.0\"}\n",
         0o644,
     );
+    // A virtualenv's certifi (its CA bundle is a .pem the preset must leave alone) and a
+    // private key at the top of the workspace (which it must hide).
+    let certifi = ".venv/lib/python3/site-packages/certifi";
+    put(
+        &b.host(format!("{certifi}/__init__.py")),
+        b"import os\ndef where():\n    return os.path.join(os.path.dirname(__file__), 'cacert.pem')\n",
+        0o644,
+    );
+    put(
+        &b.host(format!("{certifi}/cacert.pem")),
+        b"-----BEGIN CERTIFICATE-----\n",
+        0o644,
+    );
+    put(&b.host("server.key"), b"PRIVATE\n", 0o600);
     let m = b.start();
 
     // git works through the mount; its hooks and config are read-only in danger mode.
@@ -262,6 +277,22 @@ fn presets_hide_secrets_and_keep_agent_config_read_only_with_real_tools() {
     assert_errno(fs::read(m.mnt(".npmrc")), ENOENT, "read .npmrc").ok();
     assert_errno(fs::read(m.mnt(".aws/credentials")), ENOENT, "read .aws").ok();
     assert_errno(fs::write(m.mnt(".npmrc"), b"x"), EACCES, "replace .npmrc").ok();
+    // Python finds certifi's bundle in the venv; the workspace's key does not exist for it.
+    let o = m.sh(
+        "python3 -B -c 'import sys; sys.path.insert(0, \".venv/lib/python3/site-packages\"); sys.modules.pop(\"certifi\", None); \
+         import certifi; print(certifi.__file__); print(open(certifi.where()).read().strip())' && \
+         python3 -B -c 'open(\"server.key\")' 2>&1 | grep -q FileNotFoundError && echo hidden",
+    );
+    o.assert_ok("certifi in a venv, server.key hidden");
+    assert_eq!(
+        o.stdout,
+        format!(
+            "{}/__init__.py\n-----BEGIN CERTIFICATE-----\nhidden\n",
+            m.mnt(certifi).display()
+        ),
+        "{o:?}"
+    );
+    assert_errno(fs::read(m.mnt("server.key")), ENOENT, "read server.key").ok();
     // The agent's settings: readable, never changed.
     assert_eq!(
         read_all(&m.mnt(".claude/settings.json")).unwrap(),
