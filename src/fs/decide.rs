@@ -21,8 +21,7 @@ use crate::policy::{Access, By, CeilingBy, Denial, Need, Special, Verdict};
 /// path is absent (EACCES for a create, as for `none`), a read-only one is EROFS.
 fn fenced(fence: Option<Fence>, need: Need) -> Option<i32> {
     match (fence?, need) {
-        (Fence::Hidden, Need::Create) => Some(libc::EACCES),
-        (Fence::Hidden, _) => Some(libc::ENOENT),
+        (Fence::Hidden, n) => Some(n.hidden_errno()),
         // Every mutation: `append` and `create` as much as `write`.
         (Fence::ReadOnly, n) if n.mutates() => Some(libc::EROFS),
         (Fence::ReadOnly, _) => None,

@@ -422,12 +422,7 @@ impl Layer {
         let verdict = Self::combine(grant, grant_by, ceiling);
         let deny = |errno, by| Err(Denial { errno, verdict, by });
         if grant == Access::None {
-            let errno = if need == Need::Create {
-                libc::EACCES
-            } else {
-                libc::ENOENT
-            };
-            return deny(errno, grant_by);
+            return deny(need.hidden_errno(), grant_by);
         }
         if (special.device && !self.allow_devices) || (special.setid && !self.allow_setid) {
             return deny(libc::EPERM, By::Mode);

@@ -518,12 +518,8 @@ impl Policy {
         is_dir: bool,
     ) -> Result<Verdict, Denial> {
         if let Some(v) = self.ignored(path, is_dir) {
-            let errno = match need {
-                Need::Create => libc::EACCES,
-                _ => libc::ENOENT,
-            };
             return Err(Denial {
-                errno,
+                errno: need.hidden_errno(),
                 verdict: v,
                 by: v.by,
             });

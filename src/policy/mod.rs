@@ -148,6 +148,16 @@ impl Need {
     pub fn mutates(self) -> bool {
         matches!(self, Need::Write | Need::Create | Need::Append)
     }
+
+    /// The errno for a hidden path (`none`, a rule's or an ignore file's): ENOENT, as if
+    /// it did not exist; EACCES for a create (ENOENT would tell the caller to make the
+    /// parent, which exists).
+    pub fn hidden_errno(self) -> i32 {
+        match self {
+            Need::Create => libc::EACCES,
+            _ => libc::ENOENT,
+        }
+    }
 }
 
 /// What decided a path's access.
