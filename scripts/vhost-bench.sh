@@ -11,7 +11,11 @@
 # Usage: scripts/vhost-bench.sh [--runs N] [--bin target/release/fencefs]
 #            [--virtiofsd PATH] [--policy FILE] [--queue-size N]
 #            [--variant NAME='FENCEFS ARGS']...   (default: one variant "fencefs", no args)
+#            [--anchor NAME='VIRTIOFSD ARGS']...  (more virtiofsd runs, e.g. xattr=--xattr)
 # e.g. --variant fencefs= --variant ttl30='--cache-ttl 30'
+# Each round runs every backend once, in turn (the order reversed every other round, so a
+# drift of the machine's load does not favour one); the table gives medians and, with more
+# than one round, the range (min-max) of the ratios per round.
 # virtiofsd: `cargo install --locked virtiofsd --root target/tools` (needs libseccomp-dev
 # and libcap-ng-dev).
 # Results: a table on stdout, TSV in target/tmp/vhost-bench/results.tsv, and fencefs's
@@ -25,11 +29,13 @@ virtiofsd=$(command -v virtiofsd || echo target/tools/bin/virtiofsd)
 policy=
 qsize=1024
 variants=()
+anchors=()
 while (($#)); do
     case $1 in
         --runs) runs=$2; shift 2 ;;
         --queue-size) qsize=$2; shift 2 ;;
         --variant) variants+=("$2"); shift 2 ;;
+        --anchor) anchors+=("$2"); shift 2 ;;
         --bin) bin=$2; shift 2 ;;
         --virtiofsd) virtiofsd=$2; shift 2 ;;
         --policy) policy=$2; shift 2 ;;
@@ -93,8 +99,9 @@ run() {
     mkdir -p "$dir"
     cp "$out/tree.tar" "$dir/"
     case $kind in
+        # shellcheck disable=SC2086
         virtiofsd) "$virtiofsd" --socket-path="$sock" --shared-dir="$dir" --cache=auto \
-                       --sandbox=none >"$out/$name.log" 2>&1 & ;;
+                       --sandbox=none $args >"$out/$name.log" 2>&1 & ;;
         # shellcheck disable=SC2086
         fencefs) "$bin" vhost-user --socket "$sock" --policy "$policy" $args "$dir" \
                      >"$out/$name.log" 2>&1 & ;;
@@ -123,38 +130,61 @@ run() {
 }
 
 : >"$out/results.tsv"
-names=(virtiofsd)
+# The backends of a round: KIND NAME=ARGS.
+backends=("virtiofsd virtiofsd=")
+for a in "${anchors[@]}"; do backends+=("virtiofsd $a"); done
+for v in "${variants[@]}"; do backends+=("fencefs $v"); done
+names=()
+for b in "${backends[@]}"; do n=${b#* }; names+=("${n%%=*}"); done
 for r in $(seq 1 "$runs"); do
-    run virtiofsd virtiofsd "" | sed "s/^/$r\t/" >>"$out/results.tsv"
-    for v in "${variants[@]}"; do
-        run "${v%%=*}" fencefs "${v#*=}" | sed "s/^/$r\t/" >>"$out/results.tsv"
-        ((r > 1)) || names+=("${v%%=*}")
+    order=("${backends[@]}")
+    if ((r % 2 == 0)); then
+        order=()
+        for ((i = ${#backends[@]} - 1; i >= 0; i--)); do order+=("${backends[i]}"); done
+    fi
+    for b in "${order[@]}"; do
+        kind=${b%% *} v=${b#* }
+        run "${v%%=*}" "$kind" "${v#*=}" | sed "s/^/$r\t/" >>"$out/results.tsv"
+        cp "$out/${v%%=*}.log" "$out/${v%%=*}.log.$r"
     done
 done
 # Medians per backend and workload (seconds, and the daemon's CPU seconds), and each
-# fencefs variant / virtiofsd.
+# backend / virtiofsd: the ratio of the medians and the range of the per-round ratios.
 python3 - "$out/results.tsv" "${names[@]}" <<'EOF'
 import sys, statistics, collections
 t = collections.defaultdict(list)
 c = collections.defaultdict(list)
+by_round = {}
 for line in open(sys.argv[1]):
-    _, name, work, secs, cpu = line.split()
+    r, name, work, secs, cpu = line.split()
     t[(name, work)].append(float(secs))
     c[(name, work)].append(float(cpu))
+    by_round[(r, name, work)] = float(secs)
 names = sys.argv[2:]
 works = list(dict.fromkeys(w for (n, w) in t if n == "virtiofsd"))
+rounds = sorted({r for (r, _, _) in by_round}, key=int)
 med = lambda d, k: statistics.median(d[k]) if d.get(k) else float("nan")
-print("seconds in the guest (daemon CPU seconds); ratio = variant / virtiofsd")
-print(f"{'workload':<11}" + "".join(f"{n:>26}" for n in names))
+print(f"{len(rounds)} round(s); seconds in the guest, median (daemon CPU seconds); "
+      "ratio = backend / virtiofsd: of the medians [min-max of the rounds' ratios]")
+print(f"{'workload':<11}" + "".join(f"{n:>34}" for n in names))
 for w in works:
     a = med(t, ("virtiofsd", w))
     row = f"{w:<11}"
     for n in names:
         b, cb = med(t, (n, w)), med(c, (n, w))
-        cell = f"{b:.2f} ({cb:.2f})" + ("" if n == "virtiofsd" else f" {b / a if a else float('nan'):.2f}x")
-        row += f"{cell:>26}"
+        cell = f"{b:.2f} ({cb:.2f})"
+        if n != "virtiofsd":
+            rs = [by_round[(r, n, w)] / by_round[(r, "virtiofsd", w)] for r in rounds
+                  if (r, n, w) in by_round and by_round.get((r, "virtiofsd", w))]
+            cell += f" {b / a if a else float('nan'):.2f}x"
+            if len(rs) > 1:
+                cell += f" [{min(rs):.2f}-{max(rs):.2f}]"
+        row += f"{cell:>34}"
     print(row)
 EOF
 for v in "${variants[@]}"; do
-    sed -n "s/.*connection 1: \([0-9]* requests.*\)/${v%%=*}: \1/p" "$out/${v%%=*}.log"
+    for r in $(seq 1 "$runs"); do
+        sed -n "s/.*connection 1: \([0-9]* requests.*\)/${v%%=*} (round $r): \1/p" \
+            "$out/${v%%=*}.log.$r"
+    done
 done

@@ -33,6 +33,73 @@ impl Drop for Reap {
     }
 }
 
+/// A `fencefs vhost-user` daemon serving `SOURCE` on `DIR/fs.sock`, its log in
+/// `DIR/daemon.stderr`; killed (by pid, ours) if the test ends early.
+struct Daemon {
+    child: Reap,
+    pid: i32,
+    sock: PathBuf,
+    log: PathBuf,
+}
+
+impl Daemon {
+    /// Starts the daemon with `args` before SOURCE and waits for its socket.
+    fn start(dir: &Path, args: &[&std::ffi::OsStr], src: &Path) -> Daemon {
+        let sock = dir.join("fs.sock");
+        let log = dir.join("daemon.stderr");
+        let child = Command::new(BIN)
+            .args(["vhost-user", "--socket"])
+            .arg(&sock)
+            .args(args)
+            .arg(src)
+            .stderr(fs::File::create(&log).unwrap())
+            .spawn()
+            .expect("start fencefs vhost-user");
+        let d = Daemon {
+            pid: child.id() as i32,
+            child: Reap(Some(child)),
+            sock,
+            log,
+        };
+        let t = Instant::now();
+        while !d.sock.exists() {
+            assert!(
+                t.elapsed() < Duration::from_secs(20),
+                "no socket; daemon: {}",
+                d.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        d
+    }
+
+    /// What the daemon logged so far.
+    fn log(&self) -> String {
+        fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// The daemon's exit status, once it exits by itself (within 20 s, or the test fails
+    /// and the daemon is killed); `when` says what it should have exited after. Its
+    /// socket file must be gone.
+    fn exit(&mut self, when: &str) -> std::process::ExitStatus {
+        let mut d = self.child.0.take().unwrap();
+        let t = Instant::now();
+        let st = loop {
+            if let Some(st) = d.try_wait().unwrap() {
+                break st;
+            }
+            if t.elapsed() > Duration::from_secs(20) {
+                let _ = d.kill();
+                let _ = d.wait();
+                panic!("the daemon did not exit {when}:\n{}", self.log());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        assert!(!self.sock.exists(), "the socket file stays behind");
+        st
+    }
+}
+
 fn guest_dir() -> PathBuf {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let out = root.join("target/vm");
@@ -131,35 +198,27 @@ fn a_vm_gets_its_workspace_from_fencefs_with_the_policy() {
     fs::set_permissions(src.join("work"), fs::Permissions::from_mode(0o777)).unwrap();
     let policy = dir.join("policy.toml");
     fs::write(&policy, POLICY).unwrap();
-    let sock = dir.join("fs.sock");
     let audit = dir.join("audit.jsonl");
-    let daemon = Command::new(BIN)
-        .arg("vhost-user")
-        .arg("--socket")
-        .arg(&sock)
-        .arg("--policy")
-        .arg(&policy)
-        .arg("--audit")
-        .arg(&audit)
-        .args(["--map-uid", "1000:4242", "--map-gid", "1000:4343"])
-        .arg("--control")
-        .arg(dir.join("ctl.sock"))
-        .args(["--ask-timeout", "6"])
-        .arg(&src)
-        .stderr(fs::File::create(dir.join("daemon.stderr")).unwrap())
-        .spawn()
-        .expect("start fencefs vhost-user");
-    let pid = daemon.id() as i32;
-    let mut daemon = Reap(Some(daemon));
+    let mut daemon = Daemon::start(
+        &dir,
+        &[
+            "--policy".as_ref(),
+            policy.as_os_str(),
+            "--audit".as_ref(),
+            audit.as_os_str(),
+            "--map-uid".as_ref(),
+            "1000:4242".as_ref(),
+            "--map-gid".as_ref(),
+            "1000:4343".as_ref(),
+            "--control".as_ref(),
+            dir.join("ctl.sock").as_os_str(),
+            "--ask-timeout".as_ref(),
+            "6".as_ref(),
+        ],
+        &src,
+    );
+    let (pid, sock) = (daemon.pid, daemon.sock.clone());
     let t = Instant::now();
-    while !sock.exists() {
-        assert!(
-            t.elapsed() < Duration::from_secs(20),
-            "no socket; daemon: {}",
-            fs::read_to_string(dir.join("daemon.stderr")).unwrap_or_default()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
 
     // An approver that never answers: the guest's write to docs/ is held until
     // --ask-timeout.
@@ -281,23 +340,10 @@ fn a_vm_gets_its_workspace_from_fencefs_with_the_policy() {
     assert!(get("umount").starts_with("ok"), "{console}");
 
     // The backend exits 0 once the VM has stopped.
-    let mut d = daemon.0.take().unwrap();
-    let t = Instant::now();
-    let st = loop {
-        if let Some(st) = d.try_wait().unwrap() {
-            break st;
-        }
-        if t.elapsed() > Duration::from_secs(20) {
-            let _ = d.kill();
-            let _ = d.wait();
-            panic!("the daemon did not exit after the VM stopped");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let log = fs::read_to_string(dir.join("daemon.stderr")).unwrap();
+    let st = daemon.exit("after the VM stopped");
+    let log = daemon.log();
     assert!(st.success(), "daemon: {st}\n{log}");
     assert!(log.contains("policy reloaded: generation 1"), "{log}");
-    assert!(!sock.exists(), "the socket file stays behind");
     // An audit line for the guest's refused write, with the guest's uid.
     let audit = fs::read_to_string(&audit).unwrap();
     let line = audit
@@ -401,21 +447,8 @@ fn keep_serving_takes_the_next_vm_and_sigterm_ends_it_with_0() {
     for i in 0..40 {
         write_file(&src.join(format!("d/f{i}")), "x\n", 0o644);
     }
-    let sock = dir.join("fs.sock");
-    let daemon = Command::new(BIN)
-        .args(["vhost-user", "--keep-serving", "--socket"])
-        .arg(&sock)
-        .arg(&src)
-        .stderr(fs::File::create(dir.join("daemon.stderr")).unwrap())
-        .spawn()
-        .unwrap();
-    let pid = daemon.id() as i32;
-    let mut daemon = Reap(Some(daemon));
-    let t = Instant::now();
-    while !sock.exists() {
-        assert!(t.elapsed() < Duration::from_secs(20), "no socket");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let mut daemon = Daemon::start(&dir, &["--keep-serving".as_ref()], &src);
+    let (pid, sock) = (daemon.pid, daemon.sock.clone());
     let baseline = steady_fds(pid);
     // The first VM looks up every file, keeps three open and powers off without
     // unmounting: no RELEASE, no FORGET ever comes for them. The daemon stays.
@@ -430,10 +463,7 @@ fn keep_serving_takes_the_next_vm_and_sigterm_ends_it_with_0() {
     // The second guest starts clean: the first one's handles are closed and its lookups
     // forgotten (their cached descriptors closed), back to what the daemon held before.
     let t = Instant::now();
-    while !fs::read_to_string(dir.join("daemon.stderr"))
-        .unwrap_or_default()
-        .contains("waiting for the next connection")
-    {
+    while !daemon.log().contains("waiting for the next connection") {
         assert!(
             t.elapsed() < Duration::from_secs(20),
             "the first connection did not end"
@@ -451,7 +481,7 @@ fn keep_serving_takes_the_next_vm_and_sigterm_ends_it_with_0() {
         })
         .map(|(n, p)| format!("{n:?}={}", p.display()))
         .collect();
-    let log = fs::read_to_string(dir.join("daemon.stderr")).unwrap();
+    let log = daemon.log();
     assert!(
         during >= baseline + 3,
         "the first guest held no descriptors: {baseline} before, {during} during"
@@ -462,7 +492,14 @@ fn keep_serving_takes_the_next_vm_and_sigterm_ends_it_with_0() {
     );
     assert!(log.contains("closed 3 handles"), "{log}");
     assert!(
-        daemon.0.as_mut().unwrap().try_wait().unwrap().is_none(),
+        daemon
+            .child
+            .0
+            .as_mut()
+            .unwrap()
+            .try_wait()
+            .unwrap()
+            .is_none(),
         "exited after the first VM"
     );
     // The second one is served too, and is still connected when SIGTERM comes.
@@ -475,23 +512,114 @@ fn keep_serving_takes_the_next_vm_and_sigterm_ends_it_with_0() {
         nix::sys::signal::Signal::SIGTERM,
     )
     .unwrap();
-    let mut d = daemon.0.take().unwrap();
-    let t = Instant::now();
-    let st = loop {
-        if let Some(st) = d.try_wait().unwrap() {
-            break st;
-        }
-        if t.elapsed() > Duration::from_secs(20) {
-            let _ = d.kill();
-            let _ = d.wait();
-            panic!("SIGTERM did not end the daemon");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let log = fs::read_to_string(dir.join("daemon.stderr")).unwrap();
+    let st = daemon.exit("after SIGTERM");
+    let log = daemon.log();
     assert!(st.success(), "{st}\n{log}");
     assert!(log.contains("connection 2"), "{log}");
-    assert!(!sock.exists(), "the socket file stays behind");
+    let _ = fs::remove_dir_all(&dir);
+}
+
+/// The guest of the staging test: changes three files, waits until the host has applied
+/// one and discarded another (the discarded file reads as SOURCE's again), then reads
+/// what it sees.
+const STAGED_GUEST: &str = r#"#!/bin/sh
+W=/workspace
+r() { name=$1; shift; if out=$("$@" 2>&1); then echo "R $name: ok $out"; else echo "R $name: ${out##*: }"; fi; }
+mkdir -p $W
+r mount mount -t virtiofs fencefs $W
+r new sh -c "echo staged > $W/new.txt"
+r edit sh -c "echo edited > $W/f.txt"
+r remove rm $W/gone.txt
+r read_edit cat $W/f.txt
+echo "GUEST: staged"
+i=0
+while [ "$(cat $W/f.txt)" != one ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done
+r after_discard cat $W/f.txt
+r after_new cat $W/new.txt
+r after_remove stat $W/gone.txt
+r umount umount $W
+"#;
+
+#[test]
+fn a_staged_vm_changes_nothing_until_applied() {
+    let vm = guest_dir();
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("vhost-stage-{}", std::process::id()));
+    let _ = fs::remove_dir_all(&dir);
+    let src = dir.join("src");
+    write_file(&src.join("f.txt"), "one\n", 0o666);
+    write_file(&src.join("gone.txt"), "gone\n", 0o666);
+    let policy = dir.join("policy.toml");
+    fs::write(&policy, "mode = \"workspace-write\"\ndefault = \"write\"\n").unwrap();
+    let (stage, ctl) = (dir.join("stage"), dir.join("ctl.sock"));
+    let mut daemon = Daemon::start(
+        &dir,
+        &[
+            "--policy".as_ref(),
+            policy.as_os_str(),
+            "--stage".as_ref(),
+            stage.as_os_str(),
+            "--control".as_ref(),
+            ctl.as_os_str(),
+        ],
+        &src,
+    );
+    let stage_cmd = |args: &[&str]| {
+        let out = Command::new(BIN)
+            .arg("stage")
+            .arg(args[0])
+            .arg(&ctl)
+            .args(&args[1..])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "stage {args:?}: {text}{err}");
+        text
+    };
+    let (qemu, rx) = boot(&dir, &vm, &daemon.sock, STAGED_GUEST, "stage");
+    let mut qemu = qemu;
+    let seen = wait_for(&rx, "GUEST: staged");
+    // The guest's changes are staged: SOURCE as it was, `stage status` lists them.
+    assert!(seen.contains("R new: ok"), "{seen}");
+    assert!(seen.contains("R edit: ok"), "{seen}");
+    assert!(seen.contains("R remove: ok"), "{seen}");
+    assert!(seen.contains("R read_edit: ok edited"), "{seen}");
+    assert!(
+        !src.join("new.txt").exists(),
+        "a staged create reached SOURCE"
+    );
+    assert_eq!(fs::read_to_string(src.join("f.txt")).unwrap(), "one\n");
+    assert_eq!(fs::read_to_string(src.join("gone.txt")).unwrap(), "gone\n");
+    let status = stage_cmd(&["status"]);
+    for line in ["A new.txt", "M f.txt", "D gone.txt"] {
+        assert!(status.lines().any(|l| l == line), "{line}: {status}");
+    }
+    // Apply one, discard another, while the guest runs.
+    stage_cmd(&["apply", "new.txt"]);
+    stage_cmd(&["discard", "f.txt"]);
+    assert_eq!(fs::read_to_string(src.join("new.txt")).unwrap(), "staged\n");
+    assert_eq!(fs::read_to_string(src.join("f.txt")).unwrap(), "one\n");
+    let seen = wait_for(&rx, "GUEST: done");
+    assert!(qemu.0.take().unwrap().wait().unwrap().success(), "{seen}");
+    // The guest sees the applied file, SOURCE's version of the discarded one, and the
+    // deletion still staged.
+    assert!(seen.contains("R after_new: ok staged"), "{seen}");
+    assert!(seen.contains("R after_discard: ok one"), "{seen}");
+    assert!(
+        seen.contains("R after_remove: No such file or directory"),
+        "{seen}"
+    );
+    assert!(seen.contains("R umount: ok"), "{seen}");
+    assert_eq!(fs::read_to_string(src.join("gone.txt")).unwrap(), "gone\n");
+    let st = daemon.exit("after the VM stopped");
+    assert!(st.success(), "daemon: {st}\n{}", daemon.log());
+    let out = Command::new(BIN)
+        .args(["stage", "status", "--dir"])
+        .arg(&stage)
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "D gone.txt\n");
     let _ = fs::remove_dir_all(&dir);
 }
 

@@ -12,8 +12,8 @@ use std::time::{Duration, UNIX_EPOCH};
 use fuser::{Errno, TimeOrNow};
 
 use super::abi::{self, Args, InHeader, Short, fattr, op};
+use super::encode::{Dir, Sink};
 use super::pool::Pool;
-use super::reply::{RingDir, RingReply};
 use super::ring::Incoming;
 use crate::fs::handlers::SetAttr;
 use crate::fs::ops::WriteKind;
@@ -83,7 +83,7 @@ impl Decoded {
 }
 
 /// A reply the dispatcher can answer any request with: every reply trait, and a directory
-/// reply of a given size made from it (each transport writes its own).
+/// reply of a given size made from it (every [`Sink`] is one, through the shared encoder).
 pub trait Answer:
     Reply
     + EmptyReply
@@ -103,10 +103,10 @@ pub trait Answer:
     fn dir(self, size: usize) -> Self::Dir;
 }
 
-impl Answer for RingReply {
-    type Dir = RingDir;
-    fn dir(self, size: usize) -> RingDir {
-        RingDir::new(self, size)
+impl<S: Sink> Answer for S {
+    type Dir = Dir<S>;
+    fn dir(self, size: usize) -> Dir<S> {
+        Dir::new(self, size)
     }
 }
 

@@ -16,6 +16,7 @@
 
 pub mod abi;
 pub mod dispatch;
+pub mod encode;
 pub mod pages;
 pub mod pool;
 pub mod reply;

@@ -1,26 +1,23 @@
 //! Replies to a guest's requests: the out header and payload written into the chain's
 //! writable descriptors (through `virtio-queue`'s `Writer`, which checks every guest
-//! address), the chain put on the used ring and the guest signalled. Implements every
-//! [`crate::fs::reply`] trait, so the handlers answer a guest as they answer the kernel.
+//! address), the chain put on the used ring and the guest signalled. The chain is the
+//! [`Sink`] the shared encoder ([`crate::transport::encode`]) writes every reply trait
+//! into, so the handlers answer a guest as they answer the kernel.
 //!
 //! Invariants: a reply answers its chain exactly once (dropped unanswered: EIO); a reply
 //! that does not fit the writable room becomes EIO (or, without room for the out header,
-//! a used chain of length 0); it may be sent from any thread (a held request's resume).
+//! a used chain of length 0); it may be sent from any thread (a held request's resume);
+//! no open handle keeps a listing or file pages across opens.
 
 use std::io::Write;
-use std::time::Duration;
 
-use fuser::{Errno, FileAttr, FileType, FopenFlags};
+use fuser::FopenFlags;
 use vhost_user_backend::VringT;
 use virtio_queue::Writer;
 
 use super::queue::{Chain, Vring, notify};
-use crate::fs::reply::{
-    AttrReply, CreateReply, DataReply, DirPlusReply, DirReply, EmptyReply, EntryReply, LseekReply,
-    OpenReply, Reply, StatfsReply, WriteReply, XattrReply,
-};
 use crate::transport::abi::{self, OUT_HEADER};
-use crate::transport::dispatch::Answer;
+use crate::transport::encode::Sink;
 
 /// The answer to one chain.
 pub struct GuestReply {
@@ -48,7 +45,7 @@ impl GuestReply {
     }
 
     /// Sends `error` (0 or a negative errno) with the payload `parts`.
-    fn send(&mut self, error: i32, parts: &[&[u8]]) {
+    fn put(&mut self, error: i32, parts: &[&[u8]]) {
         let Some(chain) = self.chain.take() else {
             return;
         };
@@ -84,188 +81,32 @@ impl GuestReply {
         notify(&self.vring);
     }
 
-    fn finish(mut self, error: i32, parts: &[&[u8]]) {
-        self.send(error, parts)
-    }
-
     /// Answers with `b` as the whole payload.
     pub fn raw(self, b: &[u8]) {
-        self.finish(0, &[b])
+        self.send(0, &[b])
     }
 }
 
 impl Drop for GuestReply {
     fn drop(&mut self) {
         if self.chain.is_some() {
-            self.send(-libc::EIO, &[]);
+            self.put(-libc::EIO, &[]);
         }
     }
 }
 
-impl Reply for GuestReply {
-    fn error(self, e: Errno) {
-        let n = i32::from(e);
-        self.finish(-n.abs(), &[])
-    }
-}
+impl Sink for GuestReply {
+    /// Entries of a readdirplus carry their attributes (as before the shared encoder).
+    const PLAIN: bool = false;
 
-impl EmptyReply for GuestReply {
-    fn ok(self) {
-        self.finish(0, &[])
+    fn send(mut self, error: i32, parts: &[&[u8]]) {
+        self.put(error, parts)
     }
-}
 
-impl EntryReply for GuestReply {
-    fn entry(self, attr_ttl: &Duration, entry_ttl: &Duration, attr: &FileAttr) {
-        let mut b = [0u8; abi::ENTRY_OUT];
-        abi::entry_out(&mut b, attr_ttl, entry_ttl, attr);
-        self.raw(&b)
-    }
-}
-
-impl AttrReply for GuestReply {
-    fn attr(self, ttl: &Duration, attr: &FileAttr) {
-        let mut b = [0u8; abi::ATTR_OUT];
-        abi::attr_out(&mut b, ttl, attr);
-        self.raw(&b)
-    }
-}
-
-impl DataReply for GuestReply {
-    fn data(self, data: &[u8]) {
-        self.raw(data)
-    }
-}
-
-/// Open flags for a guest: no cache kept across opens (a listing or file pages), since
-/// nothing can tell a guest to drop it after a reload or a host change.
-fn guest_open_flags(flags: FopenFlags) -> u32 {
-    (flags - (FopenFlags::FOPEN_CACHE_DIR | FopenFlags::FOPEN_KEEP_CACHE)).bits()
-}
-
-impl OpenReply for GuestReply {
-    fn opened(self, fh: u64, flags: FopenFlags, _backing: Option<u32>) {
-        let mut b = [0u8; abi::OPEN_OUT];
-        abi::open_out(&mut b, fh, guest_open_flags(flags), None);
-        self.raw(&b)
-    }
-}
-
-impl WriteReply for GuestReply {
-    fn written(self, n: u32) {
-        let mut b = [0u8; 8];
-        abi::u32_out(&mut b, n);
-        self.raw(&b)
-    }
-}
-
-impl CreateReply for GuestReply {
-    fn created(
-        self,
-        ttl: &Duration,
-        attr: &FileAttr,
-        fh: u64,
-        flags: FopenFlags,
-        _backing: Option<u32>,
-    ) {
-        let mut b = [0u8; abi::ENTRY_OUT + abi::OPEN_OUT];
-        abi::entry_out(&mut b[..abi::ENTRY_OUT], ttl, ttl, attr);
-        abi::open_out(&mut b[abi::ENTRY_OUT..], fh, guest_open_flags(flags), None);
-        self.raw(&b)
-    }
-}
-
-impl StatfsReply for GuestReply {
-    fn statfs(self, s: &libc::statvfs) {
-        let mut b = [0u8; abi::STATFS_OUT];
-        abi::statfs_out(&mut b, s);
-        self.raw(&b)
-    }
-}
-
-impl XattrReply for GuestReply {
-    fn size(self, n: u32) {
-        let mut b = [0u8; 8];
-        abi::u32_out(&mut b, n);
-        self.raw(&b)
-    }
-    fn data(self, d: &[u8]) {
-        self.raw(d)
-    }
-}
-
-impl LseekReply for GuestReply {
-    fn offset(self, o: i64) {
-        let mut b = [0u8; 8];
-        abi::u64_out(&mut b, o as u64);
-        self.raw(&b)
-    }
-}
-
-/// A readdir(plus) reply built in memory, up to the size asked for (and the room).
-pub struct GuestDir {
-    reply: GuestReply,
-    buf: Vec<u8>,
-    max: usize,
-}
-
-impl GuestDir {
-    fn room(&mut self, n: usize) -> Option<&mut [u8]> {
-        let start = self.buf.len();
-        if start + n > self.max {
-            return None;
-        }
-        self.buf.resize(start + n, 0);
-        Some(&mut self.buf[start..])
-    }
-}
-
-impl Answer for GuestReply {
-    type Dir = GuestDir;
-    fn dir(self, size: usize) -> GuestDir {
-        // The size was clamped to the room when the request was decoded.
-        GuestDir {
-            reply: self,
-            buf: Vec::with_capacity(size.min(64 << 10)),
-            max: size,
-        }
-    }
-}
-
-impl Reply for GuestDir {
-    fn error(self, e: Errno) {
-        self.reply.error(e)
-    }
-}
-
-impl DirReply for GuestDir {
-    fn add(&mut self, ino: u64, offset: u64, kind: FileType, name: &[u8]) -> bool {
-        match self.room(abi::dirent_len(name.len())) {
-            Some(b) => {
-                abi::dirent(b, ino, offset, kind, name);
-                false
-            }
-            None => true,
-        }
-    }
-    fn ok(self) {
-        let GuestDir { reply, buf, .. } = self;
-        reply.raw(&buf)
-    }
-}
-
-impl DirPlusReply for GuestDir {
-    fn add(&mut self, offset: u64, name: &[u8], ttl: &Duration, attr: &FileAttr) -> bool {
-        match self.room(abi::direntplus_len(name.len())) {
-            Some(b) => {
-                abi::direntplus(b, offset, name, ttl, attr);
-                false
-            }
-            None => true,
-        }
-    }
-    fn ok(self) {
-        let GuestDir { reply, buf, .. } = self;
-        reply.raw(&buf)
+    /// No cache kept across opens (a listing or file pages), since nothing can tell a
+    /// guest to drop it after a reload or a host change; no kernel passthrough.
+    fn open_flags(flags: FopenFlags, _backing: Option<u32>) -> (u32, Option<u32>) {
+        let keep = FopenFlags::FOPEN_CACHE_DIR | FopenFlags::FOPEN_KEEP_CACHE;
+        ((flags - keep).bits(), None)
     }
 }
