@@ -147,8 +147,8 @@ fn a_reused_pid_never_gets_the_old_processs_ancestor_rule() {
     let (m, privsh) = mount("progs-pid-reuse");
     // P = privsh starts a shell that writes out/c1-i (allowed: an ancestor is privsh),
     // exits; its pid is handed to Q (plain sh) through ns_last_pid, and Q's shell writes
-    // out/c2-i: refused, though the resolver cached P's ancestors for that pid (often
-    // within the same clock tick, so with the same /proc start time).
+    // out/c2-i: refused, though the resolver cached P's ancestors for that pid (printed:
+    // how often Q started within P's clock tick, i.e. with the same /proc start time).
     let script = m.outside().join("reuse.py");
     put(
         &script,
