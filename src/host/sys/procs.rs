@@ -127,7 +127,10 @@ pub fn pidfd_id(pidfd: BorrowedFd<'_>) -> io::Result<u64> {
     }
     // SAFETY: fstatfs succeeded, so it filled the struct.
     let fs = unsafe { fs.assume_init() };
-    if fs.f_type as i64 != PID_FS_MAGIC {
+    // `f_type` is not i64 on every architecture.
+    #[allow(clippy::unnecessary_cast)]
+    let f_type = fs.f_type as i64;
+    if f_type != PID_FS_MAGIC {
         return Err(io::Error::from_raw_os_error(libc::EOPNOTSUPP));
     }
     Ok(super::fstat(pidfd)?.st_ino)
