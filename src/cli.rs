@@ -62,8 +62,8 @@ pub enum Command {
     Ctl {
         /// The daemon's `--control` socket.
         socket: PathBuf,
-        /// status | reload | held
-        #[arg(value_parser = ["status", "reload", "held"])]
+        /// status | reload | held | learn (write `--learn`'s draft now)
+        #[arg(value_parser = ["status", "reload", "held", "learn"])]
         what: String,
     },
     /// Review staged changes: status, diff, apply, discard (`mount --stage DIR`).

@@ -58,8 +58,8 @@ impl Recorder {
         };
         let total = t.values().map(|v| v.1).sum::<u64>() + dropped;
         drop_passages(&mut t);
-        fold(&mut t);
-        render(&t, Some(base), total, 0, dropped)
+        let folded = fold(&mut t);
+        render(&t, &folded, Some(base), total, 0, dropped)
     }
 }
 
@@ -96,8 +96,8 @@ pub fn draft(uses: &[Use], base: Option<&Policy>) -> String {
         e.1 += 1;
     }
     drop_passages(&mut table);
-    fold(&mut table);
-    render(&table, base, uses.len() as u64, hidden, not_utf8)
+    let folded = fold(&mut table);
+    render(&table, &folded, base, uses.len() as u64, hidden, not_utf8)
 }
 
 /// Removes `list`-only paths that are ancestors of other recorded paths (the lift keeps
@@ -127,16 +127,26 @@ fn parent(p: &[u8]) -> Option<&[u8]> {
     p.iter().rposition(|&b| b == b'/').map(|i| &p[..i])
 }
 
-/// Folds, deepest directories first: a directory (not the root) whose recorded entries
-/// below it number two or more and all share one level (and the directory's own
-/// record, if any, is no more than that) becomes one rule.
-fn fold(t: &mut Table) {
+/// Folds, deepest directories first, into one rule for the directory (returned: the
+/// folded directories, whose rules cover their subtrees):
+/// - a directory (not the root) whose recorded entries below it number two or more and
+///   all share one level (and the directory's own record, if any, is no more than that);
+/// - a directory the session created or changed itself (its own record includes
+///   `create`) with entries below it: what lies below a directory the session made was
+///   made by the session (build trees, `node_modules`), so its subtree gets the join of
+///   the levels used there and in it — names a tool picks at random there (temporary
+///   files, `rustc`'s scratch directories, incremental caches) are covered on a re-run.
+fn fold(t: &mut Table) -> std::collections::BTreeSet<Vec<u8>> {
+    let mut folded = std::collections::BTreeSet::new();
     loop {
+        // Every directory above a recorded path, not only the nearest.
         let mut dirs: Vec<Vec<u8>> = t
             .keys()
-            .filter_map(|k| parent(k).map(<[u8]>::to_vec))
+            .flat_map(|k| std::iter::successors(parent(k), |d| parent(d)))
+            .map(<[u8]>::to_vec)
             .collect();
-        dirs.sort_by_key(|d| std::cmp::Reverse(d.iter().filter(|&&b| b == b'/').count()));
+        let depth = |d: &[u8]| d.iter().filter(|&&b| b == b'/').count();
+        dirs.sort_by(|a, b| depth(b).cmp(&depth(a)).then_with(|| a.cmp(b)));
         dirs.dedup();
         let mut changed = false;
         for d in dirs {
@@ -145,27 +155,42 @@ fn fold(t: &mut Table) {
                 .filter(|(k, _)| is_below(k, &d))
                 .map(|(k, v)| (k.clone(), *v))
                 .collect();
-            if below.len() < 2 {
-                continue;
-            }
-            let level = below[0].1.0;
-            if below.iter().any(|(_, (a, _))| *a != level) {
-                continue;
-            }
             let own = t.get(&d).copied();
-            if own.is_some_and(|(a, _)| !level.includes(a)) {
+            let made = !d.is_empty() && own.is_some_and(|(a, _)| a.includes(Access::Create));
+            let level = if made {
+                below
+                    .iter()
+                    .fold(own.map_or(Access::Create, |o| o.0), |l, (_, (a, _))| {
+                        l.join(*a)
+                    })
+            } else {
+                if below.len() < 2 {
+                    continue;
+                }
+                let level = below[0].1.0;
+                if below.iter().any(|(_, (a, _))| *a != level) {
+                    continue;
+                }
+                if own.is_some_and(|(a, _)| !level.includes(a)) {
+                    continue;
+                }
+                level
+            };
+            if below.is_empty() {
                 continue;
             }
             let count = below.iter().map(|(_, (_, n))| n).sum::<u64>() + own.map_or(0, |o| o.1);
             for (k, _) in &below {
                 t.remove(k);
+                folded.remove(k);
             }
+            folded.insert(d.clone());
             t.insert(d, (level, count));
             changed = true;
             break;
         }
         if !changed {
-            return;
+            return folded;
         }
     }
 }
@@ -199,7 +224,14 @@ fn quoted(s: &str) -> String {
     out
 }
 
-fn render(t: &Table, base: Option<&Policy>, total: u64, hidden: u64, not_utf8: u64) -> String {
+fn render(
+    t: &Table,
+    folded: &std::collections::BTreeSet<Vec<u8>>,
+    base: Option<&Policy>,
+    total: u64,
+    hidden: u64,
+    not_utf8: u64,
+) -> String {
     let mutates = t.values().any(|(a, _)| a.mutates());
     let mut s = String::new();
     s.push_str("# Drafted by `fencefs learn`: what the session used, and no more.\n");
@@ -248,12 +280,16 @@ fn render(t: &Table, base: Option<&Policy>, total: u64, hidden: u64, not_utf8: u
             "\n# {count} {what}\n[[rule]]\npath = {}\naccess = \"{access}\"\n",
             quoted(&exact(&p))
         ));
-        // Only looked at: not what lies below it (a rule covers its subtree).
-        if *access == Access::List && !path.is_empty() {
-            s.push_str(&format!(
-                "except = [{}]\n",
-                quoted(&format!("{}/**", exact(&p)))
-            ));
+        // A rule covers its subtree: one for a path used itself (a file, a directory
+        // opened or listed) says so, so that nothing unused below it is granted; only a
+        // folded directory's rule covers what lies below.
+        if !folded.contains(path) {
+            let below = if path.is_empty() {
+                "*".to_string()
+            } else {
+                format!("{}/**", exact(&p))
+            };
+            s.push_str(&format!("except = [{}]\n", quoted(&below)));
         }
     }
     s
@@ -315,6 +351,37 @@ mod tests {
             text.contains("# 3 accesses\n[[rule]]\npath = \"src\""),
             "{text}"
         );
+    }
+
+    #[test]
+    fn a_directory_used_itself_grants_nothing_below_and_one_made_grants_its_tree() {
+        use Access::*;
+        // cargo's shape: the root and the crate opened, a target tree made by the build
+        // with names picked at random, one file read.
+        let uses = [
+            u("", Read),
+            u("crate", Read),
+            u("crate/Cargo.toml", Read),
+            u("crate/target/debug", Create),
+            u("crate/target/debug/deps/rustcAb12", Write),
+            u("crate/target/debug/.fingerprint/x", Create),
+            u("crate/target/debug/incremental/s-1-working/a.o", Read),
+        ];
+        let text = draft(&uses, Option::None);
+        let p = Policy::parse(&text, "draft").unwrap_or_else(|e| panic!("{e:?}\n{text}"));
+        let me = Caller::new(1000, 1000);
+        let g = |path: &str| p.verdict_for(path.as_bytes(), me, false).effective;
+        assert_eq!(p.verdict(b"", me).effective, Read, "{text}");
+        assert_eq!(g("unused"), None, "the root's read is the root's: {text}");
+        assert_eq!(g("crate/unused.rs"), None, "{text}");
+        assert_eq!(g("crate/Cargo.toml"), Read);
+        assert_eq!(
+            g("crate/target/debug/deps/rustcZz99"),
+            Write,
+            "made: its tree"
+        );
+        assert_eq!(g("crate/target/debug/incremental/s-2-working/b.o"), Write);
+        assert_eq!(g("crate/target/other"), None, "target itself was not made");
     }
 
     #[test]

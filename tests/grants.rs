@@ -374,23 +374,6 @@ fn no_exec_refuses_execve_masks_the_bits_and_lets_sh_read_scripts() {
     assert!(audit.exists());
 }
 
-/// Runs `sh -c script` as uid 1000 inside bubblewrap (the host's root read-only, the
-/// mount at /mnt, a private /tmp, its own pid namespace).
-fn in_bwrap(m: &Mount, script: &str) -> Out {
-    std::process::Command::new("setpriv")
-        .args(["--reuid=1000", "--regid=1000", "--clear-groups", "bwrap"])
-        .args(["--ro-bind", "/", "/", "--bind"])
-        .arg(m.mnt("."))
-        .args([
-            "/mnt", "--chdir", "/mnt", "--dev", "/dev", "--proc", "/proc",
-        ])
-        .args(["--tmpfs", "/tmp", "--setenv", "HOME", "/tmp"])
-        .args(["--unshare-pid", "--die-with-parent", "sh", "-c", script])
-        .output()
-        .expect("run setpriv bwrap")
-        .into()
-}
-
 /// Only git (its own binary and its helpers, wherever this system installed them)
 /// writes `.git`; the rest of the workspace is writable by everyone.
 fn git_policy() -> String {

@@ -188,3 +188,180 @@ fn a_learn_mount_reports_instead_of_refusing_and_writes_the_draft_at_unmount() {
         .assert_fail("unused dir");
     assert!(!m.host("unused/new").exists());
 }
+
+/// An npm project with a local package tarball as its dependency (made here with `npm
+/// pack`: no network) and a crate without dependencies whose build.rs generates code.
+fn tool_layout(b: &MountBuilder) {
+    let dep = b.outside().join("dep");
+    put(
+        &dep.join("package.json"),
+        br#"{"name":"dep","version":"1.0.0","main":"index.js"}"#,
+        0o644,
+    );
+    put(
+        &dep.join("index.js"),
+        b"exports.hi = () => 'hi from dep';\n",
+        0o644,
+    );
+    mkdirp(&b.host("app/vendor"));
+    let o = sh_in(
+        &dep,
+        &format!(
+            "npm pack --silent --pack-destination {} >/dev/null",
+            b.host("app/vendor").display()
+        ),
+    );
+    o.assert_ok("npm pack");
+    put(
+        &b.host("app/package.json"),
+        br#"{"name":"app","version":"1.0.0","private":true,"dependencies":{"dep":"file:vendor/dep-1.0.0.tgz"}}"#,
+        0o644,
+    );
+    put(
+        &b.host("crate/Cargo.toml"),
+        b"[package]\nname = \"hello\"\nversion = \"0.1.0\"\nedition = \"2021\"\n",
+        0o644,
+    );
+    put(
+        &b.host("crate/build.rs"),
+        b"fn main() {\n    let out = std::env::var(\"OUT_DIR\").unwrap();\n    \
+          std::fs::write(format!(\"{out}/gen.rs\"), \"pub const GREETING: &str = \\\"hello from build.rs\\\";\").unwrap();\n    \
+          println!(\"cargo:rerun-if-changed=build.rs\");\n}\n",
+        0o644,
+    );
+    put(
+        &b.host("crate/src/main.rs"),
+        b"include!(concat!(env!(\"OUT_DIR\"), \"/gen.rs\"));\nfn main() {\n    println!(\"{GREETING}\");\n}\n",
+        0o644,
+    );
+    // target/ exists (an earlier `cargo clean` leaves it): a first build would make it
+    // as `targetXXXXXX` and rename it, a name picked at random in a directory the session
+    // did not make, which a draft cannot know (see the policy chapter).
+    mkdirp(&b.host("crate/target"));
+    put(&b.host("notes/todo.txt"), b"unused\n", 0o644);
+    mkdirp(&b.host("unused"));
+}
+
+/// npm install (offline) and cargo build (offline), as root: their caches and toolchain
+/// live in root's home, outside the mount.
+fn tool_workload() -> String {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    format!(
+        "set -e
+cd app
+npm install --offline --no-audit --no-fund --no-update-notifier 2>&1
+node -e \"console.log(require('dep').hi())\"
+cd ../crate
+'{cargo}' build --offline --quiet 2>&1
+./target/debug/hello
+"
+    )
+}
+
+#[test]
+fn learn_drafts_npm_install_and_cargo_build_and_answers_the_learn_command() {
+    // 1. The session on a learning mount (report-only under a read-only base).
+    let b = Mount::builder("learn-tools").policy("mode = \"read-only\"\ndefault = \"read\"\n");
+    tool_layout(&b);
+    let out = b.root().join("learned.toml");
+    let sock = b.outside().join("ctl.sock");
+    let mut rec = b
+        .watchdog(Duration::from_secs(400))
+        .arg("--learn")
+        .arg(&out)
+        .arg("--control")
+        .arg(&sock)
+        .start();
+    let o = rec.sh(&tool_workload());
+    o.assert_ok("npm install + cargo build, learning");
+    assert!(o.stdout.contains("hi from dep") && o.stdout.contains("hello from build.rs"));
+
+    // 2. `{"cmd":"learn"}` writes the draft now and says where, and how many rules.
+    let mut peer = Peer::connect(&sock);
+    let a = peer.call(serde_json::json!({"cmd": "learn"}));
+    assert_eq!(a["ok"], true, "{a}");
+    assert_eq!(
+        a["path"].as_str().unwrap(),
+        fs::canonicalize(&out).unwrap().to_str().unwrap()
+    );
+    let now = fs::read_to_string(&out).unwrap();
+    let p = fencefs::policy::Policy::parse(&now, "learned").unwrap_or_else(|e| panic!("{e:?}"));
+    assert_eq!(
+        a["rules"].as_u64().unwrap() as usize,
+        p.rules().len(),
+        "{a}"
+    );
+    assert!(p.rules().len() > 2, "{now}");
+    assert_eq!(a["bytes"].as_u64().unwrap() as usize, now.len());
+    let o = run_fencefs(
+        [
+            std::ffi::OsStr::new("ctl"),
+            sock.as_os_str(),
+            "learn".as_ref(),
+        ],
+        Duration::from_secs(30),
+    );
+    o.assert_ok("fencefs ctl learn");
+    assert!(
+        o.stdout.starts_with("draft policy written to ") && o.stdout.contains(" rules"),
+        "{o:?}"
+    );
+    drop(peer);
+    // More use after the command, then the unmount's draft replaces it whole.
+    rec.sh("cat notes/todo.txt >/dev/null")
+        .assert_ok("one more read");
+    rec.terminate();
+    let draft = fs::read_to_string(&out).unwrap();
+    let p = fencefs::policy::Policy::parse(&draft, "learned")
+        .unwrap_or_else(|e| panic!("{e:?}\n{draft}"));
+    let root = fencefs::policy::Caller::new(0, 0);
+    assert_eq!(
+        p.verdict_for(b"notes/todo.txt", root, false).effective,
+        fencefs::policy::Access::Read,
+        "used after the command: {draft}"
+    );
+    assert_eq!(
+        p.verdict_for(b"unused/x", root, false).effective,
+        fencefs::policy::Access::None,
+        "{draft}"
+    );
+
+    // 3. The same session from the same start under the draft: all of it works.
+    let b = Mount::builder("learn-tools-replay").policy(&draft);
+    tool_layout(&b);
+    let sock = b.outside().join("ctl.sock");
+    let m = b
+        .watchdog(Duration::from_secs(400))
+        .arg("--control")
+        .arg(&sock)
+        .start();
+    let o = m.sh(&tool_workload());
+    o.assert_ok(&format!(
+        "npm install + cargo build under the draft\n{draft}"
+    ));
+    assert!(o.stdout.contains("hi from dep") && o.stdout.contains("hello from build.rs"));
+
+    // 4. A write where the session wrote nothing: refused, the host unchanged.
+    let before = snapshot(&m.host(""));
+    let _ = assert_errno(
+        fs::write(m.mnt("unused/new"), b"x"),
+        libc::ENOENT,
+        "create in an unused directory (hidden)",
+    );
+    let _ = assert_errno(
+        fs::write(m.mnt("crate/src/new.rs"), b"x"),
+        libc::EACCES,
+        "create in a directory the session only read",
+    );
+    let _ = assert_errno(
+        fs::write(m.mnt("app/package.json"), b"{}"),
+        libc::EACCES,
+        "overwrite a file the session only read",
+    );
+    assert_eq!(snapshot(&m.host("")), before, "host unchanged");
+    // A mount that does not learn says so.
+    let mut peer = Peer::connect(&sock);
+    let a = peer.call(serde_json::json!({"cmd": "learn"}));
+    assert_eq!(a["ok"], false, "{a}");
+    assert!(a["error"].as_str().unwrap().contains("--learn"), "{a}");
+}

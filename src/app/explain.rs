@@ -198,11 +198,7 @@ pub(super) fn explain(a: ExplainArgs) -> i32 {
             return 2;
         }
     };
-    let caller = Caller {
-        progs: 0,
-        uid: a.uid,
-        gid: a.gid,
-    };
+    let caller = Caller::new(a.uid, a.gid);
     // PATH is taken as a file unless it ends with '/', is the root, or OP is `list`: only
     // directories are lifted to `list` to reach granted paths below them.
     let as_dir = a.path.ends_with('/') || path.is_empty() || a.op.as_deref() == Some("list");

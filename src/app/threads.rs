@@ -135,8 +135,14 @@ fn reload_answers(shared: &Shared) {
 fn redecide(shared: &Shared, snap: &Snapshot) {
     let policy = &snap.policy;
     shared.approvals.reload(|req| {
-        // A held request's program is not kept: program rules do not apply to it.
-        let caller = crate::policy::Caller::new(req.uid, req.gid);
+        // A held request's program is not kept (the new policy's program rules are not
+        // the old one's): it is re-decided as a caller whose program is unknown, i.e. with
+        // the most restrictive answer any program could get.
+        let caller = if policy.has_programs() {
+            crate::policy::Caller::unknown_program(req.uid, req.gid)
+        } else {
+            crate::policy::Caller::new(req.uid, req.gid)
+        };
         let mut all_ok = true;
         for (path, (is_dir, need)) in req.paths.iter().zip(&req.checks) {
             let sp = crate::policy::Special::default();
@@ -193,6 +199,7 @@ pub(super) fn start_control(
     shared: &Arc<Shared>,
     tx: &Sender<Inval>,
     started: Instant,
+    learn: Option<Arc<super::learn::LearnOut>>,
 ) -> Result<Option<(PathBuf, ResumeQueue)>, String> {
     let Some(Control {
         path,
@@ -223,6 +230,22 @@ pub(super) fn start_control(
         }),
     );
     let mut hooks = hooks(shared, tx, started);
+    hooks.learn = learn.map(|out| {
+        let shared = shared.clone();
+        Box::new(move || {
+            let w = out.write(&shared)?;
+            log::info!(
+                "--learn: the draft policy is written to {} ({} rules, on request)",
+                out.path().display(),
+                w.rules
+            );
+            Ok(json!({
+                "path": out.path().to_string_lossy(),
+                "rules": w.rules,
+                "bytes": w.bytes,
+            }))
+        }) as crate::control::server::LearnHandler
+    });
     let live = a.stage.as_ref().map(|d| {
         Arc::new(super::restage::Restage::new(
             shared.clone(),
@@ -310,6 +333,7 @@ fn hooks(shared: &Arc<Shared>, tx: &Sender<Inval>, started: Instant) -> Hooks {
         }),
         generation: Box::new(move || s3.policy.generation()),
         stage: None,
+        learn: None,
     }
 }
 

@@ -60,8 +60,10 @@ pub(super) fn vhost_user(v: VhostArgs) -> Result<(), String> {
         .name("fencefs-inval".into())
         .spawn(move || while rx.recv().is_ok() {})
         .map_err(|e| e.to_string())?;
-    let (control_path, resume) = threads::start_control(control, &a, &shared, &tx, Instant::now())?
-        .map_or((None, None), |(p, q)| (Some(p), Some(q)));
+    let learn_out = state.learn_out.clone();
+    let (control_path, resume) =
+        threads::start_control(control, &a, &shared, &tx, Instant::now(), learn_out)?
+            .map_or((None, None), |(p, q)| (Some(p), Some(q)));
     let stop = Stop::default();
     let files = Files {
         control: control_path,
@@ -109,6 +111,9 @@ pub(super) fn vhost_user(v: VhostArgs) -> Result<(), String> {
     };
     let r = vhost::serve(&mut listener, &core, &opts, &stop);
     end_session(&shared);
+    if let Some(out) = &state.learn_out {
+        out.write_logged(&shared);
+    }
     let _ = ended.send(());
     let _ = finisher.join();
     r

@@ -71,6 +71,9 @@ pub struct Event {
     /// The access level the decision needed (`None`: not a policy check, e.g. an
     /// `exec = false` refusal).
     pub need: Option<&'static str>,
+    /// The policy has program rules and the caller's program could not be known: it was
+    /// decided with the most restrictive answer any program could get (`"program":"unknown"`).
+    pub program_unknown: bool,
 }
 
 enum Msg {
@@ -265,6 +268,14 @@ impl Event {
         m.insert(
             "need".into(),
             self.need.map_or(Value::Null, |n| Value::String(n.into())),
+        );
+        m.insert(
+            "program".into(),
+            if self.program_unknown {
+                Value::String("unknown".into())
+            } else {
+                Value::Null
+            },
         );
         m.insert("generation".into(), json!(self.generation));
         m.insert("repeat".into(), json!(repeat));

@@ -199,6 +199,7 @@ mod tests {
             mode: "read-only",
             generation: 0,
             need: None,
+            program_unknown: false,
             would_deny: false,
         }
     }

@@ -70,7 +70,7 @@ impl Client {
     }
 }
 
-/// `fencefs ctl SOCKET status|reload|held`; returns the exit code. The answer is printed as
+/// `fencefs ctl SOCKET status|reload|held|learn`; returns the exit code. The answer is printed as
 /// JSON with every character a terminal would act on escaped as `\uXXXX` (still the same
 /// JSON); error lines are escaped with [`quote::escape`].
 pub fn ctl(path: &Path, what: &str) -> i32 {
@@ -96,6 +96,14 @@ pub fn ctl(path: &Path, what: &str) -> i32 {
                 );
             }
             return Ok(1);
+        }
+        if what == "learn" && a["ok"] == true {
+            crate::outln!(
+                "draft policy written to {}: {} rules",
+                text(&a["path"]),
+                number(&a["rules"])
+            );
+            return Ok(0);
         }
         let pretty = serde_json::to_string_pretty(&a).map_err(|e| e.to_string())?;
         crate::outln!("{}", quote::json_safe(&pretty));

@@ -36,6 +36,8 @@ pub enum Command {
     Held,
     /// Become an approver.
     Subscribe,
+    /// Write `--learn`'s draft now; answers where and how many rules.
+    Learn,
     /// A staging operation (`fencefs stage … SOCKET`): `op` and the CLI's arguments.
     Stage(StageRequest),
     /// Answer a held request.

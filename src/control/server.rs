@@ -51,7 +51,13 @@ pub struct Hooks {
     pub generation: Box<dyn Fn() -> u64 + Send>,
     /// Staging operations (`None`: the mount has no `--stage`).
     pub stage: Option<StageHandler>,
+    /// Writes `--learn`'s draft now (`None`: the mount does not learn).
+    pub learn: Option<LearnHandler>,
 }
+
+/// What the server calls for a `learn` command: the answer's fields (`path`, `rules`,
+/// `bytes`) or why the draft could not be written.
+pub type LearnHandler = Box<dyn Fn() -> Result<Value, String> + Send>;
 
 /// Who may connect.
 #[derive(Clone, Copy, Debug)]
@@ -445,6 +451,13 @@ fn handle(c: &mut Conn, line: &[u8], approvals: &Approvals, hooks: &Hooks) {
             Err(errors) => {
                 json!({"ok": false, "error": "invalid policy; the old one stays in force", "errors": errors})
             }
+        },
+        Command::Learn => match &hooks.learn {
+            Some(f) => match f() {
+                Ok(v) => proto::ok(v),
+                Err(e) => proto::error(&e),
+            },
+            None => proto::error("this mount does not learn (no --learn)"),
         },
         Command::Stage(r) => match &hooks.stage {
             Some(f) => f(&r, c.uid),

@@ -152,6 +152,7 @@ impl Shared {
             mode: ctx.snap.policy.mode().as_str(),
             generation: ctx.snap.generation,
             need: ctx.need.get().map(|n| n.access().as_str()),
+            program_unknown: ctx.caller.program_unknown,
         });
     }
 

@@ -16,10 +16,13 @@
 //!
 //! Invariants: bounded work per request — the caller plus at most [`MAX_ANCESTORS`]
 //! ancestors, a handful of syscalls each; the caller is always read afresh (an `execve`
-//! between two requests is seen at once); ancestors are cached by (pid, start time) on the
-//! resolver thread, bounded and for one second at most (see `Ancestors`); any failure (the process has
-//! exited, an executable outside its root, an old kernel) answers "no program", which no
-//! `exe` rule matches.
+//! between two requests is seen at once); each parent is pinned and checked to still be
+//! the child's parent after the pin, so a parent whose id was reused is never read for the
+//! new process; ancestors are cached by the parent's identity for this boot (its pidfs
+//! inode, never a reused pid's) on the resolver thread, bounded and for one second at most
+//! (see `Ancestors`); any failure (the process has exited, an executable outside its root,
+//! an old kernel, the queue full, an answer late) answers "unknown", and the policy then
+//! gives the most restrictive answer any program could get (`Caller::program_unknown`).
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
@@ -81,14 +84,15 @@ impl Programs {
             .map(|f| f.as_fd())
     }
 
-    /// The program of thread or process `pid` as it sees it, and its parent's pid.
-    fn one(&self, pid: u32) -> Option<(Vec<u8>, u32)> {
+    /// The program of thread or process `pid`, pinned by `pidfd`, as it sees it, and its
+    /// parent's pid.
+    fn one(&self, pid: u32, pidfd: BorrowedFd<'_>) -> Option<(Vec<u8>, u32)> {
         let proc = self.proc()?;
-        let pidfd = sys::pidfd_open(pid).ok()?;
         let exe = sys::proc_link(proc, pid, "exe").ok()?;
         let root = sys::proc_link(proc, pid, "root").ok()?;
-        // Still alive after the reads: the links were this process's.
-        let (_, ppid) = sys::pidfd_pids(pidfd.as_fd()).ok()?;
+        // Still alive after the reads: the links were this process's (its id cannot have
+        // been reused while it lives).
+        let (_, ppid) = sys::pidfd_pids(pidfd).ok()?;
         Some((as_seen(&root, &exe)?, ppid))
     }
 
@@ -126,7 +130,10 @@ impl Programs {
     /// [`Programs::chain`], read on this thread; the parent's chain from `cache` when it
     /// has it.
     fn resolve(&self, pid: u32, ancestors: bool, cache: Option<&mut Ancestors>) -> Chain {
-        let Some((exe, ppid)) = self.one(pid) else {
+        let Ok(pidfd) = sys::pidfd_open(pid) else {
+            return Chain::default();
+        };
+        let Some((exe, ppid)) = self.one(pid, pidfd.as_fd()) else {
             return Chain::default();
         };
         let mut out = Chain {
@@ -136,41 +143,59 @@ impl Programs {
         if !ancestors || ppid == 0 {
             return out;
         }
+        let Some(parent) = pin_parent(pidfd.as_fd(), ppid) else {
+            return out;
+        };
         out.ancestors = match cache {
-            Some(c) => c.get_or_walk(self, ppid),
-            None => self.walk(ppid),
+            Some(c) => c.get_or_walk(self, parent, ppid),
+            None => self.walk(parent, ppid),
         };
         out
     }
 
-    /// The programs of `pid` and its ancestors, `pid` first, [`MAX_ANCESTORS`] at most.
-    fn walk(&self, mut pid: u32) -> Vec<Vec<u8>> {
+    /// The programs of `pid` (pinned by `pidfd`) and its ancestors, `pid` first,
+    /// [`MAX_ANCESTORS`] at most; each parent pinned by [`pin_parent`].
+    fn walk(&self, mut pidfd: OwnedFd, mut pid: u32) -> Vec<Vec<u8>> {
         let mut out = Vec::new();
         for _ in 0..MAX_ANCESTORS {
-            if pid == 0 {
-                break;
-            }
-            let Some((exe, next)) = self.one(pid) else {
+            let Some((exe, next)) = self.one(pid, pidfd.as_fd()) else {
                 break;
             };
             out.push(exe);
-            pid = next;
+            if next == 0 {
+                break;
+            }
+            let Some(parent) = pin_parent(pidfd.as_fd(), next) else {
+                break;
+            };
+            (pidfd, pid) = (parent, next);
         }
         out
     }
 }
 
+/// A pidfd of `ppid`, the parent of the process `child` pins, when it is still its parent
+/// after the open: a parent that exited meanwhile (its id free for reuse) reparents the
+/// child, so the check fails rather than pin a process that took the id over.
+fn pin_parent(child: BorrowedFd<'_>, ppid: u32) -> Option<OwnedFd> {
+    let parent = sys::pidfd_open(ppid).ok()?;
+    let (_, now) = sys::pidfd_pids(child).ok()?;
+    (now == ppid).then_some(parent)
+}
+
 /// How long the resolver trusts what it read about an ancestor.
 const ANCESTOR_TTL: Duration = Duration::from_secs(1);
 
-/// Ancestor chains the resolver thread has read, by the parent's (pid, start time): a
-/// reused pid has another start time, so it never hits an old entry. Bounded by
+/// Ancestor chains the resolver thread has read, by the parent's identity for this boot
+/// (its pidfd's pidfs inode, [`sys::pidfd_id`]): a process that reuses a pid has another,
+/// even when it starts within the same clock tick (so the same `/proc/PID/stat` start
+/// time) as the process that had the pid. Without pidfs nothing is cached. Bounded by
 /// [`ANCESTOR_CAP`] (emptied when full); an entry is used for [`ANCESTOR_TTL`] at most (an
 /// ancestor that `exec`s is seen with its new program within that time). The calling
 /// process itself is always read afresh.
 #[derive(Default)]
 struct Ancestors {
-    map: std::collections::HashMap<(u32, u64), Cached>,
+    map: std::collections::HashMap<u64, Cached>,
 }
 
 /// An ancestor chain (parent first) and when it was read.
@@ -180,36 +205,24 @@ type Cached = (Vec<Vec<u8>>, std::time::Instant);
 const ANCESTOR_CAP: usize = 4096;
 
 impl Ancestors {
-    fn get_or_walk(&mut self, p: &Programs, ppid: u32) -> Vec<Vec<u8>> {
-        let Some(start) = start_time(ppid) else {
-            return Vec::new();
+    /// The chain of `ppid` (pinned by `parent`), from the cache while it is fresh.
+    fn get_or_walk(&mut self, p: &Programs, parent: OwnedFd, ppid: u32) -> Vec<Vec<u8>> {
+        let Ok(id) = sys::pidfd_id(parent.as_fd()) else {
+            return p.walk(parent, ppid);
         };
-        if let Some((chain, at)) = self.map.get(&(ppid, start))
+        if let Some((chain, at)) = self.map.get(&id)
             && at.elapsed() < ANCESTOR_TTL
         {
             return chain.clone();
         }
-        let chain = p.walk(ppid);
-        // The same parent all along (not a pid reused while walking).
-        if start_time(ppid) != Some(start) {
-            return Vec::new();
-        }
+        let chain = p.walk(parent, ppid);
         if self.map.len() >= ANCESTOR_CAP {
             self.map.clear();
         }
-        let now = std::time::Instant::now();
-        self.map.insert((ppid, start), (chain.clone(), now));
+        self.map
+            .insert(id, (chain.clone(), std::time::Instant::now()));
         chain
     }
-}
-
-/// A process's start time (clock ticks since boot, `/proc/PID/stat` field 22).
-fn start_time(pid: u32) -> Option<u64> {
-    let stat = std::fs::read(format!("/proc/{pid}/stat")).ok()?;
-    // After the command name's last ')': state is field 3, start time field 22.
-    let close = stat.iter().rposition(|&b| b == b')')?;
-    let rest = std::str::from_utf8(&stat[close + 1..]).ok()?;
-    rest.split_ascii_whitespace().nth(19)?.parse().ok()
 }
 
 /// The resolver thread: answers until every sender is gone.
@@ -259,7 +272,17 @@ mod tests {
         let t = Programs::with_thread().unwrap();
         assert_eq!(t.chain(me, true), c);
         assert_eq!(t.chain(me, true), c);
-        assert!(start_time(me).is_some() && start_time(u32::MAX / 2).is_none());
+        let mine = sys::pidfd_open(me).unwrap();
+        let id = sys::pidfd_id(mine.as_fd()).unwrap();
+        assert_eq!(
+            sys::pidfd_id(sys::pidfd_open(me).unwrap().as_fd()).unwrap(),
+            id
+        );
+        // A child's identity is not its parent's, nor the next child's with the same pid.
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let fd = sys::pidfd_open(child.id()).unwrap();
+        assert_ne!(sys::pidfd_id(fd.as_fd()).unwrap(), id);
+        child.wait().unwrap();
         assert_eq!(t.chain(u32::MAX / 2, false), Chain::default());
     }
 }

@@ -157,7 +157,44 @@ impl Layer {
     }
 
     /// What the grants give `path` (after the visibility lift when `lift`, before the mode).
+    ///
+    /// For a caller whose program is unknown ([`Caller::program_unknown`]) this is the
+    /// meet of what the caller would get running any program: over "no program rule
+    /// matches" and "exactly program rule `i` matches", for each program rule `i` of the
+    /// layer. That is the meet over every combination of matches, too: at the deciding
+    /// depth more matching rules only meet more accesses (each already met alone), a
+    /// match deeper or shallower than another decides alone, and a match that lifts a
+    /// `none` directory to `list` only adds access. `By` is the rule of a combination
+    /// that gives exactly the meet (the "no match" one when none does: create ∧ append).
     fn grant(&self, path: &[u8], caller: Caller, lift: bool) -> (Access, By) {
+        let known = Caller {
+            program_unknown: false,
+            ..caller
+        };
+        if !caller.program_unknown {
+            return self.grant_known(path, known, lift);
+        }
+        let none = Caller { progs: 0, ..known };
+        let mut out = self.grant_known(path, none, lift);
+        for bit in self.prog.iter().flatten().filter_map(|s| s.bit) {
+            let one = self.grant_known(
+                path,
+                Caller {
+                    progs: 1 << bit,
+                    ..none
+                },
+                lift,
+            );
+            let m = out.0.meet(one.0);
+            if m != out.0 {
+                out = if one.0 == m { one } else { (m, out.1) };
+            }
+        }
+        out
+    }
+
+    /// [`Layer::grant`] for a caller whose program rules are known (`caller.progs`).
+    fn grant_known(&self, path: &[u8], caller: Caller, lift: bool) -> (Access, By) {
         let mut excl = Exclusions::new(self, path);
         let (access, by) = match self.deepest(path, caller, &mut excl) {
             Some((access, idx)) => (access, By::Rule(idx)),
@@ -274,11 +311,21 @@ impl Layer {
     /// ancestor) and is not taken out there by its own `except`. Unlike access, this is
     /// not decided by the deepest rule alone: a fence against executing is additive, so a
     /// deeper rule (say `**/*.sh` granting `read`) never lifts an `exec = false` above it.
-    /// The returned index is the first such rule (for `explain` and audit).
+    /// The returned index is the first such rule (for `explain` and audit). A caller whose
+    /// program is unknown is fenced by every `exec = false` rule any program could meet.
     pub fn exec_denied(&self, path: &[u8], caller: Caller) -> Option<usize> {
         if self.noexec_rules.is_empty() {
             return None;
         }
+        let caller = if caller.program_unknown {
+            Caller {
+                progs: u64::MAX,
+                program_unknown: false,
+                ..caller
+            }
+        } else {
+            caller
+        };
         let covering = self.covering_rules(path);
         let mut excl = Exclusions::new(self, path);
         self.noexec_rules.iter().copied().find(|&i| {

@@ -104,12 +104,31 @@ pub struct Caller {
     /// matches: bit `i` is program rule `i` of the policy set (see
     /// [`Policy::match_programs`]). 0 when the policy has none.
     pub progs: u64,
+    /// The calling process's program could not be known (the resolver's queue full or
+    /// late, the process gone, a pid from outside the daemon's pid namespace): `progs` is
+    /// ignored and the caller gets the most restrictive of the answers any program could
+    /// get (see `Layer::grant`), so a rule restricting some program is never escaped by
+    /// being unknown.
+    pub program_unknown: bool,
 }
 
 impl Caller {
     /// A caller by ids alone (matching no program rule).
     pub const fn new(uid: u32, gid: u32) -> Caller {
-        Caller { uid, gid, progs: 0 }
+        Caller {
+            uid,
+            gid,
+            progs: 0,
+            program_unknown: false,
+        }
+    }
+
+    /// A caller by ids whose program is unknown (see [`Caller::program_unknown`]).
+    pub const fn unknown_program(uid: u32, gid: u32) -> Caller {
+        Caller {
+            program_unknown: true,
+            ..Caller::new(uid, gid)
+        }
     }
 }
 

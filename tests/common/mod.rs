@@ -707,3 +707,37 @@ pub fn pseudo_random(len: usize, seed: u64) -> Vec<u8> {
 pub fn bpath(b: &[u8]) -> PathBuf {
     PathBuf::from(OsStr::from_bytes(b))
 }
+
+/// `lchown -R`: `p` and everything below it owned by `uid:uid`.
+pub fn chown_tree(p: &Path, uid: u32) {
+    std::os::unix::fs::lchown(p, Some(uid), Some(uid)).unwrap();
+    if fs::symlink_metadata(p).unwrap().is_dir() {
+        for e in fs::read_dir(p).unwrap() {
+            chown_tree(&e.unwrap().path(), uid);
+        }
+    }
+}
+
+/// Runs `sh -c script` as uid 1000 inside bubblewrap (the host's root read-only, the
+/// mount at /mnt, a private /tmp, its own pid namespace), with `extra` bwrap arguments
+/// before the command (binds, symlinks, `--disable-userns`).
+pub fn in_bwrap_with(m: &Mount, extra: &[&str], script: &str) -> Out {
+    Command::new("setpriv")
+        .args(["--reuid=1000", "--regid=1000", "--clear-groups", "bwrap"])
+        .args(["--ro-bind", "/", "/", "--bind"])
+        .arg(m.mnt("."))
+        .args([
+            "/mnt", "--chdir", "/mnt", "--dev", "/dev", "--proc", "/proc",
+        ])
+        .args(["--tmpfs", "/tmp", "--setenv", "HOME", "/tmp"])
+        .args(extra)
+        .args(["--unshare-pid", "--die-with-parent", "sh", "-c", script])
+        .output()
+        .expect("run setpriv bwrap")
+        .into()
+}
+
+/// [`in_bwrap_with`] without extra arguments.
+pub fn in_bwrap(m: &Mount, script: &str) -> Out {
+    in_bwrap_with(m, &[], script)
+}

@@ -5,10 +5,10 @@
 //! | step | function | file |
 //! |---|---|---|
 //! | 1. check: signal mask; SOURCE, MOUNTPOINT, `/dev/fuse`, `fusermount3`, options | `block_signals`, `startup_checks` | `check.rs` |
-//! | 2. open SOURCE and build the shared state: policy, audit writer, staging, roots, fanotify, budgets, node table, approvals, programs thread | `build_state` | `state.rs` |
+//! | 2. open SOURCE and build the shared state: policy, audit writer, `--learn` file, staging, roots, fanotify, budgets, node table, approvals, programs thread | `build_state` | `state.rs` |
 //! | 3. mount: control socket bound, transport planned, session options, `Session::new` | `mount_session` | `session.rs` |
 //! | 4. start the daemon's threads: notify, watch, control, signals; then the exit thread | `start_threads`, `start_exit_thread` | `threads.rs` |
-//! | 5. serve: `--learn` file, confinement, io_uring queues, readiness, resume thread, `session.run` | `serve` | `serve.rs` |
+//! | 5. serve: confinement, io_uring queues, readiness, resume thread, `session.run` | `serve` | `serve.rs` |
 //! | 6. tear down: `SESSION_DONE`, held requests refused, audit flushed, draft written, exit thread joined | `teardown` | `teardown.rs` |
 //!
 //! The threads' bodies are in `app/threads.rs` (signals, reload, control socket),

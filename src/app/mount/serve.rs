@@ -1,20 +1,19 @@
-//! Step 5 of a mount, **serve**: open `--learn`'s draft file, confine the FUSE workers
+//! Step 5 of a mount, **serve**: confine the FUSE workers
 //! (Landlock to SOURCE, the other roots and /dev/fuse; `no_new_privs`), start the io_uring
 //! queues, signal readiness (`--ready-fd`, systemd's `READY=1`), start the resume thread,
 //! let go of stdio when daemonized, then run the session until it ends.
 //!
 //! Takes: [`MountArgs`], the [`State`], the [`Mounted`] session, the resume queue and the
 //! [`ExitThread`] (from `threads`). Gives: [`Served`], for `teardown`: how the session
-//! ended, the draft file and the exit thread.
+//! ended and the exit thread.
 //!
 //! Invariants: Landlock comes after every descriptor that must be opened outside SOURCE
-//! (the `--learn` file here; the control socket, audit file and fanotify earlier) and after
+//! (the control socket, audit file, `--learn` file and fanotify, all earlier) and after
 //! every thread that must stay unconfined (`threads`); it comes before the io_uring queues
 //! and the resume thread (they inherit it) and before readiness (nobody is told "ready"
 //! before it applies). When the transport cannot start, the connection is ended (callers
 //! get ENOTCONN, not a hang) and the mount fails.
 
-use std::fs::File;
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
@@ -34,12 +33,10 @@ use crate::host::sys;
 pub(super) struct Served {
     /// `Session::run`'s result.
     pub(super) run: io::Result<()>,
-    /// `--learn`'s draft file, opened before confinement.
-    pub(super) learn_out: Option<File>,
     pub(super) exit: ExitThread,
 }
 
-/// Opens `--learn`'s file, confines the workers, starts the transport, says "ready",
+/// Confines the workers, starts the transport, says "ready",
 /// starts the resume thread and serves until the session ends; what is left to do goes to
 /// the tear-down step.
 pub(super) fn serve(
@@ -58,16 +55,6 @@ pub(super) fn serve(
     } = m;
     // Bound after the session: on an early return the exit thread wakes first, as it did.
     let exit = exit;
-    // --learn: the draft's file is opened now, outside the confinement that follows.
-    let learn_out = match &a.learn {
-        Some(p) => Some(std::fs::File::create(p).map_err(|e| {
-            format!(
-                "--learn {}: {e}",
-                crate::quote::quote(p.as_os_str().as_encoded_bytes())
-            )
-        })?),
-        None => None,
-    };
     confine_workers(a, &state.shared, &state.src);
     // After confinement: the queue threads inherit it.
     if let Err(e) = start_transport(plan, dev.ok(), &core, a) {
@@ -82,11 +69,7 @@ pub(super) fn serve(
         crate::daemon::detach_stdio();
     }
     let run = session.run();
-    Ok(Served {
-        run,
-        learn_out,
-        exit,
-    })
+    Ok(Served { run, exit })
 }
 
 /// `--no-confine`, or [`confine`] (a mount and `vhost-user` both confine this way).

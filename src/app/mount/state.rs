@@ -1,8 +1,8 @@
 //! Step 2 of a mount, **open and build the state**: open SOURCE (the root handle every
 //! host access starts from), load the policy (the workspace layer is read through that
 //! handle), start the audit writer, staging's merged view, the other roots, fanotify, the
-//! descriptor and handle budgets, the node table, the approvals table (with `--answers`)
-//! and the programs thread; all of it in the [`Shared`] state every thread uses.
+//! descriptor and handle budgets, the node table, the approvals table (with `--answers`),
+//! `--learn`'s draft file and the programs thread; all of it in the [`Shared`] state every thread uses.
 //!
 //! Takes: [`MountArgs`], SOURCE and MOUNTPOINT canonical (from `check`). Gives: [`State`]
 //! and the fanotify descriptor on SOURCE (or why host changes are not watched), for the
@@ -18,6 +18,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::super::learn::LearnOut;
 use super::super::threads;
 use crate::approvals::Approvals;
 use crate::audit::{Audit, Rotation, Target};
@@ -50,6 +51,8 @@ pub(in crate::app) struct State {
     /// For the "mounted" log line: the policy's rule count and mode.
     pub(in crate::app) rules: usize,
     pub(in crate::app) mode: Mode,
+    /// `--learn`'s draft file, opened here (before the mount, outside any confinement).
+    pub(in crate::app) learn_out: Option<Arc<LearnOut>>,
 }
 
 /// Loads the policy (the workspace layer read from SOURCE), starts the audit writer, opens
@@ -66,6 +69,10 @@ pub(in crate::app) fn build_state(
         .try_clone()
         .map_err(|e| format!("source '{}': {e}", src.display()))?;
     let audit = start_audit(a)?;
+    let learn_out = match &a.learn {
+        Some(p) => Some(Arc::new(LearnOut::open(p)?)),
+        None => None,
+    };
     let threads = a.threads.map(usize::from).unwrap_or_else(|| {
         std::thread::available_parallelism()
             .map(|n| n.get())
@@ -128,6 +135,7 @@ pub(in crate::app) fn build_state(
         ttl,
         rules,
         mode,
+        learn_out,
     };
     Ok((state, fan))
 }

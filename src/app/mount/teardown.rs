@@ -19,18 +19,10 @@ use crate::fs::ops::Shared;
 
 /// Ends the mount after its session ended.
 pub(super) fn teardown(state: &State, served: Served) -> Result<(), String> {
-    let Served {
-        run,
-        learn_out,
-        exit,
-    } = served;
+    let Served { run, exit } = served;
     end_session(&state.shared);
-    if let (Some(mut f), Some(rec)) = (learn_out, &state.shared.settings.learn) {
-        let draft = rec.draft(&state.shared.policy.get().policy);
-        match std::io::Write::write_all(&mut f, draft.as_bytes()) {
-            Ok(()) => log::info!("--learn: the draft policy is written"),
-            Err(e) => log::error!("--learn: writing the draft failed: {e}"),
-        }
+    if let Some(out) = &state.learn_out {
+        out.write_logged(&state.shared);
     }
     let _ = exit.ended.send(());
     let _ = exit.handle.join();

@@ -61,9 +61,15 @@ pub(super) fn start_threads(
         })
         .map_err(|e| e.to_string())?;
     start_watch(fan, shared, &tx, state.ttl)?;
-    let (control, resume) =
-        threads::start_control(m.control.take(), a, shared, &tx, Instant::now())?
-            .map_or((None, None), |(p, q)| (Some(p), Some(q)));
+    let (control, resume) = threads::start_control(
+        m.control.take(),
+        a,
+        shared,
+        &tx,
+        Instant::now(),
+        state.learn_out.clone(),
+    )?
+    .map_or((None, None), |(p, q)| (Some(p), Some(q)));
     let s2 = shared.clone();
     let mnt2 = state.mnt.clone();
     std::thread::Builder::new()

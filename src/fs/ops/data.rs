@@ -135,8 +135,14 @@ impl Shared {
             openers.push(h.opener);
         }
         for (uid, gid) in openers {
+            // No program is known for the kernel's writeback: the most restrictive answer.
+            let caller = if ctx.snap.policy.has_programs() {
+                Caller::unknown_program(uid, gid)
+            } else {
+                Caller::new(uid, gid)
+            };
             let opener = Ctx {
-                caller: Caller::new(uid, gid),
+                caller,
                 pid: 0,
                 snap: ctx.snap.clone(),
                 approved: None,

@@ -230,16 +230,27 @@ impl Shared {
     /// resolved now (`host/programs.rs`) and matched once for the whole request.
     pub fn ctx(&self, uid: u32, gid: u32, pid: u32) -> Ctx {
         let snap = self.policy.get();
-        let progs = if pid != 0 && snap.policy.has_programs() {
+        let caller = if !snap.policy.has_programs() {
+            Caller::new(uid, gid)
+        } else if pid == 0 {
+            // A caller outside the daemon's pid namespace: its program cannot be read.
+            Caller::unknown_program(uid, gid)
+        } else {
             let chain = self
                 .programs
                 .chain(pid, snap.policy.has_ancestor_programs());
-            snap.policy.match_programs(&chain.exe, &chain.ancestors)
-        } else {
-            0
+            if chain.exe.is_empty() {
+                // Queue full, answer late, process gone: the most restrictive answer.
+                Caller::unknown_program(uid, gid)
+            } else {
+                Caller {
+                    progs: snap.policy.match_programs(&chain.exe, &chain.ancestors),
+                    ..Caller::new(uid, gid)
+                }
+            }
         };
         Ctx {
-            caller: Caller { uid, gid, progs },
+            caller,
             pid,
             snap,
             approved: None,

@@ -111,3 +111,27 @@ pub fn pidfd_pids(pidfd: BorrowedFd<'_>) -> io::Result<(u32, u32)> {
     }
     Ok((info.pid, info.ppid))
 }
+
+/// `PID_FS_MAGIC` (linux/magic.h): pidfds are pidfs inodes (Linux 6.9+).
+const PID_FS_MAGIC: i64 = 0x5049_4446;
+
+/// A process's identity for this boot: the pidfs inode number of its pidfd, which is
+/// never given to another process (unlike a pid, or a start time counted in clock ticks,
+/// which a pid reused within the same tick shares). EOPNOTSUPP when pidfds are not pidfs
+/// inodes (before Linux 6.9 every pidfd had the same anonymous inode).
+pub fn pidfd_id(pidfd: BorrowedFd<'_>) -> io::Result<u64> {
+    let mut fs = std::mem::MaybeUninit::<libc::statfs>::uninit();
+    // SAFETY: valid descriptor, pointer to a writable statfs; the result is checked.
+    if unsafe { libc::fstatfs(pidfd.as_raw_fd(), fs.as_mut_ptr()) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fstatfs succeeded, so it filled the struct.
+    let fs = unsafe { fs.assume_init() };
+    // `f_type` is not i64 on every architecture.
+    #[allow(clippy::unnecessary_cast)]
+    let f_type = fs.f_type as i64;
+    if f_type != PID_FS_MAGIC {
+        return Err(io::Error::from_raw_os_error(libc::EOPNOTSUPP));
+    }
+    Ok(super::fstat(pidfd)?.st_ino)
+}

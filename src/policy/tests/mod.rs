@@ -56,3 +56,4 @@ mod layers;
 mod matching;
 mod modes;
 mod presets;
+mod unknown_program;
