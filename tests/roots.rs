@@ -544,3 +544,59 @@ fn an_ancestor_of_a_root_point_stays_where_it_is() {
     assert!(m.host("cfg").is_dir() && m.host("other").is_dir());
     assert!(!m.host("cfg2").exists() && !m.host("other/d.txt").exists());
 }
+
+/// Opens of `rel` held until one fails: how many succeeded, and the errno that stopped them.
+fn hold_opens(m: &Mount, rel: &str, held: &mut Vec<fs::File>) -> (usize, Option<i32>) {
+    let before = held.len();
+    loop {
+        match fs::File::open(m.mnt(rel)) {
+            Ok(f) => held.push(f),
+            Err(e) => return (held.len() - before, e.raw_os_error()),
+        }
+        assert!(held.len() < 10_000, "no limit reached opening {rel}");
+    }
+}
+
+/// Each root has its own share of the descriptor budget: a caller flooding one root with
+/// opens gets EMFILE (as past its share) at three quarters of its share, and another root
+/// still serves its opens; the host files stay as they were.
+#[test]
+fn a_flood_of_opens_in_one_root_leaves_another_root_serving() {
+    let b = Mount::builder("roots-budget")
+        .policy(POLICY)
+        .arg("--no-passthrough")
+        .arg("--max-open-per-uid")
+        .arg("40");
+    put(&b.host("a.txt"), b"source\n", 0o644);
+    let r2 = second(b.root());
+    put(&r2.join("d.txt"), b"data\n", 0o644);
+    let r2 = fs::canonicalize(&r2).unwrap();
+    let m = b
+        .arg("--root")
+        .arg(format!("data={}", r2.display()))
+        .start();
+    let mut held = Vec::new();
+    let flood = hold_opens(&m, "data/d.txt", &mut held);
+    assert_eq!(
+        flood,
+        (30, Some(libc::EMFILE)),
+        "the flooder's share in one root is 3/4 of 40"
+    );
+    let rest = hold_opens(&m, "a.txt", &mut held);
+    assert_eq!(
+        rest,
+        (10, Some(libc::EMFILE)),
+        "SOURCE still serves the rest of the uid's share"
+    );
+    drop(held);
+    // Released handles give their units back (RELEASE is asynchronous).
+    assert!(
+        eventually(Duration::from_secs(20), || fs::File::open(
+            m.mnt("data/d.txt")
+        )
+        .is_ok()),
+        "the flooded root serves again once the files are closed"
+    );
+    assert_eq!(fs::read(r2.join("d.txt")).unwrap(), b"data\n");
+    assert_eq!(fs::read(m.host("a.txt")).unwrap(), b"source\n");
+}

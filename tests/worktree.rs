@@ -637,3 +637,264 @@ fn the_main_checkout_s_head_and_todo_lists_are_read_only() {
     assert!(o.ok(), "{}{}", o.stdout, o.stderr);
     assert_records_unchanged(&m, &repo);
 }
+
+/// SIGHUP, then waits for the daemon's `policy reloaded` line.
+fn reload_and_wait(m: &Mount) {
+    let before = m.stderr().matches("policy reloaded").count();
+    m.reload();
+    assert!(
+        eventually(Duration::from_secs(30), || m
+            .stderr()
+            .matches("policy reloaded")
+            .count()
+            > before),
+        "no reload: {}",
+        m.stderr()
+    );
+}
+
+/// `git worktree list` inside names no host path: the main worktree is the served
+/// repository, this one `.` (the served record), other worktrees are not listed. Checked
+/// with Debian's git (/usr/bin/git) and the newer one on PATH, byte for byte.
+#[test]
+fn worktree_list_inside_prints_the_mount_s_own_view() {
+    let (m, repo) = mount_worktree("wt-list", &[]);
+    let short = |rev: &str| {
+        host_git(&repo.main, &["rev-parse", "--short", rev])
+            .stdout
+            .trim()
+            .to_string()
+    };
+    let long = |rev: &str| {
+        host_git(&repo.main, &["rev-parse", rev])
+            .stdout
+            .trim()
+            .to_string()
+    };
+    let main_path = "/workspace/.fencefs-git";
+    let pad = |p: &str| format!("{p}{} ", " ".repeat(1 + main_path.len() - p.len()));
+    let plain = format!(
+        "{}{} [main]\n{}{} [wt] locked\n",
+        pad(main_path),
+        short("main"),
+        pad("."),
+        short("wt")
+    );
+    let porcelain = format!(
+        "worktree {main_path}\nHEAD {}\nbranch refs/heads/main\n\n\
+         worktree .\nHEAD {}\nbranch refs/heads/wt\nlocked served by fencefs: not to be pruned while mounted\n\n",
+        long("main"),
+        long("wt")
+    );
+    for git in ["/usr/bin/git", "git"] {
+        let o = agent(
+            &m,
+            &format!(
+                "{git} --version >&2 && {git} worktree list && echo PORCELAIN && {git} worktree list --porcelain"
+            ),
+        );
+        assert!(o.ok(), "{git}: {}{}", o.stdout, o.stderr);
+        let (got_plain, got_porcelain) = o.stdout.split_once("PORCELAIN\n").unwrap();
+        assert_eq!(
+            got_plain,
+            plain,
+            "{git} worktree list ({})",
+            o.stderr.trim()
+        );
+        assert_eq!(got_porcelain, porcelain, "{git} --porcelain");
+        let host_root = m.root().display().to_string();
+        assert!(!o.stdout.contains(&host_root), "a host path: {}", o.stdout);
+    }
+    // The record git reads is served; the host's is untouched.
+    assert_eq!(
+        fs::read_to_string(m.mnt(".fencefs-git/worktrees/src/gitdir")).unwrap(),
+        "./.git\n"
+    );
+    assert_records_unchanged(&m, &repo);
+}
+
+/// `git gc --prune=now` inside cannot see what only the other worktrees reach (their
+/// HEADs, indexes and reflogs are hidden): the objects stay (kept: removing one is
+/// EROFS), so a host-side worktree's own commit and staged file survive and the host's
+/// `git fsck` is clean.
+#[test]
+fn gc_inside_keeps_the_objects_only_other_worktrees_reach() {
+    let (m, repo) = mount_worktree("wt-gc", &[]);
+    let other = m.root().join("outside/other");
+    host_git(&other, &["switch", "-q", "--detach"]);
+    fs::write(
+        other.join("only-here.txt"),
+        "only in other's detached HEAD\n",
+    )
+    .unwrap();
+    host_git(&other, &["add", "only-here.txt"]);
+    host_git(
+        &other,
+        &["commit", "-q", "-m", "detached, unreferenced elsewhere"],
+    );
+    let commit = host_git(&other, &["rev-parse", "HEAD"])
+        .stdout
+        .trim()
+        .to_string();
+    fs::write(other.join("staged.txt"), "staged in other's index only\n").unwrap();
+    host_git(&other, &["add", "staged.txt"]);
+    let blob = host_git(&other, &["rev-parse", ":staged.txt"])
+        .stdout
+        .trim()
+        .to_string();
+    chown_r(&repo.main);
+    chown_r(&other);
+    // Removing an object through the mount is refused, the file stays.
+    let loose = format!(".fencefs-git/objects/{}/{}", &commit[..2], &commit[2..]);
+    assert_eq!(errno_of(fs::remove_file(m.mnt(&loose))), Some(libc::EROFS));
+    let host_obj = repo
+        .main
+        .join(".git/objects")
+        .join(&commit[..2])
+        .join(&commit[2..]);
+    assert!(host_obj.exists());
+    let o = agent(
+        &m,
+        "git reflog expire --expire=now --all; git gc -q --prune=now; git prune --expire=now; \
+         echo two > t.txt && git add t.txt && git commit -q -m after-gc && echo COMMITTED",
+    );
+    assert!(o.stdout.contains("COMMITTED"), "{}{}", o.stdout, o.stderr);
+    for obj in [&commit, &blob] {
+        host_git(&other, &["cat-file", "-e", obj]);
+    }
+    let fsck = host_git(&repo.main, &["fsck", "--strict"]);
+    assert!(
+        !fsck.stderr.contains("error") && !fsck.stderr.contains("missing"),
+        "fsck: {}",
+        fsck.stderr
+    );
+    let log = host_git(&repo.main, &["log", "--format=%s", "wt"]).stdout;
+    assert!(log.contains("after-gc"), "{log}");
+    assert_records_unchanged(&m, &repo);
+}
+
+/// A reload reads `SOURCE/.git` again: a worktree that stops being one is no longer
+/// served (`.fencefs-git` absent), one that becomes one again is served (git works), a
+/// record changed on the host (the repository moved and `git worktree repair`) is
+/// followed, and a `.git` naming a worktree whose record does not point back is refused
+/// as at mount, logged, while the rest of the reload (the policy) goes on.
+#[test]
+fn a_reload_follows_the_worktree_s_state_on_the_host() {
+    let (m, repo) = mount_worktree("wt-reload", &[]);
+    let dotgit = m.host(".git");
+    let o = agent(&m, "git status --short && cat .git");
+    assert!(o.ok(), "{}{}", o.stdout, o.stderr);
+    // Gone: `.git` moved away on the host.
+    fs::rename(&dotgit, m.host("git-file.off")).unwrap();
+    reload_and_wait(&m);
+    assert!(
+        m.stderr().contains("no longer served as a linked worktree"),
+        "{}",
+        m.stderr()
+    );
+    assert_eq!(
+        errno_of(fs::metadata(m.mnt(".fencefs-git"))),
+        Some(libc::ENOENT)
+    );
+    assert_eq!(
+        errno_of(fs::metadata(m.mnt(".fencefs-git/HEAD"))),
+        Some(libc::ENOENT)
+    );
+    assert_eq!(errno_of(fs::metadata(m.mnt(".git"))), Some(libc::ENOENT));
+    // Back: served again, git works and commits land on the host.
+    fs::rename(m.host("git-file.off"), &dotgit).unwrap();
+    reload_and_wait(&m);
+    assert!(
+        m.stderr().contains("src (detected on reload)"),
+        "{}",
+        m.stderr()
+    );
+    let o = agent(
+        &m,
+        "echo r > r.txt && git add r.txt && git commit -q -m after-reload",
+    );
+    assert!(o.ok(), "{}{}", o.stdout, o.stderr);
+    let log = host_git(&repo.main, &["log", "--format=%s", "wt"]).stdout;
+    assert!(log.contains("after-reload"), "{log}");
+    assert_records_unchanged(&m, &repo);
+    // The repository moves on the host and the worktree is repaired: followed.
+    let moved = m.root().join("outside/repo-moved");
+    fs::rename(&repo.main, &moved).unwrap();
+    host_git(
+        &moved,
+        &["worktree", "repair", m.host("").to_str().unwrap()],
+    );
+    chown_r(&moved);
+    chown_r(&m.host(""));
+    reload_and_wait(&m);
+    let moved = fs::canonicalize(&moved).unwrap();
+    let line = format!("repository {}/.git is served", moved.display());
+    assert!(m.stderr().contains(&line), "{}", m.stderr());
+    let o = agent(
+        &m,
+        "echo s > s.txt && git add s.txt && git commit -q -m after-move",
+    );
+    assert!(o.ok(), "{}{}", o.stdout, o.stderr);
+    let log = host_git(&moved, &["log", "--format=%s", "wt"]).stdout;
+    assert!(log.contains("after-move"), "{log}");
+    // A `.git` naming a worktree whose record does not name it back: refused, the rest
+    // of the reload (a new rule) in force.
+    let served = fs::read(&dotgit).unwrap();
+    let planted = format!("gitdir: {}/.git/worktrees/other\n", moved.display());
+    fs::write(&dotgit, &planted).unwrap();
+    let policy = format!("{POLICY}\n[[rule]]\npath = \"r.txt\"\naccess = \"read\"\n");
+    fs::write(m.policy_path(), policy).unwrap();
+    reload_and_wait(&m);
+    assert!(
+        m.stderr().contains("gitdir does not name"),
+        "{}",
+        m.stderr()
+    );
+    assert_eq!(
+        errno_of(fs::metadata(m.mnt(".fencefs-git/HEAD"))),
+        Some(libc::ENOENT)
+    );
+    assert_eq!(fs::read_to_string(m.mnt(".git")).unwrap(), planted);
+    let o = m.sh_as(AGENT, "echo x >> r.txt");
+    assert!(!o.ok(), "the new rule is in force: {}", o.stdout);
+    assert_eq!(fs::read(m.host("r.txt")).unwrap(), b"r\n");
+    fs::write(&dotgit, served).unwrap();
+}
+
+/// A repository that was not served at mount lies outside the daemon's confinement
+/// (Landlock, fixed at mount): a SOURCE that becomes a linked worktree of it afterwards
+/// is logged and served as it is on reload, never half-served.
+#[test]
+fn a_worktree_of_a_repository_not_served_at_mount_waits_for_a_remount() {
+    require_programs();
+    let b = Mount::builder("wt-late")
+        .policy(POLICY)
+        .arg("--allow-other");
+    let src = b.host("");
+    let main = b.root().join("outside/late");
+    fs::create_dir_all(&main).unwrap();
+    host_git(&main, &["init", "-q", "-b", "main"]);
+    fs::write(main.join("a.txt"), "one\n").unwrap();
+    host_git(&main, &["add", "."]);
+    host_git(&main, &["commit", "-q", "-m", "init"]);
+    let m = b.start();
+    assert!(
+        eventually(Duration::from_secs(10), || m
+            .stderr()
+            .contains("limited by Landlock")),
+        "{}",
+        m.stderr()
+    );
+    host_git(
+        &main,
+        &["worktree", "add", "-q", src.to_str().unwrap(), "-b", "late"],
+    );
+    let dotgit = fs::read(m.host(".git")).unwrap();
+    reload_and_wait(&m);
+    assert!(m.stderr().contains("remount to serve it"), "{}", m.stderr());
+    assert_eq!(
+        errno_of(fs::metadata(m.mnt(".fencefs-git"))),
+        Some(libc::ENOENT)
+    );
+    assert_eq!(fs::read(m.mnt(".git")).unwrap(), dotgit);
+}

@@ -7,10 +7,14 @@
 //! existing directory that neither holds SOURCE nor lies inside it (one host directory
 //! has one path in the mount), nor holds the mount point (the mount would contain
 //! itself, and the daemon would serve its own requests through it); PATH does not exist in SOURCE and its parent is a directory
-//! of SOURCE; a worktree that cannot be served is logged and served as it is.
+//! of SOURCE; a worktree that cannot be served is logged and served as it is. A reload
+//! reads `SOURCE/.git` again ([`redetect`]) and serves what it finds, under the same
+//! checks, when its repository is one the workers' confinement covers.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
+
+use parking_lot::Mutex;
 
 use crate::cli::MountArgs;
 use crate::host::roots::{self, Root, Roots};
@@ -111,9 +115,29 @@ pub(super) fn git_alias(path: &[u8]) -> Option<Vec<u8>> {
     r.alias_of(path)
 }
 
+/// How this mount's roots were made, kept for a reload to make them again
+/// ([`redetect`]): one mount per process, so one plan.
+struct Plan {
+    src: PathBuf,
+    /// The `--root` roots (no worktree, no staging fence).
+    given: Roots,
+    /// Linked worktrees are served (no `--no-git-worktree`).
+    git: bool,
+    stage: bool,
+    /// The worktree served now.
+    served: Option<worktree::Worktree>,
+    /// A worktree was served once: its names stay the mount's (see [`finish`]).
+    ever: bool,
+    /// The host directories (`(st_dev, st_ino)`) the workers' Landlock domain covers
+    /// besides SOURCE; `None` while there is no domain (any repository can be served).
+    confined: Option<Vec<(u64, u64)>>,
+}
+
+static PLAN: Mutex<Option<Plan>> = Mutex::new(None);
+
 /// Every root of the mount of `src` at `mnt` (both canonical).
 pub fn build(a: &MountArgs, src: &Path, mnt: &Path) -> Result<Roots, String> {
-    let mut out = Roots::default();
+    let mut given = Roots::default();
     for value in &a.root {
         let r = one_root(value, src, mnt)?;
         log::info!(
@@ -121,25 +145,50 @@ pub fn build(a: &MountArgs, src: &Path, mnt: &Path) -> Result<Roots, String> {
             r.host.display(),
             String::from_utf8_lossy(&r.path)
         );
-        out.add(r).map_err(|e| format!("--root '{value}': {e}"))?;
+        given.add(r).map_err(|e| format!("--root '{value}': {e}"))?;
     }
-    let mut out = worktree_roots(a, src, out)?;
-    if a.stage.is_some() {
+    let mut plan = Plan {
+        src: src.to_path_buf(),
+        given,
+        git: !a.no_git_worktree,
+        stage: a.stage.is_some(),
+        served: at_mount(a, src),
+        ever: false,
+        confined: None,
+    };
+    let out = finish(&mut plan)?;
+    if plan.stage && out.iter().next().is_some() {
+        log::info!("staging: the other roots are served read-only (they are not staged)");
+    }
+    *PLAN.lock() = Some(plan);
+    Ok(out)
+}
+
+/// The roots of `plan` with the worktree it serves: the `--root` roots, the worktree's
+/// roots and fences, staging's read-only fence on every root. Once a worktree was
+/// served, `.fencefs-git` stays the mount's name while none is: hidden, so that a node
+/// the kernel still holds from the repository served before reaches nothing.
+fn finish(plan: &mut Plan) -> Result<Roots, String> {
+    let mut out = plan.given.clone();
+    if let Some(wt) = &plan.served {
+        worktree::serve(wt, &plan.src, &mut out)?;
+        plan.ever = true;
+    } else if plan.ever {
+        out.fence(worktree::GIT_ROOT.as_bytes(), true, roots::Fence::Hidden);
+    }
+    if plan.stage {
         // Staging keeps every change out of SOURCE until applied; the other roots are not
         // staged, so nothing may change them.
         let paths: Vec<Vec<u8>> = out.iter().map(|r| r.path.clone()).collect();
         for p in &paths {
             out.fence(p, true, roots::Fence::ReadOnly);
         }
-        if !paths.is_empty() {
-            log::info!("staging: the other roots are served read-only (they are not staged)");
-        }
     }
     Ok(out)
 }
 
-/// Adds the roots of a linked worktree at `src` (unless `--no-git-worktree`).
-fn worktree_roots(a: &MountArgs, src: &Path, mut out: Roots) -> Result<Roots, String> {
+/// The linked worktree at `src` to serve at mount (none with `--no-git-worktree`).
+fn at_mount(a: &MountArgs, src: &Path) -> Option<worktree::Worktree> {
     if a.no_git_worktree {
         if let Ok(Some(wt)) = worktree::detect(src) {
             log::info!(
@@ -148,22 +197,110 @@ fn worktree_roots(a: &MountArgs, src: &Path, mut out: Roots) -> Result<Roots, St
                 wt.private.display()
             );
         }
-        return Ok(out);
+        return None;
     }
     match worktree::detect(src) {
-        Ok(Some(wt)) => match worktree::serve(&wt, src, &mut out) {
-            Ok(()) => log::info!(
-                "git worktree {}: the repository {} is served at {} (hooks/ and config read-only, other worktrees hidden); --no-git-worktree turns this off",
-                wt.name,
-                wt.common.display(),
-                worktree::GIT_ROOT
-            ),
-            Err(e) => return Err(e),
-        },
-        Ok(None) => {}
-        Err(e) => log::warn!("git worktree: not served ({e}); .git is served as it is"),
+        Ok(Some(wt)) => {
+            served_line(&wt, "");
+            Some(wt)
+        }
+        Ok(None) => None,
+        Err(e) => {
+            log::warn!("git worktree: not served ({e}); .git is served as it is");
+            None
+        }
     }
-    Ok(out)
+}
+
+fn served_line(wt: &worktree::Worktree, when: &str) {
+    log::info!(
+        "git worktree {}{when}: the repository {} is served at {} (hooks/ and config read-only, other worktrees hidden); --no-git-worktree turns this off",
+        wt.name,
+        wt.common.display(),
+        worktree::GIT_ROOT
+    );
+}
+
+/// Records what the workers' confinement covers (`harden.rs`, applied once): `dirs`, the
+/// `(st_dev, st_ino)` of every root directory it was given besides SOURCE.
+pub(super) fn confined(dirs: Vec<(u64, u64)>) {
+    if let Some(plan) = PLAN.lock().as_mut() {
+        plan.confined = Some(dirs);
+    }
+}
+
+/// Whether the workers can reach `wt`'s repository: no confinement, or one given its
+/// common dir (the same directory, wherever it was moved since).
+fn covered(plan: &Plan, wt: &worktree::Worktree) -> bool {
+    let key = std::fs::metadata(&wt.common).map(|m| {
+        use std::os::unix::fs::MetadataExt;
+        (m.dev(), m.ino())
+    });
+    match (&plan.confined, key) {
+        (None, _) => true,
+        (Some(dirs), Ok(k)) => dirs.contains(&k),
+        (Some(_), Err(_)) => false,
+    }
+}
+
+/// On a reload: reads `SOURCE/.git` again. Returns the roots to serve from now on when
+/// what is to be served changed (a worktree appeared, its record changed, it is gone),
+/// `None` when nothing changed. A worktree that cannot be served (its record does not
+/// name SOURCE back; its repository is outside the workers' confinement, which is fixed
+/// at mount) is logged and not served, as at mount; the rest of the reload goes on.
+pub(super) fn redetect() -> Option<Roots> {
+    let mut guard = PLAN.lock();
+    let plan = guard.as_mut().filter(|p| p.git)?;
+    let next = match worktree::detect(&plan.src) {
+        Ok(Some(wt)) if plan.served.as_ref() == Some(&wt) => return None,
+        Ok(Some(wt)) if !covered(plan, &wt) => {
+            log::warn!(
+                "git worktree {}: not served (its repository {} was not served at mount, and the daemon's confinement is fixed at mount: remount to serve it); .git is served as it is",
+                wt.name,
+                wt.common.display()
+            );
+            None
+        }
+        Ok(found) => found,
+        Err(e) => {
+            log::warn!("git worktree: not served ({e}); .git is served as it is");
+            None
+        }
+    };
+    if next == plan.served {
+        return None;
+    }
+    let before = std::mem::replace(&mut plan.served, next);
+    match finish(plan) {
+        Ok(out) => {
+            match &plan.served {
+                Some(wt) => served_line(wt, " (detected on reload)"),
+                None => log::info!(
+                    "git worktree: SOURCE is no longer served as a linked worktree (reload); {} is hidden until the next mount",
+                    worktree::GIT_ROOT
+                ),
+            }
+            Some(out)
+        }
+        Err(e) => {
+            log::warn!("git worktree: not served on reload ({e}); the roots stay as they were");
+            plan.served = before;
+            None
+        }
+    }
+}
+
+/// The first components of every root's path in `a` and `b`, and `.fencefs-git`: the
+/// names at the top of the mount a change of roots changes.
+pub(super) fn top_names(a: &Roots, b: &Roots) -> Vec<Vec<u8>> {
+    let mut out = vec![worktree::GIT_ROOT.as_bytes().to_vec()];
+    for r in a.iter().chain(b.iter()) {
+        let top = r.path.split(|&c| c == b'/').next().unwrap_or(&r.path);
+        if !out.iter().any(|n| n == top) {
+            out.push(top.to_vec());
+        }
+    }
+    out
 }
 
 /// Adds to fanotify group `fan` the file system of every root directory not on SOURCE's

@@ -31,7 +31,7 @@ const PASS_LIMIT: Duration = Duration::from_secs(10);
 /// 1. the new file is read and compiled (on error nothing changes and each error is logged);
 /// 2. the no-cache window opens and the notify thread takes back every name, attribute and
 ///    listing the kernel holds — meanwhile the *old* policy answers, uncached;
-/// 3. the new policy goes in force and the window closes: from here every answer is the
+/// 3. the new policy (and the roots, when a linked worktree changed) goes in force and the window closes: from here every answer is the
 ///    new policy's, and nothing the kernel still holds says otherwise (but the entries of
 ///    directories a held request locks, deferred to the held-directory lane);
 /// 4. remembered answers are forgotten and every held request is re-decided;
@@ -56,6 +56,9 @@ pub(super) fn reload_now(
             return Err(errs);
         }
     };
+    // A linked worktree made, changed or gone since: its roots are swapped with the
+    // policy, inside the window (the kernel's names for `.git` and `.fencefs-git` go too).
+    let roots = super::roots::redetect();
     shared.kcache.begin_window();
     let first = pass(
         tx,
@@ -64,6 +67,26 @@ pub(super) fn reload_now(
             ..Inval::default()
         },
     );
+    if let Some(r) = &roots {
+        // The names at the top of the mount the roots change (`.git`, `.fencefs-git`): the
+        // kernel may hold them as negative entries (absent on the host), which the pass
+        // over every known name does not reach.
+        let names = super::roots::top_names(&shared.inodes.roots(), r);
+        let entries = names.into_iter().map(|n| (crate::host::inode::ROOT, n));
+        pass(
+            tx,
+            Inval {
+                entries: entries.collect(),
+                ..Inval::default()
+            },
+        );
+    }
+    if let Some(r) = roots {
+        if r.iter().next().is_some() {
+            shared.handles.split();
+        }
+        shared.inodes.set_roots(r);
+    }
     let snap = shared.policy.install(next);
     shared.kcache.end_window();
     reload_answers(shared);

@@ -18,13 +18,17 @@ use crate::host::roots::Fence;
 use crate::policy::{Access, By, CeilingBy, Denial, Need, Special, Verdict};
 
 /// The errno a layout fence (`host/roots.rs`) gives `need`, if it refuses it: a hidden
-/// path is absent (EACCES for a create, as for `none`), a read-only one is EROFS.
+/// path is absent (EACCES for a create, as for `none`), a read-only one is EROFS, a kept
+/// one EROFS for any change but its creation.
 fn fenced(fence: Option<Fence>, need: Need) -> Option<i32> {
     match (fence?, need) {
         (Fence::Hidden, n) => Some(n.hidden_errno()),
         // Every mutation: `append` and `create` as much as `write`.
         (Fence::ReadOnly, n) if n.mutates() => Some(libc::EROFS),
         (Fence::ReadOnly, _) => None,
+        // Made once, never changed nor removed afterwards.
+        (Fence::Kept, Need::Write | Need::Append) => Some(libc::EROFS),
+        (Fence::Kept, _) => None,
     }
 }
 

@@ -15,7 +15,7 @@ use std::sync::{Arc, OnceLock};
 
 use parking_lot::{Mutex, RwLock};
 
-use super::budget::{Budget, Slot};
+use super::budget::{Budget, RootId, Slot};
 
 /// One entry of a directory listing as the caller may see it.
 #[derive(Debug, Clone)]
@@ -122,15 +122,22 @@ impl Handles {
         }
     }
 
-    /// Takes the budget for a new handle of `uid` that will hold a host fd: EMFILE past
-    /// the uid's share, ENFILE when the daemon's pool is full.
-    pub fn reserve(&self, uid: u32) -> io::Result<Slots> {
-        let entry = self.entries.take(uid)?;
-        let fd = self.fds.take(uid)?;
+    /// Takes the budget for a new handle of `uid` in `root` that will hold a host fd:
+    /// EMFILE past the uid's share, ENFILE when the daemon's pool is full (each with the
+    /// root's part of it once [`Handles::split`]).
+    pub fn reserve(&self, uid: u32, root: RootId) -> io::Result<Slots> {
+        let entry = self.entries.take(uid, root)?;
+        let fd = self.fds.take(uid, root)?;
         Ok(Slots {
             entry,
             fd: Some(fd),
         })
+    }
+
+    /// Gives each root its own share of both budgets (the mount has several roots).
+    pub fn split(&self) {
+        self.fds.split();
+        self.entries.split();
     }
 
     /// Registers a handle; returns its `fh`.
@@ -223,7 +230,7 @@ impl Handle {
             return Ok(HandleFd::Held(&k.fd));
         }
         let fd = reopen()?;
-        let Some(slot) = fds.take_spare(self.slots.entry.uid()) else {
+        let Some(slot) = fds.take_spare(self.slots.entry.uid(), self.slots.entry.root()) else {
             return Ok(HandleFd::Temp(fd));
         };
         // A concurrent fsync may have kept one first: then this one closes with its unit.

@@ -21,7 +21,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock};
 
 use super::roots::Roots;
 use super::sys::{self, Name};
@@ -171,8 +171,9 @@ pub struct Inodes {
     swapped: AtomicBool,
     /// `/proc/self/fd`, to reopen `O_PATH` handles.
     pub proc_fd: OwnedFd,
-    /// The roots served besides SOURCE (set before the mount, fixed afterwards).
-    roots: Roots,
+    /// The roots served besides SOURCE (set before the mount; a reload may swap them
+    /// when a linked worktree's state changed, `app/roots.rs`).
+    roots: RwLock<Arc<Roots>>,
 }
 
 fn stale() -> io::Error {
@@ -223,18 +224,19 @@ impl Inodes {
             watch_handles: AtomicBool::new(false),
             swapped: AtomicBool::new(false),
             proc_fd: sys::open_proc_self_fd()?,
-            roots: Roots::default(),
+            roots: RwLock::new(Arc::new(Roots::default())),
         })
     }
 
-    /// Serves `roots` besides SOURCE (before the mount).
-    pub fn set_roots(&mut self, roots: Roots) {
-        self.roots = roots;
+    /// Serves `roots` besides SOURCE from now on (before the mount; on a reload, inside
+    /// its no-cache window).
+    pub fn set_roots(&self, roots: Roots) {
+        *self.roots.write() = Arc::new(roots);
     }
 
-    /// The roots served besides SOURCE.
-    pub fn roots(&self) -> &Roots {
-        &self.roots
+    /// The roots served besides SOURCE now.
+    pub fn roots(&self) -> Arc<Roots> {
+        self.roots.read().clone()
     }
 
     /// Starts recording directories' kernel file handles (host change events name them).
@@ -366,7 +368,7 @@ impl Inodes {
             return Ok(p);
         }
         // A root's node is reached through the root's own handle, never through SOURCE.
-        if let Some(fd) = self.roots.by_key(key) {
+        if let Some(fd) = self.roots().by_key(key) {
             return Ok(fd);
         }
         // Resource errors (EMFILE, ENOMEM, ...) are the caller's answer; a name that is
@@ -434,11 +436,12 @@ impl Inodes {
 
     /// The handle of the root served at `parent/name`, if one is.
     pub fn root_at(&self, parent: u64, name: &[u8]) -> Option<Arc<OwnedFd>> {
-        if self.roots.is_empty() || !self.roots.may_be_point(name) {
+        let roots = self.roots();
+        if roots.is_empty() || !roots.may_be_point(name) {
             return None;
         }
         let dir = self.path(parent).ok()?;
-        self.roots.at(&join(&dir, name)).map(|r| r.fd.clone())
+        roots.at(&join(&dir, name)).map(|r| r.fd.clone())
     }
 
     /// Records a probed file as `parent/name` (with a kernel lookup reference if `count`).

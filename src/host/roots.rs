@@ -15,6 +15,7 @@
 //!   is in (the longest root path that covers it; `None`: SOURCE).
 //! - Fences are facts of the layout, not policy: a [`Fence::Hidden`] path answers as
 //!   absent (and cannot be created), a [`Fence::ReadOnly`] path cannot be changed (EROFS),
+//!   a [`Fence::Kept`] one can be made but, once there, not changed nor removed (EROFS),
 //!   in every mode and whatever the policy says; they only ever take access away.
 //! - A root's point, and every directory above it, cannot be removed, renamed or
 //!   replaced (EBUSY), and nothing moves or links across roots (EXDEV).
@@ -25,6 +26,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 /// One root: a host directory (or file) served at `path`.
+#[derive(Clone)]
 pub struct Root {
     /// Where it appears in the mount (normalized, never empty).
     pub path: Vec<u8>,
@@ -49,8 +51,12 @@ pub enum Fence {
     Hidden,
     /// Read-only to every caller (EROFS for any change).
     ReadOnly,
+    /// May be created, but an existing entry is never changed, renamed nor removed
+    /// (EROFS): what must outlive whatever a caller runs (a repository's objects).
+    Kept,
 }
 
+#[derive(Clone)]
 struct FenceRule {
     path: Vec<u8>,
     /// Covers the paths below `path` too.
@@ -58,11 +64,16 @@ struct FenceRule {
     fence: Fence,
 }
 
+/// Says whether a path below a kept directory (relative to it) is to be kept.
+pub type KeepShape = fn(&[u8]) -> bool;
+
 /// Every root of a mount and the fences of their layout.
-#[derive(Default)]
+#[derive(Default, Clone)]
 pub struct Roots {
     roots: Vec<Root>,
     fences: Vec<FenceRule>,
+    /// `(dir, shape)`: the paths below `dir` whose rest has `shape` are [`Fence::Kept`].
+    kept: Vec<(Vec<u8>, KeepShape)>,
     /// `(dir, kept)`: every entry of `dir` other than `kept` is hidden.
     only: Vec<(Vec<u8>, Vec<u8>)>,
     /// `(served, name)`: paths below `served` are also decided as the same paths below
@@ -129,6 +140,11 @@ impl Roots {
         });
     }
 
+    /// Keeps (see [`Fence::Kept`]) every path below `dir` whose rest has `shape`.
+    pub fn keep(&mut self, dir: &[u8], shape: KeepShape) {
+        self.kept.push((dir.to_vec(), shape));
+    }
+
     /// Hides every entry of directory `dir` except `kept`.
     pub fn keep_only(&mut self, dir: &[u8], kept: &[u8]) {
         self.only.push((dir.to_vec(), kept.to_vec()));
@@ -152,9 +168,12 @@ impl Roots {
         })
     }
 
-    /// Whether the mount has no root besides SOURCE.
+    /// Whether the mount has no root besides SOURCE and no fence.
     pub fn is_empty(&self) -> bool {
         self.roots.is_empty()
+            && self.fences.is_empty()
+            && self.only.is_empty()
+            && self.kept.is_empty()
     }
 
     /// Every root, in the order given.
@@ -198,6 +217,12 @@ impl Roots {
             .max_by_key(|r| r.path.len())
     }
 
+    /// The budget id of the root `path` is in (`host/budget.rs`): its host identity,
+    /// `(0, 0)` for SOURCE.
+    pub fn id_of(&self, path: &[u8]) -> (u64, u64) {
+        self.root_of(path).map_or((0, 0), |r| r.key)
+    }
+
     /// Whether two paths are in the same root.
     pub fn same_root(&self, a: &[u8], b: &[u8]) -> bool {
         let key = |p: &[u8]| self.root_of(p).map(|r| r.path.clone());
@@ -209,7 +234,7 @@ impl Roots {
         self.root_of(path).map_or("SOURCE", |r| r.label.as_str())
     }
 
-    /// What the layout forbids at `path` (`Hidden` before `ReadOnly`).
+    /// What the layout forbids at `path` (`Hidden` before `ReadOnly` before `Kept`).
     pub fn fence_at(&self, path: &[u8]) -> Option<Fence> {
         let hidden_by_only = self.only.iter().any(|(dir, kept)| {
             covers(dir, path) && {
@@ -218,7 +243,13 @@ impl Roots {
                 first != kept.as_slice()
             }
         });
-        let mut found = hidden_by_only.then_some(Fence::Hidden);
+        let kept = self
+            .kept
+            .iter()
+            .any(|(dir, shape)| covers(dir, path) && shape(&path[dir.len() + 1..]));
+        let mut found = hidden_by_only
+            .then_some(Fence::Hidden)
+            .or(kept.then_some(Fence::Kept));
         for f in &self.fences {
             if f.path == path || (f.below && covers(&f.path, path)) {
                 match (found, f.fence) {

@@ -12,6 +12,8 @@
 //!       worktrees/NAME/          this worktree's private gitdir (HEAD, index, logs, ...)
 //!       worktrees/NAME/{gitdir,commondir,config.worktree}  read-only
 //!       worktrees/NAME/locked    "locked" while mounted (in memory, unless the host has one)
+//!       worktrees/NAME/gitdir    "./.git" (in memory: `git worktree list` shows `.`)
+//!       objects/XX/HASH, objects/pack/pack-*.{pack,idx}    kept: made, never removed
 //!       worktrees/OTHER/         hidden: other worktrees' private dirs
 //! ```
 //!
@@ -39,7 +41,7 @@ use super::sys;
 pub const GIT_ROOT: &str = ".fencefs-git";
 
 /// A linked worktree found at SOURCE.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Worktree {
     /// The worktree's name (`worktrees/NAME`).
     pub name: String,
@@ -115,6 +117,26 @@ pub fn detect(src: &Path) -> Result<Option<Worktree>, String> {
     }))
 }
 
+/// The served `worktrees/NAME/gitdir` record (see [`serve`]).
+pub const RECORD: &[u8] = b"./.git\n";
+
+/// Whether `rest`, a path below the common dir's `objects/`, is a loose object
+/// (`XX/` + 38 or 62 hex digits) or a pack (`pack/pack-*.pack`, its `.idx`): what is
+/// kept (`Fence::Kept`).
+pub fn object_shape(rest: &[u8]) -> bool {
+    let hex = |s: &[u8]| !s.is_empty() && s.iter().all(u8::is_ascii_hexdigit);
+    let mut parts = rest.split(|&b| b == b'/');
+    match (parts.next(), parts.next(), parts.next()) {
+        (Some(dir), Some(name), None) if dir.len() == 2 && hex(dir) => {
+            matches!(name.len(), 38 | 62) && hex(name)
+        }
+        (Some(b"pack"), Some(name), None) => {
+            name.starts_with(b"pack-") && (name.ends_with(b".pack") || name.ends_with(b".idx"))
+        }
+        _ => false,
+    }
+}
+
 /// A listed root that is a sealed memory file holding `content`, owned like `like`.
 fn memfile(path: &str, label: &str, content: &[u8], like: &Path) -> io::Result<Root> {
     let md = std::fs::metadata(like)?;
@@ -160,6 +182,16 @@ pub fn serve(wt: &Worktree, src: &Path, roots: &mut Roots) -> Result<(), String>
         );
         roots.add(locked.map_err(err)?)?;
     }
+    // What `git worktree list` prints for this worktree: the record's path, less
+    // `/.git`. The host's names a host path; this one is `.`, the worktree's top (git
+    // before 2.48 prints a record as written; see the worktrees chapter).
+    let record = memfile(
+        &format!("{private}/gitdir"),
+        "worktree record",
+        RECORD,
+        &wt.private.join("gitdir"),
+    );
+    roots.add(record.map_err(err)?)?;
     roots.fence(b".git", false, Fence::ReadOnly);
     // The policy's rules for `.git/...` (protected, presets, a hidden .git) apply to the
     // served repository as well: it is decided under both names.
@@ -173,6 +205,12 @@ pub fn serve(wt: &Worktree, src: &Path, roots: &mut Roots) -> Result<(), String>
     roots.fence(&g("commondir"), false, Fence::ReadOnly);
     roots.fence(&g("modules"), true, Fence::ReadOnly);
     roots.fence(&g("index"), false, Fence::Hidden);
+    // The objects other worktrees (and the main checkout) may need, which git inside
+    // cannot see as reachable (their HEADs, indexes and reflogs are hidden): `git gc` and
+    // `git prune` inside may write new packs but remove no object; `alternates` would
+    // send the host's git to another object store.
+    roots.keep(&g("objects"), object_shape);
+    roots.fence(&g("objects/info/alternates"), false, Fence::ReadOnly);
     // The main checkout's own state: its HEAD, and the todo lists of an operation in
     // progress there, whose `exec` lines the host's git runs on `--continue`. A linked
     // worktree's git keeps its own in its private dir.
@@ -186,4 +224,37 @@ pub fn serve(wt: &Worktree, src: &Path, roots: &mut Roots) -> Result<(), String>
         roots.fence(format!("{private}{f}").as_bytes(), false, Fence::ReadOnly);
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::object_shape;
+
+    #[test]
+    fn objects_and_packs_are_kept_and_temporary_files_are_not() {
+        let loose = format!("ab/{}", "0".repeat(38));
+        let sha256 = format!("ab/{}", "f".repeat(62));
+        for p in [&loose, &sha256, "pack/pack-1a2b.pack", "pack/pack-1a2b.idx"] {
+            assert!(object_shape(p.as_bytes()), "{p}");
+        }
+        let short = format!("ab/{}", "0".repeat(37));
+        let deep = format!("ab/{}/x", "0".repeat(38));
+        let not_hex = format!("zz/{}", "0".repeat(38));
+        for p in [
+            short.as_str(),
+            deep.as_str(),
+            not_hex.as_str(),
+            "ab/tmp_obj_XYZ",
+            "pack/tmp_pack_123",
+            "pack/.tmp-1-pack-1a2b.pack",
+            "pack/pack-1a2b.rev",
+            "pack/pack-1a2b.keep",
+            "info/packs",
+            "info/commit-graph",
+            "ab",
+            "",
+        ] {
+            assert!(!object_shape(p.as_bytes()), "{p}");
+        }
+    }
 }

@@ -149,6 +149,12 @@ fn confine(shared: &Shared, src: &Path) {
     } else {
         src.display().to_string()
     };
+    if c.landlock_abi.is_some() {
+        // A reload may serve only repositories this domain covers (app/roots.rs).
+        let dirs = shared.inodes.roots();
+        let dirs = dirs.iter().filter(|r| r.kind == libc::S_IFDIR);
+        super::super::roots::confined(dirs.map(|r| r.key).collect());
+    }
     let nnp = if c.no_new_privs { "on" } else { "off" };
     match (c.landlock_abi, c.landlock_error) {
         (Some(abi), _) => log::info!(

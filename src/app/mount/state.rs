@@ -97,7 +97,11 @@ pub(in crate::app) fn build_state(
     });
     let fd_cap = (nofile / 3).clamp(64, 16_384) as usize;
     let handles = handle_budget(nofile as usize, fd_cap, threads, a.max_open_per_uid);
-    let mut inodes = Inodes::new(root_fd, fd_cap).map_err(|e| format!("source: {e}"))?;
+    if roots.iter().next().is_some() {
+        // One root's flood of opens must not starve the others (host/budget.rs).
+        handles.split();
+    }
+    let inodes = Inodes::new(root_fd, fd_cap).map_err(|e| format!("source: {e}"))?;
     inodes.set_roots(roots);
     let rules = policy.rules().len();
     let mode = policy.mode();

@@ -174,8 +174,8 @@ impl Shared {
     pub fn do_statfs(&self, ctx: &Ctx, ino: u64) -> Res<libc::statvfs> {
         self.allow_ino(ctx, "statfs", ino, Need::List, Special::default())?;
         let root = self.inodes.path(ino).ok().and_then(|p| {
-            let r = self.inodes.roots().root_of(&p)?;
-            Some(r.fd.clone())
+            let roots = self.inodes.roots();
+            Some(roots.root_of(&p)?.fd.clone())
         });
         let fd = match root {
             Some(fd) => fd,

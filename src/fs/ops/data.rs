@@ -88,7 +88,7 @@ impl Shared {
             }
             _ => return Err(Error(libc::EINVAL)),
         }
-        let slots = self.handles.reserve(ctx.caller.uid)?;
+        let slots = self.handles.reserve(ctx.caller.uid, self.root_id(ino))?;
         let file = sys::reopen(
             self.inodes.proc_fd.as_fd(),
             fd.as_fd(),

@@ -26,7 +26,7 @@ impl Shared {
             return Err(Error(libc::ENOTDIR));
         }
         let fd = self.inodes.fd(ino)?;
-        let slots = self.handles.reserve(ctx.caller.uid)?;
+        let slots = self.handles.reserve(ctx.caller.uid, self.root_id(ino))?;
         let file = sys::reopen(
             self.inodes.proc_fd.as_fd(),
             fd.as_fd(),

@@ -261,6 +261,15 @@ impl Shared {
         }
     }
 
+    /// The root node `ino` is in, for the budgets (`host/budget.rs`): `(0, 0)` for SOURCE.
+    pub(super) fn root_id(&self, ino: u64) -> (u64, u64) {
+        let roots = self.inodes.roots();
+        if roots.iter().next().is_none() {
+            return (0, 0);
+        }
+        self.inodes.path(ino).map_or((0, 0), |p| roots.id_of(&p))
+    }
+
     /// Cache lifetimes under this snapshot: zero when rules depend on the caller, so a
     /// name or attribute cached for one caller never serves another; zero too while a
     /// reload takes back the kernel's caches, and for a request decided under a policy no

@@ -258,7 +258,8 @@ impl Shared {
         {
             return Err(Error(libc::ETXTBSY));
         }
-        let slots = self.handles.reserve(ctx.caller.uid)?;
+        let root = self.inodes.roots().id_of(&path);
+        let slots = self.handles.reserve(ctx.caller.uid, root)?;
         let pfd = self.inodes.fd(parent)?;
         let base = attr::host_open_flags(flags);
         let created = self.create_as_caller(ctx, &pfd, name, false, || {
