@@ -582,3 +582,52 @@ fn a_writer_never_reaches_source_through_a_readers_open_file() {
         "M a.txt\nm run.sh\nM sub/b.txt\nm sub/deep/c.txt\n"
     );
 }
+
+#[test]
+fn host_edits_of_unstaged_paths_show_at_once_while_names_are_cached_long() {
+    // Names and attributes cached for a minute: only the host change watch (fanotify on
+    // SOURCE, mapped to the merged view's directories) can make a host edit show sooner.
+    let b = Mount::builder("stage-host-watch").policy(WRITE);
+    staged_sample(&b.host(""));
+    let dir = stage_dir(&b);
+    let mut m = b
+        .arg("--stage")
+        .arg(&dir)
+        .arg("--cache-ttl")
+        .arg("60")
+        .start();
+    fs::write(m.mnt("a.txt"), b"staged\n").unwrap();
+    // The kernel now holds these names and attributes (and the listing of sub/deep).
+    assert_eq!(fs::metadata(m.mnt("sub/deep/c.txt")).unwrap().len(), 4);
+    assert_eq!(fs::metadata(m.mnt("run.sh")).unwrap().len(), 18);
+    let listed = |p: &str| {
+        let mut v: Vec<String> = fs::read_dir(m.mnt(p))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(listed("sub/deep"), ["c.txt"]);
+    // A person edits on the host: in place, deep in the tree and at the top; a new file in
+    // a directory the mount listed; and the staged a.txt.
+    fs::write(m.host("sub/deep/c.txt"), b"sea, longer\n").unwrap();
+    fs::write(m.host("run.sh"), b"#!/bin/sh\n").unwrap();
+    fs::write(m.host("sub/deep/new.txt"), b"new\n").unwrap();
+    fs::write(m.host("a.txt"), b"host\n").unwrap();
+    let seen = eventually(Duration::from_secs(3), || {
+        fs::metadata(m.mnt("sub/deep/c.txt")).is_ok_and(|s| s.len() == 12)
+            && fs::metadata(m.mnt("run.sh")).is_ok_and(|s| s.len() == 10)
+            && listed("sub/deep") == ["c.txt", "new.txt"]
+    });
+    assert!(
+        seen,
+        "host edits of unstaged paths show within 3 s, not after 60"
+    );
+    assert_eq!(fs::read(m.mnt("sub/deep/c.txt")).unwrap(), b"sea, longer\n");
+    assert_eq!(fs::read(m.mnt("sub/deep/new.txt")).unwrap(), b"new\n");
+    // The staged version still wins, and is now a conflict.
+    assert_eq!(fs::read(m.mnt("a.txt")).unwrap(), b"staged\n");
+    stop(&mut m);
+    assert_eq!(stage(&["status"], &dir).stdout, "CM a.txt\n");
+}

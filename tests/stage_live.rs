@@ -409,3 +409,110 @@ fn a_file_open_across_a_live_checkpoint_stays_usable() {
     assert_eq!(via(&sock, "status", &["--since", "1"]).stdout, "M a.txt\n");
     assert_eq!(fs::read(m.host("a.txt")).unwrap(), b"one\ntwo\nthree\n");
 }
+
+/// Everything writable but `docs/`, where a write waits for an approver.
+const ASKS: &str = "mode = \"workspace-write\"\ndefault = \"write\"\n[[rule]]\npath = \"docs\"\naccess = \"read\"\nask = \"write\"\n";
+
+#[test]
+fn approvals_status_and_reload_are_answered_during_a_long_live_apply() {
+    use common::Peer;
+    use serde_json::json;
+    use std::time::Instant;
+    let b = Mount::builder("stage-live-lane")
+        .policy(ASKS)
+        .arg("--allow-other");
+    sample(&b.host(""));
+    put(&b.host("docs/a.md"), b"alpha\n", 0o644);
+    let st = Command::new("chown")
+        .args(["-R", "1000:1000"])
+        .arg(b.host("."))
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let dir = stage_dir(&b);
+    let sock = b.root().join("ctl.sock");
+    let m = b
+        .arg("--stage")
+        .arg(&dir)
+        .arg("--control")
+        .arg(&sock)
+        .start();
+    const N: usize = 4000;
+    m.sh_as(
+        1000,
+        &format!("mkdir bulk && python3 -c \"[open('bulk/f%d' % i, 'w').write('x' * 100) for i in range({N})]\""),
+    )
+    .assert_ok("thousands of staged files");
+    let mut ap = Peer::subscribe(&sock);
+    // A write the policy asks about, held before the apply starts (while the apply swaps
+    // the view, new requests wait at the door; a held one has left it).
+    let writer = Command::new("setpriv")
+        .args(["--reuid=1000", "--regid=1000", "--clear-groups"])
+        .args(["sh", "-c", "echo approved > docs/a.md && echo written"])
+        .current_dir(m.mnt(""))
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let ev = ap.next(Some("ask"));
+    assert_eq!(ev["paths"], json!(["docs/a.md"]));
+    let before = snapshot(&m.host(""));
+    // The long apply, through the CLI, from another thread.
+    let s2 = sock.clone();
+    let apply = std::thread::spawn(move || {
+        let o = via(&s2, "apply", &["bulk"]);
+        (o, Instant::now())
+    });
+    // `status` is answered while it runs, and says what runs.
+    let mut peer = Peer::connect(&sock);
+    let started = Instant::now();
+    loop {
+        let s = peer.call(json!({"cmd": "status"}));
+        assert_eq!(s["ok"], true, "{s}");
+        if s["stage_busy"]["op"] == "stage apply" {
+            assert_eq!(s["staged"], serde_json::Value::Null, "{s}");
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30) && !apply.is_finished(),
+            "the apply never showed as running: {s}"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // A reload waits for the staging change, on its own lane: the control thread goes on.
+    let mut reloader = Peer::connect(&sock);
+    reloader.send(json!({"cmd": "reload"}));
+    // `held` and the approver's answer come at once, not after the apply.
+    let t = Instant::now();
+    let held = peer.call(json!({"cmd": "held"}));
+    assert_eq!(held["held"][0]["id"], ev["id"], "{held}");
+    let a = ap.call(json!({"cmd": "decide", "id": ev["id"], "allow": true}));
+    assert_eq!(a["ok"], true, "{a}");
+    let s = peer.call(json!({"cmd": "status"}));
+    let answered = Instant::now();
+    assert!(
+        t.elapsed() < Duration::from_secs(2),
+        "held, decide and status took {:?} during the apply",
+        t.elapsed()
+    );
+    assert_eq!(s["stage_busy"]["op"], "stage apply", "still applying: {s}");
+    let (o, ended) = apply.join().unwrap();
+    o.assert_ok("the live apply");
+    assert!(answered < ended, "answered while the apply ran");
+    assert_eq!(
+        reloader.next(None)["ok"],
+        true,
+        "the reload, after the apply"
+    );
+    assert_eq!(o.stdout.lines().count(), 1, "one line: A bulk/ applied");
+    assert_eq!(fs::read_dir(m.host("bulk")).unwrap().count(), N);
+    // The approved write went on once the view was swapped: staged, SOURCE untouched.
+    let w = writer.wait_with_output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&w.stdout), "written\n");
+    assert_eq!(fs::read(m.mnt("docs/a.md")).unwrap(), b"approved\n");
+    assert_eq!(fs::read(m.host("docs/a.md")).unwrap(), b"alpha\n");
+    let _ = before;
+    assert_eq!(via(&sock, "status", &[]).stdout, "M docs/a.md\n");
+    let s = peer.call(json!({"cmd": "status"}));
+    assert_eq!(s["staged"], 1, "{s}");
+    assert!(s.get("stage_busy").is_none(), "{s}");
+}

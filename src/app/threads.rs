@@ -233,6 +233,7 @@ pub(super) fn start_control(
         return Ok(None);
     };
     let (waker, wake_rx) = server::waker().map_err(|e| e.to_string())?;
+    let lane_waker = waker.try_clone().map_err(|e| e.to_string())?;
     let (ev_tx, ev_rx) = channel();
     let (res_tx, res_rx) = channel();
     let ask_exec = match &a.ask_exec {
@@ -284,7 +285,16 @@ pub(super) fn start_control(
     let approvals = shared.approvals.clone();
     std::thread::Builder::new()
         .name("fencefs-control".into())
-        .spawn(move || server::run(listener, wake_rx, ev_rx, approvals, access, hooks))
+        .spawn(move || {
+            server::run(
+                listener,
+                (wake_rx, lane_waker),
+                ev_rx,
+                approvals,
+                access,
+                hooks,
+            )
+        })
         .map_err(|e| e.to_string())?;
     log::info!(
         "control socket at {} (ask timeout {} s)",
@@ -347,7 +357,7 @@ fn hooks(shared: &Arc<Shared>, tx: &Sender<Inval>, started: Instant) -> Hooks {
                 "audit_coalesced": coalesced,
             })
         }),
-        reload: Box::new(move || match reload_now(&s2, &tx) {
+        reload: Arc::new(move || match reload_now(&s2, &tx) {
             Ok(snap) => Ok(json!({
                 "generation": snap.generation,
                 "rules": snap.policy.rules().len(),
@@ -357,6 +367,7 @@ fn hooks(shared: &Arc<Shared>, tx: &Sender<Inval>, started: Instant) -> Hooks {
         generation: Box::new(move || s3.policy.generation()),
         stage: None,
         learn: None,
+        staged: None,
     }
 }
 

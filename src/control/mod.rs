@@ -3,6 +3,8 @@
 //!
 //! - [`proto`]: the messages (pure).
 //! - [`server`]: the daemon side, one thread polling every peer.
+//! - [`lane`]: threads the long commands (staging operations, reloads) run on, so the
+//!   control thread keeps answering approvals meanwhile.
 //! - [`peer`]: one peer's connection: commands in, answers streamed and events queued out.
 //! - [`client`]: `fencefs ctl` and `fencefs approve`.
 //! - [`ask_exec`]: `--ask-exec CMD`, run for every newly held request (notifications).
@@ -12,6 +14,7 @@
 
 pub mod ask_exec;
 pub mod client;
+pub mod lane;
 pub mod peer;
 pub mod proto;
 pub mod server;

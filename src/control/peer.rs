@@ -92,6 +92,9 @@ enum Answer {
         until: u64,
         started: bool,
     },
+    /// Being worked out on a lane (`lane.rs`): nothing after it is written until it is
+    /// [filled](Conn::fill); events and asks still flow meanwhile.
+    Pending,
 }
 
 /// A connection.
@@ -156,6 +159,30 @@ impl Conn {
         self.answers.push_back(Answer::Line(proto::line(v)));
     }
 
+    /// Queues the place of an answer a lane works out; [`Conn::fill`] puts it there.
+    pub fn defer(&mut self) {
+        self.answers.push_back(Answer::Pending);
+    }
+
+    /// The answer a lane worked out, in the place [`Conn::defer`] kept for it.
+    pub fn fill(&mut self, v: &Value) {
+        match self
+            .answers
+            .iter_mut()
+            .find(|a| matches!(a, Answer::Pending))
+        {
+            Some(a) => *a = Answer::Line(proto::line(v)),
+            None => log::warn!("control: an answer for a peer that waits for none"),
+        }
+    }
+
+    /// Whether an answer is ready to be written (not one a lane still works out).
+    fn answer_ready(&self) -> bool {
+        self.answers
+            .front()
+            .is_some_and(|a| !matches!(a, Answer::Pending))
+    }
+
     /// Queues the answer to `held`: what is held now, up to id `until`.
     pub fn answer_held(&mut self, until: u64) {
         self.answers.push_back(Answer::Held {
@@ -193,7 +220,7 @@ impl Conn {
     /// Whether anything waits to be written.
     pub fn pending(&self, asks: &dyn Asks) -> bool {
         !self.wbuf.is_empty()
-            || !self.answers.is_empty()
+            || self.answer_ready()
             || !self.events.is_empty()
             || self.unreported > 0
             || self.asks_waiting(asks)
@@ -209,7 +236,11 @@ impl Conn {
     /// answers first, then events, then asks.
     fn refill(&mut self, asks: &dyn Asks) {
         while self.wbuf.len() < CHUNK {
-            if let Some(a) = self.answers.front_mut() {
+            if let Some(a) = self
+                .answers
+                .front_mut()
+                .filter(|a| !matches!(a, Answer::Pending))
+            {
                 match a {
                     Answer::Line(l) => {
                         self.wbuf.append(l);
@@ -239,6 +270,7 @@ impl Conn {
                             }
                         }
                     }
+                    Answer::Pending => break, // filtered out above
                 }
             } else if let Some(e) = self.events.pop_front() {
                 self.events_bytes -= e.len();
@@ -284,7 +316,7 @@ impl Conn {
         }
         if !self.pending(asks) {
             self.stalled_since = None;
-            if self.eof && !self.rbuf.contains(&b'\n') {
+            if self.eof && self.answers.is_empty() && !self.rbuf.contains(&b'\n') {
                 // It said all it had to say and got every answer.
                 self.closing = true;
             }

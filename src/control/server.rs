@@ -30,6 +30,8 @@ use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::socket::{getsockopt, sockopt::PeerCredentials};
 use serde_json::{Value, json};
 
+use super::lane::{Done, Lane};
+pub use super::lane::{Waker, waker};
 use super::peer::{self, Conn, Next};
 #[cfg(doc)]
 use super::proto::MAX_LINE;
@@ -41,18 +43,21 @@ pub const MAX_CONNS: usize = 64;
 /// How often held requests' askers are checked while something is held.
 const REAP_EVERY: Duration = Duration::from_millis(200);
 
-/// What the server asks of the rest of the daemon.
+/// What the server asks of the rest of the daemon. `reload`, `stage` and `staged` may
+/// take long: they run on lanes (`lane.rs`), off the control thread.
 pub struct Hooks {
     /// Fields of the `status` answer.
     pub status: Box<dyn Fn() -> Value + Send>,
     /// Reloads the policy: `generation`/`rules` fields, or the error lines.
-    pub reload: Box<dyn Fn() -> Result<Value, Vec<String>> + Send>,
+    pub reload: Arc<dyn Fn() -> Result<Value, Vec<String>> + Send + Sync>,
     /// The policy generation in force.
     pub generation: Box<dyn Fn() -> u64 + Send>,
     /// Staging operations (`None`: the mount has no `--stage`).
     pub stage: Option<StageHandler>,
     /// Writes `--learn`'s draft now (`None`: the mount does not learn).
     pub learn: Option<LearnHandler>,
+    /// The `staged` field of `status`: the number of changed paths, or null.
+    pub staged: Option<Arc<dyn Fn() -> Value + Send + Sync>>,
 }
 
 /// What the server calls for a `learn` command: the answer's fields (`path`, `rules`,
@@ -95,25 +100,7 @@ pub fn bind(path: &Path, group: Option<u32>) -> io::Result<UnixListener> {
 
 /// What the server calls for a `stage` command (set by the staging module), with the
 /// peer's uid (for the audit).
-pub type StageHandler = Box<dyn Fn(&proto::StageRequest, u32) -> Value + Send>;
-
-/// The write end of the server's wake-up socket: events queued elsewhere become readable.
-pub struct Waker(UnixStream);
-
-impl Waker {
-    /// Wakes the server (never blocks; a full socket means it is awake already).
-    pub fn wake(&self) {
-        let _ = (&self.0).write(&[1]);
-    }
-}
-
-/// A wake-up pair: the waker for event producers, the other end for [`run`].
-pub fn waker() -> io::Result<(Waker, UnixStream)> {
-    let (a, b) = UnixStream::pair()?;
-    a.set_nonblocking(true)?;
-    b.set_nonblocking(true)?;
-    Ok((Waker(a), b))
-}
+pub type StageHandler = Arc<dyn Fn(&proto::StageRequest, u32) -> Value + Send + Sync>;
 
 /// Whether `uid`/`gid`/`pid` (a peer) may use the socket.
 fn authorized(a: Access, uid: u32, gid: u32, pid: i32) -> bool {
@@ -211,15 +198,44 @@ impl peer::Asks for AskLines<'_> {
     }
 }
 
-/// The server loop; runs for the daemon's lifetime.
+/// The lanes long commands run on, and their answers.
+struct Lanes {
+    /// Staging operations and `status`'s `staged` count (`None`: no `--stage`, or the
+    /// thread could not start: they run on the control thread).
+    stage: Option<Lane>,
+    /// Reloads (they wait for a staging change in progress).
+    reload: Option<Lane>,
+    done: Receiver<Done>,
+}
+
+impl Lanes {
+    fn start(hooks: &Hooks, wake: &Waker) -> Lanes {
+        let (tx, done) = std::sync::mpsc::channel();
+        let lane = |name: &'static str| {
+            wake.try_clone()
+                .and_then(|w| Lane::start(name, tx.clone(), w))
+                .map_err(|e| log::error!("control: no {name} lane ({e}); it runs here"))
+                .ok()
+        };
+        Lanes {
+            stage: hooks.stage.as_ref().and_then(|_| lane("stage")),
+            reload: lane("reload"),
+            done,
+        }
+    }
+}
+
+/// The server loop; runs for the daemon's lifetime. `lane_wake` wakes it when a lane's
+/// answer is ready.
 pub fn run(
     listener: UnixListener,
-    wake: UnixStream,
+    (wake, lane_wake): (UnixStream, Waker),
     events: Receiver<Event>,
     approvals: Arc<Approvals>,
     access: Access,
     hooks: Hooks,
 ) {
+    let lanes = Lanes::start(&hooks, &lane_wake);
     let mut conns: HashMap<u64, Conn> = HashMap::new();
     let asks = AskLines {
         approvals: &approvals,
@@ -247,6 +263,12 @@ pub fn run(
             let mut b = [0u8; 256];
             while matches!((&wake).read(&mut b), Ok(n) if n > 0) {}
         }
+        for d in lanes.done.try_iter() {
+            // A peer gone meanwhile is not answered (ids are never reused).
+            if let Some(c) = conns.get_mut(&d.conn) {
+                c.fill(&d.answer);
+            }
+        }
         if ready.listener {
             accept_all(&listener, &mut conns, &mut next_id, access, &hooks);
         }
@@ -257,8 +279,8 @@ pub fn run(
                 c.read();
             }
         }
-        for c in conns.values_mut() {
-            serve_commands(c, &approvals, &asks, &hooks);
+        for (id, c) in conns.iter_mut() {
+            serve_commands(c, *id, &approvals, &asks, &hooks, &lanes);
         }
         deliver(&events, &mut conns, &asks);
         let now = Instant::now();
@@ -304,13 +326,12 @@ fn wait(
         }
         None => PollTimeout::NONE,
     };
-    let ids: Vec<u64> = conns.keys().copied().collect();
+    let mut ids: Vec<u64> = Vec::with_capacity(conns.len());
     let mut fds = vec![
         PollFd::new(listener.as_fd(), PollFlags::POLLIN),
         PollFd::new(wake.as_fd(), PollFlags::POLLIN),
     ];
-    for id in &ids {
-        let c = &conns[id];
+    for (id, c) in conns {
         let mut f = PollFlags::empty();
         if c.wants_read() {
             f |= PollFlags::POLLIN;
@@ -318,7 +339,12 @@ fn wait(
         if c.pending(asks) {
             f |= PollFlags::POLLOUT;
         }
-        fds.push(PollFd::new(c.stream().as_fd(), f));
+        // A peer waiting only for a lane's answer is not polled: its hang-up would wake
+        // the loop at once, again and again, until the answer (whose write then fails).
+        if !f.is_empty() {
+            ids.push(*id);
+            fds.push(PollFd::new(c.stream().as_fd(), f));
+        }
     }
     match poll(&mut fds, timeout) {
         Ok(_) => {}
@@ -415,7 +441,14 @@ fn refuse(stream: UnixStream, why: &str) {
 }
 
 /// Handles the peer's command lines while none of its answers waits (backpressure).
-fn serve_commands(c: &mut Conn, approvals: &Approvals, asks: &AskLines<'_>, hooks: &Hooks) {
+fn serve_commands(
+    c: &mut Conn,
+    id: u64,
+    approvals: &Approvals,
+    asks: &AskLines<'_>,
+    hooks: &Hooks,
+    lanes: &Lanes,
+) {
     loop {
         c.render(asks);
         match c.next_line() {
@@ -423,7 +456,7 @@ fn serve_commands(c: &mut Conn, approvals: &Approvals, asks: &AskLines<'_>, hook
                 if line.iter().all(u8::is_ascii_whitespace) {
                     continue;
                 }
-                handle(c, &line, approvals, hooks);
+                handle(c, id, &line, approvals, hooks, lanes);
             }
             Next::Wait => return,
             Next::TooLong => {
@@ -434,24 +467,78 @@ fn serve_commands(c: &mut Conn, approvals: &Approvals, asks: &AskLines<'_>, hook
     }
 }
 
-/// Answers one command line.
-fn handle(c: &mut Conn, line: &[u8], approvals: &Approvals, hooks: &Hooks) {
+/// Runs `work` on `lane` for connection `c` (its answer deferred), or here without a lane;
+/// a full lane answers `busy` at once.
+fn offload(
+    c: &mut Conn,
+    id: u64,
+    lane: Option<&Lane>,
+    what: &str,
+    work: Box<dyn FnOnce() -> Value + Send>,
+) {
+    match lane {
+        Some(l) => match l.submit(id, what, work) {
+            Ok(()) => c.defer(),
+            Err(busy) => c.answer(&busy),
+        },
+        None => c.answer(&work()),
+    }
+}
+
+fn reload_answer(r: Result<Value, Vec<String>>) -> Value {
+    match r {
+        Ok(v) => proto::ok(v),
+        Err(errors) => {
+            json!({"ok": false, "error": "invalid policy; the old one stays in force", "errors": errors})
+        }
+    }
+}
+
+/// `status`: the daemon's counters at once; with staging, `staged` is counted on the stage
+/// lane when it is idle, and is `null` with `stage_busy` (what runs, for how long, how many
+/// wait) while a staging operation runs.
+fn status(c: &mut Conn, id: u64, hooks: &Hooks, lanes: &Lanes) {
+    let mut v = (hooks.status)();
+    v["events_dropped"] = json!(peer::EVENTS_DROPPED.load(Ordering::Relaxed));
+    let Some(staged) = hooks.staged.clone() else {
+        return c.answer(&proto::ok(v));
+    };
+    match lanes.stage.as_ref().map(Lane::busy) {
+        Some(Some((what, since, waiting))) => {
+            v["staged"] = Value::Null;
+            v["stage_busy"] = json!({
+                "op": what,
+                "for_ms": since.as_millis() as u64,
+                "waiting": waiting,
+            });
+            c.answer(&proto::ok(v));
+        }
+        _ => offload(
+            c,
+            id,
+            lanes.stage.as_ref(),
+            "stage status count",
+            Box::new(move || {
+                v["staged"] = staged();
+                proto::ok(v)
+            }),
+        ),
+    }
+}
+
+/// Answers one command line (or hands it to a lane, which answers it later).
+fn handle(c: &mut Conn, id: u64, line: &[u8], approvals: &Approvals, hooks: &Hooks, lanes: &Lanes) {
     let cmd = match proto::parse(line) {
         Ok(cmd) => cmd,
         Err(e) => return c.answer(&proto::error(&e)),
     };
     let answer = match cmd {
-        Command::Status => {
-            let mut v = (hooks.status)();
-            v["events_dropped"] = json!(peer::EVENTS_DROPPED.load(Ordering::Relaxed));
-            proto::ok(v)
+        Command::Status => return status(c, id, hooks, lanes),
+        Command::Reload => {
+            let f = hooks.reload.clone();
+            let work = Box::new(move || reload_answer(f()));
+            return offload(c, id, lanes.reload.as_ref(), "reload", work);
         }
-        Command::Reload => match (hooks.reload)() {
-            Ok(v) => proto::ok(v),
-            Err(errors) => {
-                json!({"ok": false, "error": "invalid policy; the old one stays in force", "errors": errors})
-            }
-        },
         Command::Learn => match &hooks.learn {
             Some(f) => match f() {
                 Ok(v) => proto::ok(v),
@@ -460,7 +547,11 @@ fn handle(c: &mut Conn, line: &[u8], approvals: &Approvals, hooks: &Hooks) {
             None => proto::error("this mount does not learn (no --learn)"),
         },
         Command::Stage(r) => match &hooks.stage {
-            Some(f) => f(&r, c.uid),
+            Some(f) => {
+                let (f, uid, what) = (f.clone(), c.uid, format!("stage {}", r.op));
+                let work = Box::new(move || f(&r, uid));
+                return offload(c, id, lanes.stage.as_ref(), &what, work);
+            }
             None => proto::error("this mount has no --stage"),
         },
         // Streamed as the peer reads: never dropped, however many are held.

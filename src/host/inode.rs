@@ -27,6 +27,7 @@ use super::roots::Roots;
 use super::sys::{self, Name};
 
 mod forget;
+mod handles;
 mod swap;
 use forget::maybe_remove;
 use swap::settle_in;
@@ -174,6 +175,8 @@ pub struct Inodes {
     /// The roots served besides SOURCE (set before the mount; a reload may swap them
     /// when a linked worktree's state changed, `app/roots.rs`).
     roots: RwLock<Arc<Roots>>,
+    /// With staging: SOURCE under the merged view, for host change events (`handles.rs`).
+    event_source: Option<OwnedFd>,
 }
 
 fn stale() -> io::Error {
@@ -225,6 +228,7 @@ impl Inodes {
             swapped: AtomicBool::new(false),
             proc_fd: sys::open_proc_self_fd()?,
             roots: RwLock::new(Arc::new(Roots::default())),
+            event_source: None,
         })
     }
 
@@ -237,31 +241,6 @@ impl Inodes {
     /// The roots served besides SOURCE now.
     pub fn roots(&self) -> Arc<Roots> {
         self.roots.read().clone()
-    }
-
-    /// Starts recording directories' kernel file handles (host change events name them).
-    pub fn watch_handles(&self) {
-        self.watch_handles.store(true, Ordering::Relaxed);
-        if let Ok(h) = sys::file_handle(self.root_fd().as_fd()) {
-            self.record_handle(ROOT, h);
-        }
-    }
-
-    fn record_handle(&self, ino: u64, h: Vec<u8>) {
-        let mut t = self.table.lock();
-        let h: Box<[u8]> = h.into();
-        if let Some(n) = t.nodes.get_mut(&ino) {
-            if n.handle.as_deref() == Some(&*h) {
-                return;
-            }
-            n.handle = Some(h.clone());
-            t.by_handle.insert(h, ino);
-        }
-    }
-
-    /// The directory node with this kernel file handle, if known.
-    pub fn by_handle(&self, h: &[u8]) -> Option<u64> {
-        self.table.lock().by_handle.get(h).copied()
     }
 
     /// The handle of SOURCE (opened before mounting), or of the merged view served now.
@@ -447,17 +426,8 @@ impl Inodes {
     /// Records a probed file as `parent/name` (with a kernel lookup reference if `count`).
     pub fn adopt(&self, parent: u64, name: &Name, st: &libc::stat, count: bool) -> u64 {
         let ino = self.insert(parent, name.bytes(), st, count);
-        if st.st_mode & libc::S_IFMT == libc::S_IFDIR && self.watch_handles.load(Ordering::Relaxed)
-        {
-            let h = match self.root_at(parent, name.bytes()) {
-                Some(root) => sys::file_handle(root.as_fd()),
-                None => self
-                    .fd(parent)
-                    .and_then(|pfd| sys::file_handle_at(pfd.as_fd(), name)),
-            };
-            if let Ok(h) = h {
-                self.record_handle(ino, h);
-            }
+        if st.st_mode & libc::S_IFMT == libc::S_IFDIR && self.watching() {
+            self.record_dir(ino, parent, name);
         }
         ino
     }

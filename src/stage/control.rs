@@ -154,28 +154,20 @@ fn run(dir: &Path, live: Option<&dyn Live>, r: &Request, uid: u32) -> Result<Val
     }
 }
 
-/// Wires staging into the control socket's hooks when the mount stages into `dir`.
+/// Wires staging into the control socket's hooks when the mount stages into `dir` (the
+/// server runs both on its stage lane, one at a time).
 pub fn hook(hooks: &mut Hooks, dir: Option<&Path>, live: Option<Arc<dyn Live>>) {
     let Some(dir) = dir.map(Path::to_path_buf) else {
         return;
     };
     let d1: PathBuf = dir.clone();
-    hooks.stage = Some(Box::new(move |r, uid| answer(&d1, live.as_deref(), r, uid)));
-    let status = std::mem::replace(&mut hooks.status, Box::new(|| json!({})));
-    hooks.status = Box::new(move || {
-        let mut v = status();
-        let n = Area::open(&dir)
+    hooks.stage = Some(Arc::new(move |r, uid| answer(&d1, live.as_deref(), r, uid)));
+    hooks.staged = Some(Arc::new(move || {
+        Area::open(&dir)
             .and_then(|a| {
                 let st = view::staged(&a, None)?;
                 st.layers.changes().map_err(|e| e.to_string())
             })
-            .map(|c| c.len());
-        if let Value::Object(m) = &mut v {
-            m.insert(
-                "staged".into(),
-                n.map_or(Value::Null, |n| Value::from(n as u64)),
-            );
-        }
-        v
-    });
+            .map_or(Value::Null, |c| Value::from(c.len() as u64))
+    }));
 }

@@ -82,13 +82,17 @@ pub(in crate::app) fn build_state(
     let gids = IdMap::parse(&a.map_gid)?;
     let nofile = sys::raise_nofile_limit();
     sys::set_umask(0);
-    // Staging: the daemon serves the merged view (SOURCE with DIR's staged tree on top).
-    let root_fd = match &a.stage {
-        Some(dir) => crate::stage::start(dir, &src, &mnt, &root_fd)?,
-        None => root_fd,
+    // Staging: the daemon serves the merged view (SOURCE with DIR's staged tree on top);
+    // host changes are still watched on SOURCE itself.
+    let (root_fd, event_source) = match &a.stage {
+        Some(dir) => {
+            let merged = crate::stage::start(dir, &src, &mnt, &root_fd)?;
+            (merged, Some(root_fd))
+        }
+        None => (root_fd, None),
     };
     let roots = super::super::roots::build(a, &src, &mnt)?;
-    let fan = open_watch(a, &roots, root_fd.as_fd());
+    let fan = open_watch(a, &roots, event_source.as_ref().unwrap_or(&root_fd).as_fd());
     // Host changes arrive as events: names and attributes may be cached for long.
     let ttl = a.cache_ttl.unwrap_or(if fan.is_ok() {
         WATCHED_TTL
@@ -101,8 +105,11 @@ pub(in crate::app) fn build_state(
         // One root's flood of opens must not starve the others (host/budget.rs).
         handles.split();
     }
-    let inodes = Inodes::new(root_fd, fd_cap).map_err(|e| format!("source: {e}"))?;
+    let mut inodes = Inodes::new(root_fd, fd_cap).map_err(|e| format!("source: {e}"))?;
     inodes.set_roots(roots);
+    if let Some(source) = event_source {
+        inodes.set_event_source(source);
+    }
     let rules = policy.rules().len();
     let mode = policy.mode();
     let approvals = Approvals::new(crate::approvals::MAX_HELD, threads::ask_timeout(a))
@@ -144,13 +151,11 @@ pub(in crate::app) fn build_state(
     Ok((state, fan))
 }
 
-/// The fanotify descriptor on SOURCE and the other roots, or why host changes are not
-/// watched.
+/// The fanotify descriptor on SOURCE (`root`: SOURCE itself, also with staging) and the
+/// other roots, or why host changes are not watched.
 fn open_watch(a: &MountArgs, roots: &Roots, root: BorrowedFd<'_>) -> Result<OwnedFd, String> {
     if a.no_watch {
         Err("--no-watch".to_string())
-    } else if a.stage.is_some() {
-        Err("staging".to_string())
     } else {
         crate::watch::open(root)
             .and_then(|fan| super::super::roots::watch(&fan, roots, root).map(|()| fan))

@@ -18,8 +18,9 @@ use crate::host::sys;
 impl Inodes {
     /// Serves `root` (a new merged view of a staged mount) from now on. Every node but
     /// those `keep` names (files open now: they stay with the view they were opened in) is
-    /// marked loose: re-found at its path in the new view when next needed. Cached handles
-    /// are dropped. O(nodes known), no syscall under the table's lock but one `fstat`.
+    /// marked loose: re-found at its path in the new view when next needed. Cached `O_PATH`
+    /// handles are dropped; directories' file handles for host change events are SOURCE's
+    /// and stay. O(nodes known), no syscall under the table's lock but one `fstat`.
     /// Returns the names (parent, name) of the nodes kept: the kernel must look them up
     /// again to reach the new view.
     pub fn swap_root(
@@ -61,10 +62,7 @@ impl Inodes {
                 by_key.insert(n.key, id);
             }
             t.by_key = by_key;
-            t.by_handle.clear();
-            for n in t.nodes.values_mut() {
-                n.handle = None;
-            }
+            // Directories' handles are SOURCE's (`handles.rs`): the same in every view.
             self.root_dev.store(st.st_dev, Ordering::Relaxed);
             self.swapped.store(true, Ordering::Relaxed);
             *self.root_fd.lock() = Arc::new(root);
