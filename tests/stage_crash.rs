@@ -364,3 +364,80 @@ fn apply_client(sock: &Path) -> Child {
         .spawn()
         .unwrap()
 }
+
+/// The inode number of `p` (not following symlinks).
+fn ino(p: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    fs::symlink_metadata(p).unwrap().ino()
+}
+
+#[test]
+fn a_squash_of_one_checkpoint_renames_its_layer_and_a_crash_in_it_is_finished() {
+    let (mut m, dir) = staged("stage-squash-one", WRITE, staged_sample);
+    m.sh("set -e; mkdir -p made/in; echo m > made/in/m.txt; rm -rf gone; mv sub moved; echo x >> a.txt")
+        .assert_ok("a turn");
+    stop(&mut m);
+    offline(&dir, "checkpoint", &["-m", "turn"]).assert_ok("checkpoint");
+    let status = offline(&dir, "status", &[]).stdout;
+    assert!(status.contains("A made/"), "{status}");
+    let before = snapshot(&m.host(""));
+    let made = ino(&dir.join("layers/1/made/in"));
+    // The states a SIGKILL between the steps of such a squash leaves: (1) the intent
+    // written; (2) layers/1 renamed to next; (3) the old upper gone to the trash too.
+    let intent = serde_json::json!({"op":"squash","from":1}).to_string();
+    for step in 1..=3 {
+        let work = m.root().join(format!("squash{step}"));
+        let cp = Command::new("cp").arg("-a").arg(&dir).arg(&work).status();
+        assert!(cp.unwrap().success());
+        let _ = fs::remove_file(work.join("lock"));
+        fs::write(work.join("intent"), &intent).unwrap();
+        if step >= 2 {
+            fs::rename(work.join("layers/1"), work.join("next")).unwrap();
+        }
+        if step == 3 {
+            fs::create_dir(work.join("trash")).unwrap();
+            fs::rename(work.join("upper"), work.join("trash/upper.1.0")).unwrap();
+        }
+        let second = Second::start(&m, &work, &m.policy_path());
+        assert_eq!(
+            fs::read(second.mnt("made/in/m.txt")).unwrap(),
+            b"m\n",
+            "step {step}"
+        );
+        assert_eq!(
+            fs::read(second.mnt("moved/b.txt")).unwrap(),
+            b"bee\n",
+            "step {step}"
+        );
+        assert!(!second.mnt("gone").exists() && !second.mnt("sub").exists());
+        drop(second);
+        assert!(
+            !work.join("intent").exists(),
+            "step {step}: intent finished"
+        );
+        assert!(!work.join("layers/1").exists() && !work.join("trash").exists());
+        assert_eq!(offline(&work, "status", &[]).stdout, status, "step {step}");
+        let r = offline(&work, "rewind", &["1"]);
+        assert!(
+            r.stderr.contains("ended by an apply or discard"),
+            "step {step}: {}",
+            r.stderr
+        );
+    }
+    assert_host_unchanged(&before, &m.host(""), "squash crash states");
+    // The real one: the layer itself becomes the staged tree (a flatten would have made
+    // its directories anew), then apply makes SOURCE the merged view.
+    let d = offline(&dir, "discard", &["no-such-path"]);
+    assert!(d.stdout.contains("refused no-such-path"), "{}", d.stdout);
+    assert_eq!(
+        ino(&dir.join("upper/made/in")),
+        made,
+        "squashed by a rename"
+    );
+    assert!(!dir.join("layers/1").exists());
+    offline(&dir, "apply", &[]).assert_ok("apply");
+    assert_eq!(fs::read(m.host("made/in/m.txt")).unwrap(), b"m\n");
+    assert_eq!(fs::read(m.host("a.txt")).unwrap(), b"one\ntwo\nthree\nx\n");
+    assert!(!m.host("sub").exists() && !m.host("gone").exists());
+    assert_eq!(offline(&dir, "status", &[]).stdout, "");
+}

@@ -84,8 +84,8 @@ pub fn apply(l: &Layers, list: &[Change], force: bool, dir: &Path) -> Report {
             }
         })
     });
-    let refused_renames: Vec<&Change> = Vec::new();
-    let mut refused_renames = refused_renames;
+    // Renames refused: what lies below them stays staged too.
+    let mut refused_renames: Vec<&Change> = Vec::new();
     // Renames applied so far (SOURCE path, new path): a rename inside a renamed directory
     // names its SOURCE path as it was before the outer one.
     let mut moved: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
