@@ -28,6 +28,7 @@ use super::changes::{Change, Kind, Layers};
 use super::cli::status_line;
 use super::diff::quote;
 use super::intent;
+use super::sys::file;
 use super::tree::{Layer, Node, depth_of, depth_ok, kind, split};
 use crate::host::sys::{self, Name, SetTime};
 
@@ -404,15 +405,7 @@ fn copy_entry(l: &Layers, u: &Node, dir: BorrowedFd<'_>, t: &Name, depth: usize)
     match kind(&u.st) {
         libc::S_IFREG => {
             let src = sys::reopen(l.upper.proc_fd.as_fd(), u.fd.as_fd(), libc::O_RDONLY)?;
-            let dst = sys::openat(
-                dir,
-                t,
-                libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW,
-                0o600,
-            )?;
-            copy_bytes(src.as_fd(), dst.as_fd(), u.st.st_size as u64)?;
-            let node = sys::open_path(dir, t)?;
-            set_meta(&l.upper, u, &l.lower, node.as_fd(), Some(mode), true)
+            copy_file(src.as_fd(), &u.st, dir, t)
         }
         libc::S_IFLNK => {
             let target = sys::readlink_fd(u.fd.as_fd())?;
@@ -430,13 +423,21 @@ fn copy_entry(l: &Layers, u: &Node, dir: BorrowedFd<'_>, t: &Name, depth: usize)
             sys::mkdirat(dir, t, 0o700)?;
             let d = sys::open_path(dir, t)?;
             for child in l.upper.list(u)? {
+                let cname = name(&child)?;
+                // A regular file (most of a new tree) is copied through descriptors.
+                if let Some((src, st)) = open_regular(u.fd.as_fd(), &cname)? {
+                    if !(st.st_size == 0 && file::get(src.as_fd(), WHITEOUT).is_ok()) {
+                        copy_file(src.as_fd(), &st, d.as_fd(), &cname)?;
+                    }
+                    continue;
+                }
                 let Some(cn) = l.upper.child(u, &child)? else {
                     continue;
                 };
                 if l.upper.is_whiteout(&cn) {
                     continue;
                 }
-                copy_entry(l, &cn, d.as_fd(), &name(&child)?, depth + 1)?;
+                copy_entry(l, &cn, d.as_fd(), &cname, depth + 1)?;
             }
             set_meta(&l.upper, u, &l.lower, d.as_fd(), Some(mode), true)
         }
@@ -445,6 +446,67 @@ fn copy_entry(l: &Layers, u: &Node, dir: BorrowedFd<'_>, t: &Name, depth: usize)
             sys::fchownat_nofollow(dir, t, u.st.st_uid, u.st.st_gid)
         }
     }
+}
+
+const WHITEOUT: &[u8] = b"trusted.overlay.whiteout";
+
+/// The staged `dir/n` opened for reading when it is a regular file (`None` otherwise or
+/// when gone: the caller looks again); never follows a symlink, never opens a device.
+fn open_regular(dir: BorrowedFd<'_>, n: &Name) -> io::Result<Option<(OwnedFd, libc::stat)>> {
+    let st = match sys::fstatat_nofollow(dir, n) {
+        Ok(st) if kind(&st) == libc::S_IFREG => st,
+        Ok(_) => return Ok(None),
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let fd = sys::openat(dir, n, libc::O_RDONLY, 0)?;
+    let now = sys::fstat(fd.as_fd())?;
+    if kind(&now) != libc::S_IFREG || (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino) {
+        return Ok(None);
+    }
+    Ok(Some((fd, now)))
+}
+
+/// Copies the staged regular file `src` (stat `st`) to a new `dir/t`: its bytes, owner,
+/// mode (after chown, which clears set-ID bits), xattrs but overlayfs's own, and times;
+/// all through the two descriptors.
+fn copy_file(
+    src: BorrowedFd<'_>,
+    st: &libc::stat,
+    dir: BorrowedFd<'_>,
+    t: &Name,
+) -> io::Result<()> {
+    let dst = sys::openat(
+        dir,
+        t,
+        libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW,
+        0o600,
+    )?;
+    copy_bytes(src, dst.as_fd(), st.st_size as u64)?;
+    sys::fchown_fd(dst.as_fd(), st.st_uid, st.st_gid)?;
+    file::fchmod(dst.as_fd(), st.st_mode & 0o7777)?;
+    let names = |fd| -> io::Result<Vec<Vec<u8>>> {
+        Ok(file::list(fd)?
+            .split(|&b| b == 0)
+            .filter(|k| !k.is_empty() && !k.starts_with(super::tree::OVL))
+            .map(<[u8]>::to_vec)
+            .collect())
+    };
+    let want = names(src)?;
+    // A new file may have inherited some (a default ACL): those the staged one lacks go.
+    for k in names(dst.as_fd())? {
+        if !want.contains(&k) {
+            file::remove(dst.as_fd(), &k)?;
+        }
+    }
+    for k in &want {
+        file::set(dst.as_fd(), k, &file::get(src, k)?)?;
+    }
+    file::futimens(
+        dst.as_fd(),
+        (st.st_atime, st.st_atime_nsec),
+        (st.st_mtime, st.st_mtime_nsec),
+    )
 }
 
 /// Copies `size` bytes: `copy_file_range` (a clone or in-kernel copy) where the two file
