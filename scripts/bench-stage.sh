@@ -8,20 +8,30 @@
 # changed paths, `stage checkpoint` of them (it counts them for the log, then seals),
 # `stage status` again (now flattening the checkpoint's layer), and (unmounted)
 # `fencefs stage apply` of them (squashing the checkpoint first) against `cp -a` of the
-# same files followed by `sync`. Medians of --runs.
-# Usage: scripts/bench-stage.sh [--files N] [--runs R] [--bin PATH]
+# same files followed by `sync`. The agent rows, staged vs unstaged in the same round:
+# `python3 -m venv` + `pip install` of a local wheel of 300 modules (built here, no
+# network), `git clone --no-hardlinks` of a bare copy of this repository, and sqlite WAL
+# (--sql one-row commits, `PRAGMA journal_mode=WAL`). Copy-up (staged only): the first
+# append to a --big MiB SOURCE file through the mount, then `sync`, against `cp` of it
+# and `sync` on the host (the file and the copies are deleted with the rest).
+# Medians of --runs.
+# Usage: scripts/bench-stage.sh [--files N] [--runs R] [--sql K] [--big MiB] [--bin PATH]
 # Needs root (the staged mount uses kernel overlayfs). Leaves nothing mounted: every mount
 # it makes is unmounted on exit, and it kills only the daemons it started (by pid).
 set -euo pipefail
 N=2000
 RUNS=3
+SQL=3000
+BIG=1024
 BIN=${BIN:-target/release/fencefs}
 while [ $# -gt 0 ]; do
   case "$1" in
     --files) N=$2; shift 2 ;;
     --runs) RUNS=$2; shift 2 ;;
+    --sql) SQL=$2; shift 2 ;;
+    --big) BIG=$2; shift 2 ;;
     --bin) BIN=$2; shift 2 ;;
-    *) echo "usage: $0 [--files N] [--runs R] [--bin PATH]" >&2; exit 2 ;;
+    *) echo "usage: $0 [--files N] [--runs R] [--sql K] [--big MiB] [--bin PATH]" >&2; exit 2 ;;
   esac
 done
 BIN=$(realpath "$BIN")
@@ -45,12 +55,48 @@ for i in range(n):
         f.write("x" * 100)
 EOF
 tar cf "$W/t.tar" -C "$W/tarsrc" t
+# A local wheel (pip installs it with --no-index: no network).
+/usr/bin/python3 - "$W/wheels" <<'PY'
+import os, sys, zipfile, hashlib, base64
+d = sys.argv[1]; os.makedirs(d)
+files = {f"benchpkg/m{i}.py": f"X = {i}\n" + "# padding\n" * 200 for i in range(300)}
+files["benchpkg/__init__.py"] = "VERSION = '1.0'\n"
+info = "benchpkg-1.0.dist-info"
+files[f"{info}/METADATA"] = "Metadata-Version: 2.1\nName: benchpkg\nVersion: 1.0\n"
+files[f"{info}/WHEEL"] = "Wheel-Version: 1.0\nGenerator: bench\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+def rec(b):
+    h = base64.urlsafe_b64encode(hashlib.sha256(b).digest()).rstrip(b"=").decode()
+    return f"sha256={h},{len(b)}"
+record = "".join(f"{k},{rec(v.encode())}\n" for k, v in files.items()) + f"{info}/RECORD,,\n"
+with zipfile.ZipFile(os.path.join(d, "benchpkg-1.0-py3-none-any.whl"), "w") as z:
+    for k, v in files.items():
+        z.writestr(k, v)
+    z.writestr(f"{info}/RECORD", record)
+PY
+git clone -q --bare --no-hardlinks "$(git rev-parse --show-toplevel)" "$W/origin.git"
+cat > "$W/wal.py" <<'PY'
+import sqlite3, sys
+c = sqlite3.connect(sys.argv[1], isolation_level=None)
+c.execute("PRAGMA journal_mode=WAL")
+c.execute("CREATE TABLE t (k INTEGER PRIMARY KEY, v TEXT)")
+for i in range(int(sys.argv[2])):
+    c.execute("INSERT INTO t (v) VALUES (?)", ("x" * 64,))
+c.close()
+PY
 now() { date +%s.%N; }
 t() { local s; s=$(now); "$@" >/dev/null 2>&1; echo "$(now) - $s" | bc; }
+# CPU seconds (user + system) of a command and its children: steadier than wall time on
+# a shared machine. Prints the wall time, records the CPU time in R[$1,$2].
+tc() {
+  local k=$1 s; shift; s=$(now)
+  /usr/bin/time -f '%U %S' -o "$W/cpu" "$@" >/dev/null 2>&1
+  R[$k]+=" $(awk '{print $1 + $2}' "$W/cpu")"; echo "$(now) - $s" | bc
+}
 declare -A R
 one() { # $1 = label, $2 = extra args
   local d="$W/$1" ; rm -rf "$d"; mkdir -p "$d/src" "$d/mnt"
   cp -a "$W/tarsrc/t" "$d/src/repo"
+  if [ -n "$2" ]; then dd if=/dev/zero of="$d/src/big" bs=1M count="$BIG" status=none; sync; fi
   (cd "$d/src/repo" && git init -q && git add -A && git -c user.name=b -c user.email=b@b commit -qm x)
   "$BIN" mount -p "$W/policy.toml" $2 "$d/src" "$d/mnt" 2>"$d/log" &
   PIDS+=($!); local pid=$!
@@ -64,28 +110,46 @@ for i in range($N):
   R[$1,untar]+=" $(t tar xf "$W/t.tar" -C "$d/mnt/c")"
   R[$1,rmrf]+=" $(t rm -rf "$d/mnt/c/t")"
   R[$1,gitstatus]+=" $(t git -C "$d/mnt/repo" status)"
+  R[$1,pip]+=" $(t sh -c "/usr/bin/python3 -m venv '$d/mnt/v' && '$d/mnt/v/bin/pip' install -q --no-index --find-links '$W/wheels' benchpkg")"
+  "$d/mnt/v/bin/python" -c 'import benchpkg.m299' || { echo "pip install failed ($1)" >&2; exit 1; }
+  R[$1,clone]+=" $(t git clone -q --no-hardlinks "$W/origin.git" "$d/mnt/clone")"
+  git -C "$d/mnt/clone" log --oneline -1 >/dev/null || { echo "git clone failed ($1)" >&2; exit 1; }
+  R[$1,sqlite]+=" $(t /usr/bin/python3 "$W/wal.py" "$d/mnt/wal.db" "$SQL")"
   if [ -n "$2" ]; then
     tar xf "$W/t.tar" -C "$d/mnt/c"
     R[$1,status]+=" $(t "$BIN" stage status "$d/ctl.sock")"
     R[$1,checkpoint]+=" $(t "$BIN" stage checkpoint "$d/ctl.sock")"
     R[$1,status1]+=" $(t "$BIN" stage status "$d/ctl.sock")"
+    R[$1,copyup]+=" $(t sh -c "echo x >> '$d/mnt/big' && sync")"
   fi
   kill "$pid"; wait "$pid" || true
   if [ -n "$2" ]; then
     sync
-    R[$1,cpa]+=" $(t sh -c "cp -a '$d/stage/layers/1/c' '$d/cp-copy' && sync")"
-    R[$1,apply]+=" $(t "$BIN" stage apply --dir "$d/stage")"
+    tc "$1,cpacpu" sh -c "cp -a '$d/stage/layers/1/c' '$d/cp-copy' && sync" >"$W/wall"
+    R[$1,cpa]+=" $(cat "$W/wall")"
+    tc "$1,applycpu" "$BIN" stage apply --dir "$d/stage" >"$W/wall"
+    R[$1,apply]+=" $(cat "$W/wall")"
+    R[$1,cpbig]+=" $(t sh -c "cp '$d/src/big' '$d/big-copy' && sync")"
+    rm -f "$d/src/big" "$d/big-copy"
   fi
 }
 med() { tr ' ' '\n' <<<"$1" | grep . | sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
 for _ in $(seq "$RUNS"); do one plain ""; one staged "--stage $W/staged/stage --control $W/staged/ctl.sock"; done
 printf '%-28s %10s %10s %7s\n' workload unstaged staged ratio
-for w in create untar rmrf gitstatus; do
+for w in create untar rmrf gitstatus pip clone sqlite; do
   a=$(med "${R[plain,$w]}"); b=$(med "${R[staged,$w]}")
-  printf '%-28s %10.3f %10.3f %6.2fx\n' "$w ($N files)" "$a" "$b" "$(echo "$b / $a" | bc -l)"
+  case $w in
+    pip) label="venv + pip (301 files)" ;; clone) label="git clone (this repo)" ;;
+    sqlite) label="sqlite WAL ($SQL commits)" ;; *) label="$w ($N files)" ;;
+  esac
+  printf '%-28s %10.3f %10.3f %6.2fx\n' "$label" "$a" "$b" "$(echo "$b / $a" | bc -l)"
 done
 printf '%-28s %10s %10.3f\n' "stage status ($((N * 2)) paths)" - "$(med "${R[staged,status]}")"
 printf '%-28s %10s %10.3f\n' "stage checkpoint ($((N * 2)))" - "$(med "${R[staged,checkpoint]}")"
 printf '%-28s %10s %10.3f\n' "status, 1 checkpoint" - "$(med "${R[staged,status1]}")"
 a=$(med "${R[staged,cpa]}"); b=$(med "${R[staged,apply]}")
 printf '%-28s %10.3f %10.3f %6.2fx\n' "apply vs cp -a ($((N * 2)))" "$a" "$b" "$(echo "$b / $a" | bc -l)"
+a=$(med "${R[staged,cpacpu]}"); b=$(med "${R[staged,applycpu]}")
+printf '%-28s %10.3f %10.3f %6.2fx\n' "  the same, CPU s" "$a" "$b" "$(echo "$b / $a" | bc -l)"
+a=$(med "${R[staged,cpbig]}"); b=$(med "${R[staged,copyup]}")
+printf '%-28s %10.3f %10.3f %6.2fx\n' "copy-up vs cp ($BIG MiB)" "$a" "$b" "$(echo "$b / $a" | bc -l)"

@@ -1,29 +1,40 @@
-//! `stage apply` and `stage discard` on a staging area no daemon serves.
+//! `stage apply` on a staging area no daemon serves (or whose daemon is quiesced).
 //!
 //! Apply carries each change into SOURCE, then unstages it (removes its staged entry), in
 //! an order that never loses data: renamed directories first (a rename is applied whole),
 //! then additions and modifications, deletions last. Every file is written beside its
-//! destination (`.NAME.fencefs-apply`), given the staged mode, owner, xattrs and times,
-//! synced, and renamed over it; a new directory is built whole under a temporary name and
-//! renamed into place; the SOURCE directory is synced before the staged entry goes. So a
-//! crash leaves each path applied (its staged entry then equals SOURCE: no change) or
-//! still staged, never a half-written file in SOURCE.
+//! destination (`.NAME.fencefs-apply-PID`) with the staged mode, owner, xattrs and times,
+//! and renamed over it; a new directory is built whole under a temporary name and renamed
+//! into place. Durability is batched, [`BATCH`] paths at a time: every temporary entry of
+//! the batch is written, then one `syncfs` of SOURCE's file system makes them durable,
+//! then the renames, then a second `syncfs` (the renames), and only then are the staged
+//! entries dropped (one `syncfs` of DIR's file system). Before the first temporary entry
+//! exists, the intent log ([`super::intent`]) names every path; recovery removes what a
+//! crash left beside them. So a crash (SIGKILL, or power loss on a file system that keeps
+//! `syncfs` order) leaves each path applied (its staged entry then equals SOURCE: no
+//! change) or still staged, never a half-written file or a temporary entry in SOURCE.
 //!
 //! Invariants: SOURCE is reached only through directory handles walked without following
 //! symlinks (a path whose SOURCE parent is not a directory is refused and stays staged);
 //! a conflict is refused unless `force`; a staged entry under an opaque directory is kept
-//! after apply (removing it would un-hide what the directory hides); discard refuses a
-//! path it cannot drop alone (inside an opaque or renamed directory) and names the
-//! directory to discard instead.
+//! after apply (removing it would un-hide what the directory hides); a refused path leaves
+//! no temporary entry behind; at most [`BATCH`] directory handles are held at once.
 
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::path::Path;
 
 use super::changes::{Change, Kind, Layers};
 use super::cli::status_line;
 use super::diff::quote;
+use super::intent;
+use super::sys::file;
 use super::tree::{Layer, Node, depth_of, depth_ok, kind, split};
 use crate::host::sys::{self, Name, SetTime};
+
+/// Paths written (or deleted) between two `syncfs` of SOURCE: bounds the directory
+/// handles held and the temporary entries in flight.
+pub const BATCH: usize = 1024;
 
 /// What apply or discard did, as printed lines.
 #[derive(Default)]
@@ -46,9 +57,23 @@ fn rank(c: &Change) -> u8 {
     }
 }
 
-/// Applies `list` (changes of `l`) to SOURCE.
-pub fn apply(l: &Layers, list: &[Change], force: bool) -> Report {
-    let mut r = Report::default();
+/// The result lines of an apply, in the order the changes were taken.
+struct Lines {
+    lines: Vec<(String, bool)>,
+}
+
+impl Lines {
+    fn applied(&mut self, line: &str) {
+        self.lines.push((format!("applied {line}"), false));
+    }
+    fn refused(&mut self, line: &str, why: impl std::fmt::Display) {
+        self.lines.push((format!("refused {line}: {why}"), true));
+    }
+}
+
+/// Applies `list` (changes of `l`) to SOURCE; `dir` is the staging area (its intent log).
+pub fn apply(l: &Layers, list: &[Change], force: bool, dir: &Path) -> Report {
+    let mut out = Lines { lines: Vec::new() };
     let mut order: Vec<&Change> = list.iter().collect();
     // Renames shallowest first; deletions deepest first.
     order.sort_by(|a, b| {
@@ -60,69 +85,80 @@ pub fn apply(l: &Layers, list: &[Change], force: bool) -> Report {
             }
         })
     });
-    let renamed_refused = |c: &Change, r: &Report| {
-        r.lines.iter().any(|line| {
-            line.starts_with("refused R")
-                && list.iter().any(|x| {
-                    matches!(x.kind, Kind::Renamed { .. })
-                        && c.path.starts_with(&x.path)
-                        && c.path.get(x.path.len()) == Some(&b'/')
-                        && line.contains(&status_line(x))
-                })
-        })
-    };
+    // Renames refused: what lies below them stays staged too.
+    let mut refused_renames: Vec<&Change> = Vec::new();
     // Renames applied so far (SOURCE path, new path): a rename inside a renamed directory
     // names its SOURCE path as it was before the outer one.
     let mut moved: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
+    let mut rest: Vec<Change> = Vec::new();
     for c in order {
         let line = status_line(c);
-        let rewritten;
-        let c = match &c.kind {
-            Kind::Renamed { from } => match moved
-                .iter()
-                .find(|(f, _)| from.starts_with(f) && from.get(f.len()) == Some(&b'/'))
-            {
-                Some((f, t)) => {
-                    let mut nf = t.clone();
-                    nf.extend_from_slice(&from[f.len()..]);
-                    rewritten = Change {
-                        kind: Kind::Renamed { from: nf },
-                        ..c.clone()
-                    };
-                    &rewritten
-                }
-                None => c,
-            },
-            _ => c,
-        };
         if c.conflict && !force {
-            r.lines.push(format!(
-                "refused {line}: conflict (SOURCE changed after it was staged; --force applies the staged version)"
-            ));
-            r.refused += 1;
+            out.refused(
+                &line,
+                "conflict (SOURCE changed after it was staged; --force applies the staged version)",
+            );
+            if matches!(c.kind, Kind::Renamed { .. }) {
+                refused_renames.push(c);
+            }
             continue;
         }
-        if renamed_refused(c, &r) {
-            r.lines.push(format!(
-                "refused {line}: its directory's rename was refused"
-            ));
-            r.refused += 1;
+        if refused_renames
+            .iter()
+            .any(|x| c.path.starts_with(&x.path) && c.path.get(x.path.len()) == Some(&b'/'))
+        {
+            out.refused(&line, "its directory's rename was refused");
             continue;
         }
-        match apply_one(l, c) {
+        let Kind::Renamed { from } = &c.kind else {
+            rest.push(c.clone());
+            continue;
+        };
+        let from = match moved
+            .iter()
+            .find(|(f, _)| from.starts_with(f) && from.get(f.len()) == Some(&b'/'))
+        {
+            Some((f, t)) => [t.as_slice(), &from[f.len()..]].concat(),
+            None => from.clone(),
+        };
+        match rename_one(l, c, &from) {
             Ok(()) => {
-                if let Kind::Renamed { from } = &c.kind {
-                    moved.push((from.clone(), c.path.clone()));
-                }
-                r.lines.push(format!("applied {line}"))
+                moved.push((from, c.path.clone()));
+                out.applied(&line);
             }
             Err(e) => {
-                r.lines.push(format!("refused {line}: {e}"));
-                r.refused += 1;
+                out.refused(&line, e);
+                refused_renames.push(c);
             }
         }
     }
-    r
+    if !rest.is_empty() {
+        let paths: Vec<&[u8]> = rest.iter().map(|c| c.path.as_slice()).collect();
+        match intent::write(dir, &paths) {
+            Ok(()) => {
+                let (dels, writes): (Vec<&Change>, Vec<&Change>) =
+                    rest.iter().partition(|c| c.kind == Kind::Deleted);
+                for chunk in writes.chunks(BATCH) {
+                    write_batch(l, chunk, &mut out);
+                }
+                for chunk in dels.chunks(BATCH) {
+                    delete_batch(l, chunk, &mut out);
+                }
+                if let Err(e) = intent::clear(dir) {
+                    out.lines.push((format!("refused: {e}"), true));
+                }
+            }
+            Err(e) => {
+                for c in &rest {
+                    out.refused(&status_line(c), &e);
+                }
+            }
+        }
+    }
+    Report {
+        refused: out.lines.iter().filter(|(_, r)| *r).count(),
+        lines: out.lines.into_iter().map(|(s, _)| s).collect(),
+    }
 }
 
 /// The SOURCE directory `path`, walked without following symlinks.
@@ -141,13 +177,10 @@ fn name(n: &[u8]) -> io::Result<Name> {
 }
 
 fn tmp_name(n: &[u8], what: &str) -> io::Result<Name> {
-    let mut t = b".".to_vec();
-    t.extend_from_slice(&n[..n.len().min(200)]);
-    t.extend_from_slice(format!(".fencefs-{what}-{}", std::process::id()).as_bytes());
-    name(&t)
+    intent::tmp_name(n, what, std::process::id())
 }
 
-fn sync_dir(layer: &Layer, fd: BorrowedFd<'_>) -> io::Result<()> {
+pub(super) fn sync_dir(layer: &Layer, fd: BorrowedFd<'_>) -> io::Result<()> {
     let f = sys::reopen(
         layer.proc_fd.as_fd(),
         fd,
@@ -156,83 +189,202 @@ fn sync_dir(layer: &Layer, fd: BorrowedFd<'_>) -> io::Result<()> {
     sys::fsync(f.as_fd(), false)
 }
 
-fn apply_one(l: &Layers, c: &Change) -> io::Result<()> {
+/// One `syncfs` of the file system holding `layer`.
+fn sync_fs(layer: &Layer) -> io::Result<()> {
+    let f = sys::reopen(
+        layer.proc_fd.as_fd(),
+        layer.root.as_fd(),
+        libc::O_RDONLY | libc::O_DIRECTORY,
+    )?;
+    super::sys::syncfs(f.as_fd())
+}
+
+/// A renamed directory (`from`: its SOURCE path now): moved whole, synced at once.
+fn rename_one(l: &Layers, c: &Change, from: &[u8]) -> io::Result<()> {
     let (parent, last) = split(&c.path);
-    match &c.kind {
-        Kind::Renamed { from } => {
-            let (fp, fl) = split(from);
-            let src = lower_dir(l, fp)?;
-            let dst = lower_dir(l, parent)?;
-            sys::renameat2(
-                src.as_fd(),
-                &name(fl)?,
-                dst.as_fd(),
-                &name(last)?,
-                libc::RENAME_NOREPLACE,
-            )?;
-            sync_dir(&l.lower, dst.as_fd())?;
-            sync_dir(&l.lower, src.as_fd())?;
-            // The staged directory now sits over its own SOURCE path: no redirect, and
-            // the whiteout over the old name goes.
-            if let Some(u) = l.upper.get(&c.path)? {
-                let _ = sys::removexattr_fd(u.fd.as_fd(), b"trusted.overlay.redirect");
-            }
-            unstage_path(l, from)?;
-            Ok(())
-        }
-        Kind::Deleted => {
-            let dir = lower_dir(l, parent)?;
-            let n = name(last)?;
-            if let Some(ln) = l.lower.child(&Node::from_fd(&dir)?, last)? {
-                if kind(&ln.st) == libc::S_IFDIR {
-                    // Renamed away first, so the name goes at once; then emptied.
-                    let t = tmp_name(last, "delete")?;
-                    sys::renameat2(dir.as_fd(), &n, dir.as_fd(), &t, libc::RENAME_NOREPLACE)?;
-                    sync_dir(&l.lower, dir.as_fd())?;
-                    remove_tree(&l.lower, dir.as_fd(), &t)?;
-                } else {
-                    sys::unlinkat(dir.as_fd(), &n, 0)?;
-                }
-                sync_dir(&l.lower, dir.as_fd())?;
-            }
-            if !c.under_opaque {
-                unstage_path(l, &c.path)?;
-            }
-            Ok(())
-        }
-        Kind::Metadata if c.dir => {
-            let u = l.upper.get(&c.path)?.ok_or_else(einval)?;
-            let low = l.lower.dir(&c.path)?.ok_or_else(einval)?;
-            set_meta(&l.upper, &u, &l.lower, low.fd.as_fd(), None, false)
-        }
-        _ => {
-            let u = l.upper.get(&c.path)?.ok_or_else(einval)?;
-            let dir = lower_dir(l, parent)?;
-            let n = name(last)?;
-            let t = tmp_name(last, "apply")?;
-            copy_entry(l, &u, dir.as_fd(), &t, (true, depth_of(&c.path)))?;
-            // What is in the way of a type change (a directory for a file, or a file for a
-            // directory: rename(2) replaces neither) is swapped out atomically with
-            // RENAME_EXCHANGE (the name never goes missing), then removed.
-            let old = l.lower.child(&Node::from_fd(&dir)?, last)?;
-            let new_dir = kind(&u.st) == libc::S_IFDIR;
-            match old {
-                Some(o) if (kind(&o.st) == libc::S_IFDIR) != new_dir => {
-                    sys::renameat2(dir.as_fd(), &t, dir.as_fd(), &n, libc::RENAME_EXCHANGE)?;
-                    sync_dir(&l.lower, dir.as_fd())?;
-                    remove_tree(&l.lower, dir.as_fd(), &t)?;
-                }
-                _ => {
-                    sys::renameat2(dir.as_fd(), &t, dir.as_fd(), &n, 0)?;
-                }
-            }
-            sync_dir(&l.lower, dir.as_fd())?;
-            if !c.under_opaque {
-                unstage_path(l, &c.path)?;
-            }
-            Ok(())
+    let (fp, fl) = split(from);
+    let src = lower_dir(l, fp)?;
+    let dst = lower_dir(l, parent)?;
+    sys::renameat2(
+        src.as_fd(),
+        &name(fl)?,
+        dst.as_fd(),
+        &name(last)?,
+        libc::RENAME_NOREPLACE,
+    )?;
+    sync_dir(&l.lower, dst.as_fd())?;
+    sync_dir(&l.lower, src.as_fd())?;
+    // The staged directory now sits over its own SOURCE path: no redirect, and the
+    // whiteout over the old name goes.
+    if let Some(u) = l.upper.get(&c.path)? {
+        let _ = sys::removexattr_fd(u.fd.as_fd(), b"trusted.overlay.redirect");
+    }
+    unstage_path(l, from)
+}
+
+/// A change of a batch, its SOURCE side done or prepared.
+struct Ready<'a> {
+    c: &'a Change,
+    dir: OwnedFd,
+    /// The temporary entry to rename over the path (`None`: done in place).
+    tmp: Option<Name>,
+}
+
+/// Writes every change of `chunk` beside its destination, one `syncfs`, renames them
+/// over their destinations, one `syncfs`, then drops their staged entries.
+fn write_batch(l: &Layers, chunk: &[&Change], out: &mut Lines) {
+    let mut ready = Vec::new();
+    for &c in chunk {
+        match prepare(l, c) {
+            Ok(r) => ready.push(r),
+            Err(e) => out.refused(&status_line(c), e),
         }
     }
+    if let Err(e) = sync_fs(&l.lower) {
+        for r in ready {
+            drop_tmp(l, &r);
+            out.refused(&status_line(r.c), format!("syncfs of SOURCE: {e}"));
+        }
+        return;
+    }
+    let mut placed = Vec::new();
+    for r in ready {
+        match place(l, &r) {
+            Ok(()) => placed.push(r),
+            Err(e) => {
+                drop_tmp(l, &r);
+                out.refused(&status_line(r.c), e);
+            }
+        }
+    }
+    finish(l, placed.iter().map(|r| r.c), out);
+}
+
+/// After the batch's SOURCE changes: one `syncfs` of SOURCE (they are durable), then each
+/// staged entry dropped, then one `syncfs` of DIR.
+fn finish<'a>(l: &Layers, done: impl Iterator<Item = &'a Change>, out: &mut Lines) {
+    let done: Vec<&Change> = done.collect();
+    if done.is_empty() {
+        return;
+    }
+    if let Err(e) = sync_fs(&l.lower) {
+        for c in done {
+            out.refused(&status_line(c), format!("syncfs of SOURCE: {e}"));
+        }
+        return;
+    }
+    let mut dropped = Vec::new();
+    for c in done {
+        match if c.under_opaque || (c.kind == Kind::Metadata && c.dir) {
+            Ok(())
+        } else {
+            drop_staged(l, &c.path)
+        } {
+            Ok(()) => dropped.push(c),
+            Err(e) => out.refused(&status_line(c), format!("unstaging: {e}")),
+        }
+    }
+    if let Err(e) = sync_fs(&l.upper) {
+        // Applied either way: SOURCE holds them, and a staged entry a crash brings back
+        // equals SOURCE (no change).
+        log::warn!("stage apply: syncfs of DIR: {e}");
+    }
+    for c in dropped {
+        out.applied(&status_line(c));
+    }
+}
+
+/// The SOURCE side of a write: a directory's metadata set in place, else the staged entry
+/// copied whole to its temporary name (removed again if that fails).
+fn prepare<'a>(l: &Layers, c: &'a Change) -> io::Result<Ready<'a>> {
+    let (parent, last) = split(&c.path);
+    let u = l.upper.get(&c.path)?.ok_or_else(einval)?;
+    if c.kind == Kind::Metadata && c.dir {
+        let low = l.lower.dir(&c.path)?.ok_or_else(einval)?;
+        set_meta(&l.upper, &u, &l.lower, low.fd.as_fd(), None, false)?;
+        return Ok(Ready {
+            c,
+            dir: low.fd,
+            tmp: None,
+        });
+    }
+    let dir = lower_dir(l, parent)?;
+    let t = tmp_name(last, "apply")?;
+    if let Err(e) = copy_entry(l, &u, dir.as_fd(), &t, depth_of(&c.path)) {
+        remove_tmp(l, dir.as_fd(), &t);
+        return Err(e);
+    }
+    Ok(Ready {
+        c,
+        dir,
+        tmp: Some(t),
+    })
+}
+
+/// Removes a temporary entry a failed step left (best effort: the intent log names it
+/// for recovery otherwise).
+fn remove_tmp(l: &Layers, dir: BorrowedFd<'_>, t: &Name) {
+    if sys::fstatat_nofollow(dir, t).is_ok()
+        && let Err(e) = remove_tree(&l.lower, dir, t)
+    {
+        log::warn!("stage apply: removing a temporary entry: {e}");
+    }
+}
+
+fn drop_tmp(l: &Layers, r: &Ready<'_>) {
+    if let Some(t) = &r.tmp {
+        remove_tmp(l, r.dir.as_fd(), t);
+    }
+}
+
+/// Renames a prepared temporary entry over its destination. What is in the way of a
+/// type change (a directory for a file, or a file for a directory: rename(2) replaces
+/// neither) is swapped out atomically with RENAME_EXCHANGE (the name never goes
+/// missing), then removed.
+fn place(l: &Layers, r: &Ready<'_>) -> io::Result<()> {
+    let Some(t) = &r.tmp else {
+        return Ok(());
+    };
+    let last = split(&r.c.path).1;
+    let n = name(last)?;
+    let old = l.lower.child(&Node::from_fd(&r.dir)?, last)?;
+    let new_dir = kind(&sys::fstatat_nofollow(r.dir.as_fd(), t)?) == libc::S_IFDIR;
+    match old {
+        Some(o) if (kind(&o.st) == libc::S_IFDIR) != new_dir => {
+            sys::renameat2(r.dir.as_fd(), t, r.dir.as_fd(), &n, libc::RENAME_EXCHANGE)?;
+            remove_tree(&l.lower, r.dir.as_fd(), t)
+        }
+        _ => sys::renameat2(r.dir.as_fd(), t, r.dir.as_fd(), &n, 0),
+    }
+}
+
+/// Deletes every change of `chunk` from SOURCE (a directory renamed away first, so its
+/// name goes at once, then emptied), then [`finish`].
+fn delete_batch(l: &Layers, chunk: &[&Change], out: &mut Lines) {
+    let mut done = Vec::new();
+    for &c in chunk {
+        match delete_one(l, c) {
+            Ok(()) => done.push(c),
+            Err(e) => out.refused(&status_line(c), e),
+        }
+    }
+    finish(l, done.into_iter(), out);
+}
+
+fn delete_one(l: &Layers, c: &Change) -> io::Result<()> {
+    let (parent, last) = split(&c.path);
+    let dir = lower_dir(l, parent)?;
+    let n = name(last)?;
+    if let Some(ln) = l.lower.child(&Node::from_fd(&dir)?, last)? {
+        if kind(&ln.st) == libc::S_IFDIR {
+            let t = tmp_name(last, "delete")?;
+            sys::renameat2(dir.as_fd(), &n, dir.as_fd(), &t, libc::RENAME_NOREPLACE)?;
+            remove_tree(&l.lower, dir.as_fd(), &t)?;
+        } else {
+            sys::unlinkat(dir.as_fd(), &n, 0)?;
+        }
+    }
+    Ok(())
 }
 
 impl Node {
@@ -245,34 +397,15 @@ impl Node {
 }
 
 /// Copies the staged entry `u` (a whole tree for a directory) to `dir/t` in SOURCE, with
-/// its mode, owner, xattrs and times. `top` (the entry to be renamed into place) is
-/// synced: a file with fsync, a directory tree with one syncfs once it is complete (its
-/// files are not synced one by one: none of them is visible before the rename).
-fn copy_entry(
-    l: &Layers,
-    u: &Node,
-    dir: BorrowedFd<'_>,
-    t: &Name,
-    (top, depth): (bool, usize),
-) -> io::Result<()> {
+/// its mode, owner, xattrs and times; not synced (the batch's `syncfs` does that before
+/// the rename makes it visible).
+fn copy_entry(l: &Layers, u: &Node, dir: BorrowedFd<'_>, t: &Name, depth: usize) -> io::Result<()> {
     depth_ok(depth)?;
     let mode = u.st.st_mode & 0o7777;
     match kind(&u.st) {
         libc::S_IFREG => {
             let src = sys::reopen(l.upper.proc_fd.as_fd(), u.fd.as_fd(), libc::O_RDONLY)?;
-            let dst = sys::openat(
-                dir,
-                t,
-                libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW,
-                0o600,
-            )?;
-            copy_bytes(src.as_fd(), dst.as_fd(), u.st.st_size as u64)?;
-            let node = sys::open_path(dir, t)?;
-            set_meta(&l.upper, u, &l.lower, node.as_fd(), Some(mode), true)?;
-            if top {
-                sys::fsync(dst.as_fd(), false)?;
-            }
-            Ok(())
+            copy_file(src.as_fd(), &u.st, dir, t)
         }
         libc::S_IFLNK => {
             let target = sys::readlink_fd(u.fd.as_fd())?;
@@ -290,30 +423,90 @@ fn copy_entry(
             sys::mkdirat(dir, t, 0o700)?;
             let d = sys::open_path(dir, t)?;
             for child in l.upper.list(u)? {
+                let cname = name(&child)?;
+                // A regular file (most of a new tree) is copied through descriptors.
+                if let Some((src, st)) = open_regular(u.fd.as_fd(), &cname)? {
+                    if !(st.st_size == 0 && file::get(src.as_fd(), WHITEOUT).is_ok()) {
+                        copy_file(src.as_fd(), &st, d.as_fd(), &cname)?;
+                    }
+                    continue;
+                }
                 let Some(cn) = l.upper.child(u, &child)? else {
                     continue;
                 };
                 if l.upper.is_whiteout(&cn) {
                     continue;
                 }
-                copy_entry(l, &cn, d.as_fd(), &name(&child)?, (false, depth + 1))?;
+                copy_entry(l, &cn, d.as_fd(), &cname, depth + 1)?;
             }
-            set_meta(&l.upper, u, &l.lower, d.as_fd(), Some(mode), true)?;
-            if top {
-                let f = sys::reopen(
-                    l.lower.proc_fd.as_fd(),
-                    d.as_fd(),
-                    libc::O_RDONLY | libc::O_DIRECTORY,
-                )?;
-                super::sys::syncfs(f.as_fd())?;
-            }
-            Ok(())
+            set_meta(&l.upper, u, &l.lower, d.as_fd(), Some(mode), true)
         }
         _ => {
             sys::mknodat(dir, t, u.st.st_mode, u.st.st_rdev)?;
             sys::fchownat_nofollow(dir, t, u.st.st_uid, u.st.st_gid)
         }
     }
+}
+
+const WHITEOUT: &[u8] = b"trusted.overlay.whiteout";
+
+/// The staged `dir/n` opened for reading when it is a regular file (`None` otherwise or
+/// when gone: the caller looks again); never follows a symlink, never opens a device.
+fn open_regular(dir: BorrowedFd<'_>, n: &Name) -> io::Result<Option<(OwnedFd, libc::stat)>> {
+    let st = match sys::fstatat_nofollow(dir, n) {
+        Ok(st) if kind(&st) == libc::S_IFREG => st,
+        Ok(_) => return Ok(None),
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let fd = sys::openat(dir, n, libc::O_RDONLY, 0)?;
+    let now = sys::fstat(fd.as_fd())?;
+    if kind(&now) != libc::S_IFREG || (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino) {
+        return Ok(None);
+    }
+    Ok(Some((fd, now)))
+}
+
+/// Copies the staged regular file `src` (stat `st`) to a new `dir/t`: its bytes, owner,
+/// mode (after chown, which clears set-ID bits), xattrs but overlayfs's own, and times;
+/// all through the two descriptors.
+fn copy_file(
+    src: BorrowedFd<'_>,
+    st: &libc::stat,
+    dir: BorrowedFd<'_>,
+    t: &Name,
+) -> io::Result<()> {
+    let dst = sys::openat(
+        dir,
+        t,
+        libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW,
+        0o600,
+    )?;
+    copy_bytes(src, dst.as_fd(), st.st_size as u64)?;
+    sys::fchown_fd(dst.as_fd(), st.st_uid, st.st_gid)?;
+    file::fchmod(dst.as_fd(), st.st_mode & 0o7777)?;
+    let names = |fd| -> io::Result<Vec<Vec<u8>>> {
+        Ok(file::list(fd)?
+            .split(|&b| b == 0)
+            .filter(|k| !k.is_empty() && !k.starts_with(super::tree::OVL))
+            .map(<[u8]>::to_vec)
+            .collect())
+    };
+    let want = names(src)?;
+    // A new file may have inherited some (a default ACL): those the staged one lacks go.
+    for k in names(dst.as_fd())? {
+        if !want.contains(&k) {
+            file::remove(dst.as_fd(), &k)?;
+        }
+    }
+    for k in &want {
+        file::set(dst.as_fd(), k, &file::get(src, k)?)?;
+    }
+    file::futimens(
+        dst.as_fd(),
+        (st.st_atime, st.st_atime_nsec),
+        (st.st_mtime, st.st_mtime_nsec),
+    )
 }
 
 /// Copies `size` bytes: `copy_file_range` (a clone or in-kernel copy) where the two file
@@ -421,104 +614,30 @@ fn remove_tree_at(layer: &Layer, dir: BorrowedFd<'_>, n: &Name, depth: usize) ->
 }
 
 /// Drops the staged entry at `path` (a whole tree for a directory) and syncs its parent.
-fn unstage_path(l: &Layers, path: &[u8]) -> io::Result<()> {
+pub(super) fn unstage_path(l: &Layers, path: &[u8]) -> io::Result<()> {
+    if let Some(d) = drop_staged_in(l, path)? {
+        sync_dir(&l.upper, d.fd.as_fd())?;
+    }
+    Ok(())
+}
+
+/// Drops the staged entry at `path`, not synced (a batch ends with one `syncfs`).
+fn drop_staged(l: &Layers, path: &[u8]) -> io::Result<()> {
+    drop_staged_in(l, path).map(drop)
+}
+
+/// Drops the staged entry at `path`; its staged parent when there was one.
+fn drop_staged_in(l: &Layers, path: &[u8]) -> io::Result<Option<Node>> {
     let (parent, last) = split(path);
     let Some(d) = l.upper.dir(parent)? else {
-        return Ok(());
+        return Ok(None);
     };
     let n = name(last)?;
     match sys::fstatat_nofollow(d.fd.as_fd(), &n) {
         Ok(_) => {}
-        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(()),
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(None),
         Err(e) => return Err(e),
     }
     remove_tree(&l.upper, d.fd.as_fd(), &n)?;
-    sync_dir(&l.upper, d.fd.as_fd())
-}
-
-/// Drops the staged changes at or below each of `paths` (`all`: the whole staged tree).
-/// A path inside a new or renamed directory drops just that part of it.
-pub fn discard(l: &Layers, list: &[Change], paths: &[Vec<u8>]) -> Report {
-    let mut r = Report::default();
-    if paths.is_empty() {
-        let res = (|| {
-            let root = l.upper.get(b"")?.ok_or_else(einval)?;
-            for child in l.upper.list(&root)? {
-                remove_tree(&l.upper, root.fd.as_fd(), &name(&child)?)?;
-            }
-            sync_dir(&l.upper, root.fd.as_fd())
-        })();
-        match res {
-            Ok(()) => r
-                .lines
-                .extend(list.iter().map(|c| format!("discarded {}", status_line(c)))),
-            Err(e) => {
-                r.lines
-                    .push(format!("refused: emptying the staged tree: {e}"));
-                r.refused += 1;
-            }
-        }
-        return r;
-    }
-    for p in paths {
-        // A directory deleted and made again goes whole (SOURCE's contents come back).
-        if let Ok(Some(n)) = l.upper.dir(p)
-            && l.upper.is_opaque(&n)
-            && !list.iter().any(|c| c.path == *p && c.under_opaque)
-        {
-            match unstage_path(l, p) {
-                Ok(()) => r.lines.push(format!("discarded {}/", quote(p))),
-                Err(e) => {
-                    r.lines.push(format!("refused {}/: {e}", quote(p)));
-                    r.refused += 1;
-                }
-            }
-            continue;
-        }
-        let inside: Vec<&Change> = list.iter().filter(|c| c.within(p)).collect();
-        if inside.is_empty() {
-            // Part of a new, renamed or retyped directory: drop that part only.
-            match list.iter().find(|c| c.touches(p)) {
-                Some(c) if !c.under_opaque && matches!(l.upper.get(p), Ok(Some(_))) => {
-                    match unstage_path(l, p) {
-                        Ok(()) => r.lines.push(format!("discarded {}", quote(p))),
-                        Err(e) => {
-                            r.lines.push(format!("refused {}: {e}", quote(p)));
-                            r.refused += 1;
-                        }
-                    }
-                }
-                _ => {
-                    r.lines
-                        .push(format!("refused {}: nothing staged there", quote(p)));
-                    r.refused += 1;
-                }
-            }
-            continue;
-        }
-        for c in &inside {
-            let line = status_line(c);
-            if c.under_opaque {
-                r.lines.push(format!(
-                    "refused {line}: inside a directory that was deleted and made again; discard that directory"
-                ));
-                r.refused += 1;
-                continue;
-            }
-            let res = match &c.kind {
-                Kind::Renamed { from } => {
-                    unstage_path(l, &c.path).and_then(|_| unstage_path(l, from))
-                }
-                _ => unstage_path(l, &c.path),
-            };
-            match res {
-                Ok(()) => r.lines.push(format!("discarded {line}")),
-                Err(e) => {
-                    r.lines.push(format!("refused {line}: {e}"));
-                    r.refused += 1;
-                }
-            }
-        }
-    }
-    r
+    Ok(Some(d))
 }

@@ -399,14 +399,17 @@ pub fn apply_or_discard(
     };
     let l = layers(&area)?;
     repair(&l)?;
+    if let Some(what) = super::intent::recover(&area.dir, &l)? {
+        log::warn!("stage: {what}");
+    }
     let report = if op == "apply" {
         let list = selected(&l, ps)?;
-        super::apply::apply(&l, &list, force)
+        super::apply::apply(&l, &list, force, &area.dir)
     } else {
         let list = l
             .changes()
             .map_err(|e| format!("reading the staged tree: {e}"))?;
-        super::apply::discard(&l, &list, ps)
+        super::discard::discard(&l, &list, ps)
     };
     record(
         &area,

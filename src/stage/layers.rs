@@ -50,9 +50,18 @@ pub struct Checkpoint {
 #[derive(Serialize, Deserialize, Debug)]
 #[serde(tag = "op", rename_all = "lowercase")]
 enum Intent {
-    Checkpoint { entry: Checkpoint },
-    Rewind { to: u64 },
-    Squash,
+    Checkpoint {
+        entry: Checkpoint,
+    },
+    Rewind {
+        to: u64,
+    },
+    /// `from`: the squashed tree is the sealed layer N itself (every other layer and the
+    /// upper empty), renamed to `DIR/next` by [`finish`]; absent: `DIR/next` was built.
+    Squash {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        from: Option<u64>,
+    },
 }
 
 fn err(p: &Path, e: impl std::fmt::Display) -> String {
@@ -264,7 +273,16 @@ fn finish(a: &Path, intent: &Intent) -> Result<String, String> {
             write_log(a, &log)?;
             Ok(format!("rewind to {to} finished"))
         }
-        Intent::Squash => {
+        Intent::Squash { from } => {
+            // Layer N becomes the tree that replaces the upper (with the upper's root
+            // owner and mode); an interrupted run finds it renamed already, or swapped.
+            if let Some(n) = from {
+                let p = layer_path(a, *n);
+                if exists(&p) && !exists(&next_path(a)) {
+                    copy_root_attrs(&a.join("upper"), &p)?;
+                    rename(&p, &next_path(a))?;
+                }
+            }
             swap_upper(a, None)?;
             for c in log.iter_mut() {
                 let p = layer_path(a, c.n);
@@ -340,7 +358,41 @@ pub fn rewind(a: &Path, to: u64) -> Result<(), String> {
 /// Replaces the whole stack by `DIR/next` (a flattened tree the caller built there) and
 /// ends every checkpoint as a rewind target.
 pub fn squash(a: &Path) -> Result<(), String> {
-    run(a, Intent::Squash)
+    run(a, Intent::Squash { from: None })
+}
+
+/// Squashes without flattening when at most one of the upper and the live layers holds
+/// anything (the usual case: a turn ended with a checkpoint, then `apply`): that one is
+/// already the squashed tree, so the squash is a few renames whatever the number of
+/// staged paths. Returns false (nothing done) when a flatten is needed.
+pub fn squash_trivial(a: &Path) -> Result<bool, String> {
+    let empty = |p: &Path| {
+        fs::read_dir(p)
+            .map(|mut d| d.next().is_none())
+            .map_err(|e| err(p, e))
+    };
+    let live = live(a)?;
+    if live.is_empty() {
+        return Ok(false);
+    }
+    let mut full = Vec::new();
+    for n in &live {
+        if !empty(&layer_path(a, *n))? {
+            full.push(*n);
+        }
+    }
+    let upper_full = !empty(&a.join("upper"))?;
+    let from = match (full.as_slice(), upper_full) {
+        ([], _) => None,
+        ([n], false) => Some(*n),
+        _ => return Ok(false),
+    };
+    if exists(&next_path(a)) {
+        trash(a, &next_path(a))?;
+    }
+    run(a, Intent::Squash { from })?;
+    empty_trash(a)?;
+    Ok(true)
 }
 
 /// The new upper root gets the old one's owner and mode (the overlay shows them for the

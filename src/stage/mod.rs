@@ -27,7 +27,9 @@ pub mod changes;
 pub mod cli;
 pub mod control;
 pub mod diff;
+mod discard;
 mod flatten;
+mod intent;
 pub mod layers;
 mod sys;
 pub mod tree;
@@ -60,7 +62,12 @@ pub fn start(dir: &Path, src: &Path, mnt: &Path, source: &OwnedFd) -> Result<Own
     area.lock()?;
     let area = recover(area)?;
     area.match_root(source)?;
-    cli::repair(&cli::layers(&area)?)?;
+    let l = cli::layers(&area)?;
+    cli::repair(&l)?;
+    if let Some(what) = intent::recover(&area.dir, &l)? {
+        log::warn!("stage '{}': {what}", area.dir.display());
+    }
+    drop(l);
     let (root, _gen) = tree_mount::attach(engine(&area, source)?)?;
     log::info!(
         "staging: every change lands in {} (SOURCE {} untouched until `fencefs stage apply`)",

@@ -188,3 +188,80 @@ pub fn move_mount(mount: BorrowedFd<'_>, dir: BorrowedFd<'_>, name: &Name) -> io
     })
     .map(drop)
 }
+
+/// The calls `apply` makes on a regular file it holds open (no `/proc/self/fd` lookup
+/// each time): `fchmod`, `futimens`, and the `f*xattr` family with a 64 KiB bound.
+pub mod file {
+    use super::cvt;
+    use std::io;
+    use std::os::fd::{AsRawFd, BorrowedFd};
+
+    const MAX: usize = 64 * 1024;
+
+    /// `fchmod`.
+    pub fn fchmod(fd: BorrowedFd<'_>, mode: u32) -> io::Result<()> {
+        // SAFETY: valid fd; no memory arguments.
+        cvt(unsafe { libc::fchmod(fd.as_raw_fd(), mode as libc::mode_t) } as libc::c_long).map(drop)
+    }
+
+    /// `futimens` with atime and mtime (seconds, nanoseconds).
+    pub fn futimens(fd: BorrowedFd<'_>, at: (i64, i64), mt: (i64, i64)) -> io::Result<()> {
+        let t = |(s, n): (i64, i64)| libc::timespec {
+            tv_sec: s as libc::time_t,
+            tv_nsec: n as libc::c_long,
+        };
+        let times = [t(at), t(mt)];
+        // SAFETY: valid fd; an array of two timespecs.
+        cvt(unsafe { libc::futimens(fd.as_raw_fd(), times.as_ptr()) } as libc::c_long).map(drop)
+    }
+
+    fn bounded(call: impl Fn(*mut libc::c_void, usize) -> isize) -> io::Result<Vec<u8>> {
+        let mut buf = vec![0u8; MAX];
+        let n = call(buf.as_mut_ptr().cast(), MAX);
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        buf.truncate(n as usize);
+        Ok(buf)
+    }
+
+    fn cname(name: &[u8]) -> io::Result<std::ffi::CString> {
+        std::ffi::CString::new(name).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
+    }
+
+    /// `flistxattr`: the names, each NUL-terminated (E2BIG past 64 KiB).
+    pub fn list(fd: BorrowedFd<'_>) -> io::Result<Vec<u8>> {
+        // SAFETY: valid fd; `buf` points to `len` writable bytes.
+        bounded(|buf, len| unsafe { libc::flistxattr(fd.as_raw_fd(), buf.cast(), len) })
+    }
+
+    /// `fgetxattr` (E2BIG past 64 KiB).
+    pub fn get(fd: BorrowedFd<'_>, name: &[u8]) -> io::Result<Vec<u8>> {
+        let n = cname(name)?;
+        // SAFETY: valid fd, NUL-terminated name; `buf` points to `len` writable bytes.
+        bounded(|buf, len| unsafe { libc::fgetxattr(fd.as_raw_fd(), n.as_ptr(), buf, len) })
+    }
+
+    /// `fsetxattr`.
+    pub fn set(fd: BorrowedFd<'_>, name: &[u8], value: &[u8]) -> io::Result<()> {
+        let n = cname(name)?;
+        // SAFETY: valid fd, NUL-terminated name, a value buffer with its length.
+        cvt(unsafe {
+            libc::fsetxattr(
+                fd.as_raw_fd(),
+                n.as_ptr(),
+                value.as_ptr().cast(),
+                value.len(),
+                0,
+            )
+        } as libc::c_long)
+        .map(drop)
+    }
+
+    /// `fremovexattr`.
+    pub fn remove(fd: BorrowedFd<'_>, name: &[u8]) -> io::Result<()> {
+        let n = cname(name)?;
+        // SAFETY: valid fd and NUL-terminated name.
+        cvt(unsafe { libc::fremovexattr(fd.as_raw_fd(), n.as_ptr()) } as libc::c_long).map(drop)
+    }
+}

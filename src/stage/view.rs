@@ -244,6 +244,9 @@ pub fn squash(area: &Area) -> Result<bool, String> {
     if live.is_empty() {
         return Ok(false);
     }
+    if layers::squash_trivial(&area.dir)? {
+        return Ok(true);
+    }
     let s = scratch(area)?;
     let next = layers::fresh_next(&area.dir)?;
     let mut stack = Vec::new();

@@ -82,19 +82,28 @@ pub fn stage(args: &[&str], dir: &Path) -> Out {
 /// point; stopped (SIGTERM, then a lazy unmount if needed) when dropped.
 pub struct Second {
     child: Child,
+    reaped: bool,
     pub mnt: PathBuf,
 }
 
 impl Second {
     pub fn start(m: &Mount, dir: &Path, policy: &Path) -> Second {
+        Second::start_with(m, dir, policy, &[])
+    }
+
+    /// As [`Second::start`], with more `mount` arguments (a `--control SOCKET`, say);
+    /// on the transport the tests run on.
+    pub fn start_with(m: &Mount, dir: &Path, policy: &Path, extra: &[&std::ffi::OsStr]) -> Second {
         let mnt = m
             .root()
             .join(format!("mp-{}", dir.file_name().unwrap().to_string_lossy()));
         std::fs::create_dir_all(&mnt).unwrap();
-        let mut child = Command::new(BIN)
-            .arg("mount")
-            .arg("-p")
-            .arg(policy)
+        let mut cmd = Command::new(BIN);
+        cmd.arg("mount").arg("-p").arg(policy).args(extra);
+        if let Ok(t) = std::env::var("FENCEFS_TEST_TRANSPORT") {
+            cmd.arg("--transport").arg(t);
+        }
+        let mut child = cmd
             .arg("--stage")
             .arg(dir)
             .arg(m.host(""))
@@ -114,7 +123,28 @@ impl Second {
             assert!(t.elapsed() < READY_DEADLINE, "second daemon did not mount");
             std::thread::sleep(Duration::from_millis(10));
         }
-        Second { child, mnt }
+        Second {
+            child,
+            reaped: false,
+            mnt,
+        }
+    }
+
+    /// SIGKILLs the daemon, waits for it and detaches its mount point.
+    pub fn kill(mut self) {
+        // SAFETY: kill(2) on our own, not yet reaped, child.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGKILL) };
+        let _ = self.child.wait();
+        self.reaped = true;
+        let _ = Command::new("fusermount3")
+            .args(["-u", "-z"])
+            .arg(&self.mnt)
+            .status();
+    }
+
+    /// The daemon's pid.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     /// A path under its mount point.
@@ -130,9 +160,11 @@ impl Second {
 
 impl Drop for Second {
     fn drop(&mut self) {
-        // SAFETY: kill(2) on our own, not yet reaped, child.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let _ = self.child.wait();
+        if !self.reaped {
+            // SAFETY: kill(2) on our own, not yet reaped, child.
+            unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+            let _ = self.child.wait();
+        }
         if is_mounted(&self.mnt) {
             let _ = Command::new("fusermount3")
                 .args(["-u", "-z"])

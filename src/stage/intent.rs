@@ -1,0 +1,127 @@
+//! The apply intent log, `DIR/apply-intent`: which SOURCE paths an apply in flight may
+//! have left a temporary entry beside (`.NAME.fencefs-apply-PID`, a file or tree being
+//! written; `.NAME.fencefs-delete-PID`, a directory being emptied), so that a crash never
+//! leaves one visible in SOURCE.
+//!
+//! The log is written whole (beside, fsync'd, renamed, DIR fsync'd) before the first
+//! temporary entry is made, and removed after the last staged entry is dropped. [`recover`]
+//! (run before a mount serves DIR and before every apply or discard) removes every
+//! temporary entry the log names that still exists, then the log. The temporary names are
+//! the apply's own (its pid is in the log), so nothing else in SOURCE is touched.
+//!
+//! Format: `fencefs-apply 1 PID\n`, then each path (workspace-relative bytes, never
+//! holding a NUL) followed by a NUL.
+//!
+//! Invariants: SOURCE is reached through directory handles walked without following
+//! symlinks; only entries with the two temporary names of a logged path are removed.
+
+use std::fs;
+use std::io::{self, Write};
+use std::os::fd::AsFd;
+use std::path::{Path, PathBuf};
+
+use super::changes::Layers;
+use super::tree::split;
+use crate::host::sys::{self, Name};
+
+const HEAD: &str = "fencefs-apply 1";
+
+fn path(dir: &Path) -> PathBuf {
+    dir.join("apply-intent")
+}
+
+fn err(p: &Path, e: impl std::fmt::Display) -> String {
+    format!("stage '{}': {e}", p.display())
+}
+
+fn sync_dir(p: &Path) -> io::Result<()> {
+    fs::File::open(p)?.sync_all()
+}
+
+/// The temporary name beside `n` of the apply with process id `pid` (`what`: `apply` or
+/// `delete`).
+pub fn tmp_name(n: &[u8], what: &str, pid: u32) -> io::Result<Name> {
+    let mut t = b".".to_vec();
+    t.extend_from_slice(&n[..n.len().min(200)]);
+    t.extend_from_slice(format!(".fencefs-{what}-{pid}").as_bytes());
+    Name::new(&t)
+}
+
+/// Records that this process is about to write temporary entries beside `paths`.
+pub fn write(dir: &Path, paths: &[&[u8]]) -> Result<(), String> {
+    let p = path(dir);
+    let tmp = dir.join("apply-intent.tmp");
+    let res = (|| -> io::Result<()> {
+        let mut f = fs::File::create(&tmp)?;
+        let mut buf = format!("{HEAD} {}\n", std::process::id()).into_bytes();
+        for q in paths {
+            buf.extend_from_slice(q);
+            buf.push(0);
+        }
+        f.write_all(&buf)?;
+        f.sync_all()?;
+        fs::rename(&tmp, &p)?;
+        sync_dir(dir)
+    })();
+    res.map_err(|e| err(&p, e))
+}
+
+/// The apply is over: no temporary entry of it is left.
+pub fn clear(dir: &Path) -> Result<(), String> {
+    let p = path(dir);
+    match fs::remove_file(&p) {
+        Ok(()) => sync_dir(dir).map_err(|e| err(dir, e)),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(err(&p, e)),
+    }
+}
+
+/// Removes what an apply a crash interrupted left beside its paths in SOURCE (`l.lower`),
+/// then the log. Returns what it did, for the log.
+pub fn recover(dir: &Path, l: &Layers) -> Result<Option<String>, String> {
+    let p = path(dir);
+    let data = match fs::read(&p) {
+        Ok(d) => d,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(err(&p, e)),
+    };
+    let damaged = || err(&p, "damaged (not an apply intent log); nothing was changed");
+    let nl = data.iter().position(|&b| b == b'\n').ok_or_else(damaged)?;
+    let head = std::str::from_utf8(&data[..nl]).map_err(|_| damaged())?;
+    let pid: u32 = head
+        .strip_prefix(HEAD)
+        .and_then(|r| r.trim().parse().ok())
+        .ok_or_else(damaged)?;
+    let mut removed = 0usize;
+    for q in data[nl + 1..].split(|&b| b == 0).filter(|q| !q.is_empty()) {
+        let (parent, last) = split(q);
+        let Ok(Some(d)) = l.lower.dir(parent) else {
+            continue;
+        };
+        for what in ["apply", "delete"] {
+            let t = tmp_name(last, what, pid).map_err(|e| err(&p, e))?;
+            match sys::fstatat_nofollow(d.fd.as_fd(), &t) {
+                Ok(_) => {
+                    super::apply::remove_tree(&l.lower, d.fd.as_fd(), &t)
+                        .map_err(|e| err(&p, format!("removing a temporary entry: {e}")))?;
+                    removed += 1;
+                }
+                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
+                Err(e) => return Err(err(&p, e)),
+            }
+        }
+    }
+    if removed > 0 {
+        let root = sys::reopen(
+            l.lower.proc_fd.as_fd(),
+            l.lower.root.as_fd(),
+            libc::O_RDONLY | libc::O_DIRECTORY,
+        )
+        .map_err(|e| err(&p, e))?;
+        super::sys::syncfs(root.as_fd()).map_err(|e| err(&p, e))?;
+    }
+    clear(dir)?;
+    Ok(Some(format!(
+        "an apply was interrupted: {removed} temporary entries it left in SOURCE removed; every path is applied or still staged"
+    )))
+}
