@@ -188,7 +188,10 @@ impl Layers {
             let base = Change {
                 path: join(path, name),
                 kind: Kind::Added,
-                conflict: l.as_ref().is_some_and(|l| ctime_ns(&l.st) > at),
+                // `>=`: file system times tick coarsely (a jiffy), so a host edit in the
+                // same tick as the copy-up has the same time; calling it a conflict errs
+                // on the side of never overwriting a host edit.
+                conflict: l.as_ref().is_some_and(|l| ctime_ns(&l.st) >= at),
                 dir: false,
                 entries: None,
                 under_opaque: under,
