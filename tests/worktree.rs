@@ -898,3 +898,53 @@ fn a_worktree_of_a_repository_not_served_at_mount_waits_for_a_remount() {
     );
     assert_eq!(fs::read(m.mnt(".git")).unwrap(), dotgit);
 }
+
+/// The kept fence against the paths around it: a directory holding objects or packs
+/// (`objects/XX`, `objects/pack`, `objects` itself) cannot be moved away (EROFS; moved,
+/// its objects would no longer be kept and could be removed), and an existing object is
+/// never replaced by a rename onto its name (EEXIST, as git's own "already there").
+#[test]
+fn kept_objects_are_not_moved_away_nor_replaced() {
+    let (m, repo) = mount_worktree("wt-kept", &[]);
+    let head = host_git(&repo.main, &["rev-parse", "HEAD"])
+        .stdout
+        .trim()
+        .to_string();
+    let (xx, rest) = head.split_at(2);
+    let g = |p: &str| m.mnt(format!(".fencefs-git/objects/{p}"));
+    let host_objects = repo.main.join(".git/objects");
+    let before = fs::read(host_objects.join(xx).join(rest)).unwrap();
+    fs::create_dir_all(host_objects.join("pack")).unwrap();
+    for (from, to) in [
+        (xx.to_string(), "moved".to_string()),
+        ("pack".to_string(), "pack-moved".to_string()),
+    ] {
+        assert_eq!(
+            errno_of(fs::rename(g(&from), g(&to))),
+            Some(libc::EROFS),
+            "{from}"
+        );
+        assert!(host_objects.join(&from).is_dir(), "{from} stays");
+        assert!(!host_objects.join(&to).exists(), "{to}");
+    }
+    assert_eq!(
+        errno_of(fs::rename(g(""), m.mnt(".fencefs-git/objects-moved"))),
+        Some(libc::EROFS)
+    );
+    // A directory moved in over a kept one's place (an empty one made by the host).
+    fs::create_dir(g("fresh")).unwrap();
+    assert_eq!(errno_of(fs::rename(g("fresh"), g("ee"))), Some(libc::EROFS));
+    // A file renamed onto an existing object's name.
+    fs::write(g(&format!("{xx}/tmp_obj_x")), "garbage").unwrap();
+    assert_eq!(
+        errno_of(fs::rename(
+            g(&format!("{xx}/tmp_obj_x")),
+            g(&format!("{xx}/{rest}"))
+        )),
+        Some(libc::EEXIST)
+    );
+    assert_eq!(fs::read(host_objects.join(xx).join(rest)).unwrap(), before);
+    let fsck = host_git(&repo.main, &["fsck", "--strict"]);
+    assert!(!fsck.stderr.contains("error"), "fsck: {}", fsck.stderr);
+    assert_records_unchanged(&m, &repo);
+}

@@ -145,6 +145,14 @@ impl Roots {
         self.kept.push((dir.to_vec(), shape));
     }
 
+    /// Whether `path` is a kept directory, inside one or above one: moved, what is kept
+    /// there would move out of its shape (and could then be removed).
+    pub fn holds_kept(&self, path: &[u8]) -> bool {
+        self.kept
+            .iter()
+            .any(|(dir, _)| dir == path || covers(dir, path) || covers(path, dir))
+    }
+
     /// Hides every entry of directory `dir` except `kept`.
     pub fn keep_only(&mut self, dir: &[u8], kept: &[u8]) {
         self.only.push((dir.to_vec(), kept.to_vec()));

@@ -20,6 +20,7 @@ use super::{Ctx, Error, Lookup, Opened, Res, Shared};
 use crate::fs::attr;
 use crate::fs::kcache::Inval;
 use crate::host::inode::join;
+use crate::host::roots::Fence;
 use crate::host::sys::{self, Name};
 use crate::policy::{Access, By, Need, Special, Verdict};
 
@@ -279,6 +280,13 @@ impl Shared {
                 self.audit(ctx, "create", &path, &v, v.grant_by, Some(libc::EACCES));
                 return Err(Error(libc::EACCES));
             }
+            // A kept name is made once, never opened again to change (`host/roots.rs`).
+            Err(Error(libc::EEXIST))
+                if self.inodes.roots().fence_at(&path) == Some(Fence::Kept) =>
+            {
+                self.forget_entry(parent, name);
+                return Err(Error(libc::EEXIST));
+            }
             Err(Error(libc::EEXIST)) if flags & libc::O_EXCL == 0 => {
                 (self.open_existing(ctx, parent, &pfd, name, base)?, true)
             }
@@ -411,6 +419,18 @@ impl Shared {
         }
     }
 
+    /// Whether a directory rename would move a kept directory, one inside it or one above
+    /// it (its objects would leave the kept shape): audited as the fence's refusal.
+    fn moves_kept(&self, ctx: &Ctx, old: &[u8], new: &[u8]) -> bool {
+        let roots = self.inodes.roots();
+        let Some(path) = [old, new].into_iter().find(|p| roots.holds_kept(p)) else {
+            return false;
+        };
+        let v = ctx.snap.policy.verdict_for(path, ctx.caller, true);
+        self.audit(ctx, "rename", path, &v, By::Mode, Some(libc::EROFS));
+        true
+    }
+
     /// Nothing moves or links across roots: EXDEV, as across file systems.
     fn same_root(&self, a: &[u8], b: &[u8]) -> Res<()> {
         let roots = self.inodes.roots();
@@ -496,6 +516,15 @@ impl Shared {
             flags
         };
         let moves_dir = src_dir || (exchange && dst_dir);
+        if moves_dir && self.moves_kept(ctx, &old, &new) {
+            return Err(Error(libc::EROFS));
+        }
+        // A kept name (`host/roots.rs`) is made once: never replaced (EEXIST).
+        let flags = if self.inodes.roots().fence_at(&new) == Some(Fence::Kept) {
+            flags | libc::RENAME_NOREPLACE
+        } else {
+            flags
+        };
         if moves_dir && !ctx.snap.policy.dir_rename_allowed(&old, &new) {
             let v = ctx.snap.policy.verdict(&old, ctx.caller);
             // Moving a pinned file (an ignore file, the workspace layer) away: EROFS.
