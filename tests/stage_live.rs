@@ -423,12 +423,7 @@ fn approvals_status_and_reload_are_answered_during_a_long_live_apply() {
         .arg("--allow-other");
     sample(&b.host(""));
     put(&b.host("docs/a.md"), b"alpha\n", 0o644);
-    let st = Command::new("chown")
-        .args(["-R", "1000:1000"])
-        .arg(b.host("."))
-        .status()
-        .unwrap();
-    assert!(st.success());
+    chown_tree(&b.host("."), 1000);
     let dir = stage_dir(&b);
     let sock = b.root().join("ctl.sock");
     let m = b
