@@ -42,14 +42,18 @@ struct Used {
 }
 
 impl Used {
-    fn add(&mut self, uid: u32, root: RootId) {
+    /// Counts one unit; per root only on a split budget (`root` is `None` otherwise, so a
+    /// mount with SOURCE alone pays no per-root bookkeeping).
+    fn add(&mut self, uid: u32, root: Option<RootId>) {
         self.all += 1;
         *self.by_uid.entry(uid).or_insert(0) += 1;
-        *self.by_root.entry(root).or_insert(0) += 1;
-        *self.by_uid_root.entry((uid, root)).or_insert(0) += 1;
+        if let Some(root) = root {
+            *self.by_root.entry(root).or_insert(0) += 1;
+            *self.by_uid_root.entry((uid, root)).or_insert(0) += 1;
+        }
     }
 
-    fn sub(&mut self, uid: u32, root: RootId) {
+    fn sub(&mut self, uid: u32, root: Option<RootId>) {
         fn dec<K: std::hash::Hash + Eq>(m: &mut HashMap<K, usize>, k: K) {
             if let Some(n) = m.get_mut(&k) {
                 *n = n.saturating_sub(1);
@@ -60,8 +64,10 @@ impl Used {
         }
         self.all = self.all.saturating_sub(1);
         dec(&mut self.by_uid, uid);
-        dec(&mut self.by_root, root);
-        dec(&mut self.by_uid_root, (uid, root));
+        if let Some(root) = root {
+            dec(&mut self.by_root, root);
+            dec(&mut self.by_uid_root, (uid, root));
+        }
     }
 }
 
@@ -69,7 +75,8 @@ impl Used {
 pub struct Slot {
     budget: Arc<Budget>,
     uid: u32,
-    root: RootId,
+    /// Counted in this root (`None`: the budget is not split).
+    root: Option<RootId>,
 }
 
 impl std::fmt::Debug for Slot {
@@ -96,29 +103,35 @@ impl Budget {
         self.split.store(true, Ordering::Relaxed);
     }
 
-    /// A root's part of `n`: three quarters once split (at least 1), else all of it.
-    fn root_share(&self, n: usize) -> usize {
-        if self.split.load(Ordering::Relaxed) {
-            (n - n / 4).max(1)
-        } else {
-            n
-        }
+    /// A root's part of `n` once split: three quarters (at least 1).
+    fn root_share(n: usize) -> usize {
+        (n - n / 4).max(1)
+    }
+
+    /// The root a unit is counted in: none unless the budget is split.
+    fn counted_in(&self, root: RootId) -> Option<RootId> {
+        self.split.load(Ordering::Relaxed).then_some(root)
     }
 
     /// Takes one unit for `uid` in `root`: EMFILE past the uid's share (or its root's
     /// part of it), ENFILE when the pool (or the root's part of it) is full.
     pub fn take(self: &Arc<Budget>, uid: u32, root: RootId) -> io::Result<Slot> {
+        let root = self.counted_in(root);
         let mut u = self.used.lock();
         let mine = u.by_uid.get(&uid).copied().unwrap_or(0);
-        let mine_here = u.by_uid_root.get(&(uid, root)).copied().unwrap_or(0);
-        let here = u.by_root.get(&root).copied().unwrap_or(0);
-        let errno = if mine >= self.per_uid || mine_here >= self.root_share(self.per_uid) {
-            Some(libc::EMFILE)
-        } else if u.all >= self.total || here >= self.root_share(self.total) {
-            Some(libc::ENFILE)
-        } else {
-            None
-        };
+        let (mine_here, here) = root.map_or((0, 0), |r| {
+            let mine_here = u.by_uid_root.get(&(uid, r)).copied().unwrap_or(0);
+            (mine_here, u.by_root.get(&r).copied().unwrap_or(0))
+        });
+        let split = root.is_some();
+        let errno =
+            if mine >= self.per_uid || (split && mine_here >= Self::root_share(self.per_uid)) {
+                Some(libc::EMFILE)
+            } else if u.all >= self.total || (split && here >= Self::root_share(self.total)) {
+                Some(libc::ENFILE)
+            } else {
+                None
+            };
         if let Some(e) = errno {
             drop(u);
             log::debug!(
@@ -146,6 +159,7 @@ impl Budget {
     /// descriptor it could reopen): only while the uid holds less than half its share and
     /// the pool is less than half used, so what is kept never costs a caller an open.
     pub fn take_spare(self: &Arc<Budget>, uid: u32, root: RootId) -> Option<Slot> {
+        let root = self.counted_in(root);
         let mut u = self.used.lock();
         let mine = u.by_uid.get(&uid).copied().unwrap_or(0);
         if (mine + 1) * 2 > self.per_uid || (u.all + 1) * 2 > self.total {
@@ -185,9 +199,9 @@ impl Slot {
         self.uid
     }
 
-    /// The root this unit is counted in.
+    /// The root this unit was taken in (`(0, 0)`, SOURCE, when the budget is not split).
     pub fn root(&self) -> RootId {
-        self.root
+        self.root.unwrap_or((0, 0))
     }
 }
 
@@ -269,6 +283,15 @@ mod tests {
         assert_eq!((b.total(), b.per_uid()), (1, 1));
         let b = Budget::new("fd", 3, 100);
         assert_eq!(b.per_uid(), 3);
+    }
+
+    #[test]
+    fn an_unsplit_budget_counts_no_roots() {
+        let b = Budget::new("fd", 4, 4);
+        let held: Vec<Slot> = (0..4).map(|_| b.take(1000, (1, 2)).unwrap()).collect();
+        assert_eq!(errno(b.take(1000, S)), libc::EMFILE, "one share for every root");
+        assert!(b.used.lock().by_root.is_empty() && b.used.lock().by_uid_root.is_empty());
+        assert_eq!(held[0].root(), S);
     }
 
     #[test]
