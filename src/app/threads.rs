@@ -256,7 +256,7 @@ pub(super) fn start_control(
     let mut hooks = hooks(shared, tx, started);
     hooks.learn = learn.map(|out| {
         let shared = shared.clone();
-        Box::new(move || {
+        Arc::new(move || {
             let w = out.write(&shared)?;
             log::info!(
                 "--learn: the draft policy is written to {} ({} rules, on request)",

@@ -43,8 +43,8 @@ pub const MAX_CONNS: usize = 64;
 /// How often held requests' askers are checked while something is held.
 const REAP_EVERY: Duration = Duration::from_millis(200);
 
-/// What the server asks of the rest of the daemon. `reload`, `stage` and `staged` may
-/// take long: they run on lanes (`lane.rs`), off the control thread.
+/// What the server asks of the rest of the daemon. `reload`, `learn`, `stage` and
+/// `staged` may take long: they run on lanes (`lane.rs`), off the control thread.
 pub struct Hooks {
     /// Fields of the `status` answer.
     pub status: Box<dyn Fn() -> Value + Send>,
@@ -62,7 +62,7 @@ pub struct Hooks {
 
 /// What the server calls for a `learn` command: the answer's fields (`path`, `rules`,
 /// `bytes`) or why the draft could not be written.
-pub type LearnHandler = Box<dyn Fn() -> Result<Value, String> + Send>;
+pub type LearnHandler = Arc<dyn Fn() -> Result<Value, String> + Send + Sync>;
 
 /// Who may connect.
 #[derive(Clone, Copy, Debug)]
@@ -203,7 +203,8 @@ struct Lanes {
     /// Staging operations and `status`'s `staged` count (`None`: no `--stage`, or the
     /// thread could not start: they run on the control thread).
     stage: Option<Lane>,
-    /// Reloads (they wait for a staging change in progress).
+    /// Reloads (they wait for a staging change in progress) and `learn`'s draft writes
+    /// (drafting up to the recorder's bound and syncing the file).
     reload: Option<Lane>,
     done: Receiver<Done>,
 }
@@ -540,10 +541,14 @@ fn handle(c: &mut Conn, id: u64, line: &[u8], approvals: &Approvals, hooks: &Hoo
             return offload(c, id, lanes.reload.as_ref(), "reload", work);
         }
         Command::Learn => match &hooks.learn {
-            Some(f) => match f() {
-                Ok(v) => proto::ok(v),
-                Err(e) => proto::error(&e),
-            },
+            Some(f) => {
+                let f = f.clone();
+                let work = Box::new(move || match f() {
+                    Ok(v) => proto::ok(v),
+                    Err(e) => proto::error(&e),
+                });
+                return offload(c, id, lanes.reload.as_ref(), "learn", work);
+            }
             None => proto::error("this mount does not learn (no --learn)"),
         },
         Command::Stage(r) => match &hooks.stage {
