@@ -403,3 +403,24 @@ fn a_huge_staged_diff_on_the_socket_is_refused_without_rendering_it_all() {
     // And it still answers.
     assert_eq!(ctl(&sock, serde_json::json!({"cmd":"status"}))["ok"], true);
 }
+
+#[test]
+fn long_names_sharing_a_long_prefix_apply_together() {
+    // An apply writes a batch's files beside their destinations under temporary names
+    // before renaming any: two names alike in their first 200 bytes must not share one.
+    let (mut m, dir) = staged("stage-long-names", WRITE, staged_sample);
+    let stem = "n".repeat(210);
+    let (a, b) = (format!("{stem}-a"), format!("{stem}-b"));
+    fs::write(m.mnt(&a), b"first\n").unwrap();
+    fs::write(m.mnt(&b), b"second\n").unwrap();
+    fs::write(m.mnt("a.txt"), b"changed\n").unwrap();
+    let merged = snapshot(&m.mnt(""));
+    stop(&mut m);
+    let out = stage(&["apply"], &dir);
+    out.assert_ok("apply of two long names and a short one");
+    assert_eq!(fs::read(m.host(&a)).unwrap(), b"first\n");
+    assert_eq!(fs::read(m.host(&b)).unwrap(), b"second\n");
+    let d = snapshot_diff(&merged, &snapshot(&m.host("")));
+    assert!(d.is_empty(), "SOURCE after apply:\n{d}");
+    assert_eq!(stage(&["status"], &dir).stdout, "");
+}

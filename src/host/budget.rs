@@ -289,7 +289,11 @@ mod tests {
     fn an_unsplit_budget_counts_no_roots() {
         let b = Budget::new("fd", 4, 4);
         let held: Vec<Slot> = (0..4).map(|_| b.take(1000, (1, 2)).unwrap()).collect();
-        assert_eq!(errno(b.take(1000, S)), libc::EMFILE, "one share for every root");
+        assert_eq!(
+            errno(b.take(1000, S)),
+            libc::EMFILE,
+            "one share for every root"
+        );
         assert!(b.used.lock().by_root.is_empty() && b.used.lock().by_uid_root.is_empty());
         assert_eq!(held[0].root(), S);
     }

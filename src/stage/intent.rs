@@ -39,10 +39,21 @@ fn sync_dir(p: &Path) -> io::Result<()> {
 }
 
 /// The temporary name beside `n` of the apply with process id `pid` (`what`: `apply` or
-/// `delete`).
+/// `delete`). A name over 200 bytes is cut to 180 and followed by a hash of the whole
+/// name, so two names of one batch that share their first 200 bytes never share a
+/// temporary name; the hash is FNV-1a, fixed, so a later daemon's [`recover`] finds the
+/// same names.
 pub fn tmp_name(n: &[u8], what: &str, pid: u32) -> io::Result<Name> {
     let mut t = b".".to_vec();
-    t.extend_from_slice(&n[..n.len().min(200)]);
+    if n.len() <= 200 {
+        t.extend_from_slice(n);
+    } else {
+        let h = n.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+        });
+        t.extend_from_slice(&n[..180]);
+        t.extend_from_slice(format!("-{h:016x}").as_bytes());
+    }
     t.extend_from_slice(format!(".fencefs-{what}-{pid}").as_bytes());
     Name::new(&t)
 }
@@ -124,4 +135,26 @@ pub fn recover(dir: &Path, l: &Layers) -> Result<Option<String>, String> {
     Ok(Some(format!(
         "an apply was interrupted: {removed} temporary entries it left in SOURCE removed; every path is applied or still staged"
     )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::tmp_name;
+
+    #[test]
+    fn long_names_alike_in_their_first_200_bytes_get_their_own_temporary_names() {
+        let stem = vec![b'n'; 240];
+        let (mut a, mut b) = (stem.clone(), stem);
+        a.push(b'a');
+        b.push(b'b');
+        let (ta, tb) = (
+            tmp_name(&a, "apply", 7).unwrap(),
+            tmp_name(&b, "apply", 7).unwrap(),
+        );
+        assert_ne!(ta.bytes(), tb.bytes());
+        assert!(ta.bytes().len() <= 255 && ta.bytes().ends_with(b".fencefs-apply-7"));
+        assert_eq!(ta.bytes(), tmp_name(&a, "apply", 7).unwrap().bytes());
+        let short = tmp_name(b"a.txt", "delete", 7).unwrap();
+        assert_eq!(short.bytes(), b".a.txt.fencefs-delete-7");
+    }
 }
