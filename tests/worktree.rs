@@ -948,3 +948,55 @@ fn kept_objects_are_not_moved_away_nor_replaced() {
     assert!(!fsck.stderr.contains("error"), "fsck: {}", fsck.stderr);
     assert_records_unchanged(&m, &repo);
 }
+
+#[test]
+fn a_create_onto_an_object_the_kernel_thinks_absent_is_erofs() {
+    // The kernel sends CREATE (not OPEN) for a name it has cached as absent: an object
+    // the host wrote after that lookup is refused as when the kernel knew it (EROFS),
+    // never opened to change.
+    let (m, repo) = mount_worktree("wt-kept-create", &["--no-watch", "--cache-ttl", "60"]);
+    let host_objects = repo.main.join(".git/objects");
+    fs::create_dir_all(host_objects.join("ab")).unwrap();
+    let rest = "0".repeat(38);
+    let obj = m.mnt(format!(".fencefs-git/objects/ab/{rest}"));
+    assert_eq!(errno_of(fs::metadata(&obj)), Some(libc::ENOENT));
+    fs::write(host_objects.join("ab").join(&rest), b"host object").unwrap();
+    let opened = fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&obj);
+    assert_eq!(
+        errno_of(opened),
+        Some(libc::EROFS),
+        "O_CREAT of a stale absent name"
+    );
+    // Known once the kernel has been told to forget its stale entry (on `/dev/fuse` the
+    // notice follows the reply): every way of changing it is EROFS.
+    assert!(eventually(Duration::from_secs(3), || fs::metadata(&obj).is_ok()));
+    let write = fs::OpenOptions::new().write(true).open(&obj);
+    assert_eq!(errno_of(write), Some(libc::EROFS), "open for writing");
+    let append = fs::OpenOptions::new().append(true).open(&obj);
+    assert_eq!(errno_of(append), Some(libc::EROFS), "open for appending");
+    let create = fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&obj);
+    assert_eq!(
+        errno_of(create),
+        Some(libc::EROFS),
+        "O_CREAT of a known name"
+    );
+    let trunc = std::process::Command::new("truncate")
+        .args(["-s", "0"])
+        .arg(&obj)
+        .status()
+        .unwrap();
+    assert!(!trunc.success(), "truncate");
+    assert_eq!(
+        fs::read(host_objects.join("ab").join(&rest)).unwrap(),
+        b"host object"
+    );
+    assert_records_unchanged(&m, &repo);
+}

@@ -280,14 +280,15 @@ impl Shared {
                 self.audit(ctx, "create", &path, &v, v.grant_by, Some(libc::EACCES));
                 return Err(Error(libc::EACCES));
             }
-            // A kept name is made once, never opened again to change (`host/roots.rs`).
-            Err(Error(libc::EEXIST))
-                if self.inodes.roots().fence_at(&path) == Some(Fence::Kept) =>
-            {
-                self.forget_entry(parent, name);
-                return Err(Error(libc::EEXIST));
-            }
             Err(Error(libc::EEXIST)) if flags & libc::O_EXCL == 0 => {
+                // Opening the file that is there is an open of an existing file, and the
+                // layout's fences decide it as one (a kept object opened to write: EROFS,
+                // the answer when the kernel knew the name).
+                let need = attr::classify(flags & !libc::O_CREAT).need;
+                if let Err(e) = self.fence(ctx, "create", &path, false, need) {
+                    self.forget_entry(parent, name);
+                    return Err(e);
+                }
                 (self.open_existing(ctx, parent, &pfd, name, base)?, true)
             }
             Err(e) => return Err(e),
