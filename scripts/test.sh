@@ -87,6 +87,15 @@ if [[ -d $tmp ]]; then
     done < <(awk -v p="$tmp/" 'index($5, p) == 1 { print $5 }' /proc/self/mountinfo)
     rm -rf "$tmp"
 fi
+# scripts/soak.sh's own trap cannot run when it is SIGKILLed: its mounts live under
+# target/tmp/soak-PID (the PID of that soak, never another program's).
+for d in "$PWD"/target/tmp/soak-*; do
+    [[ -d $d ]] || continue
+    while read -r mp; do
+        fusermount3 -u -z "$mp" 2>/dev/null || true
+    done < <(awk -v p="$d/" 'index($5, p) == 1 { print $5 }' /proc/self/mountinfo)
+    rm -rf "$d"
+done
 
 # Some tests (tests/transport.rs) and the io_uring pass turn the kernel's FUSE-over-io_uring
 # switch on (we are root); it is put back as it was before the first test.
