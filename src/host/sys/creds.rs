@@ -123,33 +123,35 @@ fn caps(set: Option<&[CapData; 2]>) -> io::Result<[CapData; 2]> {
 /// them on every write and truncate through it, as a local disk does for a caller without
 /// `CAP_FSETID`. A thread without the capability is left as it is.
 pub struct WithoutFsetid {
-    raise: bool,
+    /// The sets read before the drop, written back as they were (`None`: nothing was
+    /// dropped). Nothing between the drop and the restore changes this thread's
+    /// capabilities, so the restore needs no second `capget`.
+    restore: Option<[CapData; 2]>,
 }
 
 impl WithoutFsetid {
     /// Drops `CAP_FSETID` from this thread's effective set.
     pub fn new() -> io::Result<WithoutFsetid> {
         let bit = 1 << CAP_FSETID;
-        let mut d = caps(None)?;
-        if d[0].effective & bit == 0 {
-            return Ok(WithoutFsetid { raise: false });
+        let before = caps(None)?;
+        if before[0].effective & bit == 0 {
+            return Ok(WithoutFsetid { restore: None });
         }
+        let mut d = before;
         d[0].effective &= !bit;
         caps(Some(&d))?;
-        Ok(WithoutFsetid { raise: true })
+        Ok(WithoutFsetid {
+            restore: Some(before),
+        })
     }
 }
 
 impl Drop for WithoutFsetid {
     fn drop(&mut self) {
-        if !self.raise {
+        let Some(before) = self.restore else {
             return;
-        }
-        let raised = caps(None).and_then(|mut d| {
-            d[0].effective |= 1 << CAP_FSETID;
-            caps(Some(&d))
-        });
-        if let Err(e) = raised {
+        };
+        if let Err(e) = caps(Some(&before)) {
             log::error!("cannot raise CAP_FSETID again on this worker: {e}");
         }
     }
@@ -188,5 +190,42 @@ mod tests {
             assert_eq!(fs_ids(), before);
         }
         assert!(VERIFIED.with(|v| v.borrow().contains(&(4242, 4343))));
+    }
+
+    /// The guard drops CAP_FSETID from the effective set and writes back exactly the sets
+    /// it found; a thread without the capability (here: file-system ids not root's, which
+    /// clears it) is left as it is.
+    #[test]
+    fn without_fsetid_drops_and_restores_the_sets_it_found() {
+        let bit = 1 << CAP_FSETID;
+        let before = caps(None).unwrap();
+        {
+            let _g = WithoutFsetid::new().unwrap();
+            let during = caps(None).unwrap();
+            assert_eq!(during[0].effective & bit, 0);
+            assert_eq!(during[0].effective | bit, before[0].effective | bit);
+            assert_eq!(during[0].permitted, before[0].permitted);
+        }
+        let after = caps(None).unwrap();
+        assert_eq!(
+            (after[0].effective, after[0].permitted, after[1].effective),
+            (
+                before[0].effective,
+                before[0].permitted,
+                before[1].effective
+            )
+        );
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } == 0 {
+            let ids = FsIds::assume(4242, 4242).unwrap();
+            let cleared = caps(None).unwrap();
+            assert_eq!(cleared[0].effective & bit, 0, "a non-root fsuid clears it");
+            let g = WithoutFsetid::new().unwrap();
+            assert!(g.restore.is_none());
+            drop(g);
+            assert_eq!(caps(None).unwrap()[0].effective, cleared[0].effective);
+            drop(ids);
+            assert_eq!(caps(None).unwrap()[0].effective, before[0].effective);
+        }
     }
 }
