@@ -7,7 +7,9 @@
 #   sudo scripts/cpu-per-op.sh [-n N] [-r ROUNDS] [-p POLICY] [-u UID] TARGET...
 #
 # TARGET: fencefs | fencefs-uring | fencefs-nowatch | passthrough_hp | passthrough_hp-uring
-# (passthrough_hp: $PASSTHROUGH_HP, a libfuse example/passthrough_hp binary).
+# | bindfs (passthrough_hp: $PASSTHROUGH_HP, a libfuse example/passthrough_hp binary;
+# bindfs: `bindfs -f`, libfuse's high-level, path-based API; $FENCEFS_BIN: another
+# fencefs binary, e.g. a build from before a change).
 # Workloads, N files each (default 5000) in one directory:
 #   create   open(O_CREAT|O_EXCL) + write 4 bytes + close   (LOOKUP CREATE GETXATTR RELEASE)
 #   lookup   lstat of every name after a remount + drop_caches   (LOOKUP)
@@ -25,7 +27,7 @@ while getopts n:r:p:u: o; do case $o in n) N=$OPTARG ;; r) ROUNDS=$OPTARG ;; p) 
 OTHER=() # other users reach a root-mounted FUSE file system only with allow_other
 ((${#AS[@]})) && OTHER=(--allow-other)
 shift $((OPTIND - 1))
-(($#)) || { sed -n 2,16p "$0"; exit 2; }
+(($#)) || { sed -n 2,21p "$0"; exit 2; }
 HERE=$(cd "$(dirname "$0")/.." && pwd)
 BIN=${FENCEFS_BIN:-$HERE/target/release/fencefs}
 POLICY=${POLICY:-$HERE/policy.example.toml}
@@ -69,6 +71,7 @@ mount_t() {
     fencefs-nowatch) "$BIN" mount -p "$POLICY" "${OTHER[@]}" --no-watch --transport dev-fuse "$SRC" "$MNT" 2>>"$WORK/log" & ;;
     passthrough_hp) "$PASSTHROUGH_HP" --foreground ${OTHER:+-o allow_other} "$SRC" "$MNT" 2>>"$WORK/log" & ;;
     passthrough_hp-uring) "$PASSTHROUGH_HP" --foreground -o io_uring ${OTHER:+-o allow_other} "$SRC" "$MNT" 2>>"$WORK/log" & ;;
+    bindfs) bindfs -f ${OTHER:+-o allow_other} "$SRC" "$MNT" 2>>"$WORK/log" & ;;
     *) echo "unknown target $t" >&2; exit 2 ;;
     esac
     PID=$!

@@ -440,3 +440,39 @@ fn mutations_through_the_mount_land_on_the_host() {
     )
     .ok();
 }
+
+/// A directory without search permission lists as on the host: root lists a mode-000
+/// directory natively, and so through the mount, before and after a host chmod. The
+/// daemon opens a listing with `openat(node, ".")`, which needs search permission on the
+/// directory (a root daemon has it through CAP_DAC_READ_SEARCH; one without it falls
+/// back to the `/proc/self/fd` reopen, which this root-run test does not reach).
+#[test]
+fn directories_without_search_permission_list_as_on_the_host() {
+    let m = Mount::with("noexec-dirs", None, None, |src| {
+        put(&src.join("locked/a"), b"a\n", 0o644);
+        put(&src.join("locked/b"), b"b\n", 0o644);
+        mkdirp(&src.join("readonly/sub"));
+        chmod(&src.join("locked"), 0o000).unwrap();
+        chmod(&src.join("readonly"), 0o444).unwrap();
+    });
+    let before = snapshot(&m.host(""));
+    for d in ["locked", "readonly"] {
+        let want = names(&m.host(d)).unwrap();
+        assert!(!want.is_empty(), "{d}: the host lists it");
+        assert_eq!(names(&m.mnt(d)).unwrap(), want, "{d}");
+    }
+    chmod(&m.host("locked"), 0o100).unwrap();
+    assert_eq!(
+        names(&m.mnt("locked")).unwrap(),
+        names(&m.host("locked")).unwrap(),
+        "locked, mode 100"
+    );
+    chmod(&m.host("locked"), 0o000).unwrap();
+    assert_eq!(
+        snapshot(&m.host("")),
+        before,
+        "listing changed nothing on the host"
+    );
+    chmod(&m.host("locked"), 0o755).unwrap();
+    chmod(&m.host("readonly"), 0o755).unwrap();
+}

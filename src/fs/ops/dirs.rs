@@ -27,11 +27,7 @@ impl Shared {
         }
         let fd = self.inodes.fd(ino)?;
         let slots = self.handles.reserve(ctx.caller.uid, self.root_id(ino))?;
-        let file = sys::reopen(
-            self.inodes.proc_fd.as_fd(),
-            fd.as_fd(),
-            libc::O_RDONLY | libc::O_DIRECTORY,
-        )?;
+        let file = sys::reopen_dir(self.inodes.proc_fd.as_fd(), fd.as_fd())?;
         // The listing is read by the first readdir (and again on rewind), for its caller.
         Ok(self.handles.insert(Handle {
             ino,
