@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Guest workloads over virtio-fs, fencefs vhost-user against virtiofsd (the anchor), same
-# run: untar 5,000 files, `ls -lR` (warm, right after), `find` (cold: caches dropped), a
-# stat walk (the git status stand-in: the busybox guest has no git; lstat of every file,
-# warm), a 256 MiB sequential write and read (page cache dropped in between). Each backend
+# run: untar 5,000 files (a git repository: its objects in one pack), `ls -lR` (warm, right
+# after), `find` (cold: caches dropped), a stat walk (lstat of every file, warm), `git
+# status` twice (the first finds every index entry's ctime changed by the untar, reads the
+# files and rewrites the index; the second is the usual one: an lstat per file), a 256 MiB
+# sequential write and read (page cache dropped in between). Debian's /usr/bin/git and the
+# libraries ldd names go into the bench's own initramfs segment. Each backend
 # serves a fresh copy of the same tree to a fresh VM (the guest scripts/vm-guest.sh
 # prepares; QEMU under TCG here, so compare ratios within one run, not absolute times).
 # Times come from the guest's /proc/uptime (10 ms); the daemon's CPU time (user+system,
@@ -55,6 +58,11 @@ for d in $(seq 1 50); do
     mkdir -p "$out/tree/d$d"
     for f in $(seq 1 100); do echo "file $d/$f" >"$out/tree/d$d/f$f.txt"; done
 done
+# A git repository of them (objects packed, so the untar adds a handful of files).
+git -C "$out/tree" init -q
+git -C "$out/tree" add -A
+git -C "$out/tree" -c user.name=bench -c user.email=bench@localhost commit -q -m tree
+git -C "$out/tree" gc -q
 tar -C "$out/tree" -cf "$out/tree.tar" .
 
 if [[ -z $policy ]]; then
@@ -76,13 +84,25 @@ t ls_lR ls -lR $W/x
 echo 3 > /proc/sys/vm/drop_caches
 t find find $W/x
 t stat_walk sh -c "find $W/x -type f | xargs stat -c %Y"
+export HOME=/tmp GIT_CONFIG_NOSYSTEM=1
+t git_status_1 /usr/bin/git -C $W/x status --porcelain
+t git_status /usr/bin/git -C $W/x status --porcelain
 t write_256M sh -c "dd if=/dev/zero of=$W/big bs=1M count=256 && sync"
 echo 3 > /proc/sys/vm/drop_caches
 t read_256M dd if=$W/big of=/dev/null bs=1M
 umount $W
 EOF
 chmod +x "$out/test.sh"
-(cd "$out" && echo test.sh | busybox cpio -o -H newc 2>/dev/null) >"$out/seg.cpio"
+# The segment: test.sh, git and what it links (the guest's busybox has no git).
+seg=$out/seg
+mkdir -p "$seg/usr/bin"
+cp "$out/test.sh" "$seg/"
+cp /usr/bin/git "$seg/usr/bin/git"
+for l in $(ldd /usr/bin/git | grep -o '/[^ ]*'); do
+    mkdir -p "$seg$(dirname "$l")"
+    cp -L "$l" "$seg$l"
+done
+(cd "$seg" && find . -mindepth 1 | busybox cpio -o -H newc 2>/dev/null) >"$out/seg.cpio"
 cat target/vm/initramfs.gz "$out/seg.cpio" >"$out/initrd"
 
 accel=tcg,thread=multi

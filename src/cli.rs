@@ -141,6 +141,11 @@ pub struct MountArgs {
     /// Do not watch SOURCE for changes made by other processes (fanotify).
     #[arg(long)]
     pub no_watch: bool,
+    /// Serve no extended attributes (as virtiofsd without --xattr): every xattr request is
+    /// answered ENOSYS, so the kernel stops asking and callers get EOPNOTSUPP (no ACLs,
+    /// no security.* labels or capabilities, no user.* attributes through the mount).
+    #[arg(long)]
+    pub no_xattr: bool,
     /// Serve the host directory DIR at PATH in the mount (PATH=DIR, repeatable; PATH is
     /// relative to the mount's root and must not exist in SOURCE).
     #[arg(long = "root", value_name = "PATH=DIR")]

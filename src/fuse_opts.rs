@@ -561,6 +561,7 @@ mod tests {
             "no_passthrough",
             "cache_ttl",
             "no_watch",
+            "no_xattr",
             "map_uid",
             "map_gid",
             "max_open_per_uid",

@@ -303,7 +303,8 @@ fn bash_completion_completes_subcommands_and_options() {
             "--no-confine",
             "--no-git-worktree",
             "--no-passthrough",
-            "--no-watch"
+            "--no-watch",
+            "--no-xattr"
         ]
     );
 }

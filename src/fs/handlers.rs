@@ -33,6 +33,17 @@ macro_rules! notes {
     };
 }
 
+/// `--no-xattr`: an xattr request is answered ENOSYS before its node is looked at, so
+/// the answer is the same for every node (hidden, notes, refused or not) and nothing
+/// reaches the host; the kernel remembers ENOSYS and stops asking.
+macro_rules! xattr_off {
+    ($core:expr, $reply:expr) => {
+        if !$core.shared.settings.xattr {
+            return $reply.error(Errno::ENOSYS);
+        }
+    };
+}
+
 /// A name from the kernel, validated.
 fn name(n: &[u8]) -> Result<Name, Errno> {
     Name::new(n).map_err(|e| Errno::from_i32(e.raw_os_error().unwrap_or(libc::EINVAL)))
@@ -518,6 +529,7 @@ impl Core {
         flags: i32,
         reply: impl EmptyReply,
     ) {
+        xattr_off!(self, reply);
         notes!(owns(ino), reply.error(Errno::EROFS));
         let n = n.to_vec();
         let value = value.to_vec();
@@ -539,6 +551,7 @@ impl Core {
         size: u32,
         reply: impl XattrReply,
     ) {
+        xattr_off!(self, reply);
         notes!(owns(ino), self.notes_xattr(false, size, reply));
         let ctx = self.ctx(rq);
         xattr(reply, self.shared.do_getxattr(&ctx, ino, n, size))
@@ -546,6 +559,7 @@ impl Core {
 
     /// LISTXATTR.
     pub fn listxattr(self: &Arc<Self>, rq: Rq, ino: u64, size: u32, reply: impl XattrReply) {
+        xattr_off!(self, reply);
         notes!(owns(ino), self.notes_xattr(true, size, reply));
         let ctx = self.ctx(rq);
         xattr(reply, self.shared.do_listxattr(&ctx, ino, size))
@@ -553,6 +567,7 @@ impl Core {
 
     /// REMOVEXATTR.
     pub fn removexattr(self: &Arc<Self>, rq: Rq, ino: u64, n: &[u8], reply: impl EmptyReply) {
+        xattr_off!(self, reply);
         notes!(owns(ino), reply.error(Errno::EROFS));
         let n = n.to_vec();
         self.serve_in(

@@ -125,6 +125,7 @@ pub(in crate::app) fn build_state(
             ttl: Duration::from_secs_f64(ttl),
             passthrough: !a.no_passthrough,
             learn: a.learn.as_ref().map(|_| Default::default()),
+            xattr: !a.no_xattr,
         },
         as_root: sys::geteuid() == 0,
         uids,

@@ -129,6 +129,10 @@ pub struct Settings {
     pub passthrough: bool,
     /// `--learn`: report-only; what was used is recorded here (see `learn.rs`).
     pub learn: Option<Arc<crate::learn::Recorder>>,
+    /// Serve extended attributes; false (`--no-xattr`): GETXATTR, LISTXATTR, SETXATTR and
+    /// REMOVEXATTR are answered ENOSYS before anything else is looked at, so the kernel
+    /// stops sending them and its callers get EOPNOTSUPP.
+    pub xattr: bool,
 }
 
 /// Everything the operations share.

@@ -30,8 +30,9 @@ const AVAIL: u64 = 16 * QSIZE as u64;
 /// After the available ring (flags, idx, ring, used_event), aligned to 4.
 const USED: u64 = (AVAIL + 4 + 2 * QSIZE as u64 + 2 + 3) & !3;
 
-/// A session over `dir` (created, with `a.txt` = "hello"), default policy (read-only).
-pub fn session(dir: &Path) -> Session {
+/// A session over `dir` (created, with `a.txt` = "hello"), default policy (read-only);
+/// `xattr`: extended attributes served (false: `--no-xattr`).
+pub fn session(dir: &Path, xattr: bool) -> Session {
     std::fs::create_dir_all(dir).unwrap();
     std::fs::write(dir.join("a.txt"), b"hello").unwrap();
     let policy = crate::reload::load(&[], None).unwrap();
@@ -46,6 +47,7 @@ pub fn session(dir: &Path) -> Session {
             ttl: Duration::from_secs(1),
             passthrough: false,
             learn: None,
+            xattr,
         },
         as_root: false,
         uids: crate::idmap::IdMap::parse(&[]).unwrap(),
@@ -71,6 +73,11 @@ pub struct Guest {
 impl Guest {
     /// A guest whose workspace is `dir`.
     pub fn new(dir: &Path) -> Guest {
+        Guest::with_xattr(dir, true)
+    }
+
+    /// A guest whose workspace is `dir`, extended attributes served or not (`--no-xattr`).
+    pub fn with_xattr(dir: &Path, xattr: bool) -> Guest {
         let mem = GuestMemoryAtomic::new(Mem::from_ranges(&[(GuestAddress(0), MEM)]).unwrap());
         let vring = VringRwLock::new(mem.clone(), QSIZE).unwrap();
         vring.set_queue_size(QSIZE);
@@ -80,7 +87,7 @@ impl Guest {
         Guest {
             mem,
             vring,
-            s: session(dir),
+            s: session(dir, xattr),
         }
     }
 

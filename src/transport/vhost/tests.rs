@@ -17,10 +17,15 @@ struct Guest(super::harness::Guest);
 
 impl Guest {
     fn new(name: &str) -> Guest {
-        let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        Guest::with_xattr(name, true)
+    }
+    fn with_xattr(name: &str, xattr: bool) -> Guest {
+        Guest(super::harness::Guest::with_xattr(&Guest::dir(name), xattr))
+    }
+    fn dir(name: &str) -> std::path::PathBuf {
+        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
             .join("target/tmp/vhost-unit")
-            .join(format!("{name}-{}", std::process::id()));
-        Guest(super::harness::Guest::new(&dir))
+            .join(format!("{name}-{}", std::process::id()))
     }
     fn run(&self, descs: &[RawDescriptor]) -> Vec<(u32, u32)> {
         self.0.run(descs, Duration::from_secs(5))
@@ -191,6 +196,80 @@ fn forgets_with_lying_counts_do_not_panic() {
     g.write(BUF, &r);
     g.run(&[d(BUF, r.len() as u32, NEXT, 1), d(REPLY, 4096, WRITE, 0)]);
     assert_eq!(out(&g, REPLY).1, -libc::EPROTO);
+}
+
+/// The workspace root's `user.tag` on the host, if any.
+fn host_tag(dir: &std::path::Path) -> Option<Vec<u8>> {
+    let p = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()).unwrap();
+    let mut buf = [0u8; 64];
+    // SAFETY: NUL-terminated path and name; `buf` is writable for its length.
+    let n = unsafe {
+        libc::lgetxattr(
+            p.as_ptr(),
+            c"user.tag".as_ptr(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+        )
+    };
+    (n >= 0).then(|| buf[..n as usize].to_vec())
+}
+
+/// One request on the root (nodeid 1) with a reply buffer: its out header's error.
+fn root_call(g: &Guest, opcode: u32, args: &[u8]) -> i32 {
+    let r = req(opcode, 1, None, args);
+    g.write(BUF, &r);
+    let used = g.run(&[d(BUF, r.len() as u32, NEXT, 1), d(REPLY, 4096, WRITE, 0)]);
+    assert_eq!(used.len(), 1, "opcode {opcode} answered once");
+    out(g, REPLY).1
+}
+
+#[test]
+fn no_xattr_answers_every_xattr_request_enosys_and_leaves_the_host_alone() {
+    let size_and = |size: u32, rest: &[u8]| {
+        let mut a = size.to_ne_bytes().to_vec();
+        a.extend_from_slice(&0u32.to_ne_bytes());
+        a.extend_from_slice(rest);
+        a
+    };
+    let get = size_and(64, b"user.tag\0");
+    let list = size_and(4096, b"");
+    let set = size_and(3, b"user.tag\0new");
+    let remove = b"user.tag\0".to_vec();
+    for xattr in [true, false] {
+        let name = format!("xattr-{xattr}");
+        let g = Guest::with_xattr(&name, xattr);
+        let dir = Guest::dir(&name);
+        let p = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: NUL-terminated path and name, a 3-byte value.
+        let rc = unsafe {
+            libc::lsetxattr(
+                p.as_ptr(),
+                c"user.tag".as_ptr(),
+                b"old".as_ptr().cast(),
+                3,
+                0,
+            )
+        };
+        assert_eq!(rc, 0, "host setxattr: {}", std::io::Error::last_os_error());
+        let mut errs = vec![root_call(&g, op::GETXATTR, &get)];
+        let value = g.read(REPLY + OUT_HEADER as u64, 3);
+        for (o, a) in [
+            (op::LISTXATTR, &list),
+            (op::SETXATTR, &set),
+            (op::REMOVEXATTR, &remove),
+        ] {
+            errs.push(root_call(&g, o, a));
+        }
+        if xattr {
+            // Served: the value is read, the read-only default refuses the changes.
+            assert_eq!((errs[0], errs[1], value), (0, 0, b"old".to_vec()));
+            assert!(errs[2] < 0 && errs[3] < 0, "{errs:?}");
+            assert!(!errs[2..].contains(&-libc::ENOSYS), "{errs:?}");
+        } else {
+            assert_eq!(errs, vec![-libc::ENOSYS; 4]);
+        }
+        assert_eq!(host_tag(&dir), Some(b"old".to_vec()), "xattr {xattr}");
+    }
 }
 
 #[test]
