@@ -28,6 +28,7 @@ use super::changes::{Change, Kind, Layers};
 use super::cli::status_line;
 use super::diff::quote;
 use super::intent;
+use super::standin;
 use super::sys::file;
 use super::tree::{Layer, Node, depth_of, depth_ok, kind, split};
 use crate::host::sys::{self, Name, SetTime};
@@ -275,7 +276,7 @@ fn finish<'a>(l: &Layers, done: impl Iterator<Item = &'a Change>, out: &mut Line
     }
     let mut dropped = Vec::new();
     for c in done {
-        match if c.under_opaque || (c.kind == Kind::Metadata && c.dir) {
+        match if c.under_opaque || (c.kind == Kind::Metadata && c.dir) || keeps_stand_in(l, c) {
             Ok(())
         } else {
             drop_staged(l, &c.path)
@@ -292,6 +293,13 @@ fn finish<'a>(l: &Layers, done: impl Iterator<Item = &'a Change>, out: &mut Line
     for c in dropped {
         out.applied(&status_line(c));
     }
+}
+
+/// Whether the applied change `c` is a stand-in for a character device 0/0, which stays in
+/// the upper: SOURCE's real 0/0 device is a whiteout to overlayfs, hidden from the merged
+/// view, and the stand-in equals it now (no change: `status` does not list it).
+fn keeps_stand_in(l: &Layers, c: &Change) -> bool {
+    !c.dir && matches!(l.upper.get(&c.path), Ok(Some(u)) if standin::is_stand_in(&u.st))
 }
 
 /// The SOURCE side of a write: a directory's metadata set in place, else the staged entry
@@ -442,8 +450,16 @@ fn copy_entry(l: &Layers, u: &Node, dir: BorrowedFd<'_>, t: &Name, depth: usize)
             set_meta(&l.upper, u, &l.lower, d.as_fd(), Some(mode), true)
         }
         _ => {
-            sys::mknodat(dir, t, u.st.st_mode, u.st.st_rdev)?;
-            sys::fchownat_nofollow(dir, t, u.st.st_uid, u.st.st_gid)
+            // A stand-in becomes the character device 0/0 it stands for.
+            sys::mknodat(dir, t, u.st.st_mode, standin::rdev(&u.st))?;
+            sys::fchownat_nofollow(dir, t, u.st.st_uid, u.st.st_gid)?;
+            let at = |s: i64, n: i64| SetTime::At(s, n);
+            sys::utimens_nofollow(
+                dir,
+                t,
+                at(u.st.st_atime, u.st.st_atime_nsec),
+                at(u.st.st_mtime, u.st.st_mtime_nsec),
+            )
         }
     }
 }
