@@ -14,9 +14,10 @@
 # (--sql one-row commits, `PRAGMA journal_mode=WAL`). Copy-up (staged only): the first
 # append to a --big MiB SOURCE file through the mount, then `sync`, against `cp` of it
 # and `sync` on the host (the file and the copies are deleted with the rest).
-# For `rm -rf` and sqlite also the CPU seconds they cost (the daemon's, from
+# `rm -rf` of an N-file tree of SOURCE (staged: N whiteouts, then discarded again before
+# the staged-only rows). For the `rm -rf` rows and sqlite also the CPU seconds they cost (the daemon's, from
 # /proc/PID/stat, plus the program's own): steadier than wall time on a shared machine.
-# With --floor, each round also runs those two on the plain directory and on a plain
+# With --floor, each round also runs those three on the plain directory and on a plain
 # kernel overlayfs mount (lower = a copy of SOURCE, upper and work beside DIR, redirects
 # on, as the daemon mounts it) with no fencefs: what overlayfs itself costs (the floor
 # of the staged/unstaged ratio). Medians of --runs.
@@ -120,18 +121,20 @@ declare -A R
 # floor: rm -rf and sqlite on the plain directory, then on a plain kernel overlayfs mount.
 floor() {
   local f="$W/floor" k d; rm -rf "$f"; mkdir -p "$f/dir" "$f/low" "$f/up" "$f/wk" "$f/ovl"
-  cp -a "$W/tarsrc/t" "$f/low/repo"
+  cp -a "$W/tarsrc/t" "$f/low/repo"; cp -a "$W/tarsrc/t" "$f/low/del"; cp -a "$W/tarsrc/t" "$f/dir/del"
   mount -t overlay overlay -o "lowerdir=$f/low,upperdir=$f/up,workdir=$f/wk,redirect_dir=on" "$f/ovl"
   for k in dir ovl; do
     d="$f/$k"; mkdir -p "$d/c"; tar xf "$W/t.tar" -C "$d/c"
     tn "$k,rmrf" rm -rf "$d/c/t"
     tn "$k,sqlite" /usr/bin/python3 "$W/wal.py" "$d/wal.db" "$SQL"
+    tn "$k,rmsrc" rm -rf "$d/del"
   done
   umount "$f/ovl"; rm -rf "$f"
 }
 one() { # $1 = label, $2 = extra args
   local d="$W/$1" ; rm -rf "$d"; mkdir -p "$d/src" "$d/mnt"
   cp -a "$W/tarsrc/t" "$d/src/repo"
+  cp -a "$W/tarsrc/t" "$d/src/del"
   if [ -n "$2" ]; then dd if=/dev/zero of="$d/src/big" bs=1M count="$BIG" status=none; sync; fi
   (cd "$d/src/repo" && git init -q && git add -A && git -c user.name=b -c user.email=b@b commit -qm x)
   "$BIN" mount -p "$W/policy.toml" $2 "$d/src" "$d/mnt" 2>"$d/log" &
@@ -151,7 +154,9 @@ for i in range($N):
   R[$1,clone]+=" $(t git clone -q --no-hardlinks "$W/origin.git" "$d/mnt/clone")"
   git -C "$d/mnt/clone" log --oneline -1 >/dev/null || { echo "git clone failed ($1)" >&2; exit 1; }
   tw "$1,sqlite" "$pid" /usr/bin/python3 "$W/wal.py" "$d/mnt/wal.db" "$SQL"
+  tw "$1,rmsrc" "$pid" rm -rf "$d/mnt/del"
   if [ -n "$2" ]; then
+    "$BIN" stage discard "$d/ctl.sock" del >/dev/null
     tar xf "$W/t.tar" -C "$d/mnt/c"
     R[$1,status]+=" $(t "$BIN" stage status "$d/ctl.sock")"
     R[$1,checkpoint]+=" $(t "$BIN" stage checkpoint "$d/ctl.sock")"
@@ -176,21 +181,22 @@ for _ in $(seq "$RUNS"); do
   if [ "$FLOOR" = 1 ]; then floor; fi
 done
 printf '%-28s %10s %10s %7s\n' workload unstaged staged ratio
-for w in create untar rmrf gitstatus pip clone sqlite; do
+for w in create untar rmrf gitstatus pip clone sqlite rmsrc; do
   a=$(med "${R[plain,$w]}"); b=$(med "${R[staged,$w]}")
   case $w in
     pip) label="venv + pip (301 files)" ;; clone) label="git clone (this repo)" ;;
-    sqlite) label="sqlite WAL ($SQL commits)" ;; *) label="$w ($N files)" ;;
+    sqlite) label="sqlite WAL ($SQL commits)" ;; rmsrc) label="rm -rf SOURCE's ($N files)" ;;
+    *) label="$w ($N files)" ;;
   esac
   printf '%-28s %10.3f %10.3f %6.2fx\n' "$label" "$a" "$b" "$(echo "$b / $a" | bc -l)"
 done
-for w in rmrf sqlite; do
+for w in rmrf sqlite rmsrc; do
   a=$(med "${R[plain,${w}cpu]}"); b=$(med "${R[staged,${w}cpu]}")
   printf '%-28s %10.3f %10.3f %s\n' "  $w, CPU s (daemon + it)" "$a" "$b" "$(ratio "$a" "$b")"
 done
 if [ "$FLOOR" = 1 ]; then
   echo "floor, no fencefs:            plain dir    overlay  ratio"
-  for w in rmrf sqlite; do
+  for w in rmrf sqlite rmsrc; do
     for c in "" cpu; do
       a=$(med "${R[dir,$w$c]}"); b=$(med "${R[ovl,$w$c]}")
       printf '%-28s %10.3f %10.3f %s\n' "  $w${c:+, CPU s}" "$a" "$b" "$(ratio "$a" "$b")"
