@@ -84,7 +84,7 @@ mod tests {
 
     #[test]
     fn a_stand_in_reads_as_0_0_and_nothing_else_changes() {
-        let mut st: libc::stat = unsafe_free_zeroed();
+        let mut st: libc::stat = some_stat();
         st.st_mode = libc::S_IFCHR | 0o644;
         st.st_rdev = STAND_IN;
         assert!(is_stand_in(&st));
@@ -97,10 +97,10 @@ mod tests {
         assert_eq!(rdev(&st), STAND_IN);
     }
 
-    fn unsafe_free_zeroed() -> libc::stat {
-        // A stat from an empty file's fstat, then overwritten: no unsafe zeroing here.
+    /// A real `stat` (of /proc/self/stat) whose fields the test then overwrites: no
+    /// zeroing by hand outside the syscall modules.
+    fn some_stat() -> libc::stat {
         let f = std::fs::File::open("/proc/self/stat").expect("open");
-        let st = crate::host::sys::fstat(f.as_fd()).expect("fstat");
-        st
+        crate::host::sys::fstat(f.as_fd()).expect("fstat")
     }
 }
