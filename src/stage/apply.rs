@@ -276,7 +276,7 @@ fn finish<'a>(l: &Layers, done: impl Iterator<Item = &'a Change>, out: &mut Line
     }
     let mut dropped = Vec::new();
     for c in done {
-        match if c.under_opaque || (c.kind == Kind::Metadata && c.dir) || keeps_stand_in(l, c) {
+        match if c.under_opaque || (c.kind == Kind::Metadata && c.dir) {
             Ok(())
         } else {
             drop_staged(l, &c.path)
@@ -293,13 +293,6 @@ fn finish<'a>(l: &Layers, done: impl Iterator<Item = &'a Change>, out: &mut Line
     for c in dropped {
         out.applied(&status_line(c));
     }
-}
-
-/// Whether the applied change `c` is a stand-in for a character device 0/0, which stays in
-/// the upper: SOURCE's real 0/0 device is a whiteout to overlayfs, hidden from the merged
-/// view, and the stand-in equals it now (no change: `status` does not list it).
-fn keeps_stand_in(l: &Layers, c: &Change) -> bool {
-    !c.dir && matches!(l.upper.get(&c.path), Ok(Some(u)) if standin::is_stand_in(&u.st))
 }
 
 /// The SOURCE side of a write: a directory's metadata set in place, else the staged entry
@@ -631,25 +624,30 @@ fn remove_tree_at(layer: &Layer, dir: BorrowedFd<'_>, n: &Name, depth: usize) ->
 
 /// Drops the staged entry at `path` (a whole tree for a directory) and syncs its parent.
 pub(super) fn unstage_path(l: &Layers, path: &[u8]) -> io::Result<()> {
-    if let Some(d) = drop_staged_in(l, path)? {
+    if let Some(d) = drop_staged_in(l, path, false)? {
         sync_dir(&l.upper, d.fd.as_fd())?;
     }
     Ok(())
 }
 
-/// Drops the staged entry at `path`, not synced (a batch ends with one `syncfs`).
+/// Drops the applied staged entry at `path`, not synced (a batch ends with one `syncfs`).
+/// A stand-in for a character device 0/0 stays: SOURCE's real 0/0 device is a whiteout to
+/// overlayfs, hidden from the merged view, and the stand-in equals it now (no change:
+/// `status` does not list it).
 fn drop_staged(l: &Layers, path: &[u8]) -> io::Result<()> {
-    drop_staged_in(l, path).map(drop)
+    drop_staged_in(l, path, true).map(drop)
 }
 
-/// Drops the staged entry at `path`; its staged parent when there was one.
-fn drop_staged_in(l: &Layers, path: &[u8]) -> io::Result<Option<Node>> {
+/// Drops the staged entry at `path` (a stand-in too, unless `keep_stand_in`); its staged
+/// parent when there was one.
+fn drop_staged_in(l: &Layers, path: &[u8], keep_stand_in: bool) -> io::Result<Option<Node>> {
     let (parent, last) = split(path);
     let Some(d) = l.upper.dir(parent)? else {
         return Ok(None);
     };
     let n = name(last)?;
     match sys::fstatat_nofollow(d.fd.as_fd(), &n) {
+        Ok(st) if keep_stand_in && standin::is_stand_in(&st) => return Ok(None),
         Ok(_) => {}
         Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(None),
         Err(e) => return Err(e),
