@@ -14,8 +14,14 @@
 # (--sql one-row commits, `PRAGMA journal_mode=WAL`). Copy-up (staged only): the first
 # append to a --big MiB SOURCE file through the mount, then `sync`, against `cp` of it
 # and `sync` on the host (the file and the copies are deleted with the rest).
-# Medians of --runs.
-# Usage: scripts/bench-stage.sh [--files N] [--runs R] [--sql K] [--big MiB] [--bin PATH]
+# `rm -rf` of an N-file tree of SOURCE (staged: N whiteouts, then discarded again before
+# the staged-only rows). For the `rm -rf` rows and sqlite also the CPU seconds they cost (the daemon's, from
+# /proc/PID/stat, plus the program's own): steadier than wall time on a shared machine.
+# With --floor, each round also runs those three on the plain directory and on a plain
+# kernel overlayfs mount (lower = a copy of SOURCE, upper and work beside DIR, redirects
+# on, as the daemon mounts it) with no fencefs: what overlayfs itself costs (the floor
+# of the staged/unstaged ratio). Medians of --runs.
+# Usage: scripts/bench-stage.sh [--files N] [--runs R] [--sql K] [--big MiB] [--floor] [--bin PATH]
 # Needs root (the staged mount uses kernel overlayfs). Leaves nothing mounted: every mount
 # it makes is unmounted on exit, and it kills only the daemons it started (by pid).
 set -euo pipefail
@@ -23,6 +29,7 @@ N=2000
 RUNS=3
 SQL=3000
 BIG=1024
+FLOOR=0
 BIN=${BIN:-target/release/fencefs}
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -30,8 +37,9 @@ while [ $# -gt 0 ]; do
     --runs) RUNS=$2; shift 2 ;;
     --sql) SQL=$2; shift 2 ;;
     --big) BIG=$2; shift 2 ;;
+    --floor) FLOOR=1; shift ;;
     --bin) BIN=$2; shift 2 ;;
-    *) echo "usage: $0 [--files N] [--runs R] [--sql K] [--big MiB] [--bin PATH]" >&2; exit 2 ;;
+    *) echo "usage: $0 [--files N] [--runs R] [--sql K] [--big MiB] [--floor] [--bin PATH]" >&2; exit 2 ;;
   esac
 done
 BIN=$(realpath "$BIN")
@@ -39,6 +47,7 @@ W=$(mktemp -d "${TMPDIR:-/tmp}/fencefs-bench-stage.XXXXXX")
 PIDS=()
 cleanup() {
   for m in "$W"/*/mnt; do mountpoint -q "$m" 2>/dev/null && fusermount3 -u -z "$m"; done
+  if mountpoint -q "$W/floor/ovl" 2>/dev/null; then umount -l "$W/floor/ovl"; fi
   for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
   rm -rf "$W"
 }
@@ -92,10 +101,40 @@ tc() {
   /usr/bin/time -f '%U %S' -o "$W/cpu" "$@" >/dev/null 2>&1
   R[$k]+=" $(awk '{print $1 + $2}' "$W/cpu")"; echo "$(now) - $s" | bc
 }
+# tw KEY PID CMD...: wall time into R[KEY], CPU seconds of CMD and of daemon PID (user +
+# system, all its threads: /proc/PID/stat) into R[KEY cpu].
+HZ=$(getconf CLK_TCK)
+ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+tw() {
+  local k=$1 pid=$2 s c0; shift 2; c0=$(ticks "$pid"); s=$(now)
+  /usr/bin/time -f '%U %S' -o "$W/cpu" "$@" >/dev/null 2>&1
+  R[$k]+=" $(echo "$(now) - $s" | bc)"
+  R[${k}cpu]+=" $(awk -v d="$(( $(ticks "$pid") - c0 ))" -v hz="$HZ" '{print $1 + $2 + d / hz}' "$W/cpu")"
+}
+# tn KEY CMD...: the same without a daemon (the program's CPU holds the kernel's work).
+tn() {
+  local k=$1 s; shift; s=$(now)
+  /usr/bin/time -f '%U %S' -o "$W/cpu" "$@" >/dev/null 2>&1
+  R[$k]+=" $(echo "$(now) - $s" | bc)"; R[${k}cpu]+=" $(awk '{print $1 + $2}' "$W/cpu")"
+}
 declare -A R
+# floor: rm -rf and sqlite on the plain directory, then on a plain kernel overlayfs mount.
+floor() {
+  local f="$W/floor" k d; rm -rf "$f"; mkdir -p "$f/dir" "$f/low" "$f/up" "$f/wk" "$f/ovl"
+  cp -a "$W/tarsrc/t" "$f/low/repo"; cp -a "$W/tarsrc/t" "$f/low/del"; cp -a "$W/tarsrc/t" "$f/dir/del"
+  mount -t overlay overlay -o "lowerdir=$f/low,upperdir=$f/up,workdir=$f/wk,redirect_dir=on" "$f/ovl"
+  for k in dir ovl; do
+    d="$f/$k"; mkdir -p "$d/c"; tar xf "$W/t.tar" -C "$d/c"
+    tn "$k,rmrf" rm -rf "$d/c/t"
+    tn "$k,sqlite" /usr/bin/python3 "$W/wal.py" "$d/wal.db" "$SQL"
+    tn "$k,rmsrc" rm -rf "$d/del"
+  done
+  umount "$f/ovl"; rm -rf "$f"
+}
 one() { # $1 = label, $2 = extra args
   local d="$W/$1" ; rm -rf "$d"; mkdir -p "$d/src" "$d/mnt"
   cp -a "$W/tarsrc/t" "$d/src/repo"
+  cp -a "$W/tarsrc/t" "$d/src/del"
   if [ -n "$2" ]; then dd if=/dev/zero of="$d/src/big" bs=1M count="$BIG" status=none; sync; fi
   (cd "$d/src/repo" && git init -q && git add -A && git -c user.name=b -c user.email=b@b commit -qm x)
   "$BIN" mount -p "$W/policy.toml" $2 "$d/src" "$d/mnt" 2>"$d/log" &
@@ -108,14 +147,16 @@ os.mkdir('$d/mnt/c')
 for i in range($N):
     open('$d/mnt/c/f%d' % i, 'w').write('y')")"
   R[$1,untar]+=" $(t tar xf "$W/t.tar" -C "$d/mnt/c")"
-  R[$1,rmrf]+=" $(t rm -rf "$d/mnt/c/t")"
+  tw "$1,rmrf" "$pid" rm -rf "$d/mnt/c/t"
   R[$1,gitstatus]+=" $(t git -C "$d/mnt/repo" status)"
   R[$1,pip]+=" $(t sh -c "/usr/bin/python3 -m venv '$d/mnt/v' && '$d/mnt/v/bin/pip' install -q --no-index --find-links '$W/wheels' benchpkg")"
   "$d/mnt/v/bin/python" -c 'import benchpkg.m299' || { echo "pip install failed ($1)" >&2; exit 1; }
   R[$1,clone]+=" $(t git clone -q --no-hardlinks "$W/origin.git" "$d/mnt/clone")"
   git -C "$d/mnt/clone" log --oneline -1 >/dev/null || { echo "git clone failed ($1)" >&2; exit 1; }
-  R[$1,sqlite]+=" $(t /usr/bin/python3 "$W/wal.py" "$d/mnt/wal.db" "$SQL")"
+  tw "$1,sqlite" "$pid" /usr/bin/python3 "$W/wal.py" "$d/mnt/wal.db" "$SQL"
+  tw "$1,rmsrc" "$pid" rm -rf "$d/mnt/del"
   if [ -n "$2" ]; then
+    "$BIN" stage discard "$d/ctl.sock" del >/dev/null
     tar xf "$W/t.tar" -C "$d/mnt/c"
     R[$1,status]+=" $(t "$BIN" stage status "$d/ctl.sock")"
     R[$1,checkpoint]+=" $(t "$BIN" stage checkpoint "$d/ctl.sock")"
@@ -133,17 +174,35 @@ for i in range($N):
     rm -f "$d/src/big" "$d/big-copy"
   fi
 }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a > 0) printf "%6.2fx", b / a; else printf "%7s", "-" }'; }
 med() { tr ' ' '\n' <<<"$1" | grep . | sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
-for _ in $(seq "$RUNS"); do one plain ""; one staged "--stage $W/staged/stage --control $W/staged/ctl.sock"; done
+for _ in $(seq "$RUNS"); do
+  one plain ""; one staged "--stage $W/staged/stage --control $W/staged/ctl.sock"
+  if [ "$FLOOR" = 1 ]; then floor; fi
+done
 printf '%-28s %10s %10s %7s\n' workload unstaged staged ratio
-for w in create untar rmrf gitstatus pip clone sqlite; do
+for w in create untar rmrf gitstatus pip clone sqlite rmsrc; do
   a=$(med "${R[plain,$w]}"); b=$(med "${R[staged,$w]}")
   case $w in
     pip) label="venv + pip (301 files)" ;; clone) label="git clone (this repo)" ;;
-    sqlite) label="sqlite WAL ($SQL commits)" ;; *) label="$w ($N files)" ;;
+    sqlite) label="sqlite WAL ($SQL commits)" ;; rmsrc) label="rm -rf SOURCE's ($N files)" ;;
+    *) label="$w ($N files)" ;;
   esac
   printf '%-28s %10.3f %10.3f %6.2fx\n' "$label" "$a" "$b" "$(echo "$b / $a" | bc -l)"
 done
+for w in rmrf sqlite rmsrc; do
+  a=$(med "${R[plain,${w}cpu]}"); b=$(med "${R[staged,${w}cpu]}")
+  printf '%-28s %10.3f %10.3f %s\n' "  $w, CPU s (daemon + it)" "$a" "$b" "$(ratio "$a" "$b")"
+done
+if [ "$FLOOR" = 1 ]; then
+  echo "floor, no fencefs:            plain dir    overlay  ratio"
+  for w in rmrf sqlite rmsrc; do
+    for c in "" cpu; do
+      a=$(med "${R[dir,$w$c]}"); b=$(med "${R[ovl,$w$c]}")
+      printf '%-28s %10.3f %10.3f %s\n' "  $w${c:+, CPU s}" "$a" "$b" "$(ratio "$a" "$b")"
+    done
+  done
+fi
 printf '%-28s %10s %10.3f\n' "stage status ($((N * 2)) paths)" - "$(med "${R[staged,status]}")"
 printf '%-28s %10s %10.3f\n' "stage checkpoint ($((N * 2)))" - "$(med "${R[staged,checkpoint]}")"
 printf '%-28s %10s %10.3f\n' "status, 1 checkpoint" - "$(med "${R[staged,status1]}")"

@@ -424,3 +424,117 @@ fn long_names_sharing_a_long_prefix_apply_together() {
     assert!(d.is_empty(), "SOURCE after apply:\n{d}");
     assert_eq!(stage(&["status"], &dir).stdout, "");
 }
+
+/// `stat -c '%F %t:%T %a'` of each path, one line each.
+fn dev_stat(dir: &Path, paths: &str) -> String {
+    sh_in(dir, &format!("stat -c '%n %F %t:%T %a' {paths}"))
+        .assert_ok("stat")
+        .stdout
+        .clone()
+}
+
+#[test]
+fn a_character_device_0_0_is_staged_reported_as_0_0_and_applied_as_one() {
+    let b = Mount::builder("stage-cdev0").policy(&format!("{WRITE}allow_devices = true\n"));
+    staged_sample(&b.host(""));
+    let dir = stage_dir(&b);
+    let sock = b.root().join("ctl.sock");
+    let mut m = b
+        .arg("--stage")
+        .arg(&dir)
+        .arg("--control")
+        .arg(&sock)
+        .start();
+    let before = snapshot(&m.host(""));
+    // mknod's own reply (the stat right after it), then lookup/getattr, then READDIRPLUS.
+    let made = m.sh(
+        "set -e; mknod -m 640 z c 0 0; stat -c '%t:%T %a' z; mknod sub/z2 c 0 0; \
+                     mknod keep c 1 3; mknod rm0 c 0 0; rm rm0; mknod mv0 c 0 0; mv mv0 moved",
+    );
+    made.assert_ok("mknod c 0 0 through a staged mount");
+    assert_eq!(made.stdout, "0:0 640\n", "the create reply");
+    assert_eq!(
+        dev_stat(&m.mnt(""), "z sub/z2 keep moved"),
+        "z character special file 0:0 640\nsub/z2 character special file 0:0 644\n\
+         keep character special file 1:3 644\nmoved character special file 0:0 644\n"
+    );
+    let ls = m.sh("ls -ln sub | grep z2").stdout;
+    assert!(
+        ls.starts_with("crw-r--r--") && ls.contains(" 0, 0 "),
+        "readdirplus: {ls}"
+    );
+    // The reserved number itself cannot be made through the mount (nor can its label be
+    // set or read: special files have no xattrs through the mount).
+    let r = m.sh("mknod res c 0 262143");
+    r.assert_fail("mknod of the stand-in's number");
+    assert!(
+        r.stderr.contains("Operation not permitted"),
+        "EPERM: {}",
+        r.stderr
+    );
+    assert!(!m.mnt("res").exists());
+    assert_host_unchanged(&before, &m.host(""), "0/0 devices staged");
+    // In DIR: a stand-in (major 0, minor 0x3ffff), labelled.
+    let up = dev_stat(&dir.join("upper"), "z sub/z2");
+    assert_eq!(
+        up,
+        "z character special file 0:3ffff 640\nsub/z2 character special file 0:3ffff 644\n"
+    );
+    let label = sh_in(
+        &dir.join("upper"),
+        "python3 -c \"import os; print(os.getxattr('z', 'trusted.fencefs.dev'))\"",
+    );
+    assert_eq!(label.stdout, "b'0:0'\n", "{}", label.stderr);
+    let st = run_fencefs(
+        ["stage".as_ref(), "status".as_ref(), sock.as_os_str()],
+        LIMIT,
+    );
+    st.assert_ok("status");
+    assert_eq!(st.stdout, "A keep\nA moved\nA sub/z2\nA z\n");
+    // Apply: real 0/0 devices in SOURCE with the staged mode and owner; the merged view is
+    // the same, and nothing is listed any more.
+    let ap = run_fencefs(
+        ["stage".as_ref(), "apply".as_ref(), sock.as_os_str()],
+        LIMIT,
+    );
+    ap.assert_ok("apply");
+    assert_eq!(
+        dev_stat(&m.host(""), "z sub/z2 keep moved"),
+        "z character special file 0:0 640\nsub/z2 character special file 0:0 644\n\
+         keep character special file 1:3 644\nmoved character special file 0:0 644\n"
+    );
+    assert_eq!(
+        dev_stat(&m.mnt(""), "z sub/z2 keep moved"),
+        "z character special file 0:0 640\nsub/z2 character special file 0:0 644\n\
+         keep character special file 1:3 644\nmoved character special file 0:0 644\n",
+        "the merged view after apply"
+    );
+    assert!(!m.host("rm0").exists() && !m.host("mv0").exists());
+    let st = run_fencefs(
+        ["stage".as_ref(), "status".as_ref(), sock.as_os_str()],
+        LIMIT,
+    );
+    assert_eq!(st.stdout, "", "nothing staged after apply");
+    stop(&mut m);
+    // After a restart on the same DIR the applied devices still show (their stand-ins
+    // stay in DIR: SOURCE's 0/0 is a whiteout to overlayfs).
+    let st = stage(&["status"], &dir);
+    assert_eq!(st.stdout, "", "offline status after apply");
+    // The offline oracle (a read-only `mount -t overlay` of DIR over SOURCE) shows the
+    // stand-in's own number.
+    let o = m.root().join("oracle");
+    fs::create_dir_all(&o).unwrap();
+    let opts = format!(
+        "ro,lowerdir={}:{}",
+        dir.join("upper").display(),
+        m.host("").display()
+    );
+    let r = sh_in(
+        m.root(),
+        &format!(
+            "mount -t overlay overlay -o {opts} {0} && stat -c '%t:%T' {0}/z; umount {0}",
+            o.display()
+        ),
+    );
+    assert_eq!(r.stdout, "0:3ffff\n", "{}", r.stderr);
+}

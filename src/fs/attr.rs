@@ -60,7 +60,8 @@ pub fn to_attr(ino: u64, st: &libc::stat) -> FileAttr {
         nlink: st.st_nlink as u32,
         uid: st.st_uid,
         gid: st.st_gid,
-        rdev: st.st_rdev as u32,
+        // A staged mount's stand-in for a character device 0/0 reads as 0/0.
+        rdev: crate::stage::standin::reported_rdev(st) as u32,
         blksize: st.st_blksize as u32,
         flags: 0,
     }

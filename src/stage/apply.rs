@@ -28,6 +28,7 @@ use super::changes::{Change, Kind, Layers};
 use super::cli::status_line;
 use super::diff::quote;
 use super::intent;
+use super::standin;
 use super::sys::file;
 use super::tree::{Layer, Node, depth_of, depth_ok, kind, split};
 use crate::host::sys::{self, Name, SetTime};
@@ -442,8 +443,16 @@ fn copy_entry(l: &Layers, u: &Node, dir: BorrowedFd<'_>, t: &Name, depth: usize)
             set_meta(&l.upper, u, &l.lower, d.as_fd(), Some(mode), true)
         }
         _ => {
-            sys::mknodat(dir, t, u.st.st_mode, u.st.st_rdev)?;
-            sys::fchownat_nofollow(dir, t, u.st.st_uid, u.st.st_gid)
+            // A stand-in becomes the character device 0/0 it stands for.
+            sys::mknodat(dir, t, u.st.st_mode, standin::rdev(&u.st))?;
+            sys::fchownat_nofollow(dir, t, u.st.st_uid, u.st.st_gid)?;
+            let at = |s: i64, n: i64| SetTime::At(s, n);
+            sys::utimens_nofollow(
+                dir,
+                t,
+                at(u.st.st_atime, u.st.st_atime_nsec),
+                at(u.st.st_mtime, u.st.st_mtime_nsec),
+            )
         }
     }
 }
@@ -615,25 +624,30 @@ fn remove_tree_at(layer: &Layer, dir: BorrowedFd<'_>, n: &Name, depth: usize) ->
 
 /// Drops the staged entry at `path` (a whole tree for a directory) and syncs its parent.
 pub(super) fn unstage_path(l: &Layers, path: &[u8]) -> io::Result<()> {
-    if let Some(d) = drop_staged_in(l, path)? {
+    if let Some(d) = drop_staged_in(l, path, false)? {
         sync_dir(&l.upper, d.fd.as_fd())?;
     }
     Ok(())
 }
 
-/// Drops the staged entry at `path`, not synced (a batch ends with one `syncfs`).
+/// Drops the applied staged entry at `path`, not synced (a batch ends with one `syncfs`).
+/// A stand-in for a character device 0/0 stays: SOURCE's real 0/0 device is a whiteout to
+/// overlayfs, hidden from the merged view, and the stand-in equals it now (no change:
+/// `status` does not list it).
 fn drop_staged(l: &Layers, path: &[u8]) -> io::Result<()> {
-    drop_staged_in(l, path).map(drop)
+    drop_staged_in(l, path, true).map(drop)
 }
 
-/// Drops the staged entry at `path`; its staged parent when there was one.
-fn drop_staged_in(l: &Layers, path: &[u8]) -> io::Result<Option<Node>> {
+/// Drops the staged entry at `path` (a stand-in too, unless `keep_stand_in`); its staged
+/// parent when there was one.
+fn drop_staged_in(l: &Layers, path: &[u8], keep_stand_in: bool) -> io::Result<Option<Node>> {
     let (parent, last) = split(path);
     let Some(d) = l.upper.dir(parent)? else {
         return Ok(None);
     };
     let n = name(last)?;
     match sys::fstatat_nofollow(d.fd.as_fd(), &n) {
+        Ok(st) if keep_stand_in && standin::is_stand_in(&st) => return Ok(None),
         Ok(_) => {}
         Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(None),
         Err(e) => return Err(e),

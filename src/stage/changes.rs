@@ -16,6 +16,7 @@ use std::collections::HashSet;
 use std::io;
 use std::os::fd::AsFd;
 
+use super::standin;
 use super::sys as ssys;
 use super::tree::{Layer, Node, depth_of, depth_ok, join, kind, split};
 use crate::host::sys::{self, Name};
@@ -406,7 +407,7 @@ impl Layers {
         match kind(&u.st) {
             libc::S_IFREG => self.upper.same_bytes(u, &self.lower, l),
             libc::S_IFLNK => Ok(sys::readlink_fd(u.fd.as_fd())? == sys::readlink_fd(l.fd.as_fd())?),
-            libc::S_IFCHR | libc::S_IFBLK => Ok(u.st.st_rdev == l.st.st_rdev),
+            libc::S_IFCHR | libc::S_IFBLK => Ok(standin::rdev(&u.st) == standin::rdev(&l.st)),
             _ => Ok(true),
         }
     }

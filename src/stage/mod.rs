@@ -3,7 +3,8 @@
 //!
 //! Job: validate and lock DIR ([`area`]), build the merged view the daemon serves
 //! ([`engine`], [`view`], [`tree_mount`]), keep checkpoints as sealed layers ([`layers`],
-//! flattened by `flatten`), and read, diff, apply and discard the staged tree ([`changes`],
+//! flattened by `flatten`), stand in for the character devices 0/0 overlayfs cannot hold
+//! ([`standin`]), and read, diff, apply and discard the staged tree ([`changes`],
 //! [`diff`], [`apply`], [`cli`], live through [`control`]).
 //!
 //! The staged tree is kept in kernel overlayfs's upper-directory format, so standard tools
@@ -31,6 +32,7 @@ mod discard;
 mod flatten;
 mod intent;
 pub mod layers;
+pub mod standin;
 mod sys;
 pub mod tree;
 pub mod tree_mount;

@@ -191,7 +191,7 @@ impl Shared {
         self.allow(ctx, "mknod", &path, false, Need::Create, sp)?;
         let pfd = self.inodes.fd(parent)?;
         self.create_as_caller(ctx, &pfd, name, false, || {
-            sys::mknodat(pfd.as_fd(), name, mode, rdev as u64)
+            crate::stage::standin::mknodat(pfd.as_fd(), name, mode, rdev as u64)
         })?;
         self.finish_create(ctx, parent, &pfd, name, false)
     }
