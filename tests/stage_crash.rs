@@ -97,9 +97,15 @@ fn temporaries(dir: &Path) -> Vec<PathBuf> {
     out
 }
 
-/// Checks SOURCE (`src`) and the merged view (`view`) after a kill and a restart; returns
-/// the paths still staged.
-fn check(plan: &Plan, src: &Path, view: &Path, what: &str) -> Vec<String> {
+/// Whether DIR's staged tree has an entry (a file, or a deletion's whiteout) at `p`.
+fn staged_entry(dir: &Path, p: &str) -> bool {
+    fs::symlink_metadata(dir.join("upper").join(p)).is_ok()
+}
+
+/// Checks SOURCE (`src`) and the merged view (`view`) of the staging area `dir` after a
+/// kill and a restart (whose recovery unstaged every applied path); returns the paths
+/// still staged.
+fn check(plan: &Plan, dir: &Path, src: &Path, view: &Path, what: &str) -> Vec<String> {
     let temps = temporaries(src);
     assert!(
         temps.is_empty(),
@@ -109,6 +115,10 @@ fn check(plan: &Plan, src: &Path, view: &Path, what: &str) -> Vec<String> {
     for (p, want) in &plan.staged {
         let now = read(&src.join(p));
         if now == *want {
+            assert!(
+                !staged_entry(dir, p),
+                "{what}: {p} is applied but still staged (it would hide host edits)"
+            );
             continue;
         }
         assert_eq!(
@@ -246,6 +256,7 @@ fn sigkill_of_an_offline_apply_of_thousands_of_files_loses_nothing() {
         let before = pending.len();
         pending = check(
             &plan,
+            &dir,
             &m.host(""),
             &second.mnt,
             "after a killed offline apply",
@@ -270,7 +281,16 @@ fn sigkill_of_an_offline_apply_of_thousands_of_files_loses_nothing() {
     let out = offline(&dir, "apply", &[]);
     out.assert_ok("the last apply");
     let second = Second::start(&m, &dir, &m.policy_path());
-    assert!(check(&plan, &m.host(""), &second.mnt, "after the last apply").is_empty());
+    assert!(
+        check(
+            &plan,
+            &dir,
+            &m.host(""),
+            &second.mnt,
+            "after the last apply"
+        )
+        .is_empty()
+    );
     drop(second);
     let st = offline(&dir, "status", &[]);
     st.assert_ok("status");
@@ -310,7 +330,13 @@ fn sigkill_of_the_daemon_mid_live_apply_of_thousands_of_files_loses_nothing() {
     for point in &POINTS[1..] {
         let second = Second::start_with(&m, &dir, &m.policy_path(), &extra);
         let before = pending.len();
-        pending = check(&plan, &m.host(""), &second.mnt, "after a killed live apply");
+        pending = check(
+            &plan,
+            &dir,
+            &m.host(""),
+            &second.mnt,
+            "after a killed live apply",
+        );
         if pending.len() < before && !pending.is_empty() {
             partial += 1;
         }
@@ -336,6 +362,7 @@ fn sigkill_of_the_daemon_mid_live_apply_of_thousands_of_files_loses_nothing() {
     let second = Second::start_with(&m, &dir, &m.policy_path(), &extra);
     let p = check(
         &plan,
+        &dir,
         &m.host(""),
         &second.mnt,
         "after the killed live applies",
@@ -347,11 +374,97 @@ fn sigkill_of_the_daemon_mid_live_apply_of_thousands_of_files_loses_nothing() {
     let mut v: Vec<std::ffi::OsString> = vec!["stage".into(), "apply".into()];
     v.push(sock2.clone().into());
     run_fencefs(v, LIMIT).assert_ok("the last live apply");
-    assert!(check(&plan, &m.host(""), &second.mnt, "after the last live apply").is_empty());
+    assert!(
+        check(
+            &plan,
+            &dir,
+            &m.host(""),
+            &second.mnt,
+            "after the last live apply"
+        )
+        .is_empty()
+    );
     drop(second);
     let st = offline(&dir, "status", &[]);
     st.assert_ok("status");
     assert_eq!(st.stdout, "", "nothing staged after the last apply");
+}
+
+#[test]
+fn an_apply_killed_after_its_renames_is_unstaged_at_restart_so_host_edits_show() {
+    let mut orig = BTreeMap::new();
+    let (mut m, dir) = staged("stage-crash-unstage", WRITE, |s| orig = populate(s));
+    let plan = stage_changes(&m.mnt(""), orig);
+    stop(&mut m);
+    let src = m.host("");
+    let writes: Vec<&String> = plan
+        .staged
+        .iter()
+        .filter(|(_, w)| w.is_some())
+        .map(|(p, _)| p)
+        .collect();
+    // Killed once the 4th write of the first batch is renamed into SOURCE: its batch's
+    // staged entries are dropped only after every rename and a syncfs.
+    let mut child = Command::new(BIN)
+        .args(["stage", "apply", "--dir"])
+        .arg(&dir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let target = writes[3];
+    let t = Instant::now();
+    while read(&src.join(target)) != plan.staged[target] {
+        assert!(!exited(&mut child), "the apply ended before it was killed");
+        assert!(
+            t.elapsed() < Duration::from_secs(120),
+            "apply never reached {target}"
+        );
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    // SAFETY: kill(2) on our own child, not yet reaped.
+    unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+    let _ = child.wait();
+    let held: Vec<&String> = writes
+        .iter()
+        .copied()
+        .filter(|p| read(&src.join(p)) == plan.staged[*p] && staged_entry(&dir, p))
+        .collect();
+    assert!(
+        held.contains(&target),
+        "the kill did not land between the renames and the unstaging"
+    );
+    let second = Second::start(&m, &dir, &m.policy_path());
+    let pending = check(&plan, &dir, &src, &second.mnt, "after the restart");
+    assert!(!pending.is_empty(), "the first batch alone was applied");
+    for p in &held {
+        assert!(!staged_entry(&dir, p), "{p} still staged after the restart");
+    }
+    // A host edit of an applied path shows through the mount, and is not a change.
+    let edit = b"the host's edit after the crash\n";
+    fs::write(src.join(target), edit).unwrap();
+    assert_eq!(read(&second.mnt.join(target)).as_deref(), Some(&edit[..]));
+    let st = offline(&dir, "status", &[]);
+    st.assert_ok("status");
+    assert!(
+        !st.stdout.contains(target.as_str()),
+        "{target} listed: {}",
+        st.stdout
+    );
+    for (p, want) in plan.staged.iter().filter(|(p, _)| *p != target) {
+        assert!(
+            read(&second.mnt.join(p)) == *want,
+            "the merged view lost {p}"
+        );
+    }
+    drop(second);
+    offline(&dir, "apply", &[]).assert_ok("the last apply");
+    assert_eq!(
+        read(&src.join(target)).as_deref(),
+        Some(&edit[..]),
+        "host edit kept"
+    );
+    assert_eq!(offline(&dir, "status", &[]).stdout, "");
 }
 
 /// `fencefs stage apply SOCKET`, running.

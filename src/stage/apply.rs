@@ -622,7 +622,7 @@ pub(super) fn unstage_path(l: &Layers, path: &[u8]) -> io::Result<()> {
 }
 
 /// Drops the staged entry at `path`, not synced (a batch ends with one `syncfs`).
-fn drop_staged(l: &Layers, path: &[u8]) -> io::Result<()> {
+pub(super) fn drop_staged(l: &Layers, path: &[u8]) -> io::Result<()> {
     drop_staged_in(l, path).map(drop)
 }
 

@@ -343,6 +343,43 @@ impl Layers {
         Ok(())
     }
 
+    /// Whether the staged entry at `path` can go without changing the merged view: it
+    /// equals SOURCE's (a whiteout over nothing; else the same type, and for a directory
+    /// every entry below it too, by the rules of [`Layers::changes`], which `all` is),
+    /// and no staged directory above it is opaque (dropping it would un-hide SOURCE's) or
+    /// redirected (its SOURCE counterpart is elsewhere).
+    /// `Ok(false)` when there is no staged entry.
+    pub fn equals_source(&self, path: &[u8], all: &[Change]) -> io::Result<bool> {
+        let Some(u) = self.upper.get(path)? else {
+            return Ok(false);
+        };
+        if all.iter().any(|c| c.within(path)) {
+            return Ok(false);
+        }
+        let mut at: &[u8] = path;
+        while !at.is_empty() {
+            at = split(at).0;
+            let above = self.upper.get(at)?;
+            // A redirect above: the merged view shows another SOURCE path there.
+            if above.is_some_and(|d| self.upper.is_opaque(&d) || self.upper.redirect(&d).is_some())
+            {
+                return Ok(false);
+            }
+        }
+        let l = self.lower.get(path)?;
+        if self.upper.is_whiteout(&u) {
+            return Ok(l.is_none());
+        }
+        let Some(l) = l else {
+            return Ok(false);
+        };
+        if kind(&l.st) != kind(&u.st) {
+            return Ok(false);
+        }
+        Ok(kind(&u.st) == libc::S_IFDIR
+            || (self.same_contents(&u, &l)? && !self.meta_differs(&u, &l)))
+    }
+
     /// Drops the redirect of every staged directory whose rename is already in SOURCE
     /// (its old path gone, its own path a directory): what an apply stopped between the
     /// SOURCE rename and the redirect's removal leaves. Run before the overlay is mounted
