@@ -554,3 +554,99 @@ fn a_squash_of_one_checkpoint_renames_its_layer_and_a_crash_in_it_is_finished() 
     assert!(!m.host("sub").exists() && !m.host("gone").exists());
     assert_eq!(offline(&dir, "status", &[]).stdout, "");
 }
+
+/// Waits (at most 30 s) until `DIR/trash` holds nothing: its removal runs after the
+/// command answered.
+fn trash_emptied(dir: &Path, what: &str) {
+    let t = Instant::now();
+    loop {
+        let left = fs::read_dir(dir.join("trash")).map_or(0, |d| d.count());
+        if left == 0 {
+            return;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "{what}: {left} entries still in the trash"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn an_apply_of_everything_drops_the_staged_tree_whole_and_a_crash_in_that_is_finished() {
+    let mut orig = BTreeMap::new();
+    let (mut m, dir) = staged("stage-drop-whole", WRITE, |s| orig = populate(s));
+    let plan = stage_changes(&m.mnt(""), orig);
+    stop(&mut m);
+    // The states a SIGKILL leaves once every path is in SOURCE (taken before the apply:
+    // the same staged tree): (1) the drop's intent and an empty DIR/next written; (2) the
+    // old tree in the trash, the new one in place, the intent not yet removed; (3) no
+    // intent, a removal of the trash killed halfway.
+    let mut works = Vec::new();
+    for step in 1..=3 {
+        let work = m.root().join(format!("drop{step}"));
+        let cp = Command::new("cp").arg("-a").arg(&dir).arg(&work).status();
+        assert!(cp.unwrap().success());
+        let _ = fs::remove_file(work.join("lock"));
+        works.push(work);
+    }
+    let upper = ino(&dir.join("upper"));
+    let out = offline(&dir, "apply", &[]);
+    out.assert_ok("apply of everything");
+    assert_eq!(
+        out.stdout.lines().count(),
+        plan.staged.len(),
+        "one line per path"
+    );
+    for (p, want) in &plan.staged {
+        assert!(read(&m.host("").join(p)) == *want, "SOURCE {p}");
+    }
+    assert!(temporaries(&m.host("")).is_empty());
+    // One new, empty staged tree; the old one is removed after apply answered.
+    assert_ne!(
+        ino(&dir.join("upper")),
+        upper,
+        "the staged tree was replaced"
+    );
+    assert_eq!(fs::read_dir(dir.join("upper")).unwrap().count(), 0);
+    trash_emptied(&dir, "after apply");
+    assert_eq!(offline(&dir, "status", &[]).stdout, "");
+    let src = snapshot(&m.host(""));
+    for (step, work) in works.iter().enumerate() {
+        let step = step + 1;
+        if step <= 2 {
+            fs::write(work.join("intent"), r#"{"op":"drop"}"#).unwrap();
+        }
+        if step == 1 {
+            fs::create_dir(work.join("next")).unwrap();
+        } else {
+            fs::create_dir(work.join("trash")).unwrap();
+            let old = work.join("trash/upper.1.0");
+            fs::rename(work.join("upper"), &old).unwrap();
+            fs::create_dir(work.join("upper")).unwrap();
+            if step == 3 {
+                fs::remove_dir_all(old.join("d00")).unwrap();
+            }
+        }
+        let second = Second::start(&m, work, &m.policy_path());
+        for (p, want) in &plan.staged {
+            assert!(
+                read(&second.mnt.join(p)) == *want,
+                "step {step}: the view of {p}"
+            );
+        }
+        assert!(
+            !work.join("intent").exists(),
+            "step {step}: intent finished"
+        );
+        assert_eq!(
+            fs::read_dir(work.join("upper")).unwrap().count(),
+            0,
+            "step {step}"
+        );
+        trash_emptied(work, &format!("step {step}"));
+        drop(second);
+        assert_eq!(offline(work, "status", &[]).stdout, "", "step {step}");
+    }
+    assert_host_unchanged(&src, &m.host(""), "drop crash states");
+}

@@ -8,7 +8,10 @@
 //! into place. Durability is batched, [`BATCH`] paths at a time: every temporary entry of
 //! the batch is written, then one `syncfs` of SOURCE's file system makes them durable,
 //! then the renames, then a second `syncfs` (the renames), and only then are the staged
-//! entries dropped (one `syncfs` of DIR's file system). Before the first temporary entry
+//! entries dropped (one `syncfs` of DIR's file system); an apply of every staged path
+//! that refuses none keeps them all until the end and then replaces the whole staged tree
+//! in one step ([`super::layers::drop_upper`]; removed in the background after the
+//! command answered). Before the first temporary entry
 //! exists, the intent log ([`super::intent`]) names every path; recovery removes what a
 //! crash left beside them. So a crash (SIGKILL, or power loss on a file system that keeps
 //! `syncfs` order) leaves each path applied (its staged entry then equals SOURCE: no
@@ -31,6 +34,8 @@ use super::intent;
 use super::sys::file;
 use super::tree::{Layer, Node, depth_of, depth_ok, kind, split};
 use crate::host::sys::{self, Name, SetTime};
+
+pub(super) use super::remove::{drop_staged, remove_tree, unstage_path};
 
 /// Paths written (or deleted) between two `syncfs` of SOURCE: bounds the directory
 /// handles held and the temporary entries in flight.
@@ -72,7 +77,9 @@ impl Lines {
 }
 
 /// Applies `list` (changes of `l`) to SOURCE; `dir` is the staging area (its intent log).
-pub fn apply(l: &Layers, list: &[Change], force: bool, dir: &Path) -> Report {
+/// `all`: `list` is every staged change (no PATH was given), so when none is refused the
+/// staged tree is dropped whole at the end ([`unstage_all`]) instead of path by path.
+pub fn apply(l: &Layers, list: &[Change], force: bool, dir: &Path, all: bool) -> Report {
     let mut out = Lines { lines: Vec::new() };
     let mut order: Vec<&Change> = list.iter().collect();
     // Renames shallowest first; deletions deepest first.
@@ -138,11 +145,15 @@ pub fn apply(l: &Layers, list: &[Change], force: bool, dir: &Path) -> Report {
             Ok(()) => {
                 let (dels, writes): (Vec<&Change>, Vec<&Change>) =
                     rest.iter().partition(|c| c.kind == Kind::Deleted);
+                let mut pending = all.then(Vec::new);
                 for chunk in writes.chunks(BATCH) {
-                    write_batch(l, chunk, &mut out);
+                    write_batch(l, chunk, &mut out, pending.as_mut());
                 }
                 for chunk in dels.chunks(BATCH) {
-                    delete_batch(l, chunk, &mut out);
+                    delete_batch(l, chunk, &mut out, pending.as_mut());
+                }
+                if let Some(done) = pending {
+                    unstage_all(l, dir, done, &mut out);
                 }
                 if let Err(e) = intent::clear(dir) {
                     out.lines.push((format!("refused: {e}"), true));
@@ -231,8 +242,14 @@ struct Ready<'a> {
 }
 
 /// Writes every change of `chunk` beside its destination, one `syncfs`, renames them
-/// over their destinations, one `syncfs`, then drops their staged entries.
-fn write_batch(l: &Layers, chunk: &[&Change], out: &mut Lines) {
+/// over their destinations, then ([`finish`]) one `syncfs` and drops their staged
+/// entries — or, with `pending`, leaves that to the end of the apply ([`unstage_all`]).
+fn write_batch<'a>(
+    l: &Layers,
+    chunk: &[&'a Change],
+    out: &mut Lines,
+    pending: Option<&mut Vec<&'a Change>>,
+) {
     let mut ready = Vec::new();
     for &c in chunk {
         match prepare(l, c) {
@@ -257,7 +274,41 @@ fn write_batch(l: &Layers, chunk: &[&Change], out: &mut Lines) {
             }
         }
     }
-    finish(l, placed.iter().map(|r| r.c), out);
+    match pending {
+        Some(p) => p.extend(placed.iter().map(|r| r.c)),
+        None => finish(l, placed.iter().map(|r| r.c), out),
+    }
+}
+
+/// The end of an apply of every staged path (`done`: the ones carried into SOURCE, their
+/// staged entries still there): when nothing was refused, one `syncfs` of SOURCE makes
+/// them durable and the staged tree is replaced by an empty one in one step
+/// ([`super::layers::drop_upper`]: its removal runs after the command answers) — every
+/// staged entry then is one of them, or equal to SOURCE, or below a directory whose whole
+/// contents were applied. Otherwise (or if that fails) each is unstaged as a batch's are
+/// ([`finish`]). A crash before the drop leaves them staged and equal to SOURCE, and
+/// recovery unstages them ([`super::intent`]).
+fn unstage_all(l: &Layers, dir: &Path, done: Vec<&Change>, out: &mut Lines) {
+    if done.is_empty() || out.lines.iter().any(|(_, refused)| *refused) {
+        return finish(l, done.into_iter(), out);
+    }
+    if let Err(e) = sync_fs(&l.lower) {
+        for c in done {
+            out.refused(&status_line(c), format!("syncfs of SOURCE: {e}"));
+        }
+        return;
+    }
+    match super::layers::drop_upper(dir) {
+        Ok(()) => {
+            for c in done {
+                out.applied(&status_line(c));
+            }
+        }
+        Err(e) => {
+            log::warn!("stage apply: dropping the staged tree whole: {e}; path by path instead");
+            finish(l, done.into_iter(), out);
+        }
+    }
 }
 
 /// After the batch's SOURCE changes: one `syncfs` of SOURCE (they are durable), then each
@@ -359,8 +410,13 @@ fn place(l: &Layers, r: &Ready<'_>) -> io::Result<()> {
 }
 
 /// Deletes every change of `chunk` from SOURCE (a directory renamed away first, so its
-/// name goes at once, then emptied), then [`finish`].
-fn delete_batch(l: &Layers, chunk: &[&Change], out: &mut Lines) {
+/// name goes at once, then emptied), then [`finish`] (with `pending`: at the end).
+fn delete_batch<'a>(
+    l: &Layers,
+    chunk: &[&'a Change],
+    out: &mut Lines,
+    pending: Option<&mut Vec<&'a Change>>,
+) {
     let mut done = Vec::new();
     for &c in chunk {
         match delete_one(l, c) {
@@ -368,7 +424,10 @@ fn delete_batch(l: &Layers, chunk: &[&Change], out: &mut Lines) {
             Err(e) => out.refused(&status_line(c), e),
         }
     }
-    finish(l, done.into_iter(), out);
+    match pending {
+        Some(p) => p.extend(done),
+        None => finish(l, done.into_iter(), out),
+    }
 }
 
 fn delete_one(l: &Layers, c: &Change) -> io::Result<()> {
@@ -587,57 +646,4 @@ fn set_meta(
         )?;
     }
     Ok(())
-}
-
-/// Removes `dir/n` and everything below it (no symlink followed: `unlinkat` removes a
-/// symlink itself, and directories are entered by `O_PATH | O_NOFOLLOW` handles).
-pub(super) fn remove_tree(layer: &Layer, dir: BorrowedFd<'_>, n: &Name) -> io::Result<()> {
-    remove_tree_at(layer, dir, n, 0)
-}
-
-fn remove_tree_at(layer: &Layer, dir: BorrowedFd<'_>, n: &Name, depth: usize) -> io::Result<()> {
-    depth_ok(depth)?;
-    let st = sys::fstatat_nofollow(dir, n)?;
-    if st.st_mode & libc::S_IFMT == libc::S_IFDIR {
-        let d = sys::open_path(dir, n)?;
-        let node = Node {
-            st: sys::fstat(d.as_fd())?,
-            fd: d,
-        };
-        for child in layer.list(&node)? {
-            remove_tree_at(layer, node.fd.as_fd(), &name(&child)?, depth + 1)?;
-        }
-        sys::unlinkat(dir, n, libc::AT_REMOVEDIR)
-    } else {
-        sys::unlinkat(dir, n, 0)
-    }
-}
-
-/// Drops the staged entry at `path` (a whole tree for a directory) and syncs its parent.
-pub(super) fn unstage_path(l: &Layers, path: &[u8]) -> io::Result<()> {
-    if let Some(d) = drop_staged_in(l, path)? {
-        sync_dir(&l.upper, d.fd.as_fd())?;
-    }
-    Ok(())
-}
-
-/// Drops the staged entry at `path`, not synced (a batch ends with one `syncfs`).
-pub(super) fn drop_staged(l: &Layers, path: &[u8]) -> io::Result<()> {
-    drop_staged_in(l, path).map(drop)
-}
-
-/// Drops the staged entry at `path`; its staged parent when there was one.
-fn drop_staged_in(l: &Layers, path: &[u8]) -> io::Result<Option<Node>> {
-    let (parent, last) = split(path);
-    let Some(d) = l.upper.dir(parent)? else {
-        return Ok(None);
-    };
-    let n = name(last)?;
-    match sys::fstatat_nofollow(d.fd.as_fd(), &n) {
-        Ok(_) => {}
-        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(None),
-        Err(e) => return Err(e),
-    }
-    remove_tree(&l.upper, d.fd.as_fd(), &n)?;
-    Ok(Some(d))
 }
