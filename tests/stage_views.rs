@@ -117,7 +117,7 @@ fn one_file_held_across_many_swaps_pins_one_view() {
         checkpoint(&sock);
         // Its own view, and the one served: the later views it was never opened in go.
         assert!(views(&sock) <= 2, "after swap {i}: {} views", views(&sock));
-        fs::write(m.mnt(&format!("new{i}.txt")), format!("{i}\n")).unwrap();
+        fs::write(m.mnt(format!("new{i}.txt")), format!("{i}\n")).unwrap();
     }
     assert!(
         daemon_fds(m.pid()) <= fds + 2,
@@ -203,11 +203,10 @@ fn many_held(name: &str, extra: &[&str]) {
     // Closing a revoked file succeeds; once all are closed (the kernel sends its
     // releases in the background) a swap releases every retired view.
     for f in held {
+        let fd = std::os::fd::IntoRawFd::into_raw_fd(f);
         // SAFETY: close(2) of a descriptor this test owns, taken out of its File.
-        assert_eq!(
-            unsafe { libc::close(std::os::fd::IntoRawFd::into_raw_fd(f)) },
-            0
-        );
+        let r = unsafe { libc::close(fd) };
+        assert_eq!(r, 0, "close of a held file");
     }
     released(&sock);
     assert_host_unchanged(&before, &m.host(""), "views revoked");
