@@ -421,11 +421,28 @@ impl Layers {
         }
     }
 
-    /// Entries below staged directory `d` (whiteouts not counted).
+    /// Entries below staged directory `d` (whiteouts not counted). An entry that can be
+    /// neither a directory nor a whiteout is counted from its `fstatat` alone (no open:
+    /// a new tree of 10,000 files costs 10,000 fewer opens).
     fn count(&self, d: &Node, depth: usize) -> io::Result<u64> {
         depth_ok(depth)?;
         let mut n = 0;
         for name in self.upper.list(d)? {
+            let st = match sys::fstatat_nofollow(d.fd.as_fd(), &Name::new(&name)?) {
+                Ok(st) => st,
+                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => continue,
+                Err(e) => return Err(e),
+            };
+            let plain = match kind(&st) {
+                libc::S_IFDIR => false,
+                libc::S_IFCHR => st.st_rdev != 0,
+                libc::S_IFREG => st.st_size != 0,
+                _ => true,
+            };
+            if plain {
+                n += 1;
+                continue;
+            }
             if let Some(c) = self.upper.child(d, &name)? {
                 if self.upper.is_whiteout(&c) {
                     continue;
