@@ -35,7 +35,7 @@ use super::sys::file;
 use super::tree::{Layer, Node, depth_of, depth_ok, kind, split};
 use crate::host::sys::{self, Name, SetTime};
 
-pub(super) use super::remove::{drop_staged, remove_tree, unstage_path};
+pub(super) use super::remove::{drop_staged, remove_tree, sync_dir, unstage_path};
 
 /// Paths written (or deleted) between two `syncfs` of SOURCE: bounds the directory
 /// handles held and the temporary entries in flight.
@@ -189,15 +189,6 @@ fn name(n: &[u8]) -> io::Result<Name> {
 
 fn tmp_name(n: &[u8], what: &str) -> io::Result<Name> {
     intent::tmp_name(n, what, std::process::id())
-}
-
-pub(super) fn sync_dir(layer: &Layer, fd: BorrowedFd<'_>) -> io::Result<()> {
-    let f = sys::reopen(
-        layer.proc_fd.as_fd(),
-        fd,
-        libc::O_RDONLY | libc::O_DIRECTORY,
-    )?;
-    sys::fsync(f.as_fd(), false)
 }
 
 /// One `syncfs` of the file system holding `layer`.

@@ -8,13 +8,22 @@
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd};
 
-use super::apply::sync_dir;
 use super::changes::Layers;
 use super::tree::{Layer, Node, depth_ok, split};
 use crate::host::sys::{self, Name};
 
 fn name(n: &[u8]) -> io::Result<Name> {
     Name::new(n)
+}
+
+/// fsync of the directory `fd` of `layer` (reopened for reading: `fd` may be `O_PATH`).
+pub(super) fn sync_dir(layer: &Layer, fd: BorrowedFd<'_>) -> io::Result<()> {
+    let f = sys::reopen(
+        layer.proc_fd.as_fd(),
+        fd,
+        libc::O_RDONLY | libc::O_DIRECTORY,
+    )?;
+    sys::fsync(f.as_fd(), false)
 }
 
 /// Removes `dir/n` and everything below it (no symlink followed: `unlinkat` removes a
