@@ -53,9 +53,16 @@ fn released(sock: &Path) {
     }
 }
 
-/// The daemon's open descriptors.
+/// The daemon's open descriptors but sockets (control connections close on their own
+/// time).
 fn daemon_fds(pid: i32) -> usize {
-    fs::read_dir(format!("/proc/{pid}/fd")).unwrap().count()
+    fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .filter(|e| {
+            let l = e.as_ref().ok().and_then(|e| fs::read_link(e.path()).ok());
+            !l.is_some_and(|l| l.to_string_lossy().starts_with("socket:"))
+        })
+        .count()
 }
 
 /// The views (`gN` on the daemon's private mount tree) of the files the daemon holds open.
