@@ -97,9 +97,15 @@ fn temporaries(dir: &Path) -> Vec<PathBuf> {
     out
 }
 
-/// Checks SOURCE (`src`) and the merged view (`view`) after a kill and a restart; returns
-/// the paths still staged.
-fn check(plan: &Plan, src: &Path, view: &Path, what: &str) -> Vec<String> {
+/// Whether DIR's staged tree has an entry (a file, or a deletion's whiteout) at `p`.
+fn staged_entry(dir: &Path, p: &str) -> bool {
+    fs::symlink_metadata(dir.join("upper").join(p)).is_ok()
+}
+
+/// Checks SOURCE (`src`) and the merged view (`view`) of the staging area `dir` after a
+/// kill and a restart (whose recovery unstaged every applied path); returns the paths
+/// still staged.
+fn check(plan: &Plan, dir: &Path, src: &Path, view: &Path, what: &str) -> Vec<String> {
     let temps = temporaries(src);
     assert!(
         temps.is_empty(),
@@ -109,6 +115,10 @@ fn check(plan: &Plan, src: &Path, view: &Path, what: &str) -> Vec<String> {
     for (p, want) in &plan.staged {
         let now = read(&src.join(p));
         if now == *want {
+            assert!(
+                !staged_entry(dir, p),
+                "{what}: {p} is applied but still staged (it would hide host edits)"
+            );
             continue;
         }
         assert_eq!(
@@ -246,6 +256,7 @@ fn sigkill_of_an_offline_apply_of_thousands_of_files_loses_nothing() {
         let before = pending.len();
         pending = check(
             &plan,
+            &dir,
             &m.host(""),
             &second.mnt,
             "after a killed offline apply",
@@ -270,7 +281,16 @@ fn sigkill_of_an_offline_apply_of_thousands_of_files_loses_nothing() {
     let out = offline(&dir, "apply", &[]);
     out.assert_ok("the last apply");
     let second = Second::start(&m, &dir, &m.policy_path());
-    assert!(check(&plan, &m.host(""), &second.mnt, "after the last apply").is_empty());
+    assert!(
+        check(
+            &plan,
+            &dir,
+            &m.host(""),
+            &second.mnt,
+            "after the last apply"
+        )
+        .is_empty()
+    );
     drop(second);
     let st = offline(&dir, "status", &[]);
     st.assert_ok("status");
@@ -310,7 +330,13 @@ fn sigkill_of_the_daemon_mid_live_apply_of_thousands_of_files_loses_nothing() {
     for point in &POINTS[1..] {
         let second = Second::start_with(&m, &dir, &m.policy_path(), &extra);
         let before = pending.len();
-        pending = check(&plan, &m.host(""), &second.mnt, "after a killed live apply");
+        pending = check(
+            &plan,
+            &dir,
+            &m.host(""),
+            &second.mnt,
+            "after a killed live apply",
+        );
         if pending.len() < before && !pending.is_empty() {
             partial += 1;
         }
@@ -336,6 +362,7 @@ fn sigkill_of_the_daemon_mid_live_apply_of_thousands_of_files_loses_nothing() {
     let second = Second::start_with(&m, &dir, &m.policy_path(), &extra);
     let p = check(
         &plan,
+        &dir,
         &m.host(""),
         &second.mnt,
         "after the killed live applies",
@@ -347,11 +374,97 @@ fn sigkill_of_the_daemon_mid_live_apply_of_thousands_of_files_loses_nothing() {
     let mut v: Vec<std::ffi::OsString> = vec!["stage".into(), "apply".into()];
     v.push(sock2.clone().into());
     run_fencefs(v, LIMIT).assert_ok("the last live apply");
-    assert!(check(&plan, &m.host(""), &second.mnt, "after the last live apply").is_empty());
+    assert!(
+        check(
+            &plan,
+            &dir,
+            &m.host(""),
+            &second.mnt,
+            "after the last live apply"
+        )
+        .is_empty()
+    );
     drop(second);
     let st = offline(&dir, "status", &[]);
     st.assert_ok("status");
     assert_eq!(st.stdout, "", "nothing staged after the last apply");
+}
+
+#[test]
+fn an_apply_killed_after_its_renames_is_unstaged_at_restart_so_host_edits_show() {
+    let mut orig = BTreeMap::new();
+    let (mut m, dir) = staged("stage-crash-unstage", WRITE, |s| orig = populate(s));
+    let plan = stage_changes(&m.mnt(""), orig);
+    stop(&mut m);
+    let src = m.host("");
+    let writes: Vec<&String> = plan
+        .staged
+        .iter()
+        .filter(|(_, w)| w.is_some())
+        .map(|(p, _)| p)
+        .collect();
+    // Killed once the 4th write of the first batch is renamed into SOURCE: its batch's
+    // staged entries are dropped only after every rename and a syncfs.
+    let mut child = Command::new(BIN)
+        .args(["stage", "apply", "--dir"])
+        .arg(&dir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let target = writes[3];
+    let t = Instant::now();
+    while read(&src.join(target)) != plan.staged[target] {
+        assert!(!exited(&mut child), "the apply ended before it was killed");
+        assert!(
+            t.elapsed() < Duration::from_secs(120),
+            "apply never reached {target}"
+        );
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    // SAFETY: kill(2) on our own child, not yet reaped.
+    unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+    let _ = child.wait();
+    let held: Vec<&String> = writes
+        .iter()
+        .copied()
+        .filter(|p| read(&src.join(p)) == plan.staged[*p] && staged_entry(&dir, p))
+        .collect();
+    assert!(
+        held.contains(&target),
+        "the kill did not land between the renames and the unstaging"
+    );
+    let second = Second::start(&m, &dir, &m.policy_path());
+    let pending = check(&plan, &dir, &src, &second.mnt, "after the restart");
+    assert!(!pending.is_empty(), "the first batch alone was applied");
+    for p in &held {
+        assert!(!staged_entry(&dir, p), "{p} still staged after the restart");
+    }
+    // A host edit of an applied path shows through the mount, and is not a change.
+    let edit = b"the host's edit after the crash\n";
+    fs::write(src.join(target), edit).unwrap();
+    assert_eq!(read(&second.mnt.join(target)).as_deref(), Some(&edit[..]));
+    let st = offline(&dir, "status", &[]);
+    st.assert_ok("status");
+    assert!(
+        !st.stdout.contains(target.as_str()),
+        "{target} listed: {}",
+        st.stdout
+    );
+    for (p, want) in plan.staged.iter().filter(|(p, _)| *p != target) {
+        assert!(
+            read(&second.mnt.join(p)) == *want,
+            "the merged view lost {p}"
+        );
+    }
+    drop(second);
+    offline(&dir, "apply", &[]).assert_ok("the last apply");
+    assert_eq!(
+        read(&src.join(target)).as_deref(),
+        Some(&edit[..]),
+        "host edit kept"
+    );
+    assert_eq!(offline(&dir, "status", &[]).stdout, "");
 }
 
 /// `fencefs stage apply SOCKET`, running.
@@ -440,4 +553,100 @@ fn a_squash_of_one_checkpoint_renames_its_layer_and_a_crash_in_it_is_finished() 
     assert_eq!(fs::read(m.host("a.txt")).unwrap(), b"one\ntwo\nthree\nx\n");
     assert!(!m.host("sub").exists() && !m.host("gone").exists());
     assert_eq!(offline(&dir, "status", &[]).stdout, "");
+}
+
+/// Waits (at most 30 s) until `DIR/trash` holds nothing: its removal runs after the
+/// command answered.
+fn trash_emptied(dir: &Path, what: &str) {
+    let t = Instant::now();
+    loop {
+        let left = fs::read_dir(dir.join("trash")).map_or(0, |d| d.count());
+        if left == 0 {
+            return;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "{what}: {left} entries still in the trash"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn an_apply_of_everything_drops_the_staged_tree_whole_and_a_crash_in_that_is_finished() {
+    let mut orig = BTreeMap::new();
+    let (mut m, dir) = staged("stage-drop-whole", WRITE, |s| orig = populate(s));
+    let plan = stage_changes(&m.mnt(""), orig);
+    stop(&mut m);
+    // The states a SIGKILL leaves once every path is in SOURCE (taken before the apply:
+    // the same staged tree): (1) the drop's intent and an empty DIR/next written; (2) the
+    // old tree in the trash, the new one in place, the intent not yet removed; (3) no
+    // intent, a removal of the trash killed halfway.
+    let mut works = Vec::new();
+    for step in 1..=3 {
+        let work = m.root().join(format!("drop{step}"));
+        let cp = Command::new("cp").arg("-a").arg(&dir).arg(&work).status();
+        assert!(cp.unwrap().success());
+        let _ = fs::remove_file(work.join("lock"));
+        works.push(work);
+    }
+    let upper = ino(&dir.join("upper"));
+    let out = offline(&dir, "apply", &[]);
+    out.assert_ok("apply of everything");
+    assert_eq!(
+        out.stdout.lines().count(),
+        plan.staged.len(),
+        "one line per path"
+    );
+    for (p, want) in &plan.staged {
+        assert!(read(&m.host("").join(p)) == *want, "SOURCE {p}");
+    }
+    assert!(temporaries(&m.host("")).is_empty());
+    // One new, empty staged tree; the old one is removed after apply answered.
+    assert_ne!(
+        ino(&dir.join("upper")),
+        upper,
+        "the staged tree was replaced"
+    );
+    assert_eq!(fs::read_dir(dir.join("upper")).unwrap().count(), 0);
+    trash_emptied(&dir, "after apply");
+    assert_eq!(offline(&dir, "status", &[]).stdout, "");
+    let src = snapshot(&m.host(""));
+    for (step, work) in works.iter().enumerate() {
+        let step = step + 1;
+        if step <= 2 {
+            fs::write(work.join("intent"), r#"{"op":"drop"}"#).unwrap();
+        }
+        if step == 1 {
+            fs::create_dir(work.join("next")).unwrap();
+        } else {
+            fs::create_dir(work.join("trash")).unwrap();
+            let old = work.join("trash/upper.1.0");
+            fs::rename(work.join("upper"), &old).unwrap();
+            fs::create_dir(work.join("upper")).unwrap();
+            if step == 3 {
+                fs::remove_dir_all(old.join("d00")).unwrap();
+            }
+        }
+        let second = Second::start(&m, work, &m.policy_path());
+        for (p, want) in &plan.staged {
+            assert!(
+                read(&second.mnt.join(p)) == *want,
+                "step {step}: the view of {p}"
+            );
+        }
+        assert!(
+            !work.join("intent").exists(),
+            "step {step}: intent finished"
+        );
+        assert_eq!(
+            fs::read_dir(work.join("upper")).unwrap().count(),
+            0,
+            "step {step}"
+        );
+        trash_emptied(work, &format!("step {step}"));
+        drop(second);
+        assert_eq!(offline(work, "status", &[]).stdout, "", "step {step}");
+    }
+    assert_host_unchanged(&src, &m.host(""), "drop crash states");
 }

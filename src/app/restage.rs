@@ -14,10 +14,13 @@
 //! must look up again (a new open of one must not reach the old view's file: its writes
 //! would land in the sealed layer).
 //!
-//! Invariants: one swap or reload at a time; an old view is detached from the tree once
-//! no handle opened in it is open (the kernel reopens a passthrough backing file by its
-//! path, which needs the mount attached), checked at every swap; a failed rebuild leaves
-//! the old view served and says so.
+//! Invariants: one swap or reload at a time; an old (*retired*) view is detached from the
+//! tree once no handle opened in it is open (the kernel reopens a passthrough backing file
+//! by its path, which needs the mount attached), checked at every swap; at most
+//! [`MAX_RETIRED`] retired views stay attached: past that the oldest one's handles are
+//! revoked (their next request answers EBADF) and it is detached, so no process holding
+//! files open across swaps pins more; a failed rebuild leaves the old view served and says
+//! so.
 
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
@@ -35,17 +38,28 @@ use crate::stage::{Area, tree_mount};
 /// How long a swap waits for the requests in flight.
 const DRAIN: Duration = Duration::from_secs(10);
 
+/// Retired views kept attached while handles opened in them are open (the oldest one's
+/// handles are revoked past that).
+pub const MAX_RETIRED: usize = 8;
+
+/// A replaced view still attached: its mount tree generation and its number (the
+/// [`crate::host::handle::Handle::view`] of the handles opened in it).
+struct Retired {
+    g: u64,
+    view: u64,
+}
+
 pub(super) struct Restage {
     shared: Arc<Shared>,
     tx: Sender<Inval>,
     dir: PathBuf,
     /// The mount tree generation served now.
     current: Mutex<u64>,
-    /// Replaced generations still attached, each with the newest handle opened before it
-    /// was replaced: the kernel reopens a passthrough backing file by its path for every
-    /// later open of that inode, which fails once its mount is detached, so a generation
-    /// is detached only when every handle opened in it is closed.
-    old: Mutex<Vec<(u64, u64)>>,
+    /// Replaced generations still attached, oldest first: the kernel reopens a
+    /// passthrough backing file by its path for every later open of that inode, which
+    /// fails once its mount is detached, so a generation is detached when every handle
+    /// opened in it is closed, or revoked (at most [`MAX_RETIRED`] are kept).
+    old: Mutex<Vec<Retired>>,
 }
 
 impl Restage {
@@ -75,19 +89,41 @@ impl Restage {
             .inodes
             .swap_root(root, &keep)
             .map_err(|e| format!("serving the new view: {e}"))?;
+        // New handles are the new view's (no request is in flight).
+        let view = s.handles.next_view();
         let mut cur = self.current.lock();
         let mut old = self.old.lock();
-        old.push((*cur, s.handles.last_fh()));
+        old.push(Retired { g: *cur, view });
         *cur = g;
-        let oldest = s.handles.oldest_open();
-        old.retain(|&(g, newest)| {
-            let in_use = oldest.is_some_and(|o| o <= newest);
+        let open = s.handles.views_open();
+        old.retain(|r| {
+            let in_use = open.contains(&r.view);
             if !in_use {
-                tree_mount::detach(g);
+                tree_mount::detach(r.g);
             }
             in_use
         });
+        while old.len() > MAX_RETIRED {
+            let r = old.remove(0);
+            self.revoke(&r);
+        }
         Ok(kept)
+    }
+
+    /// Revokes retired view `r`: every handle opened in it leaves the table (its next
+    /// request answers EBADF), its nodes let go of it, and it is detached.
+    fn revoke(&self, r: &Retired) {
+        let s = &self.shared;
+        let inos = s.handles.revoke_view(r.view);
+        s.inodes
+            .unpin(&inos, &|i| s.handles.any_on(i, |h| h.view != r.view));
+        tree_mount::detach(r.g);
+        log::warn!(
+            "stage: more than {MAX_RETIRED} replaced views were held by open files: the oldest (g{}) \
+             is released, its {} open handles revoked (their next use answers EBADF)",
+            r.g,
+            inos.len()
+        );
     }
 }
 

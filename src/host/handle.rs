@@ -58,6 +58,11 @@ pub struct Handle {
     pub entries: Option<Mutex<Option<Arc<Vec<ListEntry>>>>>,
     /// The budget units this handle holds (the table entry; the fd while `file` is set).
     pub slots: Slots,
+    /// The view it was opened in (set by [`Handles::insert`]: the number of views
+    /// replaced before, see [`Handles::next_view`]; always 0 without staging). A live
+    /// change retires a view, which stays attached while handles of it are open, and
+    /// [`Handles::revoke_view`] closes them.
+    pub view: u64,
     /// A handle without its own descriptor (kernel passthrough): the node reopened by its
     /// first `fsync` and kept, with a spare unit of the descriptor budget, so that the
     /// next ones (SQLite: one per commit) need no reopen. Empty while the budget is short.
@@ -101,6 +106,8 @@ impl AsFd for HandleFd<'_> {
 pub struct Handles {
     map: RwLock<HashMap<u64, Arc<Handle>>>,
     next: AtomicU64,
+    /// The view new handles are opened in ([`Handle::view`]).
+    view: AtomicU64,
     /// Open handles with [`Handle::fresh`]: while zero, no node is "created here".
     fresh: AtomicU64,
     /// Host descriptors held by handles.
@@ -116,6 +123,7 @@ impl Handles {
         Handles {
             map: RwLock::new(HashMap::new()),
             next: AtomicU64::new(0),
+            view: AtomicU64::new(0),
             fresh: AtomicU64::new(0),
             fds: Budget::new("descriptor", fds, fds_per_uid),
             entries: Budget::new("handle", entries, entries_per_uid),
@@ -141,7 +149,8 @@ impl Handles {
     }
 
     /// Registers a handle; returns its `fh`.
-    pub fn insert(&self, h: Handle) -> u64 {
+    pub fn insert(&self, mut h: Handle) -> u64 {
+        h.view = self.view.load(Ordering::Relaxed);
         let fh = self.next.fetch_add(1, Ordering::Relaxed) + 1;
         if h.fresh {
             self.fresh.fetch_add(1, Ordering::Relaxed);
@@ -149,13 +158,29 @@ impl Handles {
         self.map.write().insert(fh, Arc::new(h));
         fh
     }
-    /// The newest `fh` given out so far (ids only grow).
-    pub fn last_fh(&self) -> u64 {
-        self.next.load(Ordering::Relaxed)
+    /// The view served was replaced (no request in flight: the request gate is closed);
+    /// returns the number of the one replaced.
+    pub fn next_view(&self) -> u64 {
+        self.view.fetch_add(1, Ordering::Relaxed)
     }
-    /// The oldest `fh` still open.
-    pub fn oldest_open(&self) -> Option<u64> {
-        self.map.read().keys().min().copied()
+    /// The views (see [`Handle::view`]) that open handles were opened in.
+    pub fn views_open(&self) -> std::collections::HashSet<u64> {
+        self.map.read().values().map(|h| h.view).collect()
+    }
+    /// Revokes every handle opened in `view`: each leaves the table (its descriptor closes
+    /// once no request in flight uses it), so its next request answers EBADF, as any `fh`
+    /// never given out does (ids are never reused). Returns the nodes they were open on.
+    pub fn revoke_view(&self, view: u64) -> Vec<u64> {
+        let gone: Vec<u64> = self
+            .map
+            .read()
+            .iter()
+            .filter(|(_, h)| h.view == view)
+            .map(|(&fh, _)| fh)
+            .collect();
+        gone.iter()
+            .filter_map(|&fh| self.remove(fh).map(|h| h.ino))
+            .collect()
     }
     /// The handle for `fh`, if open.
     pub fn get(&self, fh: u64) -> Option<Arc<Handle>> {

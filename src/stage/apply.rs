@@ -8,7 +8,10 @@
 //! into place. Durability is batched, [`BATCH`] paths at a time: every temporary entry of
 //! the batch is written, then one `syncfs` of SOURCE's file system makes them durable,
 //! then the renames, then a second `syncfs` (the renames), and only then are the staged
-//! entries dropped (one `syncfs` of DIR's file system). Before the first temporary entry
+//! entries dropped (one `syncfs` of DIR's file system); an apply of every staged path
+//! that refuses none keeps them all until the end and then replaces the whole staged tree
+//! in one step ([`super::layers::drop_upper`]; removed in the background after the
+//! command answered). Before the first temporary entry
 //! exists, the intent log ([`super::intent`]) names every path; recovery removes what a
 //! crash left beside them. So a crash (SIGKILL, or power loss on a file system that keeps
 //! `syncfs` order) leaves each path applied (its staged entry then equals SOURCE: no
@@ -32,6 +35,8 @@ use super::standin;
 use super::sys::file;
 use super::tree::{Layer, Node, depth_of, depth_ok, kind, split};
 use crate::host::sys::{self, Name, SetTime};
+
+pub(super) use super::remove::{drop_staged, remove_tree, sync_dir, unstage_path};
 
 /// Paths written (or deleted) between two `syncfs` of SOURCE: bounds the directory
 /// handles held and the temporary entries in flight.
@@ -73,7 +78,9 @@ impl Lines {
 }
 
 /// Applies `list` (changes of `l`) to SOURCE; `dir` is the staging area (its intent log).
-pub fn apply(l: &Layers, list: &[Change], force: bool, dir: &Path) -> Report {
+/// `all`: `list` is every staged change (no PATH was given), so when none is refused the
+/// staged tree is dropped whole at the end ([`unstage_all`]) instead of path by path.
+pub fn apply(l: &Layers, list: &[Change], force: bool, dir: &Path, all: bool) -> Report {
     let mut out = Lines { lines: Vec::new() };
     let mut order: Vec<&Change> = list.iter().collect();
     // Renames shallowest first; deletions deepest first.
@@ -139,11 +146,18 @@ pub fn apply(l: &Layers, list: &[Change], force: bool, dir: &Path) -> Report {
             Ok(()) => {
                 let (dels, writes): (Vec<&Change>, Vec<&Change>) =
                     rest.iter().partition(|c| c.kind == Kind::Deleted);
+                let mut pending = all.then(|| Pending {
+                    done: Vec::new(),
+                    stand_ins: false,
+                });
                 for chunk in writes.chunks(BATCH) {
-                    write_batch(l, chunk, &mut out);
+                    write_batch(l, chunk, &mut out, pending.as_mut());
                 }
                 for chunk in dels.chunks(BATCH) {
-                    delete_batch(l, chunk, &mut out);
+                    delete_batch(l, chunk, &mut out, pending.as_mut());
+                }
+                if let Some(p) = pending {
+                    unstage_all(l, dir, p, &mut out);
                 }
                 if let Err(e) = intent::clear(dir) {
                     out.lines.push((format!("refused: {e}"), true));
@@ -179,15 +193,6 @@ fn name(n: &[u8]) -> io::Result<Name> {
 
 fn tmp_name(n: &[u8], what: &str) -> io::Result<Name> {
     intent::tmp_name(n, what, std::process::id())
-}
-
-pub(super) fn sync_dir(layer: &Layer, fd: BorrowedFd<'_>) -> io::Result<()> {
-    let f = sys::reopen(
-        layer.proc_fd.as_fd(),
-        fd,
-        libc::O_RDONLY | libc::O_DIRECTORY,
-    )?;
-    sys::fsync(f.as_fd(), false)
 }
 
 /// One `syncfs` of the file system holding `layer`.
@@ -229,11 +234,28 @@ struct Ready<'a> {
     dir: OwnedFd,
     /// The temporary entry to rename over the path (`None`: done in place).
     tmp: Option<Name>,
+    /// The staged entry is a stand-in for a character device 0/0 ([`standin`]): its
+    /// staged entry must stay after the apply, so the staged tree is not dropped whole.
+    stand_in: bool,
+}
+
+/// The changes an apply of everything carried into SOURCE, their staged entries kept
+/// until the end ([`unstage_all`]).
+struct Pending<'a> {
+    done: Vec<&'a Change>,
+    /// One of them is a stand-in that must stay staged ([`Ready::stand_in`]).
+    stand_ins: bool,
 }
 
 /// Writes every change of `chunk` beside its destination, one `syncfs`, renames them
-/// over their destinations, one `syncfs`, then drops their staged entries.
-fn write_batch(l: &Layers, chunk: &[&Change], out: &mut Lines) {
+/// over their destinations, then ([`finish`]) one `syncfs` and drops their staged
+/// entries — or, with `pending`, leaves that to the end of the apply ([`unstage_all`]).
+fn write_batch<'a>(
+    l: &Layers,
+    chunk: &[&'a Change],
+    out: &mut Lines,
+    pending: Option<&mut Pending<'a>>,
+) {
     let mut ready = Vec::new();
     for &c in chunk {
         match prepare(l, c) {
@@ -258,7 +280,45 @@ fn write_batch(l: &Layers, chunk: &[&Change], out: &mut Lines) {
             }
         }
     }
-    finish(l, placed.iter().map(|r| r.c), out);
+    match pending {
+        Some(p) => {
+            p.stand_ins |= placed.iter().any(|r| r.stand_in);
+            p.done.extend(placed.iter().map(|r| r.c));
+        }
+        None => finish(l, placed.iter().map(|r| r.c), out),
+    }
+}
+
+/// The end of an apply of every staged path (`done`: the ones carried into SOURCE, their
+/// staged entries still there): when nothing was refused, one `syncfs` of SOURCE makes
+/// them durable and the staged tree is replaced by an empty one in one step
+/// ([`super::layers::drop_upper`]: its removal runs after the command answers) — every
+/// staged entry then is one of them, or equal to SOURCE, or below a directory whose whole
+/// contents were applied. Otherwise — something refused, a stand-in among them (it must
+/// stay staged), or the drop failing — each is unstaged as a batch's are ([`finish`]). A crash before the drop leaves them staged and equal to SOURCE, and
+/// recovery unstages them ([`super::intent`]).
+fn unstage_all(l: &Layers, dir: &Path, p: Pending<'_>, out: &mut Lines) {
+    let done = p.done;
+    if done.is_empty() || p.stand_ins || out.lines.iter().any(|(_, refused)| *refused) {
+        return finish(l, done.into_iter(), out);
+    }
+    if let Err(e) = sync_fs(&l.lower) {
+        for c in done {
+            out.refused(&status_line(c), format!("syncfs of SOURCE: {e}"));
+        }
+        return;
+    }
+    match super::layers::drop_upper(dir) {
+        Ok(()) => {
+            for c in done {
+                out.applied(&status_line(c));
+            }
+        }
+        Err(e) => {
+            log::warn!("stage apply: dropping the staged tree whole: {e}; path by path instead");
+            finish(l, done.into_iter(), out);
+        }
+    }
 }
 
 /// After the batch's SOURCE changes: one `syncfs` of SOURCE (they are durable), then each
@@ -307,6 +367,7 @@ fn prepare<'a>(l: &Layers, c: &'a Change) -> io::Result<Ready<'a>> {
             c,
             dir: low.fd,
             tmp: None,
+            stand_in: false,
         });
     }
     let dir = lower_dir(l, parent)?;
@@ -319,6 +380,7 @@ fn prepare<'a>(l: &Layers, c: &'a Change) -> io::Result<Ready<'a>> {
         c,
         dir,
         tmp: Some(t),
+        stand_in: standin::is_stand_in(&u.st),
     })
 }
 
@@ -360,8 +422,13 @@ fn place(l: &Layers, r: &Ready<'_>) -> io::Result<()> {
 }
 
 /// Deletes every change of `chunk` from SOURCE (a directory renamed away first, so its
-/// name goes at once, then emptied), then [`finish`].
-fn delete_batch(l: &Layers, chunk: &[&Change], out: &mut Lines) {
+/// name goes at once, then emptied), then [`finish`] (with `pending`: at the end).
+fn delete_batch<'a>(
+    l: &Layers,
+    chunk: &[&'a Change],
+    out: &mut Lines,
+    pending: Option<&mut Pending<'a>>,
+) {
     let mut done = Vec::new();
     for &c in chunk {
         match delete_one(l, c) {
@@ -369,7 +436,10 @@ fn delete_batch(l: &Layers, chunk: &[&Change], out: &mut Lines) {
             Err(e) => out.refused(&status_line(c), e),
         }
     }
-    finish(l, done.into_iter(), out);
+    match pending {
+        Some(p) => p.done.extend(done),
+        None => finish(l, done.into_iter(), out),
+    }
 }
 
 fn delete_one(l: &Layers, c: &Change) -> io::Result<()> {
@@ -596,62 +666,4 @@ fn set_meta(
         )?;
     }
     Ok(())
-}
-
-/// Removes `dir/n` and everything below it (no symlink followed: `unlinkat` removes a
-/// symlink itself, and directories are entered by `O_PATH | O_NOFOLLOW` handles).
-pub(super) fn remove_tree(layer: &Layer, dir: BorrowedFd<'_>, n: &Name) -> io::Result<()> {
-    remove_tree_at(layer, dir, n, 0)
-}
-
-fn remove_tree_at(layer: &Layer, dir: BorrowedFd<'_>, n: &Name, depth: usize) -> io::Result<()> {
-    depth_ok(depth)?;
-    let st = sys::fstatat_nofollow(dir, n)?;
-    if st.st_mode & libc::S_IFMT == libc::S_IFDIR {
-        let d = sys::open_path(dir, n)?;
-        let node = Node {
-            st: sys::fstat(d.as_fd())?,
-            fd: d,
-        };
-        for child in layer.list(&node)? {
-            remove_tree_at(layer, node.fd.as_fd(), &name(&child)?, depth + 1)?;
-        }
-        sys::unlinkat(dir, n, libc::AT_REMOVEDIR)
-    } else {
-        sys::unlinkat(dir, n, 0)
-    }
-}
-
-/// Drops the staged entry at `path` (a whole tree for a directory) and syncs its parent.
-pub(super) fn unstage_path(l: &Layers, path: &[u8]) -> io::Result<()> {
-    if let Some(d) = drop_staged_in(l, path, false)? {
-        sync_dir(&l.upper, d.fd.as_fd())?;
-    }
-    Ok(())
-}
-
-/// Drops the applied staged entry at `path`, not synced (a batch ends with one `syncfs`).
-/// A stand-in for a character device 0/0 stays: SOURCE's real 0/0 device is a whiteout to
-/// overlayfs, hidden from the merged view, and the stand-in equals it now (no change:
-/// `status` does not list it).
-fn drop_staged(l: &Layers, path: &[u8]) -> io::Result<()> {
-    drop_staged_in(l, path, true).map(drop)
-}
-
-/// Drops the staged entry at `path` (a stand-in too, unless `keep_stand_in`); its staged
-/// parent when there was one.
-fn drop_staged_in(l: &Layers, path: &[u8], keep_stand_in: bool) -> io::Result<Option<Node>> {
-    let (parent, last) = split(path);
-    let Some(d) = l.upper.dir(parent)? else {
-        return Ok(None);
-    };
-    let n = name(last)?;
-    match sys::fstatat_nofollow(d.fd.as_fd(), &n) {
-        Ok(st) if keep_stand_in && standin::is_stand_in(&st) => return Ok(None),
-        Ok(_) => {}
-        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(None),
-        Err(e) => return Err(e),
-    }
-    remove_tree(&l.upper, d.fd.as_fd(), &n)?;
-    Ok(Some(d))
 }

@@ -344,6 +344,43 @@ impl Layers {
         Ok(())
     }
 
+    /// Whether the staged entry at `path` can go without changing the merged view: it
+    /// equals SOURCE's (a whiteout over nothing; else the same type, and for a directory
+    /// every entry below it too, by the rules of [`Layers::changes`], which `all` is),
+    /// and no staged directory above it is opaque (dropping it would un-hide SOURCE's) or
+    /// redirected (its SOURCE counterpart is elsewhere).
+    /// `Ok(false)` when there is no staged entry.
+    pub fn equals_source(&self, path: &[u8], all: &[Change]) -> io::Result<bool> {
+        let Some(u) = self.upper.get(path)? else {
+            return Ok(false);
+        };
+        if all.iter().any(|c| c.within(path)) {
+            return Ok(false);
+        }
+        let mut at: &[u8] = path;
+        while !at.is_empty() {
+            at = split(at).0;
+            let above = self.upper.get(at)?;
+            // A redirect above: the merged view shows another SOURCE path there.
+            if above.is_some_and(|d| self.upper.is_opaque(&d) || self.upper.redirect(&d).is_some())
+            {
+                return Ok(false);
+            }
+        }
+        let l = self.lower.get(path)?;
+        if self.upper.is_whiteout(&u) {
+            return Ok(l.is_none());
+        }
+        let Some(l) = l else {
+            return Ok(false);
+        };
+        if kind(&l.st) != kind(&u.st) {
+            return Ok(false);
+        }
+        Ok(kind(&u.st) == libc::S_IFDIR
+            || (self.same_contents(&u, &l)? && !self.meta_differs(&u, &l)))
+    }
+
     /// Drops the redirect of every staged directory whose rename is already in SOURCE
     /// (its old path gone, its own path a directory): what an apply stopped between the
     /// SOURCE rename and the redirect's removal leaves. Run before the overlay is mounted
@@ -385,11 +422,28 @@ impl Layers {
         }
     }
 
-    /// Entries below staged directory `d` (whiteouts not counted).
+    /// Entries below staged directory `d` (whiteouts not counted). An entry that can be
+    /// neither a directory nor a whiteout is counted from its `fstatat` alone (no open:
+    /// a new tree of 10,000 files costs 10,000 fewer opens).
     fn count(&self, d: &Node, depth: usize) -> io::Result<u64> {
         depth_ok(depth)?;
         let mut n = 0;
         for name in self.upper.list(d)? {
+            let st = match sys::fstatat_nofollow(d.fd.as_fd(), &Name::new(&name)?) {
+                Ok(st) => st,
+                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => continue,
+                Err(e) => return Err(e),
+            };
+            let plain = match kind(&st) {
+                libc::S_IFDIR => false,
+                libc::S_IFCHR => st.st_rdev != 0,
+                libc::S_IFREG => st.st_size != 0,
+                _ => true,
+            };
+            if plain {
+                n += 1;
+                continue;
+            }
             if let Some(c) = self.upper.child(d, &name)? {
                 if self.upper.is_whiteout(&c) {
                     continue;

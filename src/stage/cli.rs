@@ -106,6 +106,14 @@ pub enum StageOp {
         /// `SOCKET` (without --dir), then N.
         args: Vec<OsString>,
     },
+    /// (Internal: what `apply --dir` leaves running after it answered.) Remove what is in
+    /// DIR/trash now; needs no lock.
+    #[command(hide = true)]
+    EmptyTrash {
+        /// The staging area.
+        #[arg(long, value_name = "DIR")]
+        dir: PathBuf,
+    },
 }
 
 /// The paths given, workspace-relative (a leading `./` and trailing `/` dropped).
@@ -404,7 +412,7 @@ pub fn apply_or_discard(
     }
     let report = if op == "apply" {
         let list = selected(&l, ps)?;
-        super::apply::apply(&l, &list, force, &area.dir)
+        super::apply::apply(&l, &list, force, &area.dir, ps.is_empty())
     } else {
         let list = l
             .changes()
@@ -523,6 +531,11 @@ fn run_op(op: StageOp) -> Result<i32, String> {
     }
     let uid = nix::unistd::getuid().as_raw();
     match op {
+        StageOp::EmptyTrash { dir } => {
+            let area = Area::open(&dir)?;
+            ckpt::empty_trash_entries(&area.dir)?;
+            Ok(0)
+        }
         StageOp::Status {
             at,
             json: js,
@@ -559,6 +572,7 @@ fn run_op(op: StageOp) -> Result<i32, String> {
             for line in &report.lines {
                 println!("{line}");
             }
+            ckpt::empty_trash_later(&area.dir, false);
             Ok(if report.refused > 0 { 1 } else { 0 })
         }
         StageOp::Discard { at, args } => {

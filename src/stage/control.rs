@@ -145,10 +145,12 @@ fn run(dir: &Path, live: Option<&dyn Live>, r: &Request, uid: u32) -> Result<Val
         "apply" | "discard" => {
             let ps = paths(r);
             let (op, force) = (r.op.clone(), r.force);
-            live.expect("checked").swap(false, &mut || {
+            let v = live.expect("checked").swap(false, &mut || {
                 let report = super::cli::apply_or_discard(&area.dir, &op, &ps, force, uid)?;
                 Ok(json!({"lines": report.lines, "refused": report.refused}))
-            })
+            });
+            layers::empty_trash_later(&area.dir, true);
+            v
         }
         other => Err(format!("unknown stage op '{other}'")),
     }

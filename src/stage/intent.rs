@@ -6,7 +6,9 @@
 //! The log is written whole (beside, fsync'd, renamed, DIR fsync'd) before the first
 //! temporary entry is made, and removed after the last staged entry is dropped. [`recover`]
 //! (run before a mount serves DIR and before every apply or discard) removes every
-//! temporary entry the log names that still exists, then the log. The temporary names are
+//! temporary entry the log names that still exists, drops the staged entry of every
+//! logged path that equals SOURCE now (the apply had carried it over but not yet
+//! unstaged it: left, it would hide later host edits of the path), then the log. The temporary names are
 //! the apply's own (its pid is in the log), so nothing else in SOURCE is touched.
 //!
 //! Format: `fencefs-apply 1 PID\n`, then each path (workspace-relative bytes, never
@@ -103,8 +105,12 @@ pub fn recover(dir: &Path, l: &Layers) -> Result<Option<String>, String> {
         .strip_prefix(HEAD)
         .and_then(|r| r.trim().parse().ok())
         .ok_or_else(damaged)?;
+    let paths: Vec<&[u8]> = data[nl + 1..]
+        .split(|&b| b == 0)
+        .filter(|q| !q.is_empty())
+        .collect();
     let mut removed = 0usize;
-    for q in data[nl + 1..].split(|&b| b == 0).filter(|q| !q.is_empty()) {
+    for &q in &paths {
         let (parent, last) = split(q);
         let Ok(Some(d)) = l.lower.dir(parent) else {
             continue;
@@ -131,10 +137,41 @@ pub fn recover(dir: &Path, l: &Layers) -> Result<Option<String>, String> {
         .map_err(|e| err(&p, e))?;
         super::sys::syncfs(root.as_fd()).map_err(|e| err(&p, e))?;
     }
+    // An apply squashes the checkpoints first; were there layers below the staged tree,
+    // an entry equal to SOURCE could still hide a layer's: then nothing is dropped.
+    let unstaged = if super::layers::live(dir)?.is_empty() {
+        drop_applied(l, &paths).map_err(|e| err(&p, format!("unstaging: {e}")))?
+    } else {
+        0
+    };
     clear(dir)?;
     Ok(Some(format!(
-        "an apply was interrupted: {removed} temporary entries it left in SOURCE removed; every path is applied or still staged"
+        "an apply was interrupted: {removed} temporary entries it left in SOURCE removed, {unstaged} paths it had carried into SOURCE unstaged; every path is applied or still staged"
     )))
+}
+
+/// Drops the staged entry of every path of the log that equals SOURCE now (see
+/// [`Layers::equals_source`]): what an apply killed after its renames but before it
+/// dropped them left. Such an entry is no change, but it would hide every later host
+/// edit of the path. Then one `syncfs` of DIR; returns how many were dropped.
+fn drop_applied(l: &Layers, paths: &[&[u8]]) -> std::io::Result<usize> {
+    let all = l.changes()?;
+    let mut n = 0;
+    for &q in paths {
+        if l.equals_source(q, &all)? {
+            super::apply::drop_staged(l, q)?;
+            n += 1;
+        }
+    }
+    if n > 0 {
+        let root = sys::reopen(
+            l.upper.proc_fd.as_fd(),
+            l.upper.root.as_fd(),
+            libc::O_RDONLY | libc::O_DIRECTORY,
+        )?;
+        super::sys::syncfs(root.as_fd())?;
+    }
+    Ok(n)
 }
 
 #[cfg(test)]

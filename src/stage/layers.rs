@@ -62,6 +62,9 @@ enum Intent {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         from: Option<u64>,
     },
+    /// An apply carried every staged path into SOURCE: the staged tree is replaced by
+    /// the empty `DIR/next` (the old one goes to the trash whole).
+    Drop,
 }
 
 fn err(p: &Path, e: impl std::fmt::Display) -> String {
@@ -189,6 +192,85 @@ pub fn empty_trash(a: &Path) -> Result<(), String> {
     super::apply::remove_tree(&layer, layer.root.as_fd(), &n).map_err(|e| err(&t, e))
 }
 
+/// Removes what is in `DIR/trash` now, entry by entry, leaving the directory (so that an
+/// operation trashing something meanwhile never finds it gone): what runs in the
+/// background after an apply, without DIR's lock. A concurrent removal of the same
+/// entries (another one, or the recovery of a later command) is harmless: an entry
+/// already gone is skipped. Only entries of the trash are touched.
+pub fn empty_trash_entries(a: &Path) -> Result<usize, String> {
+    let t = a.join("trash");
+    if !exists(&t) {
+        return Ok(0);
+    }
+    let root = crate::host::sys::open_root(&t).map_err(|e| err(&t, e))?;
+    let layer = super::tree::Layer::new(root).map_err(|e| err(&t, e))?;
+    let top = super::tree::Node {
+        fd: layer.root.try_clone().map_err(|e| err(&t, e))?,
+        st: crate::host::sys::fstat(layer.root.as_fd()).map_err(|e| err(&t, e))?,
+    };
+    let names = layer.list(&top).map_err(|e| err(&t, e))?;
+    for n in &names {
+        let n = crate::host::sys::Name::new(n).map_err(|e| err(&t, e))?;
+        super::apply::remove_tree(&layer, layer.root.as_fd(), &n).map_err(|e| err(&t, e))?;
+    }
+    Ok(names.len())
+}
+
+/// Starts removing the trash's entries ([`empty_trash_entries`]) in the background, after
+/// the command answered: in the daemon (`in_daemon`) on a thread, one pass at a time; in
+/// a `--dir` command a child process (`fencefs stage empty-trash --dir DIR`, not waited
+/// for) so that the command exits at once. What a crash or a kill leaves there is removed
+/// by the next one, or at the next daemon start.
+pub fn empty_trash_later(a: &Path, in_daemon: bool) {
+    static ONE: parking_lot::Mutex<()> = parking_lot::Mutex::new(());
+    let full = fs::read_dir(a.join("trash")).is_ok_and(|mut d| d.next().is_some());
+    if !full {
+        return;
+    }
+    let a = a.to_path_buf();
+    if in_daemon {
+        let spawned = std::thread::Builder::new()
+            .name("fencefs-trash".into())
+            .spawn(move || {
+                let _one = ONE.lock();
+                if let Err(e) = empty_trash_entries(&a) {
+                    log::warn!("stage: emptying the trash: {e}");
+                }
+            });
+        if let Err(e) = spawned {
+            log::warn!("stage: emptying the trash: {e}");
+        }
+        return;
+    }
+    let spawned = std::env::current_exe().and_then(|exe| {
+        std::process::Command::new(exe)
+            .args(["stage", "empty-trash", "--dir"])
+            .arg(&a)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+    });
+    if let Err(e) = spawned {
+        log::warn!("stage: emptying the trash in the background: {e}; now instead");
+        let _ = empty_trash_entries(&a);
+    }
+}
+
+/// Replaces the staged tree by an empty one, once an apply carried every staged path into
+/// SOURCE (and made that durable): one rename of the old tree into `DIR/trash`, so its
+/// removal ([`empty_trash_entries`]) can run after the command answered. Crash-safe as a
+/// rewind: the intent is written first and recovery finishes it. Refused (nothing done)
+/// while checkpoint layers exist (an apply squashes them first).
+pub fn drop_upper(a: &Path) -> Result<(), String> {
+    if !live(a)?.is_empty() {
+        return Err(err(a, "checkpoint layers exist"));
+    }
+    let next = fresh_next(a)?;
+    copy_root_attrs(&a.join("upper"), &next)?;
+    run(a, Intent::Drop)
+}
+
 /// A fresh, empty `DIR/next` (any leftover one, never named by an intent, goes first).
 pub fn fresh_next(a: &Path) -> Result<PathBuf, String> {
     let next = next_path(a);
@@ -272,6 +354,10 @@ fn finish(a: &Path, intent: &Intent) -> Result<String, String> {
             log.retain(|c| c.n <= *to);
             write_log(a, &log)?;
             Ok(format!("rewind to {to} finished"))
+        }
+        Intent::Drop => {
+            swap_upper(a, None)?;
+            Ok("the applied staged tree dropped".into())
         }
         Intent::Squash { from } => {
             // Layer N becomes the tree that replaces the upper (with the upper's root

@@ -32,6 +32,7 @@ mod discard;
 mod flatten;
 mod intent;
 pub mod layers;
+mod remove;
 pub mod standin;
 mod sys;
 pub mod tree;
@@ -70,6 +71,8 @@ pub fn start(dir: &Path, src: &Path, mnt: &Path, source: &OwnedFd) -> Result<Own
         log::warn!("stage '{}': {what}", area.dir.display());
     }
     drop(l);
+    // What a killed background removal left in DIR/trash (the mount need not wait).
+    layers::empty_trash_later(&area.dir, true);
     let (root, _gen) = tree_mount::attach(engine(&area, source)?)?;
     log::info!(
         "staging: every change lands in {} (SOURCE {} untouched until `fencefs stage apply`)",

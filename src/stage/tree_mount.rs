@@ -10,6 +10,7 @@
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use parking_lot::Mutex;
 
@@ -22,6 +23,14 @@ struct Tree {
 }
 
 static TREE: OnceLock<Tree> = OnceLock::new();
+
+/// Views attached now (the one served and the retired ones still held).
+static ATTACHED: AtomicUsize = AtomicUsize::new(0);
+
+/// How many views are attached now (`stage_views` in the control socket's `status`).
+pub fn attached() -> usize {
+    ATTACHED.load(Ordering::Relaxed)
+}
 
 fn tree() -> Result<&'static Tree, String> {
     if let Some(t) = TREE.get() {
@@ -60,15 +69,20 @@ pub fn attach(view: OwnedFd) -> Result<(OwnedFd, u64), String> {
     let root = crate::host::sys::open_path(t.root.as_fd(), &n)
         .map_err(|e| format!("stage mount tree: {e}"))?;
     *next = g + 1;
+    ATTACHED.fetch_add(1, Ordering::Relaxed);
     Ok((root, g))
 }
 
 /// Detaches view `g` (removing its mount point takes the mount off the tree).
 pub fn detach(g: u64) {
-    if let Some(t) = TREE.get()
-        && let Err(e) = crate::host::sys::unlinkat(t.root.as_fd(), &name(g), libc::AT_REMOVEDIR)
-    {
-        log::warn!("stage: detaching view g{g}: {e}");
+    let Some(t) = TREE.get() else {
+        return;
+    };
+    match crate::host::sys::unlinkat(t.root.as_fd(), &name(g), libc::AT_REMOVEDIR) {
+        Ok(()) => {
+            ATTACHED.fetch_sub(1, Ordering::Relaxed);
+        }
+        Err(e) => log::warn!("stage: detaching view g{g}: {e}"),
     }
 }
 

@@ -37,7 +37,14 @@ pub fn overlay(
     };
     let fs = sys::fsopen("overlay").map_err(|e| fail("overlay", e))?;
     let lower: Vec<String> = lowers.iter().map(|f| fd_path(f)).collect();
-    let mut opts = vec![("lowerdir", lower.join(":"))];
+    // fsconfig takes strings of at most 255 bytes: past that (about 13 layers), one
+    // `lowerdir+` per layer, top first (Linux 6.8+).
+    let joined = lower.join(":");
+    let mut opts = if joined.len() < 256 {
+        vec![("lowerdir", joined)]
+    } else {
+        lower.into_iter().map(|l| ("lowerdir+", l)).collect()
+    };
     match upper {
         Some((up, work)) => {
             opts.push(("upperdir", fd_path(up)));

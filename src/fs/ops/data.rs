@@ -54,6 +54,7 @@ impl Shared {
             append_only,
             entries: None,
             slots,
+            view: 0,
             kept: OnceLock::new(),
         })
     }

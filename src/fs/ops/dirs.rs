@@ -40,6 +40,7 @@ impl Shared {
             append_only: false,
             entries: Some(parking_lot::Mutex::new(None)),
             slots,
+            view: 0,
             kept: OnceLock::new(),
         }))
     }

@@ -73,6 +73,23 @@ impl Inodes {
         Ok(names)
     }
 
+    /// Lets go of the nodes `inos` of a retired view whose handles were revoked (those no
+    /// handle is open on now, `open` says): each drops the handle it pinned (a file
+    /// unlinked while open), which held the old view. Returns how many did.
+    pub fn unpin(&self, inos: &[u64], open: &dyn Fn(u64) -> bool) -> usize {
+        let inos: Vec<u64> = inos.iter().copied().filter(|&i| !open(i)).collect();
+        let mut t = self.table.lock();
+        let mut n = 0;
+        for i in inos {
+            if let Some(node) = t.nodes.get_mut(&i)
+                && node.pinned.take().is_some()
+            {
+                n += 1;
+            }
+        }
+        n
+    }
+
     /// A loose node was found again as the file `key`.
     pub(super) fn settle(&self, ino: u64, key: Key) {
         settle_in(&mut self.table.lock(), ino, key);

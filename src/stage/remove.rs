@@ -1,0 +1,99 @@
+//! Removing staged entries and temporary trees: [`remove_tree`] (a tree, no symlink
+//! followed, an entry already gone counting as removed) and the unstaging of one path
+//! ([`unstage_path`], [`drop_staged`]), shared by apply, discard, recovery and the trash.
+//!
+//! Invariants: directories are entered by `O_PATH | O_NOFOLLOW` handles and symlinks are
+//! removed themselves, never followed; recursion stops at the staged tree's depth limit.
+
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd};
+
+use super::changes::Layers;
+use super::tree::{Layer, Node, depth_ok, split};
+use crate::host::sys::{self, Name};
+
+fn name(n: &[u8]) -> io::Result<Name> {
+    Name::new(n)
+}
+
+/// fsync of the directory `fd` of `layer` (reopened for reading: `fd` may be `O_PATH`).
+pub(super) fn sync_dir(layer: &Layer, fd: BorrowedFd<'_>) -> io::Result<()> {
+    let f = sys::reopen(
+        layer.proc_fd.as_fd(),
+        fd,
+        libc::O_RDONLY | libc::O_DIRECTORY,
+    )?;
+    sys::fsync(f.as_fd(), false)
+}
+
+/// Removes `dir/n` and everything below it (no symlink followed: `unlinkat` removes a
+/// symlink itself, and directories are entered by `O_PATH | O_NOFOLLOW` handles).
+/// An entry already gone counts as removed (a concurrent removal of the same tree, such
+/// as the background removal of the trash and a later command's recovery, is harmless).
+pub(super) fn remove_tree(layer: &Layer, dir: BorrowedFd<'_>, n: &Name) -> io::Result<()> {
+    remove_tree_at(layer, dir, n, 0)
+}
+
+fn remove_tree_at(layer: &Layer, dir: BorrowedFd<'_>, n: &Name, depth: usize) -> io::Result<()> {
+    depth_ok(depth)?;
+    let gone = |r: io::Result<()>| match r {
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(()),
+        r => r,
+    };
+    let st = match sys::fstatat_nofollow(dir, n) {
+        Ok(st) => st,
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    if st.st_mode & libc::S_IFMT == libc::S_IFDIR {
+        let d = match sys::open_path(dir, n) {
+            Ok(d) => d,
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        let node = Node {
+            st: sys::fstat(d.as_fd())?,
+            fd: d,
+        };
+        for child in layer.list(&node)? {
+            remove_tree_at(layer, node.fd.as_fd(), &name(&child)?, depth + 1)?;
+        }
+        gone(sys::unlinkat(dir, n, libc::AT_REMOVEDIR))
+    } else {
+        gone(sys::unlinkat(dir, n, 0))
+    }
+}
+
+/// Drops the staged entry at `path` (a whole tree for a directory) and syncs its parent.
+pub(super) fn unstage_path(l: &Layers, path: &[u8]) -> io::Result<()> {
+    if let Some(d) = drop_staged_in(l, path, false)? {
+        sync_dir(&l.upper, d.fd.as_fd())?;
+    }
+    Ok(())
+}
+
+/// Drops the applied staged entry at `path`, not synced (a batch ends with one `syncfs`).
+/// A stand-in for a character device 0/0 stays: SOURCE's real 0/0 device is a whiteout to
+/// overlayfs, hidden from the merged view, and the stand-in equals it now (no change:
+/// `status` does not list it).
+pub(super) fn drop_staged(l: &Layers, path: &[u8]) -> io::Result<()> {
+    drop_staged_in(l, path, true).map(drop)
+}
+
+/// Drops the staged entry at `path` (a stand-in too, unless `keep_stand_in`); its staged
+/// parent when there was one.
+fn drop_staged_in(l: &Layers, path: &[u8], keep_stand_in: bool) -> io::Result<Option<Node>> {
+    let (parent, last) = split(path);
+    let Some(d) = l.upper.dir(parent)? else {
+        return Ok(None);
+    };
+    let n = name(last)?;
+    match sys::fstatat_nofollow(d.fd.as_fd(), &n) {
+        Ok(st) if keep_stand_in && super::standin::is_stand_in(&st) => return Ok(None),
+        Ok(_) => {}
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(None),
+        Err(e) => return Err(e),
+    }
+    remove_tree(&l.upper, d.fd.as_fd(), &n)?;
+    Ok(Some(d))
+}
