@@ -23,6 +23,7 @@ use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use serde::{Deserialize, Serialize};
 
@@ -217,27 +218,44 @@ pub fn empty_trash_entries(a: &Path) -> Result<usize, String> {
 }
 
 /// Starts removing the trash's entries ([`empty_trash_entries`]) in the background, after
-/// the command answered: in the daemon (`in_daemon`) on a thread, one pass at a time; in
+/// the command answered: in the daemon (`in_daemon`) on one thread at most (a request while
+/// it runs asks it for another pass); in
 /// a `--dir` command a child process (`fencefs stage empty-trash --dir DIR`, not waited
 /// for) so that the command exits at once. What a crash or a kill leaves there is removed
 /// by the next one, or at the next daemon start.
 pub fn empty_trash_later(a: &Path, in_daemon: bool) {
-    static ONE: parking_lot::Mutex<()> = parking_lot::Mutex::new(());
+    // At most one removal thread: a request while it runs asks it for one more pass.
+    static RUNNING: AtomicBool = AtomicBool::new(false);
+    static AGAIN: AtomicBool = AtomicBool::new(false);
     let full = fs::read_dir(a.join("trash")).is_ok_and(|mut d| d.next().is_some());
     if !full {
         return;
     }
     let a = a.to_path_buf();
     if in_daemon {
+        AGAIN.store(true, Ordering::SeqCst);
+        if RUNNING.swap(true, Ordering::SeqCst) {
+            return;
+        }
         let spawned = std::thread::Builder::new()
             .name("fencefs-trash".into())
             .spawn(move || {
-                let _one = ONE.lock();
-                if let Err(e) = empty_trash_entries(&a) {
-                    log::warn!("stage: emptying the trash: {e}");
+                loop {
+                    while AGAIN.swap(false, Ordering::SeqCst) {
+                        if let Err(e) = empty_trash_entries(&a) {
+                            log::warn!("stage: emptying the trash: {e}");
+                        }
+                    }
+                    RUNNING.store(false, Ordering::SeqCst);
+                    // A request between the last pass and the store above found RUNNING
+                    // set and left its pass to this thread: take it back if nobody did.
+                    if !AGAIN.load(Ordering::SeqCst) || RUNNING.swap(true, Ordering::SeqCst) {
+                        break;
+                    }
                 }
             });
         if let Err(e) = spawned {
+            RUNNING.store(false, Ordering::SeqCst);
             log::warn!("stage: emptying the trash: {e}");
         }
         return;
