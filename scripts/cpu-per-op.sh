@@ -4,7 +4,7 @@
 # this run). Wall time on a shared machine is noise; the daemon's task-clock (perf stat
 # -p, every thread) per operation is what a change to the daemon moves.
 #
-#   sudo scripts/cpu-per-op.sh [-n N] [-r ROUNDS] [-p POLICY] [-u UID] TARGET...
+#   sudo scripts/cpu-per-op.sh [-n N] [-r ROUNDS] [-p POLICY] [-u UID] [-w WORKLOADS] TARGET...
 #
 # TARGET: fencefs | fencefs-uring | fencefs-nowatch | passthrough_hp | passthrough_hp-uring
 # | bindfs (passthrough_hp: $PASSTHROUGH_HP, a libfuse example/passthrough_hp binary;
@@ -17,17 +17,24 @@
 # and on a tree of N files, 16 to a directory, after a remount + drop_caches:
 #   find     `find` of the tree                              (OPENDIR READDIRPLUS RELEASEDIR)
 #   lslr     `ls -lR` of the tree                            (the same + LOOKUP, GETXATTR)
+# and, only when named in -w (a comma list; default create,lookup,unlink,find,lslr):
+#   clone    `git clone -q --no-hardlinks` of a bare clone of this repository, from the
+#            mount into the mount (bench.sh's agent row): ms of daemon CPU per clone and
+#            the clone's wall ms through the mount, against its wall ms on the image itself
 # -u UID: the workloads run as UID (its files, created as the caller: setfsuid).
 # Prints µs of daemon CPU per file, the median of ROUNDS (default 3). With PROFILE=DIR,
 # each run is also recorded (`perf record -g`) to DIR/TARGET-WORKLOAD.data.
 set -euo pipefail
-N=5000 ROUNDS=3 POLICY= AS=()
-while getopts n:r:p:u: o; do case $o in n) N=$OPTARG ;; r) ROUNDS=$OPTARG ;; p) POLICY=$OPTARG ;;
-    u) AS=(setpriv --reuid="$OPTARG" --regid="$OPTARG" --clear-groups) ;; *) exit 2 ;; esac; done
+N=5000 ROUNDS=3 POLICY= AS=() WL=create,lookup,unlink,find,lslr
+while getopts n:r:p:u:w: o; do case $o in n) N=$OPTARG ;; r) ROUNDS=$OPTARG ;; p) POLICY=$OPTARG ;;
+    u) AS=(setpriv --reuid="$OPTARG" --regid="$OPTARG" --clear-groups) ;; w) WL=$OPTARG ;; *) exit 2 ;; esac; done
+IFS=, read -ra WLS <<<"$WL"
+for w in "${WLS[@]}"; do case $w in create | lookup | unlink | find | lslr | clone) ;; *) echo "unknown workload $w" >&2; exit 2 ;; esac; done
+[[ ,$WL, =~ ,(lookup|unlink), && ,$WL, != *,create,* ]] && { echo "lookup and unlink use the files create makes: name create too" >&2; exit 2; }
 OTHER=() # other users reach a root-mounted FUSE file system only with allow_other
 ((${#AS[@]})) && OTHER=(--allow-other)
 shift $((OPTIND - 1))
-(($#)) || { sed -n 2,21p "$0"; exit 2; }
+(($#)) || { sed -n 2,25p "$0"; exit 2; }
 HERE=$(cd "$(dirname "$0")/.." && pwd)
 BIN=${FENCEFS_BIN:-$HERE/target/release/fencefs}
 POLICY=${POLICY:-$HERE/policy.example.toml}
@@ -49,6 +56,10 @@ for ((i = 0; i < N / 16; i++)); do
     mkdir -p "$SRC/t/d$i"
     for ((j = 0; j < 16; j++)); do : >"$SRC/t/d$i/f$j"; done
 done
+if [[ ,$WL, == *,clone,* ]]; then
+    git clone -q --bare --no-hardlinks "$HERE" "$SRC/repo.git"
+    ((${#AS[@]})) && chown -R "${AS[1]#--reuid=}:${AS[1]#--reuid=}" "$SRC/repo.git"
+fi
 ((${#AS[@]})) && chown -R "${AS[1]#--reuid=}:${AS[1]#--reuid=}" "$SRC/d" "$SRC/t"
 
 unmount() {
@@ -81,8 +92,10 @@ mount_t() {
     exit 1
 }
 
-# cpu WORKLOAD: runs it while perf counts the daemon's task-clock; prints µs per file
+# cpu WORKLOAD [DIV]: runs it while perf counts the daemon's task-clock; prints µs per
+# file (DIV = N), or ms per run (DIV = 1000: clone, followed by /WALL_MS of the run)
 cpu() {
+    local div=${2:-$N}
     perf stat -x, -e task-clock -p "$PID" -o "$WORK/perf" &
     local pp=$! rp=
     if [[ -n ${PROFILE:-} ]]; then
@@ -91,11 +104,16 @@ cpu() {
         rp=$!
     fi
     sleep 0.3
+    local t0 t1
+    t0=$(date +%s%N)
     "run_$1"
+    t1=$(date +%s%N)
     sleep 0.2
     kill -INT $pp ${rp:+$rp}
     wait $pp ${rp:+$rp} 2>/dev/null || true
-    awk -F, -v n="$N" '$3 == "task-clock" || $3 ~ /task-clock/ { printf "%.2f", $1 * 1000 / n }' "$WORK/perf"
+    awk -F, -v n="$div" '$3 == "task-clock" || $3 ~ /task-clock/ { printf "%.2f", $1 * 1000 / n }' "$WORK/perf"
+    [[ $div == 1000 ]] && printf '/%d' $(((t1 - t0) / 1000000))
+    return 0
 }
 
 run_create() { "${AS[@]}" /usr/bin/python3 - "$MNT/d" "$N" <<'EOF'
@@ -121,29 +139,50 @@ for i in range(n):
     os.unlink(f"{d}/f{i}")
 EOF
 }
+run_clone() { "${AS[@]}" git clone -q --no-hardlinks "$MNT/repo.git" "$MNT/dst"; }
 run_find() { "${AS[@]}" find "$MNT/t" >/dev/null; }
 run_lslr() { "${AS[@]}" ls -lR "$MNT/t" >/dev/null; }
 cold() { unmount; sync; echo 3 >/proc/sys/vm/drop_caches; mount_t "$1"; }
 median() { tr ' ' '\n' | sort -g | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }'; }
 
-printf 'target\tcreate\tlookup\tunlink\tfind\tlslr\t(µs of daemon CPU per file, median of %s, N=%s)\n' "$ROUNDS" "$N"
+printf 'target'
+for w in "${WLS[@]}"; do printf '\t%s' "$w"; done
+printf '\t(µs of daemon CPU per file, median of %s, N=%s' "$ROUNDS" "$N"
+[[ ,$WL, == *,clone,* ]] && printf '; clone: ms of daemon CPU/wall ms per clone'
+printf ')\n'
+if [[ ,$WL, == *,clone,* ]]; then # the clone's own wall time, no FUSE (the same image)
+    CN=()
+    for ((r = 0; r < ROUNDS; r++)); do
+        t0=$(date +%s%N)
+        "${AS[@]}" git clone -q --no-hardlinks "$SRC/repo.git" "$SRC/dst"
+        CN+=($((($(date +%s%N) - t0) / 1000000)))
+        rm -rf "$SRC/dst"
+    done
+    printf 'native clone wall ms: %s\n' "${CN[*]}"
+fi
+has() { [[ ,$WL, == *,$1,* ]]; }
 for t in "$@"; do
     T=$t
     declare -A R=()
     for ((r = 0; r < ROUNDS; r++)); do
         mount_t "$t"
-        R[create]+=" $(cpu create)"
-        cold "$t"
-        R[lookup]+=" $(cpu lookup)"
-        R[unlink]+=" $(cpu unlink)"
-        cold "$t"
-        R[find]+=" $(cpu find)"
-        cold "$t"
-        R[lslr]+=" $(cpu lslr)"
+        has create && R[create]+=" $(cpu create)"
+        if has lookup || has unlink; then
+            cold "$t"
+            has lookup && R[lookup]+=" $(cpu lookup)"
+            has unlink && R[unlink]+=" $(cpu unlink)"
+        fi
+        has find && { cold "$t"; R[find]+=" $(cpu find)"; }
+        has lslr && { cold "$t"; R[lslr]+=" $(cpu lslr)"; }
+        if has clone; then
+            cold "$t"
+            R[clone]+=" $(cpu clone 1000)"
+            rm -rf "$MNT/dst"
+        fi
         unmount
     done
     printf '%s' "$t"
-    for w in create lookup unlink find lslr; do printf '\t%s' "$(echo ${R[$w]} | median)"; done
+    for w in "${WLS[@]}"; do printf '\t%s' "$(echo ${R[$w]} | median)"; done
     printf '\n'
     unset R
 done

@@ -328,6 +328,7 @@ mod glob;
 pub mod ignore;
 mod lattice;
 mod layers;
+mod listing;
 pub mod presets;
 mod programs;
 mod raw;
@@ -338,6 +339,7 @@ mod tests;
 pub use build::Layer;
 pub use ignore::{IgnoreHit, IgnoreSet, IgnoreSource};
 pub use layers::Policy;
+pub use listing::Listing;
 pub use programs::MAX_PROGRAM_RULES;
 
 /// Reads and compiles a policy file (one layer); every error found (not just the first).

@@ -214,6 +214,7 @@ fn run_ignore(g: &GenPolicy, files: &[GenIgnore], case: &Case) -> Result<(), Str
             }
         }
     }
+    check_listings(&policy, paths.iter().map(Vec::as_slice), &CALLERS[..2]).map_err(ctx)?;
     Ok(())
 }
 

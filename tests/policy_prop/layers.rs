@@ -136,6 +136,7 @@ fn run_layers(layers: &[GenPolicy], over: Option<Mode>, case: &Case) -> Result<(
             show(new)
         )));
     }
+    check_listings(&policy, paths.iter().map(|(p, _)| p.as_slice()), CALLERS).map_err(ctx)?;
     Ok(())
 }
 

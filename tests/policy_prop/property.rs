@@ -152,6 +152,8 @@ pub(super) fn run_case(case: &Case) -> Result<(), String> {
         }
     }
 
+    check_listings(&policy, paths.iter().map(|(p, _)| p.as_slice()), CALLERS).map_err(ctx)?;
+
     let ((old, _), (new, _)) = &case.rename;
     let (o, n) = (split(old), split(new));
     let got = policy.dir_rename_allowed(old, new);
@@ -249,4 +251,58 @@ proptest! {
         prop_assert_eq!(errors.len(), 1, "{:?} for\n{}", errors, text);
         prop_assert_eq!((errors[0].line, errors[0].column), (line + 1, column), "{:?} for\n{}", errors, text);
     }
+}
+
+/// [`Policy::listing`] against [`Policy::verdict_for`]: for the parent directory of every
+/// path, every name of the alphabet (and the path's own last name) as its entries, for
+/// each caller, in two orders (files only forward; backward with every other name a
+/// directory): a listing shows a name exactly when its verdict is not `none`. A listing
+/// decides the file names no glob matches at their depth once, so the orders matter.
+pub(super) fn check_listings<'a>(
+    policy: &Policy,
+    paths: impl Iterator<Item = &'a [u8]>,
+    callers: &[Caller],
+) -> Result<(), String> {
+    for path in paths {
+        let (dir, last) = match path.iter().rposition(|&b| b == b'/') {
+            Some(i) => (&path[..i], &path[i + 1..]),
+            None => (&b""[..], path),
+        };
+        let mut names: Vec<&[u8]> = NAMES.iter().map(|n| n.as_bytes()).collect();
+        names.extend(PATH_ONLY.iter().copied());
+        if !last.is_empty() {
+            names.push(last);
+        }
+        let child = |n: &[u8]| {
+            if dir.is_empty() {
+                n.to_vec()
+            } else {
+                [dir, b"/", n].concat()
+            }
+        };
+        for &caller in callers {
+            let forward = names.iter().map(|&n| (n, false));
+            let backward = names
+                .iter()
+                .rev()
+                .enumerate()
+                .map(|(i, &n)| (n, i % 2 == 1));
+            for order in [forward.collect::<Vec<_>>(), backward.collect()] {
+                let mut listing = policy.listing(caller);
+                for (name, is_dir) in order {
+                    let p = child(name);
+                    let want = policy.verdict_for(&p, caller, is_dir).effective != Access::None;
+                    if listing.visible(&p, is_dir) != want {
+                        return Err(format!(
+                            "listing of {}: {} (is_dir {is_dir}, {caller:?}) shown {}, verdict_for says {want}",
+                            show(dir),
+                            show(&p),
+                            !want
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
 }

@@ -53,15 +53,18 @@ impl Shared {
         let base = path.len();
         // A directory with a second name (`host/roots.rs`): entries hidden under it go too.
         let alias = self.inodes.roots().alias_of(&dir);
+        // Names alike to the policy are decided once a listing (`policy/listing.rs`).
+        let mut here = ctx.snap.policy.listing(ctx.caller);
+        let mut there = ctx.snap.policy.listing(ctx.caller);
         raw.retain(|e| {
             // One buffer for every entry's path; DT_UNKNOWN counts as a directory.
             path.truncate(base);
             path.extend_from_slice(&e.name);
             let is_dir = e.dtype == libc::DT_DIR || e.dtype == libc::DT_UNKNOWN;
-            let seen = |p: &[u8]| {
-                ctx.snap.policy.verdict_for(p, ctx.caller, is_dir).effective != Access::None
-            };
-            seen(&path) && alias.as_ref().is_none_or(|a| seen(&join(a, &e.name)))
+            here.visible(&path, is_dir)
+                && alias
+                    .as_ref()
+                    .is_none_or(|a| there.visible(&join(a, &e.name), is_dir))
         });
         let ids = self.inodes.ids_for(raw.iter().map(|e| e.ino));
         let mut listing: Vec<ListEntry> = raw
