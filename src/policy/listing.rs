@@ -49,10 +49,9 @@ impl Policy {
 }
 
 impl Layer {
-    /// No rule glob and no `except` glob of this layer matches `path` itself.
-    fn unmatched_at(&self, path: &[u8]) -> bool {
-        let c = Candidate::new(as_path(path));
-        !self.set.is_match_candidate(&c) && !self.except_set.is_match_candidate(&c)
+    /// No rule glob and no `except` glob of this layer matches the path `c` itself.
+    fn unmatched_at(&self, c: &Candidate<'_>) -> bool {
+        !self.set.is_match_candidate(c) && !self.except_set.is_match_candidate(c)
     }
 }
 
@@ -62,7 +61,12 @@ impl Listing<'_> {
     pub fn visible(&mut self, path: &[u8], is_dir: bool) -> bool {
         let policy = self.policy;
         let full = |p: &[u8]| policy.verdict_for(p, self.caller, is_dir).effective != Access::None;
-        if is_dir || path.is_empty() || !policy.layers().iter().all(|l| l.unmatched_at(path)) {
+        if is_dir || path.is_empty() {
+            return full(path);
+        }
+        // One candidate (globset normalises the path and splits off its name) for all layers.
+        let c = Candidate::new(as_path(path));
+        if !policy.layers().iter().all(|l| l.unmatched_at(&c)) {
             return full(path);
         }
         if policy.ignore_set().hides(path, false).is_some() {
