@@ -24,6 +24,8 @@ const FS_REFER: u64 = 1 << 13; // v2
 const FS_TRUNCATE: u64 = 1 << 14; // v3
 const FS_IOCTL_DEV: u64 = 1 << 15; // v5
 const FS_READ_FILE: u64 = 1 << 2;
+const FS_REMOVE_FILE: u64 = 1 << 5;
+const FS_MAKE_CHAR: u64 = 1 << 6;
 const FS_WRITE_FILE: u64 = 1 << 1;
 
 #[repr(C)]
@@ -100,7 +102,11 @@ fn add_rule(ruleset: &OwnedFd, path_fd: BorrowedFd<'_>, access: u64) -> io::Resu
     }
 }
 
-fn landlock(source: BorrowedFd<'_>, roots: &[BorrowedFd<'_>]) -> io::Result<i64> {
+fn landlock(
+    source: BorrowedFd<'_>,
+    roots: &[BorrowedFd<'_>],
+    stage: Option<BorrowedFd<'_>>,
+) -> io::Result<i64> {
     let abi = abi_version()?;
     let handled = handled_for(abi);
     let attr = RulesetAttr {
@@ -129,6 +135,11 @@ fn landlock(source: BorrowedFd<'_>, roots: &[BorrowedFd<'_>]) -> io::Result<i64>
             add_rule(&ruleset, root, handled)?;
         }
     }
+    // A staged mount's DIR: only what a private whiteout needs (stage/base.rs: a 0/0
+    // character device made and renamed over overlayfs's shared one in the same directory).
+    if let Some(dir) = stage {
+        add_rule(&ruleset, dir, FS_MAKE_CHAR | FS_REMOVE_FILE)?;
+    }
     let dev = sys::open_path_abs(Path::new("/dev/fuse"))?;
     let ioctl = if abi >= 5 { FS_IOCTL_DEV } else { 0 };
     add_rule(&ruleset, dev.as_fd(), FS_READ_FILE | FS_WRITE_FILE | ioctl)?;
@@ -143,10 +154,15 @@ fn landlock(source: BorrowedFd<'_>, roots: &[BorrowedFd<'_>]) -> io::Result<i64>
 /// Confines the calling thread and every thread it creates afterwards to the directory
 /// behind `source` (the handle opened before mounting: with the mount over SOURCE, the
 /// path now leads to the mount itself), the other roots' handles and `/dev/fuse`.
-pub fn confine(source: BorrowedFd<'_>, roots: &[BorrowedFd<'_>]) -> Applied {
+/// A staged mount's DIR (`stage`) gets only the rights a private whiteout needs.
+pub fn confine(
+    source: BorrowedFd<'_>,
+    roots: &[BorrowedFd<'_>],
+    stage: Option<BorrowedFd<'_>>,
+) -> Applied {
     // SAFETY: prctl with constant arguments.
     let nnp = unsafe { libc::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } == 0;
-    match landlock(source, roots) {
+    match landlock(source, roots, stage) {
         Ok(abi) => Applied {
             landlock_abi: Some(abi),
             landlock_error: None,

@@ -111,10 +111,7 @@ pub fn apply(l: &Layers, list: &[Change], force: bool, dir: &Path, all: bool) ->
             }
             continue;
         }
-        if refused_renames
-            .iter()
-            .any(|x| c.path.starts_with(&x.path) && c.path.get(x.path.len()) == Some(&b'/'))
-        {
+        if refused_renames.iter().any(|x| depends_on(c, x)) {
             out.refused(&line, "its directory's rename was refused");
             continue;
         }
@@ -174,6 +171,26 @@ pub fn apply(l: &Layers, list: &[Change], force: bool, dir: &Path, all: bool) ->
         refused: out.lines.iter().filter(|(_, r)| *r).count(),
         lines: out.lines.into_iter().map(|(s, _)| s).collect(),
     }
+}
+
+/// `a` is `b` or below it.
+fn under(a: &[u8], b: &[u8]) -> bool {
+    a == b || (a.starts_with(b) && a.get(b.len()) == Some(&b'/'))
+}
+
+/// Whether change `c` depends on the refused rename `r`: it lies below the rename's new
+/// path, or at or below its old one (the directory's SOURCE contents are still there and
+/// whatever stands at the old path now is staged over them), or it is itself a rename
+/// out of either. Such a change stays staged, at both paths, so nothing the rename would
+/// have carried is deleted or overwritten.
+fn depends_on(c: &Change, r: &Change) -> bool {
+    let Kind::Renamed { from: rf } = &r.kind else {
+        return false;
+    };
+    let below_new = c.path.starts_with(&r.path) && c.path.get(r.path.len()) == Some(&b'/');
+    let from_dep =
+        matches!(&c.kind, Kind::Renamed { from } if under(from, rf) || under(from, &r.path));
+    below_new || under(&c.path, rf) || from_dep
 }
 
 /// The SOURCE directory `path`, walked without following symlinks.

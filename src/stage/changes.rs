@@ -5,10 +5,13 @@
 //! changed) is not a change; a directory is `m` only for mode, owner or xattrs (its times
 //! follow its entries); a new directory is one `A dir/ (N entries)`; a deleted directory
 //! one `D dir/`; a directory renamed with a redirect is `R old -> new`, its old name's
-//! whiteout not listed again. A change is a **conflict** when SOURCE's entry changed
-//! (ctime) after the staged entry was made (its birth time: the copy-up or the delete),
-//! appeared since (an added path that SOURCE now has), or is gone (a copied-up file whose
-//! SOURCE original no longer exists anywhere: its overlayfs origin is stale).
+//! whiteout not listed again; what a rename took along is never listed as deleted. A
+//! change is a **conflict** when, by the staged entry's base record ([`super::base`]),
+//! SOURCE's object at the path is not the one it was made from, changed since, or is
+//! gone; without a record (a directory, a path made new), when SOURCE's entry changed
+//! (ctime) after the staged entry was made (its birth time), appeared since (an added
+//! path that SOURCE now has), or is gone (a copied-up file whose SOURCE original no
+//! longer exists anywhere: its overlayfs origin is stale).
 //!
 //! Invariants: read-only; paths are workspace-relative bytes; the list is sorted by path.
 
@@ -16,6 +19,7 @@ use std::collections::HashSet;
 use std::io;
 use std::os::fd::AsFd;
 
+use super::base;
 use super::standin;
 use super::sys as ssys;
 use super::tree::{Layer, Node, depth_of, depth_ok, join, kind, split};
@@ -146,6 +150,25 @@ fn ctime_ns(st: &libc::stat) -> i128 {
     st.st_ctime as i128 * 1_000_000_000 + st.st_ctime_nsec as i128
 }
 
+/// Whether the staged entry `u` at `path` (made at `at`) conflicts with SOURCE's entry
+/// `l` there. With a base record (`base`): SOURCE's object is not the one the staged
+/// entry was made from, or changed since. Without one (a directory, a path the agent
+/// made new, a stage older than the records): SOURCE's entry changed at or after `at`
+/// (`>=`: times tick coarsely, so a host edit in the copy-up's tick counts; that errs on
+/// the side of never overwriting a host edit).
+fn conflict(path: &[u8], u: &Node, l: Option<&Node>, at: i128) -> bool {
+    match base::of(u) {
+        Some(b) => b.conflicts(
+            path,
+            l.map(|l| {
+                let bt = ssys::btime_fd(l.fd.as_fd()).ok().flatten().unwrap_or(0);
+                (&l.st, bt)
+            }),
+        ),
+        None => l.is_some_and(|l| ctime_ns(&l.st) >= at),
+    }
+}
+
 impl Layers {
     /// Every staged change, sorted by path.
     pub fn changes(&self) -> io::Result<Vec<Change>> {
@@ -157,10 +180,18 @@ impl Layers {
             .ok_or_else(|| io::Error::from_raw_os_error(libc::ENOENT))?;
         let lower = self.lower.get(b"")?;
         self.walk(b"", &root, lower.as_ref(), false, &mut out, &mut sources)?;
+        // A SOURCE entry a rename took along (it or a directory above it is a rename's
+        // source) is not deleted, whatever whiteout or opaque directory now stands at its
+        // old path: `mv w/a w/x; mkdir w/a` hides SOURCE's `w/a/*` but deletes none of it.
+        let below_source = |p: &[u8]| {
+            sources.iter().any(|s| {
+                !s.starts_with(b"\0")
+                    && (p == s.as_slice() || (p.starts_with(s) && p.get(s.len()) == Some(&b'/')))
+            })
+        };
         out.retain(|c| {
             let moved = |(d, i): (u64, u64)| sources.contains(&format!("\0{d}:{i}").into_bytes());
-            !(c.kind == Kind::Deleted
-                && (sources.contains(&c.path) || c.lower_id.is_some_and(moved)))
+            !(c.kind == Kind::Deleted && (below_source(&c.path) || c.lower_id.is_some_and(moved)))
         });
         out.sort_by(|a, b| a.path.cmp(&b.path));
         Ok(out)
@@ -189,10 +220,7 @@ impl Layers {
             let base = Change {
                 path: join(path, name),
                 kind: Kind::Added,
-                // `>=`: file system times tick coarsely (a jiffy), so a host edit in the
-                // same tick as the copy-up has the same time; calling it a conflict errs
-                // on the side of never overwriting a host edit.
-                conflict: l.as_ref().is_some_and(|l| ctime_ns(&l.st) >= at),
+                conflict: conflict(&join(path, name), &u, l.as_ref(), at),
                 dir: false,
                 entries: None,
                 under_opaque: under,
@@ -290,7 +318,7 @@ impl Layers {
             // Copied up from a SOURCE file that is gone now (not moved by the agent: its
             // origin no longer exists): the host deleted what was staged.
             None => Some(Change {
-                conflict: self.origin_gone(u),
+                conflict: base.conflict || self.origin_gone(u),
                 ..kind_of(Kind::Added)
             }),
             Some(l) if kind(&l.st) != kind(&u.st) => Some(kind_of(Kind::Type)),

@@ -24,6 +24,7 @@
 
 pub mod apply;
 pub mod area;
+pub mod base;
 pub mod changes;
 pub mod cli;
 pub mod control;

@@ -128,6 +128,45 @@ pub fn btime_ns(dir: BorrowedFd<'_>, name: &Name) -> io::Result<Option<i128>> {
     ))
 }
 
+/// Birth time (ns since the epoch) of the file behind `fd` (an `O_PATH` handle too);
+/// `None` when the file system does not record one.
+pub fn btime_fd(fd: BorrowedFd<'_>) -> io::Result<Option<i128>> {
+    let mut st = std::mem::MaybeUninit::<libc::statx>::zeroed();
+    // SAFETY: valid fd with an empty, NUL-terminated path; st points to a writable statx.
+    cvt(unsafe {
+        libc::statx(
+            fd.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW,
+            libc::STATX_BTIME,
+            st.as_mut_ptr(),
+        )
+    } as libc::c_long)?;
+    // SAFETY: statx succeeded, so it filled the struct (zeroed before).
+    let st = unsafe { st.assume_init() };
+    if st.stx_mask & libc::STATX_BTIME == 0 {
+        return Ok(None);
+    }
+    Ok(Some(
+        st.stx_btime.tv_sec as i128 * 1_000_000_000 + st.stx_btime.tv_nsec as i128,
+    ))
+}
+
+/// Now (ns since the epoch) by the kernel's coarse clock, the clock file times are taken
+/// from: a change made after this call carries a time at or after it.
+pub fn coarse_now_ns() -> i128 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: ts is a valid, writable timespec.
+    let r = unsafe { libc::clock_gettime(libc::CLOCK_REALTIME_COARSE, &mut ts) };
+    if r != 0 {
+        return 0;
+    }
+    ts.tv_sec as i128 * 1_000_000_000 + ts.tv_nsec as i128
+}
+
 /// `syncfs`: commits the whole file system holding `fd` (one call for a tree of files).
 pub fn syncfs(fd: BorrowedFd<'_>) -> io::Result<()> {
     // SAFETY: valid fd; no memory arguments.

@@ -137,6 +137,7 @@ fn confine(shared: &Shared, src: &Path) {
     let c = crate::harden::confine(
         crate::stage::tree_mount::root().unwrap_or(root.as_fd()),
         &extra,
+        shared.bases.as_ref().and_then(|b| b.dir_fd()),
     );
     let others = shared
         .inodes

@@ -90,6 +90,7 @@ impl Shared {
         let kind = st.st_mode & libc::S_IFMT;
         let fd = self.inodes.fd(ino)?;
         let handle = fh.and_then(|fh| self.handles.get(fh));
+        let note = self.note_node(ino);
         if let Some(m) = mode {
             if kind == libc::S_IFLNK {
                 return Err(Error(libc::EOPNOTSUPP));
@@ -143,6 +144,7 @@ impl Shared {
                 sys::utimens_fd(self.inodes.proc_fd.as_fd(), fd.as_fd(), a, m)?;
             }
         }
+        self.noted(note);
         Ok(self.attr(ctx, ino, &sys::fstat(fd.as_fd())?))
     }
 

@@ -90,11 +90,17 @@ impl Shared {
             _ => return Err(Error(libc::EINVAL)),
         }
         let slots = self.handles.reserve(ctx.caller.uid, self.root_id(ino))?;
+        let note = if intent.write || flags & libc::O_TRUNC != 0 {
+            self.note_node(ino)
+        } else {
+            None
+        };
         let file = sys::reopen(
             self.inodes.proc_fd.as_fd(),
             fd.as_fd(),
             attr::host_open_flags(flags),
         )?;
+        self.noted(note);
         if flags & libc::O_TRUNC != 0 && self.kills_setid(ctx) {
             self.kill_setid(ino, file.as_fd())?;
         }

@@ -51,6 +51,7 @@ mod grants;
 
 pub use grants::WriteKind;
 mod names;
+mod staged;
 mod xattr;
 
 /// A refusal (decided in `fs/decide.rs`) an approver could lift, for every path of the request that needs it.
@@ -158,6 +159,8 @@ pub struct Shared {
     /// Held closed while a staged mount swaps its merged view (`fs::gate`; `None`
     /// without staging).
     pub gate: Option<Arc<crate::fs::gate::Gate>>,
+    /// A staged mount's base records (`fs/ops/staged.rs`; `None` without staging).
+    pub bases: Option<crate::stage::base::Bases>,
     /// Requests held for an approver.
     pub approvals: Arc<Approvals>,
     /// Decisions made (for `status`).

@@ -190,9 +190,11 @@ impl Shared {
         };
         self.allow(ctx, "mknod", &path, false, Need::Create, sp)?;
         let pfd = self.inodes.fd(parent)?;
+        let note = self.note_name(&path, &pfd, name, true);
         self.create_as_caller(ctx, &pfd, name, false, || {
             crate::stage::standin::mknodat(pfd.as_fd(), name, mode, rdev as u64)
         })?;
+        self.noted(note);
         self.finish_create(ctx, parent, &pfd, name, false)
     }
 
@@ -223,9 +225,11 @@ impl Shared {
             Special::default(),
         )?;
         let pfd = self.inodes.fd(parent)?;
+        let note = self.note_name(&path, &pfd, name, true);
         self.create_as_caller(ctx, &pfd, name, false, || {
             sys::symlinkat(target, pfd.as_fd(), name)
         })?;
+        self.noted(note);
         self.finish_create(ctx, parent, &pfd, name, false)
     }
 
@@ -262,6 +266,7 @@ impl Shared {
         let root = self.inodes.roots().id_of(&path);
         let slots = self.handles.reserve(ctx.caller.uid, root)?;
         let pfd = self.inodes.fd(parent)?;
+        let note = self.note_name(&path, &pfd, name, true);
         let base = attr::host_open_flags(flags);
         let created = self.create_as_caller(ctx, &pfd, name, false, || {
             sys::openat(
@@ -293,6 +298,7 @@ impl Shared {
             }
             Err(e) => return Err(e),
         };
+        self.noted(note);
         let mut st = sys::fstat(file.as_fd())?;
         // The open file is exactly what is under that name now.
         let ino = self.inodes.adopt(parent, name, &st, true);
@@ -453,6 +459,11 @@ impl Shared {
         let known = self.inodes.child(parent, name.bytes());
         let pin = known.and_then(|i| self.pin_handle(i));
         let flags = if dir { libc::AT_REMOVEDIR } else { 0 };
+        let note = if dir {
+            None
+        } else {
+            self.note_name(&path, &pfd, name, true)
+        };
         if let Err(e) = sys::unlinkat(pfd.as_fd(), name, flags) {
             return Err(if dir {
                 self.not_empty(ctx, op, &path, &v, pfd.as_fd(), name, e)
@@ -460,6 +471,7 @@ impl Shared {
                 e.into()
             });
         }
+        self.noted(note);
         self.inodes.remove_alias(parent, name.bytes(), pin);
         Ok(())
     }
@@ -540,6 +552,10 @@ impl Shared {
         let src = self.inodes.child(parent, name.bytes());
         let dst = self.inodes.child(newparent, newname.bytes());
         let dst_pin = dst.and_then(|i| self.pin_handle(i));
+        let notes = [
+            self.note_name(&old, &pfd, name, true),
+            self.note_name(&new, &npfd, newname, true),
+        ];
         if let Err(e) = sys::renameat2(pfd.as_fd(), name, npfd.as_fd(), newname, flags) {
             // Replacing a directory that holds only hidden entries: EACCES, not ENOTEMPTY.
             let replaces_dir = flags & (libc::RENAME_EXCHANGE | libc::RENAME_NOREPLACE) == 0
@@ -551,6 +567,7 @@ impl Shared {
                 e.into()
             });
         }
+        notes.into_iter().for_each(|n| self.noted(n));
         if exchange {
             self.inodes
                 .exchange_alias((parent, name.bytes()), (newparent, newname.bytes()));
@@ -589,12 +606,14 @@ impl Shared {
         self.allow_all(ctx, "link", &checks)?;
         let fd = self.inodes.fd(ino)?;
         let npfd = self.inodes.fd(newparent)?;
+        let note = self.note_node(ino);
         sys::linkat_fd(
             self.inodes.proc_fd.as_fd(),
             fd.as_fd(),
             npfd.as_fd(),
             newname,
         )?;
+        self.noted(note);
         let (ino, st) = self.inodes.lookup(newparent, newname, true)?;
         Ok(self.attr(ctx, ino, &st))
     }

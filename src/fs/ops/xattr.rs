@@ -87,7 +87,9 @@ impl Shared {
         if !ok {
             return Err(Error(libc::EPERM));
         }
+        let note = self.note_node(ino);
         sys::setxattr_fd(fd.as_fd(), name, value, flags)?;
+        self.noted(note);
         self.acl_changed(ino, name);
         Ok(())
     }
@@ -114,7 +116,9 @@ impl Shared {
         if !ok {
             return Err(Error(libc::ENODATA));
         }
+        let note = self.note_node(ino);
         sys::removexattr_fd(fd.as_fd(), name)?;
+        self.noted(note);
         self.acl_changed(ino, name);
         Ok(())
     }

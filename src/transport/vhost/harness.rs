@@ -54,6 +54,7 @@ pub fn session(dir: &Path, xattr: bool) -> Session {
         gids: crate::idmap::IdMap::parse(&[]).unwrap(),
         kcache: Default::default(),
         gate: None,
+        bases: None,
         approvals: Arc::new(crate::approvals::Approvals::new(4, Duration::from_secs(1))),
         stats: Stats::default(),
         programs: Default::default(),

@@ -1,0 +1,354 @@
+//! Base records: which SOURCE object a staged entry was made from, so that a host edit is
+//! never silently overwritten by `apply` (the conflict rule of [`super::changes`]).
+//!
+//! The daemon records, just before the first change of a path through the mount (the
+//! copy-up of a write, chmod, truncate, xattr change; an unlink; either name of a
+//! rename), the identity of the object the merged view showed there — its inode number
+//! and birth time, which together no later file can share — and the time of the record.
+//! After the change it is stored on the staged entry (file or whiteout) as the xattr
+//! [`XATTR`]. An entry that replaces a staged one (a rename over it: `sed -i`; a create
+//! over a whiteout) takes over the replaced entry's record, so a rewrite by rename keeps
+//! the base of the file it rewrote. A path already staged in a sealed checkpoint layer
+//! hands that layer's record on to its copy in the live upper.
+//!
+//! A change is then a conflict when SOURCE's object at the path is not the recorded one
+//! (the host replaced it by rename, as editors and `git checkout` do, or deleted it — also
+//! when the merged view still showed the replaced one), or changed at or after the record.
+//!
+//! The name is under overlayfs's private `trusted.overlay.` prefix: overlayfs never shows
+//! it through the merged view, never copies it up, and ignores it otherwise.
+//!
+//! Invariants: only non-directories get records; the record is written on the staged
+//! tree (`DIR/upper`), never in SOURCE or a sealed layer; a failure to record is logged
+//! and never fails the caller's request (the conflict rule then falls back to times).
+
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::tree::{Layer, Node, kind};
+use crate::host::sys::{self, Name, Xattr};
+
+/// The xattr a staged entry's base record is kept in.
+pub const XATTR: &[u8] = b"trusted.overlay.fencefs-base";
+
+/// The identity of the SOURCE object a staged entry was made from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Base {
+    /// Its inode number.
+    pub ino: u64,
+    /// Its birth time (ns), 0 when the file system keeps none.
+    pub btime: i128,
+    /// When the record was taken (ns): a change of the object at or after it conflicts.
+    pub since: i128,
+    /// The merged-view path it was recorded at.
+    pub path: Vec<u8>,
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn unhex(s: &str) -> Option<Vec<u8>> {
+    if !s.len().is_multiple_of(2) {
+        return None;
+    }
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
+        .collect()
+}
+
+/// Nanoseconds since the epoch of a stat time.
+pub fn ns(sec: i64, nsec: i64) -> i128 {
+    sec as i128 * 1_000_000_000 + nsec as i128
+}
+
+impl Base {
+    /// A record of the object with `ino`/`btime` shown at `path`, taken now.
+    pub fn now(ino: u64, btime: i128, path: &[u8]) -> Base {
+        // The coarse clock file times come from: an edit after this carries a time at or
+        // after it (an edit in the same tick counts too, erring towards a conflict).
+        let t = super::sys::coarse_now_ns();
+        Base {
+            ino,
+            btime,
+            since: t,
+            path: path.to_vec(),
+        }
+    }
+
+    /// The xattr value: `1 INO BTIME SINCE PATH-HEX`.
+    pub fn encode(&self) -> Vec<u8> {
+        format!(
+            "1 {} {} {} {}",
+            self.ino,
+            self.btime,
+            self.since,
+            hex(&self.path)
+        )
+        .into_bytes()
+    }
+
+    /// Reads a value [`Base::encode`] made (`None` for anything else).
+    pub fn decode(v: &[u8]) -> Option<Base> {
+        let s = std::str::from_utf8(v).ok()?;
+        let mut it = s.split(' ');
+        if it.next()? != "1" {
+            return None;
+        }
+        let b = Base {
+            ino: it.next()?.parse().ok()?,
+            btime: it.next()?.parse().ok()?,
+            since: it.next()?.parse().ok()?,
+            path: unhex(it.next()?)?,
+        };
+        it.next().is_none().then_some(b)
+    }
+
+    /// Whether the staged entry at `path` with this record conflicts with SOURCE's entry
+    /// there now: `now` is its attributes and birth time (`None`: SOURCE has nothing).
+    /// Gone: a conflict when the record was taken at this very path (the host removed
+    /// what the agent built on); a record carried here by the agent's own rename is not.
+    pub fn conflicts(&self, path: &[u8], now: Option<(&libc::stat, i128)>) -> bool {
+        match now {
+            None => self.path == path,
+            Some((st, btime)) => {
+                let same = st.st_ino == self.ino && (self.btime == 0 || btime == self.btime);
+                !same || ns(st.st_ctime, st.st_ctime_nsec) >= self.since
+            }
+        }
+    }
+}
+
+/// The record on a staged entry, if it has one.
+pub fn read(fd: BorrowedFd<'_>) -> Option<Base> {
+    match sys::getxattr_fd(fd, XATTR, 4096) {
+        Ok(Xattr::Data(v)) => Base::decode(&v),
+        _ => None,
+    }
+}
+
+/// The record on staged node `n` (a whiteout included).
+pub fn of(n: &Node) -> Option<Base> {
+    if kind(&n.st) == libc::S_IFDIR {
+        return None;
+    }
+    read(n.fd.as_fd())
+}
+
+/// What to record once a change went through: `base` onto the staged entry at `path`.
+#[derive(Debug)]
+pub struct Pending {
+    path: Vec<u8>,
+    base: Base,
+}
+
+/// The daemon's side: reads the staging area's live upper and layers (they are replaced
+/// by checkpoints and applies, so each call opens them anew from DIR).
+pub struct Bases {
+    dir: PathBuf,
+    /// DIR itself (`O_PATH`), for the daemon's Landlock rule.
+    fd: Option<OwnedFd>,
+}
+
+impl Bases {
+    /// Records for the staging area `dir`.
+    pub fn new(dir: &Path) -> Bases {
+        Bases {
+            dir: dir.to_path_buf(),
+            fd: sys::open_root(dir).ok(),
+        }
+    }
+
+    /// DIR's handle (for the workers' Landlock domain).
+    pub fn dir_fd(&self) -> Option<BorrowedFd<'_>> {
+        self.fd.as_ref().map(|f| f.as_fd())
+    }
+
+    fn upper(&self) -> io::Result<Layer> {
+        Layer::new(sys::open_root(&self.dir.join("upper"))?)
+    }
+
+    /// Before a change of the non-directory at `path`: `shown` is the merged view's entry
+    /// there now (inode, birth time; `None`: no entry). `replaces`: the change puts another
+    /// entry at `path` (unlink, rename, create over a deleted name), whose record must be
+    /// the one `path` has now. Returns what [`Bases::after`] must record, if anything.
+    pub fn before(
+        &self,
+        path: &[u8],
+        shown: Option<(u64, i128)>,
+        replaces: bool,
+    ) -> Option<Pending> {
+        if shown.is_none() && !replaces {
+            return None;
+        }
+        let r = self.find(path, shown, replaces);
+        r.unwrap_or_else(|e| {
+            log::warn!(
+                "stage: base record of {}: {e}",
+                String::from_utf8_lossy(path)
+            );
+            None
+        })
+        .map(|base| Pending {
+            path: path.to_vec(),
+            base,
+        })
+    }
+
+    fn find(
+        &self,
+        path: &[u8],
+        shown: Option<(u64, i128)>,
+        replaces: bool,
+    ) -> io::Result<Option<Base>> {
+        if let Some(n) = self.upper()?.get(path)? {
+            // Staged already: its record stays where it is unless the entry is replaced.
+            return Ok(if replaces { of(&n) } else { None });
+        }
+        // Nothing shown there: a new name (a name deleted in a sealed layer and made again
+        // is judged by times).
+        let Some((ino, btime)) = shown else {
+            return Ok(None);
+        };
+        for l in super::layers::open_layers(&self.dir)
+            .map_err(io::Error::other)?
+            .into_iter()
+            .rev()
+        {
+            if let Some(n) = Layer::new(l)?.get(path)? {
+                return Ok(of(&n));
+            }
+        }
+        Ok(Some(Base::now(ino, btime, path)))
+    }
+
+    /// Records `p` on the staged entry now at its path (a non-directory), replacing what
+    /// that entry carried.
+    pub fn after(&self, p: Pending) {
+        let r = (|| {
+            let up = self.upper()?;
+            let Some(n) = up.get(&p.path)? else {
+                return Ok(());
+            };
+            if kind(&n.st) == libc::S_IFDIR || of(&n).as_ref() == Some(&p.base) {
+                return Ok(());
+            }
+            if kind(&n.st) == libc::S_IFCHR && n.st.st_rdev == 0 && n.st.st_nlink > 1 {
+                return private_whiteout(&up, &p);
+            }
+            sys::setxattr_fd(n.fd.as_fd(), XATTR, &p.base.encode(), 0)
+        })();
+        if let Err(e) = r {
+            log::warn!(
+                "stage: cannot record the base of {}: {e}",
+                String::from_utf8_lossy(&p.path)
+            );
+        }
+    }
+}
+
+/// overlayfs makes its whiteouts as hard links of one shared inode, so a record cannot
+/// go on one: the whiteout at `p.path` is replaced by a private one (a 0/0 character
+/// device, as overlayfs's own) carrying the record, renamed over it in one step.
+fn private_whiteout(up: &Layer, p: &Pending) -> io::Result<()> {
+    let (parent, last) = super::tree::split(&p.path);
+    let Some(d) = up.dir(parent)? else {
+        return Ok(());
+    };
+    // The `O_PATH` handle serves the *at calls (no read open: outside the workers'
+    // Landlock rights on DIR).
+    let dir = d.fd;
+    static SEQ: AtomicU64 = AtomicU64::new(0);
+    let n = SEQ.fetch_add(1, Ordering::Relaxed);
+    let tmp = Name::new(format!(".fencefs-wh-{}-{n}", std::process::id()).as_bytes())?;
+    let _ = sys::unlinkat(dir.as_fd(), &tmp, 0);
+    sys::mknodat(dir.as_fd(), &tmp, libc::S_IFCHR, 0)?;
+    let done = (|| {
+        let fd = sys::open_path(dir.as_fd(), &tmp)?;
+        sys::setxattr_fd(fd.as_fd(), XATTR, &p.base.encode(), 0)?;
+        sys::renameat2(dir.as_fd(), &tmp, dir.as_fd(), &Name::new(last)?, 0)
+    })();
+    if done.is_err() {
+        let _ = sys::unlinkat(dir.as_fd(), &tmp, 0);
+    }
+    done
+}
+
+/// The merged view's entry `dir/name` as [`Bases::before`] takes it: inode and birth
+/// time, `None` when absent or a directory.
+pub fn shown(dir: BorrowedFd<'_>, name: &Name) -> Option<(u64, i128)> {
+    let st = sys::fstatat_nofollow(dir, name).ok()?;
+    if kind(&st) == libc::S_IFDIR {
+        return None;
+    }
+    let b = super::sys::btime_ns(dir, name).ok().flatten().unwrap_or(0);
+    Some((st.st_ino, b))
+}
+
+/// The same for an entry held by `fd`.
+pub fn shown_fd(fd: &OwnedFd) -> Option<(u64, i128)> {
+    let st = sys::fstat(fd.as_fd()).ok()?;
+    if kind(&st) == libc::S_IFDIR {
+        return None;
+    }
+    let b = super::sys::btime_fd(fd.as_fd()).ok().flatten().unwrap_or(0);
+    Some((st.st_ino, b))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_round_trip_and_reject_garbage() {
+        let b = Base {
+            ino: 42,
+            btime: 1_700_000_000_123_456_789,
+            since: 1_700_000_001_000_000_000,
+            path: b"dir/a b\n\xff".to_vec(),
+        };
+        assert_eq!(Base::decode(&b.encode()), Some(b.clone()));
+        for bad in [
+            &b""[..],
+            b"2 1 2 3 61",
+            b"1 x 2 3 61",
+            b"1 1 2 3 6",
+            b"1 1 2 3 61 extra",
+        ] {
+            assert_eq!(Base::decode(bad), None, "{}", String::from_utf8_lossy(bad));
+        }
+    }
+
+    fn st(ino: u64, ctime: i64) -> libc::stat {
+        let root = sys::open_root(Path::new("/")).unwrap();
+        let mut s = sys::fstat(root.as_fd()).unwrap();
+        s.st_ctime_nsec = 0;
+        s.st_ino = ino;
+        s.st_ctime = ctime;
+        s
+    }
+
+    #[test]
+    fn conflict_by_identity_time_and_absence() {
+        let b = Base {
+            ino: 7,
+            btime: 100,
+            since: 50 * 1_000_000_000,
+            path: b"a.txt".to_vec(),
+        };
+        // The same object, untouched since: no conflict.
+        assert!(!b.conflicts(b"a.txt", Some((&st(7, 40), 100))));
+        // Changed in place at or after the record.
+        assert!(b.conflicts(b"a.txt", Some((&st(7, 50), 100))));
+        // Another object (a rename over it), even an older-looking one.
+        assert!(b.conflicts(b"a.txt", Some((&st(8, 10), 100))));
+        // The same inode number reused by a newer file.
+        assert!(b.conflicts(b"a.txt", Some((&st(7, 40), 101))));
+        // Gone: a conflict at the recorded path, not where the agent moved it.
+        assert!(b.conflicts(b"a.txt", None));
+        assert!(!b.conflicts(b"moved.txt", None));
+    }
+}

@@ -1,0 +1,149 @@
+//! Staging never overwrites a host edit it did not show (issue "the fence, round 3"):
+//! a staged entry remembers which SOURCE object it was made from (its base record), so
+//! an editor's save on the host (a new file renamed over the old one), a host edit
+//! followed by the agent's rewrite by rename (`sed -i`), and a host replacement the agent
+//! then deletes are conflicts that `apply` refuses without `--force`, with SOURCE checked
+//! byte for byte; and a refused directory rename never lets `apply` delete what the rename
+//! carried (hidden files included).
+
+mod common;
+
+use std::fs;
+use std::path::Path;
+use std::time::Duration;
+
+use common::stage::*;
+use common::*;
+
+fn ctl(sock: &Path, args: &[&str]) -> Out {
+    let mut v: Vec<std::ffi::OsString> = vec!["stage".into(), args[0].into(), sock.into()];
+    v.extend(args[1..].iter().map(Into::into));
+    run_fencefs(v, LIMIT)
+}
+
+/// An editor's atomic save of `rel` on the host: a temporary file renamed over it.
+fn editor_save(m: &Mount, rel: &str, bytes: &[u8]) {
+    let tmp = m.host(format!("{rel}.swp"));
+    fs::write(&tmp, bytes).unwrap();
+    fs::rename(&tmp, m.host(rel)).unwrap();
+}
+
+#[test]
+fn an_editor_save_after_the_agent_read_the_file_is_a_conflict() {
+    let (mut m, dir, sock) = staged_live("stage-id-editor", |src| {
+        put(&src.join("a.txt"), b"line1\n", 0o644);
+        put(&src.join("b.txt"), b"bee\n", 0o644);
+    });
+    // The agent reads both files (the kernel and the overlay now know them).
+    assert_eq!(fs::read(m.mnt("a.txt")).unwrap(), b"line1\n");
+    assert_eq!(fs::read(m.mnt("b.txt")).unwrap(), b"bee\n");
+    editor_save(&m, "a.txt", b"line1\nHOST EDIT\n");
+    // The agent appends to what it knows as a.txt, and (a control) to b.txt.
+    m.sh("echo 'agent line' >> a.txt && echo agent >> b.txt")
+        .assert_ok("append");
+    assert_eq!(ctl(&sock, &["status"]).stdout, "CM a.txt\nM b.txt\n");
+    let a = ctl(&sock, &["apply"]);
+    a.assert_fail("a conflict is refused");
+    assert!(
+        a.stdout.contains("refused CM a.txt: conflict"),
+        "{}",
+        a.stdout
+    );
+    assert!(a.stdout.contains("applied M b.txt"), "{}", a.stdout);
+    assert_eq!(
+        fs::read(m.host("a.txt")).unwrap(),
+        b"line1\nHOST EDIT\n",
+        "the person's save is kept byte for byte"
+    );
+    assert_eq!(fs::read(m.host("b.txt")).unwrap(), b"bee\nagent\n");
+    // The staged version is still what the mount shows and what --force applies.
+    stop(&mut m);
+    assert_eq!(stage(&["status"], &dir).stdout, "CM a.txt\n");
+    stage(&["apply", "--force", "a.txt"], &dir).assert_ok("--force");
+    assert_eq!(fs::read(m.host("a.txt")).unwrap(), b"line1\nagent line\n");
+    assert_eq!(stage(&["status"], &dir).stdout, "");
+}
+
+#[test]
+fn a_rewrite_by_rename_keeps_the_conflict_of_the_file_it_replaced() {
+    let (mut m, dir) = staged("stage-id-sed", WRITE, |src| {
+        put(&src.join("b.txt"), b"b1\n", 0o644);
+        put(&src.join("c.txt"), b"c1\n", 0o644);
+        put(&src.join("d.txt"), b"d1\n", 0o644);
+        put(&src.join("e.txt"), b"e1\n", 0o644);
+    });
+    // b.txt: staged, then the host edits it in place, then the agent rewrites it by rename.
+    m.sh("echo agent >> b.txt").assert_ok("stage b");
+    std::thread::sleep(Duration::from_millis(30));
+    fs::write(m.host("b.txt"), b"b1\nhost\n").unwrap();
+    m.sh("sed -i 's/b1/B1/' b.txt").assert_ok("sed -i b");
+    // c.txt: a rewrite by rename with no host edit is a plain modification.
+    m.sh("sed -i 's/c1/C1/' c.txt").assert_ok("sed -i c");
+    // d.txt over e.txt: the agent's own move is no conflict.
+    m.sh("mv d.txt e.txt").assert_ok("mv");
+    stop(&mut m);
+    assert_eq!(
+        stage(&["status"], &dir).stdout,
+        "CM b.txt\nM c.txt\nD d.txt\nM e.txt\n"
+    );
+    let a = stage(&["apply"], &dir);
+    a.assert_fail("the conflict is refused");
+    assert!(
+        a.stdout.contains("refused CM b.txt: conflict"),
+        "{}",
+        a.stdout
+    );
+    assert_eq!(fs::read(m.host("b.txt")).unwrap(), b"b1\nhost\n");
+    assert_eq!(fs::read(m.host("c.txt")).unwrap(), b"C1\n");
+    assert_eq!(fs::read(m.host("e.txt")).unwrap(), b"d1\n");
+    assert!(!m.host("d.txt").exists());
+    assert_eq!(stage(&["status"], &dir).stdout, "CM b.txt\n");
+}
+
+#[test]
+fn deleting_a_file_the_host_replaced_is_a_conflict() {
+    let (mut m, dir) = staged("stage-id-delete", WRITE, |src| {
+        put(&src.join("a.txt"), b"old\n", 0o644);
+        put(&src.join("b.txt"), b"bee\n", 0o644);
+    });
+    assert_eq!(fs::read(m.mnt("a.txt")).unwrap(), b"old\n");
+    editor_save(&m, "a.txt", b"new from the host\n");
+    m.sh("rm a.txt b.txt").assert_ok("rm");
+    stop(&mut m);
+    assert_eq!(stage(&["status"], &dir).stdout, "CD a.txt\nD b.txt\n");
+    stage(&["apply"], &dir).assert_fail("the conflict is refused");
+    assert_eq!(fs::read(m.host("a.txt")).unwrap(), b"new from the host\n");
+    assert!(!m.host("b.txt").exists());
+}
+
+#[test]
+fn a_refused_directory_rename_keeps_what_it_carried() {
+    let policy = "mode = \"workspace-write\"\ndefault = \"write\"\n\
+                  [[rule]]\npath = \"**/secret\"\naccess = \"none\"\n";
+    let (mut m, dir) = staged("stage-id-rename", policy, |src| {
+        put(&src.join("w/a/f"), b"eff\n", 0o644);
+        put(&src.join("w/a/secret"), b"hidden\n", 0o600);
+        put(&src.join("w/keep"), b"k\n", 0o644);
+    });
+    let before = snapshot(&m.host(""));
+    m.sh("set -e; mv w/a w/x; mkdir w/a; mv w/x w/a/x")
+        .assert_ok("the agent's moves");
+    assert_eq!(fs::read(m.mnt("w/a/x/f")).unwrap(), b"eff\n");
+    stop(&mut m);
+    let a = stage(&["apply"], &dir);
+    a.assert_fail("a rename SOURCE cannot take is refused");
+    assert!(
+        a.stdout.contains("refused R w/a/ -> w/a/x/"),
+        "{}",
+        a.stdout
+    );
+    assert!(!a.stdout.contains("applied D"), "{}", a.stdout);
+    assert_host_unchanged(
+        &before,
+        &m.host(""),
+        "the refused rename and what it carried",
+    );
+    assert_eq!(fs::read(m.host("w/a/secret")).unwrap(), b"hidden\n");
+    // Still staged: the next mount of DIR shows the same merged view.
+    assert_eq!(stage(&["status"], &dir).stdout, "R w/a/ -> w/a/x/\n");
+}
