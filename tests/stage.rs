@@ -71,6 +71,19 @@ fn programs_change_only_the_stage_and_status_says_what() {
     );
     let js = stage(&["status", "--json"], &dir);
     let v: serde_json::Value = serde_json::from_str(&js.stdout).expect("one JSON array");
+    // Every entry carries its review id (16 hex digits), distinct per change.
+    let ids: std::collections::HashSet<String> = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["id"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(ids.len(), 9, "{v}");
+    assert!(
+        ids.iter()
+            .all(|i| i.len() == 16 && i.bytes().all(|b| b.is_ascii_hexdigit()))
+    );
+    let v = without_ids(v);
     assert_eq!(
         v[0],
         serde_json::json!({"path":"a.txt","change":"modified","conflict":false})
@@ -630,4 +643,12 @@ fn host_edits_of_unstaged_paths_show_at_once_while_names_are_cached_long() {
     assert_eq!(fs::read(m.mnt("a.txt")).unwrap(), b"staged\n");
     stop(&mut m);
     assert_eq!(stage(&["status"], &dir).stdout, "CM a.txt\n");
+}
+
+/// `status --json` entries without their `id` (checked by the caller).
+fn without_ids(mut v: serde_json::Value) -> serde_json::Value {
+    for e in v.as_array_mut().unwrap() {
+        e.as_object_mut().unwrap().remove("id");
+    }
+    v
 }

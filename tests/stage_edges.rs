@@ -62,7 +62,11 @@ fn the_control_socket_serves_status_and_diff_of_a_running_mount() {
     let st = ctl(&sock, serde_json::json!({"cmd":"status"}));
     assert_eq!(st["ok"], true);
     assert_eq!(st["staged"], 2, "{st}");
-    let s = ctl(&sock, serde_json::json!({"cmd":"stage","op":"status"}));
+    let mut s = ctl(&sock, serde_json::json!({"cmd":"stage","op":"status"}));
+    for e in s["changes"].as_array_mut().unwrap() {
+        let id = e.as_object_mut().unwrap().remove("id").unwrap();
+        assert_eq!(id.as_str().unwrap().len(), 16, "{id}");
+    }
     assert_eq!(
         s["changes"],
         serde_json::json!([

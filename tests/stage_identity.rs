@@ -147,3 +147,80 @@ fn a_refused_directory_rename_keeps_what_it_carried() {
     // Still staged: the next mount of DIR shows the same merged view.
     assert_eq!(stage(&["status"], &dir).stdout, "R w/a/ -> w/a/x/\n");
 }
+
+fn ids(out: &Out) -> std::collections::HashMap<String, String> {
+    out.assert_ok("status --json");
+    let v: serde_json::Value = serde_json::from_str(&out.stdout).expect("JSON");
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            let id = e["id"].as_str().unwrap().to_string();
+            assert_eq!(id.len(), 16, "{e}");
+            (e["path"].as_str().unwrap().to_string(), id)
+        })
+        .collect()
+}
+
+#[test]
+fn apply_at_an_id_carries_only_what_was_shown() {
+    let (mut m, dir, sock) = staged_live("stage-id-review", |src| {
+        put(&src.join("a.txt"), b"a\n", 0o644);
+        put(&src.join("b.txt"), b"b\n", 0o644);
+        put(&src.join("c.txt"), b"c\n", 0o644);
+    });
+    m.sh("echo reviewed >> a.txt && echo reviewed >> b.txt && echo x >> c.txt")
+        .assert_ok("the agent's turn");
+    let shown = ids(&ctl(&sock, &["status", "--json"]));
+    // The same state shows the same ids (offline and through the socket alike).
+    assert_eq!(ids(&ctl(&sock, &["status", "--json"])), shown);
+    // The agent keeps writing after the review; the host edits c.txt's SOURCE side.
+    m.sh("echo unreviewed >> a.txt").assert_ok("a later write");
+    fs::write(m.host("c.txt"), b"c\nhost\n").unwrap();
+    let at = |p: &str| format!("{p}@{}", shown[p]);
+    let a = ctl(&sock, &["apply", &at("a.txt"), &at("b.txt"), &at("c.txt")]);
+    a.assert_fail("changed paths are refused");
+    assert!(
+        a.stdout.contains(&format!(
+            "refused M a.txt@{}: changed since it was shown",
+            shown["a.txt"]
+        )),
+        "{}",
+        a.stdout
+    );
+    assert!(a.stdout.contains("refused CM c.txt@"), "{}", a.stdout);
+    assert!(a.stdout.contains("applied M b.txt"), "{}", a.stdout);
+    assert_eq!(
+        fs::read(m.host("a.txt")).unwrap(),
+        b"a\n",
+        "unreviewed bytes stay staged"
+    );
+    assert_eq!(fs::read(m.host("b.txt")).unwrap(), b"b\nreviewed\n");
+    assert_eq!(fs::read(m.host("c.txt")).unwrap(), b"c\nhost\n");
+    assert_eq!(
+        fs::read(m.mnt("a.txt")).unwrap(),
+        b"a\nreviewed\nunreviewed\n"
+    );
+    // Shown again, the new id applies.
+    let now = ids(&ctl(&sock, &["status", "--json"]));
+    assert_ne!(now["a.txt"], shown["a.txt"]);
+    ctl(&sock, &["apply", &format!("a.txt@{}", now["a.txt"])]).assert_ok("re-reviewed");
+    assert_eq!(
+        fs::read(m.host("a.txt")).unwrap(),
+        b"a\nreviewed\nunreviewed\n"
+    );
+    // discard checks ids the same way; a path no longer staged is refused, not applied.
+    let d = ctl(&sock, &["discard", &format!("a.txt@{}", now["a.txt"])]);
+    d.assert_fail("nothing staged there any more");
+    assert!(
+        d.stdout.contains("no longer staged as shown"),
+        "{}",
+        d.stdout
+    );
+    let c = ids(&ctl(&sock, &["status", "--json"]))["c.txt"].clone();
+    ctl(&sock, &["discard", &format!("c.txt@{c}")]).assert_ok("discard by id");
+    assert_eq!(fs::read(m.mnt("c.txt")).unwrap(), b"c\nhost\n");
+    assert_eq!(ctl(&sock, &["status"]).stdout, "");
+    stop(&mut m);
+    assert_eq!(stage(&["status"], &dir).stdout, "");
+}

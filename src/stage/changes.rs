@@ -64,6 +64,20 @@ pub struct Change {
     /// For a deletion: the SOURCE entry's identity (st_dev, st_ino). A directory a rename
     /// took along is not deleted, whatever name its whiteout has.
     pub lower_id: Option<(u64, u64)>,
+    /// SOURCE's entry this change is against (a rename: its old directory), as
+    /// [`lower_ident`] takes it: part of the change's review id ([`super::ids`]).
+    pub lower_st: Option<[i128; 4]>,
+}
+
+/// What of SOURCE's entry a change's review id covers: inode, ctime (every change of it),
+/// size and mode.
+pub fn lower_ident(st: &libc::stat) -> [i128; 4] {
+    [
+        st.st_ino as i128,
+        ctime_ns(st),
+        st.st_size as i128,
+        st.st_mode as i128,
+    ]
 }
 
 /// The key of a renamed directory's SOURCE identity in `changes`'s set of rename sources
@@ -225,6 +239,7 @@ impl Layers {
                 entries: None,
                 under_opaque: under,
                 lower_id: None,
+                lower_st: l.as_ref().map(|l| lower_ident(&l.st)),
             };
             if self.upper.is_whiteout(&u) {
                 if let Some(l) = &l {
@@ -282,6 +297,7 @@ impl Layers {
                 out.push(Change {
                     kind: Kind::Renamed { from },
                     dir: true,
+                    lower_st: Some(lower_ident(&o.st)),
                     ..base
                 });
                 self.walk(&p, u, Some(&o), under, out, sources)
@@ -366,6 +382,7 @@ impl Layers {
                     entries: None,
                     under_opaque: true,
                     lower_id: None,
+                    lower_st: Some(lower_ident(&l.st)),
                 });
             }
         }

@@ -69,14 +69,16 @@ pub enum StageOp {
         /// Apply conflicts too (the staged version wins).
         #[arg(long)]
         force: bool,
-        /// `SOCKET` (without --dir), then the paths to apply (default: all).
+        /// `SOCKET` (without --dir), then the paths to apply (default: all); `PATH@ID`
+        /// (the `id` of `status --json`) is refused if the change is not the one shown.
         args: Vec<OsString>,
     },
     /// Drop staged changes (all when no PATH is given).
     Discard {
         #[command(flatten)]
         at: At,
-        /// `SOCKET` (without --dir), then the paths to discard (default: all).
+        /// `SOCKET` (without --dir), then the paths to discard (default: all); `PATH@ID`
+        /// as for apply.
         args: Vec<OsString>,
     },
     /// Record the staged state as checkpoint N (printed).
@@ -200,13 +202,14 @@ pub fn status_line(c: &Change) -> String {
     }
 }
 
-/// `--json`: one object per change.
-pub fn json(c: &Change) -> serde_json::Value {
+/// `--json`: one object per change, with its review `id` ([`super::ids`]).
+pub fn json(c: &Change, id: &str) -> serde_json::Value {
     let s = |p: &[u8]| String::from_utf8_lossy(p).into_owned();
     let mut v = serde_json::json!({
         "path": s(&c.path),
         "change": c.word(),
         "conflict": c.conflict,
+        "id": id,
     });
     if let Kind::Renamed { from } = &c.kind {
         v["from"] = s(from).into();
@@ -410,15 +413,21 @@ pub fn apply_or_discard(
     if let Some(what) = super::intent::recover(&area.dir, &l)? {
         log::warn!("stage: {what}");
     }
-    let report = if op == "apply" {
-        let list = selected(&l, ps)?;
-        super::apply::apply(&l, &list, force, &area.dir, ps.is_empty())
+    // PATH@ID: refused unless the change is still the one shown; none left: nothing to do.
+    let (kept, refused) = super::ids::check(&l, ps);
+    let mut report = if !ps.is_empty() && kept.is_empty() {
+        super::apply::Report::default()
+    } else if op == "apply" {
+        let list = selected(&l, &kept)?;
+        super::apply::apply(&l, &list, force, &area.dir, kept.is_empty())
     } else {
         let list = l
             .changes()
             .map_err(|e| format!("reading the staged tree: {e}"))?;
-        super::discard::discard(&l, &list, ps)
+        super::discard::discard(&l, &list, &kept)
     };
+    report.refused += refused.len();
+    report.lines.splice(0..0, refused);
     record(
         &area,
         if op == "apply" {
@@ -546,7 +555,7 @@ fn run_op(op: StageOp) -> Result<i32, String> {
             let st = view::staged(&area, since)?;
             let list = st.selected(&ps)?;
             if js {
-                let arr: Vec<_> = list.iter().map(json).collect();
+                let arr = view::json_list(&area, &st, &list, since)?;
                 println!("{}", json_text(&serde_json::Value::Array(arr)));
             } else {
                 for c in &list {

@@ -31,6 +31,7 @@ pub mod control;
 pub mod diff;
 mod discard;
 mod flatten;
+pub mod ids;
 mod intent;
 pub mod layers;
 mod remove;

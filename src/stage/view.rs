@@ -173,6 +173,39 @@ impl Staged {
     }
 }
 
+/// `status --json`'s objects for `list` (changes of `st`), each with its review id. Ids
+/// are always against SOURCE, as `apply` checks them: with `--since` they are taken from
+/// the whole staged state (a path the whole state does not change has none: `""`).
+pub fn json_list(
+    area: &Area,
+    st: &Staged,
+    list: &[super::changes::Change],
+    since: Option<u64>,
+) -> Result<Vec<serde_json::Value>, String> {
+    let id_err = |e: std::io::Error| format!("review id: {e}");
+    let full = match since {
+        Some(_) => Some(staged(area, None)?),
+        None => None,
+    };
+    let whole = full.as_ref().unwrap_or(st);
+    let all = match &full {
+        Some(f) => f.selected(&[])?,
+        None => Vec::new(),
+    };
+    list.iter()
+        .map(|c| {
+            let id = match &full {
+                None => super::ids::id(&whole.layers, c).map_err(id_err)?,
+                Some(_) => match all.iter().find(|a| a.path == c.path) {
+                    Some(a) => super::ids::id(&whole.layers, a).map_err(id_err)?,
+                    None => String::new(),
+                },
+            };
+            Ok(super::cli::json(c, &id))
+        })
+        .collect()
+}
+
 /// The staged state since checkpoint `since` (`None`: since SOURCE), as one staged tree
 /// over the view at that checkpoint.
 pub fn staged(area: &Area, since: Option<u64>) -> Result<Staged, String> {
