@@ -2,8 +2,9 @@
 //! daemon runs with umask 0 (so that what FUSE callers create gets exactly their modes):
 //! a new `--answers` file is 0600 after the first "always", an existing one keeps its mode
 //! and owner; what a staged mount makes in its staging area DIR (the marker, the lock,
-//! `checkpoints.json`, `audit.jsonl`, `layers/`, `trash/`, `upper/`, `work/`, DIR itself)
-//! is 0600 for files and 0700 for directories; `--ask-exec` programs run with umask 0077.
+//! `checkpoints.json`, `audit.jsonl`, `layers/`, `trash/`, `work/`) is 0600 for files and
+//! 0700 for directories (a staged tree's root keeps SOURCE's root mode); a `--learn` draft is 0600; `--ask-exec`
+//! programs run with umask 0077.
 
 mod common;
 
@@ -207,4 +208,20 @@ fn a_staging_area_s_records_and_parts_are_the_operator_s() {
     }
     assert_eq!(mode_owner(&dir).0, 0o755, "the operator's DIR");
     assert_eq!(std::fs::read(m.host("new.txt")).unwrap(), b"new\n");
+}
+
+/// A `--learn` draft the daemon creates is the operator's too (0600), before and after
+/// the draft is written at unmount.
+#[test]
+fn a_learn_draft_is_0600() {
+    let b = Mount::builder("learn-mode").policy("mode = \"read-only\"\ndefault = \"read\"\n");
+    put(&b.host("a.txt"), b"a\n", 0o644);
+    let out = b.root().join("learned.toml");
+    let mut m = b.arg("--allow-other").arg("--learn").arg(&out).start();
+    assert_eq!(mode_owner(&out), (0o600, 0, 0), "at mount");
+    m.sh_as(1000, "cat a.txt > /dev/null").assert_ok("read");
+    let st = m.terminate().expect("daemon exits on SIGTERM");
+    assert!(st.success(), "{}", m.stderr());
+    assert!(std::fs::metadata(&out).unwrap().len() > 0, "the draft");
+    assert_eq!(mode_owner(&out), (0o600, 0, 0), "after the draft");
 }
