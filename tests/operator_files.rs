@@ -3,8 +3,8 @@
 //! a new `--answers` file is 0600 after the first "always", an existing one keeps its mode
 //! and owner; what a staged mount makes in its staging area DIR (the marker, the lock,
 //! `checkpoints.json`, `audit.jsonl`, `layers/`, `trash/`, `work/`) is 0600 for files and
-//! 0700 for directories (a staged tree's root keeps SOURCE's root mode); a `--learn` draft is 0600; `--ask-exec`
-//! programs run with umask 0077.
+//! 0700 for directories (a staged tree's root keeps SOURCE's root mode); a `--learn` draft
+//! is 0600; `--ask-exec` programs run with umask 0077.
 
 mod common;
 
