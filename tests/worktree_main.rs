@@ -4,9 +4,9 @@
 //! `CHERRY_PICK_HEAD`, `REVERT_HEAD`, `AUTO_MERGE`, `BISECT_*`, ...) belong to the main
 //! checkout, and `shallow` and `info/`'s `grafts`, `attributes`, `exclude`,
 //! `sparse-checkout` change what the host's git sees of history and diffs: as the agent's
-//! uid, every create, append, truncate, removal and rename there is refused with its exact
-//! errno and the host's common dir stays byte for byte what it was, while git in the
-//! worktree (fetch, merge, gc) keeps its own state in its private dir and works.
+//! uid, every create, append, truncate, chmod, removal, rename and link there is refused
+//! with its exact errno and the host's common dir stays byte for byte what it was, while
+//! git in the worktree (fetch, merge, gc) keeps its own state in its private dir and works.
 //!
 //! Needs `bwrap`, `setpriv` and git; it never skips.
 
@@ -32,6 +32,9 @@ def run(op, p, *a):
         elif op == 'rename-over': os.rename(a[0], p)
         elif op == 'rename-away': os.rename(p, a[0])
         elif op == 'symlink': os.symlink('refs/heads/main', p)
+        elif op == 'chmod': os.chmod(p, 0o666)
+        elif op == 'link-to': os.link(a[0], p)
+        elif op == 'link-away': os.link(p, a[0])
         r = 'ok'
     except OSError as e:
         r = errno.errorcode[e.errno]
@@ -72,9 +75,14 @@ const CASES: &[(&str, &str, &str, &str)] = &[
     ("truncate", "ORIG_HEAD", "", "EROFS"),
     ("truncate", "info/exclude", "", "EROFS"),
     ("unlink", "FETCH_HEAD", "", "EROFS"),
+    ("chmod", "ORIG_HEAD", "", "EROFS"),
+    ("chmod", "info/exclude", "", "EROFS"),
     ("rename-over", "ORIG_HEAD", "refs/heads/main", "EROFS"),
     ("rename-over", "MERGE_HEAD", "refs/heads/main", "EROFS"),
     ("rename-away", "ORIG_HEAD", "refs/heads/evil", "EROFS"),
+    ("link-to", "MERGE_HEAD", "refs/heads/main", "EROFS"),
+    ("link-away", "ORIG_HEAD", "refs/heads/evil", "EROFS"),
+    ("link-to", "info/attributes", "refs/heads/main", "EROFS"),
     // The main checkout's reflog of HEAD and its index: hidden.
     ("append", "logs/HEAD", "", "ENOENT"),
     ("creat-append", "logs/HEAD", "", "EACCES"),
