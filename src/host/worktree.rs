@@ -215,7 +215,9 @@ pub fn serve(wt: &Worktree, src: &Path, roots: &mut Roots) -> Result<(), String>
 }
 
 /// The entries of the common dir git shares between worktrees and writes from a linked
-/// one (git's `common_list` in path.c, less what is read-only below): every other entry at
+/// one (git's `common_list` in path.c, less the settings; the lock and temporary names git
+/// writes `packed-refs` and `gc.pid` through; the reftable store; git-lfs's objects): every
+/// other entry at
 /// its top is the main checkout's own state (its `HEAD`, `index`, `ORIG_HEAD`,
 /// `FETCH_HEAD`, `MERGE_*`, `CHERRY_PICK_HEAD`, `REVERT_HEAD`, `AUTO_MERGE`, `BISECT_*`,
 /// `rebase-merge/`, `sequencer/`, ...) or the repository's settings (`config`, `hooks/`,
