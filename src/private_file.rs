@@ -3,8 +3,9 @@
 //! umask, which is 0 on purpose (files it creates for FUSE callers get exactly the
 //! callers' modes) and would otherwise leave them writable by every local user.
 //!
-//! Invariant: what [`write_synced`] leaves has exactly the mode (and, given one, the owner)
-//! it was asked for, whatever the process umask and whatever a file left there before had.
+//! Invariant: what [`write_synced`] leaves is a new file with exactly the mode (and, given
+//! one, the owner) it was asked for, whatever the process umask; nothing left at its name
+//! before is written through.
 
 use std::fs::{OpenOptions, Permissions};
 use std::io::{self, Write};
@@ -16,26 +17,30 @@ pub const FILE_MODE: u32 = 0o600;
 /// The mode of a directory it makes for the operator.
 pub const DIR_MODE: u32 = 0o700;
 
-/// Writes `bytes` to `path` (made, or emptied, never through a symlink), with mode `mode`
-/// and, given one, owner `(uid, gid)`, then syncs it: the temporary file of a
-/// write-beside-and-rename.
+/// Writes `bytes` to a new file `path`, with mode `mode` and, given one, owner `(uid,
+/// gid)`, then syncs it: the temporary file of a write-beside-and-rename. Whatever was left
+/// at `path` (a crash's temporary file, a symlink, a hard link to another file) is
+/// unlinked first, never written through.
 pub fn write_synced(
     path: &Path,
     bytes: &[u8],
     mode: u32,
     owner: Option<(u32, u32)>,
 ) -> io::Result<()> {
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+        _ => {}
+    }
     let mut f = OpenOptions::new()
         .write(true)
-        .create(true)
-        .truncate(true)
+        .create_new(true)
         .mode(mode)
         .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
         .open(path)?;
     if let Some((uid, gid)) = owner {
         std::os::unix::fs::fchown(&f, Some(uid), Some(gid))?;
     }
-    // A file left there before keeps its mode through O_CREAT; the umask masks a new one.
+    // The umask masks the mode given to open(2).
     f.set_permissions(Permissions::from_mode(mode))?;
     f.write_all(bytes)?;
     f.sync_all()
@@ -47,7 +52,7 @@ mod tests {
     use std::os::unix::fs::MetadataExt;
 
     #[test]
-    fn the_mode_is_exact_for_a_new_and_a_left_over_file() {
+    fn the_mode_is_exact_and_nothing_left_there_is_written_through() {
         let dir = std::env::temp_dir().join(format!("fencefs-private-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let p = dir.join("rec.tmp");
@@ -63,9 +68,14 @@ mod tests {
         assert_eq!((md.mode() & 0o7777, md.uid()), (0o640, me.uid()));
         let link = dir.join("link.tmp");
         std::os::unix::fs::symlink(&q, &link).unwrap();
-        let e = write_synced(&link, b"y", FILE_MODE, None).unwrap_err();
-        assert_eq!(e.raw_os_error(), Some(libc::ELOOP));
-        assert_eq!(std::fs::read(&q).unwrap(), b"x");
+        write_synced(&link, b"y", FILE_MODE, None).unwrap();
+        let hard = dir.join("hard.tmp");
+        std::fs::hard_link(&q, &hard).unwrap();
+        write_synced(&hard, b"z", FILE_MODE, None).unwrap();
+        assert_eq!(std::fs::read(&q).unwrap(), b"x", "not written through");
+        assert_eq!(std::fs::metadata(&q).unwrap().mode() & 0o7777, 0o640);
+        assert!(std::fs::symlink_metadata(&link).unwrap().is_file());
+        assert_eq!(std::fs::read(&hard).unwrap(), b"z");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
