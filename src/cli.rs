@@ -180,11 +180,13 @@ pub struct MountArgs {
     pub ask_dir_hold: u64,
     /// Keep answers given with "remember":"always" in FILE (TOML, one [[answer]] table
     /// each; a person may edit it, it is re-read on reload) and consult them before asking.
+    /// A rewrite keeps FILE's mode and owner; a new FILE is 0600.
     #[arg(long, value_name = "FILE")]
     pub answers: Option<PathBuf>,
     /// Run CMD for every newly held request, the ask event as one JSON line on its stdin
     /// (no shell: CMD is split at spaces). At most 4 run at once, each killed after 10 s;
-    /// a failure goes to the log. For notifications: it never delays or decides a request.
+    /// a failure goes to the log; it runs with umask 0077. For notifications: it never
+    /// delays or decides a request.
     #[arg(long, value_name = "CMD", requires = "control")]
     pub ask_exec: Option<OsString>,
     /// At most N host descriptors held for one uid's open files and directories (default:

@@ -28,6 +28,7 @@ pub mod learn;
 pub mod logging;
 pub mod out;
 pub mod policy;
+pub mod private_file;
 pub mod quote;
 pub mod reload;
 pub mod stage;

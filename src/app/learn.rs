@@ -121,9 +121,17 @@ pub(crate) struct Written {
 }
 
 impl LearnOut {
-    /// Creates (or truncates) OUT.toml; the error is the mount's one startup line.
+    /// Creates (or truncates) OUT.toml, a new one 0600 (the daemon's umask is 0); the
+    /// error is the mount's one startup line.
     pub(crate) fn open(path: &Path) -> Result<LearnOut, String> {
-        let file = File::create(path).map_err(|e| {
+        use std::os::unix::fs::OpenOptionsExt;
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(crate::private_file::FILE_MODE)
+            .open(path);
+        let file = file.map_err(|e| {
             format!(
                 "--learn {}: {e}",
                 crate::quote::quote(path.as_os_str().as_encoded_bytes())

@@ -88,7 +88,7 @@ fn one_root(value: &str, src: &Path, mnt: &Path) -> Result<Root, String> {
 pub(super) fn describe(values: &[String], path: &[u8]) -> Result<String, String> {
     let mut best: Option<(Vec<u8>, String)> = None;
     let git = worktree::GIT_ROOT.as_bytes().to_vec();
-    let git_label = "the repository of a linked worktree when SOURCE is one; hooks/ and config read-only, index and other worktrees hidden".to_string();
+    let git_label = "the repository of a linked worktree when SOURCE is one; its settings (hooks/, config, ...) and the main checkout's own state read-only, its index and other worktrees hidden".to_string();
     let mut all = vec![(git, git_label)];
     for v in values {
         let (p, d) = split(v)?;
@@ -214,7 +214,7 @@ fn at_mount(a: &MountArgs, src: &Path) -> Option<worktree::Worktree> {
 
 fn served_line(wt: &worktree::Worktree, when: &str) {
     log::info!(
-        "git worktree {}{when}: the repository {} is served at {} (hooks/ and config read-only, other worktrees hidden); --no-git-worktree turns this off",
+        "git worktree {}{when}: the repository {} is served at {} (its settings and the main checkout's own state read-only, other worktrees hidden); --no-git-worktree turns this off",
         wt.name,
         wt.common.display(),
         worktree::GIT_ROOT

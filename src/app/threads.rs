@@ -421,7 +421,8 @@ pub(super) fn signal_loop(
                 shared.approvals.shutdown();
                 if let Err(e) = unmounter.unmount() {
                     log::warn!("unmount failed ({e}); detaching lazily");
-                    let _ = std::process::Command::new("fusermount3")
+                    let mut cmd = std::process::Command::new("fusermount3");
+                    let _ = crate::host::sys::private_umask(&mut cmd)
                         .arg("-u")
                         .arg("-z")
                         .arg(&mnt)

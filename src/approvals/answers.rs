@@ -12,6 +12,7 @@
 //!   for a refusal an `ask` covers, so they never lift `none`, the mode, or a path without
 //!   `ask`. An answer is per uid; for a directory it covers everything below it.
 
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use parking_lot::Mutex;
@@ -266,8 +267,16 @@ impl Answers {
             .unwrap_or_default();
         let tmp = self.file.with_file_name(format!(".{name}.fencefs-tmp"));
         let put = || -> std::io::Result<()> {
-            std::fs::write(&tmp, text.as_bytes())?;
-            std::fs::File::open(&tmp)?.sync_all()?;
+            // The rewrite keeps the file's mode and owner; a new file is the operator's
+            // alone (0600), whatever the daemon's umask.
+            let (mode, owner) = match std::fs::metadata(&self.file) {
+                Ok(md) => (md.mode() & 0o7777, Some((md.uid(), md.gid()))),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    (crate::private_file::FILE_MODE, None)
+                }
+                Err(e) => return Err(e),
+            };
+            crate::private_file::write_synced(&tmp, text.as_bytes(), mode, owner)?;
             std::fs::rename(&tmp, &self.file)
         };
         put().map_err(|e| {

@@ -103,7 +103,7 @@ fn runner(rx: &Mutex<Receiver<Held>>, argv: &[OsString]) {
 /// Runs CMD once with `line` on its stdin; logs how it ended unless it exited 0.
 fn run_one(argv: &[OsString], line: &[u8], id: u64) {
     let shown = quote::quote(argv[0].as_bytes()).into_owned();
-    let mut child = match Command::new(&argv[0])
+    let mut child = match crate::host::sys::private_umask(&mut Command::new(&argv[0]))
         .args(&argv[1..])
         .stdin(Stdio::piped())
         .stdout(Stdio::null())

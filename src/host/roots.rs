@@ -76,6 +76,9 @@ pub struct Roots {
     kept: Vec<(Vec<u8>, KeepShape)>,
     /// `(dir, kept)`: every entry of `dir` other than `kept` is hidden.
     only: Vec<(Vec<u8>, Vec<u8>)>,
+    /// `(dir, names)`: every entry of `dir` other than `names` (and what is below it) is
+    /// [`Fence::ReadOnly`], under the explicit fences.
+    writable: Vec<(Vec<u8>, Vec<&'static [u8]>)>,
     /// `(served, name)`: paths below `served` are also decided as the same paths below
     /// `name` (a linked worktree's repository is decided as `.git` too).
     alias: Option<(Vec<u8>, Vec<u8>)>,
@@ -158,6 +161,13 @@ impl Roots {
         self.only.push((dir.to_vec(), kept.to_vec()));
     }
 
+    /// Makes every entry of directory `dir` read-only (with what is below it) except
+    /// `names`; the explicit fences ([`Roots::fence`]) still apply on top, below `names`
+    /// too. For a directory whose entries are mostly not the mount's to change.
+    pub fn writable_only(&mut self, dir: &[u8], names: &[&'static [u8]]) {
+        self.writable.push((dir.to_vec(), names.to_vec()));
+    }
+
     /// Decides every path below `served` also as the same path below `name`.
     pub fn alias(&mut self, served: &[u8], name: &[u8]) {
         self.alias = Some((served.to_vec(), name.to_vec()));
@@ -182,6 +192,7 @@ impl Roots {
             && self.fences.is_empty()
             && self.only.is_empty()
             && self.kept.is_empty()
+            && self.writable.is_empty()
     }
 
     /// Every root, in the order given.
@@ -255,9 +266,17 @@ impl Roots {
             .kept
             .iter()
             .any(|(dir, shape)| covers(dir, path) && shape(&path[dir.len() + 1..]));
+        let read_only = self.writable.iter().any(|(dir, names)| {
+            covers(dir, path) && {
+                let rest = &path[dir.len() + 1..];
+                let first = rest.split(|&b| b == b'/').next().unwrap_or(rest);
+                !names.contains(&first)
+            }
+        });
         let mut found = hidden_by_only
             .then_some(Fence::Hidden)
-            .or(kept.then_some(Fence::Kept));
+            .or(kept.then_some(Fence::Kept))
+            .or(read_only.then_some(Fence::ReadOnly));
         for f in &self.fences {
             if f.path == path || (f.below && covers(&f.path, path)) {
                 match (found, f.fence) {
@@ -363,5 +382,35 @@ mod tests {
         assert_eq!(r.alias_of(b"g/hooks/x").unwrap(), b".git/hooks/x");
         assert_eq!(r.alias_of(b"gx/hooks"), None);
         assert_eq!(r.alias_of(b"src"), None);
+    }
+
+    #[test]
+    fn writable_only_pins_every_other_entry_under_the_explicit_fences() {
+        let mut r = Roots::default();
+        r.writable_only(b"g", &[b"refs", b"logs", b"objects"]);
+        r.fence(b"g/logs/HEAD", false, Fence::Hidden);
+        r.fence(b"g/refs/bisect", true, Fence::ReadOnly);
+        r.keep(b"g/objects", |rest| rest == b"ab");
+        assert_eq!(r.fence_at(b"g"), None);
+        for p in [
+            "g/refs",
+            "g/refs/heads/x",
+            "g/logs/refs/heads/x",
+            "g/objects/x",
+        ] {
+            assert_eq!(r.fence_at(p.as_bytes()), None, "{p}");
+        }
+        for p in [
+            "g/MERGE_HEAD",
+            "g/info/grafts",
+            "g/refsx",
+            "g/refs/bisect/bad",
+        ] {
+            assert_eq!(r.fence_at(p.as_bytes()), Some(Fence::ReadOnly), "{p}");
+        }
+        assert_eq!(r.fence_at(b"g/logs/HEAD"), Some(Fence::Hidden));
+        assert_eq!(r.fence_at(b"g/objects/ab"), Some(Fence::Kept));
+        assert_eq!(r.fence_at(b"other/MERGE_HEAD"), None);
+        assert!(!r.is_empty());
     }
 }

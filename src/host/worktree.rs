@@ -5,10 +5,12 @@
 //! ```text
 //! MOUNT/.git                     a file: "gitdir: .fencefs-git/worktrees/NAME" (in memory)
 //! MOUNT/.fencefs-git/            root: the repository's common dir COMMON, not listed
-//!       objects/ refs/ packed-refs logs/ info/ ...        served
-//!       hooks/  config  config.worktree  modules/  commondir  read-only (EROFS)
-//!       HEAD  rebase-merge/  rebase-apply/  sequencer/         read-only (the main checkout's)
-//!       index                                              hidden (the main checkout's)
+//!       objects/ refs/ packed-refs logs/ info/ ...        served (the shared part, [`SHARED`])
+//!       everything else at the top: hooks/ config shallow   read-only (EROFS): settings, and
+//!         HEAD ORIG_HEAD MERGE_* FETCH_HEAD rebase-merge/ ... the main checkout's own state
+//!       info/{grafts,attributes,exclude,sparse-checkout}   read-only
+//!       refs/{bisect,rewritten,worktree}/                  read-only (the main checkout's)
+//!       index  logs/HEAD  logs/refs/{bisect,...}/          hidden (the main checkout's)
 //!       worktrees/NAME/          this worktree's private gitdir (HEAD, index, logs, ...)
 //!       worktrees/NAME/{gitdir,commondir,config.worktree}  read-only
 //!       worktrees/NAME/locked    "locked" while mounted (in memory, unless the host has one)
@@ -197,33 +199,72 @@ pub fn serve(wt: &Worktree, src: &Path, roots: &mut Roots) -> Result<(), String>
     // served repository as well: it is decided under both names.
     roots.alias(GIT_ROOT.as_bytes(), b".git");
     let g = |p: &str| format!("{GIT_ROOT}/{p}").into_bytes();
-    roots.fence(&g("hooks"), true, Fence::ReadOnly);
-    roots.fence(&g("config"), false, Fence::ReadOnly);
-    roots.fence(&g("config.worktree"), false, Fence::ReadOnly);
-    // A `commondir` in the common dir would send the host's own git in the main checkout
-    // to another repository (and its config); submodules' gitdirs hold config and hooks.
-    roots.fence(&g("commondir"), false, Fence::ReadOnly);
-    roots.fence(&g("modules"), true, Fence::ReadOnly);
-    roots.fence(&g("index"), false, Fence::Hidden);
+    main_checkout_fences(roots, &g);
     // The objects other worktrees (and the main checkout) may need, which git inside
     // cannot see as reachable (their HEADs, indexes and reflogs are hidden): `git gc` and
     // `git prune` inside may write new packs but remove no object; `alternates` would
     // send the host's git to another object store.
     roots.keep(&g("objects"), object_shape);
     roots.fence(&g("objects/info/alternates"), false, Fence::ReadOnly);
-    // The main checkout's own state: its HEAD, and the todo lists of an operation in
-    // progress there, whose `exec` lines the host's git runs on `--continue`. A linked
-    // worktree's git keeps its own in its private dir.
-    roots.fence(&g("HEAD"), false, Fence::ReadOnly);
-    for d in ["rebase-merge", "rebase-apply", "sequencer"] {
-        roots.fence(&g(d), true, Fence::ReadOnly);
-    }
     roots.fence(&g("worktrees"), false, Fence::ReadOnly);
     roots.keep_only(&g("worktrees"), wt.name.as_bytes());
     for f in ["", "/gitdir", "/commondir", "/config.worktree", "/locked"] {
         roots.fence(format!("{private}{f}").as_bytes(), false, Fence::ReadOnly);
     }
     Ok(())
+}
+
+/// The entries of the common dir git shares between worktrees and writes from a linked
+/// one (git's `common_list` in path.c, less the settings; the lock and temporary names git
+/// writes `packed-refs` and `gc.pid` through; the reftable store; git-lfs's objects): every
+/// other entry at
+/// its top is the main checkout's own state (its `HEAD`, `index`, `ORIG_HEAD`,
+/// `FETCH_HEAD`, `MERGE_*`, `CHERRY_PICK_HEAD`, `REVERT_HEAD`, `AUTO_MERGE`, `BISECT_*`,
+/// `rebase-merge/`, `sequencer/`, ...) or the repository's settings (`config`, `hooks/`,
+/// `info/`'s files, `shallow`, `commondir`, `modules/`), which git in a linked worktree
+/// keeps in its private dir or never writes: read-only.
+const SHARED: &[&[u8]] = &[
+    b"objects",
+    b"refs",
+    b"logs",
+    b"packed-refs",
+    b"packed-refs.lock",
+    b"packed-refs.new",
+    b"worktrees",
+    b"info",
+    b"branches",
+    b"remotes",
+    b"rr-cache",
+    b"svn",
+    b"lost-found",
+    b"common",
+    b"gc.pid",
+    b"gc.pid.lock",
+    b"reftable",
+    b"lfs",
+];
+
+/// Fences the main checkout's state and the repository's settings in the served common
+/// dir (`g` names a path in it): everything at its top but [`SHARED`] read-only, and
+/// below the shared entries, what is still per worktree or a setting.
+fn main_checkout_fences(roots: &mut Roots, g: &dyn Fn(&str) -> Vec<u8>) {
+    roots.writable_only(GIT_ROOT.as_bytes(), SHARED);
+    // The main checkout's index: hidden (what is staged there is its own).
+    roots.fence(&g("index"), false, Fence::Hidden);
+    // Its reflogs of per-worktree refs: hidden, so `git reflog expire --all` (and `git
+    // gc`) inside neither rewrites them nor tries to lock the main checkout's HEAD.
+    roots.fence(&g("logs/HEAD"), false, Fence::Hidden);
+    roots.fence(&g("logs/HEAD.lock"), false, Fence::ReadOnly);
+    for d in ["bisect", "rewritten", "worktree"] {
+        // Its per-worktree refs (a linked worktree's are in its private dir).
+        roots.fence(&g(&format!("refs/{d}")), true, Fence::ReadOnly);
+        roots.fence(&g(&format!("logs/refs/{d}")), true, Fence::Hidden);
+    }
+    // Settings in info/: history (`grafts`), how files diff and merge (`attributes`),
+    // what the main checkout's git ignores (`exclude`) and checks out (`sparse-checkout`).
+    for f in ["grafts", "attributes", "exclude", "sparse-checkout"] {
+        roots.fence(&g(&format!("info/{f}")), true, Fence::ReadOnly);
+    }
 }
 
 #[cfg(test)]

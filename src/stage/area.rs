@@ -242,9 +242,8 @@ fn init(dir: &Path, src: &Path) -> Result<(), String> {
     );
     // Written beside and renamed: a marker is whole or absent.
     let tmp = dir.join(".fencefs-stage.tmp");
-    fs::write(&tmp, text).map_err(|e| err(&tmp, e))?;
-    fs::File::open(&tmp)
-        .and_then(|f| f.sync_all())
+    let mode = crate::private_file::FILE_MODE;
+    crate::private_file::write_synced(&tmp, text.as_bytes(), mode, None)
         .map_err(|e| err(&tmp, e))?;
     fs::rename(&tmp, dir.join(MARKER)).map_err(|e| err(dir, e))?;
     fs::File::open(dir)

@@ -18,7 +18,7 @@
 //! symlinks; only entries with the two temporary names of a logged path are removed.
 
 use std::fs;
-use std::io::{self, Write};
+use std::io;
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 
@@ -65,14 +65,12 @@ pub fn write(dir: &Path, paths: &[&[u8]]) -> Result<(), String> {
     let p = path(dir);
     let tmp = dir.join("apply-intent.tmp");
     let res = (|| -> io::Result<()> {
-        let mut f = fs::File::create(&tmp)?;
         let mut buf = format!("{HEAD} {}\n", std::process::id()).into_bytes();
         for q in paths {
             buf.extend_from_slice(q);
             buf.push(0);
         }
-        f.write_all(&buf)?;
-        f.sync_all()?;
+        crate::private_file::write_synced(&tmp, &buf, crate::private_file::FILE_MODE, None)?;
         fs::rename(&tmp, &p)?;
         sync_dir(dir)
     })();

@@ -85,9 +85,8 @@ fn exists(p: &Path) -> bool {
 /// Writes `text` to `p` whole (beside, synced, renamed).
 fn write_whole(p: &Path, text: &str) -> Result<(), String> {
     let tmp = p.with_extension("tmp");
-    fs::write(&tmp, text).map_err(|e| err(&tmp, e))?;
-    fs::File::open(&tmp)
-        .and_then(|f| f.sync_all())
+    let mode = crate::private_file::FILE_MODE;
+    crate::private_file::write_synced(&tmp, text.as_bytes(), mode, None)
         .map_err(|e| err(&tmp, e))?;
     fs::rename(&tmp, p).map_err(|e| err(p, e))?;
     sync_dir(p.parent().unwrap_or(Path::new("/")))
@@ -95,7 +94,7 @@ fn write_whole(p: &Path, text: &str) -> Result<(), String> {
 
 fn mkdir(p: &Path) -> Result<(), String> {
     fs::DirBuilder::new()
-        .mode(0o700)
+        .mode(crate::private_file::DIR_MODE)
         .create(p)
         .map_err(|e| err(p, e))
 }
@@ -261,7 +260,7 @@ pub fn empty_trash_later(a: &Path, in_daemon: bool) {
         return;
     }
     let spawned = std::env::current_exe().and_then(|exe| {
-        std::process::Command::new(exe)
+        crate::host::sys::private_umask(&mut std::process::Command::new(exe))
             .args(["stage", "empty-trash", "--dir"])
             .arg(&a)
             .stdin(std::process::Stdio::null())

@@ -39,6 +39,7 @@ mod mountinfo;
 mod snapshot;
 pub mod stage;
 mod syscalls;
+pub mod worktree;
 
 #[allow(unused_imports)]
 pub use control::*;

@@ -17,8 +17,8 @@ mod xattr;
 
 pub use creds::{FsIds, WithoutFsetid};
 pub use process::{
-    close_leaked_dup, fuse_backing_close, geteuid, limit_malloc_arenas, raise_nofile_limit,
-    set_umask, trim_heap, write_and_close,
+    close_leaked_dup, fuse_backing_close, geteuid, limit_malloc_arenas, private_umask,
+    raise_nofile_limit, set_umask, trim_heap, write_and_close,
 };
 pub use procs::{open_proc, pidfd_id, pidfd_open, pidfd_pids, proc_link};
 pub use xattr::{Xattr, getxattr_fd, listxattr_fd, removexattr_fd, setxattr_fd};

@@ -62,6 +62,24 @@ pub fn set_umask(mask: u32) {
     }
 }
 
+/// The umask of the programs the daemon starts for the operator (`--ask-exec`, a
+/// background `stage empty-trash`, `fusermount3`): what they create is theirs alone.
+pub const CHILD_UMASK: u32 = 0o077;
+
+/// Makes `cmd` start with umask [`CHILD_UMASK`], not the daemon's own 0 (which is there
+/// for the files it creates for FUSE callers with their own modes).
+pub fn private_umask(cmd: &mut std::process::Command) -> &mut std::process::Command {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: runs in the forked child before exec; umask(2) is async-signal-safe,
+    // cannot fail and touches no memory of the parent.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::umask(CHILD_UMASK as libc::mode_t);
+            Ok(())
+        })
+    }
+}
+
 /// The effective uid of the daemon.
 pub fn geteuid() -> u32 {
     // SAFETY: cannot fail.
