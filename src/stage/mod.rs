@@ -27,6 +27,7 @@ pub mod area;
 pub mod changes;
 pub mod cli;
 pub mod control;
+mod copy;
 pub mod diff;
 mod discard;
 mod flatten;
