@@ -217,6 +217,14 @@ pub fn json(c: &Change) -> serde_json::Value {
     v
 }
 
+/// [`json`] with the staged file's size when it is large or sparse (`"size"`,
+/// `"allocated"`, `"sparse"`: [`super::space::add_json`]).
+pub fn json_in(l: &Layers, c: &Change) -> serde_json::Value {
+    let mut v = json(c);
+    super::space::add_json(&mut v, l, c);
+    v
+}
+
 /// Appends what an apply or discard did to `DIR/audit.jsonl` (one JSON line: time, op,
 /// the operator's uid and pid, the paths asked for, each result line), synced. A failure
 /// to record is logged, never a reason to undo the work.
@@ -546,7 +554,7 @@ fn run_op(op: StageOp) -> Result<i32, String> {
             let st = view::staged(&area, since)?;
             let list = st.selected(&ps)?;
             if js {
-                let arr: Vec<_> = list.iter().map(json).collect();
+                let arr: Vec<_> = list.iter().map(|c| json_in(&st.layers, c)).collect();
                 println!("{}", json_text(&serde_json::Value::Array(arr)));
             } else {
                 for c in &list {

@@ -21,7 +21,7 @@ use std::sync::Arc;
 use serde_json::{Value, json};
 
 use super::Area;
-use super::cli::json as change_json;
+use super::cli::json_in as change_json;
 use super::{layers, view};
 use crate::control::proto;
 use crate::control::server::Hooks;
@@ -95,7 +95,7 @@ fn run(dir: &Path, live: Option<&dyn Live>, r: &Request, uid: u32) -> Result<Val
             let st = view::staged(&area, r.since)?;
             let list = st.selected(&paths(r))?;
             Ok(json!({
-                "changes": list.iter().map(change_json).collect::<Vec<_>>(),
+                "changes": list.iter().map(|c| change_json(&st.layers, c)).collect::<Vec<_>>(),
                 "lines": list.iter().map(super::cli::status_line).collect::<Vec<_>>(),
             }))
         }

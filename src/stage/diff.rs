@@ -9,6 +9,7 @@ use std::collections::HashSet;
 use std::io::{self, Write};
 
 use super::changes::{Change, Kind, Layers};
+use super::space::Space;
 use super::tree::{Layer, Node, depth_of, depth_ok, join, kind};
 use crate::host::sys;
 
@@ -290,7 +291,15 @@ fn file(old: Option<Side<'_>>, new: Option<Side<'_>>, out: &mut impl Write) -> i
             } else {
                 "/dev/null".into()
             };
-            writeln!(out, "Binary files {an} and {bn} differ")
+            // The staged file's size when large or sparse, inside the line (git reads
+            // only its `Binary files ` start and ` differ` end).
+            let note = new
+                .as_ref()
+                .and_then(|s| Space::of(s.layer, &s.node))
+                .filter(Space::shown)
+                .map(|s| format!(" ({})", s.note()))
+                .unwrap_or_default();
+            writeln!(out, "Binary files {an} and {bn}{note} differ")
         }
     }
 }

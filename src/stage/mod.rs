@@ -34,6 +34,7 @@ mod flatten;
 mod intent;
 pub mod layers;
 mod remove;
+mod space;
 pub mod standin;
 mod sys;
 pub mod tree;
