@@ -3,7 +3,9 @@
 //! Apply carries each change into SOURCE, then unstages it (removes its staged entry), in
 //! an order that never loses data: renamed directories first (a rename is applied whole),
 //! then additions and modifications, deletions last. Every file is written beside its
-//! destination (`.NAME.fencefs-apply-PID`) with the staged mode, owner, xattrs and times,
+//! destination (`.NAME.fencefs-apply-PID`) with the staged mode, owner, xattrs and times
+//! (its data extents only, holes left holes; a later name of a staged file with several
+//! names made as a hard link of the SOURCE file written for its first: [`super::copy`]),
 //! and renamed over it; a new directory is built whole under a temporary name and renamed
 //! into place. Durability is batched, [`BATCH`] paths at a time: every temporary entry of
 //! the batch is written, then one `syncfs` of SOURCE's file system makes them durable,

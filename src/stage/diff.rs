@@ -3,7 +3,8 @@
 //!
 //! Invariants: no byte of a name or of binary contents reaches the output raw (names are
 //! quoted as git quotes them with `core.quotePath`; a file with a NUL in its first 8000
-//! bytes, or over 16 MiB, is `Binary files … differ`). Read-only.
+//! bytes, or over 16 MiB, is `Binary files … differ`, with the staged file's size inside
+//! that line when it is large or sparse). Read-only.
 
 use std::collections::HashSet;
 use std::io::{self, Write};
