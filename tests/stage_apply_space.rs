@@ -3,8 +3,9 @@
 //! holes) with the same bytes; eight names of one 4 MiB file (one of them inside a new
 //! directory) land as eight hard links of one SOURCE file; `status --json` and `diff`
 //! show the sparse file's size and allocation; an apply of one name of a linked file
-//! leaves the others staged and correct; and what a crash between the renames of a
-//! linked file's names leaves is recovered without losing any of them.
+//! leaves the others staged and correct; what a crash between the renames of a linked
+//! file's names leaves is recovered without losing any of them; and a live apply over a
+//! checkpoint lands the names the merged view shows as one file as one SOURCE file.
 
 mod common;
 
@@ -222,4 +223,69 @@ fn a_crash_between_the_renames_of_a_linked_files_names_loses_none_of_them() {
     assert!(d.is_empty(), "SOURCE after the last apply:\n{d}");
     assert_eq!(stage(&["status"], &dir).stdout, "");
     assert!(!dir.join("apply-intent").exists());
+}
+
+/// `fencefs stage OP SOCKET ARGS…` (through the running mount).
+fn via(sock: &Path, op: &str, args: &[&str]) -> Out {
+    let mut v: Vec<std::ffi::OsString> = vec!["stage".into(), op.into(), sock.into()];
+    v.extend(args.iter().map(Into::into));
+    run_fencefs(v, LIMIT)
+}
+
+/// `names` under `root` grouped by inode (each group sorted, groups sorted).
+fn one_file_groups(root: &Path, names: &[&str]) -> Vec<Vec<String>> {
+    let mut by: std::collections::BTreeMap<u64, Vec<String>> = Default::default();
+    for n in names {
+        by.entry(id(&root.join(n)).0)
+            .or_default()
+            .push(n.to_string());
+    }
+    let mut out: Vec<Vec<String>> = by.into_values().collect();
+    out.sort();
+    out
+}
+
+#[test]
+fn a_live_apply_over_a_checkpoint_keeps_holes_and_links_and_the_view() {
+    // Names made before and after a checkpoint: the apply squashes the layers first (a
+    // flattened tree of hard links to the layers' files), then writes. The checkpoint
+    // seals `big` and `l2`; `ln big l3` after it copies `big` up (overlayfs breaks a link
+    // on copy-up), so the merged view shows `big` and `l3` as one file and `l2` as
+    // another: SOURCE gets the same.
+    let (m, _dir, sock) = staged_live("stage-space-live", staged_sample);
+    m.sh("set -e; head -c 2M /dev/urandom > big; ln big l2")
+        .assert_ok("the first turn");
+    via(&sock, "checkpoint", &[]).assert_ok("checkpoint");
+    m.sh(&format!("set -e; ln big l3; {MAKE_SPARSE}"))
+        .assert_ok("the second turn");
+    let data = fs::read(m.mnt("big")).unwrap();
+    let merged = snapshot(&m.mnt(""));
+    let names = ["big", "l2", "l3"];
+    let groups = one_file_groups(&m.mnt(""), &names);
+    assert_eq!(groups, [vec!["big", "l3"], vec!["l2"]]);
+    let out = via(&sock, "apply", &[]);
+    out.assert_ok("live apply");
+    assert_eq!(
+        out.stdout,
+        "applied A big\napplied A l2\napplied A l3\napplied A sparse\n"
+    );
+    assert!(holds(&m.host("sparse"), &sparse_bytes()));
+    let a = allocated(&m.host("sparse"));
+    assert!(
+        a < MIB as u64,
+        "SOURCE's sparse file has {a} bytes allocated"
+    );
+    assert_eq!(one_file_groups(&m.host(""), &names), groups);
+    assert_eq!(id(&m.host("big")), (id(&m.host("l3")).0, 2));
+    assert_eq!(id(&m.host("l2")).1, 1);
+    for n in names {
+        assert!(holds(&m.host(n), &data), "{n}'s bytes");
+    }
+    let d = snapshot_diff(&merged, &snapshot(&m.mnt("")));
+    assert!(d.is_empty(), "the merged view after a live apply:\n{d}");
+    let d = snapshot_diff(&merged, &snapshot(&m.host("")));
+    assert!(d.is_empty(), "SOURCE after a live apply:\n{d}");
+    assert_eq!(one_file_groups(&m.mnt(""), &names), groups);
+    assert_eq!(via(&sock, "status", &[]).stdout, "");
+    assert_eq!(temporaries(&m.host("")), Vec::<String>::new());
 }
