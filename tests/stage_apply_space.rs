@@ -5,7 +5,7 @@
 //! show the sparse file's size and allocation; an apply of one name of a linked file
 //! leaves the others staged and correct; what a crash between the renames of a linked
 //! file's names leaves is recovered without losing any of them; and a live apply over a
-//! checkpoint lands the names the merged view shows as one file as one SOURCE file.
+//! checkpoint lands the names the staged tree holds as one file as one SOURCE file.
 
 mod common;
 
@@ -250,9 +250,10 @@ fn a_live_apply_over_a_checkpoint_keeps_holes_and_links_and_the_view() {
     // Names made before and after a checkpoint: the apply squashes the layers first (a
     // flattened tree of hard links to the layers' files), then writes. The checkpoint
     // seals `big` and `l2`; `ln big l3` after it copies `big` up (overlayfs breaks a link
-    // on copy-up), so the merged view shows `big` and `l3` as one file and `l2` as
-    // another: SOURCE gets the same.
-    let (m, _dir, sock) = staged_live("stage-space-live", staged_sample);
+    // on copy-up), so the staged tree holds `big` and `l3` as one file and `l2` as
+    // another, and SOURCE gets the same. (Not compared through the mount: a name looked
+    // up before the checkpoint may show its sealed file's inode number for a while.)
+    let (m, dir, sock) = staged_live("stage-space-live", staged_sample);
     m.sh("set -e; head -c 2M /dev/urandom > big; ln big l2")
         .assert_ok("the first turn");
     via(&sock, "checkpoint", &[]).assert_ok("checkpoint");
@@ -261,8 +262,11 @@ fn a_live_apply_over_a_checkpoint_keeps_holes_and_links_and_the_view() {
     let data = fs::read(m.mnt("big")).unwrap();
     let merged = snapshot(&m.mnt(""));
     let names = ["big", "l2", "l3"];
-    let groups = one_file_groups(&m.mnt(""), &names);
-    assert_eq!(groups, [vec!["big", "l3"], vec!["l2"]]);
+    let sealed = dir.join("layers/1");
+    assert_eq!(id(&sealed.join("big")), (id(&sealed.join("l2")).0, 2));
+    let up = dir.join("upper");
+    assert_eq!(id(&up.join("big")), (id(&up.join("l3")).0, 2));
+    let groups = [vec!["big", "l3"], vec!["l2"]];
     let out = via(&sock, "apply", &[]);
     out.assert_ok("live apply");
     assert_eq!(
@@ -285,7 +289,6 @@ fn a_live_apply_over_a_checkpoint_keeps_holes_and_links_and_the_view() {
     assert!(d.is_empty(), "the merged view after a live apply:\n{d}");
     let d = snapshot_diff(&merged, &snapshot(&m.host("")));
     assert!(d.is_empty(), "SOURCE after a live apply:\n{d}");
-    assert_eq!(one_file_groups(&m.mnt(""), &names), groups);
     assert_eq!(via(&sock, "status", &[]).stdout, "");
     assert_eq!(temporaries(&m.host("")), Vec::<String>::new());
 }
