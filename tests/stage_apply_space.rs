@@ -251,8 +251,9 @@ fn a_live_apply_over_a_checkpoint_keeps_holes_and_links_and_the_view() {
     // flattened tree of hard links to the layers' files), then writes. The checkpoint
     // seals `big` and `l2`; `ln big l3` after it copies `big` up (overlayfs breaks a link
     // on copy-up), so the staged tree holds `big` and `l3` as one file and `l2` as
-    // another, and SOURCE gets the same. (Not compared through the mount: a name looked
-    // up before the checkpoint may show its sealed file's inode number for a while.)
+    // another, and SOURCE gets the same. (Not compared through the mount's inode
+    // numbers: overlayfs gives a copied-up file its origin's number, so there `big`
+    // shows the sealed file's, the one `l2` has.)
     let (m, dir, sock) = staged_live("stage-space-live", staged_sample);
     m.sh("set -e; head -c 2M /dev/urandom > big; ln big l2")
         .assert_ok("the first turn");
