@@ -6,7 +6,8 @@
 //! (SOURCE's bytes are the staged ones) or still staged (SOURCE's bytes are the original
 //! ones, and the merged view shows the staged ones): no file in SOURCE holds anything
 //! else, no temporary entry is left in SOURCE, the merged view lost nothing; a last apply
-//! finishes the rest.
+//! finishes the rest. One staged file has a name in every directory (so in every batch):
+//! its names land as hard links, at most one SOURCE file per apply that wrote some.
 
 mod common;
 
@@ -69,8 +70,30 @@ fn stage_changes(mnt: &Path, orig: BTreeMap<String, Vec<u8>>) -> Plan {
             staged.insert(p, Some(data));
         }
     }
+    // One file under DIRS + 1 names (`d00/new001`, `dNN/link`), in batches of their own.
+    let data = staged[LINKED].clone();
+    for d in 0..DIRS {
+        let p = format!("d{d:02}/link");
+        fs::hard_link(mnt.join(LINKED), mnt.join(&p)).unwrap();
+        staged.insert(p, data.clone());
+    }
     assert!(staged.len() >= 2000, "{} staged paths", staged.len());
     Plan { orig, staged }
+}
+
+/// The staged file that has more names (`dNN/link`).
+const LINKED: &str = "d00/new001";
+
+/// How many SOURCE files the names of [`LINKED`] are: at most one per apply that wrote
+/// some of them (each links its names to the first it wrote; never one copy per name).
+fn linked_files(src: &Path) -> usize {
+    let mut inos: Vec<u64> = (0..DIRS)
+        .map(|d| ino(&src.join(format!("d{d:02}/link"))))
+        .collect();
+    inos.push(ino(&src.join(LINKED)));
+    inos.sort_unstable();
+    inos.dedup();
+    inos.len()
 }
 
 fn read(p: &Path) -> Option<Vec<u8>> {
@@ -295,6 +318,12 @@ fn sigkill_of_an_offline_apply_of_thousands_of_files_loses_nothing() {
     let st = offline(&dir, "status", &[]);
     st.assert_ok("status");
     assert_eq!(st.stdout, "", "nothing staged after the last apply");
+    let files = linked_files(&m.host(""));
+    assert!(
+        files <= POINTS.len() + 1,
+        "{} names in {files} files",
+        DIRS + 1
+    );
 }
 
 #[test]
@@ -388,6 +417,12 @@ fn sigkill_of_the_daemon_mid_live_apply_of_thousands_of_files_loses_nothing() {
     let st = offline(&dir, "status", &[]);
     st.assert_ok("status");
     assert_eq!(st.stdout, "", "nothing staged after the last apply");
+    let files = linked_files(&m.host(""));
+    assert!(
+        files <= POINTS.len() + 1,
+        "{} names in {files} files",
+        DIRS + 1
+    );
 }
 
 #[test]
@@ -602,6 +637,8 @@ fn an_apply_of_everything_drops_the_staged_tree_whole_and_a_crash_in_that_is_fin
         assert!(read(&m.host("").join(p)) == *want, "SOURCE {p}");
     }
     assert!(temporaries(&m.host("")).is_empty());
+    // One apply: every name of the linked file is one SOURCE file.
+    assert_eq!(linked_files(&m.host("")), 1);
     // One new, empty staged tree; the old one is removed after apply answered.
     assert_ne!(
         ino(&dir.join("upper")),

@@ -3,7 +3,9 @@
 //! Apply carries each change into SOURCE, then unstages it (removes its staged entry), in
 //! an order that never loses data: renamed directories first (a rename is applied whole),
 //! then additions and modifications, deletions last. Every file is written beside its
-//! destination (`.NAME.fencefs-apply-PID`) with the staged mode, owner, xattrs and times,
+//! destination (`.NAME.fencefs-apply-PID`) with the staged mode, owner, xattrs and times
+//! (its data extents only, holes left holes; a later name of a staged file with several
+//! names made as a hard link of the SOURCE file written for its first: [`super::copy`]),
 //! and renamed over it; a new directory is built whole under a temporary name and renamed
 //! into place. Durability is batched, [`BATCH`] paths at a time: every temporary entry of
 //! the batch is written, then one `syncfs` of SOURCE's file system makes them durable,
@@ -29,6 +31,7 @@ use std::path::Path;
 
 use super::changes::{Change, Kind, Layers};
 use super::cli::status_line;
+use super::copy::Links;
 use super::diff::quote;
 use super::intent;
 use super::standin;
@@ -147,8 +150,9 @@ pub fn apply(l: &Layers, list: &[Change], force: bool, dir: &Path, all: bool) ->
                     done: Vec::new(),
                     stand_ins: false,
                 });
+                let mut links = Links::default();
                 for chunk in writes.chunks(BATCH) {
-                    write_batch(l, chunk, &mut out, pending.as_mut());
+                    write_batch(l, chunk, &mut out, pending.as_mut(), &mut links);
                 }
                 for chunk in dels.chunks(BATCH) {
                     delete_batch(l, chunk, &mut out, pending.as_mut());
@@ -272,10 +276,11 @@ fn write_batch<'a>(
     chunk: &[&'a Change],
     out: &mut Lines,
     pending: Option<&mut Pending<'a>>,
+    links: &mut Links,
 ) {
     let mut ready = Vec::new();
     for &c in chunk {
-        match prepare(l, c) {
+        match prepare(l, c, links) {
             Ok(r) => ready.push(r),
             Err(e) => out.refused(&status_line(c), e),
         }
@@ -374,7 +379,7 @@ fn finish<'a>(l: &Layers, done: impl Iterator<Item = &'a Change>, out: &mut Line
 
 /// The SOURCE side of a write: a directory's metadata set in place, else the staged entry
 /// copied whole to its temporary name (removed again if that fails).
-fn prepare<'a>(l: &Layers, c: &'a Change) -> io::Result<Ready<'a>> {
+fn prepare<'a>(l: &Layers, c: &'a Change, links: &mut Links) -> io::Result<Ready<'a>> {
     let (parent, last) = split(&c.path);
     let u = l.upper.get(&c.path)?.ok_or_else(einval)?;
     if c.kind == Kind::Metadata && c.dir {
@@ -389,7 +394,7 @@ fn prepare<'a>(l: &Layers, c: &'a Change) -> io::Result<Ready<'a>> {
     }
     let dir = lower_dir(l, parent)?;
     let t = tmp_name(last, "apply")?;
-    if let Err(e) = copy_entry(l, &u, dir.as_fd(), &t, depth_of(&c.path)) {
+    if let Err(e) = copy_entry(l, &u, dir.as_fd(), &t, depth_of(&c.path), links) {
         remove_tmp(l, dir.as_fd(), &t);
         return Err(e);
     }
@@ -487,13 +492,21 @@ impl Node {
 /// Copies the staged entry `u` (a whole tree for a directory) to `dir/t` in SOURCE, with
 /// its mode, owner, xattrs and times; not synced (the batch's `syncfs` does that before
 /// the rename makes it visible).
-fn copy_entry(l: &Layers, u: &Node, dir: BorrowedFd<'_>, t: &Name, depth: usize) -> io::Result<()> {
+fn copy_entry(
+    l: &Layers,
+    u: &Node,
+    dir: BorrowedFd<'_>,
+    t: &Name,
+    depth: usize,
+    links: &mut Links,
+) -> io::Result<()> {
     depth_ok(depth)?;
     let mode = u.st.st_mode & 0o7777;
+    let proc_fd = l.upper.proc_fd.as_fd();
     match kind(&u.st) {
         libc::S_IFREG => {
-            let src = sys::reopen(l.upper.proc_fd.as_fd(), u.fd.as_fd(), libc::O_RDONLY)?;
-            copy_file(src.as_fd(), &u.st, dir, t)
+            let src = sys::reopen(proc_fd, u.fd.as_fd(), libc::O_RDONLY)?;
+            links.write(proc_fd, src.as_fd(), &u.st, dir, t)
         }
         libc::S_IFLNK => {
             let target = sys::readlink_fd(u.fd.as_fd())?;
@@ -515,7 +528,7 @@ fn copy_entry(l: &Layers, u: &Node, dir: BorrowedFd<'_>, t: &Name, depth: usize)
                 // A regular file (most of a new tree) is copied through descriptors.
                 if let Some((src, st)) = open_regular(u.fd.as_fd(), &cname)? {
                     if !(st.st_size == 0 && file::get(src.as_fd(), WHITEOUT).is_ok()) {
-                        copy_file(src.as_fd(), &st, d.as_fd(), &cname)?;
+                        links.write(proc_fd, src.as_fd(), &st, d.as_fd(), &cname)?;
                     }
                     continue;
                 }
@@ -525,7 +538,7 @@ fn copy_entry(l: &Layers, u: &Node, dir: BorrowedFd<'_>, t: &Name, depth: usize)
                 if l.upper.is_whiteout(&cn) {
                     continue;
                 }
-                copy_entry(l, &cn, d.as_fd(), &cname, depth + 1)?;
+                copy_entry(l, &cn, d.as_fd(), &cname, depth + 1, links)?;
             }
             set_meta(&l.upper, u, &l.lower, d.as_fd(), Some(mode), true)
         }
@@ -561,85 +574,6 @@ fn open_regular(dir: BorrowedFd<'_>, n: &Name) -> io::Result<Option<(OwnedFd, li
         return Ok(None);
     }
     Ok(Some((fd, now)))
-}
-
-/// Copies the staged regular file `src` (stat `st`) to a new `dir/t`: its bytes, owner,
-/// mode (after chown, which clears set-ID bits), xattrs but overlayfs's own, and times;
-/// all through the two descriptors.
-fn copy_file(
-    src: BorrowedFd<'_>,
-    st: &libc::stat,
-    dir: BorrowedFd<'_>,
-    t: &Name,
-) -> io::Result<()> {
-    let dst = sys::openat(
-        dir,
-        t,
-        libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW,
-        0o600,
-    )?;
-    copy_bytes(src, dst.as_fd(), st.st_size as u64)?;
-    sys::fchown_fd(dst.as_fd(), st.st_uid, st.st_gid)?;
-    file::fchmod(dst.as_fd(), st.st_mode & 0o7777)?;
-    let names = |fd| -> io::Result<Vec<Vec<u8>>> {
-        Ok(file::list(fd)?
-            .split(|&b| b == 0)
-            .filter(|k| !k.is_empty() && !k.starts_with(super::tree::OVL))
-            .map(<[u8]>::to_vec)
-            .collect())
-    };
-    let want = names(src)?;
-    // A new file may have inherited some (a default ACL): those the staged one lacks go.
-    for k in names(dst.as_fd())? {
-        if !want.contains(&k) {
-            file::remove(dst.as_fd(), &k)?;
-        }
-    }
-    for k in &want {
-        file::set(dst.as_fd(), k, &file::get(src, k)?)?;
-    }
-    file::futimens(
-        dst.as_fd(),
-        (st.st_atime, st.st_atime_nsec),
-        (st.st_mtime, st.st_mtime_nsec),
-    )
-}
-
-/// Copies `size` bytes: `copy_file_range` (a clone or in-kernel copy) where the two file
-/// systems allow it, else reads and writes (DIR on another file system type).
-fn copy_bytes(src: BorrowedFd<'_>, dst: BorrowedFd<'_>, size: u64) -> io::Result<()> {
-    let mut off = 0u64;
-    while off < size {
-        match sys::copy_file_range(src, off, dst, off, size - off) {
-            Ok(0) => return Ok(()),
-            Ok(n) => off += n as u64,
-            Err(e)
-                if matches!(
-                    e.raw_os_error(),
-                    Some(libc::EXDEV | libc::EINVAL | libc::EOPNOTSUPP | libc::ENOSYS)
-                ) =>
-            {
-                break;
-            }
-            Err(e) => return Err(e),
-        }
-    }
-    let mut buf = vec![0u8; 256 * 1024];
-    while off < size {
-        let n = sys::pread(src, &mut buf, off)?;
-        if n == 0 {
-            break;
-        }
-        let mut done = 0;
-        while done < n {
-            match sys::pwrite(dst, &buf[done..n], off + done as u64)? {
-                0 => return Err(io::Error::from_raw_os_error(libc::EIO)),
-                k => done += k,
-            }
-        }
-        off += n as u64;
-    }
-    Ok(())
 }
 
 /// Gives SOURCE's `dst` (a regular file or directory handle) the staged entry's owner,

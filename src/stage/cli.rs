@@ -220,6 +220,14 @@ pub fn json(c: &Change, id: &str) -> serde_json::Value {
     v
 }
 
+/// [`json`] with the staged file's size when it is large or sparse (`"size"`,
+/// `"allocated"`, `"sparse"`: [`super::space::add_json`]).
+pub fn json_in(l: &Layers, c: &Change, id: &str) -> serde_json::Value {
+    let mut v = json(c, id);
+    super::space::add_json(&mut v, l, c);
+    v
+}
+
 /// Appends what an apply or discard did to `DIR/audit.jsonl` (one JSON line: time, op,
 /// the operator's uid and pid, the paths asked for, each result line), synced. A failure
 /// to record is logged, never a reason to undo the work.

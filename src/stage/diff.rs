@@ -3,12 +3,14 @@
 //!
 //! Invariants: no byte of a name or of binary contents reaches the output raw (names are
 //! quoted as git quotes them with `core.quotePath`; a file with a NUL in its first 8000
-//! bytes, or over 16 MiB, is `Binary files … differ`). Read-only.
+//! bytes, or over 16 MiB, is `Binary files … differ`, with the staged file's size inside
+//! that line when it is large or sparse). Read-only.
 
 use std::collections::HashSet;
 use std::io::{self, Write};
 
 use super::changes::{Change, Kind, Layers};
+use super::space::Space;
 use super::tree::{Layer, Node, depth_of, depth_ok, join, kind};
 use crate::host::sys;
 
@@ -290,7 +292,15 @@ fn file(old: Option<Side<'_>>, new: Option<Side<'_>>, out: &mut impl Write) -> i
             } else {
                 "/dev/null".into()
             };
-            writeln!(out, "Binary files {an} and {bn} differ")
+            // The staged file's size when large or sparse, inside the line (git reads
+            // only its `Binary files ` start and ` differ` end).
+            let note = new
+                .as_ref()
+                .and_then(|s| Space::of(s.layer, &s.node))
+                .filter(Space::shown)
+                .map(|s| format!(" ({})", s.note()))
+                .unwrap_or_default();
+            writeln!(out, "Binary files {an} and {bn}{note} differ")
         }
     }
 }

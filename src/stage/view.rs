@@ -201,7 +201,7 @@ pub fn json_list(
                     None => String::new(),
                 },
             };
-            Ok(super::cli::json(c, &id))
+            Ok(super::cli::json_in(&st.layers, c, &id))
         })
         .collect()
 }
