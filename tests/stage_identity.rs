@@ -224,3 +224,46 @@ fn apply_at_an_id_carries_only_what_was_shown() {
     stop(&mut m);
     assert_eq!(stage(&["status"], &dir).stdout, "");
 }
+
+#[test]
+fn apply_at_a_checkpoint_carries_what_it_sealed_and_no_later_write() {
+    let (mut m, dir, sock) = staged_live("stage-id-at", |src| {
+        put(&src.join("a.txt"), b"a\n", 0o644);
+        put(&src.join("b.txt"), b"b\n", 0o644);
+    });
+    m.sh("echo turn1 >> a.txt && echo turn1 >> b.txt && mkdir d && echo d1 > d/x")
+        .assert_ok("turn 1");
+    let c = ctl(&sock, &["checkpoint", "-m", "turn 1"]);
+    c.assert_ok("checkpoint");
+    assert_eq!(c.stdout.trim(), "checkpoint 1");
+    m.sh("echo turn2 >> a.txt && echo new > c.txt")
+        .assert_ok("turn 2");
+    let a = ctl(&sock, &["apply", "--at", "1"]);
+    a.assert_fail("a path changed after the checkpoint is refused");
+    assert!(
+        a.stdout.contains("refused M a.txt@") && a.stdout.contains("changed after checkpoint 1"),
+        "{}",
+        a.stdout
+    );
+    assert!(a.stdout.contains("applied M b.txt"), "{}", a.stdout);
+    assert!(a.stdout.contains("applied A d/ (1 entry)"), "{}", a.stdout);
+    assert!(!a.stdout.contains("c.txt"), "{}", a.stdout);
+    assert_eq!(fs::read(m.host("a.txt")).unwrap(), b"a\n");
+    assert_eq!(fs::read(m.host("b.txt")).unwrap(), b"b\nturn1\n");
+    assert_eq!(fs::read(m.host("d/x")).unwrap(), b"d1\n");
+    assert!(!m.host("c.txt").exists(), "turn 2's new file stays staged");
+    // The merged view is unchanged; what turn 2 did is still staged.
+    assert_eq!(fs::read(m.mnt("a.txt")).unwrap(), b"a\nturn1\nturn2\n");
+    assert_eq!(fs::read(m.mnt("c.txt")).unwrap(), b"new\n");
+    assert_eq!(ctl(&sock, &["status"]).stdout, "M a.txt\nA c.txt\n");
+    // The apply ended checkpoint 1.
+    let again = ctl(&sock, &["apply", "--at", "1"]);
+    again.assert_fail("an ended checkpoint");
+    assert!(
+        again.stderr.contains("checkpoint 1 was ended"),
+        "{}",
+        again.stderr
+    );
+    stop(&mut m);
+    assert_eq!(stage(&["status"], &dir).stdout, "M a.txt\nA c.txt\n");
+}

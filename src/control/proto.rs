@@ -198,6 +198,9 @@ pub struct StageRequest {
     /// `--force` (apply).
     #[serde(default)]
     pub force: bool,
+    /// `--at N` (apply): only what checkpoint N sealed, never later writes.
+    #[serde(default)]
+    pub at: Option<u64>,
     /// `--since N` (status, diff).
     #[serde(default)]
     pub since: Option<u64>,

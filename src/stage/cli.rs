@@ -69,6 +69,10 @@ pub enum StageOp {
         /// Apply conflicts too (the staged version wins).
         #[arg(long)]
         force: bool,
+        /// Apply the state checkpoint N sealed (what a diff at N showed): a path changed
+        /// after N is refused and stays staged.
+        #[arg(long = "at", value_name = "N")]
+        checkpoint: Option<u64>,
         /// `SOCKET` (without --dir), then the paths to apply (default: all); `PATH@ID`
         /// (the `id` of `status --json`) is refused if the change is not the one shown.
         args: Vec<OsString>,
@@ -287,6 +291,7 @@ pub fn run(a: StageArgs) -> i32 {
 struct Req {
     json: bool,
     force: bool,
+    at: Option<u64>,
     since: Option<u64>,
     message: Option<String>,
     to: Option<u64>,
@@ -311,6 +316,9 @@ fn via_socket(op: &str, args: &[OsString], o: Req) -> Result<i32, String> {
         "apply" => {
             req["paths"] = ps.into();
             req["force"] = o.force.into();
+            if let Some(n) = o.at {
+                req["at"] = n.into();
+            }
         }
         "discard" => req["paths"] = ps.into(),
         "checkpoint" => {
@@ -396,6 +404,15 @@ pub fn count_since_last(area: &Area) -> Result<u64, String> {
         .len() as u64)
 }
 
+/// What an apply is asked for besides its paths.
+#[derive(Clone, Copy, Default)]
+pub struct Opts {
+    /// `--force`: conflicts too.
+    pub force: bool,
+    /// `--at N`: only what checkpoint N sealed.
+    pub at: Option<u64>,
+}
+
 /// `apply` or `discard` of `paths` on the area `dir` (its lock held, or the mount
 /// quiesced): checkpoints are squashed first (and so ended as rewind targets), then the
 /// staged tree is worked on; recorded in `DIR/audit.jsonl` with the operator's `uid`.
@@ -403,14 +420,31 @@ pub fn apply_or_discard(
     dir: &std::path::Path,
     op: &str,
     ps: &[Vec<u8>],
-    force: bool,
+    o: Opts,
     uid: u32,
 ) -> Result<super::apply::Report, String> {
+    let force = o.force;
     let area = Area::open(dir)?;
     if let Some(what) = ckpt::recover(&area.dir)? {
         log::warn!("stage: {what}");
     }
     let area = area.reopen()?;
+    // `--at N`: what N sealed, as PATH@ID arguments, taken before the squash ends N.
+    let (at_args, why);
+    let ps = match o.at {
+        Some(n) => {
+            at_args = view::sealed_args(&area, n, ps)?;
+            why = format!("changed after checkpoint {n}");
+            if at_args.is_empty() {
+                return Ok(super::apply::Report::default());
+            }
+            &at_args[..]
+        }
+        None => {
+            why = "changed since it was shown".to_string();
+            ps
+        }
+    };
     let area = if view::squash(&area)? {
         area.reopen()?
     } else {
@@ -422,7 +456,7 @@ pub fn apply_or_discard(
         log::warn!("stage: {what}");
     }
     // PATH@ID: refused unless the change is still the one shown; none left: nothing to do.
-    let (kept, refused) = super::ids::check(&l, ps);
+    let (kept, refused) = super::ids::check(&l, ps, &why);
     let mut report = if !ps.is_empty() && kept.is_empty() {
         super::apply::Report::default()
     } else if op == "apply" {
@@ -510,9 +544,15 @@ fn run_op(op: StageOp) -> Result<i32, String> {
             };
             return via_socket("diff", args, o);
         }
-        StageOp::Apply { at, args, force } if sock(at, args) => {
+        StageOp::Apply {
+            at,
+            args,
+            force,
+            checkpoint,
+        } if sock(at, args) => {
             let o = Req {
                 force: *force,
+                at: *checkpoint,
                 ..Req::default()
             };
             return via_socket("apply", args, o);
@@ -582,10 +622,19 @@ fn run_op(op: StageOp) -> Result<i32, String> {
             .map_err(|e| format!("diff: {e}"))?;
             Ok(0)
         }
-        StageOp::Apply { at, force, args } => {
+        StageOp::Apply {
+            at,
+            force,
+            args,
+            checkpoint,
+        } => {
             let (area, ps) = area(&at, &args)?;
             area.lock()?;
-            let report = apply_or_discard(&area.dir, "apply", &ps, force, uid)?;
+            let o = Opts {
+                force,
+                at: checkpoint,
+            };
+            let report = apply_or_discard(&area.dir, "apply", &ps, o, uid)?;
             for line in &report.lines {
                 println!("{line}");
             }
@@ -595,7 +644,7 @@ fn run_op(op: StageOp) -> Result<i32, String> {
         StageOp::Discard { at, args } => {
             let (area, ps) = area(&at, &args)?;
             area.lock()?;
-            let report = apply_or_discard(&area.dir, "discard", &ps, false, uid)?;
+            let report = apply_or_discard(&area.dir, "discard", &ps, Opts::default(), uid)?;
             for line in &report.lines {
                 println!("{line}");
             }

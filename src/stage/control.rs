@@ -143,9 +143,13 @@ fn run(dir: &Path, live: Option<&dyn Live>, r: &Request, uid: u32) -> Result<Val
         }
         "apply" | "discard" => {
             let ps = paths(r);
-            let (op, force) = (r.op.clone(), r.force);
+            let op = r.op.clone();
+            let o = super::cli::Opts {
+                force: r.force,
+                at: r.at,
+            };
             let v = live.expect("checked").swap(false, &mut || {
-                let report = super::cli::apply_or_discard(&area.dir, &op, &ps, force, uid)?;
+                let report = super::cli::apply_or_discard(&area.dir, &op, &ps, o, uid)?;
                 Ok(json!({"lines": report.lines, "refused": report.refused}))
             });
             layers::empty_trash_later(&area.dir, true);

@@ -125,7 +125,8 @@ pub fn split_arg(arg: &[u8]) -> (&[u8], Option<&str>) {
 /// The PATH arguments of an apply or discard with their ids checked against the staged
 /// tree now: the paths to go on with (ids taken off) and a `refused …` line for each path
 /// whose change is not the one shown (another id, or nothing staged there any more).
-pub fn check(l: &Layers, args: &[Vec<u8>]) -> (Vec<Vec<u8>>, Vec<String>) {
+/// `why` says what a refused id means (`changed since it was shown`).
+pub fn check(l: &Layers, args: &[Vec<u8>], why: &str) -> (Vec<Vec<u8>>, Vec<String>) {
     let mut keep = Vec::new();
     let mut refused = Vec::new();
     let mut all: Option<io::Result<Vec<Change>>> = None;
@@ -144,7 +145,7 @@ pub fn check(l: &Layers, args: &[Vec<u8>]) -> (Vec<Vec<u8>>, Vec<String>) {
             Ok(Some(c)) => match id(l, &c) {
                 Ok(now) if now == want => keep.push(path.to_vec()),
                 Ok(now) => refused.push(format!(
-                    "refused {}@{want}: changed since it was shown (now @{now}): review it again",
+                    "refused {}@{want}: {why} (now @{now}): review it again",
                     super::cli::status_line(&c)
                 )),
                 Err(e) => refused.push(format!("refused {shown}@{want}: {e}")),

@@ -256,6 +256,44 @@ pub fn staged(area: &Area, since: Option<u64>) -> Result<Staged, String> {
     })
 }
 
+/// `apply --at N`: each change checkpoint `n` sealed (layers 1..=N over SOURCE) that
+/// concerns one of `paths` (all when empty), as a `PATH@ID` argument: what a diff at N
+/// showed, which the apply then checks against the whole staged state.
+pub fn sealed_args(area: &Area, n: u64, paths: &[Vec<u8>]) -> Result<Vec<Vec<u8>>, String> {
+    let live = layers::live(&area.dir)?;
+    let Some(i) = live.iter().position(|&c| c == n) else {
+        let ended = layers::log(&area.dir)?.iter().any(|c| c.n == n && c.ended);
+        return Err(if ended {
+            format!("checkpoint {n} was ended by an apply or discard")
+        } else {
+            format!("no checkpoint {n} (`fencefs stage log` lists them)")
+        });
+    };
+    let source = crate::host::sys::open_root(&area.source)
+        .map_err(|e| format!("source '{}': {e}", area.source.display()))?;
+    let s = scratch(area)?;
+    let mut stack = Vec::new();
+    for c in &live[..=i] {
+        stack.push(open_layer(&layers::layer_path(&area.dir, *c))?);
+    }
+    let tree = open_layer(&s.path.join("tree"))?;
+    let stash = open_layer(&s.path.join("stash"))?;
+    super::flatten::flatten(&stack, &tree, &stash)
+        .map_err(|e| format!("flattening the checkpoints: {e}"))?;
+    let l = Layers {
+        upper: tree,
+        lower: Layer::new(source).map_err(|e| e.to_string())?,
+    };
+    let id_err = |e: std::io::Error| format!("review id: {e}");
+    super::cli::selected(&l, paths)?
+        .iter()
+        .map(|c| {
+            let id = super::ids::id(&l, c).map_err(id_err)?;
+            Ok([c.path.as_slice(), b"@", id.as_bytes()].concat())
+        })
+        .collect()
+}
+
 /// For a view above SOURCE (`base` > 0): the conflicts of the whole stage.
 fn conflicts(
     area: &Area,
