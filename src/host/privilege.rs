@@ -4,10 +4,11 @@
 //!
 //! Invariants: anything unknown is "no": a caller the daemon cannot see (pid 0: a
 //! vhost-user guest, whose pids are not host pids, or a process outside the daemon's pid
-//! namespace), a process gone, a user namespace that cannot be read. Nothing is opened
-//! but `/proc` as an `O_PATH` handle (readlink of `/proc/PID/ns/user`, then capget(2)), so
-//! it works inside the workers' Landlock domain. The caller's thread is blocked in its
-//! request while this runs, so its credentials cannot change under it.
+//! namespace), a process gone, a user namespace that cannot be read. Read through `/proc`
+//! (readlink of `/proc/PID/ns/user`, then capget(2)); reading another process's namespace
+//! is ptrace access, which the workers' Landlock domain forbids, so a mount asks on the
+//! programs thread (`Programs::host_admin`). The caller's thread is blocked in its
+//! request meanwhile, so its credentials cannot change under it.
 
 use std::os::fd::AsFd;
 

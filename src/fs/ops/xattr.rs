@@ -17,7 +17,6 @@ use std::sync::Arc;
 use super::{Ctx, Error, Res, Shared};
 use crate::fs::attr;
 use crate::fs::kcache::Inval;
-use crate::host::privilege;
 use crate::host::sys::{self, Xattr};
 use crate::policy::{By, Need, Special};
 
@@ -40,7 +39,7 @@ impl Shared {
         }
         self.allow_ino(ctx, "getxattr", ino, Need::Read, Special::default())?;
         let (fd, ok) = self.xattr_target(ino)?;
-        if !ok || (name.starts_with(b"trusted.") && !privilege::host_admin(ctx.pid)) {
+        if !ok || (name.starts_with(b"trusted.") && !self.programs.host_admin(ctx.pid)) {
             return Err(Error(libc::ENODATA));
         }
         Ok(sys::getxattr_fd(fd.as_fd(), name, size as usize)?)
@@ -59,7 +58,7 @@ impl Shared {
             Xattr::Size(_) => Vec::new(),
         };
         let mut list = attr::mirrored_xattr_list(&all);
-        if list.windows(8).any(|w| w == b"trusted.") && !privilege::host_admin(ctx.pid) {
+        if list.windows(8).any(|w| w == b"trusted.") && !self.programs.host_admin(ctx.pid) {
             list = attr::without_trusted(&list);
         }
         match size as usize {
@@ -101,10 +100,11 @@ impl Shared {
     }
 
     /// Refuses (EPERM, audited) a change of an attribute only host privilege may change
-    /// ([`attr::privileged_xattr`]) by a caller without it: root in a guest's kernel or
-    /// in a user namespace is not root on the host, where the attribute lands.
+    /// ([`attr::privileged_xattr`]) by a caller without it (`Programs::host_admin`): root
+    /// in a guest's kernel or in a user namespace is not root on the host, where the
+    /// attribute lands.
     fn privileged(&self, ctx: &Ctx, op: &'static str, ino: u64, name: &[u8]) -> Res<()> {
-        if !attr::privileged_xattr(name) || privilege::host_admin(ctx.pid) {
+        if !attr::privileged_xattr(name) || self.programs.host_admin(ctx.pid) {
             return Ok(());
         }
         if let Ok((paths, kind)) = self.inodes.paths_kind(ino)
