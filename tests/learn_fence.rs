@@ -37,6 +37,7 @@ fn a_learning_mount_keeps_the_policy_files_read_only_and_their_hides() {
     put(&b.host("vault/key"), b"hidden too\n", 0o644);
     put(&b.host("evil"), b"", 0o644);
     put(&b.host("plain.txt"), b"old\n", 0o644);
+    put(&b.host("deep/.aiignore"), b"x\n", 0o644);
     let audit = b.root().join("audit.jsonl");
     let out = b.root().join("learned.toml");
     let mut m = b
@@ -74,6 +75,13 @@ fn a_learning_mount_keeps_the_policy_files_read_only_and_their_hides() {
         assert_errno(fs::remove_file(&f), EROFS, &format!("unlink {p}")).ok();
         assert_errno(chmod(&f, 0o666), EROFS, &format!("chmod {p}")).ok();
     }
+    // A directory holding one is not moved away (its patterns would go with it).
+    assert_errno(
+        fs::rename(m.mnt("deep"), m.mnt("deep2")),
+        EROFS,
+        "rename deep",
+    )
+    .ok();
     // A new ignore file that would re-include everything: refused too.
     fs::create_dir(m.mnt("sub")).expect("report-only mkdir");
     let before_sub = snapshot(&m.host(""));
