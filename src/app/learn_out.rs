@@ -109,7 +109,11 @@ impl Target {
             let _ = sys::unlinkat(self.dir.as_fd(), &tmp, 0);
         }
         r?;
-        sys::fsync(self.dir.as_fd(), false)
+        // Replaced: a directory that cannot be synced is said, not a failed write.
+        if let Err(e) = sys::fsync(self.dir.as_fd(), false) {
+            log::warn!("--learn: syncing the draft's directory: {e}");
+        }
+        Ok(())
     }
 }
 
