@@ -100,8 +100,9 @@ pub struct MountArgs {
     #[arg(long)]
     pub audit_allowed: bool,
     /// Learn a policy: report-only (what a grant, the mode or an ask would refuse is
-    /// allowed and audited as would-deny; none rules still hide), and at unmount a draft
-    /// policy of what was used is written to OUT.toml.
+    /// allowed and audited as would-deny; none rules still hide; set-ID bits, device
+    /// nodes and the policy files stay refused), and at unmount a draft policy of what
+    /// was used replaces OUT.toml (mode 0600, never written through a symlink).
     #[arg(long, value_name = "OUT.toml")]
     pub learn: Option<PathBuf>,
     /// Rotate the audit file before it would exceed SIZE bytes (suffix K, M or G:

@@ -1,21 +1,8 @@
 //! `fencefs learn AUDIT.jsonl [--policy BASE]`: reads an audit log written with
 //! `--audit-allowed` and prints a draft policy (the drafting itself is `learn.rs`).
-//! Also a learning mount's draft file ([`LearnOut`]: `--learn OUT.toml`, written at
-//! unmount and on the control socket's `{"cmd":"learn"}`).
-//!
-//! Invariants: OUT.toml is opened once, before the mount exists (a bad path fails the
-//! mount before anything is mounted, and the workers' confinement never has to allow
-//! it); every write replaces the whole file in place under one lock, so it always holds
-//! one complete draft, the latest written, and an unmount after a `learn` command leaves
-//! the unmount's draft (never a longer old one's tail).
+//! A learning mount's draft file (`--learn OUT.toml`) is `learn_out.rs`.
 
-use std::fs::File;
-use std::os::unix::fs::FileExt;
-use std::path::{Path, PathBuf};
-
-use parking_lot::Mutex;
-
-use crate::fs::ops::Shared;
+use std::path::Path;
 
 use crate::cli::LearnArgs;
 use crate::learn::{Use, draft};
@@ -103,84 +90,4 @@ pub(super) fn learn(a: LearnArgs) -> i32 {
     }
     crate::out!("{out}");
     0
-}
-
-/// `--learn OUT.toml`: where a learning mount writes its draft.
-pub(crate) struct LearnOut {
-    path: PathBuf,
-    file: Mutex<File>,
-}
-
-/// What one write of the draft wrote.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Written {
-    /// Rules in the draft.
-    pub(crate) rules: usize,
-    /// Bytes of the draft.
-    pub(crate) bytes: usize,
-}
-
-impl LearnOut {
-    /// Creates (or truncates) OUT.toml, a new one 0600 (the daemon's umask is 0); the
-    /// error is the mount's one startup line.
-    pub(crate) fn open(path: &Path) -> Result<LearnOut, String> {
-        use std::os::unix::fs::OpenOptionsExt;
-        let file = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(crate::private_file::FILE_MODE)
-            .open(path);
-        let file = file.map_err(|e| {
-            format!(
-                "--learn {}: {e}",
-                crate::quote::quote(path.as_os_str().as_encoded_bytes())
-            )
-        })?;
-        // Canonical, for the answer's `path` (the daemon may chdir; the file stays).
-        let path = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
-        Ok(LearnOut {
-            path,
-            file: Mutex::new(file),
-        })
-    }
-
-    /// Where the draft goes.
-    pub(crate) fn path(&self) -> &Path {
-        &self.path
-    }
-
-    /// Drafts what `shared` recorded so far and replaces OUT.toml's contents with it.
-    pub(crate) fn write(&self, shared: &Shared) -> Result<Written, String> {
-        let Some(rec) = &shared.settings.learn else {
-            return Err("this mount does not learn (no --learn)".into());
-        };
-        // Drafted under the file's lock: two writers never leave the older draft last.
-        let f = self.file.lock();
-        let draft = rec.draft(&shared.policy.get().policy);
-        let rules = crate::policy::Policy::parse(&draft, "<draft>")
-            .map(|p| p.rules().len())
-            .map_err(|e| format!("the draft does not parse (a bug): {e:?}"))?;
-        let shown = self.path.display();
-        f.set_len(0)
-            .and_then(|()| f.write_all_at(draft.as_bytes(), 0))
-            .and_then(|()| f.sync_data())
-            .map_err(|e| format!("writing {shown}: {e}"))?;
-        Ok(Written {
-            rules,
-            bytes: draft.len(),
-        })
-    }
-
-    /// [`LearnOut::write`] at the end of a session, its outcome logged.
-    pub(crate) fn write_logged(&self, shared: &Shared) {
-        match self.write(shared) {
-            Ok(w) => log::info!(
-                "--learn: the draft policy is written to {} ({} rules)",
-                self.path.display(),
-                w.rules
-            ),
-            Err(e) => log::error!("--learn: {e}"),
-        }
-    }
 }

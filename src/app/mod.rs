@@ -11,6 +11,7 @@
 mod answers;
 mod explain;
 mod learn;
+mod learn_out;
 mod mount;
 mod notify;
 mod policy_watch;

@@ -222,7 +222,7 @@ pub(super) fn start_control(
     shared: &Arc<Shared>,
     tx: &Sender<Inval>,
     started: Instant,
-    learn: Option<Arc<super::learn::LearnOut>>,
+    learn: Option<Arc<super::learn_out::LearnOut>>,
 ) -> Result<Option<(PathBuf, ResumeQueue)>, String> {
     let Some(Control {
         path,

@@ -132,6 +132,29 @@ pub fn unmirrored_xattr(name: &[u8]) -> bool {
     name == b"security.selinux"
 }
 
+/// Extended attributes only host privilege (CAP_SYS_ADMIN) may change on a local disk:
+/// `trusted.*`, and `security.*` but `security.capability` (file capabilities, which an
+/// owner may set and the policy decides as a set-ID bit: `allow_setid`). A caller without
+/// it ([`crate::host::privilege::host_admin`]: a vhost-user guest, a process in another
+/// user namespace) gets EPERM for a change and ENODATA for a `trusted.*` read, as on a
+/// local disk.
+pub fn privileged_xattr(name: &[u8]) -> bool {
+    name.starts_with(b"trusted.")
+        || (name.starts_with(b"security.") && name != b"security.capability")
+}
+
+/// A `listxattr` name list without the `trusted.*` names (what a caller without host
+/// privilege does not see on a local disk).
+pub fn without_trusted(list: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(list.len());
+    for n in list.split_inclusive(|b| *b == 0) {
+        if !n.starts_with(b"trusted.") {
+            out.extend_from_slice(n);
+        }
+    }
+    out
+}
+
 /// A `listxattr` name list (NUL-terminated names) without the names the mount does not
 /// mirror.
 pub fn mirrored_xattr_list(list: &[u8]) -> Vec<u8> {

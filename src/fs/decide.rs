@@ -8,6 +8,9 @@
 //! - A refusal is lifted only when it is a rule's EACCES whose `ask` covers the need, and
 //!   only for an approved re-run (`Ctx::approved`) or a remembered answer of this uid for
 //!   this path; `none`, device/setid and the mode are never lifted.
+//! - `--learn` reports instead of refusing only what a grant, the mode or an `ask` would
+//!   refuse: `none`, device/setid (EPERM) and the pinned policy files (EROFS) stay
+//!   refused and are audited as refusals (`reports_only`).
 
 use std::sync::atomic::Ordering;
 
@@ -264,7 +267,7 @@ impl Shared {
                 self.audit(ctx, op, path, &v, v.by, None);
                 Ok(v)
             }
-            Err(d) if self.reports_only(&d) => {
+            Err(d) if self.reports_only(ctx, path, need, &d) => {
                 self.learned(path, need);
                 self.audit_line(ctx, op, path, &d.verdict, d.by, Line::WouldDeny(d.errno));
                 Ok(d.verdict)
@@ -290,9 +293,15 @@ impl Shared {
     }
 
     /// `--learn` and a refusal the report-only form allows: anything but a `none` path
-    /// (which still hides and still refuses).
-    fn reports_only(&self, d: &Denial) -> bool {
-        self.settings.learn.is_some() && d.verdict.grant != Access::None
+    /// (which still hides and still refuses), a device node or set-ID bit (EPERM: the
+    /// file would land on the host outside `nodev,nosuid`) and a change of a pinned
+    /// policy file (the workspace layer's, an ignore file: EROFS), so that a learning
+    /// session can neither plant what the host runs nor rewrite the policy deciding it.
+    fn reports_only(&self, ctx: &Ctx, path: &[u8], need: Need, d: &Denial) -> bool {
+        self.learning()
+            && d.verdict.grant != Access::None
+            && d.errno != libc::EPERM
+            && !(need.mutates() && ctx.snap.policy.pinned(path))
     }
 
     /// Whether this mount learns (report-only): fs-level refusals stand aside too.
@@ -343,10 +352,9 @@ impl Shared {
                 }
             }
         }
-        if self.settings.learn.is_some()
-            && worst.as_ref().is_some_and(|(_, _, d)| self.reports_only(d))
-            && refused.iter().all(|(_, _, d)| self.reports_only(d))
-        {
+        let reported =
+            |(path, need, d): &(&[u8], Need, Denial)| self.reports_only(ctx, path, *need, d);
+        if self.learning() && worst.as_ref().is_some_and(reported) && refused.iter().all(reported) {
             for (path, need, d) in &refused {
                 ctx.need.set(Some(*need));
                 self.learned(path, *need);

@@ -4,6 +4,7 @@ pub mod budget;
 pub mod handle;
 pub mod ignore_scan;
 pub mod inode;
+pub mod privilege;
 pub mod programs;
 pub mod roots;
 pub mod sys;

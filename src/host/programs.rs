@@ -1,5 +1,6 @@
 //! Which program a calling process runs, as that process sees it, and its ancestors'
-//! (for the policy's `exe` / `ancestor_exe` rules).
+//! (for the policy's `exe` / `ancestor_exe` rules); also, on the same thread, whether a
+//! caller holds host privilege (`privilege.rs`, for `trusted.*`/`security.*` changes).
 //!
 //! A process's program is the kernel's name for its executable (`/proc/PID/exe`) made
 //! relative to the process's own root (`/proc/PID/root`): a process in a container names
@@ -49,8 +50,13 @@ pub const WAIT: Duration = Duration::from_secs(2);
 /// Requests queued for the resolver thread at most.
 const QUEUE: usize = 256;
 
-/// One question to the resolver thread: (pid, with ancestors, where to answer).
-type Question = (u32, bool, SyncSender<Chain>);
+/// One question to the resolver thread.
+enum Question {
+    /// A program chain: (pid, with ancestors, where to answer).
+    Chain(u32, bool, SyncSender<Chain>),
+    /// Whether `pid` holds host privilege ([`super::privilege::host_admin`]).
+    Admin(u32, SyncSender<bool>),
+}
 
 /// Reads processes' programs through `/proc` (opened on first use): directly, or through
 /// the resolver thread when one was started.
@@ -116,7 +122,9 @@ impl Programs {
             return self.resolve(pid, ancestors, None);
         };
         let (atx, arx) = sync_channel(1);
-        let sent = tx.lock().map(|t| t.try_send((pid, ancestors, atx)));
+        let sent = tx
+            .lock()
+            .map(|t| t.try_send(Question::Chain(pid, ancestors, atx)));
         match sent {
             Ok(Ok(())) => arx.recv_timeout(WAIT).unwrap_or_default(),
             Ok(Err(TrySendError::Full(_))) => {
@@ -124,6 +132,24 @@ impl Programs {
                 Chain::default()
             }
             _ => Chain::default(),
+        }
+    }
+
+    /// Whether thread `pid` holds host privilege ([`super::privilege::host_admin`]), read
+    /// on the resolver thread when there is one (reading another process's user
+    /// namespace is ptrace access, which the workers' Landlock domain forbids); a full
+    /// queue or a late answer is "no".
+    pub fn host_admin(&self, pid: u32) -> bool {
+        let Some(tx) = &self.thread else {
+            return super::privilege::host_admin(pid);
+        };
+        if pid == 0 {
+            return false;
+        }
+        let (atx, arx) = sync_channel(1);
+        match tx.lock().map(|t| t.try_send(Question::Admin(pid, atx))) {
+            Ok(Ok(())) => arx.recv_timeout(WAIT).unwrap_or(false),
+            _ => false,
         }
     }
 
@@ -229,8 +255,15 @@ impl Ancestors {
 fn serve(rx: Receiver<Question>) {
     let direct = Programs::default();
     let mut cache = Ancestors::default();
-    while let Ok((pid, ancestors, answer)) = rx.recv() {
-        let _ = answer.try_send(direct.resolve(pid, ancestors, Some(&mut cache)));
+    while let Ok(q) = rx.recv() {
+        match q {
+            Question::Chain(pid, ancestors, answer) => {
+                let _ = answer.try_send(direct.resolve(pid, ancestors, Some(&mut cache)));
+            }
+            Question::Admin(pid, answer) => {
+                let _ = answer.try_send(super::privilege::host_admin(pid));
+            }
+        }
     }
 }
 

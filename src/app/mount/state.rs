@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::super::learn::LearnOut;
+use super::super::learn_out::LearnOut;
 use super::super::threads;
 use crate::approvals::Approvals;
 use crate::audit::{Audit, Rotation, Target};

@@ -1,7 +1,10 @@
 //! Extended attributes: getxattr, listxattr, setxattr, removexattr.
 //!
 //! Invariants: reading needs `read`, changing needs `write`; setting
-//! `security.capability` counts as setting a set-ID bit (`allow_setid`); names the mount
+//! `security.capability` counts as setting a set-ID bit (`allow_setid`); the other
+//! `security.*` names and `trusted.*` are changed only for a caller with host privilege
+//! (EPERM otherwise, after the policy, in every mode and with `--learn` too), and a
+//! `trusted.*` name is read and listed only for such a caller (ENODATA, left out); names the mount
 //! does not mirror are EOPNOTSUPP everywhere and left out of lists; only regular files and
 //! directories carry attributes (symlinks and special files report none and accept none);
 //! a change of `system.posix_acl_access`, which the host reflects in the mode's group
@@ -15,7 +18,7 @@ use super::{Ctx, Error, Res, Shared};
 use crate::fs::attr;
 use crate::fs::kcache::Inval;
 use crate::host::sys::{self, Xattr};
-use crate::policy::{Need, Special};
+use crate::policy::{By, Need, Special};
 
 /// The longest name list a `listxattr` can return (the kernel's `XATTR_LIST_MAX`).
 const XATTR_LIST_MAX: usize = 65_536;
@@ -36,7 +39,7 @@ impl Shared {
         }
         self.allow_ino(ctx, "getxattr", ino, Need::Read, Special::default())?;
         let (fd, ok) = self.xattr_target(ino)?;
-        if !ok {
+        if !ok || (name.starts_with(b"trusted.") && !self.programs.host_admin(ctx.pid)) {
             return Err(Error(libc::ENODATA));
         }
         Ok(sys::getxattr_fd(fd.as_fd(), name, size as usize)?)
@@ -54,7 +57,10 @@ impl Shared {
             Xattr::Data(v) => v,
             Xattr::Size(_) => Vec::new(),
         };
-        let list = attr::mirrored_xattr_list(&all);
+        let mut list = attr::mirrored_xattr_list(&all);
+        if list.windows(8).any(|w| w == b"trusted.") && !self.programs.host_admin(ctx.pid) {
+            list = attr::without_trusted(&list);
+        }
         match size as usize {
             0 => Ok(Xattr::Size(list.len())),
             n if n < list.len() => Err(Error(libc::ERANGE)),
@@ -83,6 +89,7 @@ impl Shared {
         };
         let need = self.mutate_need(ctx, ino);
         self.allow_ino(ctx, "setxattr", ino, need, sp)?;
+        self.privileged(ctx, "setxattr", ino, name)?;
         let (fd, ok) = self.xattr_target(ino)?;
         if !ok {
             return Err(Error(libc::EPERM));
@@ -92,6 +99,26 @@ impl Shared {
         self.noted(note);
         self.acl_changed(ino, name);
         Ok(())
+    }
+
+    /// Refuses (EPERM, audited) a change of an attribute only host privilege may change
+    /// ([`attr::privileged_xattr`]) by a caller without it (`Programs::host_admin`): root
+    /// in a guest's kernel or in a user namespace is not root on the host, where the
+    /// attribute lands.
+    fn privileged(&self, ctx: &Ctx, op: &'static str, ino: u64, name: &[u8]) -> Res<()> {
+        if !attr::privileged_xattr(name) || self.programs.host_admin(ctx.pid) {
+            return Ok(());
+        }
+        if let Ok((paths, kind)) = self.inodes.paths_kind(ino)
+            && let Some(p) = paths.first()
+        {
+            let v = ctx
+                .snap
+                .policy
+                .verdict_for(p, ctx.caller, kind == libc::S_IFDIR);
+            self.audit(ctx, op, p, &v, By::Mode, Some(libc::EPERM));
+        }
+        Err(Error(libc::EPERM))
     }
 
     /// An access ACL set or removed through the mount may have changed the mode (its
@@ -112,6 +139,7 @@ impl Shared {
         }
         let need = self.mutate_need(ctx, ino);
         self.allow_ino(ctx, "removexattr", ino, need, Special::default())?;
+        self.privileged(ctx, "removexattr", ino, name)?;
         let (fd, ok) = self.xattr_target(ino)?;
         if !ok {
             return Err(Error(libc::ENODATA));

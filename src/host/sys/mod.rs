@@ -20,7 +20,7 @@ pub use process::{
     close_leaked_dup, fuse_backing_close, geteuid, limit_malloc_arenas, private_umask,
     raise_nofile_limit, set_umask, trim_heap, write_and_close,
 };
-pub use procs::{open_proc, pidfd_id, pidfd_open, pidfd_pids, proc_link};
+pub use procs::{effective_caps, open_proc, pidfd_id, pidfd_open, pidfd_pids, proc_link};
 pub use xattr::{Xattr, getxattr_fd, listxattr_fd, removexattr_fd, setxattr_fd};
 
 use std::ffi::{CStr, CString, OsStr};

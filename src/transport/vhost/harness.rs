@@ -33,9 +33,17 @@ const USED: u64 = (AVAIL + 4 + 2 * QSIZE as u64 + 2 + 3) & !3;
 /// A session over `dir` (created, with `a.txt` = "hello"), default policy (read-only);
 /// `xattr`: extended attributes served (false: `--no-xattr`).
 pub fn session(dir: &Path, xattr: bool) -> Session {
+    session_with(dir, xattr, None)
+}
+
+/// [`session`] under `policy` (TOML) when given.
+pub fn session_with(dir: &Path, xattr: bool, policy: Option<&str>) -> Session {
     std::fs::create_dir_all(dir).unwrap();
     std::fs::write(dir.join("a.txt"), b"hello").unwrap();
-    let policy = crate::reload::load(&[], None).unwrap();
+    let policy = match policy {
+        Some(t) => crate::policy::Policy::parse(t, "test.toml").unwrap(),
+        None => crate::reload::load(&[], None).unwrap(),
+    };
     let root = crate::host::sys::open_root(dir).unwrap();
     let shared = Arc::new(Shared {
         inodes: crate::host::inode::Inodes::new(root, 64).unwrap(),
@@ -79,17 +87,22 @@ impl Guest {
 
     /// A guest whose workspace is `dir`, extended attributes served or not (`--no-xattr`).
     pub fn with_xattr(dir: &Path, xattr: bool) -> Guest {
+        Guest::with_session(session(dir, xattr))
+    }
+
+    /// A guest whose workspace is `dir`, under `policy` (TOML).
+    pub fn with_policy(dir: &Path, policy: &str) -> Guest {
+        Guest::with_session(session_with(dir, true, Some(policy)))
+    }
+
+    fn with_session(s: Session) -> Guest {
         let mem = GuestMemoryAtomic::new(Mem::from_ranges(&[(GuestAddress(0), MEM)]).unwrap());
         let vring = VringRwLock::new(mem.clone(), QSIZE).unwrap();
         vring.set_queue_size(QSIZE);
         vring.set_queue_info(DESC, AVAIL, USED).unwrap();
         vring.set_queue_ready(true);
         vring.set_enabled(true);
-        Guest {
-            mem,
-            vring,
-            s: session(dir, xattr),
-        }
+        Guest { mem, vring, s }
     }
 
     /// Puts `descs` at the start of the descriptor table, makes head 0 available, serves

@@ -200,18 +200,26 @@ fn forgets_with_lying_counts_do_not_panic() {
 
 /// The workspace root's `user.tag` on the host, if any.
 fn host_tag(dir: &std::path::Path) -> Option<Vec<u8>> {
+    host_attr(dir, "user.tag")
+}
+
+/// Attribute `name` of `dir` on the host, read directly (None: absent).
+fn host_attr(dir: &std::path::Path, name: &str) -> Option<Vec<u8>> {
     let p = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()).unwrap();
+    let n = std::ffi::CString::new(name).unwrap();
     let mut buf = [0u8; 64];
     // SAFETY: NUL-terminated path and name; `buf` is writable for its length.
-    let n = unsafe {
-        libc::lgetxattr(
-            p.as_ptr(),
-            c"user.tag".as_ptr(),
-            buf.as_mut_ptr().cast(),
-            buf.len(),
-        )
-    };
-    (n >= 0).then(|| buf[..n as usize].to_vec())
+    let len =
+        unsafe { libc::lgetxattr(p.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    (len >= 0).then(|| buf[..len as usize].to_vec())
+}
+
+/// A GETXATTR/LISTXATTR/SETXATTR argument block: `size`, 0 (flags/padding), then `rest`.
+fn size_and(size: u32, rest: &[u8]) -> Vec<u8> {
+    let mut a = size.to_ne_bytes().to_vec();
+    a.extend_from_slice(&0u32.to_ne_bytes());
+    a.extend_from_slice(rest);
+    a
 }
 
 /// One request on the root (nodeid 1) with a reply buffer: its out header's error.
@@ -225,12 +233,6 @@ fn root_call(g: &Guest, opcode: u32, args: &[u8]) -> i32 {
 
 #[test]
 fn no_xattr_answers_every_xattr_request_enosys_and_leaves_the_host_alone() {
-    let size_and = |size: u32, rest: &[u8]| {
-        let mut a = size.to_ne_bytes().to_vec();
-        a.extend_from_slice(&0u32.to_ne_bytes());
-        a.extend_from_slice(rest);
-        a
-    };
     let get = size_and(64, b"user.tag\0");
     let list = size_and(4096, b"");
     let set = size_and(3, b"user.tag\0new");
@@ -270,6 +272,72 @@ fn no_xattr_answers_every_xattr_request_enosys_and_leaves_the_host_alone() {
         }
         assert_eq!(host_tag(&dir), Some(b"old".to_vec()), "xattr {xattr}");
     }
+}
+
+/// Root in the guest's kernel is not root on the host: `trusted.*` and `security.*` (but
+/// file capabilities, which `allow_setid` decides) are neither changed nor, for
+/// `trusted.*`, read or listed, under a policy that allows every write; `user.*` is.
+#[test]
+fn a_guest_root_changes_no_trusted_or_security_attribute_on_the_host() {
+    let dir = Guest::dir("privileged-xattr");
+    let policy = "mode = \"danger\"\ndefault = \"write\"\n";
+    let g = Guest(super::harness::Guest::with_policy(&dir, policy));
+    let p = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: NUL-terminated path and name, a 4-byte value.
+    let rc = unsafe {
+        libc::lsetxattr(
+            p.as_ptr(),
+            c"trusted.pre".as_ptr(),
+            b"host".as_ptr().cast(),
+            4,
+            0,
+        )
+    };
+    assert_eq!(rc, 0, "host setxattr: {}", std::io::Error::last_os_error());
+    let set = |name: &str, value: &[u8]| {
+        let mut rest = name.as_bytes().to_vec();
+        rest.push(0);
+        rest.extend_from_slice(value);
+        size_and(value.len() as u32, &rest)
+    };
+    for name in [
+        "trusted.x",
+        "trusted.overlay.opaque",
+        "security.ima",
+        "security.evm",
+        "security.SMACK64",
+    ] {
+        assert_eq!(
+            root_call(&g, op::SETXATTR, &set(name, b"\x04\x01y")),
+            -libc::EPERM,
+            "set {name}"
+        );
+        assert_eq!(host_attr(&dir, name), None, "{name} on the host");
+    }
+    for name in ["trusted.pre", "security.ima"] {
+        let rest = format!("{name}\0");
+        assert_eq!(
+            root_call(&g, op::REMOVEXATTR, rest.as_bytes()),
+            -libc::EPERM,
+            "remove {name}"
+        );
+    }
+    assert_eq!(
+        root_call(&g, op::GETXATTR, &size_and(64, b"trusted.pre\0")),
+        -libc::ENODATA
+    );
+    assert_eq!(root_call(&g, op::LISTXATTR, &size_and(4096, b"")), 0);
+    let (len, _, _) = out(&g, REPLY);
+    let list = g.read(REPLY + OUT_HEADER as u64, len as usize - OUT_HEADER);
+    assert!(
+        !list.windows(8).any(|w| w == b"trusted."),
+        "listed: {list:?}"
+    );
+    assert_eq!(host_attr(&dir, "trusted.pre"), Some(b"host".to_vec()));
+    // What an owner may change reaches the host: the policy allows the writes.
+    assert_eq!(root_call(&g, op::SETXATTR, &set("user.tag", b"new")), 0);
+    assert_eq!(host_tag(&dir), Some(b"new".to_vec()));
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
