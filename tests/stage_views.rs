@@ -228,3 +228,93 @@ fn files_held_in_many_views_keep_at_most_eight_and_the_oldest_are_revoked() {
 fn without_passthrough_a_revoked_file_answers_ebadf_to_read_and_write() {
     many_held("stage-views-many-np", &["--no-passthrough"]);
 }
+
+fn stage_cmd(sock: &Path, op: &str, args: &[&str]) -> Out {
+    let mut v: Vec<std::ffi::OsString> = vec!["stage".into(), op.into()];
+    v.push(sock.into());
+    v.extend(args.iter().map(Into::into));
+    run_fencefs(v, LIMIT)
+}
+
+/// A file opened for writing before checkpoint 1 and written after it: the write lands
+/// in the live layer (`status --since 1` shows it, `rewind 1` drops it), and checkpoint
+/// 1's layer in DIR keeps the bytes it had at the checkpoint, before and after the rewind
+/// and whatever the old descriptor writes afterwards. A file open read-only across it
+/// keeps reading.
+fn held_writer_keeps_the_checkpoint_sealed(name: &str, extra: &[&str]) {
+    use std::os::unix::fs::FileExt;
+    let (m, sock) = mount(name, extra);
+    let dir = sock.parent().unwrap().join("stage");
+    let before = snapshot(&m.host(""));
+    let w = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(m.mnt("a.txt"))
+        .unwrap();
+    w.write_all_at(b"ONE", 0).unwrap();
+    let r = File::open(m.mnt("sub/b.txt")).unwrap();
+    let c = stage_cmd(&sock, "checkpoint", &[]);
+    c.assert_ok("checkpoint");
+    assert_eq!(c.stdout, "checkpoint 1\n");
+    let sealed = dir.join("layers/1/a.txt");
+    let at_checkpoint = fs::read(&sealed).unwrap();
+    assert_eq!(at_checkpoint, b"ONE\ntwo\nthree\n");
+    // Written through the descriptor opened before the checkpoint.
+    w.write_all_at(b"TWO", 4).unwrap();
+    assert_eq!(fs::read(m.mnt("a.txt")).unwrap(), b"ONE\nTWO\nthree\n");
+    let st = stage_cmd(&sock, "status", &["--since", "1"]);
+    st.assert_ok("status --since 1");
+    assert_eq!(st.stdout, "M a.txt\n", "the write after checkpoint 1");
+    assert_eq!(fs::read(&sealed).unwrap(), at_checkpoint, "layer 1 changed");
+    let mut buf = [0u8; 4];
+    r.read_exact_at(&mut buf, 0).unwrap();
+    assert_eq!(
+        &buf, b"bee\n",
+        "a read-only file held across the checkpoint"
+    );
+    stage_cmd(&sock, "rewind", &["1"]).assert_ok("rewind 1");
+    assert_eq!(fs::read(m.mnt("a.txt")).unwrap(), b"ONE\ntwo\nthree\n");
+    assert_eq!(
+        fs::read(&sealed).unwrap(),
+        at_checkpoint,
+        "layer 1 after rewind"
+    );
+    // The old descriptor goes on writing, into nothing staged.
+    w.write_all_at(b"THREE", 8).unwrap();
+    assert_eq!(fs::read(m.mnt("a.txt")).unwrap(), b"ONE\ntwo\nthree\n");
+    assert_eq!(
+        fs::read(&sealed).unwrap(),
+        at_checkpoint,
+        "layer 1 after more writes"
+    );
+    assert_eq!(stage_cmd(&sock, "status", &["--since", "1"]).stdout, "");
+    // Held across a second checkpoint too: still the live layer's, layer 1 and 2 sealed.
+    let w2 = OpenOptions::new().write(true).open(m.mnt("a.txt")).unwrap();
+    stage_cmd(&sock, "checkpoint", &[]).assert_ok("checkpoint 2");
+    stage_cmd(&sock, "checkpoint", &[]).assert_ok("checkpoint 3");
+    w2.write_all_at(b"FOUR", 4).unwrap();
+    assert_eq!(fs::read(m.mnt("a.txt")).unwrap(), b"ONE\nFOURthree\n");
+    assert_eq!(
+        stage_cmd(&sock, "status", &["--since", "3"]).stdout,
+        "M a.txt\n"
+    );
+    // Checkpoint 3's layer holds a.txt as it was then (a copy), untouched by that write.
+    assert_eq!(
+        fs::read(dir.join("layers/3/a.txt")).unwrap(),
+        b"ONE\ntwo\nthree\n"
+    );
+    assert_eq!(fs::read(&sealed).unwrap(), at_checkpoint);
+    drop((w, w2, r));
+    released(&sock);
+    assert_host_unchanged(&before, &m.host(""), "writes held across checkpoints");
+}
+
+#[test]
+fn a_file_written_across_a_checkpoint_leaves_the_sealed_layer_unchanged() {
+    held_writer_keeps_the_checkpoint_sealed("stage-views-sealed", &[]);
+}
+
+#[test]
+fn without_passthrough_a_file_written_across_a_checkpoint_leaves_it_sealed() {
+    held_writer_keeps_the_checkpoint_sealed("stage-views-sealed-np", &["--no-passthrough"]);
+}

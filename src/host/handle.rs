@@ -163,6 +163,20 @@ impl Handles {
     pub fn next_view(&self) -> u64 {
         self.view.fetch_add(1, Ordering::Relaxed)
     }
+    /// The view new handles are opened in now.
+    pub fn view_now(&self) -> u64 {
+        self.view.load(Ordering::Relaxed)
+    }
+    /// The open handles that may write: `(fh, node, view, passthrough)` (a passthrough
+    /// handle holds no descriptor: the kernel writes its backing file on its own).
+    pub fn writers(&self) -> Vec<(u64, u64, u64, bool)> {
+        self.map
+            .read()
+            .iter()
+            .filter(|(_, h)| h.write)
+            .map(|(&fh, h)| (fh, h.ino, h.view, h.file.is_none()))
+            .collect()
+    }
     /// The views (see [`Handle::view`]) that open handles were opened in.
     pub fn views_open(&self) -> std::collections::HashSet<u64> {
         self.map.read().values().map(|h| h.view).collect()

@@ -33,6 +33,7 @@ mod flatten;
 mod intent;
 pub mod layers;
 mod remove;
+pub mod seal;
 pub mod standin;
 mod sys;
 pub mod tree;
