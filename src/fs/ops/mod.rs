@@ -45,6 +45,7 @@ use crate::policy::{Access, By, Caller, Need, Verdict};
 use crate::reload::{PolicyStore, Snapshot};
 
 mod attrs;
+mod copy;
 mod data;
 mod dirs;
 mod grants;
