@@ -14,6 +14,13 @@
 //! must look up again (a new open of one must not reach the old view's file: its writes
 //! would land in the sealed layer).
 //!
+//! With the gate closed, before the change: the files open for writing are recorded (which
+//! inode of DIR each write handle reaches) and the passthrough handles opened in the view
+//! served are pinned to their files there. After it: if the change sealed the upper as a
+//! layer (a checkpoint), those files move to the new upper and the layer keeps a copy
+//! (`stage::seal`: a sealed layer never changes), and the files only revoked passthrough
+//! handles write are cut off the staged tree — both before the new view is mounted.
+//!
 //! Invariants: one swap or reload at a time; an old (*retired*) view is detached from the
 //! tree once no handle opened in it is open (the kernel reopens a passthrough backing file
 //! by its path, which needs the mount attached), checked at every swap; at most
@@ -23,7 +30,7 @@
 //! so.
 
 use std::collections::{HashMap, HashSet};
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::mpsc::Sender;
@@ -181,6 +188,22 @@ impl Restage {
         }
     }
 
+    /// Pins each passthrough handle opened in the view served now to its file there (see
+    /// [`crate::host::handle::Handle::pin`]), while the budget has spare units.
+    fn pin_passthrough(&self) {
+        let s = &self.shared;
+        for h in s.handles.unpinned_in(s.handles.view_now()) {
+            let fd = s.inodes.fd(h.ino).and_then(|n| {
+                crate::host::sys::reopen(s.inodes.proc_fd.as_fd(), n.as_fd(), libc::O_PATH)
+            });
+            if let Ok(fd) = fd
+                && !h.pin_to(&s.handles.fds, fd)
+            {
+                break;
+            }
+        }
+    }
+
     /// Keeps every sealed layer sealed from the files still open for writing: after a
     /// checkpoint sealed layer `sealed`, their inodes move to the new upper (a copy stays
     /// in the layer); the ones only revoked passthrough handles write (`doomed` views)
@@ -272,6 +295,7 @@ impl crate::stage::control::Live for Restage {
             self.shared.kcache.begin_window();
         }
         self.record_writers();
+        self.pin_passthrough();
         let before = layers::live(&self.dir).unwrap_or_default();
         let res = change();
         // Whatever the change did (or left half done: finished by recovery), serve DIR.

@@ -56,6 +56,7 @@ impl Shared {
             slots,
             view: 0,
             kept: OnceLock::new(),
+            pin: OnceLock::new(),
         })
     }
 
@@ -209,6 +210,9 @@ impl Shared {
     pub fn do_fsync(&self, fh: u64, datasync: bool) -> Res<()> {
         let h = self.handle(fh)?;
         let fd = h.sync_fd(&self.handles.fds, || {
+            if let Some(p) = h.pin.get() {
+                return sys::reopen(self.inodes.proc_fd.as_fd(), p.fd.as_fd(), read_or_write(&h));
+            }
             let node = self.inodes.fd(h.ino)?;
             sys::reopen(self.inodes.proc_fd.as_fd(), node.as_fd(), read_or_write(&h))
         })?;

@@ -314,6 +314,10 @@ impl Shared {
         if let Some(f) = &h.file {
             return Ok(HandleFd::Held(f));
         }
+        if let Some(p) = h.pin.get() {
+            let fd = sys::reopen(self.inodes.proc_fd.as_fd(), p.fd.as_fd(), flags)?;
+            return Ok(HandleFd::Temp(fd));
+        }
         let node = self.inodes.fd(h.ino)?;
         Ok(HandleFd::Temp(sys::reopen(
             self.inodes.proc_fd.as_fd(),
