@@ -336,3 +336,59 @@ fn a_file_written_across_a_checkpoint_leaves_the_sealed_layer_unchanged() {
 fn without_passthrough_a_file_written_across_a_checkpoint_leaves_it_sealed() {
     held_writer_keeps_the_checkpoint_sealed("stage-views-sealed-np", &["--no-passthrough"]);
 }
+
+/// A passthrough file written through a handle the view bound revoked (the kernel keeps
+/// writing its backing file on its own): at the revocation its file is cut off the
+/// staged tree — the live layer gets a copy — so what it writes afterwards shows nowhere,
+/// and no sealed layer changes.
+#[test]
+fn a_revoked_passthrough_writer_is_cut_off_the_staged_tree() {
+    use std::os::unix::fs::FileExt;
+    let (m, sock) = mount("stage-views-cut", &[]);
+    let dir = sock.parent().unwrap().join("stage");
+    let before = snapshot(&m.host(""));
+    let x = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(m.mnt("a.txt"))
+        .unwrap();
+    x.write_all_at(b"ONE", 0).unwrap();
+    let mut held = Vec::new();
+    for i in 1..=MAX_RETIRED + 1 {
+        checkpoint(&sock);
+        if i <= MAX_RETIRED {
+            // One more view held (by a file written in it).
+            let f = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(m.mnt(format!("f{i}.txt")))
+                .unwrap();
+            f.write_all_at(format!("{i}\n").as_bytes(), 0).unwrap();
+            held.push(f);
+        }
+    }
+    // The ninth swap revoked a.txt's view: its handle is cut off.
+    assert_eq!(views(&sock), 1 + MAX_RETIRED);
+    let sealed = fs::read(dir.join("layers/1/a.txt")).unwrap();
+    assert_eq!(sealed, b"ONE\ntwo\nthree\n");
+    x.write_all_at(b"TWO", 4).unwrap();
+    assert_eq!(fs::read(m.mnt("a.txt")).unwrap(), b"ONE\ntwo\nthree\n");
+    assert_eq!(fs::read(dir.join("layers/1/a.txt")).unwrap(), sealed);
+    for n in 2..=MAX_RETIRED + 1 {
+        let p = dir.join(format!("layers/{n}/a.txt"));
+        assert!(
+            !p.exists() || fs::read(&p).unwrap() == sealed,
+            "layer {n} changed"
+        );
+    }
+    let st = stage_cmd(&sock, "status", &["--since", "1"]);
+    assert!(!st.stdout.contains("a.txt"), "{}", st.stdout);
+    // The files of the views kept still write into the live layer.
+    held[7].write_all_at(b"eight\n", 0).unwrap();
+    assert_eq!(fs::read(m.mnt("f8.txt")).unwrap(), b"eight\n");
+    drop((x, held));
+    released(&sock);
+    assert_host_unchanged(&before, &m.host(""), "a revoked writer cut off");
+}
