@@ -392,3 +392,30 @@ fn a_revoked_passthrough_writer_is_cut_off_the_staged_tree() {
     released(&sock);
     assert_host_unchanged(&before, &m.host(""), "a revoked writer cut off");
 }
+
+/// The conflict rule after a rewind to a checkpoint that copied a file held open for
+/// writing: the copy is born at the checkpoint, but it stands for the entry staged
+/// before, so a host edit made between the two is still a conflict.
+#[test]
+fn a_host_edit_before_the_checkpoint_of_a_held_file_stays_a_conflict_after_rewind() {
+    use std::os::unix::fs::FileExt;
+    let (m, sock) = mount("stage-views-conflict", &[]);
+    let pause = || std::thread::sleep(std::time::Duration::from_millis(50));
+    let w = OpenOptions::new().write(true).open(m.mnt("a.txt")).unwrap();
+    w.write_all_at(b"ONE", 0).unwrap();
+    pause();
+    // The host edits SOURCE's a.txt after it was staged.
+    fs::write(m.host("a.txt"), b"host edit\n").unwrap();
+    pause();
+    checkpoint(&sock);
+    let st = stage_cmd(&sock, "status", &[]);
+    assert_eq!(st.stdout, "CM a.txt\n", "before the rewind");
+    drop(w);
+    stage_cmd(&sock, "rewind", &["1"]).assert_ok("rewind 1");
+    let st = stage_cmd(&sock, "status", &[]);
+    assert_eq!(
+        st.stdout, "CM a.txt\n",
+        "after the rewind (the sealed copy)"
+    );
+    released(&sock);
+}

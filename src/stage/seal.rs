@@ -25,7 +25,7 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::sys::file;
+use super::sys::{STAGED_AT, file};
 use super::tree::{Layer, Node, depth_ok, join, kind, split};
 use super::{Area, layers};
 use crate::host::sys::{self, Name};
@@ -288,7 +288,8 @@ fn dir_times(made: &[(OwnedFd, libc::stat)]) -> io::Result<()> {
 
 /// A new file `dir/name`: a copy of `src` (stat `st`) — its bytes (holes kept), owner,
 /// mode, every xattr (overlayfs's own included: the copy stands for the same staged entry)
-/// and times — synced. Returns it (open for writing).
+/// and times, marked with when `src` was staged ([`STAGED_AT`]: the conflict rule reads
+/// it) — synced. Returns it (open for writing).
 fn copy_file(
     src: BorrowedFd<'_>,
     st: &libc::stat,
@@ -325,6 +326,9 @@ fn copy_file(
     {
         file::set(dst.as_fd(), k, &file::get(src, k)?)?;
     }
+    // The conflict rule reads when the staged entry was made: the copy's birth is now.
+    let made = super::sys::staged_at_fd(src)?;
+    file::set(dst.as_fd(), STAGED_AT, made.to_string().as_bytes())?;
     file::futimens(
         dst.as_fd(),
         (st.st_atime, st.st_atime_nsec),
