@@ -419,3 +419,41 @@ fn a_host_edit_before_the_checkpoint_of_a_held_file_stays_a_conflict_after_rewin
     );
     released(&sock);
 }
+
+/// A file held open for writing that has two names (a hard link made through the mount),
+/// then is renamed after a checkpoint: each checkpoint finds it under every name it has
+/// then (a walk of the layer) and keeps them all sealed.
+#[test]
+fn a_held_file_with_two_names_then_renamed_stays_out_of_every_sealed_layer() {
+    use std::os::unix::fs::FileExt;
+    let (m, sock) = mount("stage-views-links", &[]);
+    let dir = sock.parent().unwrap().join("stage");
+    let w = OpenOptions::new()
+        .write(true)
+        .open(m.mnt("sub/b.txt"))
+        .unwrap();
+    w.write_all_at(b"BEE", 0).unwrap();
+    fs::hard_link(m.mnt("sub/b.txt"), m.mnt("b2.txt")).unwrap();
+    checkpoint(&sock);
+    let l1 = |p: &str| fs::read(dir.join("layers/1").join(p)).unwrap();
+    w.write_all_at(b"ONE", 0).unwrap();
+    assert_eq!(l1("sub/b.txt"), b"BEE\n");
+    assert_eq!(l1("b2.txt"), b"BEE\n");
+    assert_eq!(fs::read(m.mnt("sub/b.txt")).unwrap(), b"ONE\n");
+    assert_eq!(fs::read(m.mnt("b2.txt")).unwrap(), b"ONE\n");
+    // Renamed in the live view: the next checkpoint finds it under its new name.
+    fs::rename(m.mnt("b2.txt"), m.mnt("sub/deep/moved.txt")).unwrap();
+    checkpoint(&sock);
+    w.write_all_at(b"TWO", 0).unwrap();
+    let l2 = |p: &str| fs::read(dir.join("layers/2").join(p)).unwrap();
+    assert_eq!(l2("sub/deep/moved.txt"), b"ONE\n");
+    assert_eq!(l2("sub/b.txt"), b"ONE\n");
+    assert_eq!(l1("sub/b.txt"), b"BEE\n");
+    assert_eq!(fs::read(m.mnt("sub/deep/moved.txt")).unwrap(), b"TWO\n");
+    let st = stage_cmd(&sock, "status", &["--since", "2"]);
+    assert_eq!(st.stdout, "M sub/b.txt\nM sub/deep/moved.txt\n");
+    stage_cmd(&sock, "rewind", &["2"]).assert_ok("rewind 2");
+    assert_eq!(fs::read(m.mnt("sub/deep/moved.txt")).unwrap(), b"ONE\n");
+    drop(w);
+    released(&sock);
+}

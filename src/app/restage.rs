@@ -228,7 +228,7 @@ impl Restage {
         };
         let keep = pick(&|&(live, _)| live);
         let cut = pick(&|&(live, pt)| !live && pt);
-        if sealed.is_none() && cut.is_empty() {
+        if cut.is_empty() && (sealed.is_none() || keep.is_empty()) {
             return;
         }
         let res = Area::open(&self.dir).and_then(|area| match sealed {

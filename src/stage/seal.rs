@@ -13,11 +13,13 @@
 //! revoked writer off the staged tree ([`cut_off`]).
 //!
 //! Invariants: a layer's entry is replaced by one rename (it names the old inode or the
-//! copy, never nothing); the original is linked into the upper before it loses its name
-//! in the layer; temporary names live in `DIR/scratch` (cleared at the next start); the
-//! copies and the directories touched are synced. Cost: a copy of each file held open
-//! for writing (the changed files of that turn), and a walk of the layer only when a file
-//! is no longer at the path it was last seen at or has several names.
+//! copy, never nothing); the original is never named in a layer and in the upper at once
+//! (it holds a name in `DIR/scratch` while it moves: a crash leaves the layer with the
+//! copy or the original, the upper with the original or nothing); temporary names live in
+//! `DIR/scratch` (cleared at the next start); the copies and the directories touched are
+//! synced. Cost: a copy of each file held open for writing (the changed files of that
+//! turn), and a walk of the layer only when a file is no longer at the path it was last
+//! seen at or has several names.
 
 use std::collections::{HashMap, HashSet};
 use std::io;
@@ -196,31 +198,46 @@ fn detach(
         let src = sys::reopen(tree.proc_fd.as_fd(), orig.fd.as_fd(), libc::O_RDONLY)?;
         let tmp = temp_name()?;
         let copy = copy_file(src.as_fd(), &orig.st, tmp_dir.as_fd(), &tmp)?;
-        if let Some(up) = into {
-            let mut made = Vec::new();
-            for p in &paths {
-                let (pd, leaf) = split(p);
-                let d = dirs(tree, up, pd, &mut made)?;
-                sys::linkat_fd(
-                    up.proc_fd.as_fd(),
-                    orig.fd.as_fd(),
-                    d.as_fd(),
-                    &Name::new(leaf)?,
-                )?;
-                sync_dir(up, d.as_fd())?;
-            }
-            dir_times(&made)?;
-            moved.insert(key, paths[0].clone());
+        let sub = |what: &str| {
+            Name::new(format!("{}.{what}", String::from_utf8_lossy(tmp.bytes())).as_bytes())
+        };
+        // Moving: the original keeps a name in the scratch directory meanwhile, never one
+        // in the layer and one in the upper at once (a crash then would leave the two
+        // sharing an inode: a later write in the upper would change the layer).
+        let held = sub("orig")?;
+        if into.is_some() {
+            sys::linkat_fd(
+                tree.proc_fd.as_fd(),
+                orig.fd.as_fd(),
+                tmp_dir.as_fd(),
+                &held,
+            )?;
         }
         for (i, p) in paths.iter().enumerate() {
             let (pd, leaf) = split(p);
             let Some(d) = tree.dir(pd)? else {
                 continue;
             };
-            let t = Name::new(format!("{}.{i}", String::from_utf8_lossy(tmp.bytes())).as_bytes())?;
+            let t = sub(&i.to_string())?;
             sys::linkat_fd(tree.proc_fd.as_fd(), copy.as_fd(), tmp_dir.as_fd(), &t)?;
             sys::renameat2(tmp_dir.as_fd(), &t, d.fd.as_fd(), &Name::new(leaf)?, 0)?;
             sync_dir(tree, d.fd.as_fd())?;
+        }
+        if let Some(up) = into {
+            let mut made = Vec::new();
+            for (i, p) in paths.iter().enumerate() {
+                let (pd, leaf) = split(p);
+                let d = dirs(tree, up, pd, &mut made)?;
+                let leaf = Name::new(leaf)?;
+                if i + 1 < paths.len() {
+                    sys::linkat_fd(up.proc_fd.as_fd(), orig.fd.as_fd(), d.as_fd(), &leaf)?;
+                } else {
+                    sys::renameat2(tmp_dir.as_fd(), &held, d.as_fd(), &leaf, 0)?;
+                }
+                sync_dir(up, d.as_fd())?;
+            }
+            dir_times(&made)?;
+            moved.insert(key, paths[0].clone());
         }
         sys::unlinkat(tmp_dir.as_fd(), &tmp, 0)?;
     }
