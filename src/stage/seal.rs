@@ -244,9 +244,10 @@ fn detach(
     Ok(moved)
 }
 
-/// The directory `path` of `up`, made where missing with the mode, owner and xattrs (but
-/// overlayfs's own: it merges with the layer's) of `tree`'s directory there; the ones
-/// made are added to `made` (their times are set once the links are in).
+/// The directory `path` of `up`, made where missing with the mode, owner and xattrs of
+/// `tree`'s directory there — of overlayfs's own only its origin: it merges with the
+/// layer's, neither opaque nor redirected —; the ones made are added to `made` (their
+/// times are set once the links are in).
 fn dirs(
     tree: &Layer,
     up: &Layer,
@@ -284,6 +285,11 @@ fn dirs(
         file::fchmod(d.as_fd(), t.st.st_mode & 0o7777)?;
         for (k, v) in tree.xattrs(&t) {
             file::set(d.as_fd(), &k, &v)?;
+        }
+        // The SOURCE directory it merges with, as overlayfs records it (its inode number).
+        let origin = [super::tree::OVL, b"origin".as_slice()].concat();
+        if let Some(o) = tree.xattr(&t, &origin) {
+            file::set(d.as_fd(), &origin, &o)?;
         }
         sync_dir(up, cur.as_fd())?;
         made.push((d, t.st));
