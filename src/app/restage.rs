@@ -14,6 +14,13 @@
 //! must look up again (a new open of one must not reach the old view's file: its writes
 //! would land in the sealed layer).
 //!
+//! With the gate closed, before the change: the files open for writing are recorded (which
+//! inode of DIR each write handle reaches) and the passthrough handles opened in the view
+//! served are pinned to their files there. After it: if the change sealed the upper as a
+//! layer (a checkpoint), those files move to the new upper and the layer keeps a copy
+//! (`stage::seal`: a sealed layer never changes), and the files only revoked passthrough
+//! handles write are cut off the staged tree — both before the new view is mounted.
+//!
 //! Invariants: one swap or reload at a time; an old (*retired*) view is detached from the
 //! tree once no handle opened in it is open (the kernel reopens a passthrough backing file
 //! by its path, which needs the mount attached), checked at every swap; at most
@@ -22,7 +29,8 @@
 //! files open across swaps pins more; a failed rebuild leaves the old view served and says
 //! so.
 
-use std::os::fd::OwnedFd;
+use std::collections::{HashMap, HashSet};
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::mpsc::Sender;
@@ -33,7 +41,8 @@ use serde_json::Value;
 
 use crate::fs::kcache::Inval;
 use crate::fs::ops::Shared;
-use crate::stage::{Area, tree_mount};
+use crate::stage::seal::{self, Writer};
+use crate::stage::{Area, layers, tree_mount};
 
 /// How long a swap waits for the requests in flight.
 const DRAIN: Duration = Duration::from_secs(10);
@@ -41,6 +50,15 @@ const DRAIN: Duration = Duration::from_secs(10);
 /// Retired views kept attached while handles opened in them are open (the oldest one's
 /// handles are revoked past that).
 pub const MAX_RETIRED: usize = 8;
+
+/// A file open for writing when a swap began (`stage::seal`): its inode in DIR, the path
+/// it was last seen at, the view its handle was opened in, and whether the kernel holds
+/// it as a passthrough backing file (then revoking the handle does not stop its writes).
+struct Rec {
+    w: Writer,
+    view: u64,
+    passthrough: bool,
+}
 
 /// A replaced view still attached: its mount tree generation and its number (the
 /// [`crate::host::handle::Handle::view`] of the handles opened in it).
@@ -60,6 +78,9 @@ pub(super) struct Restage {
     /// fails once its mount is detached, so a generation is detached when every handle
     /// opened in it is closed, or revoked (at most [`MAX_RETIRED`] are kept).
     old: Mutex<Vec<Retired>>,
+    /// The files open for writing, by handle, recorded at each swap (for the handles
+    /// opened in the view served then); dropped once closed or no longer staged.
+    writers: Mutex<HashMap<u64, Rec>>,
 }
 
 impl Restage {
@@ -70,13 +91,14 @@ impl Restage {
             dir,
             current: Mutex::new(0),
             old: Mutex::new(Vec::new()),
+            writers: Mutex::new(HashMap::new()),
         }
     }
 
     /// Builds the merged view from DIR as it is now and serves it; returns the names of
     /// the files open now (they stay with the old view: the kernel must look those names
     /// up again).
-    fn rebuild(&self) -> Result<Vec<(u64, Vec<u8>)>, String> {
+    fn rebuild(&self, doomed: &HashSet<u64>) -> Result<Vec<(u64, Vec<u8>)>, String> {
         let area = Area::open(&self.dir)?;
         let source = crate::host::sys::open_root(&area.source)
             .map_err(|e| format!("source '{}': {e}", area.source.display()))?;
@@ -103,11 +125,136 @@ impl Restage {
             }
             in_use
         });
-        while old.len() > MAX_RETIRED {
+        while old.len() > MAX_RETIRED || old.first().is_some_and(|r| doomed.contains(&r.view)) {
             let r = old.remove(0);
             self.revoke(&r);
         }
         Ok(kept)
+    }
+
+    /// The views the coming swap will revoke (the oldest retired views in use past
+    /// [`MAX_RETIRED`], counting the one it retires), decided before the change so that
+    /// their writers are cut off before the new view is mounted.
+    fn doomed(&self) -> HashSet<u64> {
+        let s = &self.shared;
+        let open = s.handles.views_open();
+        let mut held: Vec<u64> = self.old.lock().iter().map(|r| r.view).collect();
+        held.push(s.handles.view_now());
+        held.retain(|v| open.contains(v));
+        let excess = held.len().saturating_sub(MAX_RETIRED);
+        held.into_iter().take(excess).collect()
+    }
+
+    /// Records the files open for writing in the view served now (those of older views
+    /// were recorded by the swaps before), and forgets the closed ones.
+    fn record_writers(&self) {
+        let s = &self.shared;
+        let now = s.handles.view_now();
+        let open = s.handles.writers();
+        let fhs: HashSet<u64> = open.iter().map(|o| o.0).collect();
+        let mut ws = self.writers.lock();
+        ws.retain(|fh, _| fhs.contains(fh));
+        let fresh: Vec<_> = open
+            .into_iter()
+            .filter(|&(fh, _, view, _)| view == now && !ws.contains_key(&fh))
+            .collect();
+        if fresh.is_empty() {
+            return;
+        }
+        let Ok(area) = Area::open(&self.dir) else {
+            return;
+        };
+        for (fh, ino, view, passthrough) in fresh {
+            // Unlinked through the mount (in no layer), or not the view's node.
+            if s.inodes.alias(ino).is_none() || s.inodes.fd(ino).is_err() {
+                continue;
+            }
+            let found = s
+                .inodes
+                .paths(ino)
+                .unwrap_or_default()
+                .into_iter()
+                .find_map(|p| seal::upper_key(&area, &p).map(|key| Writer { key, hint: p }));
+            if let Some(w) = found {
+                ws.insert(
+                    fh,
+                    Rec {
+                        w,
+                        view,
+                        passthrough,
+                    },
+                );
+            }
+        }
+    }
+
+    /// Pins each passthrough handle opened in the view served now to its file there (see
+    /// [`crate::host::handle::Handle::pin`]), while the budget has spare units.
+    fn pin_passthrough(&self) {
+        let s = &self.shared;
+        for h in s.handles.unpinned_in(s.handles.view_now()) {
+            let fd = s.inodes.fd(h.ino).and_then(|n| {
+                crate::host::sys::reopen(s.inodes.proc_fd.as_fd(), n.as_fd(), libc::O_PATH)
+            });
+            if let Ok(fd) = fd
+                && !h.pin_to(&s.handles.fds, fd)
+            {
+                break;
+            }
+        }
+    }
+
+    /// Keeps every sealed layer sealed from the files still open for writing: after a
+    /// checkpoint sealed layer `sealed`, their inodes move to the new upper (a copy stays
+    /// in the layer); the ones only revoked passthrough handles write (`doomed` views)
+    /// leave the staged tree instead. Failures are logged (the checkpoint is made).
+    fn keep_sealed(&self, sealed: Option<u64>, doomed: &HashSet<u64>) {
+        let mut ws = self.writers.lock();
+        let mut by_key: HashMap<seal::Key, (bool, bool)> = HashMap::new();
+        for r in ws.values() {
+            let e = by_key.entry(r.w.key).or_insert((false, false));
+            if doomed.contains(&r.view) {
+                e.1 |= r.passthrough;
+            } else {
+                e.0 = true;
+            }
+        }
+        let pick = |f: &dyn Fn(&(bool, bool)) -> bool| -> Vec<Writer> {
+            let mut seen = HashSet::new();
+            ws.values()
+                .filter(|r| by_key.get(&r.w.key).is_some_and(f) && seen.insert(r.w.key))
+                .map(|r| r.w.clone())
+                .collect()
+        };
+        let keep = pick(&|&(live, _)| live);
+        let cut = pick(&|&(live, pt)| !live && pt);
+        if cut.is_empty() && (sealed.is_none() || keep.is_empty()) {
+            return;
+        }
+        let res = Area::open(&self.dir).and_then(|area| match sealed {
+            Some(n) => seal::unseal(&area, n, &keep, &cut).map(Some),
+            None => seal::cut_off(&area, &cut).map(|()| None),
+        });
+        match res {
+            Ok(Some(moved)) => {
+                // Found and moved: the path in the upper now; not found: in no layer.
+                ws.retain(|_, r| moved.contains_key(&r.w.key));
+                for r in ws.values_mut() {
+                    if let Some(p) = moved.get(&r.w.key) {
+                        r.w.hint = p.clone();
+                    }
+                }
+                if !moved.is_empty() {
+                    log::info!(
+                        "stage: checkpoint {}: {} files open for writing moved to the live layer (the checkpoint keeps a copy)",
+                        sealed.unwrap_or(0),
+                        moved.len()
+                    );
+                }
+            }
+            Ok(None) => ws.retain(|_, r| cut.iter().all(|c| c.key != r.w.key)),
+            Err(e) => log::error!("{e}"),
+        }
     }
 
     /// Revokes retired view `r`: every handle opened in it leaves the table (its next
@@ -147,10 +294,21 @@ impl crate::stage::control::Live for Restage {
         if !same_view {
             self.shared.kcache.begin_window();
         }
+        self.record_writers();
+        self.pin_passthrough();
+        let before = layers::live(&self.dir).unwrap_or_default();
         let res = change();
         // Whatever the change did (or left half done: finished by recovery), serve DIR.
         let recovered = crate::stage::layers::recover(&self.dir);
-        let rebuilt = recovered.and_then(|_| self.rebuild());
+        // A layer sealed now (a checkpoint): the files still open for writing leave it.
+        let sealed = layers::live(&self.dir)
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|n| !before.contains(n))
+            .max();
+        let doomed = self.doomed();
+        self.keep_sealed(sealed, &doomed);
+        let rebuilt = recovered.and_then(|_| self.rebuild(&doomed));
         gate.open();
         if same_view && res.is_ok() && rebuilt.is_ok() {
             // The same contents at every path: what the kernel holds stays true.

@@ -79,6 +79,40 @@ impl Gate {
         true
     }
 
+    /// Whether a swap is waiting for the requests in flight (a long request stops at its
+    /// next step and answers what it has done: see `fs/ops/copy.rs`).
+    pub fn closing(&self) -> bool {
+        self.state.lock().closed
+    }
+
+    /// Runs `f` — one host call on a descriptor the request already holds, which cannot be
+    /// split (fallocate) — as if the request had left the gate, so a swap does not wait for
+    /// it, then enters again (waiting while a swap holds the gate closed). The descriptor
+    /// stays the view's it was opened in whatever swap happens meanwhile. A nested request
+    /// (this thread inside more than once) runs `f` inside.
+    pub fn outside<T>(self: &Arc<Self>, f: impl FnOnce() -> T) -> T {
+        if INSIDE.with(|c| c.get()) != 1 {
+            return f();
+        }
+        {
+            let mut s = self.state.lock();
+            s.inflight -= 1;
+            if s.inflight == 0 {
+                self.cv.notify_all();
+            }
+        }
+        INSIDE.with(|c| c.set(0));
+        let r = f();
+        let mut s = self.state.lock();
+        while s.closed {
+            self.cv.wait(&mut s);
+        }
+        s.inflight += 1;
+        drop(s);
+        INSIDE.with(|c| c.set(1));
+        r
+    }
+
     /// Opens the gate again.
     pub fn open(&self) {
         self.state.lock().closed = false;
@@ -114,6 +148,35 @@ mod tests {
         assert_eq!(n, 0);
         let _again = g.enter();
         assert_eq!(g.inflight(), 1);
+    }
+
+    #[test]
+    fn a_call_outside_does_not_hold_a_close() {
+        let g = Arc::new(Gate::default());
+        let _inside = g.enter();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let g2 = g.clone();
+        let closer = std::thread::spawn(move || {
+            rx.recv().unwrap();
+            let ok = g2.close(Duration::from_secs(5));
+            assert!(g2.closing());
+            std::thread::sleep(Duration::from_millis(50));
+            g2.open();
+            ok
+        });
+        let waited = g.outside(|| {
+            tx.send(()).unwrap();
+            // The closer gets the gate while this call runs.
+            let t = Instant::now();
+            while !g.closing() && t.elapsed() < Duration::from_secs(5) {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Instant::now()
+        });
+        assert!(closer.join().unwrap());
+        assert!(waited.elapsed() < Duration::from_secs(5));
+        assert_eq!(g.inflight(), 1);
+        assert!(!g.closing());
     }
 
     #[test]

@@ -67,6 +67,12 @@ pub struct Handle {
     /// first `fsync` and kept, with a spare unit of the descriptor budget, so that the
     /// next ones (SQLite: one per commit) need no reopen. Empty while the budget is short.
     pub kept: OnceLock<Kept>,
+    /// A passthrough handle held open across a view swap: an `O_PATH` descriptor of its
+    /// file in the view it was opened in, taken by the swap (with a spare unit of the
+    /// descriptor budget). The calls the daemon makes for the handle (fsync,
+    /// copy_file_range, fallocate, lseek) reopen it, not the node, which is re-found in
+    /// the new view or may name another file there.
+    pub pin: OnceLock<Kept>,
 }
 
 /// A descriptor a handle keeps for `fsync`, and the budget unit it is counted in.
@@ -163,6 +169,30 @@ impl Handles {
     pub fn next_view(&self) -> u64 {
         self.view.fetch_add(1, Ordering::Relaxed)
     }
+    /// The view new handles are opened in now.
+    pub fn view_now(&self) -> u64 {
+        self.view.load(Ordering::Relaxed)
+    }
+    /// The open handles that may write: `(fh, node, view, passthrough)` (a passthrough
+    /// handle holds no descriptor: the kernel writes its backing file on its own).
+    pub fn writers(&self) -> Vec<(u64, u64, u64, bool)> {
+        self.map
+            .read()
+            .iter()
+            .filter(|(_, h)| h.write)
+            .map(|(&fh, h)| (fh, h.ino, h.view, h.file.is_none()))
+            .collect()
+    }
+    /// The open passthrough handles (holding no descriptor) opened in `view` and not
+    /// pinned yet (see [`Handle::pin`]).
+    pub fn unpinned_in(&self, view: u64) -> Vec<Arc<Handle>> {
+        self.map
+            .read()
+            .values()
+            .filter(|h| h.view == view && h.file.is_none() && h.pin.get().is_none())
+            .cloned()
+            .collect()
+    }
     /// The views (see [`Handle::view`]) that open handles were opened in.
     pub fn views_open(&self) -> std::collections::HashSet<u64> {
         self.map.read().values().map(|h| h.view).collect()
@@ -235,6 +265,16 @@ impl Handles {
 }
 
 impl Handle {
+    /// Pins the handle to `fd` (see [`Handle::pin`]) if a spare unit of `fds` can be had;
+    /// `false` otherwise (its calls then reopen the node, as before any swap).
+    pub fn pin_to(&self, fds: &Arc<Budget>, fd: OwnedFd) -> bool {
+        let Some(slot) = fds.take_spare(self.slots.entry.uid(), self.slots.entry.root()) else {
+            return false;
+        };
+        let _ = self.pin.set(Kept { fd, _slot: slot });
+        true
+    }
+
     /// The handle's own descriptor, if it holds one.
     pub fn file_fd(&self) -> Option<BorrowedFd<'_>> {
         self.file.as_ref().map(|f| f.as_fd())

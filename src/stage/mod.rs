@@ -36,6 +36,7 @@ pub mod ids;
 mod intent;
 pub mod layers;
 mod remove;
+pub mod seal;
 mod space;
 pub mod standin;
 mod sys;

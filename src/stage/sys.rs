@@ -103,29 +103,74 @@ pub fn try_lock(fd: BorrowedFd<'_>) -> io::Result<bool> {
     }
 }
 
-/// Birth time (ns since the epoch) of `dir/name`, without following a symlink; `None`
-/// when the file system does not record one.
-pub fn btime_ns(dir: BorrowedFd<'_>, name: &Name) -> io::Result<Option<i128>> {
-    let c = CString::new(name.bytes()).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+/// The xattr of a copy a checkpoint sealed in place of a file held open for writing
+/// (`stage/seal.rs`): when the staged entry it copies was made (ns since the epoch, in
+/// decimal), which the copy's own birth time is not. Under overlayfs's prefix, so it is
+/// hidden through the mount and never compared or applied (`tree::OVL`).
+pub const STAGED_AT: &[u8] = b"trusted.overlay.fencefs.staged_at";
+
+fn statx(dir: BorrowedFd<'_>, name: &[u8], flags: i32) -> io::Result<libc::statx> {
+    let c = CString::new(name).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
     let mut st = std::mem::MaybeUninit::<libc::statx>::zeroed();
     // SAFETY: valid fd and NUL-terminated name; st points to a writable statx.
     cvt(unsafe {
         libc::statx(
             dir.as_raw_fd(),
             c.as_ptr(),
-            libc::AT_SYMLINK_NOFOLLOW,
-            libc::STATX_BTIME,
+            flags | libc::AT_SYMLINK_NOFOLLOW,
+            libc::STATX_BTIME | libc::STATX_TYPE | libc::STATX_CTIME,
             st.as_mut_ptr(),
         )
     } as libc::c_long)?;
     // SAFETY: statx succeeded, so it filled the struct (zeroed before).
-    let st = unsafe { st.assume_init() };
-    if st.stx_mask & libc::STATX_BTIME == 0 {
-        return Ok(None);
+    Ok(unsafe { st.assume_init() })
+}
+
+fn btime_of(st: &libc::statx) -> Option<i128> {
+    (st.stx_mask & libc::STATX_BTIME != 0)
+        .then(|| st.stx_btime.tv_sec as i128 * 1_000_000_000 + st.stx_btime.tv_nsec as i128)
+}
+
+/// Birth time (ns since the epoch) of `dir/name`, without following a symlink — for a
+/// regular file carrying [`STAGED_AT`], that time instead; `None` when the file system
+/// does not record one.
+pub fn btime_ns(dir: BorrowedFd<'_>, name: &Name) -> io::Result<Option<i128>> {
+    let st = statx(dir, name.bytes(), 0)?;
+    if st.stx_mode as u32 & libc::S_IFMT == libc::S_IFREG
+        && let Some(t) = staged_mark(dir, name)
+    {
+        return Ok(Some(t));
     }
-    Ok(Some(
-        st.stx_btime.tv_sec as i128 * 1_000_000_000 + st.stx_btime.tv_nsec as i128,
-    ))
+    Ok(btime_of(&st))
+}
+
+/// When the staged file behind `fd` was made: its [`STAGED_AT`] mark, else its birth
+/// time, else its ctime (what a copy of it is marked with).
+pub fn staged_at_fd(fd: BorrowedFd<'_>) -> io::Result<i128> {
+    if let Ok(v) = file::get(fd, STAGED_AT)
+        && let Some(t) = std::str::from_utf8(&v).ok().and_then(|s| s.parse().ok())
+    {
+        return Ok(t);
+    }
+    let st = statx(fd, b"", libc::AT_EMPTY_PATH)?;
+    Ok(btime_of(&st)
+        .unwrap_or(st.stx_ctime.tv_sec as i128 * 1_000_000_000 + st.stx_ctime.tv_nsec as i128))
+}
+
+/// The [`STAGED_AT`] mark of the regular file `dir/name` (one `lgetxattr` through
+/// `/proc/self/fd`, not following `name`).
+fn staged_mark(dir: BorrowedFd<'_>, name: &Name) -> Option<i128> {
+    let mut p = format!("/proc/self/fd/{}/", dir.as_raw_fd()).into_bytes();
+    p.extend_from_slice(name.bytes());
+    let p = CString::new(p).ok()?;
+    let k = CString::new(STAGED_AT).ok()?;
+    let mut buf = [0u8; 48];
+    // SAFETY: NUL-terminated path and name; `buf` points to `len` writable bytes.
+    let n = unsafe { libc::lgetxattr(p.as_ptr(), k.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    if n <= 0 {
+        return None;
+    }
+    std::str::from_utf8(&buf[..n as usize]).ok()?.parse().ok()
 }
 
 /// Birth time (ns since the epoch) of the file behind `fd` (an `O_PATH` handle too);

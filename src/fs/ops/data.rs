@@ -1,5 +1,5 @@
-//! File data: open, read, write, fsync, fallocate, lseek, copy_file_range, release, and
-//! registering an opened file as a handle.
+//! File data: open, read, write, fsync, fallocate, lseek, copy_file_range (in bounded
+//! steps: `copy.rs`), release, and registering an opened file as a handle.
 //!
 //! Invariants: the rights a handle carries are decided once, at open, and kept server-side
 //! (read/write/exec); every I/O checks them, and with `--revoke` re-decides against the
@@ -56,6 +56,7 @@ impl Shared {
             slots,
             view: 0,
             kept: OnceLock::new(),
+            pin: OnceLock::new(),
         })
     }
 
@@ -215,6 +216,9 @@ impl Shared {
     pub fn do_fsync(&self, fh: u64, datasync: bool) -> Res<()> {
         let h = self.handle(fh)?;
         let fd = h.sync_fd(&self.handles.fds, || {
+            if let Some(p) = h.pin.get() {
+                return sys::reopen(self.inodes.proc_fd.as_fd(), p.fd.as_fd(), read_or_write(&h));
+            }
             let node = self.inodes.fd(h.ino)?;
             sys::reopen(self.inodes.proc_fd.as_fd(), node.as_fd(), read_or_write(&h))
         })?;
@@ -241,7 +245,13 @@ impl Shared {
         if self.kills_setid(ctx) {
             self.kill_setid(h.ino, fd.as_fd())?;
         }
-        Ok(sys::fallocate(fd.as_fd(), mode, offset, len)?)
+        // One call that cannot be split (an allocation of a huge range may take long): a
+        // view swap need not wait for it (`fs::gate`).
+        let call = || sys::fallocate(fd.as_fd(), mode, offset, len);
+        Ok(match &self.gate {
+            Some(g) => g.outside(call),
+            None => call(),
+        }?)
     }
 
     /// lseek (SEEK_DATA / SEEK_HOLE).
@@ -278,7 +288,9 @@ impl Shared {
         if self.kills_setid(ctx) {
             self.kill_setid(ho.ino, fo.as_fd())?;
         }
-        let n = sys::copy_file_range(fi.as_fd(), off_in, fo.as_fd(), off_out, len)?;
+        // In bounded steps, stopping short when a view swap waits (`copy.rs`).
+        let stop = || self.gate.as_ref().is_some_and(|g| g.closing());
+        let n = super::copy::bounded(fi.as_fd(), off_in, fo.as_fd(), off_out, len, &stop)?;
         Ok(n as u32)
     }
 }

@@ -42,6 +42,7 @@ impl Shared {
             slots,
             view: 0,
             kept: OnceLock::new(),
+            pin: OnceLock::new(),
         }))
     }
 

@@ -45,6 +45,7 @@ use crate::policy::{Access, By, Caller, Need, Verdict};
 use crate::reload::{PolicyStore, Snapshot};
 
 mod attrs;
+mod copy;
 mod data;
 mod dirs;
 mod grants;
@@ -315,6 +316,10 @@ impl Shared {
     fn io_fd<'a>(&self, h: &'a Handle, flags: i32) -> Res<HandleFd<'a>> {
         if let Some(f) = &h.file {
             return Ok(HandleFd::Held(f));
+        }
+        if let Some(p) = h.pin.get() {
+            let fd = sys::reopen(self.inodes.proc_fd.as_fd(), p.fd.as_fd(), flags)?;
+            return Ok(HandleFd::Temp(fd));
         }
         let node = self.inodes.fd(h.ino)?;
         Ok(HandleFd::Temp(sys::reopen(
