@@ -436,10 +436,13 @@ fn place(l: &Layers, r: &Ready<'_>) -> io::Result<()> {
     let new_dir = kind(&sys::fstatat_nofollow(r.dir.as_fd(), t)?) == libc::S_IFDIR;
     match old {
         Some(o) if (kind(&o.st) == libc::S_IFDIR) != new_dir => {
+            if !super::guard::unchanged(r.c, Some(&o)) {
+                return Err(io::Error::other("conflict (SOURCE changed while applying)"));
+            }
             sys::renameat2(r.dir.as_fd(), t, r.dir.as_fd(), &n, libc::RENAME_EXCHANGE)?;
             remove_tree(&l.lower, r.dir.as_fd(), t)
         }
-        _ => sys::renameat2(r.dir.as_fd(), t, r.dir.as_fd(), &n, 0),
+        o => super::guard::replace(r.c, r.dir.as_fd(), t, &n, o.as_ref()),
     }
 }
 
@@ -469,6 +472,11 @@ fn delete_one(l: &Layers, c: &Change) -> io::Result<()> {
     let dir = lower_dir(l, parent)?;
     let n = name(last)?;
     if let Some(ln) = l.lower.child(&Node::from_fd(&dir)?, last)? {
+        if !super::guard::unchanged(c, Some(&ln)) {
+            return Err(io::Error::other(
+                "conflict (SOURCE changed while applying; --force applies the staged version)",
+            ));
+        }
         if kind(&ln.st) == libc::S_IFDIR {
             let t = tmp_name(last, "delete")?;
             sys::renameat2(dir.as_fd(), &n, dir.as_fd(), &t, libc::RENAME_NOREPLACE)?;

@@ -32,6 +32,7 @@ mod copy;
 pub mod diff;
 mod discard;
 mod flatten;
+mod guard;
 pub mod ids;
 mod intent;
 pub mod layers;

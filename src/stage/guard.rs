@@ -1,0 +1,143 @@
+//! The last look before `apply` replaces or deletes a SOURCE entry: the entry must still
+//! be the one the conflict check saw ([`Change::lower_st`]), so a host edit made while an
+//! apply runs (between `status`'s look and the rename) is refused as a conflict instead of
+//! being overwritten.
+//!
+//! A file is replaced with `RENAME_EXCHANGE` and what came out is checked (inode, mtime,
+//! size: a rename changes ctime, not those); if the host replaced or wrote it meanwhile,
+//! the exchange is undone. What remains is a window of microseconds between the exchange
+//! and an in-place write by a process that already held the old file open. A change
+//! already known to conflict (applied with `--force`) is not checked.
+//!
+//! Invariants: never leaves SOURCE's name missing; the old file, once out, is removed only
+//! when it is the one checked (a crash leaves it at the temporary name the intent log
+//! names, and recovery removes it).
+
+use std::io;
+use std::os::fd::BorrowedFd;
+
+use super::changes::{Change, lower_ident};
+use super::tree::{Node, kind};
+use crate::host::sys::{self, Name};
+
+fn changed() -> io::Error {
+    io::Error::other("conflict (SOURCE changed while applying; --force applies the staged version)")
+}
+
+/// Whether `now` (SOURCE's entry at the path now) is the entry the check saw.
+pub fn unchanged(c: &Change, now: Option<&Node>) -> bool {
+    c.conflict
+        || match (c.lower_st, now) {
+            (None, None) => true,
+            (Some(was), Some(n)) => was == lower_ident(&n.st),
+            _ => false,
+        }
+}
+
+/// Puts `dir/t` at `dir/n` (SOURCE's entry there now: `old`), refusing if that entry is
+/// not the one the check saw.
+pub fn replace(
+    c: &Change,
+    dir: BorrowedFd<'_>,
+    t: &Name,
+    n: &Name,
+    old: Option<&Node>,
+) -> io::Result<()> {
+    if !unchanged(c, old) {
+        return Err(changed());
+    }
+    match old {
+        None if !c.conflict => match sys::renameat2(dir, t, dir, n, libc::RENAME_NOREPLACE) {
+            Err(e) if e.raw_os_error() == Some(libc::EEXIST) => Err(changed()),
+            r => r,
+        },
+        Some(o) if !c.conflict && kind(&o.st) != libc::S_IFDIR => {
+            sys::renameat2(dir, t, dir, n, libc::RENAME_EXCHANGE)?;
+            let out = sys::fstatat_nofollow(dir, t)?;
+            let same = out.st_ino == o.st.st_ino
+                && (out.st_mtime, out.st_mtime_nsec) == (o.st.st_mtime, o.st.st_mtime_nsec)
+                && out.st_size == o.st.st_size;
+            if !same {
+                sys::renameat2(dir, t, dir, n, libc::RENAME_EXCHANGE)?;
+                return Err(changed());
+            }
+            sys::unlinkat(dir, t, 0)
+        }
+        _ => sys::renameat2(dir, t, dir, n, 0),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::stage::changes::Kind;
+    use std::os::fd::AsFd;
+
+    fn node(dir: BorrowedFd<'_>, n: &Name) -> Option<Node> {
+        let fd = sys::open_path(dir, n).ok()?;
+        let st = sys::fstat(fd.as_fd()).ok()?;
+        Some(Node { fd, st })
+    }
+
+    fn change(was: Option<&Node>) -> Change {
+        Change {
+            path: b"a.txt".to_vec(),
+            kind: Kind::Modified,
+            conflict: false,
+            dir: false,
+            entries: None,
+            under_opaque: false,
+            lower_id: None,
+            lower_st: was.map(|n| lower_ident(&n.st)),
+        }
+    }
+
+    #[test]
+    fn a_host_save_between_the_check_and_the_rename_is_refused_and_kept() {
+        let root = std::env::temp_dir().join(format!("fencefs-guard-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        std::fs::create_dir_all(&root).unwrap();
+        std::fs::write(root.join("a.txt"), b"old\n").unwrap();
+        let dir = sys::open_root(&root).unwrap();
+        let (a, t) = (Name::new(b"a.txt").unwrap(), Name::new(b".a.tmp").unwrap());
+        let checked = node(dir.as_fd(), &a);
+        let c = change(checked.as_ref());
+        // The host saves (a new file renamed over) after the check.
+        std::fs::write(root.join("a.swp"), b"host\n").unwrap();
+        std::fs::rename(root.join("a.swp"), root.join("a.txt")).unwrap();
+        std::fs::write(root.join(".a.tmp"), b"staged\n").unwrap();
+        let now = node(dir.as_fd(), &a);
+        let e = replace(&c, dir.as_fd(), &t, &a, now.as_ref()).unwrap_err();
+        assert!(e.to_string().contains("conflict"), "{e}");
+        assert_eq!(std::fs::read(root.join("a.txt")).unwrap(), b"host\n");
+        // Unchanged since the check: replaced, the old file gone.
+        let c = change(now.as_ref());
+        replace(&c, dir.as_fd(), &t, &a, now.as_ref()).unwrap();
+        assert_eq!(std::fs::read(root.join("a.txt")).unwrap(), b"staged\n");
+        assert!(!root.join(".a.tmp").exists());
+        // An in-place write between our look and the exchange: undone, refused.
+        std::fs::write(root.join(".a.tmp"), b"staged 2\n").unwrap();
+        let looked = node(dir.as_fd(), &a);
+        let c = change(looked.as_ref());
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        std::fs::write(root.join("a.txt"), b"host in place, longer\n").unwrap();
+        let e = replace(&c, dir.as_fd(), &t, &a, looked.as_ref()).unwrap_err();
+        assert!(e.to_string().contains("conflict"), "{e}");
+        assert_eq!(
+            std::fs::read(root.join("a.txt")).unwrap(),
+            b"host in place, longer\n"
+        );
+        assert_eq!(std::fs::read(root.join(".a.tmp")).unwrap(), b"staged 2\n");
+        // A path SOURCE did not have, made by the host meanwhile: refused.
+        let (b, bt) = (Name::new(b"b.txt").unwrap(), Name::new(b".b.tmp").unwrap());
+        std::fs::write(root.join(".b.tmp"), b"staged\n").unwrap();
+        let c = Change {
+            kind: Kind::Added,
+            ..change(None)
+        };
+        std::fs::write(root.join("b.txt"), b"host new\n").unwrap();
+        assert!(replace(&c, dir.as_fd(), &bt, &b, None).is_err());
+        assert_eq!(std::fs::read(root.join("b.txt")).unwrap(), b"host new\n");
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+}
