@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# soak.sh [--secs N] [--bin PATH] [--transport T] [--layers] — mixed hostile load against one real mount while a
+# soak.sh [--secs N] [--bin PATH] [--transport T] [--layers] [--stage] — mixed hostile load against one real mount while a
 # well-behaved user builds a C project through it (issue 9's soak).
 #
 # Hostile uid 1000 (each loop its own process, killed by pid at the end):
@@ -25,6 +25,7 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 SECS=600
+STAGE=0
 BIN=
 TRANSPORT=auto
 LAYERS=()
@@ -34,7 +35,8 @@ while (($#)); do
         --bin) BIN=$2; shift 2 ;;
         --transport) TRANSPORT=$2; shift 2 ;;
         --layers) LAYERS=(-p "$PWD/conformance/second-layer.toml"); shift ;;
-        *) echo "usage: soak.sh [--secs N] [--bin PATH] [--transport auto|io-uring|dev-fuse] [--layers]" >&2; exit 2 ;;
+        --stage) STAGE=1; shift ;;
+        *) echo "usage: soak.sh [--secs N] [--bin PATH] [--transport auto|io-uring|dev-fuse] [--layers] [--stage]" >&2; exit 2 ;;
     esac
 done
 if [[ -z $BIN ]]; then
@@ -44,6 +46,16 @@ fi
 BIN=$(realpath "$BIN")
 PY=/usr/bin/python3
 [[ -x $PY ]] || PY=$(command -v python3)
+
+# --stage: the staging soak (scripts/soak-stage.py: an agent, the operator and a host
+# editor at once; a ledger proves no host save or applied version is lost).
+if ((STAGE)); then
+    ROOT=$(realpath -m "target/tmp/soak-$$")
+    mkdir -p "$ROOT"
+    trap 'rm -rf "$ROOT"' EXIT
+    "$PY" scripts/soak-stage.py --bin "$BIN" --root "$ROOT" --secs "$SECS" --transport "$TRANSPORT"
+    exit
+fi
 
 ROOT=$(realpath -m "target/tmp/soak-$$")
 SRC=$ROOT/src MNT=$ROOT/mnt POL=$ROOT/policy.toml AUDIT=$ROOT/audit.jsonl LOG=$ROOT/daemon.log

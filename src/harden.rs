@@ -135,10 +135,11 @@ fn landlock(
             add_rule(&ruleset, root, handled)?;
         }
     }
-    // A staged mount's DIR: only what a private whiteout needs (stage/base.rs: a 0/0
-    // character device made and renamed over overlayfs's shared one in the same directory).
+    // A staged mount's DIR: what the base records need (stage/base.rs): reading the
+    // checkpoint log (which layers are live), and a private whiteout (a 0/0 character
+    // device made and renamed over overlayfs's shared one in the same directory).
     if let Some(dir) = stage {
-        add_rule(&ruleset, dir, FS_MAKE_CHAR | FS_REMOVE_FILE)?;
+        add_rule(&ruleset, dir, FS_READ_FILE | FS_MAKE_CHAR | FS_REMOVE_FILE)?;
     }
     let dev = sys::open_path_abs(Path::new("/dev/fuse"))?;
     let ioctl = if abi >= 5 { FS_IOCTL_DEV } else { 0 };

@@ -267,3 +267,38 @@ fn apply_at_a_checkpoint_carries_what_it_sealed_and_no_later_write() {
     stop(&mut m);
     assert_eq!(stage(&["status"], &dir).stdout, "M a.txt\nA c.txt\n");
 }
+
+#[test]
+fn a_whole_new_version_written_after_a_host_save_is_built_on_what_was_read() {
+    let (mut m, dir, sock) = staged_live("stage-id-read", |src| {
+        put(&src.join("a.txt"), b"v1\n", 0o644);
+        put(&src.join("b.txt"), b"b1\n", 0o644);
+    });
+    let keep = m.host("").parent().unwrap().join("agent-memory");
+    fs::create_dir_all(&keep).unwrap();
+    // The agent reads both files and keeps them in memory (here: a file outside the mount).
+    let read = |n: &str| fs::copy(m.mnt(n), keep.join(n)).unwrap();
+    read("a.txt");
+    read("b.txt");
+    // The person saves a.txt; the agent writes a whole new version of each by rename,
+    // built on what it read, without reading again.
+    editor_save(&m, "a.txt", b"v1\nperson\n");
+    // A checkpoint builds a new merged view: the mount now shows the person's save (the
+    // same inode; stat opens nothing), so only the read tells what the agent's version is
+    // built on.
+    ctl(&sock, &["checkpoint"]).assert_ok("checkpoint");
+    let ino =
+        |p: std::path::PathBuf| std::os::unix::fs::MetadataExt::ino(&fs::metadata(p).unwrap());
+    assert_eq!(ino(m.host("a.txt")), ino(m.mnt("a.txt")), "a fresh view");
+    for n in ["a.txt", "b.txt"] {
+        let mut v = fs::read(keep.join(n)).unwrap();
+        v.extend_from_slice(b"agent\n");
+        fs::write(m.mnt(format!("{n}.new")), &v).unwrap();
+        fs::rename(m.mnt(format!("{n}.new")), m.mnt(n)).unwrap();
+    }
+    stop(&mut m);
+    assert_eq!(stage(&["status"], &dir).stdout, "CM a.txt\nM b.txt\n");
+    stage(&["apply"], &dir).assert_fail("the conflict is refused");
+    assert_eq!(fs::read(m.host("a.txt")).unwrap(), b"v1\nperson\n");
+    assert_eq!(fs::read(m.host("b.txt")).unwrap(), b"b1\nagent\n");
+}

@@ -169,9 +169,8 @@ pub(super) fn notify_loop(n: Notifier, rx: Receiver<Inval>, shared: Arc<Shared>)
             after_swap(&n, &shared, pages, &mut done);
         }
         for job in &mut jobs {
-            if job.everything {
-                continue;
-            }
+            // Named entries go too with `everything`: a staged view's swap names the
+            // negative entries (deleted names) no pass over the known names reaches.
             for e in std::mem::take(&mut job.entries) {
                 entry(&n, &shared, e, &mut done, &mut deferred);
             }

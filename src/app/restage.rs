@@ -274,6 +274,27 @@ impl Restage {
     }
 }
 
+impl Restage {
+    /// `(parent, name)` of each path whose parent directory the kernel knows (a name under
+    /// an unknown directory has no dentry to drop).
+    fn known_parents(&self, paths: &[Vec<u8>]) -> Vec<(u64, Vec<u8>)> {
+        let inodes = &self.shared.inodes;
+        paths
+            .iter()
+            .filter_map(|p| {
+                let (parent, name) = crate::stage::tree::split(p);
+                let mut ino = crate::host::inode::ROOT;
+                if !parent.is_empty() {
+                    for part in parent.split(|&b| b == b'/') {
+                        ino = inodes.child(ino, part)?;
+                    }
+                }
+                Some((ino, name.to_vec()))
+            })
+            .collect()
+    }
+}
+
 impl crate::stage::control::Live for Restage {
     fn swap(
         &self,
@@ -297,6 +318,15 @@ impl crate::stage::control::Live for Restage {
         self.record_writers();
         self.pin_passthrough();
         let before = layers::live(&self.dir).unwrap_or_default();
+        // Names the old view shows absent (the kernel may cache them so): told after.
+        let absent = if same_view {
+            Vec::new()
+        } else {
+            if let Some(b) = &self.shared.bases {
+                b.forget_staged_reads();
+            }
+            crate::stage::absent::names(&self.dir)
+        };
         let res = change();
         // Whatever the change did (or left half done: finished by recovery), serve DIR.
         let recovered = crate::stage::layers::recover(&self.dir);
@@ -325,6 +355,7 @@ impl crate::stage::control::Live for Restage {
             &self.tx,
             Inval {
                 everything: true,
+                entries: self.known_parents(&absent),
                 ..Inval::default()
             },
         );

@@ -22,10 +22,13 @@
 //! tree (`DIR/upper`), never in SOURCE or a sealed layer; a failure to record is logged
 //! and never fails the caller's request (the conflict rule then falls back to times).
 
+use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+
+use parking_lot::Mutex;
 
 use super::tree::{Layer, Node, kind};
 use crate::host::sys::{self, Name, Xattr};
@@ -149,6 +152,9 @@ pub struct Pending {
 /// by checkpoints and applies, so each call opens them anew from DIR).
 pub struct Bases {
     dir: PathBuf,
+    /// The last object each unstaged path was opened for reading as, and when: what a
+    /// writer's bytes may be built on ([`Bases::read`]).
+    reads: Mutex<Reads>,
     /// DIR itself (`O_PATH`), for the daemon's Landlock rule.
     fd: Option<OwnedFd>,
 }
@@ -158,6 +164,7 @@ impl Bases {
     pub fn new(dir: &Path) -> Bases {
         Bases {
             dir: dir.to_path_buf(),
+            reads: Mutex::new(Reads::default()),
             fd: sys::open_root(dir).ok(),
         }
     }
@@ -165,6 +172,43 @@ impl Bases {
     /// DIR's handle (for the workers' Landlock domain).
     pub fn dir_fd(&self) -> Option<BorrowedFd<'_>> {
         self.fd.as_ref().map(|f| f.as_fd())
+    }
+
+    /// An open for reading of the non-directory at `path`, shown as `shown` (inode, birth
+    /// time): a later change of the path is taken as built on this object, as of now —
+    /// the agent may read, think, and write a whole new version by rename while the host
+    /// saves over the file meanwhile (a conflict), or edits it in place (a conflict too:
+    /// the record's time is the read's).
+    pub fn read(&self, path: &[u8], shown: Option<(u64, i128)>) {
+        if let Some((ino, btime)) = shown {
+            self.reads.lock().put(Base::now(ino, btime, path));
+        }
+    }
+
+    /// Before a live change replaces the view (apply, discard, rewind): drops the reads of
+    /// paths staged now. Those were reads of staged objects, not of SOURCE's; after an apply
+    /// SOURCE holds what they showed, after a discard or rewind what SOURCE shows is new to
+    /// nobody's read. The reads of unstaged paths stay: they still show SOURCE's objects.
+    pub fn forget_staged_reads(&self) {
+        let mut r = self.reads.lock();
+        if r.by_path.is_empty() {
+            return;
+        }
+        let Ok(up) = self.upper() else {
+            r.by_path.clear();
+            return;
+        };
+        let layers: Vec<Layer> = super::layers::open_layers(&self.dir)
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|l| Layer::new(l).ok())
+            .collect();
+        let staged = |p: &[u8]| {
+            std::iter::once(&up)
+                .chain(layers.iter())
+                .any(|l| !matches!(l.get(p), Ok(None)))
+        };
+        r.by_path.retain(|p, _| !staged(p));
     }
 
     fn upper(&self) -> io::Result<Layer> {
@@ -213,14 +257,22 @@ impl Bases {
         let Some((ino, btime)) = shown else {
             return Ok(None);
         };
+        // Staged in a sealed layer: that layer's record (what was read of it is staged
+        // work, not SOURCE's).
         for l in super::layers::open_layers(&self.dir)
             .map_err(io::Error::other)?
             .into_iter()
             .rev()
         {
             if let Some(n) = Layer::new(l)?.get(path)? {
+                self.reads.lock().take(path);
                 return Ok(of(&n));
             }
+        }
+        // Read before: the change is built on what was read (another object than the one
+        // shown now when the host replaced it meanwhile: a conflict).
+        if let Some(r) = self.reads.lock().take(path) {
+            return Ok(Some(r));
         }
         Ok(Some(Base::now(ino, btime, path)))
     }
@@ -275,6 +327,35 @@ fn private_whiteout(up: &Layer, p: &Pending) -> io::Result<()> {
         let _ = sys::unlinkat(dir.as_fd(), &tmp, 0);
     }
     done
+}
+
+/// The reads [`Bases::read`] keeps: at most [`MAX_READS`] paths, the oldest dropped
+/// first (a change of a path read longer ago is then taken as built on what it shows).
+#[derive(Default)]
+struct Reads {
+    by_path: HashMap<Vec<u8>, Base>,
+    order: VecDeque<Vec<u8>>,
+}
+
+/// How many paths' reads are kept.
+pub const MAX_READS: usize = 65_536;
+
+impl Reads {
+    fn put(&mut self, b: Base) {
+        if self.by_path.insert(b.path.clone(), b.clone()).is_none() {
+            self.order.push_back(b.path);
+            while self.order.len() > MAX_READS {
+                if let Some(old) = self.order.pop_front() {
+                    self.by_path.remove(&old);
+                }
+            }
+        }
+    }
+
+    fn take(&mut self, path: &[u8]) -> Option<Base> {
+        // Its place in `order` goes when it comes round (a stale key removes nothing).
+        self.by_path.remove(path)
+    }
 }
 
 /// The merged view's entry `dir/name` as [`Bases::before`] takes it: inode and birth

@@ -22,6 +22,7 @@
 //! - One daemon (or one offline apply/discard/checkpoint/rewind) per DIR at a time
 //!   (`DIR/lock`); a running daemon changes DIR only with its requests quiesced.
 
+pub mod absent;
 pub mod apply;
 pub mod area;
 pub mod base;

@@ -94,6 +94,7 @@ impl Shared {
         let note = if intent.write || flags & libc::O_TRUNC != 0 {
             self.note_node(ino)
         } else {
+            self.note_read(ino);
             None
         };
         let file = sys::reopen(

@@ -40,6 +40,19 @@ impl Shared {
         b.before(&path, base::shown_fd(&fd), false)
     }
 
+    /// An open for reading of node `ino`: what a later change of it may be built on.
+    pub(super) fn note_read(&self, ino: u64) {
+        let Some(b) = self.bases.as_ref() else {
+            return;
+        };
+        let (Ok(paths), Ok(fd)) = (self.inodes.paths(ino), self.inodes.fd(ino)) else {
+            return;
+        };
+        if let Some(path) = paths.into_iter().next() {
+            b.read(&path, base::shown_fd(&fd));
+        }
+    }
+
     /// After the change went through: records the note.
     pub(super) fn noted(&self, n: Note) {
         if let (Some(b), Some(p)) = (self.bases.as_ref(), n) {
