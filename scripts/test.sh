@@ -136,6 +136,9 @@ say "hostile soak over /dev/fuse (short run; scripts/soak.sh runs 10 minutes)"
 bash scripts/soak.sh --secs "${FENCEFS_SOAK_SECS:-30}" --bin target/debug/fencefs \
     --transport dev-fuse
 
+say "staging soak: an agent, the operator and a host editor at once (short run; scripts/soak.sh --stage runs 10 minutes)"
+bash scripts/soak.sh --stage --secs "${FENCEFS_SOAK_SECS:-30}" --bin target/debug/fencefs
+
 say "policy fuzzing (stable harness, 25 s)"
 FENCEFS_FUZZ_SECS="${FENCEFS_FUZZ_SECS:-25}" cargo test --quiet --test policy_prop -- \
     --ignored --exact fuzz::fuzz_random_inputs
