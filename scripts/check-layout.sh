@@ -2,11 +2,14 @@
 # Layout rules for src/ (run by scripts/test.sh; exits non-zero on a violation):
 # 1. no file under src/ over MAX_LINES (800) lines: split it by responsibility;
 # 2. no import cycle between modules. Each file is a module (src/a/b.rs is a::b,
-#    src/a/mod.rs is a). A module depends on another when it names it: `use crate::…`,
-#    `use super::…`, `use self::…` (braces included) or a `crate::…` path in code
-#    (comments and strings are skipped). Edges between a module and its own ancestors or
-#    descendants are not counted: a module and its parts are one unit (mod.rs re-exports
-#    and helpers). Any other cycle, e.g. fs::decide -> fs::ops -> fs::decide, fails.
+#    src/a/mod.rs is a). A module depends on another when it names it: in a `use` tree
+#    (`use crate::…`, `use super::{a, b::{c, d}}`, `use self::…`, `pub(super) use …`, groups
+#    and nesting expanded) or in a path in code (`crate::a::f()`, `super::b::T`,
+#    `super::super::c::K`, `self::d::X`). A path inside an inline `mod tests { … }` resolves
+#    from that inline module, as rustc does. Comments, strings and `$crate` are skipped.
+#    Edges between a module and its own ancestors or descendants are not counted: a module
+#    and its parts are one unit (mod.rs re-exports and helpers). Any other cycle, e.g.
+#    fs::decide -> fs::ops -> fs::decide, fails, and every cycle is printed with its edges.
 # Usage: scripts/check-layout.sh [SRC_DIR]
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -89,35 +92,72 @@ def expand(tree):
             out.append(part.split(" as ")[0])
     return out
 
-def resolve(mod, path):
+def inline_mods(code):
+    """[(start, end, names)]: the spans of `mod name { … }` blocks inside a file, innermost
+    last, so a path inside `mod tests { … }` resolves from `file::tests` (`super::` there is
+    the file's own module)."""
+    spans, stack, depth = [], [], 0
+    for m in re.finditer(r"\bmod\s+(\w+)\s*\{|[{}]", code):
+        if m.group(1):
+            depth += 1
+            stack.append((m.group(1), depth, m.start()))
+        elif m.group(0) == "{":
+            depth += 1
+        else:
+            if stack and stack[-1][1] == depth:
+                name, _, start = stack.pop()
+                spans.append((start, m.end(), tuple(s[0] for s in stack) + (name,)))
+            depth -= 1
+    return spans
+
+def scope_at(mod, spans, pos):
+    """The module a path at offset `pos` is written in: the file's module plus inline mods."""
+    best = ()
+    for start, end, names in spans:
+        if start <= pos < end and len(names) > len(best):
+            best = names
+    return mod + best
+
+def resolve(scope, path):
+    """The deepest module (a file) that `path`, written in `scope`, names; None for another
+    crate, std, or a name in scope."""
     segs = [s for s in path.split("::") if s and s != "*"]
-    if not segs:
+    if not segs or segs[0] not in ("crate", "super", "self"):
         return None
     if segs[0] == "crate":
         base, segs = (), segs[1:]
-    elif segs[0] in ("super", "self"):
-        base = mod
+    else:
+        base = scope
         while segs and segs[0] in ("super", "self"):
             base = base[:-1] if segs[0] == "super" else base
             segs = segs[1:]
-    else:
-        return None  # another crate, std, or a name in scope
-    best = base if base in modules else None
-    for k in range(1, len(segs) + 1):
-        if base + tuple(segs[:k]) in modules:
-            best = base + tuple(segs[:k])
-    return best
+    full = base + tuple(s for s in segs if s != "self")
+    for k in range(len(full), -1, -1):
+        if full[:k] in modules:
+            return full[:k]
+    return None
 
+PATH_HEAD = r"(?:crate|super|self)"
 edges = {}
 for p, mod in files.items():
     with open(p, encoding="utf-8") as f:
         code = strip(f.read())
+    spans = inline_mods(code)
     targets = set()
-    for m in re.finditer(r"\buse\s+((?:crate|super|self)\b[^;]*);", code):
-        for path in expand(m.group(1)):
-            targets.add(resolve(mod, path))
-    for m in re.finditer(r"(?<![:\w])crate(?:::\w+)+", code):
-        targets.add(resolve(mod, m.group(0)))
+    # `use` trees, groups and nesting included: `use super::{a, b::{c, d}};`,
+    # `use {crate::x, super::y};`, `pub(super) use self::z::*;`.
+    for m in re.finditer(r"\buse\s+([^;]*);", code):
+        scope = scope_at(mod, spans, m.start())
+        tree = re.sub(r"\s+", "", m.group(1))
+        if tree.startswith("{"):
+            tree = tree[1 : tree.rfind("}")]
+        for path in expand(tree):
+            targets.add(resolve(scope, path))
+    # Inline paths in code: `crate::a::f()`, `super::b::T`, `self::c::K`, `super::super::d`.
+    # `$crate` (a macro's own crate, resolved where the macro is used) is not an edge.
+    for m in re.finditer(r"(?<![:\w$])" + PATH_HEAD + r"(?:\s*::\s*\w+)+", code):
+        scope = scope_at(mod, spans, m.start())
+        targets.add(resolve(scope, re.sub(r"\s+", "", m.group(0))))
     for t in targets:
         if t is None or t == mod:
             continue
@@ -160,6 +200,8 @@ for comp in comps:
     print(f"check-layout: import cycle between {', '.join(map(name, comp))}: {'; '.join(links)}")
     failed = True
 
+if comps:
+    print(f"check-layout: {len(comps)} import cycle(s)")
 if failed:
     sys.exit(1)
 print(f"check-layout: {len(files)} files, none over {MAX_LINES} lines, no import cycle")
