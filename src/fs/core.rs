@@ -16,8 +16,9 @@ use std::sync::{Arc, OnceLock, Weak};
 use fuser::FopenFlags;
 use parking_lot::Mutex;
 
+use super::ctx::{Ctx, Error, Res};
 use super::decide::Line;
-use super::ops::{Ctx, Error, Opened, Res, Shared};
+use super::ops::{Opened, Shared};
 use crate::approvals::{self, Hold, Outcome, Resume};
 use crate::host::sys;
 

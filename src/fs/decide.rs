@@ -14,7 +14,8 @@
 
 use std::sync::atomic::Ordering;
 
-use super::ops::{Ask, Ctx, Error, Res, Shared};
+use super::ctx::{Ask, Ctx, Error, Res};
+use super::ops::Shared;
 use crate::approvals::Outcome;
 use crate::audit::{Event, errno_name};
 use crate::host::roots::Fence;

@@ -6,6 +6,7 @@
 
 pub mod attr;
 mod core;
+pub mod ctx;
 mod decide;
 pub mod gate;
 pub mod handlers;

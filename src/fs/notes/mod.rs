@@ -33,7 +33,7 @@ use std::time::{Duration, SystemTime};
 use fuser::{FileAttr, FileType, INodeNo};
 use parking_lot::Mutex;
 
-use super::ops::{Ctx, Error, Res};
+use super::ctx::{Ctx, Error, Res};
 use crate::approvals::Outcome;
 use crate::audit::{errno_name, timestamp};
 use crate::host::handle::ListEntry;

@@ -6,7 +6,8 @@ use fuser::{Errno, FileType, FopenFlags};
 
 use super::{BASE, FILES, NAME, TTL, owns};
 use crate::fs::core::{Core, Rq};
-use crate::fs::ops::{Ctx, Error, Lookup, Res, Shared};
+use crate::fs::ctx::{Ctx, Error, Res};
+use crate::fs::ops::{Lookup, Shared};
 use crate::fs::reply::{AttrReply, DataReply, DirPlusReply, DirReply, EmptyReply, LseekReply};
 use crate::fs::reply::{OpenReply, XattrReply};
 use crate::host::inode::ROOT;

@@ -1,12 +1,12 @@
 //! The operations: take one policy snapshot, decide, audit, then touch the host through
 //! handles. Each `do_*` returns `Result<T, Error>`; the handlers in `fs/handlers.rs` only reply.
 //!
-//! This file holds what every family of operations shares: the errno type ([`Error`],
-//! [`Res`]), the per-request context ([`Ctx`]: one policy snapshot for the whole request),
-//! the daemon-wide state ([`Shared`], [`Settings`], [`Stats`]), the results handed to the
+//! This file holds what every family of operations shares: the daemon-wide state ([`Shared`], [`Settings`], [`Stats`]), the results handed to the
 //! glue ([`Lookup`], [`Opened`]), and the helpers more than one family calls: `attr` (every
 //! attribute reply is made there, ids mapped), `stat_ino`, `io_fd`, the caller's host ids
 //! and the set-ID clearing a write or truncate owes (`kills_setid` / `kill_setid`).
+//! The request vocabulary (`Ctx`, `Error`, `Res`, `Ask`) lives in `fs/ctx.rs`, which
+//! `fs/notes` uses too; it is re-exported here for the families' `use super::…`.
 //! The operations themselves are `impl Shared` blocks, one file per family:
 //!
 //! - `names`: lookup, forget, readlink, mknod / mkdir / symlink / create, unlink / rmdir,
@@ -24,7 +24,6 @@
 //! every host error keeps its errno (`From<io::Error> for Error`).
 
 use std::cell::{Cell, RefCell};
-use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
@@ -34,15 +33,17 @@ use fuser::{FileAttr, FileType};
 
 use super::attr::to_attr;
 use super::kcache::{Inval, KernelCache};
-use crate::approvals::{Approvals, Outcome};
+use crate::approvals::Approvals;
 use crate::audit::Audit;
 use crate::host::handle::{Handle, HandleFd, Handles, Slots};
 use crate::host::inode::{Inodes, join};
 use crate::host::programs::Programs;
 use crate::host::sys::{self, Name};
 use crate::idmap::IdMap;
-use crate::policy::{Access, By, Caller, Need, Verdict};
-use crate::reload::{PolicyStore, Snapshot};
+use crate::policy::Caller;
+use crate::reload::PolicyStore;
+
+pub use super::ctx::{Ask, Ctx, Error, Res};
 
 mod attrs;
 mod copy;
@@ -55,61 +56,7 @@ mod names;
 mod staged;
 mod xattr;
 
-/// A refusal (decided in `fs/decide.rs`) an approver could lift, for every path of the request that needs it.
-#[derive(Clone, Debug)]
-pub struct Ask {
-    /// The operation.
-    pub op: &'static str,
-    /// `(path, verdict, by)` of each refused path.
-    pub paths: Vec<(Vec<u8>, Verdict, By)>,
-    /// `(is_dir, need)` of each refused path (a reload re-decides with them).
-    pub checks: Vec<(bool, Need)>,
-    /// The level asked for (the highest `ask` needed).
-    pub need: Access,
-}
-
 pub use attrs::SetAttr;
-
-/// An errno for the kernel.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Error(pub i32);
-
-impl From<io::Error> for Error {
-    fn from(e: io::Error) -> Error {
-        match e.raw_os_error() {
-            Some(n) => Error(n),
-            None => {
-                log::warn!("host error without errno: {e}");
-                Error(libc::EIO)
-            }
-        }
-    }
-}
-
-/// Result of an operation.
-pub type Res<T> = Result<T, Error>;
-
-/// Who asks, and the policy snapshot the whole request is decided against.
-pub struct Ctx {
-    /// uid/gid of the caller.
-    pub caller: Caller,
-    /// pid of the caller.
-    pub pid: u32,
-    /// The policy in force when the request arrived.
-    pub snap: Arc<Snapshot>,
-    /// Re-running a held request an approver allowed: refusals an approver could lift are
-    /// lifted (and audited with this outcome).
-    pub approved: Option<Outcome>,
-    /// Set by a refusal an approver could lift: what to ask (the glue holds the request).
-    pub ask: RefCell<Option<Ask>>,
-    /// The glue can hold this request (`Core::serve`); otherwise such a refusal is final.
-    pub may_hold: bool,
-    /// Inside the view-swap gate while the request runs (staged mounts).
-    pub inside: Option<crate::fs::gate::Inside>,
-    /// What the decision being audited needed (the audit line's `need`, which
-    /// `fencefs learn` reads).
-    pub need: Cell<Option<Need>>,
-}
 
 /// Cache lifetimes for one reply.
 #[derive(Clone, Copy)]
