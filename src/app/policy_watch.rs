@@ -12,12 +12,10 @@
 //! file:line:column by the reload).
 
 use std::sync::Arc;
-use std::sync::mpsc::Sender;
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
-use crate::fs::kcache::Inval;
 use crate::fs::ops::Shared;
 
 /// How long the files must be quiet before they are loaded.
@@ -67,17 +65,17 @@ fn due(burst: Burst, last_reload: Option<Instant>) -> Instant {
 }
 
 /// Starts the reload thread; the returned trigger is poked on every relevant host change.
-pub(super) fn start(shared: Arc<Shared>, tx: Sender<Inval>) -> Result<Arc<Trigger>, String> {
+pub(super) fn start(shared: Arc<Shared>) -> Result<Arc<Trigger>, String> {
     let t = Arc::new(Trigger::default());
     let t2 = t.clone();
     std::thread::Builder::new()
         .name("fencefs-policy-watch".into())
-        .spawn(move || run(&t2, &shared, &tx))
+        .spawn(move || run(&t2, &shared))
         .map_err(|e| e.to_string())?;
     Ok(t)
 }
 
-fn run(t: &Trigger, shared: &Shared, tx: &Sender<Inval>) {
+fn run(t: &Trigger, shared: &Shared) {
     let mut last_reload: Option<Instant> = None;
     loop {
         {
@@ -98,7 +96,7 @@ fn run(t: &Trigger, shared: &Shared, tx: &Sender<Inval>) {
         }
         last_reload = Some(Instant::now());
         log::info!("a policy file in SOURCE changed on the host: reloading");
-        let _ = super::threads::reload_now(shared, tx);
+        let _ = super::threads::reload_now(shared);
     }
 }
 

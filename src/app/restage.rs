@@ -33,13 +33,11 @@ use std::collections::{HashMap, HashSet};
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::mpsc::Sender;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use serde_json::Value;
 
-use crate::fs::kcache::Inval;
 use crate::fs::ops::Shared;
 use crate::stage::seal::{self, Writer};
 use crate::stage::{Area, layers, tree_mount};
@@ -69,7 +67,6 @@ struct Retired {
 
 pub(super) struct Restage {
     shared: Arc<Shared>,
-    tx: Sender<Inval>,
     dir: PathBuf,
     /// The mount tree generation served now.
     current: Mutex<u64>,
@@ -84,10 +81,9 @@ pub(super) struct Restage {
 }
 
 impl Restage {
-    pub(super) fn new(shared: Arc<Shared>, tx: Sender<Inval>, dir: PathBuf) -> Restage {
+    pub(super) fn new(shared: Arc<Shared>, dir: PathBuf) -> Restage {
         Restage {
             shared,
-            tx,
             dir,
             current: Mutex::new(0),
             old: Mutex::new(Vec::new()),
@@ -301,7 +297,7 @@ impl crate::stage::control::Live for Restage {
         same_view: bool,
         change: &mut dyn FnMut() -> Result<Value, String>,
     ) -> Result<Value, String> {
-        let _one = super::threads::RELOADING.lock();
+        let mut swap = self.shared.kcache.swap();
         let started = Instant::now();
         let Some(gate) = self.shared.gate.as_ref() else {
             return Err("this mount has no request gate (not staged)".into());
@@ -313,7 +309,7 @@ impl crate::stage::control::Live for Restage {
             ));
         }
         if !same_view {
-            self.shared.kcache.begin_window();
+            swap.open_window();
         }
         self.record_writers();
         self.pin_passthrough();
@@ -348,26 +344,8 @@ impl crate::stage::control::Live for Restage {
             );
             return res;
         }
-        if same_view {
-            self.shared.kcache.begin_window();
-        }
-        let first = super::threads::pass(
-            &self.tx,
-            Inval {
-                everything: true,
-                entries: self.known_parents(&absent),
-                ..Inval::default()
-            },
-        );
-        self.shared.kcache.end_window();
-        let second = super::threads::pass(
-            &self.tx,
-            Inval {
-                after_swap: true,
-                drop_pages: true,
-                ..Inval::default()
-            },
-        );
+        let first = swap.take_back(self.known_parents(&absent));
+        let second = swap.finish(true);
         log::info!(
             "stage: merged view replaced in {:?} (kernel caches: {} names, {} inodes invalidated)",
             started.elapsed(),

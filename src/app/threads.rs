@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::sync::mpsc::{Receiver, Sender, channel};
+use std::sync::mpsc::{Receiver, channel};
 use std::time::{Duration, Instant};
 
 use fuser::SessionUnmounter;
@@ -15,17 +15,10 @@ use serde_json::json;
 use super::{SESSION_DONE, flush_audit};
 use crate::approvals::{self, Redecide};
 use crate::control::server::{self, Hooks};
-use crate::fs::kcache::{Done, Inval};
+use crate::fs::kcache::Inval;
 use crate::fs::ops::Shared;
 use crate::policy::PolicyError;
 use crate::reload::Snapshot;
-
-/// One reload at a time (SIGHUP and `ctl reload` may come together).
-pub(super) static RELOADING: parking_lot::Mutex<()> = parking_lot::Mutex::new(());
-
-/// How long a reload waits for one pass of the notify thread before it goes on (the pass
-/// waits only for requests in flight, so this is a safety net, never the normal case).
-const PASS_LIMIT: Duration = Duration::from_secs(10);
 
 /// Reloads the policy (SIGHUP, `ctl reload`) as one instant for every caller:
 /// 1. the new file is read and compiled (on error nothing changes and each error is logged);
@@ -38,11 +31,8 @@ const PASS_LIMIT: Duration = Duration::from_secs(10);
 /// 5. listings again and, with `--revoke`, cached file pages are dropped.
 ///
 /// It returns (and logs `policy reloaded`) only when all of that is done.
-pub(super) fn reload_now(
-    shared: &Shared,
-    tx: &Sender<Inval>,
-) -> Result<Arc<Snapshot>, Vec<PolicyError>> {
-    let _one = RELOADING.lock();
+pub(super) fn reload_now(shared: &Shared) -> Result<Arc<Snapshot>, Vec<PolicyError>> {
+    let mut swap = shared.kcache.swap();
     let started = Instant::now();
     let next = match shared.policy.prepare() {
         Ok(p) => p,
@@ -59,27 +49,17 @@ pub(super) fn reload_now(
     // A linked worktree made, changed or gone since: its roots are swapped with the
     // policy, inside the window (the kernel's names for `.git` and `.fencefs-git` go too).
     let roots = super::roots::redetect();
-    shared.kcache.begin_window();
-    let first = pass(
-        tx,
-        Inval {
-            everything: true,
-            ..Inval::default()
-        },
-    );
+    let first = swap.take_back(Vec::new());
     if let Some(r) = &roots {
         // The names at the top of the mount the roots change (`.git`, `.fencefs-git`): the
         // kernel may hold them as negative entries (absent on the host), which the pass
         // over every known name does not reach.
         let names = super::roots::top_names(&shared.inodes.roots(), r);
         let entries = names.into_iter().map(|n| (crate::host::inode::ROOT, n));
-        pass(
-            tx,
-            Inval {
-                entries: entries.collect(),
-                ..Inval::default()
-            },
-        );
+        swap.pass(Inval {
+            entries: entries.collect(),
+            ..Inval::default()
+        });
     }
     if let Some(r) = roots {
         if r.iter().next().is_some() {
@@ -88,17 +68,10 @@ pub(super) fn reload_now(
         shared.inodes.set_roots(r);
     }
     let snap = shared.policy.install(next);
-    shared.kcache.end_window();
+    swap.close_window();
     reload_answers(shared);
     redecide(shared, &snap);
-    let second = pass(
-        tx,
-        Inval {
-            after_swap: true,
-            drop_pages: shared.settings.revoke,
-            ..Inval::default()
-        },
-    );
+    let second = swap.finish(shared.settings.revoke);
     let deferred = if first.deferred > 0 {
         format!(
             ", {} names in directories held for an approver deferred",
@@ -117,24 +90,6 @@ pub(super) fn reload_now(
         started.elapsed()
     );
     Ok(snap)
-}
-
-/// Hands one job to the notify thread and waits until it is done (at most [`PASS_LIMIT`]).
-pub(super) fn pass(tx: &Sender<Inval>, mut job: Inval) -> Done {
-    let (done_tx, done_rx) = channel();
-    job.done = Some(done_tx);
-    if tx.send(job).is_err() {
-        return Done::default();
-    }
-    match done_rx.recv_timeout(PASS_LIMIT) {
-        Ok(d) => d,
-        Err(_) => {
-            log::warn!(
-                "reload: the kernel cache invalidation did not finish within {PASS_LIMIT:?}; going on"
-            );
-            Done::default()
-        }
-    }
 }
 
 /// Re-reads `--answers FILE` with the policy; an invalid FILE is logged like an invalid
@@ -220,7 +175,6 @@ pub(super) fn start_control(
     control: Option<Control>,
     a: &crate::cli::MountArgs,
     shared: &Arc<Shared>,
-    tx: &Sender<Inval>,
     started: Instant,
     learn: Option<Arc<super::learn_out::LearnOut>>,
 ) -> Result<Option<(PathBuf, ResumeQueue)>, String> {
@@ -253,7 +207,7 @@ pub(super) fn start_control(
             waker.wake();
         }),
     );
-    let mut hooks = hooks(shared, tx, started);
+    let mut hooks = hooks(shared, started);
     hooks.learn = learn.map(|out| {
         let shared = shared.clone();
         Arc::new(move || {
@@ -271,11 +225,8 @@ pub(super) fn start_control(
         }) as crate::control::server::LearnHandler
     });
     let live = a.stage.as_ref().map(|d| {
-        Arc::new(super::restage::Restage::new(
-            shared.clone(),
-            tx.clone(),
-            d.clone(),
-        )) as Arc<dyn crate::stage::control::Live>
+        Arc::new(super::restage::Restage::new(shared.clone(), d.clone()))
+            as Arc<dyn crate::stage::control::Live>
     });
     crate::stage::control::hook(&mut hooks, a.stage.as_deref(), live);
     let access = server::Access {
@@ -330,11 +281,10 @@ fn resolve_group(g: &str) -> Result<u32, String> {
     }
 }
 
-fn hooks(shared: &Arc<Shared>, tx: &Sender<Inval>, started: Instant) -> Hooks {
+fn hooks(shared: &Arc<Shared>, started: Instant) -> Hooks {
     let s1 = shared.clone();
     let s2 = shared.clone();
     let s3 = shared.clone();
-    let tx = tx.clone();
     Hooks {
         status: Box::new(move || {
             let snap = s1.policy.get();
@@ -363,7 +313,7 @@ fn hooks(shared: &Arc<Shared>, tx: &Sender<Inval>, started: Instant) -> Hooks {
             }
             v
         }),
-        reload: Arc::new(move || match reload_now(&s2, &tx) {
+        reload: Arc::new(move || match reload_now(&s2) {
             Ok(snap) => Ok(json!({
                 "generation": snap.generation,
                 "rules": snap.policy.rules().len(),
@@ -395,7 +345,6 @@ pub(super) fn remove_control(path: Option<&Path>) {
 pub(super) fn signal_loop(
     sigs: SigSet,
     shared: Arc<Shared>,
-    tx: Sender<Inval>,
     mut unmounter: SessionUnmounter,
     mnt: PathBuf,
 ) {
@@ -412,7 +361,7 @@ pub(super) fn signal_loop(
                 if let Some(a) = &shared.audit {
                     a.reopen();
                 }
-                let _ = reload_now(&shared, &tx);
+                let _ = reload_now(&shared);
             }
             _ => {
                 log::info!("{sig:?}: unmounting {}", mnt.display());

@@ -17,7 +17,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::sync::mpsc::{Sender, channel};
+use std::sync::mpsc::channel;
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{SigSet, Signal};
@@ -30,7 +30,6 @@ use super::mount::{
 use super::threads;
 use crate::cli::VhostArgs;
 use crate::fs::FenceFs;
-use crate::fs::kcache::Inval;
 use crate::fs::ops::Shared;
 use crate::host::sys;
 use crate::transport::vhost::{self, Stop};
@@ -53,16 +52,12 @@ pub(super) fn vhost_user(v: VhostArgs) -> Result<(), String> {
     let control = threads::bind_control(&a)?;
     let mut listener = vhost::listen(&socket)
         .map_err(|e| format!("vhost-user socket '{}': {e}", socket.display()))?;
-    let (tx, rx) = channel::<Inval>();
-    // Reloads ask for kernel cache invalidations; a guest cannot get them (its caches
-    // expire within the TTL).
-    std::thread::Builder::new()
-        .name("fencefs-inval".into())
-        .spawn(move || while rx.recv().is_ok() {})
-        .map_err(|e| e.to_string())?;
+    // Reloads would ask for kernel cache invalidations; a guest cannot get them (its
+    // caches expire within the TTL), so no notify thread is connected (`fs::kcache`: a
+    // swap's passes then have nothing to wait for).
     let learn_out = state.learn_out.clone();
     let (control_path, resume) =
-        threads::start_control(control, &a, &shared, &tx, Instant::now(), learn_out)?
+        threads::start_control(control, &a, &shared, Instant::now(), learn_out)?
             .map_or((None, None), |(p, q)| (Some(p), Some(q)));
     let stop = Stop::default();
     let files = Files {
@@ -73,7 +68,7 @@ pub(super) fn vhost_user(v: VhostArgs) -> Result<(), String> {
         let (shared, stop, files) = (shared.clone(), stop.clone(), files.clone());
         std::thread::Builder::new()
             .name("fencefs-signals".into())
-            .spawn(move || signal_loop(sigs, shared, tx, stop, files))
+            .spawn(move || signal_loop(sigs, shared, stop, files))
             .map_err(|e| e.to_string())?;
     }
     // Removing the sockets needs the host outside SOURCE: a thread started unconfined.
@@ -159,7 +154,7 @@ impl Files {
 /// SIGHUP: reopen the audit file and reload. SIGTERM/SIGINT: refuse held requests, end
 /// the connection; exit at once when none is being served, or after 2 s if it does not
 /// end by then.
-fn signal_loop(sigs: SigSet, shared: Arc<Shared>, tx: Sender<Inval>, stop: Stop, files: Files) {
+fn signal_loop(sigs: SigSet, shared: Arc<Shared>, stop: Stop, files: Files) {
     loop {
         let sig = match sigs.wait() {
             Ok(s) => s,
@@ -172,7 +167,7 @@ fn signal_loop(sigs: SigSet, shared: Arc<Shared>, tx: Sender<Inval>, stop: Stop,
             if let Some(a) = &shared.audit {
                 a.reopen();
             }
-            let _ = threads::reload_now(&shared, &tx);
+            let _ = threads::reload_now(&shared);
             continue;
         }
         log::info!("{sig:?}: ending the vhost-user device");

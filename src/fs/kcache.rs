@@ -4,13 +4,17 @@
 //! waits for the directory lock, which the kernel holds while the worker's own request is
 //! in flight): they queue an [`Inval`] for the notify thread.
 //!
-//! A reload is one instant for every caller (`app/threads.rs` `reload_now`): while the notify thread
-//! takes back what the kernel holds, the **no-cache window** is open and nothing the daemon
-//! answers may be cached ([`KernelCache::caching`] is false, hidden negative entries are not
-//! handed out); the new policy goes in force only once that is done. Invariant: a reply is
+//! A reload (`app/threads.rs` `reload_now`) and a staged mount's live change
+//! (`app/restage.rs`) are each one instant for every caller, and both go through one
+//! [`Swap`] ([`KernelCache::swap`]): one at a time; while the notify thread takes back
+//! what the kernel holds, the **no-cache window** is open and nothing the daemon answers
+//! may be cached ([`KernelCache::caching`] is false, hidden negative entries are not handed
+//! out); what the daemon answers from is replaced inside the window; once it closes, a
+//! second pass takes back listings (and, if asked, cached pages). Invariant: a reply is
 //! cacheable only if the name or node it is about was registered (inode table, hidden set)
 //! *before* the caching check — so either the window's snapshot saw it and takes it back,
-//! or the check saw the window and the reply is not cacheable.
+//! or the check saw the window and the reply is not cacheable. A `Swap` dropped with its
+//! window open closes it.
 //!
 //! A directory change held for an approver keeps its parent locked in the kernel, and an
 //! entry invalidation in that directory would wait for the lock: such directories are
@@ -27,9 +31,11 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::Sender;
+use std::sync::mpsc::channel;
 use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
-use parking_lot::Mutex;
+use parking_lot::{Mutex, MutexGuard};
 
 /// Names and inodes whose kernel cache entries must go.
 #[derive(Default)]
@@ -82,6 +88,73 @@ pub struct KernelCache {
     /// The no-cache window of a reload is open.
     window: AtomicBool,
     busy: Busy,
+    /// One swap at a time (SIGHUP, `ctl reload` and a live restage may come together).
+    swapping: Mutex<()>,
+}
+
+/// How long a swap waits for one pass of the notify thread before it goes on (the pass
+/// waits only for requests in flight, so this is a safety net, never the normal case).
+const PASS_LIMIT: Duration = Duration::from_secs(10);
+
+/// One swap of what the daemon answers from (a policy reload, a staged mount's new view),
+/// from [`KernelCache::swap`]: holds the one-at-a-time lock, and owns the no-cache window
+/// and the invalidation passes. The caller decides where in the window its change goes.
+pub struct Swap<'a> {
+    cache: &'a KernelCache,
+    _one: MutexGuard<'a, ()>,
+    window: bool,
+}
+
+impl Swap<'_> {
+    /// Opens the no-cache window (if not open yet).
+    pub fn open_window(&mut self) {
+        if !self.window {
+            self.cache.begin_window();
+            self.window = true;
+        }
+    }
+
+    /// The first pass: opens the window if needed, then the notify thread takes back every
+    /// name and inode the kernel holds, and `entries` (names it may hold as negative
+    /// entries, which the pass over every known name does not reach).
+    pub fn take_back(&mut self, entries: Vec<(u64, Vec<u8>)>) -> Done {
+        self.open_window();
+        self.pass(Inval {
+            everything: true,
+            entries,
+            ..Inval::default()
+        })
+    }
+
+    /// Hands one more job to the notify thread inside the swap and waits for it.
+    pub fn pass(&self, job: Inval) -> Done {
+        self.cache.pass(job)
+    }
+
+    /// Closes the window (the new answers are in force) and runs the second pass:
+    /// directory listings again and, with `drop_pages`, cached file pages.
+    pub fn finish(mut self, drop_pages: bool) -> Done {
+        self.close_window();
+        self.cache.pass(Inval {
+            after_swap: true,
+            drop_pages,
+            ..Inval::default()
+        })
+    }
+
+    /// Closes the window (if open): from here every answer may be cached again.
+    pub fn close_window(&mut self) {
+        if self.window {
+            self.cache.end_window();
+            self.window = false;
+        }
+    }
+}
+
+impl Drop for Swap<'_> {
+    fn drop(&mut self) {
+        self.close_window();
+    }
 }
 
 /// Marks directories busy while a request that locks them in the kernel is held; dropped
@@ -117,15 +190,43 @@ impl KernelCache {
         self.tx.get().is_some_and(|tx| tx.send(inval).is_ok())
     }
 
+    /// Starts a swap; waits for the one under way, if any.
+    pub fn swap(&self) -> Swap<'_> {
+        Swap {
+            cache: self,
+            _one: self.swapping.lock(),
+            window: false,
+        }
+    }
+
+    /// Hands one job to the notify thread and waits until it is done (at most
+    /// [`PASS_LIMIT`]); nothing to wait for when nobody listens.
+    fn pass(&self, mut job: Inval) -> Done {
+        let (done_tx, done_rx) = channel();
+        job.done = Some(done_tx);
+        if !self.send(job) {
+            return Done::default();
+        }
+        match done_rx.recv_timeout(PASS_LIMIT) {
+            Ok(d) => d,
+            Err(_) => {
+                log::warn!(
+                    "reload: the kernel cache invalidation did not finish within {PASS_LIMIT:?}; going on"
+                );
+                Done::default()
+            }
+        }
+    }
+
     /// Opens a reload's no-cache window (under the hidden set's lock, so a hidden negative
     /// entry is either recorded before the reload takes the set, or not cached).
-    pub fn begin_window(&self) {
+    fn begin_window(&self) {
         let _h = self.hidden.lock();
         self.window.store(true, Ordering::SeqCst);
     }
 
     /// Closes the window: the new policy is in force.
-    pub fn end_window(&self) {
+    fn end_window(&self) {
         self.window.store(false, Ordering::SeqCst);
     }
 

@@ -65,7 +65,6 @@ pub(super) fn start_threads(
         m.control.take(),
         a,
         shared,
-        &tx,
         Instant::now(),
         state.learn_out.clone(),
     )?
@@ -74,7 +73,7 @@ pub(super) fn start_threads(
     let mnt2 = state.mnt.clone();
     std::thread::Builder::new()
         .name("fencefs-signals".into())
-        .spawn(move || signal_loop(sigs, s2, tx, unmounter, mnt2))
+        .spawn(move || signal_loop(sigs, s2, unmounter, mnt2))
         .map_err(|e| e.to_string())?;
     Ok((control, resume))
 }
@@ -136,7 +135,7 @@ fn start_watch(
     let tx = tx.clone();
     let s = shared.clone();
     let s2 = shared.clone();
-    let reload = super::super::policy_watch::start(shared.clone(), tx.clone())?;
+    let reload = super::super::policy_watch::start(shared.clone())?;
     std::thread::Builder::new()
         .name("fencefs-watch".into())
         .spawn(move || {
