@@ -34,12 +34,11 @@ use super::cli::status_line;
 use super::copy::Links;
 use super::diff::quote;
 use super::intent;
+use super::remove::{drop_staged, remove_tree, sync_dir, unstage_path};
 use super::standin;
 use super::sys::file;
 use super::tree::{Layer, Node, depth_of, depth_ok, kind, split};
 use crate::host::sys::{self, Name, SetTime};
-
-pub(super) use super::remove::{drop_staged, remove_tree, sync_dir, unstage_path};
 
 /// Paths written (or deleted) between two `syncfs` of SOURCE: bounds the directory
 /// handles held and the temporary entries in flight.
@@ -246,7 +245,7 @@ fn rename_one(l: &Layers, c: &Change, from: &[u8]) -> io::Result<()> {
     if let Some(u) = l.upper.get(&c.path)? {
         let _ = sys::removexattr_fd(u.fd.as_fd(), b"trusted.overlay.redirect");
     }
-    unstage_path(l, from)
+    unstage_path(&l.upper, from)
 }
 
 /// A change of a batch, its SOURCE side done or prepared.
@@ -361,7 +360,7 @@ fn finish<'a>(l: &Layers, done: impl Iterator<Item = &'a Change>, out: &mut Line
         match if c.under_opaque || (c.kind == Kind::Metadata && c.dir) {
             Ok(())
         } else {
-            drop_staged(l, &c.path)
+            drop_staged(&l.upper, &c.path)
         } {
             Ok(()) => dropped.push(c),
             Err(e) => out.refused(&status_line(c), format!("unstaging: {e}")),

@@ -7,10 +7,11 @@
 
 use std::os::fd::AsFd;
 
-use super::apply::{Report, remove_tree, sync_dir, unstage_path};
+use super::apply::Report;
 use super::changes::{Change, Kind, Layers};
 use super::cli::status_line;
 use super::diff::quote;
+use super::remove::{remove_tree, sync_dir, unstage_path};
 use crate::host::sys::Name;
 
 fn einval() -> std::io::Error {
@@ -47,7 +48,7 @@ pub fn discard(l: &Layers, list: &[Change], paths: &[Vec<u8>]) -> Report {
             && l.upper.is_opaque(&n)
             && !list.iter().any(|c| c.path == *p && c.under_opaque)
         {
-            match unstage_path(l, p) {
+            match unstage_path(&l.upper, p) {
                 Ok(()) => r.lines.push(format!("discarded {}/", quote(p))),
                 Err(e) => {
                     r.lines.push(format!("refused {}/: {e}", quote(p)));
@@ -61,7 +62,7 @@ pub fn discard(l: &Layers, list: &[Change], paths: &[Vec<u8>]) -> Report {
             // Part of a new, renamed or retyped directory: drop that part only.
             match list.iter().find(|c| c.touches(p)) {
                 Some(c) if !c.under_opaque && matches!(l.upper.get(p), Ok(Some(_))) => {
-                    match unstage_path(l, p) {
+                    match unstage_path(&l.upper, p) {
                         Ok(()) => r.lines.push(format!("discarded {}", quote(p))),
                         Err(e) => {
                             r.lines.push(format!("refused {}: {e}", quote(p)));
@@ -88,9 +89,9 @@ pub fn discard(l: &Layers, list: &[Change], paths: &[Vec<u8>]) -> Report {
             }
             let res = match &c.kind {
                 Kind::Renamed { from } => {
-                    unstage_path(l, &c.path).and_then(|_| unstage_path(l, from))
+                    unstage_path(&l.upper, &c.path).and_then(|_| unstage_path(&l.upper, from))
                 }
-                _ => unstage_path(l, &c.path),
+                _ => unstage_path(&l.upper, &c.path),
             };
             match res {
                 Ok(()) => r.lines.push(format!("discarded {line}")),

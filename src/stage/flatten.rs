@@ -118,7 +118,7 @@ fn merge_layer(h: &Layer, f: &Layer, stash: &Layer) -> io::Result<()> {
         .get(b"")?
         .ok_or_else(|| io::Error::from_raw_os_error(libc::ENOENT))?;
     for n in stash.list(&sroot)? {
-        super::apply::remove_tree(stash, sroot.fd.as_fd(), &Name::new(&n)?)?;
+        super::remove::remove_tree(stash, sroot.fd.as_fd(), &Name::new(&n)?)?;
     }
     Ok(())
 }
@@ -202,7 +202,7 @@ fn resolve(f: &Layer, target: &[u8]) -> io::Result<(bool, Option<Vec<u8>>)> {
 
 fn remove_entry(f: &Layer, d: &Node, name: &Name) -> io::Result<()> {
     match sys::fstatat_nofollow(d.fd.as_fd(), name) {
-        Ok(_) => super::apply::remove_tree(f, d.fd.as_fd(), name),
+        Ok(_) => super::remove::remove_tree(f, d.fd.as_fd(), name),
         Err(e) if missing(&e) => Ok(()),
         Err(e) => Err(e),
     }

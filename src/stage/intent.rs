@@ -23,6 +23,7 @@ use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 
 use super::changes::Layers;
+use super::remove::sync_path;
 use super::tree::split;
 use crate::host::sys::{self, Name};
 
@@ -34,10 +35,6 @@ fn path(dir: &Path) -> PathBuf {
 
 fn err(p: &Path, e: impl std::fmt::Display) -> String {
     format!("stage '{}': {e}", p.display())
-}
-
-fn sync_dir(p: &Path) -> io::Result<()> {
-    fs::File::open(p)?.sync_all()
 }
 
 /// The temporary name beside `n` of the apply with process id `pid` (`what`: `apply` or
@@ -72,7 +69,7 @@ pub fn write(dir: &Path, paths: &[&[u8]]) -> Result<(), String> {
         }
         crate::private_file::write_synced(&tmp, &buf, crate::private_file::FILE_MODE, None)?;
         fs::rename(&tmp, &p)?;
-        sync_dir(dir)
+        sync_path(dir)
     })();
     res.map_err(|e| err(&p, e))
 }
@@ -81,7 +78,7 @@ pub fn write(dir: &Path, paths: &[&[u8]]) -> Result<(), String> {
 pub fn clear(dir: &Path) -> Result<(), String> {
     let p = path(dir);
     match fs::remove_file(&p) {
-        Ok(()) => sync_dir(dir).map_err(|e| err(dir, e)),
+        Ok(()) => sync_path(dir).map_err(|e| err(dir, e)),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
         Err(e) => Err(err(&p, e)),
     }
@@ -117,7 +114,7 @@ pub fn recover(dir: &Path, l: &Layers) -> Result<Option<String>, String> {
             let t = tmp_name(last, what, pid).map_err(|e| err(&p, e))?;
             match sys::fstatat_nofollow(d.fd.as_fd(), &t) {
                 Ok(_) => {
-                    super::apply::remove_tree(&l.lower, d.fd.as_fd(), &t)
+                    super::remove::remove_tree(&l.lower, d.fd.as_fd(), &t)
                         .map_err(|e| err(&p, format!("removing a temporary entry: {e}")))?;
                     removed += 1;
                 }
@@ -157,7 +154,7 @@ fn drop_applied(l: &Layers, paths: &[&[u8]]) -> std::io::Result<usize> {
     let mut n = 0;
     for &q in paths {
         if l.equals_source(q, &all)? {
-            super::apply::drop_staged(l, q)?;
+            super::remove::drop_staged(&l.upper, q)?;
             n += 1;
         }
     }

@@ -27,6 +27,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use serde::{Deserialize, Serialize};
 
+use super::remove::sync_path;
+
 /// At most this many live checkpoints (kernel overlayfs stacks at most 500 layers, and
 /// every layer costs each lookup a step).
 pub const MAX_LAYERS: u64 = 100;
@@ -72,12 +74,6 @@ fn err(p: &Path, e: impl std::fmt::Display) -> String {
     format!("stage '{}': {e}", p.display())
 }
 
-fn sync_dir(p: &Path) -> Result<(), String> {
-    fs::File::open(p)
-        .and_then(|f| f.sync_all())
-        .map_err(|e| err(p, e))
-}
-
 fn exists(p: &Path) -> bool {
     fs::symlink_metadata(p).is_ok()
 }
@@ -89,7 +85,8 @@ fn write_whole(p: &Path, text: &str) -> Result<(), String> {
     crate::private_file::write_synced(&tmp, text.as_bytes(), mode, None)
         .map_err(|e| err(&tmp, e))?;
     fs::rename(&tmp, p).map_err(|e| err(p, e))?;
-    sync_dir(p.parent().unwrap_or(Path::new("/")))
+    let parent = p.parent().unwrap_or(Path::new("/"));
+    sync_path(parent).map_err(|e| err(parent, e))
 }
 
 fn mkdir(p: &Path) -> Result<(), String> {
@@ -189,7 +186,7 @@ pub fn empty_trash(a: &Path) -> Result<(), String> {
     let root = crate::host::sys::open_root(a).map_err(|e| err(a, e))?;
     let layer = super::tree::Layer::new(root).map_err(|e| err(a, e))?;
     let n = crate::host::sys::Name::new(b"trash").map_err(|e| err(&t, e))?;
-    super::apply::remove_tree(&layer, layer.root.as_fd(), &n).map_err(|e| err(&t, e))
+    super::remove::remove_tree(&layer, layer.root.as_fd(), &n).map_err(|e| err(&t, e))
 }
 
 /// Removes what is in `DIR/trash` now, entry by entry, leaving the directory (so that an
@@ -211,7 +208,7 @@ pub fn empty_trash_entries(a: &Path) -> Result<usize, String> {
     let names = layer.list(&top).map_err(|e| err(&t, e))?;
     for n in &names {
         let n = crate::host::sys::Name::new(n).map_err(|e| err(&t, e))?;
-        super::apply::remove_tree(&layer, layer.root.as_fd(), &n).map_err(|e| err(&t, e))?;
+        super::remove::remove_tree(&layer, layer.root.as_fd(), &n).map_err(|e| err(&t, e))?;
     }
     Ok(names.len())
 }
@@ -340,7 +337,7 @@ pub fn recover(a: &Path) -> Result<Option<String>, String> {
         serde_json::from_str(&text).map_err(|e| err(&ip, format!("damaged: {e}")))?;
     let what = finish(a, &intent)?;
     fs::remove_file(&ip).map_err(|e| err(&ip, e))?;
-    sync_dir(a)?;
+    sync_path(a).map_err(|e| err(a, e))?;
     empty_trash(a)?;
     Ok(Some(what))
 }
@@ -404,7 +401,7 @@ fn run(a: &Path, intent: Intent) -> Result<(), String> {
     write_intent(a, &intent)?;
     finish(a, &intent)?;
     fs::remove_file(intent_path(a)).map_err(|e| err(&intent_path(a), e))?;
-    sync_dir(a)
+    sync_path(a).map_err(|e| err(a, e))
 }
 
 /// Seals `upper` as checkpoint N (`changes`: the paths it changed) and opens an empty

@@ -1,14 +1,19 @@
 //! Removing staged entries and temporary trees: [`remove_tree`] (a tree, no symlink
 //! followed, an entry already gone counting as removed) and the unstaging of one path
-//! ([`unstage_path`], [`drop_staged`]), shared by apply, discard, recovery and the trash.
+//! ([`unstage_path`], [`drop_staged`]), shared by apply, discard, recovery and the trash;
+//! and the engine's one place to sync a directory ([`sync_dir`] for a layer's node,
+//! [`sync_path`] for a directory of DIR). Every engine file imports these from here.
 //!
 //! Invariants: directories are entered by `O_PATH | O_NOFOLLOW` handles and symlinks are
 //! removed themselves, never followed; recursion stops at the staged tree's depth limit.
+//! A primitive: it depends on the tree and stand-in helpers only, never on the engine's
+//! operations.
 
+use std::fs;
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd};
+use std::path::Path;
 
-use super::changes::Layers;
 use super::tree::{Layer, Node, depth_ok, split};
 use crate::host::sys::{self, Name};
 
@@ -24,6 +29,11 @@ pub(super) fn sync_dir(layer: &Layer, fd: BorrowedFd<'_>) -> io::Result<()> {
         libc::O_RDONLY | libc::O_DIRECTORY,
     )?;
     sys::fsync(f.as_fd(), false)
+}
+
+/// fsync of the directory at `p` (a directory of the staging area, such as DIR itself).
+pub(super) fn sync_path(p: &Path) -> io::Result<()> {
+    fs::File::open(p)?.sync_all()
 }
 
 /// Removes `dir/n` and everything below it (no symlink followed: `unlinkat` removes a
@@ -64,10 +74,11 @@ fn remove_tree_at(layer: &Layer, dir: BorrowedFd<'_>, n: &Name, depth: usize) ->
     }
 }
 
-/// Drops the staged entry at `path` (a whole tree for a directory) and syncs its parent.
-pub(super) fn unstage_path(l: &Layers, path: &[u8]) -> io::Result<()> {
-    if let Some(d) = drop_staged_in(l, path, false)? {
-        sync_dir(&l.upper, d.fd.as_fd())?;
+/// Drops the staged entry at `path` of the staged tree `upper` (a whole tree for a
+/// directory) and syncs its parent.
+pub(super) fn unstage_path(upper: &Layer, path: &[u8]) -> io::Result<()> {
+    if let Some(d) = drop_staged_in(upper, path, false)? {
+        sync_dir(upper, d.fd.as_fd())?;
     }
     Ok(())
 }
@@ -76,15 +87,15 @@ pub(super) fn unstage_path(l: &Layers, path: &[u8]) -> io::Result<()> {
 /// A stand-in for a character device 0/0 stays: SOURCE's real 0/0 device is a whiteout to
 /// overlayfs, hidden from the merged view, and the stand-in equals it now (no change:
 /// `status` does not list it).
-pub(super) fn drop_staged(l: &Layers, path: &[u8]) -> io::Result<()> {
-    drop_staged_in(l, path, true).map(drop)
+pub(super) fn drop_staged(upper: &Layer, path: &[u8]) -> io::Result<()> {
+    drop_staged_in(upper, path, true).map(drop)
 }
 
 /// Drops the staged entry at `path` (a stand-in too, unless `keep_stand_in`); its staged
 /// parent when there was one.
-fn drop_staged_in(l: &Layers, path: &[u8], keep_stand_in: bool) -> io::Result<Option<Node>> {
+fn drop_staged_in(upper: &Layer, path: &[u8], keep_stand_in: bool) -> io::Result<Option<Node>> {
     let (parent, last) = split(path);
-    let Some(d) = l.upper.dir(parent)? else {
+    let Some(d) = upper.dir(parent)? else {
         return Ok(None);
     };
     let n = name(last)?;
@@ -94,6 +105,6 @@ fn drop_staged_in(l: &Layers, path: &[u8], keep_stand_in: bool) -> io::Result<Op
         Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(None),
         Err(e) => return Err(e),
     }
-    remove_tree(&l.upper, d.fd.as_fd(), &n)?;
+    remove_tree(upper, d.fd.as_fd(), &n)?;
     Ok(Some(d))
 }

@@ -27,6 +27,7 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use super::remove::sync_dir;
 use super::sys::{STAGED_AT, file};
 use super::tree::{Layer, Node, depth_ok, join, kind, split};
 use super::{Area, layers};
@@ -164,11 +165,6 @@ fn temp_name() -> io::Result<Name> {
     static NEXT: AtomicU64 = AtomicU64::new(0);
     let n = NEXT.fetch_add(1, Ordering::Relaxed);
     Name::new(format!("seal.{}.{n}", std::process::id()).as_bytes())
-}
-
-fn sync_dir(l: &Layer, d: BorrowedFd<'_>) -> io::Result<()> {
-    let f = sys::reopen(l.proc_fd.as_fd(), d, libc::O_RDONLY | libc::O_DIRECTORY)?;
-    sys::fsync(f.as_fd(), false)
 }
 
 /// For each writer's inode in `tree`: linked under all its names into `into` (if given),

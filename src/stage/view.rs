@@ -107,7 +107,7 @@ fn remove(area_dir: &Path, p: &Path) -> Result<(), String> {
     let layer = Layer::new(d).map_err(|e| e.to_string())?;
     let n = crate::host::sys::Name::from_os(p.file_name().unwrap_or_default())
         .map_err(|e| e.to_string())?;
-    super::apply::remove_tree(&layer, layer.root.as_fd(), &n).map_err(|e| e.to_string())
+    super::remove::remove_tree(&layer, layer.root.as_fd(), &n).map_err(|e| e.to_string())
 }
 
 /// Drops every scratch tree (a crash may leave some).
