@@ -30,11 +30,10 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::Path;
 
 use super::changes::{Change, Kind, Layers};
-use super::cli::status_line;
 use super::copy::Links;
-use super::diff::quote;
 use super::intent;
 use super::remove::{drop_staged, remove_tree, sync_dir, unstage_path};
+use super::render::{quote, status_line};
 use super::standin;
 use super::sys::file;
 use super::tree::{Layer, Node, depth_of, depth_ok, kind, split};

@@ -184,6 +184,17 @@ fn conflict(path: &[u8], u: &Node, l: Option<&Node>, at: i128) -> bool {
 }
 
 impl Layers {
+    /// The changes that concern one of `paths` (all when empty).
+    pub fn selected(&self, paths: &[Vec<u8>]) -> Result<Vec<Change>, String> {
+        let all = self
+            .changes()
+            .map_err(|e| format!("reading the staged tree: {e}"))?;
+        Ok(all
+            .into_iter()
+            .filter(|c| paths.is_empty() || paths.iter().any(|p| c.touches(p)))
+            .collect())
+    }
+
     /// Every staged change, sorted by path.
     pub fn changes(&self) -> io::Result<Vec<Change>> {
         let mut out = Vec::new();

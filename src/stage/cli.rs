@@ -15,8 +15,8 @@ use std::path::PathBuf;
 use clap::Subcommand;
 
 use super::Area;
-use super::changes::{Change, Kind, Layers};
-use super::diff::quote;
+use super::changes::Layers;
+use super::render::{quote, status_line};
 use super::tree::Layer;
 use super::{layers as ckpt, view};
 
@@ -170,66 +170,6 @@ pub fn repair(l: &Layers) -> Result<(), String> {
         );
     }
     Ok(())
-}
-
-/// The changes of `l` that concern one of `paths` (all when empty).
-pub fn selected(l: &Layers, paths: &[Vec<u8>]) -> Result<Vec<Change>, String> {
-    let all = l
-        .changes()
-        .map_err(|e| format!("reading the staged tree: {e}"))?;
-    Ok(all
-        .into_iter()
-        .filter(|c| paths.is_empty() || paths.iter().any(|p| c.touches(p)))
-        .collect())
-}
-
-/// A status line: letters, the path (quoted as git does), `/` for a directory.
-pub fn status_line(c: &Change) -> String {
-    let slash = |p: &[u8], dir: bool| {
-        let mut q = quote(p);
-        if dir {
-            q.push('/');
-        }
-        q
-    };
-    let path = slash(&c.path, c.dir);
-    match (&c.kind, c.entries) {
-        (Kind::Renamed { from }, _) => {
-            format!("{} {} -> {}", c.letters(), slash(from, true), path)
-        }
-        (Kind::Added, Some(n)) => format!(
-            "{} {path} ({n} {})",
-            c.letters(),
-            if n == 1 { "entry" } else { "entries" }
-        ),
-        _ => format!("{} {path}", c.letters()),
-    }
-}
-
-/// `--json`: one object per change, with its review `id` ([`super::ids`]).
-pub fn json(c: &Change, id: &str) -> serde_json::Value {
-    let s = |p: &[u8]| String::from_utf8_lossy(p).into_owned();
-    let mut v = serde_json::json!({
-        "path": s(&c.path),
-        "change": c.word(),
-        "conflict": c.conflict,
-        "id": id,
-    });
-    if let Kind::Renamed { from } = &c.kind {
-        v["from"] = s(from).into();
-    }
-    if let Some(n) = c.entries {
-        v["entries"] = n.into();
-    }
-    v
-}
-
-/// [`json`] with the staged file's size when it is large or sparse (`"size"`,
-/// `"allocated"`, `"sparse"`: [`super::space::add_json`]).
-pub fn json_in(l: &Layers, c: &Change, id: &str) -> serde_json::Value {
-    let mut v = json(c, id);
-    super::space::add_json(&mut v, l, c);
-    v
 }
 
 /// Appends what an apply or discard did to `DIR/audit.jsonl` (one JSON line: time, op,
@@ -460,7 +400,7 @@ pub fn apply_or_discard(
     let mut report = if !ps.is_empty() && kept.is_empty() {
         super::apply::Report::default()
     } else if op == "apply" {
-        let list = selected(&l, &kept)?;
+        let list = l.selected(&kept)?;
         super::apply::apply(&l, &list, force, &area.dir, kept.is_empty())
     } else {
         let list = l

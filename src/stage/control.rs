@@ -95,7 +95,7 @@ fn run(dir: &Path, live: Option<&dyn Live>, r: &Request, uid: u32) -> Result<Val
             let list = st.selected(&paths(r))?;
             Ok(json!({
                 "changes": view::json_list(&area, &st, &list, r.since)?,
-                "lines": list.iter().map(super::cli::status_line).collect::<Vec<_>>(),
+                "lines": list.iter().map(super::render::status_line).collect::<Vec<_>>(),
             }))
         }
         "diff" => {

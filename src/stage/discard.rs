@@ -9,9 +9,8 @@ use std::os::fd::AsFd;
 
 use super::apply::Report;
 use super::changes::{Change, Kind, Layers};
-use super::cli::status_line;
-use super::diff::quote;
 use super::remove::{remove_tree, sync_dir, unstage_path};
+use super::render::{quote, status_line};
 use crate::host::sys::Name;
 
 fn einval() -> std::io::Error {

@@ -136,7 +136,7 @@ pub fn check(l: &Layers, args: &[Vec<u8>], why: &str) -> (Vec<Vec<u8>>, Vec<Stri
             keep.push(a.clone());
             continue;
         };
-        let shown = super::diff::quote(path);
+        let shown = super::render::quote(path);
         let found = match all.get_or_insert_with(|| l.changes()) {
             Ok(list) => Ok(list.iter().find(|c| c.path == path).cloned()),
             Err(e) => Err(io::Error::new(e.kind(), e.to_string())),
@@ -146,7 +146,7 @@ pub fn check(l: &Layers, args: &[Vec<u8>], why: &str) -> (Vec<Vec<u8>>, Vec<Stri
                 Ok(now) if now == want => keep.push(path.to_vec()),
                 Ok(now) => refused.push(format!(
                     "refused {}@{want}: {why} (now @{now}): review it again",
-                    super::cli::status_line(&c)
+                    super::render::status_line(&c)
                 )),
                 Err(e) => refused.push(format!("refused {shown}@{want}: {e}")),
             },

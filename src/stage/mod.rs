@@ -38,6 +38,7 @@ pub mod ids;
 mod intent;
 pub mod layers;
 mod remove;
+mod render;
 pub mod seal;
 mod space;
 pub mod standin;

@@ -163,7 +163,7 @@ pub struct Staged {
 impl Staged {
     /// The changes concerning one of `paths` (all when empty), sorted.
     pub fn selected(&self, paths: &[Vec<u8>]) -> Result<Vec<super::changes::Change>, String> {
-        let mut list = super::cli::selected(&self.layers, paths)?;
+        let mut list = self.layers.selected(paths)?;
         if let Some(c) = &self.conflicts {
             for ch in &mut list {
                 ch.conflict = c.contains(&ch.path);
@@ -201,7 +201,7 @@ pub fn json_list(
                     None => String::new(),
                 },
             };
-            Ok(super::cli::json_in(&st.layers, c, &id))
+            Ok(super::render::json_in(&st.layers, c, &id))
         })
         .collect()
 }
@@ -285,7 +285,7 @@ pub fn sealed_args(area: &Area, n: u64, paths: &[Vec<u8>]) -> Result<Vec<Vec<u8>
         lower: Layer::new(source).map_err(|e| e.to_string())?,
     };
     let id_err = |e: std::io::Error| format!("review id: {e}");
-    super::cli::selected(&l, paths)?
+    l.selected(paths)?
         .iter()
         .map(|c| {
             let id = super::ids::id(&l, c).map_err(id_err)?;
