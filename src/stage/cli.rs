@@ -15,9 +15,8 @@ use std::path::PathBuf;
 use clap::Subcommand;
 
 use super::Area;
-use super::changes::Layers;
-use super::render::{quote, status_line};
-use super::tree::Layer;
+use super::render::status_line;
+use super::session::{Opts, apply_or_discard, count_since_last, record_line, recover};
 use super::{layers as ckpt, view};
 
 /// `fencefs stage`.
@@ -147,69 +146,6 @@ fn area(at: &At, args: &[OsString]) -> Result<(Area, Vec<Vec<u8>>), String> {
     }
 }
 
-/// The layers of an area: its staged tree and the SOURCE it records.
-pub fn layers(a: &Area) -> Result<Layers, String> {
-    let src = crate::host::sys::open_root(&a.source)
-        .map_err(|e| format!("source '{}': {e}", a.source.display()))?;
-    let up = a.upper.try_clone().map_err(|e| e.to_string())?;
-    Ok(Layers {
-        upper: Layer::new(up).map_err(|e| e.to_string())?,
-        lower: Layer::new(src).map_err(|e| e.to_string())?,
-    })
-}
-
-/// Repairs what an interrupted apply left (see [`Layers::repair`]), saying so.
-pub fn repair(l: &Layers) -> Result<(), String> {
-    for p in l
-        .repair()
-        .map_err(|e| format!("repairing the staged tree: {e}"))?
-    {
-        log::warn!(
-            "stage: the rename of {} was already in SOURCE (an apply stopped midway): redirect dropped",
-            quote(&p)
-        );
-    }
-    Ok(())
-}
-
-/// Appends what an apply or discard did to `DIR/audit.jsonl` (one JSON line: time, op,
-/// the operator's uid and pid, the paths asked for, each result line), synced. A failure
-/// to record is logged, never a reason to undo the work.
-fn record(area: &Area, op: &str, uid: u32, paths: &[Vec<u8>], report: &super::apply::Report) {
-    let extra = serde_json::json!({"results": report.lines, "refused": report.refused});
-    record_line(area, op, uid, paths, &extra);
-}
-
-/// Appends one audit line to `DIR/audit.jsonl`: time, `op`, the operator's `uid`, this
-/// process's pid, the paths, and `extra`'s fields.
-pub fn record_line(area: &Area, op: &str, uid: u32, paths: &[Vec<u8>], extra: &serde_json::Value) {
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut line = serde_json::json!({
-        "ts": crate::audit::timestamp(std::time::SystemTime::now()),
-        "op": op,
-        "uid": uid,
-        "pid": std::process::id(),
-        "paths": paths.iter().map(|p| String::from_utf8_lossy(p).into_owned()).collect::<Vec<_>>(),
-    });
-    if let (Some(m), Some(e)) = (line.as_object_mut(), extra.as_object()) {
-        m.extend(e.clone());
-    }
-    let path = area.dir.join("audit.jsonl");
-    let res = std::fs::OpenOptions::new()
-        .append(true)
-        .create(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(&path)
-        .and_then(|mut f| {
-            writeln!(f, "{line}")?;
-            f.sync_all()
-        });
-    if let Err(e) = res {
-        log::warn!("{}: {e}", path.display());
-    }
-}
-
 fn fail(msg: String) -> i32 {
     eprintln!("fencefs: {}", crate::quote::escape(msg.as_bytes()));
     EXIT_ERR
@@ -330,98 +266,6 @@ fn print_log(list: &[ckpt::Checkpoint], json: bool) {
             if c.changes == 1 { "" } else { "s" }
         );
     }
-}
-
-/// The paths changed since the last live checkpoint (since SOURCE when none): what a new
-/// checkpoint records in the log.
-pub fn count_since_last(area: &Area) -> Result<u64, String> {
-    let last = ckpt::live(&area.dir)?.last().copied();
-    let st = view::staged(area, last)?;
-    Ok(st
-        .layers
-        .changes()
-        .map_err(|e| format!("reading the staged tree: {e}"))?
-        .len() as u64)
-}
-
-/// What an apply is asked for besides its paths.
-#[derive(Clone, Copy, Default)]
-pub struct Opts {
-    /// `--force`: conflicts too.
-    pub force: bool,
-    /// `--at N`: only what checkpoint N sealed.
-    pub at: Option<u64>,
-}
-
-/// `apply` or `discard` of `paths` on the area `dir` (its lock held, or the mount
-/// quiesced): checkpoints are squashed first (and so ended as rewind targets), then the
-/// staged tree is worked on; recorded in `DIR/audit.jsonl` with the operator's `uid`.
-pub fn apply_or_discard(
-    dir: &std::path::Path,
-    op: &str,
-    ps: &[Vec<u8>],
-    o: Opts,
-    uid: u32,
-) -> Result<super::apply::Report, String> {
-    let force = o.force;
-    let area = Area::open(dir)?;
-    if let Some(what) = ckpt::recover(&area.dir)? {
-        log::warn!("stage: {what}");
-    }
-    let area = area.reopen()?;
-    // `--at N`: what N sealed, as PATH@ID arguments, taken before the squash ends N.
-    let (at_args, why);
-    let ps = match o.at {
-        Some(n) => {
-            at_args = view::sealed_args(&area, n, ps)?;
-            why = format!("changed after checkpoint {n}");
-            if at_args.is_empty() {
-                return Ok(super::apply::Report::default());
-            }
-            &at_args[..]
-        }
-        None => {
-            why = "changed since it was shown".to_string();
-            ps
-        }
-    };
-    let area = if view::squash(&area)? {
-        area.reopen()?
-    } else {
-        area
-    };
-    let l = layers(&area)?;
-    repair(&l)?;
-    if let Some(what) = super::intent::recover(&area.dir, &l)? {
-        log::warn!("stage: {what}");
-    }
-    // PATH@ID: refused unless the change is still the one shown; none left: nothing to do.
-    let (kept, refused) = super::ids::check(&l, ps, &why);
-    let mut report = if !ps.is_empty() && kept.is_empty() {
-        super::apply::Report::default()
-    } else if op == "apply" {
-        let list = l.selected(&kept)?;
-        super::apply::apply(&l, &list, force, &area.dir, kept.is_empty())
-    } else {
-        let list = l
-            .changes()
-            .map_err(|e| format!("reading the staged tree: {e}"))?;
-        super::discard::discard(&l, &list, &kept)
-    };
-    report.refused += refused.len();
-    report.lines.splice(0..0, refused);
-    record(
-        &area,
-        if op == "apply" {
-            "stage-apply"
-        } else {
-            "stage-discard"
-        },
-        uid,
-        ps,
-        &report,
-    );
-    Ok(report)
 }
 
 fn rewind_arg(args: &[OsString]) -> Result<u64, String> {
@@ -596,7 +440,7 @@ fn run_op(op: StageOp) -> Result<i32, String> {
             }
             let (area, _) = area(&at, &args)?;
             area.lock()?;
-            let area = super::recover(area)?;
+            let area = recover(area)?;
             let n = count_since_last(&area)?;
             let c = ckpt::checkpoint(&area.dir, message.as_deref().unwrap_or(""), n)?;
             println!("checkpoint {}", c.n);
@@ -614,7 +458,7 @@ fn run_op(op: StageOp) -> Result<i32, String> {
             let to = rewind_arg(&args)?;
             let (area, _) = area(&at, &[])?;
             area.lock()?;
-            let area = super::recover(area)?;
+            let area = recover(area)?;
             let r = ckpt::rewind(&area.dir, to);
             record_line(
                 &area,

@@ -22,7 +22,7 @@ use serde_json::{Value, json};
 
 use super::Area;
 use super::{layers, view};
-use crate::control::proto;
+use crate::control::proto::{self, StageRequest};
 use crate::control::server::Hooks;
 
 /// The largest diff answered on the socket (an answer is one line the daemon holds until
@@ -46,9 +46,6 @@ impl std::io::Write for Capped {
     }
 }
 
-pub use crate::control::proto::StageRequest as Request;
-pub use crate::control::server::StageHandler as Handler;
-
 /// The running daemon's side of a live change (implemented by `app`, which owns the
 /// request gate, the inode table and the kernel caches).
 pub trait Live: Send + Sync {
@@ -62,7 +59,7 @@ pub trait Live: Send + Sync {
     ) -> Result<Value, String>;
 }
 
-fn paths(r: &Request) -> Vec<Vec<u8>> {
+fn paths(r: &StageRequest) -> Vec<Vec<u8>> {
     r.paths
         .iter()
         .map(|p| {
@@ -76,14 +73,14 @@ fn paths(r: &Request) -> Vec<Vec<u8>> {
 
 /// The answer to `r` (from a peer with `uid`) for the staging area `dir` served by this
 /// daemon.
-pub fn answer(dir: &Path, live: Option<&dyn Live>, r: &Request, uid: u32) -> Value {
+pub fn answer(dir: &Path, live: Option<&dyn Live>, r: &StageRequest, uid: u32) -> Value {
     match run(dir, live, r, uid) {
         Ok(v) => proto::ok(v),
         Err(e) => proto::error(&e),
     }
 }
 
-fn run(dir: &Path, live: Option<&dyn Live>, r: &Request, uid: u32) -> Result<Value, String> {
+fn run(dir: &Path, live: Option<&dyn Live>, r: &StageRequest, uid: u32) -> Result<Value, String> {
     let area = Area::open(dir)?;
     let changing = matches!(r.op.as_str(), "checkpoint" | "rewind" | "apply" | "discard");
     if changing && live.is_none() {
@@ -118,7 +115,7 @@ fn run(dir: &Path, live: Option<&dyn Live>, r: &Request, uid: u32) -> Result<Val
         "log" => Ok(json!({"checkpoints": layers::log(&area.dir)?})),
         "checkpoint" => {
             // Counted before the door closes (what changes meanwhile is sealed uncounted).
-            let n = super::cli::count_since_last(&area)?;
+            let n = super::session::count_since_last(&area)?;
             let msg = r.message.clone().unwrap_or_default();
             live.expect("checked").swap(true, &mut || {
                 let c = layers::checkpoint(&area.dir, &msg, n)?;
@@ -131,7 +128,7 @@ fn run(dir: &Path, live: Option<&dyn Live>, r: &Request, uid: u32) -> Result<Val
                 layers::rewind(&area.dir, to)?;
                 Ok(json!({"rewound_to": to}))
             });
-            super::cli::record_line(
+            super::session::record_line(
                 &area,
                 "stage-rewind",
                 uid,
@@ -144,12 +141,12 @@ fn run(dir: &Path, live: Option<&dyn Live>, r: &Request, uid: u32) -> Result<Val
         "apply" | "discard" => {
             let ps = paths(r);
             let op = r.op.clone();
-            let o = super::cli::Opts {
+            let o = super::session::Opts {
                 force: r.force,
                 at: r.at,
             };
             let v = live.expect("checked").swap(false, &mut || {
-                let report = super::cli::apply_or_discard(&area.dir, &op, &ps, o, uid)?;
+                let report = super::session::apply_or_discard(&area.dir, &op, &ps, o, uid)?;
                 Ok(json!({"lines": report.lines, "refused": report.refused}))
             });
             layers::empty_trash_later(&area.dir, true);

@@ -5,7 +5,10 @@
 //! ([`engine`], [`view`], [`tree_mount`]), keep checkpoints as sealed layers ([`layers`],
 //! flattened by `flatten`), stand in for the character devices 0/0 overlayfs cannot hold
 //! ([`standin`]), and read, diff, apply and discard the staged tree ([`changes`],
-//! [`diff`], [`apply`], [`cli`], live through [`control`]).
+//! [`diff`], [`apply`]). [`session`] is the engine's entry (the daemon's `start`, the
+//! apply and discard the front-ends run); the two front-ends are [`cli`]
+//! (`fencefs stage`) and [`control`] (the control socket), and `render` makes the text
+//! both show. No engine file imports a front-end.
 //!
 //! The staged tree is kept in kernel overlayfs's upper-directory format, so standard tools
 //! (and `mount -t overlay`) read it. This increment's engine is the kernel's own overlayfs,
@@ -40,6 +43,7 @@ pub mod layers;
 mod remove;
 mod render;
 pub mod seal;
+pub mod session;
 mod space;
 pub mod standin;
 mod sys;
@@ -47,11 +51,10 @@ pub mod tree;
 pub mod tree_mount;
 pub mod view;
 
-use std::os::fd::OwnedFd;
-use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 pub use area::Area;
+pub use session::{recover, start};
 
 /// Set once this daemon serves a staged mount (before the FUSE session starts).
 static ACTIVE: AtomicBool = AtomicBool::new(false);
@@ -63,48 +66,9 @@ pub fn stack_depth() -> u32 {
     if ACTIVE.load(Ordering::Relaxed) { 2 } else { 1 }
 }
 
-pub use view::engine;
-
-/// Opens, validates and locks `dir` for a mount of `src` at `mnt` (canonical), then builds
-/// the merged view. The lock is held for the daemon's lifetime (its descriptor stays open
-/// until the process exits, whatever way it exits).
-pub fn start(dir: &Path, src: &Path, mnt: &Path, source: &OwnedFd) -> Result<OwnedFd, String> {
-    let area = Area::create_or_open(dir, src, mnt)?;
-    area.lock()?;
-    let area = recover(area)?;
-    area.match_root(source)?;
-    let l = cli::layers(&area)?;
-    cli::repair(&l)?;
-    if let Some(what) = intent::recover(&area.dir, &l)? {
-        log::warn!("stage '{}': {what}", area.dir.display());
-    }
-    drop(l);
-    // What a killed background removal left in DIR/trash (the mount need not wait).
-    layers::empty_trash_later(&area.dir, true);
-    let (root, _gen) = tree_mount::attach(engine(&area, source)?)?;
-    log::info!(
-        "staging: every change lands in {} (SOURCE {} untouched until `fencefs stage apply`)",
-        area.dir.display(),
-        src.display()
-    );
+/// This daemon serves a staged mount now ([`session::start`], before the FUSE session).
+fn set_active() {
     ACTIVE.store(true, Ordering::Relaxed);
-    // The lock lives exactly as long as the daemon.
-    std::mem::forget(area);
-    Ok(root)
 }
 
-/// Finishes what a crash interrupted (a checkpoint, rewind or squash: see [`layers`]) and
-/// drops scratch trees; returns the area reopened (its `upper` may have been replaced).
-pub fn recover(area: Area) -> Result<Area, String> {
-    view::clear_scratch(&area)?;
-    match layers::recover(&area.dir)? {
-        Some(what) => {
-            log::warn!(
-                "stage '{}': {what} (interrupted before)",
-                area.dir.display()
-            );
-            area.reopen()
-        }
-        None => Ok(area),
-    }
-}
+pub use view::engine;

@@ -1,0 +1,222 @@
+//! The staging engine's entry: what the daemon (`start`, `recover`), the CLI
+//! (`fencefs stage … --dir`) and the control socket (`{"cmd":"stage"}`) call to open an
+//! area's layers, repair and recover it, count what a checkpoint records, apply or
+//! discard, and record what was done in `DIR/audit.jsonl`.
+//!
+//! Invariants: the front-ends (`cli.rs`, `control.rs`) call the engine through here and
+//! no engine file imports a front-end; a change runs with DIR's lock held or the mount's
+//! requests quiesced (`control::Live::swap`); an interrupted operation is finished or
+//! rolled back (`recover`, `layers::recover`, `intent::recover`) before any other runs;
+//! a failure to record in `DIR/audit.jsonl` is logged, never a reason to undo the work.
+
+use std::io::Write;
+use std::os::fd::OwnedFd;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::Path;
+
+use super::Area;
+use super::apply::{self, Report};
+use super::changes::Layers;
+use super::render::quote;
+use super::tree::Layer;
+use super::view::{self, engine};
+use super::{discard, ids, intent, layers as ckpt, tree_mount};
+
+/// Opens, validates and locks `dir` for a mount of `src` at `mnt` (canonical), then builds
+/// the merged view. The lock is held for the daemon's lifetime (its descriptor stays open
+/// until the process exits, whatever way it exits).
+pub fn start(dir: &Path, src: &Path, mnt: &Path, source: &OwnedFd) -> Result<OwnedFd, String> {
+    let area = Area::create_or_open(dir, src, mnt)?;
+    area.lock()?;
+    let area = recover(area)?;
+    area.match_root(source)?;
+    let l = layers(&area)?;
+    repair(&l)?;
+    if let Some(what) = intent::recover(&area.dir, &l)? {
+        log::warn!("stage '{}': {what}", area.dir.display());
+    }
+    drop(l);
+    // What a killed background removal left in DIR/trash (the mount need not wait).
+    ckpt::empty_trash_later(&area.dir, true);
+    let (root, _gen) = tree_mount::attach(engine(&area, source)?)?;
+    log::info!(
+        "staging: every change lands in {} (SOURCE {} untouched until `fencefs stage apply`)",
+        area.dir.display(),
+        src.display()
+    );
+    super::set_active();
+    // The lock lives exactly as long as the daemon.
+    std::mem::forget(area);
+    Ok(root)
+}
+
+/// Finishes what a crash interrupted (a checkpoint, rewind or squash: see
+/// [`super::layers`]) and drops scratch trees; returns the area reopened (its `upper` may
+/// have been replaced).
+pub fn recover(area: Area) -> Result<Area, String> {
+    view::clear_scratch(&area)?;
+    match ckpt::recover(&area.dir)? {
+        Some(what) => {
+            log::warn!(
+                "stage '{}': {what} (interrupted before)",
+                area.dir.display()
+            );
+            area.reopen()
+        }
+        None => Ok(area),
+    }
+}
+
+/// The layers of an area: its staged tree and the SOURCE it records.
+pub fn layers(a: &Area) -> Result<Layers, String> {
+    let src = crate::host::sys::open_root(&a.source)
+        .map_err(|e| format!("source '{}': {e}", a.source.display()))?;
+    let up = a.upper.try_clone().map_err(|e| e.to_string())?;
+    Ok(Layers {
+        upper: Layer::new(up).map_err(|e| e.to_string())?,
+        lower: Layer::new(src).map_err(|e| e.to_string())?,
+    })
+}
+
+/// Repairs what an interrupted apply left (see [`Layers::repair`]), saying so.
+pub fn repair(l: &Layers) -> Result<(), String> {
+    for p in l
+        .repair()
+        .map_err(|e| format!("repairing the staged tree: {e}"))?
+    {
+        log::warn!(
+            "stage: the rename of {} was already in SOURCE (an apply stopped midway): redirect dropped",
+            quote(&p)
+        );
+    }
+    Ok(())
+}
+
+/// Appends what an apply or discard did to `DIR/audit.jsonl` (one JSON line: time, op,
+/// the operator's uid and pid, the paths asked for, each result line), synced. A failure
+/// to record is logged, never a reason to undo the work.
+fn record(area: &Area, op: &str, uid: u32, paths: &[Vec<u8>], report: &Report) {
+    let extra = serde_json::json!({"results": report.lines, "refused": report.refused});
+    record_line(area, op, uid, paths, &extra);
+}
+
+/// Appends one audit line to `DIR/audit.jsonl`: time, `op`, the operator's `uid`, this
+/// process's pid, the paths, and `extra`'s fields.
+pub fn record_line(area: &Area, op: &str, uid: u32, paths: &[Vec<u8>], extra: &serde_json::Value) {
+    let mut line = serde_json::json!({
+        "ts": crate::audit::timestamp(std::time::SystemTime::now()),
+        "op": op,
+        "uid": uid,
+        "pid": std::process::id(),
+        "paths": paths.iter().map(|p| String::from_utf8_lossy(p).into_owned()).collect::<Vec<_>>(),
+    });
+    if let (Some(m), Some(e)) = (line.as_object_mut(), extra.as_object()) {
+        m.extend(e.clone());
+    }
+    let path = area.dir.join("audit.jsonl");
+    let res = std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(&path)
+        .and_then(|mut f| {
+            writeln!(f, "{line}")?;
+            f.sync_all()
+        });
+    if let Err(e) = res {
+        log::warn!("{}: {e}", path.display());
+    }
+}
+
+/// The paths changed since the last live checkpoint (since SOURCE when none): what a new
+/// checkpoint records in the log.
+pub fn count_since_last(area: &Area) -> Result<u64, String> {
+    let last = ckpt::live(&area.dir)?.last().copied();
+    let st = view::staged(area, last)?;
+    Ok(st
+        .layers
+        .changes()
+        .map_err(|e| format!("reading the staged tree: {e}"))?
+        .len() as u64)
+}
+
+/// What an apply is asked for besides its paths.
+#[derive(Clone, Copy, Default)]
+pub struct Opts {
+    /// `--force`: conflicts too.
+    pub force: bool,
+    /// `--at N`: only what checkpoint N sealed.
+    pub at: Option<u64>,
+}
+
+/// `apply` or `discard` of `paths` on the area `dir` (its lock held, or the mount
+/// quiesced): checkpoints are squashed first (and so ended as rewind targets), then the
+/// staged tree is worked on; recorded in `DIR/audit.jsonl` with the operator's `uid`.
+pub fn apply_or_discard(
+    dir: &std::path::Path,
+    op: &str,
+    ps: &[Vec<u8>],
+    o: Opts,
+    uid: u32,
+) -> Result<Report, String> {
+    let force = o.force;
+    let area = Area::open(dir)?;
+    if let Some(what) = ckpt::recover(&area.dir)? {
+        log::warn!("stage: {what}");
+    }
+    let area = area.reopen()?;
+    // `--at N`: what N sealed, as PATH@ID arguments, taken before the squash ends N.
+    let (at_args, why);
+    let ps = match o.at {
+        Some(n) => {
+            at_args = view::sealed_args(&area, n, ps)?;
+            why = format!("changed after checkpoint {n}");
+            if at_args.is_empty() {
+                return Ok(Report::default());
+            }
+            &at_args[..]
+        }
+        None => {
+            why = "changed since it was shown".to_string();
+            ps
+        }
+    };
+    let area = if view::squash(&area)? {
+        area.reopen()?
+    } else {
+        area
+    };
+    let l = layers(&area)?;
+    repair(&l)?;
+    if let Some(what) = intent::recover(&area.dir, &l)? {
+        log::warn!("stage: {what}");
+    }
+    // PATH@ID: refused unless the change is still the one shown; none left: nothing to do.
+    let (kept, refused) = ids::check(&l, ps, &why);
+    let mut report = if !ps.is_empty() && kept.is_empty() {
+        Report::default()
+    } else if op == "apply" {
+        let list = l.selected(&kept)?;
+        apply::apply(&l, &list, force, &area.dir, kept.is_empty())
+    } else {
+        let list = l
+            .changes()
+            .map_err(|e| format!("reading the staged tree: {e}"))?;
+        discard::discard(&l, &list, &kept)
+    };
+    report.refused += refused.len();
+    report.lines.splice(0..0, refused);
+    record(
+        &area,
+        if op == "apply" {
+            "stage-apply"
+        } else {
+            "stage-discard"
+        },
+        uid,
+        ps,
+        &report,
+    );
+    Ok(report)
+}
