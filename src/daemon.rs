@@ -7,6 +7,9 @@
 //! (parent exits with the child's status; the child printed its error on the stderr they
 //! still share). The child runs in its own session, from `/`; once ready it detaches from
 //! the caller's stdio ([`detach_stdio`]) so that `out=$(mount ...)` does not wait for it.
+//!
+//! A syscall module: `fork` and `dup2`, each with its `// SAFETY:` line.
+#![allow(unsafe_code)]
 
 use std::io::Read;
 use std::os::fd::{AsRawFd, IntoRawFd, OwnedFd};

@@ -11,6 +11,12 @@
 //! the host side may change concurrently. The policy decides on the logical path a caller
 //! used; the host is only touched through held directory handles, one name at a time,
 //! never following a symlink.
+//!
+//! `unsafe` is denied here and allowed (`#![allow(unsafe_code)]`, each block with a
+//! `// SAFETY:` line) only in the syscall and ring modules: `host/sys/`, `stage/sys.rs`,
+//! `transport/ring.rs`, `transport/reply.rs`, `watch.rs`, `harden.rs`, `daemon.rs`; and,
+//! item by item, fuser's `wrap_backing` in `fs/reply.rs` and the tests that call libc.
+#![deny(unsafe_code)]
 
 pub mod app;
 pub mod approvals;

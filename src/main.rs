@@ -1,3 +1,7 @@
+//! The `fencefs` binary: parses the command line (or, run by mount(8) as a mount helper,
+//! its `-o` options, then daemonizes) and hands over to `fencefs::app`.
+#![deny(unsafe_code)]
+
 use std::ffi::OsString;
 
 use clap::Parser;
@@ -24,6 +28,7 @@ const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/s
 /// `fencefs SOURCE MOUNTPOINT -o OPTS`, as mount(8) runs it through mount.fuse3: parse the
 /// options, then daemonize (returns in the child, which mounts; the parent exits 0 once
 /// the mount is ready, or with the child's error).
+#[allow(unsafe_code)] // set_var/remove_var before any thread exists (SAFETY lines below)
 fn mount_helper(args: &[OsString]) -> fencefs::cli::MountArgs {
     // Silent on success, as mount helpers are (boot logs, `mount -a`): the INFO lines
     // ("transport: ...") only when stderr is the journal or a file; warnings and errors

@@ -166,6 +166,7 @@ impl DataReply for fuser::ReplyData {
 }
 
 impl OpenReply for fuser::ReplyOpen {
+    #[allow(unsafe_code)] // fuser's `wrap_backing` (SAFETY below)
     fn opened(self, fh: u64, flags: FopenFlags, backing: Option<u32>) {
         match backing {
             Some(id) => {
@@ -187,6 +188,7 @@ impl WriteReply for fuser::ReplyWrite {
 }
 
 impl CreateReply for fuser::ReplyCreate {
+    #[allow(unsafe_code)] // fuser's `wrap_backing` (SAFETY below)
     fn created(
         self,
         ttl: &Duration,

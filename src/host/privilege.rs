@@ -60,8 +60,7 @@ mod tests {
 
     #[test]
     fn root_here_is_admin_and_a_user_namespace_root_or_another_uid_is_not() {
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } != 0 {
+        if crate::host::sys::geteuid() != 0 {
             eprintln!("skipped: needs root");
             return;
         }

@@ -1,6 +1,8 @@
 //! Malformed chains and requests, served through the real queue, decoder and handlers over
 //! a workspace in a temporary directory: guest memory is a `vm-memory` mapping the test
 //! writes descriptors into (virtio-queue's mock queue layout), the used ring is read back.
+//! The test reads xattrs back with libc directly (`unsafe`, each with its `// SAFETY:`).
+#![allow(unsafe_code)]
 
 use std::time::Duration;
 
