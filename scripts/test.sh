@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Full local/CI check: installs what a fresh Debian machine lacks, then the layout and
-# docs checks, fmt, clippy, build, and every test (unit + mount tests against the real daemon).
+# docs checks, fmt, clippy, cargo doc, build, and every test (unit + mount tests against
+# the real daemon).
 # Idempotent; exits non-zero on the first failing step.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -74,6 +75,9 @@ cargo fmt --all -- --check
 
 say "cargo clippy --all-targets -- -D warnings"
 cargo clippy --quiet --all-targets -- -D warnings
+
+say "cargo doc: the API docs (private items too) build without a warning"
+RUSTDOCFLAGS="-D warnings" cargo doc --quiet --no-deps --document-private-items
 
 say "cargo build"
 cargo build --quiet --all-targets

@@ -179,6 +179,8 @@ pub struct MountArgs {
     /// once, question posted).
     #[arg(long, value_name = "SECONDS", default_value_t = 5, value_parser = clap::value_parser!(u64).range(0..=86_400))]
     pub ask_dir_hold: u64,
+    // The help text shows `[[answer]]` as written (not a doc link).
+    #[allow(rustdoc::broken_intra_doc_links)]
     /// Keep answers given with "remember":"always" in FILE (TOML, one [[answer]] table
     /// each; a person may edit it, it is re-read on reload) and consult them before asking.
     /// A rewrite keeps FILE's mode and owner; a new FILE is 0600.

@@ -104,7 +104,7 @@ pub fn options() -> Vec<OOption> {
         .collect()
 }
 
-/// Whether argv (with argv[0]) is mount(8)'s `SOURCE MOUNTPOINT [-o OPTS]` form rather than
+/// Whether argv (with `argv[0]`) is mount(8)'s `SOURCE MOUNTPOINT [-o OPTS]` form rather than
 /// a subcommand: at least two arguments, the first neither a subcommand nor a flag, and a
 /// path (it has a `/` or `exists` says it is there). So a mistyped subcommand
 /// (`fencefs chek p.toml`) still gets clap's "unrecognized subcommand".
@@ -123,7 +123,7 @@ pub fn is_helper_form(args: &[OsString], exists: impl Fn(&Path) -> bool) -> bool
     !is_sub && (first.as_encoded_bytes().contains(&b'/') || exists(Path::new(first)))
 }
 
-/// Parses `SOURCE MOUNTPOINT [-o OPTS]...` (argv without argv[0]) into the arguments of
+/// Parses `SOURCE MOUNTPOINT [-o OPTS]...` (argv without `argv[0]`) into the arguments of
 /// `fencefs mount`. Errors name the offending option or argument.
 pub fn parse(args: &[OsString]) -> Result<MountArgs, String> {
     let argv = to_mount_argv(args)?;

@@ -3,7 +3,7 @@
 //! command quietly with exit status 0, as every Unix filter does, instead of a panic.
 //!
 //! Invariants:
-//! - [`outln!`](crate::outln) / [`out!`](crate::out) never panic: EPIPE exits 0 (after
+//! - [`outln!`](crate::outln) / [`out!`](macro@crate::out) never panic: EPIPE exits 0 (after
 //!   the logger's pending counts), any other write error exits 1 with one line on stderr.
 //! - [`quiet_on_epipe`] is the safety net for a `println!` that does not come through
 //!   here: a panic whose message is std's "failed printing to stdout: Broken pipe" exits 0
@@ -48,14 +48,14 @@ pub fn quiet_on_epipe() {
     }));
 }
 
-/// `println!` to stdout through [`write`]: EPIPE exits 0.
+/// `println!` to stdout through [`write`](fn@write): EPIPE exits 0.
 #[macro_export]
 macro_rules! outln {
     () => { $crate::out::write(format_args!("\n")) };
     ($($t:tt)*) => { $crate::out::write(format_args!("{}\n", format_args!($($t)*))) };
 }
 
-/// `print!` to stdout through [`write`] (flushed): EPIPE exits 0.
+/// `print!` to stdout through [`write`](fn@write) (flushed): EPIPE exits 0.
 #[macro_export]
 macro_rules! out {
     ($($t:tt)*) => { $crate::out::write(format_args!($($t)*)) };

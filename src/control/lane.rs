@@ -163,7 +163,7 @@ impl Waker {
     }
 }
 
-/// A wake-up pair: the waker for event producers, the other end for [`run`].
+/// A wake-up pair: the waker for event producers, the other end for [`run`](super::server::run).
 pub fn waker() -> io::Result<(Waker, UnixStream)> {
     let (a, b) = UnixStream::pair()?;
     a.set_nonblocking(true)?;

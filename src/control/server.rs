@@ -8,7 +8,7 @@
 //!   is at most [`MAX_LINE`] bytes, at most [`MAX_CONNS`] peers are served. Answers are
 //!   streamed with backpressure and never dropped, events for a slow peer are dropped
 //!   past a bound and counted, a peer that reads nothing for a minute while data waits is
-//!   closed as dead ([`peer`](super::peer)).
+//!   closed as dead ([`peer`]).
 //! - The last approver leaving (closed, dead, or its side shut) refuses everything held
 //!   at once (`no-approver`): nobody is left to answer it.
 //! - The server also keeps the approvals' clocks: timeouts, and askers killed while held

@@ -1,5 +1,5 @@
 //! The requests, transport-neutral: each handler takes a request's decoded arguments, runs
-//! the `do_*` operation (through [`Core::serve`] where an approver could lift a refusal)
+//! the `do_*` operation (through `Core::serve` where an approver could lift a refusal)
 //! and answers through one of the [`super::reply`] traits. The fuser `Filesystem` impl
 //! (classic `/dev/fuse`) and the io_uring transport both call these, so the two cannot
 //! drift apart.

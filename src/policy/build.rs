@@ -613,12 +613,12 @@ impl Layer {
         self.default
     }
 
-    /// The rules, in file order; [`By::Rule`] and [`By::Visibility`] index into this.
+    /// The rules, in file order; [`By::Rule`](super::By::Rule) and [`By::Visibility`](super::By::Visibility) index into this.
     pub fn rules(&self) -> &[RuleInfo] {
         &self.rules
     }
 
-    /// Rule `idx` (as found in [`By::Rule`] / [`By::Visibility`]). Panics when out of range,
+    /// Rule `idx` (as found in [`By::Rule`](super::By::Rule) / [`By::Visibility`](super::By::Visibility)). Panics when out of range,
     /// like slice indexing: only pass indices this policy produced.
     pub fn rule(&self, idx: usize) -> &RuleInfo {
         &self.rules[idx]

@@ -288,7 +288,7 @@ impl Layer {
 
     /// The rules applying to `caller` that cover `path` (their `path` matches it or an
     /// ancestor) but that one of their `except` globs takes out there, each with the index
-    /// (in [`RuleInfo::except`]) of the first such glob. For `explain`.
+    /// (in [`RuleInfo::except`](super::RuleInfo::except)) of the first such glob. For `explain`.
     pub fn excepted(&self, path: &[u8], caller: Caller) -> Vec<(usize, usize)> {
         if self.except_to.is_empty() && self.dead_rules.is_empty() {
             return Vec::new();

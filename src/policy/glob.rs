@@ -45,7 +45,7 @@ pub(super) struct Pattern {
     /// The pattern matches the root path `b""`: it is `.` or consists only of `**`.
     pub(super) root: bool,
     /// `**/<one component>` (or only `**`s): matches by the last name alone, so it gives
-    /// `old/s` and `new/s` the same answer for every `s` (see [`Policy::dir_rename_allowed`]).
+    /// `old/s` and `new/s` the same answer for every `s` (see [`Policy::dir_rename_allowed`](super::Policy::dir_rename_allowed)).
     pub(super) floating: bool,
     /// `alts` is exactly the pattern (no alternative or component was replaced by a
     /// conservative `**`), so the component automaton decides like the glob itself.

@@ -5,7 +5,7 @@
 //! then additions and modifications, deletions last. Every file is written beside its
 //! destination (`.NAME.fencefs-apply-PID`) with the staged mode, owner, xattrs and times
 //! (its data extents only, holes left holes; a later name of a staged file with several
-//! names made as a hard link of the SOURCE file written for its first: [`super::copy`]),
+//! names made as a hard link of the SOURCE file written for its first: `copy.rs`),
 //! and renamed over it; a new directory is built whole under a temporary name and renamed
 //! into place. Durability is batched, [`BATCH`] paths at a time: every temporary entry of
 //! the batch is written, then one `syncfs` of SOURCE's file system makes them durable,
@@ -14,7 +14,7 @@
 //! that refuses none keeps them all until the end and then replaces the whole staged tree
 //! in one step ([`super::layers::drop_upper`]; removed in the background after the
 //! command answered). Before the first temporary entry
-//! exists, the intent log ([`super::intent`]) names every path; recovery removes what a
+//! exists, the intent log (`intent.rs`) names every path; recovery removes what a
 //! crash left beside them. So a crash (SIGKILL, or power loss on a file system that keeps
 //! `syncfs` order) leaves each path applied (its staged entry then equals SOURCE: no
 //! change) or still staged, never a half-written file or a temporary entry in SOURCE.
@@ -80,7 +80,7 @@ impl Lines {
 
 /// Applies `list` (changes of `l`) to SOURCE; `dir` is the staging area (its intent log).
 /// `all`: `list` is every staged change (no PATH was given), so when none is refused the
-/// staged tree is dropped whole at the end ([`unstage_all`]) instead of path by path.
+/// staged tree is dropped whole at the end (`unstage_all`) instead of path by path.
 pub fn apply(l: &Layers, list: &[Change], force: bool, dir: &Path, all: bool) -> Report {
     let mut out = Lines { lines: Vec::new() };
     let mut order: Vec<&Change> = list.iter().collect();

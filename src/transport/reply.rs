@@ -1,6 +1,6 @@
 //! Replies to requests that came on a ring: written in place into the request's own
 //! entry (out header, payload, `payload_sz`), then handed back to the queue thread to
-//! commit ([`Queue::answered`]). The entry is the [`Sink`] the shared encoder
+//! commit (`Queue::answered`). The entry is the [`Sink`] the shared encoder
 //! ([`super::encode`]) writes every reply trait into, so the handlers answer ring requests
 //! exactly as they answer fuser's.
 //!

@@ -347,7 +347,7 @@ pub fn fchmod_fd(proc_fd: BorrowedFd<'_>, fd: BorrowedFd<'_>, mode: u32) -> io::
         .map(drop)
 }
 
-/// A time for [`utimens`].
+/// A time for [`utimens_fd`] and [`utimens_nofollow`].
 #[derive(Clone, Copy, Debug)]
 pub enum SetTime {
     /// Leave unchanged.

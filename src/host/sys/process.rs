@@ -66,7 +66,7 @@ pub fn set_umask(mask: u32) {
 /// background `stage empty-trash`, `fusermount3`): what they create is theirs alone.
 pub const CHILD_UMASK: u32 = 0o077;
 
-/// Makes `cmd` start with umask [`CHILD_UMASK`], not the daemon's own 0 (which is there
+/// Makes `cmd` start with umask `CHILD_UMASK`, not the daemon's own 0 (which is there
 /// for the files it creates for FUSE callers with their own modes).
 pub fn private_umask(cmd: &mut std::process::Command) -> &mut std::process::Command {
     use std::os::unix::process::CommandExt;
