@@ -362,4 +362,49 @@ mod tests {
         let want: Vec<(u64, Vec<u8>)> = (0..3u64).map(|i| (7, i.to_ne_bytes().to_vec())).collect();
         assert_eq!(evicted, want, "the oldest go, and the kernel is told");
     }
+
+    #[test]
+    fn a_swap_runs_its_passes_in_the_window_one_swap_at_a_time() {
+        let k = Arc::new(KernelCache::default());
+        // No notify thread (vhost-user): a pass has nothing to wait for.
+        let done = k.swap().take_back(Vec::new());
+        assert_eq!((done.names, done.inodes), (0, 0));
+        assert!(k.caching(), "a dropped swap closes its window");
+
+        let (tx, rx) = channel::<Inval>();
+        k.connect(tx);
+        let notify = std::thread::spawn(move || {
+            let mut jobs = Vec::new();
+            for job in rx.iter().take(2) {
+                jobs.push((job.everything, job.after_swap, job.drop_pages, job.entries));
+                let d = Done {
+                    names: 1,
+                    ..Done::default()
+                };
+                let _ = job.done.expect("a swap waits for its pass").send(d);
+            }
+            jobs
+        });
+        let mut swap = k.swap();
+        assert!(k.caching(), "the window opens only when asked");
+        swap.open_window();
+        assert!(!k.caching());
+        let (k2, (go, ready)) = (k.clone(), std::sync::mpsc::channel());
+        let second = std::thread::spawn(move || {
+            let _s = k2.swap();
+            go.send(()).unwrap();
+        });
+        let first = swap.take_back(vec![(1, b"gone".to_vec())]);
+        assert_eq!(first.names, 1);
+        assert!(!k.caching(), "still in the window after the first pass");
+        assert!(ready.try_recv().is_err(), "one swap at a time");
+        let last = swap.finish(true);
+        assert_eq!(last.names, 1);
+        assert!(k.caching());
+        ready.recv().unwrap();
+        second.join().unwrap();
+        let jobs = notify.join().unwrap();
+        assert_eq!(jobs[0], (true, false, false, vec![(1, b"gone".to_vec())]));
+        assert_eq!(jobs[1], (false, true, true, vec![]));
+    }
 }
