@@ -72,8 +72,8 @@ def strip(text):
     return "".join(out)
 
 def expand(tree):
-    """`a::{b, c::{d, e}}` -> ["a::b", "a::c::d", "a::c::e"]."""
-    tree = re.sub(r"\s+", "", tree)
+    """`a::{b, c::{d as e}}` -> ["a::b", "a::c::d@e"] (`@alias` when renamed)."""
+    tree = re.sub(r"\s+", "", re.sub(r"\s+as\s+", "@", tree))
     depth, start, parts = 0, 0, []
     for i, c in enumerate(tree + ","):
         if c in "{":
@@ -89,7 +89,7 @@ def expand(tree):
             head, rest = part.split("{", 1)
             out += [head + x for x in expand(rest[: rest.rfind("}")])]
         else:
-            out.append(part.split(" as ")[0])
+            out.append(part)
     return out
 
 def inline_mods(code):
@@ -118,10 +118,12 @@ def scope_at(mod, spans, pos):
             best = names
     return mod + best
 
-def resolve(scope, path):
-    """The deepest module (a file) that `path`, written in `scope`, names; None for another
-    crate, std, or a name in scope."""
+def absolute(scope, path):
+    """`path` written in `scope` as segments from the crate root; None for another crate,
+    std, or a name in scope."""
     segs = [s for s in path.split("::") if s and s != "*"]
+    if segs and scope is not None and scope + (segs[0],) in modules:
+        segs = ["self"] + segs  # `use child::x` in a module (2018 paths)
     if not segs or segs[0] not in ("crate", "super", "self"):
         return None
     if segs[0] == "crate":
@@ -131,17 +133,42 @@ def resolve(scope, path):
         while segs and segs[0] in ("super", "self"):
             base = base[:-1] if segs[0] == "super" else base
             segs = segs[1:]
-    full = base + tuple(s for s in segs if s != "self")
+    return base + tuple(s for s in segs if s != "self")
+
+# Re-exports: `pub use a::b::X;` in module M makes `M::X` name a::b's X (mod.rs indexes do
+# this), so a path through M is an edge to a::b, not to M (which could hide a cycle).
+reexports = {}  # (module, name) -> absolute path of what it names
+
+def resolve(scope, path, seen=0):
+    """The deepest module (a file) that `path`, written in `scope`, names, following
+    re-exports; None for another crate, std, or a name in scope."""
+    full = absolute(scope, path) if isinstance(path, str) else path
+    if full is None:
+        return None
     for k in range(len(full), -1, -1):
         if full[:k] in modules:
+            if k < len(full) and (full[:k], full[k]) in reexports and seen < 16:
+                return resolve(None, reexports[(full[:k], full[k])] + full[k + 1 :], seen + 1)
             return full[:k]
     return None
 
 PATH_HEAD = r"(?:crate|super|self)"
-edges = {}
+codes = {}
 for p, mod in files.items():
     with open(p, encoding="utf-8") as f:
-        code = strip(f.read())
+        codes[p] = strip(f.read())
+    spans = inline_mods(codes[p])
+    for m in re.finditer(r"\bpub(?:\([^)]*\))?\s+use\s+([^;]*);", codes[p]):
+        scope = scope_at(mod, spans, m.start())
+        for leaf in expand(m.group(1)):
+            path, _, alias = leaf.partition("@")
+            full = absolute(scope, path)
+            if full:
+                reexports[(scope, alias or full[-1])] = full
+
+edges = {}
+for p, mod in files.items():
+    code = codes[p]
     spans = inline_mods(code)
     targets = set()
     # `use` trees, groups and nesting included: `use super::{a, b::{c, d}};`,
@@ -151,8 +178,8 @@ for p, mod in files.items():
         tree = re.sub(r"\s+", "", m.group(1))
         if tree.startswith("{"):
             tree = tree[1 : tree.rfind("}")]
-        for path in expand(tree):
-            targets.add(resolve(scope, path))
+        for leaf in expand(tree):
+            targets.add(resolve(scope, leaf.partition("@")[0]))
     # Inline paths in code: `crate::a::f()`, `super::b::T`, `self::c::K`, `super::super::d`.
     # `$crate` (a macro's own crate, resolved where the macro is used) is not an edge.
     for m in re.finditer(r"(?<![:\w$])" + PATH_HEAD + r"(?:\s*::\s*\w+)+", code):
