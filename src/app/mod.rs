@@ -21,14 +21,27 @@ mod threads;
 mod vhost;
 
 use std::sync::atomic::AtomicBool;
+use std::time::Duration;
 
 use crate::cli::Command;
+use crate::fs::ops::Shared;
 
 pub use explain::normalize;
-pub(crate) use mount::flush_audit;
 
 /// Set once the FUSE session has ended (the signal thread waits for it on SIGTERM).
 pub(crate) static SESSION_DONE: AtomicBool = AtomicBool::new(false);
+
+/// Writes the audit lines still pending (coalescing windows) before the daemon exits:
+/// at the end of the session (`mount/teardown.rs`) and at the signal thread's
+/// last-resort exit (`threads.rs`, `vhost.rs`), so it lives here, beside
+/// [`SESSION_DONE`], below both.
+pub(crate) fn flush_audit(shared: &Shared) {
+    if let Some(a) = &shared.audit
+        && !a.flush(Duration::from_secs(2))
+    {
+        log::warn!("audit: the writer did not flush within 2 s; the last lines may be missing");
+    }
+}
 
 /// Exit code for runtime and policy errors.
 pub const EXIT_ERR: i32 = 1;

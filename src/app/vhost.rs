@@ -22,12 +22,11 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::{SigSet, Signal};
 
-use super::SESSION_DONE;
 use super::mount::{
-    block_signals, build_state, cache_ttl, confine_workers, end_session, flush_audit, signal_ready,
-    source_dir,
+    block_signals, build_state, cache_ttl, confine_workers, end_session, signal_ready, source_dir,
 };
 use super::threads;
+use super::{SESSION_DONE, flush_audit};
 use crate::cli::VhostArgs;
 use crate::fs::FenceFs;
 use crate::fs::ops::Shared;

@@ -44,7 +44,6 @@ pub(super) use check::{block_signals, cache_ttl, source_dir};
 pub(super) use serve::{confine_workers, signal_ready};
 pub(super) use state::build_state;
 pub(super) use teardown::end_session;
-pub(crate) use teardown::flush_audit;
 
 /// Mounts and serves until unmounted. The steps run in exactly this order (module docs).
 pub(super) fn mount(a: MountArgs) -> Result<(), String> {

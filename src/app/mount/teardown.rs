@@ -10,9 +10,8 @@
 //! `vhost-user` ends its device with the same [`end_session`].
 
 use std::sync::atomic::Ordering;
-use std::time::Duration;
 
-use super::super::SESSION_DONE;
+use super::super::{SESSION_DONE, flush_audit};
 use super::serve::Served;
 use super::state::State;
 use crate::fs::ops::Shared;
@@ -35,13 +34,4 @@ pub(in crate::app) fn end_session(shared: &Shared) {
     SESSION_DONE.store(true, Ordering::SeqCst);
     shared.approvals.shutdown();
     flush_audit(shared);
-}
-
-/// Writes the audit lines still pending (coalescing windows) before the daemon exits.
-pub(crate) fn flush_audit(shared: &Shared) {
-    if let Some(a) = &shared.audit
-        && !a.flush(Duration::from_secs(2))
-    {
-        log::warn!("audit: the writer did not flush within 2 s; the last lines may be missing");
-    }
 }
