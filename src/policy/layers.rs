@@ -95,7 +95,7 @@ impl Policy {
             .unwrap_or(Mode::ReadOnly);
         let (mut rule_off, mut prot_off, mut rules) = (Vec::new(), Vec::new(), Vec::new());
         let mut protected = Vec::new();
-        super::programs::assign_bits(&mut layers);
+        super::programs::assign_bits(layers.iter_mut().map(|l| &mut l.prog));
         for (k, l) in layers.iter_mut().enumerate() {
             l.set_mode(mode);
             rule_off.push(rules.len());

@@ -330,6 +330,7 @@ mod lattice;
 mod layers;
 mod listing;
 pub mod presets;
+mod program_set;
 mod programs;
 mod raw;
 pub mod schema;

@@ -2,9 +2,10 @@
 //!
 //! The policy never looks at processes: the glue resolves the calling process's
 //! executable (as that process sees it, in its own root) and its ancestors' and asks
-//! [`Policy::match_programs`] which program rules they match; the answer is a bit set
-//! carried in [`Caller::progs`](super::Caller), so a decision stays a pure function of
-//! (policy, path, caller, need).
+//! [`Policy::match_programs`](super::Policy::match_programs) (`program_set.rs`) which
+//! program rules they match; the answer is a bit set carried in
+//! [`Caller::progs`](super::Caller), so a decision stays a pure function of (policy, path,
+//! caller, need).
 //!
 //! Invariants: at most [`MAX_PROGRAM_RULES`] program rules in a policy set (a larger set
 //! fails to load, never silently drops a rule); bit `i` is the `i`-th program rule in
@@ -13,7 +14,6 @@
 use globset::{GlobBuilder, GlobSet, GlobSetBuilder};
 
 use super::raw::{Located, RawError};
-use super::{Policy, PolicyError};
 
 /// The most rules with `exe`/`ancestor_exe` a policy set may have (all layers together):
 /// one bit each in [`Caller::progs`](super::Caller).
@@ -25,7 +25,7 @@ pub(crate) struct ProgSel {
     /// `exe`: the process's own executable matches.
     exe: Option<GlobSet>,
     /// `ancestor_exe`: the process's or an ancestor's executable matches.
-    ancestor: Option<GlobSet>,
+    pub(super) ancestor: Option<GlobSet>,
     /// The bit in [`Caller::progs`](super::Caller) (set when the layer joins a set).
     pub(crate) bit: Option<u8>,
 }
@@ -105,69 +105,13 @@ fn globs(
     b.build().ok()
 }
 
-impl Policy {
-    /// Whether some layer has a rule with `exe` or `ancestor_exe`: answers then depend on
-    /// the calling program, and the glue must resolve it per request.
-    pub fn has_programs(&self) -> bool {
-        self.layers()
-            .iter()
-            .any(|l| l.prog.iter().any(Option::is_some))
-    }
-
-    /// The program rules a process running `exe` with `ancestors` (parent first) matches,
-    /// as the bit set for [`Caller::progs`](super::Caller).
-    pub fn match_programs(&self, exe: &[u8], ancestors: &[Vec<u8>]) -> u64 {
-        let mut bits = 0u64;
-        for l in self.layers() {
-            for sel in l.prog.iter().flatten() {
-                if let Some(bit) = sel.bit
-                    && sel.matches(exe, ancestors)
-                {
-                    bits |= 1 << bit;
-                }
-            }
-        }
-        bits
-    }
-
-    /// Whether any rule with `ancestor_exe` exists (the glue walks ancestors only then).
-    pub fn has_ancestor_programs(&self) -> bool {
-        self.layers()
-            .iter()
-            .any(|l| l.prog.iter().flatten().any(|s| s.ancestor.is_some()))
-    }
-
-    /// The set's limits: at most [`MAX_PROGRAM_RULES`] program rules.
-    pub fn check_limits(&self) -> Result<(), Vec<PolicyError>> {
-        let n: usize = self
-            .layers()
-            .iter()
-            .map(|l| l.prog.iter().flatten().count())
-            .sum();
-        if n <= MAX_PROGRAM_RULES {
-            return Ok(());
-        }
-        Err(vec![PolicyError {
-            file: self
-                .layers()
-                .last()
-                .map(|l| l.file().to_string())
-                .unwrap_or_default(),
-            line: 0,
-            column: 0,
-            message: format!(
-                "{n} rules with exe/ancestor_exe in the policy set: at most {MAX_PROGRAM_RULES}"
-            ),
-        }])
-    }
-}
-
-/// Gives every program rule of `layers` its bit, in layer order (none past the cap:
-/// [`Policy::check_limits`] refuses such a set).
-pub(crate) fn assign_bits(layers: &mut [super::Layer]) {
+/// Gives every program rule its bit, in layer order: `layers` yields each layer's
+/// selectors, one per rule (none past the cap: [`Policy::check_limits`](super::Policy::check_limits)
+/// refuses such a set).
+pub(crate) fn assign_bits<'a>(layers: impl IntoIterator<Item = &'a mut Vec<Option<ProgSel>>>) {
     let mut next = 0usize;
-    for l in layers {
-        for sel in l.prog.iter_mut().flatten() {
+    for prog in layers {
+        for sel in prog.iter_mut().flatten() {
             sel.bit = (next < MAX_PROGRAM_RULES).then_some(next as u8);
             next += 1;
         }
