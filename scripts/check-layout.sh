@@ -6,9 +6,11 @@
 #    (`use crate::…`, `use super::{a, b::{c, d}}`, `use self::…`, `pub(super) use …`, groups
 #    and nesting expanded) or in a path in code (`crate::a::f()`, `super::b::T`,
 #    `super::super::c::K`, `self::d::X`). A path inside an inline `mod tests { … }` resolves
-#    from that inline module, as rustc does. Comments, strings and `$crate` are skipped.
-#    Edges between a module and its own ancestors or descendants are not counted: a module
-#    and its parts are one unit (mod.rs re-exports and helpers). Any other cycle, e.g.
+#    from that inline module, as rustc does; `use child::x` from the module it is in;
+#    `as` renames are kept. A path through a `pub use` re-export (a mod.rs index) names
+#    the module that defines the item, not the index. Comments, strings and `$crate` are
+#    skipped. Edges between a module and its own ancestors or descendants are not
+#    counted: a module and its parts are one unit (mod.rs and helpers). Any other cycle, e.g.
 #    fs::decide -> fs::ops -> fs::decide, fails, and every cycle is printed with its edges.
 # Usage: scripts/check-layout.sh [SRC_DIR]
 set -euo pipefail
