@@ -206,6 +206,10 @@ pub struct MountArgs {
     /// ready, after the waiting parent has been told.
     #[arg(skip)]
     pub daemonized: bool,
+    /// Set by `fencefs run`: mount with mount(2) directly (inside the run's private user
+    /// and mount namespace, where fusermount3 cannot work) and unmount by detaching.
+    #[arg(skip)]
+    pub direct: bool,
     /// The host directory to mirror.
     pub source: PathBuf,
     /// Where to mount it.

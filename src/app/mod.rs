@@ -29,6 +29,10 @@ pub(crate) use mount::flush_audit;
 /// Set once the FUSE session has ended (the signal thread waits for it on SIGTERM).
 pub(crate) static SESSION_DONE: AtomicBool = AtomicBool::new(false);
 
+/// Set when the mount was made with mount(2) directly (`fencefs run`): unmounting is a
+/// detach in the run's namespace, not fusermount3.
+pub(crate) static DIRECT_MOUNT: AtomicBool = AtomicBool::new(false);
+
 /// Exit code for runtime and policy errors.
 pub const EXIT_ERR: i32 = 1;
 

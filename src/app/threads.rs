@@ -12,7 +12,7 @@ use fuser::SessionUnmounter;
 use nix::sys::signal::{SigSet, Signal};
 use serde_json::json;
 
-use super::{SESSION_DONE, flush_audit};
+use super::{DIRECT_MOUNT, SESSION_DONE, flush_audit};
 use crate::approvals::{self, Redecide};
 use crate::control::server::{self, Hooks};
 use crate::fs::kcache::{Done, Inval};
@@ -419,7 +419,12 @@ pub(super) fn signal_loop(
                 // Held requests are answered (refused) first: no caller waits on a
                 // daemon that is going away.
                 shared.approvals.shutdown();
-                if let Err(e) = unmounter.unmount() {
+                if DIRECT_MOUNT.load(Ordering::SeqCst) {
+                    // `fencefs run`: the mount is ours, in the run's private namespace.
+                    if let Err(e) = crate::host::sys::ns::detach(&mnt) {
+                        log::warn!("unmount {}: {e}", mnt.display());
+                    }
+                } else if let Err(e) = unmounter.unmount() {
                     log::warn!("unmount failed ({e}); detaching lazily");
                     let mut cmd = std::process::Command::new("fusermount3");
                     let _ = crate::host::sys::private_umask(&mut cmd)
