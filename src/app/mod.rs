@@ -5,6 +5,7 @@
 //! - `vhost`: `vhost-user`'s life cycle, sharing the mount's steps where they are the same;
 //! - `threads`: the daemon's own threads' bodies (signals, reloads, the control socket);
 //! - `notify`: the notify thread (kernel cache invalidations) and its held-directory lane;
+//! - `run`: `fencefs run`: COMMAND in a private namespace with the fences up;
 //! - `roots`: the mount's roots besides SOURCE (`--root`, a linked worktree's repository).
 //! - `policy_watch`: the debounced reload when the host edits a policy file in SOURCE.
 
@@ -16,6 +17,7 @@ mod notify;
 mod policy_watch;
 mod restage;
 mod roots;
+mod run;
 mod threads;
 mod vhost;
 
@@ -58,6 +60,7 @@ pub fn run(cmd: Command) -> i32 {
                 EXIT_ERR
             }
         },
+        Command::Run(r) => run::run(r),
         Command::VhostUser(v) => match vhost::vhost_user(v) {
             Ok(()) => 0,
             Err(msg) => {

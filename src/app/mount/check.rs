@@ -20,7 +20,7 @@ use crate::cli::MountArgs;
 use crate::host::sys;
 
 /// The file system type of the topmost mount exactly at `path`, if one is there.
-fn top_mount_type(path: &Path) -> Option<String> {
+pub(in crate::app) fn top_mount_type(path: &Path) -> Option<String> {
     top_mount(&path.canonicalize().ok()?).map(|m| m.fstype)
 }
 

@@ -40,7 +40,7 @@ mod threads;
 use crate::cli::MountArgs;
 use crate::host::sys;
 
-pub(super) use check::{block_signals, cache_ttl, source_dir};
+pub(super) use check::{block_signals, cache_ttl, source_dir, top_mount_type};
 pub(super) use serve::{confine_workers, signal_ready};
 pub(super) use state::build_state;
 pub(super) use teardown::end_session;

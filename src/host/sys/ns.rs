@@ -117,12 +117,13 @@ pub fn die_with(parent: Pid) -> io::Result<()> {
     Ok(())
 }
 
-/// A map "0 0 4294967295": every id to itself, for root's COMMAND.
-const IDENTITY_MAP: &[u8] = b"0 0 4294967295\n";
+/// Root mapped to itself, for root's COMMAND. A process can map only its own id in a
+/// namespace it made (the full range needs a writer in the parent namespace), so other
+/// users' files show as owned by the overflow id in there.
+const ROOT_MAP: &[u8] = b"0 0 1\n";
 
 /// What COMMAND's child does between fork and exec: die with `fencefs run` (SIGKILL),
-/// and, when `lock`, enter one more user and mount namespace (root's ids mapped to
-/// themselves) so every mount it inherits — the fence included — is locked: COMMAND
+/// and, when `lock`, enter one more user and mount namespace (root mapped to itself) so every mount it inherits — the fence included — is locked: COMMAND
 /// keeps its capabilities over its own namespace but can no longer unmount or move the
 /// fence to uncover the workspace beneath.
 pub fn pre_exec(cmd: &mut std::process::Command, lock: bool) {
@@ -144,8 +145,9 @@ pub fn pre_exec(cmd: &mut std::process::Command, lock: bool) {
                 if libc::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWNS) != 0 {
                     return Err(io::Error::last_os_error());
                 }
-                write_static(c"/proc/self/uid_map", IDENTITY_MAP)?;
-                write_static(c"/proc/self/gid_map", IDENTITY_MAP)?;
+                write_static(c"/proc/self/setgroups", b"deny")?;
+                write_static(c"/proc/self/uid_map", ROOT_MAP)?;
+                write_static(c"/proc/self/gid_map", ROOT_MAP)?;
             }
             Ok(())
         });
@@ -168,4 +170,23 @@ fn write_static(path: &CStr, data: &[u8]) -> io::Result<()> {
         return Err(err);
     }
     Ok(())
+}
+
+/// Puts process group `pgrp` in the foreground of the terminal on `fd`.
+pub fn tcsetpgrp(fd: BorrowedFd<'_>, pgrp: Pid) -> io::Result<()> {
+    // SAFETY: a plain ioctl-backed libc call on a borrowed, open descriptor.
+    if unsafe { libc::tcsetpgrp(fd.as_raw_fd(), pgrp.as_raw()) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// The terminal's foreground process group on `fd`.
+pub fn tcgetpgrp(fd: BorrowedFd<'_>) -> io::Result<Pid> {
+    // SAFETY: as above.
+    let p = unsafe { libc::tcgetpgrp(fd.as_raw_fd()) };
+    if p < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(Pid::from_raw(p))
 }
