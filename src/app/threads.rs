@@ -421,8 +421,12 @@ pub(super) fn signal_loop(
                 shared.approvals.shutdown();
                 if DIRECT_MOUNT.load(Ordering::SeqCst) {
                     // `fencefs run`: the mount is ours, in the run's private namespace.
-                    if let Err(e) = crate::host::sys::ns::detach(&mnt) {
-                        log::warn!("unmount {}: {e}", mnt.display());
+                    // EINVAL: already detached with the mount it was on.
+                    match crate::host::sys::ns::detach(&mnt) {
+                        Err(e) if e.raw_os_error() != Some(libc::EINVAL) => {
+                            log::warn!("unmount {}: {e}", mnt.display());
+                        }
+                        _ => {}
                     }
                 } else if let Err(e) = unmounter.unmount() {
                     log::warn!("unmount failed ({e}); detaching lazily");

@@ -62,11 +62,8 @@ pub(super) fn run(cmd: &[OsString], cwd: &Path, lock: bool) -> i32 {
                 break std::process::ExitStatus::from_raw(1 << 8);
             }
         }
-        match sigs.wait() {
-            Ok(s @ (Signal::SIGTERM | Signal::SIGHUP)) => {
-                let _ = kill(pid, s);
-            }
-            _ => {}
+        if let Ok(s @ (Signal::SIGTERM | Signal::SIGHUP)) = sigs.wait() {
+            let _ = kill(pid, s);
         }
     };
     take_terminal_back();

@@ -43,9 +43,7 @@ pub(super) fn run(a: RunArgs) -> i32 {
             eprintln!("{}", f.line);
             let lock = f.s.uid == 0;
             let code = child::run(&a.command, &f.s.cwd, lock);
-            for d in f.daemons {
-                d.stop();
-            }
+            stop_all(f.daemons);
             // Staging's review below must see the staging area again.
             for d in &f.covered {
                 let _ = ns::detach(d);
@@ -128,9 +126,7 @@ fn fence(a: &RunArgs) -> Result<Fence, String> {
         Ok::<(), String>(())
     })();
     if let Err(e) = r {
-        for d in daemons {
-            d.stop();
-        }
+        stop_all(daemons);
         return Err(e);
     }
     let line = up_line(&s);
@@ -141,6 +137,15 @@ fn fence(a: &RunArgs) -> Result<Fence, String> {
         runtime_fd,
         covered,
     })
+}
+
+/// Stops the daemons, the last started first: the $HOME fence's daemon holds handles
+/// into the workspace's fence (the bind's lookups went through it), which would keep the
+/// workspace's session alive.
+fn stop_all(daemons: Vec<daemon::Daemon>) {
+    for d in daemons.into_iter().rev() {
+        d.stop();
+    }
 }
 
 /// Mounts the $HOME fence; a workspace inside $HOME is bound back on top of it (the

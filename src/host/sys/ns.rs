@@ -122,7 +122,8 @@ pub fn die_with(parent: Pid) -> io::Result<()> {
 /// users' files show as owned by the overflow id in there.
 const ROOT_MAP: &[u8] = b"0 0 1\n";
 
-/// What COMMAND's child does between fork and exec: die with `fencefs run` (SIGKILL),
+/// What COMMAND's child does between fork and exec: unblock every signal, die with
+/// `fencefs run` (SIGKILL),
 /// and, when `lock`, enter one more user and mount namespace (root mapped to itself) so every mount it inherits — the fence included — is locked: COMMAND
 /// keeps its capabilities over its own namespace but can no longer unmount or move the
 /// fence to uncover the workspace beneath.
@@ -131,6 +132,12 @@ pub fn pre_exec(cmd: &mut std::process::Command, lock: bool) {
     // syscalls on static data (no allocation, no lock), as pre_exec requires.
     unsafe {
         cmd.pre_exec(move || {
+            // `fencefs run` blocks the signals it waits for; COMMAND starts with none.
+            let mut none: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut none);
+            if libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut()) != 0 {
+                return Err(io::Error::last_os_error());
+            }
             if libc::prctl(
                 libc::PR_SET_PDEATHSIG,
                 libc::SIGKILL as libc::c_ulong,

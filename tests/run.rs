@@ -1,0 +1,349 @@
+//! `fencefs run`: the real binary run as uid 1000 with no capabilities (setpriv), in a
+//! private mount namespace of the test's own (`unshare -m`) where /dev/fuse is a 0666 node
+//! bound over the host's (which is 0600 on the test machines; nothing of the host's /dev
+//! changes). What COMMAND sees, what the host gets, exit statuses, SIGKILL, and the
+//! one-line refusals when a prerequisite is missing. As root: the staged default.
+//!
+//! Every process here is ours and signalled by pid; the fences live in the run's private
+//! namespace, so nothing can stay mounted (the SIGKILL test proves it for the worst case).
+
+mod common;
+
+use std::fs;
+use std::io::{BufRead, BufReader};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::*;
+
+const AGENT: u32 = 1000;
+const LIMIT: Duration = Duration::from_secs(30);
+
+/// The shell that prepares the test's private namespace, then becomes `fencefs run` as
+/// uid 1000: `$D` a tmpfs holding a 0666 /dev/fuse node, bound over /dev/fuse.
+const AS_USER: &str = r#"set -e
+mount -t tmpfs -o size=64k,mode=0755 fencefs-test-dev "$D"
+mknod -m 0666 "$D/fuse" c 10 229
+mount --bind "$D/fuse" /dev/fuse
+cd "$CWD"
+exec setpriv --reuid 1000 --regid 1000 --clear-groups env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin \
+  LC_ALL=C HOME="$H" XDG_RUNTIME_DIR="$R" "$BIN" run "$@""#;
+
+/// One test's tree: ROOT/src the workspace, ROOT/outside/home uid 1000's HOME, ROOT/run
+/// its XDG_RUNTIME_DIR, ROOT/dev the device tmpfs's mount point.
+struct Fixture {
+    w: Workspace,
+}
+
+impl Fixture {
+    fn new(name: &str) -> Fixture {
+        require_fuse();
+        let w = Workspace::new(name);
+        for d in ["outside/home/.ssh", "outside/home/.cache", "run", "dev"] {
+            mkdirp(&w.root.join(d));
+        }
+        put(&w.src().join("a.txt"), b"hello\n", 0o644);
+        put(&w.src().join(".env"), b"TOKEN=secret\n", 0o600);
+        put(&w.src().join(".git/config"), b"[core]\n", 0o644);
+        put(&w.home().join(".ssh/id_ed25519"), b"KEY\n", 0o600);
+        put(&w.home().join(".bashrc"), b"# rc\n", 0o644);
+        for d in [w.src(), w.home(), w.root.join("run")] {
+            chown_tree(&d, AGENT);
+        }
+        fs::set_permissions(w.root.join("outside"), fs::Permissions::from_mode(0o755)).unwrap();
+        Fixture { w }
+    }
+
+    fn ws(&self) -> PathBuf {
+        self.w.src()
+    }
+
+    fn home(&self) -> PathBuf {
+        self.w.home()
+    }
+
+    /// `fencefs run ARGS -- sh -c SCRIPT` as uid 1000, in `cwd`.
+    fn cmd(&self, cwd: &Path, args: &[&str], script: &str) -> Command {
+        let mut c = Command::new("unshare");
+        c.args([
+            "-m",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            AS_USER,
+            "as-user",
+        ])
+        .args(args)
+        .args(["--", "sh", "-c", script])
+        .env("D", self.w.root.join("dev"))
+        .env("CWD", cwd)
+        .env("H", self.home())
+        .env("R", self.w.root.join("run"))
+        .env("BIN", BIN);
+        c
+    }
+
+    fn run(&self, args: &[&str], script: &str) -> Out {
+        run_bounded(self.cmd(&self.ws(), args, script), LIMIT, "fencefs run")
+    }
+}
+
+trait HomeDir {
+    fn home(&self) -> PathBuf;
+}
+
+impl HomeDir for Workspace {
+    fn home(&self) -> PathBuf {
+        self.outside().join("home")
+    }
+}
+
+#[test]
+fn live_reads_writes_and_refuses_as_an_ordinary_user() {
+    let f = Fixture::new("run-live");
+    let env_before = snapshot(&f.ws().join(".env"));
+    let git_before = snapshot(&f.ws().join(".git"));
+    let o = f.run(
+        &["--live", "--home", "keep"],
+        "exec 2>&1; id -u; pwd; cat a.txt; echo new > b.txt; echo more >> a.txt; \
+         cat .env 2>&1; echo x > .env 2>&1; echo x >> .git/config 2>&1; \
+         awk -v h=\"$HOME\" '$5 == ENVIRON[\"PWD\"] || $5 == h {print $5, $(NF-2)}' /proc/self/mountinfo",
+    );
+    o.assert_ok("fencefs run");
+    let ws = f.ws();
+    let lines: Vec<&str> = o.stdout.lines().collect();
+    assert_eq!(lines[0], "1000", "COMMAND runs as the caller: {}", o.stdout);
+    assert_eq!(lines[1], ws.to_str().unwrap(), "cwd preserved");
+    assert_eq!(lines[2], "hello");
+    assert!(
+        o.stdout.contains("cat: .env: No such file or directory"),
+        "a hidden .env answers ENOENT: {}",
+        o.stdout
+    );
+    assert!(
+        o.stdout.contains(".env: Permission denied"),
+        "creating over the hidden .env: EACCES: {}",
+        o.stdout
+    );
+    assert!(
+        o.stdout.contains(".git/config: Read-only file system"),
+        "agent-config's .git/config refuses writes with EROFS: {}",
+        o.stdout
+    );
+    let fence = format!("{} fuse.fencefs", ws.display());
+    assert_eq!(
+        lines.last(),
+        Some(&fence.as_str()),
+        "one fence, home kept: {}",
+        o.stdout
+    );
+    // The host: the writes landed, the refused ones did not.
+    assert_eq!(fs::read(ws.join("b.txt")).unwrap(), b"new\n");
+    assert_eq!(fs::read(ws.join("a.txt")).unwrap(), b"hello\nmore\n");
+    assert_host_unchanged(&env_before, &ws.join(".env"), ".env");
+    assert_host_unchanged(&git_before, &ws.join(".git"), ".git");
+    let up: Vec<&str> = o.stderr.lines().collect();
+    assert_eq!(up.len(), 1, "one line on stderr: {}", o.stderr);
+    assert!(up[0].starts_with(&format!("fencefs: fenced {} (", ws.display())));
+    assert!(!is_mounted(&ws), "nothing mounted on the host");
+}
+
+#[test]
+fn home_is_fenced_and_a_workspace_inside_it_keeps_its_policy() {
+    let f = Fixture::new("run-home");
+    // A second workspace inside HOME: served by the workspace policy, not `home`.
+    let proj = f.home().join("proj");
+    put(&proj.join("code.rs"), b"fn main() {}\n", 0o644);
+    put(&proj.join(".env"), b"X=1\n", 0o600);
+    chown_tree(&proj, AGENT);
+    let home_before = snapshot(&f.home());
+    let script = "exec 2>&1; ls ~/.ssh; cat ~/.ssh/id_ed25519 2>&1; echo c > ~/.cache/c && echo cache-ok; \
+                  echo x >> ~/.bashrc 2>&1; cat ~/.bashrc; echo y > code2.rs && echo ws-ok; \
+                  cat .env; echo z > ~/new; true";
+    let o = run_bounded(
+        f.cmd(
+            &proj,
+            &["--live", "--workspace", proj.to_str().unwrap()],
+            script,
+        ),
+        LIMIT,
+        "fencefs run in HOME",
+    );
+    o.assert_ok("fencefs run");
+    let h = f.home();
+    for want in [
+        format!(
+            "ls: cannot access '{}/.ssh': No such file or directory",
+            h.display()
+        ),
+        format!(
+            "cat: {}/.ssh/id_ed25519: No such file or directory",
+            h.display()
+        ),
+        "cache-ok".into(),
+        format!("{}/.bashrc: Permission denied", h.display()),
+        "# rc".into(),
+        "ws-ok".into(),
+        "cat: .env: No such file or directory".into(),
+        format!("{}/new: Permission denied", h.display()),
+    ] {
+        assert!(
+            o.stdout.contains(&want),
+            "missing {want:?} in:\n{}",
+            o.stdout
+        );
+    }
+    assert!(o.stderr.contains("fenced (preset home)"), "{}", o.stderr);
+    assert_eq!(o.stderr.lines().count(), 1, "{}", o.stderr);
+    // The host: the cache and the workspace got their files; nothing else changed.
+    assert_eq!(fs::read(h.join(".cache/c")).unwrap(), b"c\n");
+    assert_eq!(fs::read(proj.join("code2.rs")).unwrap(), b"y\n");
+    fs::remove_file(h.join(".cache/c")).unwrap();
+    fs::remove_file(proj.join("code2.rs")).unwrap();
+    let after = snapshot(&h);
+    let d = snapshot_diff(&home_before, &after);
+    // Directories' mtimes moved with the removals above; entries must be the same.
+    let names = |s: &Snapshot| s.keys().cloned().collect::<Vec<_>>();
+    assert_eq!(names(&home_before), names(&after), "{d}");
+}
+
+#[test]
+fn exit_status_and_signals_pass_through() {
+    let f = Fixture::new("run-status");
+    let o = f.run(&["--live", "--home", "keep"], "exit 7");
+    assert_eq!(o.status.code(), Some(7), "{}", o.stderr);
+    let o = f.run(&["--live", "--home", "keep"], "kill -TERM $$");
+    assert_eq!(o.status.code(), Some(128 + 15), "{} {}", o.stderr, o.stdout);
+    let o = f.run(&["--live", "--home", "keep", "--", "/nonexistent/cmd"], "");
+    assert_eq!(o.status.code(), Some(127), "{}", o.stderr);
+}
+
+/// Whether `pid` is a live (not zombie) process.
+fn alive(pid: i32) -> bool {
+    match fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(s) => s
+            .rsplit(')')
+            .next()
+            .is_some_and(|r| !r.trim_start().starts_with('Z')),
+        Err(_) => false,
+    }
+}
+
+#[test]
+fn sigkill_of_run_leaves_no_mount_and_no_process() {
+    let f = Fixture::new("run-kill");
+    let mut c = f.cmd(&f.ws(), &["--live"], "echo $$; exec sleep 60");
+    c.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = c.spawn().expect("spawn fencefs run");
+    let run_pid = child.id() as i32;
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    let cmd_pid: i32 = line.trim().parse().unwrap_or_else(|_| {
+        // SAFETY: kill(2) on our own child before failing.
+        unsafe { libc::kill(run_pid, libc::SIGKILL) };
+        panic!("no COMMAND pid: {line:?}")
+    });
+    // fencefs run is the process we spawned (unshare, sh and setpriv exec into it); its
+    // children are the daemons and COMMAND.
+    let kids = fs::read_to_string(format!("/proc/{run_pid}/task/{run_pid}/children")).unwrap();
+    let kids: Vec<i32> = kids
+        .split_whitespace()
+        .map(|p| p.parse().unwrap())
+        .collect();
+    assert!(kids.contains(&cmd_pid), "{kids:?} / {cmd_pid}");
+    assert_eq!(
+        kids.len(),
+        3,
+        "two daemons (workspace, home) and COMMAND: {kids:?}"
+    );
+    assert!(kids.iter().all(|&p| alive(p)));
+    // SAFETY: kill(2) on our own child, by pid.
+    assert_eq!(unsafe { libc::kill(run_pid, libc::SIGKILL) }, 0);
+    let st = child.wait().unwrap();
+    assert_eq!(std::os::unix::process::ExitStatusExt::signal(&st), Some(9));
+    assert!(
+        eventually(Duration::from_secs(5), || kids.iter().all(|&p| !alive(p))),
+        "still alive after fencefs run was killed: {:?}",
+        kids.iter().filter(|&&p| alive(p)).collect::<Vec<_>>()
+    );
+    let info = fs::read_to_string("/proc/self/mountinfo").unwrap();
+    for dir in [f.ws(), f.home()] {
+        assert!(
+            !info.contains(&format!(" {} ", dir.display())),
+            "{} appears in the host's mountinfo",
+            dir.display()
+        );
+    }
+}
+
+#[test]
+fn missing_prerequisites_are_one_line_and_exit_1() {
+    let f = Fixture::new("run-prereq");
+    // A workspace that does not exist.
+    let o = f.run(&["--live", "--workspace", "/nonexistent/ws"], "true");
+    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(
+        o.stderr,
+        "fencefs: workspace '/nonexistent/ws': No such file or directory (os error 2)\n"
+    );
+    // The host's /dev/fuse (0600 root) as uid 1000.
+    let o = run_bounded(
+        {
+            let mut c = Command::new("setpriv");
+            c.args(["--reuid=1000", "--regid=1000", "--clear-groups", BIN])
+                .args(["run", "--live", "--home", "keep", "--", "true"])
+                .current_dir(f.ws())
+                .env("XDG_RUNTIME_DIR", f.w.root.join("run"));
+            c
+        },
+        LIMIT,
+        "fencefs run without /dev/fuse",
+    );
+    if fs::metadata("/dev/fuse").unwrap().permissions().mode() & 0o006 != 0o006 {
+        assert_eq!(o.status.code(), Some(1));
+        assert!(
+            o.stderr
+                .starts_with("fencefs: /dev/fuse: Permission denied"),
+            "{}",
+            o.stderr
+        );
+        assert!(o.stderr.contains("chmod 0666 /dev/fuse"));
+        assert_eq!(o.stderr.lines().count(), 1, "{}", o.stderr);
+    }
+    // User namespaces used up: a user namespace (root mapped) allowing one more, in which
+    // uid 1000 (mapped to root: /dev/fuse opens) runs fencefs run, whose own is refused.
+    let o = run_bounded(
+        {
+            let mut c = Command::new("unshare");
+            c.args(["-Ur", "sh", "-c"])
+                .arg(
+                    "echo 1 > /proc/sys/user/max_user_namespaces && \
+                     exec unshare -U --map-user=1000 --map-group=1000 \"$BIN\" run --live --home keep -- true",
+                )
+                .current_dir(f.ws())
+                .env("BIN", BIN)
+                // Root's (uid 1000 is root outside): the one above is the real 1000's.
+                .env("XDG_RUNTIME_DIR", f.w.root.join("dev"));
+            c
+        },
+        LIMIT,
+        "fencefs run without user namespaces",
+    );
+    assert_eq!(o.status.code(), Some(1), "{}", o.stderr);
+    assert_eq!(
+        o.stderr,
+        "fencefs: cannot make a private user namespace: No space left on device (os error 28): \
+         user namespaces are off or used up: sysctl -w user.max_user_namespaces=15000\n"
+    );
+    // Staging as an ordinary user: not yet; says to use --live.
+    let o = f.run(&[], "true");
+    assert_eq!(o.status.code(), Some(1));
+    assert!(o.stderr.contains("run with --live"), "{}", o.stderr);
+    assert_eq!(o.stderr.lines().count(), 1, "{}", o.stderr);
+}
