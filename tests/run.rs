@@ -347,3 +347,69 @@ fn missing_prerequisites_are_one_line_and_exit_1() {
     assert!(o.stderr.contains("run with --live"), "{}", o.stderr);
     assert_eq!(o.stderr.lines().count(), 1, "{}", o.stderr);
 }
+
+/// `fencefs run` as root (the test's own uid), with the environment `env`.
+fn root_run(f: &Fixture, args: &[&str], script: &str) -> Out {
+    let mut c = Command::new(BIN);
+    c.arg("run")
+        .args(args)
+        .args(["--", "sh", "-c", script])
+        .current_dir(f.ws())
+        .env_clear()
+        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+        .env("LC_ALL", "C")
+        .env("HOME", f.home())
+        .env("XDG_RUNTIME_DIR", f.w.root.join("run"))
+        .env("XDG_STATE_HOME", f.w.root.join("state"));
+    run_bounded(c, LIMIT, "fencefs run as root")
+}
+
+#[test]
+fn staged_by_default_as_root_and_continued_by_the_next_run() {
+    let f = Fixture::new("run-staged");
+    let before = snapshot(&f.ws());
+    let o = root_run(
+        &f,
+        &[],
+        "exec 2>&1; echo one > s.txt; echo more >> a.txt; cat .env; \
+                               ls -A \"$XDG_STATE_HOME\"/fencefs/*/ | wc -l",
+    );
+    o.assert_ok("first run");
+    assert_eq!(
+        o.stdout, "cat: .env: No such file or directory\n0\n",
+        "the staging area is out of reach"
+    );
+    assert_host_unchanged(&before, &f.ws(), "a staged run");
+    let stage = f.w.root.join("state/fencefs");
+    let stage = fs::read_dir(&stage)
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path()
+        .join("stage");
+    let lines: Vec<&str> = o.stderr.lines().collect();
+    assert_eq!(lines.len(), 2, "{}", o.stderr);
+    assert!(
+        lines[0].contains(&format!("; staged in {}", stage.display())),
+        "{}",
+        lines[0]
+    );
+    assert!(
+        lines[1].starts_with("fencefs: changes kept staged in "),
+        "without a terminal: {}",
+        lines[1]
+    );
+    // The next run sees the staged changes, and says it continues them.
+    let o = root_run(&f, &[], "cat s.txt a.txt; echo two > t.txt");
+    o.assert_ok("second run");
+    assert_eq!(o.stdout, "one\nhello\nmore\n");
+    assert!(
+        o.stderr.contains("continuing an earlier run's changes"),
+        "{}",
+        o.stderr
+    );
+    assert_host_unchanged(&before, &f.ws(), "a second staged run");
+    let st = run_fencefs(["stage", "status", "--dir", stage.to_str().unwrap()], LIMIT);
+    assert_eq!(st.stdout, "M a.txt\nA s.txt\nA t.txt\n", "{}", st.stderr);
+}

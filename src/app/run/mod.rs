@@ -9,11 +9,13 @@
 //! 5. `daemon::start`: the workspace's fence, then $HOME's, each mounted directly over its
 //!    own path (a workspace inside $HOME is bound back on top of the $HOME fence);
 //! 6. `prove`: each fence checked from inside, or COMMAND never starts;
-//! 7. the run's own directories (control socket, staging area) covered with an empty
-//!    tmpfs, out of COMMAND's reach;
+//! 7. a mount namespace of `fencefs run`'s own (the daemons stay in the one before),
+//!    where the run's own directories (control socket, staging area) are covered with an
+//!    empty tmpfs, out of COMMAND's reach;
 //! 8. one line on stderr, then `child::run`: COMMAND, in the caller's cwd (resolved again,
 //!    so it is the fence's), as the caller, in the terminal's foreground job;
-//! 9. the daemons stopped; staged changes offered for review (`finish`).
+//! 9. this namespace's copies of the mounts detached, the daemons stopped; staged changes
+//!    offered for review (`finish`).
 //!
 //! Invariants: steps 1–5 run while the process has a single thread (unshare and fork
 //! need it). The mounts exist only in the private namespace: when its last process exits
@@ -43,17 +45,12 @@ pub(super) fn run(a: RunArgs) -> i32 {
             eprintln!("{}", f.line);
             let lock = f.s.uid == 0;
             let code = child::run(&a.command, &f.s.cwd, lock);
-            stop_all(f.daemons);
-            // Staging's review below must see the staging area again.
-            for d in &f.covered {
+            // This process's copies of the mounts go first (a copy would keep a session
+            // alive), then the daemons; staging's review below sees the host again.
+            for d in f.covered.iter().chain([&f.s.ws]).chain(&f.s.home) {
                 let _ = ns::detach(d);
             }
-            // The daemon could not remove its socket: the namespace covers its directory.
-            if let Some(fd) = &f.runtime_fd
-                && let Some(name) = f.s.control.file_name()
-            {
-                let _ = nix::unistd::unlinkat(fd, name, nix::unistd::UnlinkatFlags::NoRemoveDir);
-            }
+            stop_all(f.daemons);
             if let Some(dir) = &f.s.stage {
                 finish::staged(dir);
             }
@@ -73,8 +70,6 @@ struct Fence {
     s: setup::Setup,
     daemons: Vec<daemon::Daemon>,
     line: String,
-    /// The control socket's directory, opened before the namespace covered it.
-    runtime_fd: Option<std::os::fd::OwnedFd>,
     /// The directories covered by `hide_own_dirs`.
     covered: Vec<PathBuf>,
 }
@@ -102,16 +97,6 @@ fn fence(a: &RunArgs) -> Result<Fence, String> {
         None => None,
     };
     let mut daemons = Vec::new();
-    let runtime_fd = s.control.parent().and_then(|p| {
-        nix::fcntl::open(
-            p,
-            nix::fcntl::OFlag::O_PATH
-                | nix::fcntl::OFlag::O_DIRECTORY
-                | nix::fcntl::OFlag::O_CLOEXEC,
-            nix::sys::stat::Mode::empty(),
-        )
-        .ok()
-    });
     let mut covered = Vec::new();
     let r = (|| {
         daemons.push(daemon::start(ws_args)?);
@@ -122,6 +107,9 @@ fn fence(a: &RunArgs) -> Result<Fence, String> {
         if let Some(b) = &home_before {
             b.check(std::slice::from_ref(&s.home_policy), s.uid, s.gid)?;
         }
+        // COMMAND's own mount namespace (a copy): what is covered there stays visible
+        // to the daemons, which still use the staging area and the control socket.
+        ns::enter_mount_ns().map_err(|e| format!("cannot make a mount namespace: {e}"))?;
         covered = hide_own_dirs(&s)?;
         Ok::<(), String>(())
     })();
@@ -134,7 +122,6 @@ fn fence(a: &RunArgs) -> Result<Fence, String> {
         s,
         daemons,
         line,
-        runtime_fd,
         covered,
     })
 }
@@ -179,7 +166,7 @@ fn fence_home(
 }
 
 /// Covers the run's control socket's directory and the staging area with an empty tmpfs
-/// in the namespace. A directory the $HOME fence already hides (ENOENT) needs nothing.
+/// in `fencefs run`'s own mount namespace (COMMAND's). A directory the $HOME fence already hides (ENOENT) needs nothing.
 fn hide_own_dirs(s: &setup::Setup) -> Result<Vec<PathBuf>, String> {
     let mut dirs: Vec<&Path> = vec![&s.runtime];
     if let Some(p) = s.control.parent() {
@@ -246,6 +233,12 @@ fn restricted_by_apparmor() -> bool {
 /// The one line said when the fence is up.
 fn up_line(s: &setup::Setup) -> String {
     let how = match &s.stage {
+        Some(d) if s.stage_continued => {
+            format!(
+                "staged in {}, continuing an earlier run's changes",
+                d.display()
+            )
+        }
         Some(d) => format!("staged in {}", d.display()),
         None => "live".into(),
     };

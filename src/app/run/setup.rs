@@ -52,8 +52,9 @@ pub(super) struct Setup {
     pub(super) home: Option<PathBuf>,
     /// The run's private directory for this workspace (policies, control socket).
     pub(super) runtime: PathBuf,
-    /// The staging area (None: live).
+    /// The staging area (None: live), and whether an earlier run left it.
     pub(super) stage: Option<PathBuf>,
+    pub(super) stage_continued: bool,
     pub(super) control: PathBuf,
     /// The workspace's policy layers, and a few words on them for the "fence up" line.
     pub(super) policy: Vec<PathBuf>,
@@ -83,6 +84,7 @@ pub(super) fn setup(a: &RunArgs) -> Result<Setup, String> {
         (Some(d), false) => Some(d.clone()),
         (None, false) => Some(private_dir(&state_base()?.join(&hash), uid)?.join("stage")),
     };
+    let stage_continued = stage.as_deref().is_some_and(Path::exists);
     let (policy, policy_words) = if a.policy.is_empty() {
         let p = runtime.join("policy.toml");
         write(&p, DEFAULT_POLICY)?;
@@ -115,6 +117,7 @@ pub(super) fn setup(a: &RunArgs) -> Result<Setup, String> {
         home,
         runtime,
         stage,
+        stage_continued,
         control,
         policy,
         policy_words,

@@ -47,6 +47,11 @@ pub fn enter_private_ns(user: bool, uid: u32, gid: u32) -> io::Result<()> {
     .map_err(errno)
 }
 
+/// Enters a new mount namespace (a copy of the current one, in the same user namespace).
+pub fn enter_mount_ns() -> io::Result<()> {
+    unshare(CloneFlags::CLONE_NEWNS).map_err(errno)
+}
+
 /// Mounts the FUSE connection `dev` (an open /dev/fuse) at `target`, type
 /// `fuse.fencefs`, `nosuid,nodev`, owned by `uid`/`gid` (the kernel lets only them in
 /// unless `allow_other`).
