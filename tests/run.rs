@@ -413,3 +413,36 @@ fn staged_by_default_as_root_and_continued_by_the_next_run() {
     let st = run_fencefs(["stage", "status", "--dir", stage.to_str().unwrap()], LIMIT);
     assert_eq!(st.stdout, "M a.txt\nA s.txt\nA t.txt\n", "{}", st.stderr);
 }
+
+#[test]
+fn a_held_request_says_how_to_approve_and_times_out() {
+    let f = Fixture::new("run-ask");
+    put(
+        &f.ws().join(".fencefs.toml"),
+        b"[[rule]]\npath = \"docs\"\naccess = \"read\"\nask = \"write\"\n",
+        0o644,
+    );
+    put(&f.ws().join("docs/x.md"), b"x\n", 0o644);
+    chown_tree(&f.ws(), AGENT);
+    let before = snapshot(&f.ws().join("docs"));
+    let o = f.run(
+        &["--live", "--home", "keep", "--ask-timeout", "1"],
+        "exec 2>&1; echo y >> docs/x.md; cat docs/x.md",
+    );
+    o.assert_ok("fencefs run");
+    assert!(
+        o.stdout.contains("docs/x.md: Permission denied"),
+        "timed out: EACCES: {}",
+        o.stdout
+    );
+    let lines: Vec<&str> = o.stderr.lines().filter(|l| !l.is_empty()).collect();
+    assert_eq!(lines.len(), 2, "{}", o.stderr);
+    let sock = lines[0].rsplit("control socket ").next().unwrap();
+    assert_eq!(
+        lines[1].trim_end_matches('\r'),
+        format!(
+            "fencefs: a request waits for your approval: run `fencefs approve {sock}` in another terminal"
+        )
+    );
+    assert_host_unchanged(&before, &f.ws().join("docs"), "a held write that timed out");
+}

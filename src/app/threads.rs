@@ -210,6 +210,20 @@ pub(super) fn bind_control(a: &crate::cli::MountArgs) -> Result<Option<Control>,
     }))
 }
 
+/// `fencefs run` without `--ask-exec`: one line on the terminal (which COMMAND may hold in
+/// raw mode, hence the carriage returns) on how to answer held requests, at most every 30 s.
+fn say_ask(sock: &Path, last: &parking_lot::Mutex<Option<Instant>>) {
+    let mut last = last.lock();
+    if last.is_some_and(|t| t.elapsed() < Duration::from_secs(30)) {
+        return;
+    }
+    *last = Some(Instant::now());
+    eprint!(
+        "\r\nfencefs: a request waits for your approval: run `fencefs approve {}` in another terminal\r\n",
+        sock.display()
+    );
+}
+
 /// The queue of held requests' continuations, for [`start_resume`].
 pub(super) type ResumeQueue = Receiver<(approvals::Resume, approvals::Outcome)>;
 
@@ -243,11 +257,20 @@ pub(super) fn start_control(
             Some(crate::control::ask_exec::AskExec::start(argv).map_err(|e| e.to_string())?)
         }
     };
+    let say = a
+        .say_ask
+        .then(|| (path.clone(), parking_lot::Mutex::new(None::<Instant>)));
+    if a.say_ask {
+        shared.approvals.stand_by();
+    }
     shared.approvals.connect(
         res_tx,
         Box::new(move |ev| {
             if let (Some(x), crate::approvals::Event::Ask(h)) = (&ask_exec, &ev) {
                 x.notify(h);
+            }
+            if let (Some((sock, last)), crate::approvals::Event::Ask(_)) = (&say, &ev) {
+                say_ask(sock, last);
             }
             let _ = ev_tx.send(ev);
             waker.wake();

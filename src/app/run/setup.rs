@@ -218,7 +218,9 @@ pub(super) fn workspace_mount(a: &RunArgs, s: &Setup) -> Result<MountArgs, Strin
     for m in &a.map_gid {
         v.extend(["--map-gid".into(), m.into()]);
     }
-    mount_args(v, &s.ws)
+    let mut m = mount_args(v, &s.ws)?;
+    m.say_ask = a.ask_exec.is_none();
+    Ok(m)
 }
 
 /// The `mount` arguments of the $HOME fence's daemon.
