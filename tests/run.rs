@@ -276,7 +276,8 @@ fn root_run(f: &Fixture, args: &[&str], script: &str) -> Out {
         .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
         .env("LC_ALL", "C")
         .env("HOME", f.home())
-        .env("XDG_RUNTIME_DIR", f.w.root.join("run"))
+        // Root's own: uid 1000's run/ is refused to root (not its directory).
+        .env("XDG_RUNTIME_DIR", f.w.root.join("run-root"))
         .env("XDG_STATE_HOME", f.w.root.join("state"));
     run_bounded(c, LIMIT, "fencefs run as root")
 }
@@ -362,4 +363,84 @@ fn a_held_request_says_how_to_approve_and_times_out() {
         )
     );
     assert_host_unchanged(&before, &f.ws().join("docs"), "a held write that timed out");
+}
+
+#[test]
+fn command_cannot_reach_the_workspace_beneath_the_fence() {
+    let f = Fixture::new("run-escape");
+    let ws = f.ws();
+    // umount2(2) of the workspace, printing LABEL, the result and the errno's text.
+    let probe = f.w.root.join("outside/umount.py");
+    put(
+        &probe,
+        format!(
+            "import ctypes, os, sys\nl = ctypes.CDLL(None, use_errno=True)\n\
+             r = l.umount2({:?}.encode(), 2)\nprint(sys.argv[1], r, os.strerror(ctypes.get_errno()))\n",
+            ws.display().to_string()
+        )
+        .as_bytes(),
+        0o644,
+    );
+    // Through fencefs run's and the daemons' /proc entries (their cwd is the real
+    // workspace), by unmounting, and by unmounting in a user namespace of its own.
+    let script = format!(
+        "exec 2>&1; for p in $PPID $(cat /proc/$PPID/task/$PPID/children); do \
+           [ $p = $$ ] && continue; cat /proc/$p/cwd/.env || echo refused-$p; \
+           ls /proc/$p/root/ >/dev/null || echo root-refused-$p; done; \
+         {py} umount; unshare -Urm sh -c '{py} nested-umount; cat {ws}/.env'; \
+         cat .env; true",
+        ws = ws.display(),
+        py = format!("/usr/bin/python3 {}", probe.display())
+    );
+    let o = f.run(&["--live"], &script);
+    o.assert_ok("fencefs run");
+    assert!(
+        !o.stdout.contains("TOKEN=secret"),
+        "the secret leaked:\n{}",
+        o.stdout
+    );
+    assert_eq!(
+        o.stdout.matches("refused-").count() - o.stdout.matches("root-refused-").count(),
+        3,
+        "fencefs run and its two daemons:\n{}",
+        o.stdout
+    );
+    assert_eq!(o.stdout.matches("root-refused-").count(), 3, "{}", o.stdout);
+    // No capability in the run's namespace: EPERM; in a namespace of its own, the fence
+    // it inherited is locked: EINVAL.
+    for want in [
+        "umount -1 Operation not permitted",
+        "nested-umount -1 Invalid argument",
+    ] {
+        assert!(o.stdout.contains(want), "{want}:\n{}", o.stdout);
+    }
+    assert_eq!(
+        o.stdout.matches(".env: No such file or directory").count(),
+        2,
+        "{}",
+        o.stdout
+    );
+    // As root, COMMAND keeps its capabilities in a user namespace of its own, where the
+    // fence is locked.
+    let o = root_run(
+        &f,
+        &["--live"],
+        &format!(
+            "exec 2>&1; /usr/bin/python3 {} root-umount; cat .env; cat /proc/$PPID/cwd/.env; true",
+            probe.display()
+        ),
+    );
+    o.assert_ok("fencefs run as root");
+    assert!(
+        !o.stdout.contains("TOKEN=secret"),
+        "the secret leaked:\n{}",
+        o.stdout
+    );
+    for want in [
+        "root-umount -1 Invalid argument",
+        "cat: .env: No such file or directory",
+        "/cwd/.env: Permission denied",
+    ] {
+        assert!(o.stdout.contains(want), "{want}:\n{}", o.stdout);
+    }
 }

@@ -21,9 +21,8 @@ use nix::unistd::Pid;
 
 use crate::host::sys::ns;
 
-/// Runs COMMAND in `cwd` and returns its exit status (127 when it cannot be started).
-/// `lock`: COMMAND enters one more user namespace first (root's COMMAND: see `ns`).
-pub(super) fn run(cmd: &[OsString], cwd: &Path, lock: bool) -> i32 {
+/// The signals `fencefs run` handles while COMMAND runs (blocked, waited for).
+fn handled() -> SigSet {
     let mut sigs = SigSet::empty();
     for s in [
         Signal::SIGCHLD,
@@ -34,6 +33,21 @@ pub(super) fn run(cmd: &[OsString], cwd: &Path, lock: bool) -> i32 {
     ] {
         sigs.add(s);
     }
+    sigs
+}
+
+/// After COMMAND and the daemons: the signals [`run`] blocked act as usual again (Ctrl-C
+/// at the staging prompt ends `fencefs run`); those that came meanwhile are dropped.
+pub(super) fn release_signals() {
+    let sigs = handled();
+    ns::drain(&sigs);
+    let _ = sigs.thread_unblock();
+}
+
+/// Runs COMMAND in `cwd` and returns its exit status (127 when it cannot be started).
+/// `lock`: COMMAND enters one more user namespace first (root's COMMAND: see `ns`).
+pub(super) fn run(cmd: &[OsString], cwd: &Path, lock: bool) -> i32 {
+    let sigs = handled();
     if let Err(e) = sigs.thread_block() {
         eprintln!("fencefs: cannot block signals: {e}");
         return super::super::EXIT_ERR;

@@ -51,6 +51,7 @@ pub(super) fn run(a: RunArgs) -> i32 {
                 let _ = ns::detach(d);
             }
             stop_all(f.daemons);
+            child::release_signals();
             if let Some(dir) = &f.s.stage {
                 finish::staged(dir);
             }
@@ -91,6 +92,10 @@ fn fence(a: &RunArgs) -> Result<Fence, String> {
     };
     dev_fuse()?;
     ns::enter_private_ns(!root, s.uid, s.gid).map_err(|e| userns_error(root, &e))?;
+    // COMMAND runs as the same uid: it must not read this process's memory (or, through
+    // /proc, its descriptors and its cwd, the real workspace). After the maps: a process
+    // that is not dumpable cannot write its own.
+    nix::sys::prctl::set_dumpable(false).map_err(|e| format!("dumpable: {e}"))?;
     let ws_before = prove::Before::take(&s.ws)?;
     let home_before = match &s.home {
         Some(h) => Some(prove::Before::take(h)?),
@@ -165,24 +170,27 @@ fn fence_home(
     Ok(())
 }
 
-/// Covers the run's control socket's directory and the staging area with an empty tmpfs
-/// in `fencefs run`'s own mount namespace (COMMAND's). A directory the $HOME fence already hides (ENOENT) needs nothing.
+/// Hides the run's own files from COMMAND, in `fencefs run`'s own mount namespace
+/// (COMMAND's): the run's directory (policies, the default control socket) and the staging
+/// area are covered with an empty tmpfs, a `--control` socket elsewhere with /dev/null.
+/// What the $HOME fence already hides (ENOENT) needs nothing.
 fn hide_own_dirs(s: &setup::Setup) -> Result<Vec<PathBuf>, String> {
     let mut dirs: Vec<&Path> = vec![&s.runtime];
-    if let Some(p) = s.control.parent() {
-        dirs.push(p);
-    }
-    if let Some(st) = s.stage.as_deref().and_then(Path::parent) {
-        dirs.push(st);
-    }
-    dirs.dedup();
+    dirs.extend(s.stage_cover.as_deref());
     let mut covered = Vec::new();
-    for d in dirs {
-        match ns::cover(d) {
-            Ok(()) => covered.push(d.to_path_buf()),
-            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
-            Err(e) => return Err(format!("hiding '{}' from COMMAND: {e}", d.display())),
+    let mut hide = |p: &Path, r: std::io::Result<()>| match r {
+        Ok(()) => {
+            covered.push(p.to_path_buf());
+            Ok(())
         }
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(()),
+        Err(e) => Err(format!("hiding '{}' from COMMAND: {e}", p.display())),
+    };
+    for d in dirs {
+        hide(d, ns::cover(d))?;
+    }
+    if s.control.parent() != Some(s.runtime.as_path()) {
+        hide(&s.control, ns::bind(Path::new("/dev/null"), &s.control))?;
     }
     Ok(covered)
 }

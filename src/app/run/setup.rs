@@ -55,6 +55,9 @@ pub(super) struct Setup {
     /// The staging area (None: live), and whether an earlier run left it.
     pub(super) stage: Option<PathBuf>,
     pub(super) stage_continued: bool,
+    /// What hides the staging area from COMMAND: the run's own directory holding it, or
+    /// a `--stage-dir` itself.
+    pub(super) stage_cover: Option<PathBuf>,
     pub(super) control: PathBuf,
     /// The workspace's policy layers, and a few words on them for the "fence up" line.
     pub(super) policy: Vec<PathBuf>,
@@ -79,10 +82,13 @@ pub(super) fn setup(a: &RunArgs) -> Result<Setup, String> {
     );
     let hash = hash(&ws);
     let runtime = private_dir(&runtime_base(uid)?.join(&hash), uid)?;
-    let stage = match (&a.stage_dir, a.live) {
-        (_, true) => None,
-        (Some(d), false) => Some(d.clone()),
-        (None, false) => Some(private_dir(&state_base()?.join(&hash), uid)?.join("stage")),
+    let (stage, stage_cover) = match (&a.stage_dir, a.live) {
+        (_, true) => (None, None),
+        (Some(d), false) => (Some(d.clone()), Some(d.clone())),
+        (None, false) => {
+            let dir = private_dir(&state_base()?.join(&hash), uid)?;
+            (Some(dir.join("stage")), Some(dir))
+        }
     };
     let stage_continued = stage.as_deref().is_some_and(Path::exists);
     let (policy, policy_words) = if a.policy.is_empty() {
@@ -118,6 +124,7 @@ pub(super) fn setup(a: &RunArgs) -> Result<Setup, String> {
         runtime,
         stage,
         stage_continued,
+        stage_cover,
         control,
         policy,
         policy_words,

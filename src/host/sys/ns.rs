@@ -202,3 +202,15 @@ pub fn tcgetpgrp(fd: BorrowedFd<'_>) -> io::Result<Pid> {
     }
     Ok(Pid::from_raw(p))
 }
+
+/// Takes every pending signal of `set` without waiting (so unblocking it afterwards
+/// delivers none of those that arrived while it was blocked).
+pub fn drain(set: &nix::sys::signal::SigSet) {
+    let zero = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `set` is a valid sigset_t and `zero` a valid timespec; no siginfo is asked
+    // for. Each call consumes one pending signal of `set` or fails (EAGAIN): the loop ends.
+    while unsafe { libc::sigtimedwait(set.as_ref(), std::ptr::null_mut(), &zero) } > 0 {}
+}
