@@ -76,6 +76,9 @@ pub(super) fn setup(a: &RunArgs) -> Result<Setup, String> {
     if !ws.is_dir() {
         return Err(format!("workspace '{}' is not a directory", ws.display()));
     }
+    if ws == Path::new("/") {
+        return Err("the workspace cannot be / (pass --workspace DIR)".into());
+    }
     let (uid, gid) = (
         nix::unistd::geteuid().as_raw(),
         nix::unistd::getegid().as_raw(),
