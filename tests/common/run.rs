@@ -40,6 +40,8 @@ impl Fixture {
         put(&w.src().join("a.txt"), b"hello\n", 0o644);
         put(&w.src().join(".env"), b"TOKEN=secret\n", 0o600);
         put(&w.src().join(".git/config"), b"[core]\n", 0o644);
+        // Read-only by agent-config, writable on the host: the run's proof checks it.
+        put(&w.src().join(".mcp.json"), b"{}\n", 0o644);
         put(&w.home().join(".ssh/id_ed25519"), b"KEY\n", 0o600);
         put(&w.home().join(".bashrc"), b"# rc\n", 0o644);
         for d in [w.src(), w.home(), w.root.join("run")] {

@@ -108,9 +108,14 @@ fn fence(a: &RunArgs) -> Result<Fence, String> {
         if let (Some(home), Some(args)) = (&s.home, home_args) {
             fence_home(&s.ws, home, args, &mut daemons)?;
         }
-        ws_before.check(&s.policy, s.uid, s.gid)?;
+        ws_before.check(&s.policy, s.uid, s.gid, None)?;
         if let Some(b) = &home_before {
-            b.check(std::slice::from_ref(&s.home_policy), s.uid, s.gid)?;
+            b.check(
+                std::slice::from_ref(&s.home_policy),
+                s.uid,
+                s.gid,
+                Some(&s.ws),
+            )?;
         }
         // COMMAND's own mount namespace (a copy): what is covered there stays visible
         // to the daemons, which still use the staging area and the control socket.
