@@ -264,7 +264,7 @@ pub struct RunArgs {
     /// Seconds a request held for an approver waits before it is refused.
     #[arg(long, value_name = "SECONDS")]
     pub ask_timeout: Option<u64>,
-    /// The control socket (default: $XDG_RUNTIME_DIR/fencefs/<workspace hash>/control).
+    /// The control socket (default: $XDG_RUNTIME_DIR/fencefs/<workspace hash>/control.<pid>).
     #[arg(long, value_name = "SOCKET")]
     pub control: Option<PathBuf>,
     /// Map a caller uid to a host uid (CONTAINER:HOST, repeatable), as `mount`.
