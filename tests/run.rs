@@ -333,7 +333,7 @@ fn staged_by_default_as_root_and_continued_by_the_next_run() {
 }
 
 #[test]
-fn a_held_request_says_how_to_approve_and_times_out() {
+fn a_held_request_says_how_to_approve_times_out_or_is_approved() {
     let f = Fixture::new("run-ask");
     put(
         &f.ws().join(".fencefs.toml"),
@@ -363,6 +363,44 @@ fn a_held_request_says_how_to_approve_and_times_out() {
         )
     );
     assert_host_unchanged(&before, &f.ws().join("docs"), "a held write that timed out");
+
+    // Answered from another terminal (the host, as uid 1000): the write goes through.
+    let mut c = f.cmd(
+        &f.ws(),
+        &["--live", "--home", "keep"],
+        "echo y >> docs/x.md && echo approved",
+    );
+    c.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut run = c.spawn().expect("spawn fencefs run");
+    let mut err = BufReader::new(run.stderr.take().unwrap());
+    let mut line = String::new();
+    while !line.contains("fencefs approve") {
+        line.clear();
+        assert!(err.read_line(&mut line).unwrap() > 0, "no approval line");
+    }
+    let sock = line
+        .split('`')
+        .nth(1)
+        .unwrap()
+        .trim_start_matches("fencefs approve ");
+    let mut approver = Command::new("setpriv")
+        .args(["--reuid=1000", "--regid=1000", "--clear-groups", BIN])
+        .args(["approve", "--auto", "allow", sock])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn fencefs approve");
+    let mut out = String::new();
+    std::io::Read::read_to_string(run.stdout.as_mut().unwrap(), &mut out).unwrap();
+    let st = run.wait().unwrap();
+    // SAFETY: kill(2) on our own approver (it reconnects forever), by pid.
+    unsafe { libc::kill(approver.id() as i32, libc::SIGKILL) };
+    let _ = approver.wait();
+    assert!(st.success() && out == "approved\n", "{st} {out:?}");
+    assert_eq!(fs::read(f.ws().join("docs/x.md")).unwrap(), b"x\ny\n");
 }
 
 #[test]

@@ -110,23 +110,34 @@ fn shell_quote(s: &str) -> String {
 fn job_control_signals_window_size_and_raw_mode_as_an_ordinary_user() {
     let f = Fixture::new("run-tty");
     let t = user_shell(&f);
-    // Ctrl-Z stops the job (the shell gets its prompt back), fg continues it.
+    // Ctrl-Z stops the job (the shell gets its prompt back), fg continues it. The job
+    // is a script (its markers then show only as its output) that says when it is
+    // continued, before the answer is typed (typed earlier, the shell could take it).
+    let job = f.w.root.join("outside/job.sh");
+    put(
+        &job,
+        b"trap 'echo cont-mark' CONT\necho ready-mark\nx=\n\
+          while [ -z \"$x\" ]; do read x; done\necho got-$x\ncat a.txt\n",
+        0o644,
+    );
     t.keys(&[
-        "$FENCEFS run --live -- sh -c 'echo started; read x; echo got-$x; cat a.txt'",
+        &format!("$FENCEFS run --live -- sh {}", job.display()),
         "Enter",
     ]);
-    t.wait_for("started");
+    t.wait_for("ready-mark");
     t.keys(&["C-z"]);
     t.wait_for("Stopped");
     t.keys(&["fg", "Enter"]);
+    t.wait_for("cont-mark");
     t.keys(&["yes", "Enter"]);
     t.wait_for("got-yes");
     t.wait_for("hello");
     t.keys(&["echo status=$?", "Enter"]);
     t.wait_for("status=0");
+    // (Markers are typed as wait""ing: the screen shows them once COMMAND prints them.)
     // Ctrl-C ends COMMAND; fencefs run exits 130 and leaves nothing behind.
     t.keys(&[
-        "$FENCEFS run --live -- sh -c 'echo waiting; sleep 60'",
+        "$FENCEFS run --live -- sh -c 'echo wait\"\"ing; sleep 60'",
         "Enter",
     ]);
     t.wait_for("waiting");
@@ -135,7 +146,7 @@ fn job_control_signals_window_size_and_raw_mode_as_an_ordinary_user() {
     t.wait_for("int=130");
     // A resize reaches COMMAND as SIGWINCH, with the new size.
     t.keys(&[
-        "$FENCEFS run --live -- sh -c 'trap \"printf winch=; stty size\" WINCH; echo trapped; \
+        "$FENCEFS run --live -- sh -c 'trap \"printf winch=; stty size\" WINCH; echo trap\"\"ped; \
          while :; do sleep 0.1; done'",
         "Enter",
     ]);
@@ -145,7 +156,7 @@ fn job_control_signals_window_size_and_raw_mode_as_an_ordinary_user() {
     t.keys(&["C-c"]);
     // Raw mode: one key, no Enter.
     t.keys(&[
-        "$FENCEFS run --live -- sh -c 'stty raw -echo; echo raw-ready; \
+        "$FENCEFS run --live -- sh -c 'stty raw -echo; echo raw-rea\"\"dy; \
          k=$(dd bs=1 count=1 2>/dev/null); stty sane; echo key=$k'",
         "Enter",
     ]);

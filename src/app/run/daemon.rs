@@ -7,7 +7,8 @@
 //! A daemon dies with `fencefs run` (PR_SET_PDEATHSIG, checked against a race with the
 //! parent's death), sits in its own process group (the terminal's Ctrl-C and Ctrl-Z reach
 //! COMMAND, never the file system it depends on), is not dumpable (COMMAND, same uid, cannot
-//! read its memory or descriptors through /proc), and reads nothing from the terminal.
+//! read its memory or descriptors through /proc), and holds neither stdin nor stdout (only
+//! stderr, for its error lines and the approval line).
 
 use std::io::Read;
 use std::os::fd::{IntoRawFd, OwnedFd};
@@ -49,8 +50,14 @@ fn child(mut m: MountArgs, ready: OwnedFd, parent: Pid) -> ! {
         nix::unistd::setpgid(Pid::from_raw(0), Pid::from_raw(0))
             .map_err(|e| format!("setpgid: {e}"))?;
         nix::sys::prctl::set_dumpable(false).map_err(|e| format!("dumpable: {e}"))?;
-        let null = std::fs::File::open("/dev/null").map_err(|e| format!("/dev/null: {e}"))?;
-        nix::unistd::dup2_stdin(null).map_err(|e| format!("stdin: {e}"))?;
+        // The terminal and COMMAND's pipes are COMMAND's; the daemon keeps stderr only.
+        let null = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open("/dev/null")
+            .map_err(|e| format!("/dev/null: {e}"))?;
+        nix::unistd::dup2_stdin(&null).map_err(|e| format!("stdin: {e}"))?;
+        nix::unistd::dup2_stdout(&null).map_err(|e| format!("stdout: {e}"))?;
         m.ready_fd = Some(ready.into_raw_fd());
         super::super::mount::mount(m)
     })();
