@@ -258,6 +258,20 @@ fn missing_prerequisites_are_one_line_and_exit_1() {
         "fencefs: cannot make a private user namespace: No space left on device (os error 28): \
          user namespaces are off or used up: sysctl -w user.max_user_namespaces=15000\n"
     );
+    // An invalid policy: the daemon's one line, COMMAND never runs.
+    let bad = f.w.root.join("outside/bad.toml");
+    put(&bad, b"mode = \"bogus\"\n", 0o644);
+    let o = f.run(&["--live", "--policy", bad.to_str().unwrap()], "echo ran");
+    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(o.stdout, "");
+    assert_eq!(
+        o.stderr,
+        format!(
+            "fencefs: invalid policy: {}:1:8: unknown mode \"bogus\" \
+             (expected read-only, workspace-write or danger)\n",
+            bad.display()
+        )
+    );
     // Staging as an ordinary user: not yet; says to use --live.
     let o = f.run(&[], "true");
     assert_eq!(o.status.code(), Some(1));
