@@ -150,6 +150,23 @@ fn alive(pid: i32) -> bool {
 }
 
 #[test]
+fn what_command_leaves_running_ends_with_it() {
+    let f = Fixture::new("run-orphans");
+    // A background job and a double-forked, setsid one (reparented to fencefs run).
+    let o = f.run(
+        &["--live", "--home", "keep"],
+        "sleep 60 & echo $!; (setsid sleep 61 & echo $!); echo done",
+    );
+    o.assert_ok("fencefs run");
+    let pids: Vec<i32> = o.stdout.lines().filter_map(|l| l.parse().ok()).collect();
+    assert_eq!(pids.len(), 2, "{}", o.stdout);
+    for p in pids {
+        assert!(!alive(p), "{p} outlived the run");
+    }
+    assert_eq!(o.stderr.lines().count(), 1, "{}", o.stderr);
+}
+
+#[test]
 fn sigkill_of_run_leaves_no_mount_and_no_process() {
     let f = Fixture::new("run-kill");
     let mut c = f.cmd(&f.ws(), &["--live"], "echo $$; exec sleep 60");

@@ -10,7 +10,8 @@
 //! exit is missed); COMMAND starts with an empty mask and default dispositions (std resets
 //! them in the child) and dies with `fencefs run` (PR_SET_PDEATHSIG, `ns::pre_exec`). The
 //! exit status is COMMAND's, or 128+N when signal N ended it. After COMMAND, the terminal's
-//! foreground goes back to `fencefs run`'s group (COMMAND may have moved it).
+//! foreground goes back to `fencefs run`'s group (COMMAND may have moved it), and what
+//! COMMAND left running is ended (`orphans`).
 
 use std::ffi::OsString;
 use std::os::unix::process::ExitStatusExt;
@@ -46,8 +47,10 @@ pub(super) fn release_signals() {
 
 /// Runs COMMAND in `cwd` and returns its exit status (127 when it cannot be started).
 /// `lock`: COMMAND enters one more user namespace first (root's COMMAND: see `ns`).
-pub(super) fn run(cmd: &[OsString], cwd: &Path, lock: bool) -> i32 {
+/// `daemons`: children that are not COMMAND's (see `orphans`).
+pub(super) fn run(cmd: &[OsString], cwd: &Path, lock: bool, daemons: &[Pid]) -> i32 {
     let sigs = handled();
+    super::orphans::become_subreaper();
     if let Err(e) = sigs.thread_block() {
         eprintln!("fencefs: cannot block signals: {e}");
         return super::super::EXIT_ERR;
@@ -67,7 +70,10 @@ pub(super) fn run(cmd: &[OsString], cwd: &Path, lock: bool) -> i32 {
         }
     };
     let pid = Pid::from_raw(child.id() as i32);
+    let mut keep = daemons.to_vec();
+    keep.push(pid);
     let status = loop {
+        super::orphans::reap(&keep);
         match child.try_wait() {
             Ok(Some(st)) => break st,
             Ok(None) => {}
@@ -81,6 +87,7 @@ pub(super) fn run(cmd: &[OsString], cwd: &Path, lock: bool) -> i32 {
         }
     };
     take_terminal_back();
+    super::orphans::end(daemons);
     match (status.code(), status.signal()) {
         (Some(c), _) => c,
         (None, Some(s)) => 128 + s,

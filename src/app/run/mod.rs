@@ -14,8 +14,8 @@
 //!    empty tmpfs, out of COMMAND's reach;
 //! 8. one line on stderr, then `child::run`: COMMAND, in the caller's cwd (resolved again,
 //!    so it is the fence's), as the caller, in the terminal's foreground job;
-//! 9. this namespace's copies of the mounts detached, the daemons stopped; staged changes
-//!    offered for review (`finish`).
+//! 9. what COMMAND left running ended (`orphans`), this namespace's copies of the mounts
+//!    detached, the daemons stopped; staged changes offered for review (`finish`).
 //!
 //! Invariants: steps 1–5 run while the process has a single thread (unshare and fork
 //! need it). The mounts exist only in the private namespace: when its last process exits
@@ -25,6 +25,7 @@
 mod child;
 mod daemon;
 mod finish;
+mod orphans;
 mod prove;
 mod setup;
 
@@ -44,7 +45,8 @@ pub(super) fn run(a: RunArgs) -> i32 {
         Ok(f) => {
             eprintln!("{}", f.line);
             let lock = f.s.uid == 0;
-            let code = child::run(&a.command, &f.s.cwd, lock);
+            let daemons: Vec<_> = f.daemons.iter().map(|d| d.pid).collect();
+            let code = child::run(&a.command, &f.s.cwd, lock, &daemons);
             // This process's copies of the mounts go first (a copy would keep a session
             // alive), then the daemons; staging's review below sees the host again.
             for d in f.covered.iter().chain([&f.s.ws]).chain(&f.s.home) {
