@@ -296,7 +296,7 @@ fn missing_prerequisites_are_one_line_and_exit_1() {
     assert_eq!(o.stderr.lines().count(), 1, "{}", o.stderr);
 }
 
-/// `fencefs run` as root (the test's own uid), with the environment `env`.
+/// `fencefs run` as root (the test's own uid); HOME the fake one, XDG_STATE_HOME unset.
 fn root_run(f: &Fixture, args: &[&str], script: &str) -> Out {
     let mut c = Command::new(BIN);
     c.arg("run")
@@ -308,8 +308,7 @@ fn root_run(f: &Fixture, args: &[&str], script: &str) -> Out {
         .env("LC_ALL", "C")
         .env("HOME", f.home())
         // Root's own: uid 1000's run/ is refused to root (not its directory).
-        .env("XDG_RUNTIME_DIR", f.w.root.join("run-root"))
-        .env("XDG_STATE_HOME", f.w.root.join("state"));
+        .env("XDG_RUNTIME_DIR", f.w.root.join("run-root"));
     run_bounded(c, LIMIT, "fencefs run as root")
 }
 
@@ -321,7 +320,7 @@ fn staged_by_default_as_root_and_continued_by_the_next_run() {
         &f,
         &[],
         "exec 2>&1; echo one > s.txt; echo more >> a.txt; cat .env; \
-                               ls -A \"$XDG_STATE_HOME\"/fencefs/*/ | wc -l",
+                               ls -A ~/.local/state | wc -l",
     );
     o.assert_ok("first run");
     assert_eq!(
@@ -329,7 +328,8 @@ fn staged_by_default_as_root_and_continued_by_the_next_run() {
         "the staging area is out of reach"
     );
     assert_host_unchanged(&before, &f.ws(), "a staged run");
-    let stage = f.w.root.join("state/fencefs");
+    // The default: under $HOME, which is fenced too (the daemon still reaches it).
+    let stage = f.home().join(".local/state/fencefs");
     let stage = fs::read_dir(&stage)
         .unwrap()
         .next()

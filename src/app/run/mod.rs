@@ -6,12 +6,14 @@
 //! 3. `ns::enter_private_ns`: a new mount namespace, inside a new user namespace mapping
 //!    only the caller's uid and gid when not root; every mount in it private;
 //! 4. `prove::Before::take` of each directory to fence (the host's view);
-//! 5. `daemon::start`: the workspace's fence, then $HOME's, each mounted directly over its
-//!    own path (a workspace inside $HOME is bound back on top of the $HOME fence);
+//! 5. `daemon::start`: the workspace's fence, mounted directly over its own path; then a
+//!    mount namespace of `fencefs run`'s own (COMMAND's; the workspace's daemon stays in
+//!    the one before, seeing the host's $HOME and the run's directories as they are),
+//!    where $HOME's fence is mounted the same way (a workspace inside $HOME is bound back
+//!    on top of it);
 //! 6. `prove`: each fence checked from inside, or COMMAND never starts;
-//! 7. a mount namespace of `fencefs run`'s own (the daemons stay in the one before),
-//!    where the run's own directories (control socket, staging area) are covered with an
-//!    empty tmpfs, out of COMMAND's reach;
+//! 7. the run's own directories (control socket, staging area) covered with an empty
+//!    tmpfs there, out of COMMAND's reach;
 //! 8. one line on stderr, then `child::run`: COMMAND, in the caller's cwd (resolved again,
 //!    so it is the fence's), as the caller, in the terminal's foreground job;
 //! 9. what COMMAND left running ended (`orphans`), this namespace's copies of the mounts
@@ -107,6 +109,11 @@ fn fence(a: &RunArgs) -> Result<Fence, String> {
     let mut covered = Vec::new();
     let r = (|| {
         daemons.push(daemon::start(ws_args)?);
+        // From here on, a mount namespace of fencefs run's own (a copy; COMMAND's): the
+        // workspace's daemon stays in the one before, where nothing else is mounted — it
+        // reaches its staging area by path, which the $HOME fence (hiding
+        // ~/.local/state/fencefs) and the covers below would otherwise take away.
+        ns::enter_mount_ns().map_err(|e| format!("cannot make a mount namespace: {e}"))?;
         if let (Some(home), Some(args)) = (&s.home, home_args) {
             fence_home(&s.ws, home, args, &mut daemons)?;
         }
@@ -119,9 +126,6 @@ fn fence(a: &RunArgs) -> Result<Fence, String> {
                 Some(&s.ws),
             )?;
         }
-        // COMMAND's own mount namespace (a copy): what is covered there stays visible
-        // to the daemons, which still use the staging area and the control socket.
-        ns::enter_mount_ns().map_err(|e| format!("cannot make a mount namespace: {e}"))?;
         covered = hide_own_dirs(&s)?;
         Ok::<(), String>(())
     })();
