@@ -181,8 +181,12 @@ fn private_dir(dir: &Path, uid: u32) -> Result<PathBuf, String> {
     Ok(dir.to_path_buf())
 }
 
+/// Writes `text` to `path` atomically (another run may be reading it).
 fn write(path: &Path, text: &str) -> Result<(), String> {
-    std::fs::write(path, text).map_err(|e| format!("'{}': {e}", path.display()))
+    let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
+    std::fs::write(&tmp, text)
+        .and_then(|()| std::fs::rename(&tmp, path))
+        .map_err(|e| format!("'{}': {e}", path.display()))
 }
 
 /// $HOME, canonical, unless it is missing, the workspace, or inside the workspace (then
