@@ -85,14 +85,7 @@ pub(super) fn setup(a: &RunArgs) -> Result<Setup, String> {
     );
     let hash = hash(&ws);
     let runtime = private_dir(&runtime_base(uid)?.join(&hash), uid)?;
-    let (stage, stage_cover) = match (&a.stage_dir, a.live) {
-        (_, true) => (None, None),
-        (Some(d), false) => (Some(d.clone()), Some(d.clone())),
-        (None, false) => {
-            let dir = private_dir(&state_base()?.join(&hash), uid)?;
-            (Some(dir.join("stage")), Some(dir))
-        }
-    };
+    let (stage, stage_cover) = stage_paths(a, &ws, &hash, uid)?;
     let stage_continued = stage.as_deref().is_some_and(Path::exists);
     let (policy, policy_words) = if a.policy.is_empty() {
         let p = runtime.join("policy.toml");
@@ -132,6 +125,33 @@ pub(super) fn setup(a: &RunArgs) -> Result<Setup, String> {
         policy,
         policy_words,
         home_policy,
+    })
+}
+
+/// The staging area (None: `--live`) and what hides it from COMMAND: by default
+/// `$XDG_STATE_HOME/fencefs/<hash>/stage` and its private `<hash>` directory, else
+/// `--stage-dir` itself.
+fn stage_paths(
+    a: &RunArgs,
+    ws: &Path,
+    hash: &str,
+    uid: u32,
+) -> Result<(Option<PathBuf>, Option<PathBuf>), String> {
+    Ok(match (&a.stage_dir, a.live) {
+        (_, true) => (None, None),
+        (Some(d), false) => (Some(d.clone()), Some(d.clone())),
+        (None, false) => {
+            let base = state_base()?;
+            if base.starts_with(ws) {
+                return Err(format!(
+                    "the staging area's default place, {}, lies inside the workspace: pass \
+                     --stage-dir DIR outside it (or set XDG_STATE_HOME), or --live",
+                    base.display()
+                ));
+            }
+            let dir = private_dir(&base.join(hash), uid)?;
+            (Some(dir.join("stage")), Some(dir))
+        }
     })
 }
 
