@@ -213,11 +213,11 @@ pub struct MountArgs {
     /// and mount namespace, where fusermount3 cannot work) and unmount by detaching.
     #[arg(skip)]
     pub direct: bool,
-    /// Set by `fencefs run` without `--ask-exec`: requests wait for an approver even while
-    /// none is connected, and a newly held one prints one line on stderr saying how to
-    /// answer it (at most one every 30 s).
+    /// Set by `fencefs run`: requests wait for an approver even while none is connected
+    /// (until --ask-timeout); without --ask-exec, a newly held one prints one line on
+    /// stderr saying how to answer it (at most one every 30 s).
     #[arg(skip)]
-    pub say_ask: bool,
+    pub hold_asks: bool,
     /// The host directory to mirror.
     pub source: PathBuf,
     /// Where to mount it.

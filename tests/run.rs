@@ -395,6 +395,46 @@ fn a_held_request_says_how_to_approve_times_out_or_is_approved() {
     );
     assert_host_unchanged(&before, &f.ws().join("docs"), "a held write that timed out");
 
+    // With --ask-exec the request waits too, the program is told, nothing is printed.
+    let asks = f.w.root.join("outside/asks");
+    mkdirp(&asks);
+    chown_tree(&asks, AGENT);
+    let notify = f.w.root.join("outside/notify.sh");
+    put(
+        &notify,
+        format!("#!/bin/sh\ncat >> {}/events.jsonl\n", asks.display()).as_bytes(),
+        0o755,
+    );
+    let o = f.run(
+        &[
+            "--live",
+            "--home",
+            "keep",
+            "--ask-timeout",
+            "1",
+            "--ask-exec",
+            notify.to_str().unwrap(),
+        ],
+        "exec 2>&1; echo y >> docs/x.md; true",
+    );
+    o.assert_ok("fencefs run --ask-exec");
+    assert!(
+        o.stdout.contains("docs/x.md: Permission denied"),
+        "{}",
+        o.stdout
+    );
+    assert_eq!(
+        o.stderr.lines().count(),
+        1,
+        "only the fence line: {}",
+        o.stderr
+    );
+    let events = fs::read_to_string(asks.join("events.jsonl")).unwrap_or_default();
+    assert!(
+        events.contains("docs/x.md"),
+        "--ask-exec was not told: {events:?}"
+    );
+
     // Answered from another terminal (the host, as uid 1000): the write goes through.
     let mut c = f.cmd(
         &f.ws(),

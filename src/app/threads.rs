@@ -257,10 +257,9 @@ pub(super) fn start_control(
             Some(crate::control::ask_exec::AskExec::start(argv).map_err(|e| e.to_string())?)
         }
     };
-    let say = a
-        .say_ask
+    let say = (a.hold_asks && a.ask_exec.is_none())
         .then(|| (path.clone(), parking_lot::Mutex::new(None::<Instant>)));
-    if a.say_ask {
+    if a.hold_asks {
         shared.approvals.stand_by();
     }
     shared.approvals.connect(

@@ -253,7 +253,7 @@ pub(super) fn workspace_mount(a: &RunArgs, s: &Setup) -> Result<MountArgs, Strin
         v.extend(["--map-gid".into(), m.into()]);
     }
     let mut m = mount_args(v, &s.ws)?;
-    m.say_ask = a.ask_exec.is_none();
+    m.hold_asks = true;
     Ok(m)
 }
 
