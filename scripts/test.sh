@@ -31,6 +31,8 @@ command -v cc >/dev/null 2>&1 || need+=(gcc libc6-dev)
 command -v man >/dev/null 2>&1 || need+=(man-db)
 # tests/round_trips.rs: getfacl/setfacl through the mount.
 command -v setfacl >/dev/null 2>&1 || need+=(acl)
+# tests/run_tty.rs: fencefs run on a real terminal (job control, SIGWINCH, raw mode).
+command -v tmux >/dev/null 2>&1 || need+=(tmux)
 if ((${#need[@]})); then
     say "installing ${need[*]}"
     if [[ $(id -u) -ne 0 ]]; then

@@ -248,6 +248,9 @@ pub struct Approvals {
     timeout: Duration,
     dir_hold: Duration,
     approvers: AtomicUsize,
+    /// `fencefs run`: requests wait (until the timeout) even while no approver is
+    /// connected, since the person at the terminal was told how to answer them.
+    standing: std::sync::atomic::AtomicBool,
     events: Mutex<Option<EventSink>>,
     resume: Mutex<Option<Sender<(Resume, Outcome)>>>,
     answers: Option<answers::Answers>,
@@ -273,6 +276,7 @@ impl Approvals {
             timeout,
             dir_hold: DIR_HOLD,
             approvers: AtomicUsize::new(0),
+            standing: std::sync::atomic::AtomicBool::new(false),
             events: Mutex::new(None),
             resume: Mutex::new(None),
             answers: None,
@@ -307,9 +311,14 @@ impl Approvals {
         self.approvers.store(n, Ordering::SeqCst);
     }
 
-    /// Approvers connected now.
+    /// Approvers connected now (plus one standing approver, see [`Approvals::stand_by`]).
     pub fn approvers(&self) -> usize {
-        self.approvers.load(Ordering::SeqCst)
+        self.approvers.load(Ordering::SeqCst) + usize::from(self.standing.load(Ordering::SeqCst))
+    }
+
+    /// Hold requests even while no approver is connected (`fencefs run`).
+    pub fn stand_by(&self) {
+        self.standing.store(true, Ordering::SeqCst);
     }
 
     fn emit(&self, ev: Event) {

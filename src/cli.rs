@@ -39,6 +39,9 @@ pub enum Command {
     },
     /// Mount SOURCE at MOUNTPOINT and serve it until unmounted or SIGINT/SIGTERM.
     Mount(MountArgs),
+    /// Run COMMAND with the workspace (and $HOME) fenced at their own paths, in a private
+    /// namespace: no root needed; exits with COMMAND's status.
+    Run(RunArgs),
     /// Serve SOURCE to a VM as a vhost-user virtio-fs device on SOCKET (QEMU's
     /// vhost-user-fs-pci, cloud-hypervisor's --fs); exits 0 when the VM disconnects.
     VhostUser(VhostArgs),
@@ -209,10 +212,80 @@ pub struct MountArgs {
     /// ready, after the waiting parent has been told.
     #[arg(skip)]
     pub daemonized: bool,
+    /// Set by `fencefs run`: mount with mount(2) directly (inside the run's private user
+    /// and mount namespace, where fusermount3 cannot work) and unmount by detaching.
+    #[arg(skip)]
+    pub direct: bool,
+    /// Set by `fencefs run`: requests wait for an approver even while none is connected
+    /// (until --ask-timeout); without --ask-exec, a newly held one prints one line on
+    /// stderr saying how to answer it (at most one every 30 s).
+    #[arg(skip)]
+    pub hold_asks: bool,
     /// The host directory to mirror.
     pub source: PathBuf,
     /// Where to mount it.
     pub mountpoint: PathBuf,
+}
+
+/// What `fencefs run --home` does with $HOME.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HomeChoice {
+    /// Serve $HOME through a fence with the built-in `home` preset.
+    Fence,
+    /// Leave $HOME as it is.
+    Keep,
+}
+
+/// `fencefs run`.
+#[derive(clap::Args, Debug)]
+// The help texts show placeholders such as `<workspace hash>` as written (not HTML).
+#[allow(rustdoc::invalid_html_tags)]
+pub struct RunArgs {
+    /// The directory to fence (default: the current directory).
+    #[arg(short, long, value_name = "DIR")]
+    pub workspace: Option<PathBuf>,
+    /// Policy layers, as `mount` (default: the presets secrets and agent-config, plus the
+    /// workspace's .fencefs.toml when it has one).
+    #[arg(short, long, value_name = "FILE")]
+    pub policy: Vec<PathBuf>,
+    /// Write through to the workspace (as the policy allows) instead of staging.
+    #[arg(long)]
+    pub live: bool,
+    /// Where the staging area lives (default: $XDG_STATE_HOME/fencefs/<workspace hash>/stage).
+    #[arg(long, value_name = "DIR", conflicts_with = "live")]
+    pub stage_dir: Option<PathBuf>,
+    /// Fence $HOME with the `home` preset (fence), or leave it as it is (keep).
+    #[arg(long, value_enum, value_name = "fence|keep", default_value = "fence")]
+    pub home: HomeChoice,
+    /// Append audit events as JSON lines to FILE ('-' = stderr).
+    #[arg(long, value_name = "FILE|-")]
+    pub audit: Option<String>,
+    /// Keep answers given with "remember":"always" in FILE (as `mount --answers`).
+    #[arg(long, value_name = "FILE")]
+    pub answers: Option<PathBuf>,
+    /// Run CMD for every newly held request (as `mount --ask-exec`).
+    #[arg(long, value_name = "CMD")]
+    pub ask_exec: Option<OsString>,
+    /// Seconds a request held for an approver waits before it is refused.
+    #[arg(long, value_name = "SECONDS")]
+    pub ask_timeout: Option<u64>,
+    /// The control socket (default: $XDG_RUNTIME_DIR/fencefs/<workspace hash>/control.<pid>).
+    #[arg(long, value_name = "SOCKET")]
+    pub control: Option<PathBuf>,
+    /// Map a caller uid to a host uid (CONTAINER:HOST, repeatable), as `mount`.
+    #[arg(long, value_name = "CONTAINER:HOST")]
+    pub map_uid: Vec<String>,
+    /// Map a caller gid to a host gid (CONTAINER:HOST, repeatable), as `mount`.
+    #[arg(long, value_name = "CONTAINER:HOST")]
+    pub map_gid: Vec<String>,
+    /// The command and its arguments.
+    #[arg(
+        required = true,
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        value_name = "COMMAND"
+    )]
+    pub command: Vec<OsString>,
 }
 
 /// What `vhost-user`'s hidden MOUNTPOINT reads when none is given (one is an error).

@@ -215,6 +215,9 @@ fn usage_errors_exit_2() {
         vec!["mount", "--audit", "f", "--audit-keep", "-1", "a", "b"],
         // Rotation options without --audit.
         vec!["mount", "--audit-max-size", "1M", "a", "b"],
+        // A checkpoint number that is not one (before any DIR or SOCKET is touched).
+        vec!["stage", "rewind", "--dir", "/nonexistent", "abc"],
+        vec!["stage", "rewind", "/nonexistent.sock", "-1"],
     ] {
         let o = run_fencefs(&args, T);
         assert_eq!(o.status.code(), Some(2), "fencefs {args:?}: {o:?}");

@@ -302,3 +302,32 @@ fn a_whole_new_version_written_after_a_host_save_is_built_on_what_was_read() {
     assert_eq!(fs::read(m.host("a.txt")).unwrap(), b"v1\nperson\n");
     assert_eq!(fs::read(m.host("b.txt")).unwrap(), b"b1\nagent\n");
 }
+
+#[test]
+fn a_directory_made_where_a_renamed_one_was_is_new_and_applied_whole() {
+    let (mut m, dir) = staged("stage-id-remade", WRITE, |src| {
+        put(&src.join("d/f"), b"old\n", 0o644);
+        put(&src.join("d/g"), b"g\n", 0o644);
+    });
+    m.sh("set -e; mv d d2; mkdir d; echo new > d/f")
+        .assert_ok("the agent's moves");
+    stop(&mut m);
+    assert_eq!(
+        stage(&["status"], &dir).stdout,
+        "A d/ (1 entry)\nR d/ -> d2/\n"
+    );
+    // Discarding the rename alone would take back the new d/: refused until d/ goes.
+    let d = stage(&["discard", "d2"], &dir);
+    d.assert_fail("the rename's old name holds new work");
+    assert!(
+        d.stdout.contains("was made again since; discard it first"),
+        "{}",
+        d.stdout
+    );
+    stage(&["apply"], &dir).assert_ok("the rename, then the new directory whole");
+    assert_eq!(fs::read(m.host("d/f")).unwrap(), b"new\n");
+    assert!(!m.host("d/g").exists());
+    assert_eq!(fs::read(m.host("d2/f")).unwrap(), b"old\n");
+    assert_eq!(fs::read(m.host("d2/g")).unwrap(), b"g\n");
+    assert_eq!(stage(&["status"], &dir).stdout, "");
+}

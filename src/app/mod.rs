@@ -5,6 +5,7 @@
 //! - `vhost`: `vhost-user`'s life cycle, sharing the mount's steps where they are the same;
 //! - `threads`: the daemon's own threads' bodies (signals, reloads, the control socket);
 //! - `notify`: the notify thread (kernel cache invalidations) and its held-directory lane;
+//! - `run`: `fencefs run`: COMMAND in a private namespace with the fences up;
 //! - `roots`: the mount's roots besides SOURCE (`--root`, a linked worktree's repository).
 //! - `policy_watch`: the debounced reload when the host edits a policy file in SOURCE.
 
@@ -17,6 +18,7 @@ mod notify;
 mod policy_watch;
 mod restage;
 mod roots;
+mod run;
 mod threads;
 mod vhost;
 
@@ -43,6 +45,10 @@ pub(crate) fn flush_audit(shared: &Shared) {
     }
 }
 
+/// Set when the mount was made with mount(2) directly (`fencefs run`): unmounting is a
+/// detach in the run's namespace, not fusermount3.
+pub(crate) static DIRECT_MOUNT: AtomicBool = AtomicBool::new(false);
+
 /// Exit code for runtime and policy errors.
 pub const EXIT_ERR: i32 = 1;
 
@@ -68,6 +74,7 @@ pub fn run(cmd: Command) -> i32 {
                 EXIT_ERR
             }
         },
+        Command::Run(r) => run::run(r),
         Command::VhostUser(v) => match vhost::vhost_user(v) {
             Ok(()) => 0,
             Err(msg) => {

@@ -12,7 +12,7 @@ use fuser::SessionUnmounter;
 use nix::sys::signal::{SigSet, Signal};
 use serde_json::json;
 
-use super::{SESSION_DONE, flush_audit};
+use super::{DIRECT_MOUNT, SESSION_DONE, flush_audit};
 use crate::approvals::{self, Redecide};
 use crate::control::server::{self, Hooks};
 use crate::fs::kcache::Inval;
@@ -165,6 +165,20 @@ pub(super) fn bind_control(a: &crate::cli::MountArgs) -> Result<Option<Control>,
     }))
 }
 
+/// `fencefs run` without `--ask-exec`: one line on the terminal (which COMMAND may hold in
+/// raw mode, hence the carriage returns) on how to answer held requests, at most every 30 s.
+fn say_ask(sock: &Path, last: &parking_lot::Mutex<Option<Instant>>) {
+    let mut last = last.lock();
+    if last.is_some_and(|t| t.elapsed() < Duration::from_secs(30)) {
+        return;
+    }
+    *last = Some(Instant::now());
+    eprint!(
+        "\r\nfencefs: a request waits for your approval: run `fencefs approve {}` in another terminal\r\n",
+        sock.display()
+    );
+}
+
 /// The queue of held requests' continuations, for [`start_resume`].
 pub(super) type ResumeQueue = Receiver<(approvals::Resume, approvals::Outcome)>;
 
@@ -197,11 +211,19 @@ pub(super) fn start_control(
             Some(crate::control::ask_exec::AskExec::start(argv).map_err(|e| e.to_string())?)
         }
     };
+    let say = (a.hold_asks && a.ask_exec.is_none())
+        .then(|| (path.clone(), parking_lot::Mutex::new(None::<Instant>)));
+    if a.hold_asks {
+        shared.approvals.stand_by();
+    }
     shared.approvals.connect(
         res_tx,
         Box::new(move |ev| {
             if let (Some(x), crate::approvals::Event::Ask(h)) = (&ask_exec, &ev) {
                 x.notify(h);
+            }
+            if let (Some((sock, last)), crate::approvals::Event::Ask(_)) = (&say, &ev) {
+                say_ask(sock, last);
             }
             let _ = ev_tx.send(ev);
             waker.wake();
@@ -368,7 +390,16 @@ pub(super) fn signal_loop(
                 // Held requests are answered (refused) first: no caller waits on a
                 // daemon that is going away.
                 shared.approvals.shutdown();
-                if let Err(e) = unmounter.unmount() {
+                if DIRECT_MOUNT.load(Ordering::SeqCst) {
+                    // `fencefs run`: the mount is ours, in the run's private namespace.
+                    // EINVAL: already detached with the mount it was on.
+                    match crate::host::sys::ns::detach(&mnt) {
+                        Err(e) if e.raw_os_error() != Some(libc::EINVAL) => {
+                            log::warn!("unmount {}: {e}", mnt.display());
+                        }
+                        _ => {}
+                    }
+                } else if let Err(e) = unmounter.unmount() {
                     log::warn!("unmount failed ({e}); detaching lazily");
                     let mut cmd = std::process::Command::new("fusermount3");
                     let _ = crate::host::sys::private_umask(&mut cmd)

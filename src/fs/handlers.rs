@@ -95,7 +95,12 @@ impl Core {
                 return reply.entry(&notes::TTL, &notes::TTL, &a);
             }
             Ok(Lookup::Found(a)) => return reply.entry(&ttl.attr, &ttl.entry, &a),
-            Ok(Lookup::Absent) => !ttl.entry.is_zero(),
+            // A staged mount's view swaps (discard, rewind, apply) can show an absent
+            // name: its negative entry is recorded like a hidden one, and taken back.
+            Ok(Lookup::Absent) => {
+                !ttl.entry.is_zero()
+                    && (self.shared.gate.is_none() || self.shared.cache_hidden(&ctx, parent, &n))
+            }
             Ok(Lookup::Hidden) => {
                 !ttl.entry.is_zero() && self.shared.cache_hidden(&ctx, parent, &n)
             }

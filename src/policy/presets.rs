@@ -146,6 +146,87 @@ pub const PRESETS: &[Preset] = &[
             },
         ],
     },
+    Preset {
+        name: "home",
+        about: "for a home directory served by `fencefs run --home fence`: credentials, keyrings, browser profiles and shell histories hidden; the agents' own state and the tool caches writable (their settings, hooks and installed binaries read-only); a layer with `default = \"read\"` keeps the rest read-only",
+        rules: HOME,
+    },
+];
+
+/// The `home` preset's rules (paths relative to $HOME).
+const HOME: &[PresetRule] = &[
+    PresetRule {
+        path: "{.ssh,.gnupg,.aws,.azure,.kube,.password-store,.pki,.mozilla,.thunderbird,.vault-token}",
+        access: Access::None,
+        except: &[],
+        why: "keys, cloud credentials, password stores and browser profiles",
+    },
+    PresetRule {
+        path: ".config/{gcloud,gh,hub,rclone,google-chrome,chromium,BraveSoftware,microsoft-edge,vivaldi,opera}",
+        access: Access::None,
+        except: &[],
+        why: "cloud and forge credentials, browser profiles (cookies, saved passwords)",
+    },
+    PresetRule {
+        path: "{.netrc,.git-credentials,.pgpass,.npmrc,.pypirc,.docker/config.json,.terraform.d/credentials.tfrc.json}",
+        access: Access::None,
+        except: &[],
+        why: "tokens and passwords of package registries, databases and git hosts",
+    },
+    PresetRule {
+        path: ".local/share/{keyrings,kwalletd}",
+        access: Access::None,
+        except: &[],
+        why: "the desktop's keyrings",
+    },
+    PresetRule {
+        path: "{.bash_history,.zsh_history,.histfile,.python_history,.node_repl_history,.psql_history,.mysql_history,.sqlite_history,.lesshst,.local/share/fish/fish_history}",
+        access: Access::None,
+        except: &[],
+        why: "shell and REPL histories (secrets typed on command lines)",
+    },
+    PresetRule {
+        path: "{.local/state/fencefs,.config/fencefs}",
+        access: Access::None,
+        except: &[],
+        why: "fencefs's own staging areas and settings: never the agent's to read or change",
+    },
+    PresetRule {
+        path: "{.claude*,.codex,.gemini,.aider*,.cursor,.continue,.opencode}",
+        access: Access::Write,
+        except: &[],
+        why: "the agents' own state (sessions, history, caches)",
+    },
+    PresetRule {
+        path: ".config/{claude,codex,gemini,opencode,aider,github-copilot,cursor}",
+        access: Access::Write,
+        except: &[],
+        why: "the agents' own configuration directories",
+    },
+    PresetRule {
+        path: "{.local/share/{claude,opencode,aider},.local/state/{claude,opencode}}",
+        access: Access::Write,
+        except: &[],
+        why: "the agents' own data",
+    },
+    PresetRule {
+        path: "{.cache,.npm,.cargo,.rustup,.yarn,.pnpm-store,.local/share/pnpm,.bun,.deno,.gradle,.m2}",
+        access: Access::Write,
+        except: &[],
+        why: "caches and package stores of the usual tools",
+    },
+    PresetRule {
+        path: "{.claude/settings.json,.claude/hooks,.codex/config.toml,.gemini/settings.json}",
+        access: Access::Read,
+        except: &[],
+        why: "an agent's permissions and hooks: changing them would change its rights or run code on the host",
+    },
+    PresetRule {
+        path: "{.cargo/bin,.cargo/config,.cargo/config.toml,.rustup/toolchains,.rustup/settings.toml}",
+        access: Access::Read,
+        except: &[],
+        why: "programs and settings the host user runs next: a planted binary would run outside the fence",
+    },
 ];
 
 /// The preset called `name`.

@@ -244,7 +244,12 @@ fn rename_one(l: &Layers, c: &Change, from: &[u8]) -> io::Result<()> {
     if let Some(u) = l.upper.get(&c.path)? {
         let _ = sys::removexattr_fd(u.fd.as_fd(), b"trusted.overlay.redirect");
     }
-    unstage_path(&l.upper, from)
+    // The whiteout over the old name goes; anything else made there since (`mv d d2;
+    // mkdir d`) is a change of its own, applied on its own, and stays staged.
+    match l.upper.get(from)? {
+        Some(o) if l.upper.is_whiteout(&o) => unstage_path(&l.upper, from),
+        _ => Ok(()),
+    }
 }
 
 /// A change of a batch, its SOURCE side done or prepared.

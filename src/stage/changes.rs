@@ -218,8 +218,45 @@ impl Layers {
             let moved = |(d, i): (u64, u64)| sources.contains(&format!("\0{d}:{i}").into_bytes());
             !(c.kind == Kind::Deleted && (below_source(&c.path) || c.lower_id.is_some_and(moved)))
         });
+        for s in sources.iter().filter(|s| !s.starts_with(b"\0")) {
+            self.new_where_moved(s, &mut out)?;
+        }
         out.sort_by(|a, b| a.path.cmp(&b.path));
         Ok(out)
+    }
+
+    /// A directory made where a renamed one was (`mv d d2; mkdir d`): its SOURCE
+    /// counterpart moved away, so it is new — one `A d/ (N entries)` instead of changes
+    /// against what moved (an apply renames `d` first, and then has to make `d` whole).
+    /// Left as it is when a rename lies below it (`mv w/a w/x; mkdir w/a; mv w/x w/a/x`:
+    /// that rename is refused, and what depends on it stays staged).
+    fn new_where_moved(&self, s: &[u8], out: &mut Vec<Change>) -> io::Result<()> {
+        let Some(u) = self.upper.dir(s)? else {
+            return Ok(());
+        };
+        if !self.upper.is_opaque(&u) || self.upper.redirect(&u).is_some() {
+            return Ok(());
+        }
+        let under = |p: &[u8]| p == s || (p.starts_with(s) && p.get(s.len()) == Some(&b'/'));
+        if out
+            .iter()
+            .any(|c| matches!(c.kind, Kind::Renamed { .. }) && under(&c.path))
+        {
+            return Ok(());
+        }
+        let at = out.iter().find(|c| c.path == s).cloned();
+        out.retain(|c| !under(&c.path));
+        out.push(Change {
+            path: s.to_vec(),
+            kind: Kind::Added,
+            conflict: at.as_ref().is_some_and(|c| c.conflict),
+            dir: true,
+            entries: Some(self.count(&u, depth_of(s))?),
+            under_opaque: at.as_ref().is_some_and(|c| c.under_opaque),
+            lower_id: None,
+            lower_st: None,
+        });
+        Ok(())
     }
 
     /// Compares staged directory `up` (at `path`) with its SOURCE counterpart `low`.

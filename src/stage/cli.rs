@@ -146,6 +146,12 @@ fn area(at: &At, args: &[OsString]) -> Result<(Area, Vec<Vec<u8>>), String> {
     }
 }
 
+/// A usage error (a bad argument, as clap's own): exit 2.
+fn usage(msg: String) -> i32 {
+    eprintln!("fencefs: {}", crate::quote::escape(msg.as_bytes()));
+    2
+}
+
 fn fail(msg: String) -> i32 {
     eprintln!("fencefs: {}", crate::quote::escape(msg.as_bytes()));
     EXIT_ERR
@@ -363,7 +369,10 @@ fn run_op(op: StageOp) -> Result<i32, String> {
         }
         StageOp::Rewind { at, args } if sock(at, args) => {
             let o = Req {
-                to: Some(rewind_arg(&args[1..])?),
+                to: Some(match rewind_arg(&args[1..]) {
+                    Ok(n) => n,
+                    Err(e) => return Ok(usage(e)),
+                }),
                 ..Req::default()
             };
             return via_socket("rewind", &args[..1], o);
@@ -455,7 +464,10 @@ fn run_op(op: StageOp) -> Result<i32, String> {
             Ok(0)
         }
         StageOp::Rewind { at, args } => {
-            let to = rewind_arg(&args)?;
+            let to = match rewind_arg(&args) {
+                Ok(n) => n,
+                Err(e) => return Ok(usage(e)),
+            };
             let (area, _) = area(&at, &[])?;
             area.lock()?;
             let area = recover(area)?;

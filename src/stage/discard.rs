@@ -87,9 +87,15 @@ pub fn discard(l: &Layers, list: &[Change], paths: &[Vec<u8>]) -> Report {
                 continue;
             }
             let res = match &c.kind {
-                Kind::Renamed { from } => {
-                    unstage_path(&l.upper, &c.path).and_then(|_| unstage_path(&l.upper, from))
-                }
+                // Something made at the old name since (`mv d d2; mkdir d`) is staged work
+                // of its own: the rename goes back only once that is discarded.
+                Kind::Renamed { from } => match l.upper.get(from) {
+                    Ok(Some(o)) if !l.upper.is_whiteout(&o) => Err(std::io::Error::other(format!(
+                        "'{}' was made again since; discard it first",
+                        quote(from)
+                    ))),
+                    _ => unstage_path(&l.upper, &c.path).and_then(|_| unstage_path(&l.upper, from)),
+                },
                 _ => unstage_path(&l.upper, &c.path),
             };
             match res {

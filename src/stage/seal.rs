@@ -322,20 +322,8 @@ fn copy_file(
         0o600,
     )?;
     let size = st.st_size.max(0) as u64;
-    let mut pos = 0u64;
-    while pos < size {
-        let data = match sys::lseek(src, pos as i64, libc::SEEK_DATA) {
-            Ok(d) => d.max(0) as u64,
-            Err(e) if e.raw_os_error() == Some(libc::ENXIO) => break,
-            Err(_) => pos,
-        };
-        let hole = match sys::lseek(src, data as i64, libc::SEEK_HOLE) {
-            Ok(h) => (h.max(0) as u64).min(size),
-            Err(_) => size,
-        };
-        copy_range(src, dst.as_fd(), data, hole)?;
-        pos = hole.max(data + 1);
-    }
+    // Holes stay holes (apply's copy: stage/copy.rs).
+    super::copy::copy_data(src, dst.as_fd(), size)?;
     sys::ftruncate(dst.as_fd(), size)?;
     sys::fchown_fd(dst.as_fd(), st.st_uid, st.st_gid)?;
     file::fchmod(dst.as_fd(), st.st_mode & 0o7777)?;
@@ -355,40 +343,4 @@ fn copy_file(
     )?;
     sys::fsync(dst.as_fd(), false)?;
     Ok(dst)
-}
-
-/// Copies `[from, to)` at the same offsets (in-kernel, else by reads and writes).
-fn copy_range(src: BorrowedFd<'_>, dst: BorrowedFd<'_>, mut from: u64, to: u64) -> io::Result<()> {
-    while from < to {
-        match sys::copy_file_range(src, from, dst, from, to - from) {
-            Ok(0) => return Ok(()),
-            Ok(n) => from += n as u64,
-            Err(e)
-                if matches!(
-                    e.raw_os_error(),
-                    Some(libc::EXDEV | libc::EINVAL | libc::EOPNOTSUPP | libc::ENOSYS)
-                ) =>
-            {
-                break;
-            }
-            Err(e) => return Err(e),
-        }
-    }
-    let mut buf = vec![0u8; 256 * 1024];
-    while from < to {
-        let want = ((to - from) as usize).min(buf.len());
-        let n = sys::pread(src, &mut buf[..want], from)?;
-        if n == 0 {
-            break;
-        }
-        let mut done = 0;
-        while done < n {
-            match sys::pwrite(dst, &buf[done..n], from + done as u64)? {
-                0 => return Err(io::Error::from_raw_os_error(libc::EIO)),
-                k => done += k,
-            }
-        }
-        from += n as u64;
-    }
-    Ok(())
 }

@@ -206,23 +206,26 @@ pub fn json_list(
         .collect()
 }
 
+/// Where live checkpoint `n` is in `live`, or why it is not a live one.
+fn position(area: &Area, live: &[u64], n: u64) -> Result<usize, String> {
+    if let Some(i) = live.iter().position(|&c| c == n) {
+        return Ok(i);
+    }
+    let ended = layers::log(&area.dir)?.iter().any(|c| c.n == n && c.ended);
+    Err(if ended {
+        format!("checkpoint {n} was ended by an apply or discard")
+    } else {
+        format!("no checkpoint {n} (`fencefs stage log` lists them)")
+    })
+}
+
 /// The staged state since checkpoint `since` (`None`: since SOURCE), as one staged tree
 /// over the view at that checkpoint.
 pub fn staged(area: &Area, since: Option<u64>) -> Result<Staged, String> {
     let live = layers::live(&area.dir)?;
     let base = match since {
         None => 0,
-        Some(n) => match live.iter().position(|&c| c == n) {
-            Some(i) => i + 1,
-            None => {
-                let ended = layers::log(&area.dir)?.iter().any(|c| c.n == n && c.ended);
-                return Err(if ended {
-                    format!("checkpoint {n} was ended by an apply or discard")
-                } else {
-                    format!("no checkpoint {n} (`fencefs stage log` lists them)")
-                });
-            }
-        },
+        Some(n) => position(area, &live, n)? + 1,
     };
     let source = crate::host::sys::open_root(&area.source)
         .map_err(|e| format!("source '{}': {e}", area.source.display()))?;
@@ -261,14 +264,7 @@ pub fn staged(area: &Area, since: Option<u64>) -> Result<Staged, String> {
 /// showed, which the apply then checks against the whole staged state.
 pub fn sealed_args(area: &Area, n: u64, paths: &[Vec<u8>]) -> Result<Vec<Vec<u8>>, String> {
     let live = layers::live(&area.dir)?;
-    let Some(i) = live.iter().position(|&c| c == n) else {
-        let ended = layers::log(&area.dir)?.iter().any(|c| c.n == n && c.ended);
-        return Err(if ended {
-            format!("checkpoint {n} was ended by an apply or discard")
-        } else {
-            format!("no checkpoint {n} (`fencefs stage log` lists them)")
-        });
-    };
+    let i = position(area, &live, n)?;
     let source = crate::host::sys::open_root(&area.source)
         .map_err(|e| format!("source '{}': {e}", area.source.display()))?;
     let s = scratch(area)?;

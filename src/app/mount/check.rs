@@ -20,7 +20,7 @@ use crate::cli::MountArgs;
 use crate::host::sys;
 
 /// The file system type of the topmost mount exactly at `path`, if one is there.
-fn top_mount_type(path: &Path) -> Option<String> {
+pub(in crate::app) fn top_mount_type(path: &Path) -> Option<String> {
     top_mount(&path.canonicalize().ok()?).map(|m| m.fstype)
 }
 
@@ -131,7 +131,7 @@ pub(super) fn startup_checks(a: &MountArgs) -> Result<(PathBuf, PathBuf), String
     if !Path::new("/dev/fuse").exists() {
         return Err("/dev/fuse is missing: load the fuse module or pass --device /dev/fuse".into());
     }
-    if !find_in_path("fusermount3") {
+    if !a.direct && !find_in_path("fusermount3") {
         return Err("fusermount3 not found in PATH: install the fuse3 package".into());
     }
     if a.allow_other && sys::geteuid() != 0 {

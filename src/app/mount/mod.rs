@@ -40,7 +40,7 @@ mod threads;
 use crate::cli::MountArgs;
 use crate::host::sys;
 
-pub(super) use check::{block_signals, cache_ttl, source_dir};
+pub(super) use check::{block_signals, cache_ttl, source_dir, top_mount_type};
 pub(super) use serve::{confine_workers, signal_ready};
 pub(super) use state::build_state;
 pub(super) use teardown::end_session;
@@ -49,6 +49,9 @@ pub(super) use teardown::end_session;
 pub(super) fn mount(a: MountArgs) -> Result<(), String> {
     // Few malloc arenas: memory freed after a big walk goes back to the system.
     sys::limit_malloc_arenas(2);
+    if a.direct {
+        super::DIRECT_MOUNT.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
     let sigs = check::block_signals()?;
     let (src, mnt) = check::startup_checks(&a)?;
     let (state, fan) = state::build_state(&a, src, mnt)?;

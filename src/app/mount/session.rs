@@ -46,7 +46,12 @@ pub(super) fn mount_session(a: &MountArgs, state: &State) -> Result<Mounted, Str
     if matches!(plan, Plan::Offer { .. }) {
         core.offer_uring.store(true, Ordering::Relaxed);
     }
-    let session = Session::new(fs, &state.mnt, &config).map_err(|e| {
+    let session = if a.direct {
+        direct_session(fs, &state.src, &state.mnt, a.allow_other, config)
+    } else {
+        Session::new(fs, &state.mnt, &config)
+    };
+    let session = session.map_err(|e| {
         threads::remove_control(a.control.as_deref());
         format!("cannot mount at '{}': {e}", state.mnt.display())
     })?;
@@ -66,6 +71,36 @@ pub(super) fn mount_session(a: &MountArgs, state: &State) -> Result<Mounted, Str
         dev,
         control,
     })
+}
+
+/// `fencefs run`'s mount: open /dev/fuse, mount(2) it at `mnt` ourselves (inside the
+/// run's namespaces, where the setuid fusermount3 cannot help), then let fuser wrap the
+/// descriptor (its handshake reads the kernel's INIT, which the mount sends). Nothing here
+/// unmounts: the mount lives in the run's private namespace and the signal thread detaches
+/// it (`app/threads.rs`).
+fn direct_session(
+    fs: FenceFs,
+    src: &Path,
+    mnt: &Path,
+    allow_other: bool,
+    config: Config,
+) -> io::Result<Session<FenceFs>> {
+    let dev: OwnedFd = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/fuse")?
+        .into();
+    let (uid, gid) = (nix::unistd::geteuid(), nix::unistd::getegid());
+    crate::host::sys::ns::mount_fuse(
+        dev.as_fd(),
+        mnt,
+        &fsname(src),
+        uid.as_raw(),
+        gid.as_raw(),
+        allow_other,
+    )?;
+    let acl = config.acl;
+    Session::from_fd(fs, dev, acl, config)
 }
 
 /// FUSE session settings: mount options, who may use the mount, worker threads.

@@ -7,10 +7,12 @@
 //!
 //! The parts: this file (names, opens, stat, mutations, data I/O, directory reads, file
 //! handles), `creds` (a worker's ids and capabilities while it works for a caller),
-//! `xattr` (extended attributes), `process` (the daemon's own limits and settings).
+//! `xattr` (extended attributes), `process` (the daemon's own limits and settings), `ns`
+//! (`fencefs run`'s namespaces and direct FUSE mount).
 #![allow(unsafe_code)]
 
 mod creds;
+pub mod ns;
 mod process;
 mod procs;
 mod xattr;

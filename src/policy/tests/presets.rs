@@ -126,3 +126,53 @@ fn unknown_presets_are_errors_at_their_position() {
     let e = Policy::parse("presets = \"secrets\"\n", "t.toml").unwrap_err();
     assert!(e[0].message.contains("array of strings"), "{e:?}");
 }
+
+/// `home`, as `fencefs run --home fence` serves $HOME (app/run/setup.rs's layer).
+#[test]
+fn home_decides_rule_by_rule() {
+    let p = pol(
+        "mode = \"workspace-write\"\ndefault = \"read\"\nwritable_roots = [\".\"]\n\
+         presets = [\"secrets\", \"home\"]\n",
+    );
+    let rows: &[(&[u8], Access)] = &[
+        (b".ssh/id_ed25519", No),
+        (b".gnupg/pubring.kbx", No),
+        (b".config/gcloud/credentials.db", No),
+        (b".config/gh/hosts.yml", No),
+        (b".config/google-chrome/Default/Cookies", No),
+        (b".docker/config.json", No),
+        (b".netrc", No),
+        (b".git-credentials", No),
+        (b".password-store/x.gpg", No),
+        (b".local/share/keyrings/login.keyring", No),
+        (b".bash_history", No),
+        (b".local/share/fish/fish_history", No),
+        (b".local/state/fencefs/0123/stage", No),
+        (b".claude.json", Write),
+        (b".claude/projects/x.jsonl", Write),
+        (b".claude/settings.json", Read),
+        (b".claude/hooks/pre.sh", Read),
+        (b".codex/sessions/a", Write),
+        (b".codex/config.toml", Read),
+        (b".gemini/settings.json", Read),
+        (b".config/claude/x", Write),
+        (b".local/share/opencode/x", Write),
+        (b".cache/pip/x", Write),
+        (b".npm/_cacache/x", Write),
+        (b".cargo/registry/cache/x", Write),
+        (b".cargo/bin/cargo", Read),
+        (b".cargo/config.toml", Read),
+        (b".rustup/toolchains/stable/bin/rustc", Read),
+        (b".rustup/downloads/x", Write),
+        (b".bashrc", Read),
+        (b"projects/other/main.rs", Read),
+        (b"projects/other/.env", No),
+    ];
+    for &(path, want) in rows {
+        let v = p.verdict_for(path, ME, false);
+        assert_eq!(v.effective, want, "{}", String::from_utf8_lossy(path));
+    }
+    let v = p.verdict_for(b".bash_history", ME, false);
+    let By::Rule(i) = v.by else { panic!("{v:?}") };
+    assert_eq!(p.rule(i).preset, Some("home"));
+}
