@@ -7,7 +7,9 @@
 #   sudo scripts/cpu-per-op.sh [-n N] [-r ROUNDS] [-p POLICY] [-u UID] [-w WORKLOADS] TARGET...
 #
 # TARGET: fencefs | fencefs-uring | fencefs-nowatch | passthrough_hp | passthrough_hp-uring
-# | bindfs (passthrough_hp: $PASSTHROUGH_HP, a libfuse example/passthrough_hp binary;
+# | bindfs (passthrough_hp: $PASSTHROUGH_HP, a libfuse example/passthrough_hp binary, else
+# the one scripts/bench/passthrough-hp.sh builds with io_uring into
+# /tmp/fencefs-bench-work/cache/libfuse, as bench.sh does;
 # bindfs: `bindfs -f`, libfuse's high-level, path-based API; $FENCEFS_BIN: another
 # fencefs binary, e.g. a build from before a change).
 # Workloads, N files each (default 5000) in one directory:
@@ -36,6 +38,11 @@ OTHER=() # other users reach a root-mounted FUSE file system only with allow_oth
 shift $((OPTIND - 1))
 (($#)) || { sed -n 2,25p "$0"; exit 2; }
 HERE=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=scripts/bench/uring-check.sh
+source "$HERE/scripts/bench/uring-check.sh"
+if [[ " $* " == *" passthrough_hp"* && -z ${PASSTHROUGH_HP:-} ]]; then
+    PASSTHROUGH_HP=$("$HERE/scripts/bench/passthrough-hp.sh" /tmp/fencefs-bench-work/cache/libfuse)
+fi
 BIN=${FENCEFS_BIN:-$HERE/target/release/fencefs}
 POLICY=${POLICY:-$HERE/policy.example.toml}
 WORK=$HERE/target/tmp/cpu-per-op.$$
@@ -87,7 +94,13 @@ mount_t() {
     esac
     PID=$!
     local i
-    for ((i = 0; i < 400; i++)); do mounted && return 0; sleep 0.025; done
+    for ((i = 0; i < 400; i++)); do
+        if mounted; then # the transport the name claims, from the daemon's descriptors
+            transport_check "$t" "$PID" "$MNT" >/dev/null && return 0
+            exit 1
+        fi
+        sleep 0.025
+    done
     echo "mount of $t failed: $(tail -n 3 "$WORK/log")" >&2
     exit 1
 }
