@@ -26,9 +26,12 @@
 # -u UID: the workloads run as UID (its files, created as the caller: setfsuid).
 # Prints µs of daemon CPU per file, the median of ROUNDS (default 3). With PROFILE=DIR,
 # each run is also recorded (`perf record -g`) to DIR/TARGET-WORKLOAD.data.
+# -s: the daemon's syscalls per file instead (`strace -c -f -p`, every thread; strace
+# slows the daemon, so never with the CPU figures); each run's table is kept in
+# $SYSCALLS (default target/tmp/syscalls)/TARGET-WORKLOAD.txt.
 set -euo pipefail
-N=5000 ROUNDS=3 POLICY= AS=() WL=create,lookup,unlink,find,lslr
-while getopts n:r:p:u:w: o; do case $o in n) N=$OPTARG ;; r) ROUNDS=$OPTARG ;; p) POLICY=$OPTARG ;;
+N=5000 ROUNDS=3 POLICY= AS=() WL=create,lookup,unlink,find,lslr SYS=0
+while getopts n:r:p:u:w:s o; do case $o in n) N=$OPTARG ;; r) ROUNDS=$OPTARG ;; p) POLICY=$OPTARG ;; s) SYS=1 ;;
     u) AS=(setpriv --reuid="$OPTARG" --regid="$OPTARG" --clear-groups) ;; w) WL=$OPTARG ;; *) exit 2 ;; esac; done
 IFS=, read -ra WLS <<<"$WL"
 for w in "${WLS[@]}"; do case $w in create | lookup | unlink | find | lslr | clone) ;; *) echo "unknown workload $w" >&2; exit 2 ;; esac; done
@@ -109,6 +112,19 @@ mount_t() {
 # file (DIV = N), or ms per run (DIV = 1000: clone, followed by /WALL_MS of the run)
 cpu() {
     local div=${2:-$N}
+    if ((SYS)); then
+        local out=${SYSCALLS:=$HERE/target/tmp/syscalls}/$T-$1.txt
+        mkdir -p "$SYSCALLS"
+        strace -c -f -q -p "$PID" -o "$out" &
+        local sp=$!
+        sleep 1 # attached to every thread
+        "run_$1"
+        sleep 0.2
+        kill -INT $sp
+        wait $sp 2>/dev/null || true
+        awk -v n="$div" '$NF == "total" { printf "%.2f", $4 / n }' "$out"
+        return 0
+    fi
     perf stat -x, -e task-clock -p "$PID" -o "$WORK/perf" &
     local pp=$! rp=
     if [[ -n ${PROFILE:-} ]]; then
@@ -160,7 +176,7 @@ median() { tr ' ' '\n' | sort -g | awk '{ a[NR] = $1 } END { print a[int((NR + 1
 
 printf 'target'
 for w in "${WLS[@]}"; do printf '\t%s' "$w"; done
-printf '\t(µs of daemon CPU per file, median of %s, N=%s' "$ROUNDS" "$N"
+if ((SYS)); then printf '\t(daemon syscalls per file, median of %s, N=%s' "$ROUNDS" "$N"; else printf '\t(µs of daemon CPU per file, median of %s, N=%s' "$ROUNDS" "$N"; fi
 [[ ,$WL, == *,clone,* ]] && printf '; clone: ms of daemon CPU/wall ms per clone'
 printf ')\n'
 if [[ ,$WL, == *,clone,* ]]; then # the clone's own wall time, no FUSE (the same image)

@@ -29,7 +29,7 @@ use super::sys::{self, Name};
 mod forget;
 mod handles;
 mod swap;
-use forget::maybe_remove;
+use forget::{Gone, maybe_remove};
 use swap::settle_in;
 
 /// FUSE id of the root.
@@ -134,15 +134,18 @@ impl FdCache {
     fn get(&self, ino: u64) -> Option<Arc<OwnedFd>> {
         self.map.get(&ino).cloned()
     }
-    fn put(&mut self, ino: u64, fd: Arc<OwnedFd>) {
-        if self.map.insert(ino, fd).is_none() {
+    /// Returns the handles it evicted, for the caller to drop once the lock is released.
+    #[must_use]
+    fn put(&mut self, ino: u64, fd: Arc<OwnedFd>) -> Vec<Arc<OwnedFd>> {
+        let mut evicted: Vec<Arc<OwnedFd>> = self.map.insert(ino, fd).into_iter().collect();
+        if evicted.is_empty() {
             self.order.push_back(ino);
         }
         // FIFO eviction; ids removed meanwhile are stale in `order` and skipped.
         while self.map.len() > self.cap {
             match self.order.pop_front() {
                 Some(old) if old != ino => {
-                    self.map.remove(&old);
+                    evicted.extend(self.map.remove(&old));
                 }
                 Some(old) => self.order.push_back(old),
                 None => break,
@@ -154,10 +157,12 @@ impl FdCache {
             self.order
                 .retain(|i| map.contains_key(i) && seen.insert(*i));
         }
+        evicted
     }
-    fn remove(&mut self, ino: u64) {
+    /// The cached handle, for the caller to drop once the lock is released.
+    fn remove(&mut self, ino: u64) -> Option<Arc<OwnedFd>> {
         // O(1): the id stays in `order` until eviction or compaction skips it.
-        self.map.remove(&ino);
+        self.map.remove(&ino)
     }
 }
 
@@ -388,7 +393,8 @@ impl Inodes {
             }
             {
                 let fd = Arc::new(fd);
-                self.fds.lock().put(ino, fd.clone());
+                let evicted = self.fds.lock().put(ino, fd.clone());
+                drop(evicted); // closed unlocked
                 return Ok(fd);
             }
         }
@@ -517,7 +523,7 @@ impl Inodes {
         if count && let Some(n) = t.nodes.get_mut(&ino) {
             n.nlookup += 1;
         }
-        let mut gone = Vec::new();
+        let mut gone = Gone::default();
         for p in removed {
             maybe_remove(&mut t, p, &mut gone);
         }
@@ -529,7 +535,7 @@ impl Inodes {
     /// Drops the alias `parent/name` after an unlink/rmdir/rename through the mount. If it
     /// was the node's last alias, `fd` (its handle) is pinned so open files keep working.
     pub fn remove_alias(&self, parent: u64, name: &[u8], fd: Option<Arc<OwnedFd>>) {
-        let mut removed = Vec::new();
+        let mut removed = Gone::default();
         {
             let mut t = self.table.lock();
             let k: (u64, Box<[u8]>) = (parent, name.into());
@@ -538,7 +544,7 @@ impl Inodes {
                 if let Some(n) = t.nodes.get_mut(&ino)
                     && n.aliases.is_empty()
                 {
-                    n.pinned = fd;
+                    removed.close_later(std::mem::replace(&mut n.pinned, fd));
                 }
                 maybe_remove(&mut t, ino, &mut removed);
                 maybe_remove(&mut t, parent, &mut removed);
@@ -555,7 +561,7 @@ impl Inodes {
 
     /// Moves the alias `parent/name` of `ino` to `newparent/newname` (after a rename).
     pub fn rename_alias(&self, ino: u64, parent: u64, name: &[u8], newparent: u64, newname: &[u8]) {
-        let mut removed = Vec::new();
+        let mut removed = Gone::default();
         {
             let mut t = self.table.lock();
             // Whatever was known as the new name is replaced on the host.
