@@ -15,6 +15,7 @@
 //!   so a file swapped on the host is never mistaken for the one the kernel knows.
 //! - Lock order: `table` before `fds`; no syscall while holding `table`.
 
+use std::collections::hash_map::Entry;
 use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
@@ -98,10 +99,8 @@ impl Table {
     }
 
     /// Removes one alias; returns true when it existed.
-    fn del_alias(&mut self, ino: u64, parent: u64, name: &[u8]) -> bool {
-        // The path it is known under now: kept if this is its last name (unlinked but
-        // still open: it keeps the policy of the name it had).
-        let last = dir_path(self, parent).map(|p| join(&p, name));
+    /// `path`: the workspace path `parent/name` when the caller has it built already.
+    fn del_alias(&mut self, ino: u64, parent: u64, name: &[u8], path: Option<&[u8]>) -> bool {
         let Some(n) = self.nodes.get_mut(&ino) else {
             return false;
         };
@@ -111,11 +110,22 @@ impl Table {
             return false;
         }
         if n.aliases.is_empty() {
-            n.gone = last.map(Into::into);
+            // The path it was known under: kept, as its last name is gone (unlinked but
+            // still open: it keeps the policy of the name it had). The parent's path is
+            // built only here: other aliases name it still.
+            let last = match path {
+                Some(p) => Some(p.into()),
+                None => dir_path(self, parent).map(|p| join(&p, name).into()),
+            };
+            if let Some(n) = self.nodes.get_mut(&ino) {
+                n.gone = last;
+            }
         }
         let k: (u64, Box<[u8]>) = (parent, name.into());
-        if self.by_name.get(&k) == Some(&ino) {
-            self.by_name.remove(&k);
+        if let Entry::Occupied(e) = self.by_name.entry(k)
+            && *e.get() == ino
+        {
+            e.remove();
         }
         if let Some(p) = self.nodes.get_mut(&parent) {
             p.children = p.children.saturating_sub(1);
@@ -513,7 +523,7 @@ impl Inodes {
                     .unwrap_or_default();
                 for (p, nm) in old {
                     if !(p == parent && *nm == *name) {
-                        t.del_alias(ino, p, &nm);
+                        t.del_alias(ino, p, &nm, None);
                         removed.push(p);
                     }
                 }
@@ -532,15 +542,16 @@ impl Inodes {
         ino
     }
 
-    /// Drops the alias `parent/name` after an unlink/rmdir/rename through the mount. If it
-    /// was the node's last alias, `fd` (its handle) is pinned so open files keep working.
-    pub fn remove_alias(&self, parent: u64, name: &[u8], fd: Option<Arc<OwnedFd>>) {
+    /// Drops the alias `parent/name` (workspace path `path`) after an unlink/rmdir/rename
+    /// through the mount. If it was the node's last alias, `fd` (its handle) is pinned so
+    /// open files keep working, and `path` is kept as the path it was known under.
+    pub fn remove_alias(&self, parent: u64, name: &[u8], path: &[u8], fd: Option<Arc<OwnedFd>>) {
         let mut removed = Gone::default();
         {
             let mut t = self.table.lock();
             let k: (u64, Box<[u8]>) = (parent, name.into());
             if let Some(ino) = t.by_name.get(&k).copied() {
-                t.del_alias(ino, parent, name);
+                t.del_alias(ino, parent, name, Some(path));
                 if let Some(n) = t.nodes.get_mut(&ino)
                     && n.aliases.is_empty()
                 {
@@ -569,12 +580,12 @@ impl Inodes {
             if let Some(old) = t.by_name.get(&k).copied()
                 && old != ino
             {
-                t.del_alias(old, newparent, newname);
+                t.del_alias(old, newparent, newname, None);
                 maybe_remove(&mut t, old, &mut removed);
             }
             // Add before removing so the old parent cannot vanish in between.
             t.add_alias(ino, newparent, newname);
-            t.del_alias(ino, parent, name);
+            t.del_alias(ino, parent, name, None);
             maybe_remove(&mut t, parent, &mut removed);
         }
         self.drop_fds(removed);
@@ -589,10 +600,10 @@ impl Inodes {
         let ib = t.by_name.get(&kb).copied();
         // Add the new aliases first so no parent's child count drops to zero in between.
         if let Some(i) = ia {
-            t.del_alias(i, a.0, a.1);
+            t.del_alias(i, a.0, a.1, None);
         }
         if let Some(i) = ib {
-            t.del_alias(i, b.0, b.1);
+            t.del_alias(i, b.0, b.1, None);
         }
         if let Some(i) = ia {
             t.add_alias(i, b.0, b.1);

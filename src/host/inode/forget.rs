@@ -126,8 +126,11 @@ impl Inodes {
 }
 
 pub(super) fn maybe_remove(t: &mut Table, ino: u64, removed: &mut Gone) {
-    let mut stack = vec![ino];
-    while let Some(ino) = stack.pop() {
+    // No allocation unless a removed node names parents to look at (a forgotten
+    // unlinked file names none).
+    let mut next = Some(ino);
+    let mut stack: Vec<u64> = Vec::new();
+    while let Some(ino) = next.take().or_else(|| stack.pop()) {
         if ino == ROOT {
             continue;
         }
