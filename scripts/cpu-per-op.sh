@@ -26,12 +26,14 @@
 # -u UID: the workloads run as UID (its files, created as the caller: setfsuid).
 # Prints µs of daemon CPU per file, the median of ROUNDS (default 3). With PROFILE=DIR,
 # each run is also recorded (`perf record -g`) to DIR/TARGET-WORKLOAD.data.
+# -x: the daemon's context switches per file instead (perf's context-switches event,
+# every thread): each is a sleep and a wake-up of a daemon thread.
 # -s: the daemon's syscalls per file instead (`strace -c -f -p`, every thread; strace
 # slows the daemon, so never with the CPU figures); each run's table is kept in
 # $SYSCALLS (default target/tmp/syscalls)/TARGET-WORKLOAD.txt.
 set -euo pipefail
-N=5000 ROUNDS=3 POLICY= AS=() WL=create,lookup,unlink,find,lslr SYS=0
-while getopts n:r:p:u:w:s o; do case $o in n) N=$OPTARG ;; r) ROUNDS=$OPTARG ;; p) POLICY=$OPTARG ;; s) SYS=1 ;;
+N=5000 ROUNDS=3 POLICY= AS=() WL=create,lookup,unlink,find,lslr SYS=0 EV=task-clock
+while getopts n:r:p:u:w:sx o; do case $o in n) N=$OPTARG ;; r) ROUNDS=$OPTARG ;; p) POLICY=$OPTARG ;; s) SYS=1 ;; x) EV=context-switches ;;
     u) AS=(setpriv --reuid="$OPTARG" --regid="$OPTARG" --clear-groups) ;; w) WL=$OPTARG ;; *) exit 2 ;; esac; done
 IFS=, read -ra WLS <<<"$WL"
 for w in "${WLS[@]}"; do case $w in create | lookup | unlink | find | lslr | clone) ;; *) echo "unknown workload $w" >&2; exit 2 ;; esac; done
@@ -125,7 +127,7 @@ cpu() {
         awk -v n="$div" '$NF == "total" { printf "%.2f", $4 / n }' "$out"
         return 0
     fi
-    perf stat -x, -e task-clock -p "$PID" -o "$WORK/perf" &
+    perf stat -x, -e "$EV" -p "$PID" -o "$WORK/perf" &
     local pp=$! rp=
     if [[ -n ${PROFILE:-} ]]; then
         mkdir -p "$PROFILE"
@@ -140,7 +142,7 @@ cpu() {
     sleep 0.2
     kill -INT $pp ${rp:+$rp}
     wait $pp ${rp:+$rp} 2>/dev/null || true
-    awk -F, -v n="$div" '$3 == "task-clock" || $3 ~ /task-clock/ { printf "%.2f", $1 * 1000 / n }' "$WORK/perf"
+    awk -F, -v n="$div" -v ev="$EV" '$3 ~ ev { printf "%.2f", $1 * (ev == "task-clock" ? 1000 : 1) / n }' "$WORK/perf"
     [[ $div == 1000 ]] && printf '/%d' $(((t1 - t0) / 1000000))
     return 0
 }
@@ -176,7 +178,7 @@ median() { tr ' ' '\n' | sort -g | awk '{ a[NR] = $1 } END { print a[int((NR + 1
 
 printf 'target'
 for w in "${WLS[@]}"; do printf '\t%s' "$w"; done
-if ((SYS)); then printf '\t(daemon syscalls per file, median of %s, N=%s' "$ROUNDS" "$N"; else printf '\t(µs of daemon CPU per file, median of %s, N=%s' "$ROUNDS" "$N"; fi
+if [[ $EV == context-switches ]]; then printf '\t(daemon context switches per file, median of %s, N=%s' "$ROUNDS" "$N"; elif ((SYS)); then printf '\t(daemon syscalls per file, median of %s, N=%s' "$ROUNDS" "$N"; else printf '\t(µs of daemon CPU per file, median of %s, N=%s' "$ROUNDS" "$N"; fi
 [[ ,$WL, == *,clone,* ]] && printf '; clone: ms of daemon CPU/wall ms per clone'
 printf ')\n'
 if [[ ,$WL, == *,clone,* ]]; then # the clone's own wall time, no FUSE (the same image)
