@@ -12,9 +12,13 @@
 #                   fencefs targets run without the flag.
 #   fencefs-revoke  `fencefs ... --revoke` (with --transport dev-fuse when available)
 #   passthrough_hp, passthrough_hp-uring (only when asked for in --targets)
-#                   libfuse's example/passthrough_hp ($PASSTHROUGH_HP: a binary built from
-#                   libfuse's source), `--foreground SRC MNT`, the second with
-#                   `-o io_uring`: the low-level C peer, no policy
+#                   libfuse's example/passthrough_hp, `--foreground SRC MNT`, the second
+#                   with `-o io_uring`: the low-level C peer, no policy. $PASSTHROUGH_HP, or
+#                   else built once by scripts/bench/passthrough-hp.sh from Debian's fuse3
+#                   source (>= 3.18) with liburing into DIR/cache/libfuse.
+# Every FUSE mount is checked from the daemon's descriptors (scripts/bench/uring-check.sh):
+# a *-uring target needs enable_uring=Y and anon_inode:[io_uring] fds, any other target
+# must hold none; a target that fails the check fails its cells (FAIL, reason in errors).
 # Medians over --runs rounds are printed as one table with ratios to native and saved
 # as TSV + JSON (+ every sample, the errors and the daemon logs) under --out.
 # A workload that fails on a target is recorded as FAIL for that cell; the run goes on.
@@ -94,7 +98,7 @@ usage: scripts/bench.sh [options]
   --build           run 'cargo build --release' first
   --threads N       pass --threads N to fencefs
   --targets LIST    comma list out of native,bindfs,fencefs,fencefs-uring,fencefs-revoke,
-                    passthrough_hp,passthrough_hp-uring (these two need \$PASSTHROUGH_HP)
+                    passthrough_hp,passthrough_hp-uring (\$PASSTHROUGH_HP or built, see the top)
                     (default all; fencefs-uring is skipped when the binary has no
                     --transport option)
   --only GROUPS     comma list out of tree,git,write,dd,fio,build,agent (default all)
@@ -149,8 +153,7 @@ WORK=$(cd "$WORK" && pwd) OUT=$(cd "$OUT" && pwd)
 IFS=, read -r -a TARGETS <<<"$TARGETS_OPT"
 for t in "${TARGETS[@]}"; do
     case $t in native | bindfs | fencefs | fencefs-uring | fencefs-revoke) ;;
-    passthrough_hp | passthrough_hp-uring)
-        [[ -x ${PASSTHROUGH_HP:-} ]] || { echo "bench.sh: $t needs PASSTHROUGH_HP=path of libfuse's example/passthrough_hp" >&2; exit 2; } ;;
+    passthrough_hp | passthrough_hp-uring) ;; # built below when $PASSTHROUGH_HP is unset
     *) echo "bench.sh: unknown target $t" >&2; exit 2 ;; esac
 done
 ALL_TARGETS=(native bindfs passthrough_hp passthrough_hp-uring fencefs fencefs-uring fencefs-revoke)
@@ -197,6 +200,21 @@ STAMP_RUN=$(date +%Y%m%d-%H%M%S)
 RES=$OUT/bench-$STAMP_RUN
 LOGDIR=$RES.logs
 mkdir -p "$LOGDIR" "$CACHE" || exit 1
+# libfuse's peer: $PASSTHROUGH_HP, or built from Debian's fuse3 source with liburing
+# (scripts/bench/passthrough-hp.sh says why Debian's own binaries will not do)
+PTHP_NOTE=""
+if [[ ",$TARGETS_OPT," == *,passthrough_hp* ]]; then
+    if [[ -z ${PASSTHROUGH_HP:-} ]]; then
+        PASSTHROUGH_HP=$("$SCRIPT_DIR/bench/passthrough-hp.sh" "$CACHE/libfuse") ||
+            { echo "bench.sh: no passthrough_hp with FUSE-over-io_uring could be built (above); drop the passthrough_hp targets" >&2; exit 1; }
+        PTHP_NOTE="passthrough_hp: $PASSTHROUGH_HP, $(cat "$CACHE/libfuse/VERSION")"
+    else
+        PTHP_NOTE="passthrough_hp: \$PASSTHROUGH_HP=$PASSTHROUGH_HP (links: $(ldd "$PASSTHROUGH_HP" 2>/dev/null | awk '/libfuse|liburing/ { printf "%s ", $3 }'))"
+    fi
+    [[ -x $PASSTHROUGH_HP ]] || { echo "bench.sh: $PASSTHROUGH_HP is not executable" >&2; exit 2; }
+fi
+# shellcheck source=scripts/bench/uring-check.sh
+source "$SCRIPT_DIR/bench/uring-check.sh"
 SAMPLES=$RES.samples.tsv ERRORS=$RES.errors.log
 printf 'round\trow\ttarget\tvalue\tstatus\n' >"$SAMPLES"
 : >"$ERRORS"
@@ -207,6 +225,7 @@ err() { printf '[%s] %s\n' "$(date +%T)" "$*" >>"$ERRORS"; log "ERROR: $*"; }
 
 # ---------------------------------------------------------------- mounts / cleanup
 CUR_TARGET="" CUR_PID="" CUR_POLICY="" CUR_GROUP="" TIMED_PID=""
+declare -A RINGS=() # target -> "N rings", what transport_check saw at its last mount
 STARTED_PIDS=()
 
 is_mounted() { awk -v m="$1" '$5 == m { f = 1 } END { exit !f }' /proc/self/mountinfo; }
@@ -341,6 +360,15 @@ mount_target() {
     for ((i = 0; i < 400; i++)); do
         if awk -v m="$MNT" '$5 == m { for (j = 7; j <= NF; j++) if ($j == "-") { if ($(j+1) ~ /^fuse/) f = 1; break } } END { exit !f }' /proc/self/mountinfo; then
             CUR_TARGET=$tgt CUR_PID=$pid CUR_POLICY=$pol
+            # the transport the name claims, from the daemon's descriptors, every mount
+            local seen
+            if ! seen=$(transport_check "$tgt" "$pid" "$MNT" 2>"$TMPD/tc.err"); then
+                RINGS[$tgt]="FAILED"
+                err "$(cat "$TMPD/tc.err") — $tgt fails, its cells are not reported"
+                unmount_current
+                return 1
+            fi
+            [[ ${RINGS[$tgt]:-} == FAILED ]] || RINGS[$tgt]=$seen
             return 0
         fi
         kill -0 "$pid" 2>/dev/null || break
@@ -1010,6 +1038,10 @@ if ((COUNT)); then
         echo "fencefs benchmark --count  $(date -Is)  host $(uname -n) kernel $(uname -r) cpus $(nproc)"
         echo "binary $BIN_SRC (built $BIN_MTIME, sha256 $BIN_SHA)  $POLICY_NOTE${THREADS:+, --threads $THREADS}"
         echo "transport: $TRANSPORT_NOTE"
+        echo "transport checked at every mount from the daemon's fds (scripts/bench/uring-check.sh):$(for t in "${!RINGS[@]}"; do printf ' %s %s;' "$t" "${RINGS[$t]}"; done)"
+        [[ -n $PTHP_NOTE ]] && echo "$PTHP_NOTE"
+    echo "transport checked at every mount from the daemon's fds (scripts/bench/uring-check.sh):$(for t in "${!RINGS[@]}"; do printf ' %s %s;' "$t" "${RINGS[$t]}"; done) enable_uring=$(cat "$URING_PARAM" 2>/dev/null || echo missing)"
+    [[ -n $PTHP_NOTE ]] && echo "$PTHP_NOTE"
         echo "work dir $ROOT ($(df -T "$SRC" | awk 'NR == 2 { print $2 }'))$( ((LOOPFS)) && echo "  loopfs: private ext4 image $LOOP_IMG ($LOOPFS_SIZE) via $LOOP_DEV")"
         echo "FUSE requests per workload (one untimed round, counted with $COUNT_METHOD$([[ $COUNT_METHOD == strace ]] && echo ': successful read(2)s on /dev/fuse + io_uring_enter calls of the daemon'))"
         echo
@@ -1049,6 +1081,8 @@ fi
     echo "fencefs benchmark  $(date -Is)  host $(uname -n) kernel $(uname -r) cpus $(nproc)"
     echo "binary $BIN_SRC (built $BIN_MTIME, sha256 $BIN_SHA)  $POLICY_NOTE${THREADS:+, --threads $THREADS}"
     echo "transport: $TRANSPORT_NOTE"
+    echo "transport checked at every mount from the daemon's fds (scripts/bench/uring-check.sh):$(for t in "${!RINGS[@]}"; do printf ' %s %s;' "$t" "${RINGS[$t]}"; done) enable_uring=$(cat "$URING_PARAM" 2>/dev/null || echo missing)"
+    [[ -n $PTHP_NOTE ]] && echo "$PTHP_NOTE"
     echo "runs $RUNS (median)$( ((QUICK)) && echo ', --quick: small sizes, cold/1k-rule/no-op rows skipped')  elapsed ${ELAPSED}s  loadavg at start $LOADAVG_START"
     echo "work dir $ROOT ($(df -T "$SRC" | awk 'NR == 2 { print $2 }'))$( ((DROP_OK)) || echo '  WARNING: drop_caches unavailable, cold = remount only')"
     ((LOOPFS)) && echo "loopfs in use: private ext4 image $LOOP_IMG ($LOOPFS_SIZE, sparse) loop-mounted via $LOOP_DEV on $LOOP_MNT"

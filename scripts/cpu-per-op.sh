@@ -7,7 +7,9 @@
 #   sudo scripts/cpu-per-op.sh [-n N] [-r ROUNDS] [-p POLICY] [-u UID] [-w WORKLOADS] TARGET...
 #
 # TARGET: fencefs | fencefs-uring | fencefs-nowatch | passthrough_hp | passthrough_hp-uring
-# | bindfs (passthrough_hp: $PASSTHROUGH_HP, a libfuse example/passthrough_hp binary;
+# | bindfs (passthrough_hp: $PASSTHROUGH_HP, a libfuse example/passthrough_hp binary, else
+# the one scripts/bench/passthrough-hp.sh builds with io_uring into
+# /tmp/fencefs-bench-work/cache/libfuse, as bench.sh does;
 # bindfs: `bindfs -f`, libfuse's high-level, path-based API; $FENCEFS_BIN: another
 # fencefs binary, e.g. a build from before a change).
 # Workloads, N files each (default 5000) in one directory:
@@ -24,9 +26,14 @@
 # -u UID: the workloads run as UID (its files, created as the caller: setfsuid).
 # Prints µs of daemon CPU per file, the median of ROUNDS (default 3). With PROFILE=DIR,
 # each run is also recorded (`perf record -g`) to DIR/TARGET-WORKLOAD.data.
+# -x: the daemon's context switches per file instead (perf's context-switches event,
+# every thread): each is a sleep and a wake-up of a daemon thread.
+# -s: the daemon's syscalls per file instead (`strace -c -f -p`, every thread; strace
+# slows the daemon, so never with the CPU figures); each run's table is kept in
+# $SYSCALLS (default target/tmp/syscalls)/TARGET-WORKLOAD.txt.
 set -euo pipefail
-N=5000 ROUNDS=3 POLICY= AS=() WL=create,lookup,unlink,find,lslr
-while getopts n:r:p:u:w: o; do case $o in n) N=$OPTARG ;; r) ROUNDS=$OPTARG ;; p) POLICY=$OPTARG ;;
+N=5000 ROUNDS=3 POLICY= AS=() WL=create,lookup,unlink,find,lslr SYS=0 EV=task-clock
+while getopts n:r:p:u:w:sx o; do case $o in n) N=$OPTARG ;; r) ROUNDS=$OPTARG ;; p) POLICY=$OPTARG ;; s) SYS=1 ;; x) EV=context-switches ;;
     u) AS=(setpriv --reuid="$OPTARG" --regid="$OPTARG" --clear-groups) ;; w) WL=$OPTARG ;; *) exit 2 ;; esac; done
 IFS=, read -ra WLS <<<"$WL"
 for w in "${WLS[@]}"; do case $w in create | lookup | unlink | find | lslr | clone) ;; *) echo "unknown workload $w" >&2; exit 2 ;; esac; done
@@ -36,6 +43,11 @@ OTHER=() # other users reach a root-mounted FUSE file system only with allow_oth
 shift $((OPTIND - 1))
 (($#)) || { sed -n 2,25p "$0"; exit 2; }
 HERE=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=scripts/bench/uring-check.sh
+source "$HERE/scripts/bench/uring-check.sh"
+if [[ " $* " == *" passthrough_hp"* && -z ${PASSTHROUGH_HP:-} ]]; then
+    PASSTHROUGH_HP=$("$HERE/scripts/bench/passthrough-hp.sh" /tmp/fencefs-bench-work/cache/libfuse)
+fi
 BIN=${FENCEFS_BIN:-$HERE/target/release/fencefs}
 POLICY=${POLICY:-$HERE/policy.example.toml}
 WORK=$HERE/target/tmp/cpu-per-op.$$
@@ -87,7 +99,13 @@ mount_t() {
     esac
     PID=$!
     local i
-    for ((i = 0; i < 400; i++)); do mounted && return 0; sleep 0.025; done
+    for ((i = 0; i < 400; i++)); do
+        if mounted; then # the transport the name claims, from the daemon's descriptors
+            transport_check "$t" "$PID" "$MNT" >/dev/null && return 0
+            exit 1
+        fi
+        sleep 0.025
+    done
     echo "mount of $t failed: $(tail -n 3 "$WORK/log")" >&2
     exit 1
 }
@@ -96,7 +114,20 @@ mount_t() {
 # file (DIV = N), or ms per run (DIV = 1000: clone, followed by /WALL_MS of the run)
 cpu() {
     local div=${2:-$N}
-    perf stat -x, -e task-clock -p "$PID" -o "$WORK/perf" &
+    if ((SYS)); then
+        local out=${SYSCALLS:=$HERE/target/tmp/syscalls}/$T-$1.txt
+        mkdir -p "$SYSCALLS"
+        strace -c -f -q -p "$PID" -o "$out" &
+        local sp=$!
+        sleep 1 # attached to every thread
+        "run_$1"
+        sleep 0.2
+        kill -INT $sp
+        wait $sp 2>/dev/null || true
+        awk -v n="$div" '$NF == "total" { printf "%.2f", $4 / n }' "$out"
+        return 0
+    fi
+    perf stat -x, -e "$EV" -p "$PID" -o "$WORK/perf" &
     local pp=$! rp=
     if [[ -n ${PROFILE:-} ]]; then
         mkdir -p "$PROFILE"
@@ -111,7 +142,7 @@ cpu() {
     sleep 0.2
     kill -INT $pp ${rp:+$rp}
     wait $pp ${rp:+$rp} 2>/dev/null || true
-    awk -F, -v n="$div" '$3 == "task-clock" || $3 ~ /task-clock/ { printf "%.2f", $1 * 1000 / n }' "$WORK/perf"
+    awk -F, -v n="$div" -v ev="$EV" '$3 ~ ev { printf "%.2f", $1 * (ev == "task-clock" ? 1000 : 1) / n }' "$WORK/perf"
     [[ $div == 1000 ]] && printf '/%d' $(((t1 - t0) / 1000000))
     return 0
 }
@@ -147,7 +178,7 @@ median() { tr ' ' '\n' | sort -g | awk '{ a[NR] = $1 } END { print a[int((NR + 1
 
 printf 'target'
 for w in "${WLS[@]}"; do printf '\t%s' "$w"; done
-printf '\t(µs of daemon CPU per file, median of %s, N=%s' "$ROUNDS" "$N"
+if [[ $EV == context-switches ]]; then printf '\t(daemon context switches per file, median of %s, N=%s' "$ROUNDS" "$N"; elif ((SYS)); then printf '\t(daemon syscalls per file, median of %s, N=%s' "$ROUNDS" "$N"; else printf '\t(µs of daemon CPU per file, median of %s, N=%s' "$ROUNDS" "$N"; fi
 [[ ,$WL, == *,clone,* ]] && printf '; clone: ms of daemon CPU/wall ms per clone'
 printf ')\n'
 if [[ ,$WL, == *,clone,* ]]; then # the clone's own wall time, no FUSE (the same image)

@@ -74,6 +74,9 @@ pub struct Core {
     pub offer_uring: AtomicBool,
     /// The kernel took the offer: requests come on the rings once they are registered.
     pub uring: AtomicBool,
+    /// Every ring queue registered: `/dev/fuse` carries only FORGET, BATCH_FORGET and
+    /// INTERRUPT from now on (`fs/forgets.rs` paces its readers).
+    pub rings: AtomicBool,
     /// Backing ids by node (the kernel wants one per inode while any handle is open)
     /// and the strong references held by each open handle.
     backing: Mutex<Backing>,
@@ -90,6 +93,7 @@ impl Core {
             passthrough: AtomicBool::new(false),
             offer_uring: AtomicBool::new(false),
             uring: AtomicBool::new(false),
+            rings: AtomicBool::new(false),
             backing: Mutex::new(Backing::default()),
             dev: OnceLock::new(),
             plus: Default::default(),

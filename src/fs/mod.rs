@@ -8,6 +8,7 @@ pub mod attr;
 mod core;
 pub mod ctx;
 mod decide;
+mod forgets;
 pub mod gate;
 pub mod handlers;
 pub mod kcache;
@@ -164,7 +165,8 @@ impl Filesystem for FenceFs {
         self.core.lookup(req.into(), parent.0, n.as_bytes(), reply)
     }
 
-    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+    fn forget(&self, req: &Request, ino: INodeNo, nlookup: u64) {
+        forgets::pace(&self.core, req.unique().0);
         self.shared.do_forget(ino.0, nlookup);
     }
 

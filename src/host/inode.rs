@@ -15,6 +15,7 @@
 //!   so a file swapped on the host is never mistaken for the one the kernel knows.
 //! - Lock order: `table` before `fds`; no syscall while holding `table`.
 
+use std::collections::hash_map::Entry;
 use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
@@ -29,7 +30,7 @@ use super::sys::{self, Name};
 mod forget;
 mod handles;
 mod swap;
-use forget::maybe_remove;
+use forget::{Gone, maybe_remove};
 use swap::settle_in;
 
 /// FUSE id of the root.
@@ -98,10 +99,8 @@ impl Table {
     }
 
     /// Removes one alias; returns true when it existed.
-    fn del_alias(&mut self, ino: u64, parent: u64, name: &[u8]) -> bool {
-        // The path it is known under now: kept if this is its last name (unlinked but
-        // still open: it keeps the policy of the name it had).
-        let last = dir_path(self, parent).map(|p| join(&p, name));
+    /// `path`: the workspace path `parent/name` when the caller has it built already.
+    fn del_alias(&mut self, ino: u64, parent: u64, name: &[u8], path: Option<&[u8]>) -> bool {
         let Some(n) = self.nodes.get_mut(&ino) else {
             return false;
         };
@@ -111,11 +110,22 @@ impl Table {
             return false;
         }
         if n.aliases.is_empty() {
-            n.gone = last.map(Into::into);
+            // The path it was known under: kept, as its last name is gone (unlinked but
+            // still open: it keeps the policy of the name it had). The parent's path is
+            // built only here: other aliases name it still.
+            let last = match path {
+                Some(p) => Some(p.into()),
+                None => dir_path(self, parent).map(|p| join(&p, name).into()),
+            };
+            if let Some(n) = self.nodes.get_mut(&ino) {
+                n.gone = last;
+            }
         }
         let k: (u64, Box<[u8]>) = (parent, name.into());
-        if self.by_name.get(&k) == Some(&ino) {
-            self.by_name.remove(&k);
+        if let Entry::Occupied(e) = self.by_name.entry(k)
+            && *e.get() == ino
+        {
+            e.remove();
         }
         if let Some(p) = self.nodes.get_mut(&parent) {
             p.children = p.children.saturating_sub(1);
@@ -134,15 +144,18 @@ impl FdCache {
     fn get(&self, ino: u64) -> Option<Arc<OwnedFd>> {
         self.map.get(&ino).cloned()
     }
-    fn put(&mut self, ino: u64, fd: Arc<OwnedFd>) {
-        if self.map.insert(ino, fd).is_none() {
+    /// Returns the handles it evicted, for the caller to drop once the lock is released.
+    #[must_use]
+    fn put(&mut self, ino: u64, fd: Arc<OwnedFd>) -> Vec<Arc<OwnedFd>> {
+        let mut evicted: Vec<Arc<OwnedFd>> = self.map.insert(ino, fd).into_iter().collect();
+        if evicted.is_empty() {
             self.order.push_back(ino);
         }
         // FIFO eviction; ids removed meanwhile are stale in `order` and skipped.
         while self.map.len() > self.cap {
             match self.order.pop_front() {
                 Some(old) if old != ino => {
-                    self.map.remove(&old);
+                    evicted.extend(self.map.remove(&old));
                 }
                 Some(old) => self.order.push_back(old),
                 None => break,
@@ -154,10 +167,12 @@ impl FdCache {
             self.order
                 .retain(|i| map.contains_key(i) && seen.insert(*i));
         }
+        evicted
     }
-    fn remove(&mut self, ino: u64) {
+    /// The cached handle, for the caller to drop once the lock is released.
+    fn remove(&mut self, ino: u64) -> Option<Arc<OwnedFd>> {
         // O(1): the id stays in `order` until eviction or compaction skips it.
-        self.map.remove(&ino);
+        self.map.remove(&ino)
     }
 }
 
@@ -388,7 +403,8 @@ impl Inodes {
             }
             {
                 let fd = Arc::new(fd);
-                self.fds.lock().put(ino, fd.clone());
+                let evicted = self.fds.lock().put(ino, fd.clone());
+                drop(evicted); // closed unlocked
                 return Ok(fd);
             }
         }
@@ -507,7 +523,7 @@ impl Inodes {
                     .unwrap_or_default();
                 for (p, nm) in old {
                     if !(p == parent && *nm == *name) {
-                        t.del_alias(ino, p, &nm);
+                        t.del_alias(ino, p, &nm, None);
                         removed.push(p);
                     }
                 }
@@ -517,7 +533,7 @@ impl Inodes {
         if count && let Some(n) = t.nodes.get_mut(&ino) {
             n.nlookup += 1;
         }
-        let mut gone = Vec::new();
+        let mut gone = Gone::default();
         for p in removed {
             maybe_remove(&mut t, p, &mut gone);
         }
@@ -526,19 +542,20 @@ impl Inodes {
         ino
     }
 
-    /// Drops the alias `parent/name` after an unlink/rmdir/rename through the mount. If it
-    /// was the node's last alias, `fd` (its handle) is pinned so open files keep working.
-    pub fn remove_alias(&self, parent: u64, name: &[u8], fd: Option<Arc<OwnedFd>>) {
-        let mut removed = Vec::new();
+    /// Drops the alias `parent/name` (workspace path `path`) after an unlink/rmdir/rename
+    /// through the mount. If it was the node's last alias, `fd` (its handle) is pinned so
+    /// open files keep working, and `path` is kept as the path it was known under.
+    pub fn remove_alias(&self, parent: u64, name: &[u8], path: &[u8], fd: Option<Arc<OwnedFd>>) {
+        let mut removed = Gone::default();
         {
             let mut t = self.table.lock();
             let k: (u64, Box<[u8]>) = (parent, name.into());
             if let Some(ino) = t.by_name.get(&k).copied() {
-                t.del_alias(ino, parent, name);
+                t.del_alias(ino, parent, name, Some(path));
                 if let Some(n) = t.nodes.get_mut(&ino)
                     && n.aliases.is_empty()
                 {
-                    n.pinned = fd;
+                    removed.close_later(std::mem::replace(&mut n.pinned, fd));
                 }
                 maybe_remove(&mut t, ino, &mut removed);
                 maybe_remove(&mut t, parent, &mut removed);
@@ -555,7 +572,7 @@ impl Inodes {
 
     /// Moves the alias `parent/name` of `ino` to `newparent/newname` (after a rename).
     pub fn rename_alias(&self, ino: u64, parent: u64, name: &[u8], newparent: u64, newname: &[u8]) {
-        let mut removed = Vec::new();
+        let mut removed = Gone::default();
         {
             let mut t = self.table.lock();
             // Whatever was known as the new name is replaced on the host.
@@ -563,12 +580,12 @@ impl Inodes {
             if let Some(old) = t.by_name.get(&k).copied()
                 && old != ino
             {
-                t.del_alias(old, newparent, newname);
+                t.del_alias(old, newparent, newname, None);
                 maybe_remove(&mut t, old, &mut removed);
             }
             // Add before removing so the old parent cannot vanish in between.
             t.add_alias(ino, newparent, newname);
-            t.del_alias(ino, parent, name);
+            t.del_alias(ino, parent, name, None);
             maybe_remove(&mut t, parent, &mut removed);
         }
         self.drop_fds(removed);
@@ -583,10 +600,10 @@ impl Inodes {
         let ib = t.by_name.get(&kb).copied();
         // Add the new aliases first so no parent's child count drops to zero in between.
         if let Some(i) = ia {
-            t.del_alias(i, a.0, a.1);
+            t.del_alias(i, a.0, a.1, None);
         }
         if let Some(i) = ib {
-            t.del_alias(i, b.0, b.1);
+            t.del_alias(i, b.0, b.1, None);
         }
         if let Some(i) = ia {
             t.add_alias(i, b.0, b.1);

@@ -108,6 +108,7 @@ fn start_transport(
             let sizes = transport::sizes(crate::fs::MAX_WRITE);
             match transport::start(&dev, core, acl, sizes, queues)? {
                 Started::Uring => {
+                    core.rings.store(true, Ordering::Relaxed);
                     log::info!(
                         "transport: FUSE over io_uring ({queues} queues x {} entries of {} KiB)",
                         sizes.depth,

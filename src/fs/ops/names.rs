@@ -472,7 +472,7 @@ impl Shared {
             });
         }
         self.noted(note);
-        self.inodes.remove_alias(parent, name.bytes(), pin);
+        self.inodes.remove_alias(parent, name.bytes(), &path, pin);
         Ok(())
     }
 
@@ -574,14 +574,14 @@ impl Shared {
         } else {
             if dst.is_some() {
                 self.inodes
-                    .remove_alias(newparent, newname.bytes(), dst_pin);
+                    .remove_alias(newparent, newname.bytes(), &new, dst_pin);
             }
             match src {
                 Some(ino) => {
                     self.inodes
                         .rename_alias(ino, parent, name.bytes(), newparent, newname.bytes())
                 }
-                None => self.inodes.remove_alias(parent, name.bytes(), None),
+                None => self.inodes.remove_alias(parent, name.bytes(), &old, None),
             }
         }
         Ok(())

@@ -31,7 +31,7 @@ fn a_reused_inode_number_after_a_removal_is_a_new_node() {
     );
     // Removed through the mount with no handle to keep it: the kernel still holds
     // the node (no FORGET yet) when the host hands the number to a new file.
-    t.remove_alias(ROOT, b"a", None);
+    t.remove_alias(ROOT, b"a", b"a", None);
     let b = t.insert(ROOT, b"b", &stat_of(dev, 5000), true);
     assert_ne!(b, a, "a new file gets its own node");
     assert_eq!(t.paths(b).unwrap(), vec![b"b".to_vec()]);
