@@ -331,3 +331,38 @@ fn a_directory_made_where_a_renamed_one_was_is_new_and_applied_whole() {
     assert_eq!(fs::read(m.host("d2/g")).unwrap(), b"g\n");
     assert_eq!(stage(&["status"], &dir).stdout, "");
 }
+
+#[test]
+fn apply_at_a_checkpoint_never_carries_a_later_write_below_a_directory_it_changed() {
+    let (mut m, dir, sock) = staged_live("stage-id-at-below", |src| {
+        put(&src.join("d/f"), b"f\n", 0o644);
+    });
+    // Turn 1 changes the directory itself (its mode) and a file in it.
+    m.sh("chmod 700 d && echo turn1 > d/f").assert_ok("turn 1");
+    ctl(&sock, &["checkpoint"]).assert_ok("checkpoint");
+    // Turn 2 writes below that directory.
+    m.sh("echo turn2 >> d/f && echo later > d/new")
+        .assert_ok("turn 2");
+    let a = ctl(&sock, &["apply", "--at", "1"]);
+    a.assert_fail("d/f changed after the checkpoint");
+    assert!(
+        a.stdout.contains("refused M d/f@") && a.stdout.contains("changed after checkpoint 1"),
+        "{}",
+        a.stdout
+    );
+    assert!(a.stdout.contains("applied m d/"), "{}", a.stdout);
+    // d's id covers d's own change: neither the refused d/f nor the later d/new ride along.
+    assert!(!a.stdout.contains("applied M d/f"), "{}", a.stdout);
+    assert!(!a.stdout.contains("d/new"), "{}", a.stdout);
+    assert_eq!(fs::read(m.host("d/f")).unwrap(), b"f\n");
+    assert!(!m.host("d/new").exists());
+    assert_eq!(ctl(&sock, &["status"]).stdout, "M d/f\nA d/new\n");
+    // The same for PATH@ID given by hand.
+    let ids = ids(&ctl(&sock, &["status", "--json"]));
+    m.sh("echo unseen > d/unseen").assert_ok("after the review");
+    let a = ctl(&sock, &["apply", &format!("d/f@{}", ids["d/f"])]);
+    a.assert_ok("d/f as shown");
+    assert!(!a.stdout.contains("unseen"), "{}", a.stdout);
+    stop(&mut m);
+    assert_eq!(stage(&["status"], &dir).stdout, "A d/new\nA d/unseen\n");
+}
