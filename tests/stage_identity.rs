@@ -366,3 +366,37 @@ fn apply_at_a_checkpoint_never_carries_a_later_write_below_a_directory_it_change
     stop(&mut m);
     assert_eq!(stage(&["status"], &dir).stdout, "A d/new\nA d/unseen\n");
 }
+
+#[test]
+fn a_host_edit_below_a_directory_the_agent_deleted_or_replaced_is_a_conflict() {
+    let (mut m, dir) = staged("stage-id-dir-below", WRITE, |src| {
+        for d in ["d", "e", "g", "q", "t"] {
+            put(&src.join(d).join("f"), b"orig\n", 0o644);
+            put(&src.join(d).join("sub/g"), b"orig\n", 0o644);
+        }
+    });
+    // Deleted (d, e), deleted and made again (g, q), replaced by a file (t).
+    m.sh("rm -rf d e g q t && mkdir g q && echo a > g/a && echo x > t")
+        .assert_ok("agent");
+    std::thread::sleep(Duration::from_millis(30));
+    // The host edits deep below d and t, and below g, and makes a new file in g.
+    fs::write(m.host("d/sub/g"), b"HOST\n").unwrap();
+    fs::write(m.host("t/sub/g"), b"HOST\n").unwrap();
+    fs::write(m.host("g/sub/g"), b"HOST\n").unwrap();
+    fs::write(m.host("g/hostnew"), b"HOST NEW\n").unwrap();
+    stop(&mut m);
+    assert_eq!(
+        stage(&["status"], &dir).stdout,
+        "CD d/\nD e/\nA g/a\nD g/f\nCD g/hostnew\nCD g/sub/\nD q/f\nD q/sub/\nCT t\n"
+    );
+    stage(&["apply"], &dir).assert_fail("the conflicts are refused");
+    for p in ["d/sub/g", "t/sub/g", "g/sub/g"] {
+        assert_eq!(fs::read(m.host(p)).unwrap(), b"HOST\n", "{p}");
+    }
+    assert_eq!(fs::read(m.host("g/hostnew")).unwrap(), b"HOST NEW\n");
+    assert!(!m.host("e").exists() && !m.host("g/f").exists() && !m.host("q/f").exists());
+    assert_eq!(
+        stage(&["status"], &dir).stdout,
+        "CD d/\nCD g/hostnew\nCD g/sub/\nCT t\n"
+    );
+}
