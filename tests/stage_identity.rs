@@ -400,3 +400,31 @@ fn a_host_edit_below_a_directory_the_agent_deleted_or_replaced_is_a_conflict() {
         "CD d/\nCD g/hostnew\nCD g/sub/\nCT t\n"
     );
 }
+
+#[test]
+fn a_directory_the_host_replaced_after_the_agent_moved_it_is_a_conflict() {
+    let (mut m, dir, sock) = staged_live("stage-id-dir-moved", |src| {
+        put(&src.join("d/f"), b"f\n", 0o644);
+        put(&src.join("k/f"), b"k\n", 0o644);
+    });
+    m.sh("mv d e && mv k k2").assert_ok("agent");
+    // Sealed in a checkpoint, so the squash's flattened tree is what apply reads.
+    ctl(&sock, &["checkpoint"]).assert_ok("checkpoint");
+    std::thread::sleep(Duration::from_millis(30));
+    // The host moves its d aside and makes a new one.
+    fs::rename(m.host("d"), m.host("d.old")).unwrap();
+    fs::create_dir(m.host("d")).unwrap();
+    fs::write(m.host("d/h"), b"host\n").unwrap();
+    assert_eq!(ctl(&sock, &["status"]).stdout, "CR d/ -> e/\nR k/ -> k2/\n");
+    let a = ctl(&sock, &["apply"]);
+    a.assert_fail("the conflict is refused");
+    assert!(a.stdout.contains("refused CR d/ -> e/"), "{}", a.stdout);
+    assert!(a.stdout.contains("applied R k/ -> k2/"), "{}", a.stdout);
+    // The host's new d stays where the host made it.
+    assert_eq!(fs::read(m.host("d/h")).unwrap(), b"host\n");
+    assert_eq!(fs::read(m.host("d.old/f")).unwrap(), b"f\n");
+    assert!(!m.host("e").exists());
+    assert_eq!(fs::read(m.host("k2/f")).unwrap(), b"k\n");
+    stop(&mut m);
+    assert_eq!(stage(&["status"], &dir).stdout, "CR d/ -> e/\n");
+}

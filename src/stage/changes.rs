@@ -345,9 +345,13 @@ impl Layers {
         let p = base.path.clone();
         match (origin, from) {
             (Some(o), Some(from)) => {
+                // The host replaced the directory the agent moved (`mv d d.old; mkdir d`):
+                // the rename would carry the host's new one away.
+                let replaced = self.origin_other(u, &o);
                 out.push(Change {
                     kind: Kind::Renamed { from },
                     dir: true,
+                    conflict: base.conflict || replaced,
                     lower_st: Some(lower_ident(&o.st)),
                     ..base
                 });
@@ -393,6 +397,22 @@ impl Layers {
             Some(l) if self.meta_differs(u, l) => Some(kind_of(Kind::Metadata)),
             Some(_) => None,
         })
+    }
+
+    /// Whether staged `u`'s overlayfs origin is another SOURCE object than `l` (false
+    /// when it has none, or one that cannot be read).
+    fn origin_other(&self, u: &Node, l: &Node) -> bool {
+        let Some(o) = self.upper.xattr(u, b"trusted.overlay.origin") else {
+            return false;
+        };
+        let Ok(d) = sys::reopen(
+            self.lower.proc_fd.as_fd(),
+            self.lower.root.as_fd(),
+            libc::O_RDONLY | libc::O_DIRECTORY,
+        ) else {
+            return false;
+        };
+        ssys::origin_is(d.as_fd(), &o, &l.st) == Some(false)
     }
 
     /// Whether staged `u` was copied up from a SOURCE file that no longer exists.
