@@ -428,3 +428,30 @@ fn a_directory_the_host_replaced_after_the_agent_moved_it_is_a_conflict() {
     stop(&mut m);
     assert_eq!(stage(&["status"], &dir).stdout, "CR d/ -> e/\n");
 }
+
+#[test]
+fn a_staged_file_named_like_the_daemons_temporary_whiteout_is_never_removed() {
+    let (mut m, dir) = staged("stage-id-wh-name", WRITE, |src| {
+        put(&src.join("x/a"), b"a\n", 0o644);
+        put(&src.join("x/b"), b"b\n", 0o644);
+    });
+    // The names the daemon's first private whiteouts would take.
+    let names: Vec<String> = (0..4)
+        .map(|n| format!(".fencefs-wh-{}-{n}", m.pid()))
+        .collect();
+    for n in &names {
+        fs::write(m.mnt(format!("x/{n}")), b"staged work\n").unwrap();
+    }
+    m.sh("rm x/a x/b").assert_ok("rm");
+    for n in &names {
+        assert_eq!(
+            fs::read(m.mnt(format!("x/{n}"))).unwrap(),
+            b"staged work\n",
+            "{n}"
+        );
+    }
+    stop(&mut m);
+    let st = stage(&["status"], &dir).stdout;
+    assert!(st.contains("D x/a\nD x/b\n"), "{st}");
+    assert_eq!(st.matches("A x/.fencefs-wh-").count(), 4, "{st}");
+}

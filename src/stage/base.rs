@@ -321,10 +321,18 @@ fn private_whiteout(up: &Layer, p: &Pending) -> io::Result<()> {
     // Landlock rights on DIR).
     let dir = d.fd;
     static SEQ: AtomicU64 = AtomicU64::new(0);
-    let n = SEQ.fetch_add(1, Ordering::Relaxed);
-    let tmp = Name::new(format!(".fencefs-wh-{}-{n}", std::process::id()).as_bytes())?;
-    let _ = sys::unlinkat(dir.as_fd(), &tmp, 0);
-    sys::mknodat(dir.as_fd(), &tmp, libc::S_IFCHR, 0)?;
+    // A name taken already is someone's (the agent may have made a file of that name: it
+    // is staged work, never removed here): the next one.
+    let mut tries = 0;
+    let tmp = loop {
+        let n = SEQ.fetch_add(1, Ordering::Relaxed);
+        let tmp = Name::new(format!(".fencefs-wh-{}-{n}", std::process::id()).as_bytes())?;
+        match sys::mknodat(dir.as_fd(), &tmp, libc::S_IFCHR, 0) {
+            Err(e) if e.raw_os_error() == Some(libc::EEXIST) && tries < 64 => tries += 1,
+            Err(e) => return Err(e),
+            Ok(()) => break tmp,
+        }
+    };
     let done = (|| {
         let fd = sys::open_path(dir.as_fd(), &tmp)?;
         sys::setxattr_fd(fd.as_fd(), XATTR, &p.base.encode(), 0)?;
