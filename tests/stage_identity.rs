@@ -455,3 +455,29 @@ fn a_staged_file_named_like_the_daemons_temporary_whiteout_is_never_removed() {
     assert!(st.contains("D x/a\nD x/b\n"), "{st}");
     assert_eq!(st.matches("A x/.fencefs-wh-").count(), 4, "{st}");
 }
+
+#[test]
+fn a_host_edit_below_a_directory_deleted_and_made_again_is_a_conflict_after_checkpoints() {
+    let (mut m, dir, sock) = staged_live("stage-id-opaque-ckpt", |src| {
+        put(&src.join("g/f"), b"orig\n", 0o644);
+        put(&src.join("q/f"), b"orig\n", 0o644);
+    });
+    m.sh("rm -rf g q && mkdir g q && echo a > g/a")
+        .assert_ok("agent");
+    std::thread::sleep(Duration::from_millis(30));
+    fs::write(m.host("g/f"), b"HOST\n").unwrap();
+    std::thread::sleep(Duration::from_millis(30));
+    // Checkpoints flatten the stack: g is made anew there, after the host's edit.
+    ctl(&sock, &["checkpoint"]).assert_ok("checkpoint 1");
+    m.sh("echo b > g/b").assert_ok("turn 2");
+    ctl(&sock, &["checkpoint"]).assert_ok("checkpoint 2");
+    assert_eq!(
+        ctl(&sock, &["status"]).stdout,
+        "A g/a\nA g/b\nCD g/f\nD q/f\n"
+    );
+    ctl(&sock, &["apply"]).assert_fail("the conflict is refused");
+    assert_eq!(fs::read(m.host("g/f")).unwrap(), b"HOST\n");
+    assert!(!m.host("q/f").exists());
+    stop(&mut m);
+    assert_eq!(stage(&["status"], &dir).stdout, "CD g/f\n");
+}

@@ -304,10 +304,7 @@ impl Layers {
             }
         }
         if opaque && let Some(low) = low.filter(|l| kind(&l.st) == libc::S_IFDIR) {
-            let at = ssys::btime_fd(up.fd.as_fd())
-                .ok()
-                .flatten()
-                .unwrap_or_else(|| ctime_ns(&up.st));
+            let at = ssys::dir_staged_at(&self.upper, up);
             self.hidden_by_opaque(path, low, &names, at, out)?;
         }
         Ok(())

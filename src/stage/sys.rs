@@ -157,6 +157,16 @@ pub fn staged_at_fd(fd: BorrowedFd<'_>) -> io::Result<i128> {
         .unwrap_or(st.stx_ctime.tv_sec as i128 * 1_000_000_000 + st.stx_ctime.tv_nsec as i128))
 }
 
+/// When the staged directory `n` of layer `l` was made: its [`STAGED_AT`] mark (a
+/// flattened tree makes its directories anew and marks them so), else its birth time,
+/// else its ctime.
+pub fn dir_staged_at(l: &super::tree::Layer, n: &super::tree::Node) -> i128 {
+    l.xattr(n, STAGED_AT)
+        .and_then(|v| std::str::from_utf8(&v).ok()?.parse().ok())
+        .or_else(|| btime_fd(n.fd.as_fd()).ok().flatten())
+        .unwrap_or(n.st.st_ctime as i128 * 1_000_000_000 + n.st.st_ctime_nsec as i128)
+}
+
 /// The [`STAGED_AT`] mark of the regular file `dir/name` (one `lgetxattr` through
 /// `/proc/self/fd`, not following `name`).
 fn staged_mark(dir: BorrowedFd<'_>, name: &Name) -> Option<i128> {
