@@ -331,3 +331,153 @@ fn a_directory_made_where_a_renamed_one_was_is_new_and_applied_whole() {
     assert_eq!(fs::read(m.host("d2/g")).unwrap(), b"g\n");
     assert_eq!(stage(&["status"], &dir).stdout, "");
 }
+
+#[test]
+fn apply_at_a_checkpoint_never_carries_a_later_write_below_a_directory_it_changed() {
+    let (mut m, dir, sock) = staged_live("stage-id-at-below", |src| {
+        put(&src.join("d/f"), b"f\n", 0o644);
+    });
+    // Turn 1 changes the directory itself (its mode) and a file in it.
+    m.sh("chmod 700 d && echo turn1 > d/f").assert_ok("turn 1");
+    ctl(&sock, &["checkpoint"]).assert_ok("checkpoint");
+    // Turn 2 writes below that directory.
+    m.sh("echo turn2 >> d/f && echo later > d/new")
+        .assert_ok("turn 2");
+    let a = ctl(&sock, &["apply", "--at", "1"]);
+    a.assert_fail("d/f changed after the checkpoint");
+    assert!(
+        a.stdout.contains("refused M d/f@") && a.stdout.contains("changed after checkpoint 1"),
+        "{}",
+        a.stdout
+    );
+    assert!(a.stdout.contains("applied m d/"), "{}", a.stdout);
+    // d's id covers d's own change: neither the refused d/f nor the later d/new ride along.
+    assert!(!a.stdout.contains("applied M d/f"), "{}", a.stdout);
+    assert!(!a.stdout.contains("d/new"), "{}", a.stdout);
+    assert_eq!(fs::read(m.host("d/f")).unwrap(), b"f\n");
+    assert!(!m.host("d/new").exists());
+    assert_eq!(ctl(&sock, &["status"]).stdout, "M d/f\nA d/new\n");
+    // The same for PATH@ID given by hand.
+    let ids = ids(&ctl(&sock, &["status", "--json"]));
+    m.sh("echo unseen > d/unseen").assert_ok("after the review");
+    let a = ctl(&sock, &["apply", &format!("d/f@{}", ids["d/f"])]);
+    a.assert_ok("d/f as shown");
+    assert!(!a.stdout.contains("unseen"), "{}", a.stdout);
+    stop(&mut m);
+    assert_eq!(stage(&["status"], &dir).stdout, "A d/new\nA d/unseen\n");
+}
+
+#[test]
+fn a_host_edit_below_a_directory_the_agent_deleted_or_replaced_is_a_conflict() {
+    let (mut m, dir) = staged("stage-id-dir-below", WRITE, |src| {
+        for d in ["d", "e", "g", "q", "t"] {
+            put(&src.join(d).join("f"), b"orig\n", 0o644);
+            put(&src.join(d).join("sub/g"), b"orig\n", 0o644);
+        }
+    });
+    // Deleted (d, e), deleted and made again (g, q), replaced by a file (t).
+    m.sh("rm -rf d e g q t && mkdir g q && echo a > g/a && echo x > t")
+        .assert_ok("agent");
+    std::thread::sleep(Duration::from_millis(30));
+    // The host edits deep below d and t, and below g, and makes a new file in g.
+    fs::write(m.host("d/sub/g"), b"HOST\n").unwrap();
+    fs::write(m.host("t/sub/g"), b"HOST\n").unwrap();
+    fs::write(m.host("g/sub/g"), b"HOST\n").unwrap();
+    fs::write(m.host("g/hostnew"), b"HOST NEW\n").unwrap();
+    stop(&mut m);
+    assert_eq!(
+        stage(&["status"], &dir).stdout,
+        "CD d/\nD e/\nA g/a\nD g/f\nCD g/hostnew\nCD g/sub/\nD q/f\nD q/sub/\nCT t\n"
+    );
+    stage(&["apply"], &dir).assert_fail("the conflicts are refused");
+    for p in ["d/sub/g", "t/sub/g", "g/sub/g"] {
+        assert_eq!(fs::read(m.host(p)).unwrap(), b"HOST\n", "{p}");
+    }
+    assert_eq!(fs::read(m.host("g/hostnew")).unwrap(), b"HOST NEW\n");
+    assert!(!m.host("e").exists() && !m.host("g/f").exists() && !m.host("q/f").exists());
+    assert_eq!(
+        stage(&["status"], &dir).stdout,
+        "CD d/\nCD g/hostnew\nCD g/sub/\nCT t\n"
+    );
+}
+
+#[test]
+fn a_directory_the_host_replaced_after_the_agent_moved_it_is_a_conflict() {
+    let (mut m, dir, sock) = staged_live("stage-id-dir-moved", |src| {
+        put(&src.join("d/f"), b"f\n", 0o644);
+        put(&src.join("k/f"), b"k\n", 0o644);
+    });
+    m.sh("mv d e && mv k k2").assert_ok("agent");
+    // Sealed in a checkpoint, so the squash's flattened tree is what apply reads.
+    ctl(&sock, &["checkpoint"]).assert_ok("checkpoint");
+    std::thread::sleep(Duration::from_millis(30));
+    // The host moves its d aside and makes a new one.
+    fs::rename(m.host("d"), m.host("d.old")).unwrap();
+    fs::create_dir(m.host("d")).unwrap();
+    fs::write(m.host("d/h"), b"host\n").unwrap();
+    assert_eq!(ctl(&sock, &["status"]).stdout, "CR d/ -> e/\nR k/ -> k2/\n");
+    let a = ctl(&sock, &["apply"]);
+    a.assert_fail("the conflict is refused");
+    assert!(a.stdout.contains("refused CR d/ -> e/"), "{}", a.stdout);
+    assert!(a.stdout.contains("applied R k/ -> k2/"), "{}", a.stdout);
+    // The host's new d stays where the host made it.
+    assert_eq!(fs::read(m.host("d/h")).unwrap(), b"host\n");
+    assert_eq!(fs::read(m.host("d.old/f")).unwrap(), b"f\n");
+    assert!(!m.host("e").exists());
+    assert_eq!(fs::read(m.host("k2/f")).unwrap(), b"k\n");
+    stop(&mut m);
+    assert_eq!(stage(&["status"], &dir).stdout, "CR d/ -> e/\n");
+}
+
+#[test]
+fn a_staged_file_named_like_the_daemons_temporary_whiteout_is_never_removed() {
+    let (mut m, dir) = staged("stage-id-wh-name", WRITE, |src| {
+        put(&src.join("x/a"), b"a\n", 0o644);
+        put(&src.join("x/b"), b"b\n", 0o644);
+    });
+    // The names the daemon's first private whiteouts would take.
+    let names: Vec<String> = (0..4)
+        .map(|n| format!(".fencefs-wh-{}-{n}", m.pid()))
+        .collect();
+    for n in &names {
+        fs::write(m.mnt(format!("x/{n}")), b"staged work\n").unwrap();
+    }
+    m.sh("rm x/a x/b").assert_ok("rm");
+    for n in &names {
+        assert_eq!(
+            fs::read(m.mnt(format!("x/{n}"))).unwrap(),
+            b"staged work\n",
+            "{n}"
+        );
+    }
+    stop(&mut m);
+    let st = stage(&["status"], &dir).stdout;
+    assert!(st.contains("D x/a\nD x/b\n"), "{st}");
+    assert_eq!(st.matches("A x/.fencefs-wh-").count(), 4, "{st}");
+}
+
+#[test]
+fn a_host_edit_below_a_directory_deleted_and_made_again_is_a_conflict_after_checkpoints() {
+    let (mut m, dir, sock) = staged_live("stage-id-opaque-ckpt", |src| {
+        put(&src.join("g/f"), b"orig\n", 0o644);
+        put(&src.join("q/f"), b"orig\n", 0o644);
+    });
+    m.sh("rm -rf g q && mkdir g q && echo a > g/a")
+        .assert_ok("agent");
+    std::thread::sleep(Duration::from_millis(30));
+    fs::write(m.host("g/f"), b"HOST\n").unwrap();
+    std::thread::sleep(Duration::from_millis(30));
+    // Checkpoints flatten the stack: g is made anew there, after the host's edit.
+    ctl(&sock, &["checkpoint"]).assert_ok("checkpoint 1");
+    m.sh("echo b > g/b").assert_ok("turn 2");
+    ctl(&sock, &["checkpoint"]).assert_ok("checkpoint 2");
+    assert_eq!(
+        ctl(&sock, &["status"]).stdout,
+        "A g/a\nA g/b\nCD g/f\nD q/f\n"
+    );
+    ctl(&sock, &["apply"]).assert_fail("the conflict is refused");
+    assert_eq!(fs::read(m.host("g/f")).unwrap(), b"HOST\n");
+    assert!(!m.host("q/f").exists());
+    stop(&mut m);
+    assert_eq!(stage(&["status"], &dir).stdout, "CD g/f\n");
+}

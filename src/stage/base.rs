@@ -203,12 +203,19 @@ impl Bases {
             .into_iter()
             .filter_map(|l| Layer::new(l).ok())
             .collect();
-        let staged = |p: &[u8]| {
-            std::iter::once(&up)
-                .chain(layers.iter())
-                .any(|l| !matches!(l.get(p), Ok(None)))
-        };
-        r.by_path.retain(|p, _| !staged(p));
+        // One walk of each layer along the read paths (sorted: a directory is opened
+        // once per layer, not once per path below it; a path whose directory a layer
+        // lacks costs nothing there): the gate is closed meanwhile.
+        let mut keys: Vec<&[u8]> = r.by_path.keys().map(|k| k.as_slice()).collect();
+        keys.sort_unstable();
+        let mut hit = std::collections::HashSet::new();
+        for l in std::iter::once(&up).chain(layers.iter()) {
+            match sys::reopen(l.proc_fd.as_fd(), l.root.as_fd(), libc::O_PATH) {
+                Ok(root) => staged_below(root.as_fd(), &keys, 0, 0, &mut hit),
+                Err(_) => hit.extend(keys.iter().map(|k| k.to_vec())),
+            }
+        }
+        r.by_path.retain(|p, _| !hit.contains(p));
     }
 
     fn upper(&self) -> io::Result<Layer> {
@@ -314,10 +321,18 @@ fn private_whiteout(up: &Layer, p: &Pending) -> io::Result<()> {
     // Landlock rights on DIR).
     let dir = d.fd;
     static SEQ: AtomicU64 = AtomicU64::new(0);
-    let n = SEQ.fetch_add(1, Ordering::Relaxed);
-    let tmp = Name::new(format!(".fencefs-wh-{}-{n}", std::process::id()).as_bytes())?;
-    let _ = sys::unlinkat(dir.as_fd(), &tmp, 0);
-    sys::mknodat(dir.as_fd(), &tmp, libc::S_IFCHR, 0)?;
+    // A name taken already is someone's (the agent may have made a file of that name: it
+    // is staged work, never removed here): the next one.
+    let mut tries = 0;
+    let tmp = loop {
+        let n = SEQ.fetch_add(1, Ordering::Relaxed);
+        let tmp = Name::new(format!(".fencefs-wh-{}-{n}", std::process::id()).as_bytes())?;
+        match sys::mknodat(dir.as_fd(), &tmp, libc::S_IFCHR, 0) {
+            Err(e) if e.raw_os_error() == Some(libc::EEXIST) && tries < 64 => tries += 1,
+            Err(e) => return Err(e),
+            Ok(()) => break tmp,
+        }
+    };
     let done = (|| {
         let fd = sys::open_path(dir.as_fd(), &tmp)?;
         sys::setxattr_fd(fd.as_fd(), XATTR, &p.base.encode(), 0)?;
@@ -327,6 +342,67 @@ fn private_whiteout(up: &Layer, p: &Pending) -> io::Result<()> {
         let _ = sys::unlinkat(dir.as_fd(), &tmp, 0);
     }
     done
+}
+
+/// Marks in `hit` each of `paths` (sorted, all below the directory `dir`, their first
+/// `off` bytes its path and a `/`) that has an entry in that layer directory — a whiteout
+/// included; one that cannot be looked up counts as staged (its read is dropped).
+fn staged_below(
+    dir: BorrowedFd<'_>,
+    paths: &[&[u8]],
+    off: usize,
+    depth: usize,
+    hit: &mut std::collections::HashSet<Vec<u8>>,
+) {
+    let mut i = 0;
+    while i < paths.len() {
+        let rest = &paths[i][off..];
+        let comp = rest.split(|&b| b == b'/').next().unwrap_or(rest);
+        let under = |p: &[u8]| {
+            p.len() >= off + comp.len()
+                && &p[off..off + comp.len()] == comp
+                && matches!(p.get(off + comp.len()), None | Some(b'/'))
+        };
+        let mut j = i;
+        while j < paths.len() && under(paths[j]) {
+            j += 1;
+        }
+        let run = &paths[i..j.max(i + 1)];
+        i = j.max(i + 1);
+        let Ok(name) = Name::new(comp) else {
+            hit.extend(run.iter().map(|p| p.to_vec()));
+            continue;
+        };
+        // Sorted: the path ending here (if read) comes first, deeper ones after it.
+        let (leaf, deeper) = match run.first() {
+            Some(p) if p.len() == off + comp.len() => (Some(*p), &run[1..]),
+            _ => (None, run),
+        };
+        if let Some(p) = leaf
+            && !matches!(sys::fstatat_nofollow(dir, &name), Err(e) if missing(&e))
+        {
+            hit.insert(p.to_vec());
+        }
+        if deeper.is_empty() {
+            continue;
+        }
+        if depth >= super::tree::MAX_DEPTH {
+            hit.extend(deeper.iter().map(|p| p.to_vec()));
+            continue;
+        }
+        match sys::open_path(dir, &name).and_then(|f| Ok((sys::fstat(f.as_fd())?, f))) {
+            Ok((st, f)) if kind(&st) == libc::S_IFDIR => {
+                staged_below(f.as_fd(), deeper, off + comp.len() + 1, depth + 1, hit)
+            }
+            Ok(_) => {}
+            Err(e) if missing(&e) => {}
+            Err(_) => hit.extend(deeper.iter().map(|p| p.to_vec())),
+        }
+    }
+}
+
+fn missing(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::ENOENT | libc::ENOTDIR))
 }
 
 /// The reads [`Bases::read`] keeps: at most [`MAX_READS`] paths, the oldest dropped
@@ -401,6 +477,32 @@ mod tests {
         ] {
             assert_eq!(Base::decode(bad), None, "{}", String::from_utf8_lossy(bad));
         }
+    }
+
+    #[test]
+    fn staged_below_finds_the_read_paths_a_layer_has() {
+        let root =
+            std::env::temp_dir().join(format!("fencefs-staged-below-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        std::fs::create_dir_all(root.join("a/b")).unwrap();
+        for f in ["a/b/c", "a/x", "d"] {
+            std::fs::write(root.join(f), b"").unwrap();
+        }
+        let dir = sys::open_root(&root).unwrap();
+        let mut paths: Vec<&[u8]> = vec![
+            b"a", b"a-x", b"a.c", b"a/b/c", b"a/b/zz", b"a/x", b"d/e", b"q/r", b"d",
+        ];
+        paths.sort_unstable();
+        let mut hit = std::collections::HashSet::new();
+        staged_below(dir.as_fd(), &paths, 0, 0, &mut hit);
+        let mut got: Vec<Vec<u8>> = hit.into_iter().collect();
+        got.sort();
+        let want: Vec<Vec<u8>> = [&b"a"[..], b"a/b/c", b"a/x", b"d"]
+            .iter()
+            .map(|p| p.to_vec())
+            .collect();
+        assert_eq!(got, want);
+        std::fs::remove_dir_all(&root).unwrap();
     }
 
     fn st(ino: u64, ctime: i64) -> libc::stat {

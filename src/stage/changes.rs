@@ -279,10 +279,20 @@ impl Layers {
             };
             let l = self.lower_at(low, name)?;
             let at = staged_at(up, name, &u.st);
+            // A SOURCE directory the staged entry deletes or replaces (a whiteout, a
+            // file): what the host changed below it counts (its own ctime does not move).
+            let gone_dir = l.as_ref().is_some_and(|l| kind(&l.st) == libc::S_IFDIR)
+                && kind(&u.st) != libc::S_IFDIR;
+            let conflict = conflict(&join(path, name), &u, l.as_ref(), at)
+                || (gone_dir
+                    && match &l {
+                        Some(l) => self.changed_since(l, at, depth_of(path) + 1)?,
+                        None => false,
+                    });
             let base = Change {
                 path: join(path, name),
                 kind: Kind::Added,
-                conflict: conflict(&join(path, name), &u, l.as_ref(), at),
+                conflict,
                 dir: false,
                 entries: None,
                 under_opaque: under,
@@ -305,7 +315,8 @@ impl Layers {
             }
         }
         if opaque && let Some(low) = low.filter(|l| kind(&l.st) == libc::S_IFDIR) {
-            self.hidden_by_opaque(path, low, &names, out)?;
+            let at = ssys::dir_staged_at(&self.upper, up);
+            self.hidden_by_opaque(path, low, &names, at, out)?;
         }
         Ok(())
     }
@@ -342,9 +353,13 @@ impl Layers {
         let p = base.path.clone();
         match (origin, from) {
             (Some(o), Some(from)) => {
+                // The host replaced the directory the agent moved (`mv d d.old; mkdir d`):
+                // the rename would carry the host's new one away.
+                let replaced = self.origin_other(u, &o);
                 out.push(Change {
                     kind: Kind::Renamed { from },
                     dir: true,
+                    conflict: base.conflict || replaced,
                     lower_st: Some(lower_ident(&o.st)),
                     ..base
                 });
@@ -392,6 +407,22 @@ impl Layers {
         })
     }
 
+    /// Whether staged `u`'s overlayfs origin is another SOURCE object than `l` (false
+    /// when it has none, or one that cannot be read).
+    fn origin_other(&self, u: &Node, l: &Node) -> bool {
+        let Some(o) = self.upper.xattr(u, b"trusted.overlay.origin") else {
+            return false;
+        };
+        let Ok(d) = sys::reopen(
+            self.lower.proc_fd.as_fd(),
+            self.lower.root.as_fd(),
+            libc::O_RDONLY | libc::O_DIRECTORY,
+        ) else {
+            return false;
+        };
+        ssys::origin_is(d.as_fd(), &o, &l.st) == Some(false)
+    }
+
     /// Whether staged `u` was copied up from a SOURCE file that no longer exists.
     fn origin_gone(&self, u: &Node) -> bool {
         let Some(o) = self.upper.xattr(u, b"trusted.overlay.origin") else {
@@ -408,12 +439,34 @@ impl Layers {
         ssys::origin_exists(d.as_fd(), &o) == Some(false)
     }
 
-    /// SOURCE entries an opaque staged directory hides: deleted.
+    /// Whether SOURCE's entry `l`, or anything below it, changed (ctime) at or after `at`:
+    /// a host edit or a new file below a directory changes none of the directory's times.
+    fn changed_since(&self, l: &Node, at: i128, depth: usize) -> io::Result<bool> {
+        depth_ok(depth)?;
+        if ctime_ns(&l.st) >= at {
+            return Ok(true);
+        }
+        if kind(&l.st) != libc::S_IFDIR {
+            return Ok(false);
+        }
+        for name in self.lower.list(l)? {
+            if let Some(c) = self.lower.child(l, &name)?
+                && self.changed_since(&c, at, depth + 1)?
+            {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    /// SOURCE entries an opaque staged directory (made at `at`) hides: deleted; a
+    /// conflict when the host changed one (or anything below it) since, or made it.
     fn hidden_by_opaque(
         &self,
         path: &[u8],
         low: &Node,
         staged: &[Vec<u8>],
+        at: i128,
         out: &mut Vec<Change>,
     ) -> io::Result<()> {
         let staged: HashSet<&Vec<u8>> = staged.iter().collect();
@@ -425,7 +478,7 @@ impl Layers {
                 out.push(Change {
                     path: join(path, &name),
                     kind: Kind::Deleted,
-                    conflict: false,
+                    conflict: self.changed_since(&l, at, depth_of(path) + 1)?,
                     dir: kind(&l.st) == libc::S_IFDIR,
                     entries: None,
                     under_opaque: true,

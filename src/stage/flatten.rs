@@ -318,6 +318,15 @@ fn dir_attrs(h: &Layer, hn: &Node, f: &Layer, nd: &Node, fresh: bool) -> io::Res
         if let Some(o) = h.xattr(hn, &origin) {
             let _ = sys::setxattr_fd(nd.fd.as_fd(), &origin, &o, 0);
         }
+        // Made now, but the conflict rule reads when the layer's directory was made (an
+        // opaque one: when the agent deleted what it hides).
+        let made = super::sys::dir_staged_at(h, hn);
+        sys::setxattr_fd(
+            nd.fd.as_fd(),
+            super::sys::STAGED_AT,
+            made.to_string().as_bytes(),
+            0,
+        )?;
     }
     sys::utimens_fd(
         f.proc_fd.as_fd(),

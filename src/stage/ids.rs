@@ -122,18 +122,43 @@ pub fn split_arg(arg: &[u8]) -> (&[u8], Option<&str>) {
     (arg, None)
 }
 
+/// A PATH argument of an apply or discard, its id checked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Kept {
+    /// The path (id taken off).
+    pub path: Vec<u8>,
+    /// It carried an id: it selects the one change it names, never what lies below it
+    /// (a directory's `m`, `R` or `T` id covers that directory's own change only, so
+    /// changes below it were not shown by that id: each needs its own).
+    pub exact: bool,
+}
+
+impl Kept {
+    /// Whether change `c` is selected by this argument.
+    pub fn selects(&self, c: &Change) -> bool {
+        if self.exact {
+            c.path == self.path
+        } else {
+            c.touches(&self.path)
+        }
+    }
+}
+
 /// The PATH arguments of an apply or discard with their ids checked against the staged
 /// tree now: the paths to go on with (ids taken off) and a `refused …` line for each path
 /// whose change is not the one shown (another id, or nothing staged there any more).
 /// `why` says what a refused id means (`changed since it was shown`).
-pub fn check(l: &Layers, args: &[Vec<u8>], why: &str) -> (Vec<Vec<u8>>, Vec<String>) {
+pub fn check(l: &Layers, args: &[Vec<u8>], why: &str) -> (Vec<Kept>, Vec<String>) {
     let mut keep = Vec::new();
     let mut refused = Vec::new();
     let mut all: Option<io::Result<Vec<Change>>> = None;
     for a in args {
         let (path, want) = split_arg(a);
         let Some(want) = want else {
-            keep.push(a.clone());
+            keep.push(Kept {
+                path: a.clone(),
+                exact: false,
+            });
             continue;
         };
         let shown = super::render::quote(path);
@@ -143,7 +168,10 @@ pub fn check(l: &Layers, args: &[Vec<u8>], why: &str) -> (Vec<Vec<u8>>, Vec<Stri
         };
         match found {
             Ok(Some(c)) => match id(l, &c) {
-                Ok(now) if now == want => keep.push(path.to_vec()),
+                Ok(now) if now == want => keep.push(Kept {
+                    path: path.to_vec(),
+                    exact: true,
+                }),
                 Ok(now) => refused.push(format!(
                     "refused {}@{want}: {why} (now @{now}): review it again",
                     super::render::status_line(&c)

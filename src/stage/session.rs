@@ -197,12 +197,20 @@ pub fn apply_or_discard(
     let mut report = if !ps.is_empty() && kept.is_empty() {
         Report::default()
     } else if op == "apply" {
-        let list = l.selected(&kept)?;
+        // A PATH@ID applies the change it names and nothing below it (`--at N`: a later
+        // write below a directory N changed is not N's).
+        let list: Vec<_> = l
+            .changes()
+            .map_err(|e| format!("reading the staged tree: {e}"))?
+            .into_iter()
+            .filter(|c| kept.is_empty() || kept.iter().any(|k| k.selects(c)))
+            .collect();
         apply::apply(&l, &list, force, &area.dir, kept.is_empty())
     } else {
         let list = l
             .changes()
             .map_err(|e| format!("reading the staged tree: {e}"))?;
+        let kept: Vec<Vec<u8>> = kept.into_iter().map(|k| k.path).collect();
         discard::discard(&l, &list, &kept)
     };
     report.refused += refused.len();

@@ -9,7 +9,7 @@
 
 use std::ffi::CString;
 use std::io;
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 
 use crate::host::sys::Name;
 
@@ -157,6 +157,16 @@ pub fn staged_at_fd(fd: BorrowedFd<'_>) -> io::Result<i128> {
         .unwrap_or(st.stx_ctime.tv_sec as i128 * 1_000_000_000 + st.stx_ctime.tv_nsec as i128))
 }
 
+/// When the staged directory `n` of layer `l` was made: its [`STAGED_AT`] mark (a
+/// flattened tree makes its directories anew and marks them so), else its birth time,
+/// else its ctime.
+pub fn dir_staged_at(l: &super::tree::Layer, n: &super::tree::Node) -> i128 {
+    l.xattr(n, STAGED_AT)
+        .and_then(|v| std::str::from_utf8(&v).ok()?.parse().ok())
+        .or_else(|| btime_fd(n.fd.as_fd()).ok().flatten())
+        .unwrap_or(n.st.st_ctime as i128 * 1_000_000_000 + n.st.st_ctime_nsec as i128)
+}
+
 /// The [`STAGED_AT`] mark of the regular file `dir/name` (one `lgetxattr` through
 /// `/proc/self/fd`, not following `name`).
 fn staged_mark(dir: BorrowedFd<'_>, name: &Name) -> Option<i128> {
@@ -223,6 +233,24 @@ pub fn syncfs(fd: BorrowedFd<'_>) -> io::Result<()> {
 /// still exists on the file system of `mount_fd`. `None` when the value cannot be read as
 /// one (another format, a handle this file system does not decode).
 pub fn origin_exists(mount_fd: BorrowedFd<'_>, origin: &[u8]) -> Option<bool> {
+    open_origin(mount_fd, origin).map(|f| f.is_some())
+}
+
+/// Whether the overlayfs origin `origin` is the object `st` (same inode on the file
+/// system of `mount_fd`): `Some(false)` when it is another one or gone, `None` when the
+/// value cannot be read as one.
+pub fn origin_is(mount_fd: BorrowedFd<'_>, origin: &[u8], st: &libc::stat) -> Option<bool> {
+    Some(match open_origin(mount_fd, origin)? {
+        Some(f) => {
+            let o = crate::host::sys::fstat(f.as_fd()).ok()?;
+            (o.st_dev, o.st_ino) == (st.st_dev, st.st_ino)
+        }
+        None => false,
+    })
+}
+
+/// The object an overlayfs origin names, opened `O_PATH` (`Some(None)`: gone).
+fn open_origin(mount_fd: BorrowedFd<'_>, origin: &[u8]) -> Option<Option<OwnedFd>> {
     const HEAD: usize = 5 + 16;
     if origin.len() <= HEAD || origin[1] != 0xfb || origin[2] as usize != origin.len() {
         return None;
@@ -244,11 +272,10 @@ pub fn origin_exists(mount_fd: BorrowedFd<'_>, origin: &[u8]) -> Option<bool> {
     };
     if fd >= 0 {
         // SAFETY: the kernel just returned this descriptor.
-        drop(unsafe { OwnedFd::from_raw_fd(fd as i32) });
-        return Some(true);
+        return Some(Some(unsafe { OwnedFd::from_raw_fd(fd as i32) }));
     }
     match io::Error::last_os_error().raw_os_error() {
-        Some(libc::ESTALE | libc::ENOENT) => Some(false),
+        Some(libc::ESTALE | libc::ENOENT) => Some(None),
         _ => None,
     }
 }
