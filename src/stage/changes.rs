@@ -407,36 +407,30 @@ impl Layers {
         })
     }
 
-    /// Whether staged `u`'s overlayfs origin is another SOURCE object than `l` (false
-    /// when it has none, or one that cannot be read).
-    fn origin_other(&self, u: &Node, l: &Node) -> bool {
-        let Some(o) = self.upper.xattr(u, b"trusted.overlay.origin") else {
-            return false;
-        };
-        let Ok(d) = sys::reopen(
+    /// Staged `u`'s overlayfs origin and a SOURCE root handle to decode it with
+    /// (open_by_handle_at takes no `O_PATH` descriptor); `None` without one.
+    fn origin(&self, u: &Node) -> Option<(Vec<u8>, std::os::fd::OwnedFd)> {
+        let o = self.upper.xattr(u, b"trusted.overlay.origin")?;
+        let d = sys::reopen(
             self.lower.proc_fd.as_fd(),
             self.lower.root.as_fd(),
             libc::O_RDONLY | libc::O_DIRECTORY,
-        ) else {
-            return false;
-        };
-        ssys::origin_is(d.as_fd(), &o, &l.st) == Some(false)
+        )
+        .ok()?;
+        Some((o, d))
+    }
+
+    /// Whether staged `u`'s overlayfs origin is another SOURCE object than `l` (false
+    /// when it has none, or one that cannot be read).
+    fn origin_other(&self, u: &Node, l: &Node) -> bool {
+        self.origin(u)
+            .is_some_and(|(o, d)| ssys::origin_is(d.as_fd(), &o, &l.st) == Some(false))
     }
 
     /// Whether staged `u` was copied up from a SOURCE file that no longer exists.
     fn origin_gone(&self, u: &Node) -> bool {
-        let Some(o) = self.upper.xattr(u, b"trusted.overlay.origin") else {
-            return false;
-        };
-        // open_by_handle_at takes no O_PATH descriptor.
-        let Ok(d) = sys::reopen(
-            self.lower.proc_fd.as_fd(),
-            self.lower.root.as_fd(),
-            libc::O_RDONLY | libc::O_DIRECTORY,
-        ) else {
-            return false;
-        };
-        ssys::origin_exists(d.as_fd(), &o) == Some(false)
+        self.origin(u)
+            .is_some_and(|(o, d)| ssys::origin_exists(d.as_fd(), &o) == Some(false))
     }
 
     /// Whether SOURCE's entry `l`, or anything below it, changed (ctime) at or after `at`:
