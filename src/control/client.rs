@@ -26,7 +26,8 @@ struct Client {
 
 impl Client {
     fn connect(path: &Path) -> Result<(Client, Value), String> {
-        let s = UnixStream::connect(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let s = super::sockpath::with(path, |p| UnixStream::connect(p))
+            .map_err(|e| format!("{}: {e}", path.display()))?;
         let r = s.try_clone().map_err(|e| e.to_string())?;
         let mut c = Client {
             out: s,

@@ -8,6 +8,7 @@
 //! - [`peer`]: one peer's connection: commands in, answers streamed and events queued out.
 //! - [`client`]: `fencefs ctl` and `fencefs approve`.
 //! - [`ask_exec`]: `--ask-exec CMD`, run for every newly held request (notifications).
+//! - [`sockpath`]: socket paths longer than `sun_path`.
 //!
 //! The socket must live outside the mount and out of the agent's reach: whoever may use
 //! it can approve what the policy only asks for.
@@ -18,3 +19,4 @@ pub mod lane;
 pub mod peer;
 pub mod proto;
 pub mod server;
+pub mod sockpath;

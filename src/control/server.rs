@@ -88,7 +88,7 @@ pub fn bind(path: &Path, group: Option<u32>) -> io::Result<UnixListener> {
         }
         Err(_) => {}
     }
-    let l = UnixListener::bind(path)?;
+    let l = super::sockpath::with(path, |p| UnixListener::bind(p))?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
     if let Some(g) = group {
         std::os::unix::fs::lchown(path, None, Some(g))?;
