@@ -288,7 +288,7 @@ fn a_staged_file_the_host_deleted_is_a_conflict_a_moved_one_is_not() {
     stop(&mut m);
     assert_eq!(
         stage(&["status"], &dir).stdout,
-        "M a.txt\nD run.sh\nA run2.sh\nCA sub/b.txt\n"
+        "M a.txt\nR run.sh -> run2.sh\nCA sub/b.txt\n"
     );
     let a = stage(&["apply"], &dir);
     a.assert_fail("a conflict is refused");
@@ -302,6 +302,7 @@ fn a_staged_file_the_host_deleted_is_a_conflict_a_moved_one_is_not() {
         fs::read(m.host("run2.sh")).unwrap(),
         b"#!/bin/sh\necho hi\n"
     );
+    assert!(!m.host("run.sh").exists(), "the rename is applied whole");
 }
 
 #[test]

@@ -151,7 +151,7 @@ fn links_fifos_and_renames_over_files_land_in_the_stage() {
     assert_host_unchanged(&before, &m.host(""), "links, fifos, renames");
     assert_eq!(
         stage(&["status"], &dir).stdout,
-        "A hard\nA pipe\nD run.sh\nA run2.sh\nM sub/b.txt\n"
+        "A hard\nA pipe\nR run.sh -> run2.sh\nM sub/b.txt\n"
     );
     stop(&mut m);
     stage(&["apply"], &dir).assert_ok("apply");

@@ -56,11 +56,14 @@ fn einval() -> io::Error {
     io::Error::from_raw_os_error(libc::EINVAL)
 }
 
+/// Directory renames first (shallowest first), then file renames, then writes, then
+/// deletions (deepest first).
 fn rank(c: &Change) -> u8 {
     match c.kind {
-        Kind::Renamed { .. } => 0,
-        Kind::Deleted => 2,
-        _ => 1,
+        Kind::Renamed { .. } if c.dir => 0,
+        Kind::Renamed { .. } => 1,
+        Kind::Deleted => 3,
+        _ => 2,
     }
 }
 
@@ -87,7 +90,7 @@ pub fn apply(l: &Layers, list: &[Change], force: bool, dir: &Path, all: bool) ->
     // Renames shallowest first; deletions deepest first.
     order.sort_by(|a, b| {
         rank(a).cmp(&rank(b)).then_with(|| {
-            if rank(a) == 2 {
+            if rank(a) == 3 {
                 b.path.cmp(&a.path)
             } else {
                 a.path.cmp(&b.path)
@@ -127,6 +130,19 @@ pub fn apply(l: &Layers, list: &[Change], force: bool, dir: &Path, all: bool) ->
             Some((f, t)) => [t.as_slice(), &from[f.len()..]].concat(),
             None => from.clone(),
         };
+        if !c.dir {
+            match super::moves::apply(l, c, &from) {
+                Ok(left) => {
+                    out.applied(&line);
+                    rest.extend(left);
+                }
+                Err(e) => {
+                    out.refused(&line, e);
+                    refused_renames.push(c);
+                }
+            }
+            continue;
+        }
         match rename_one(l, c, &from) {
             Ok(()) => {
                 moved.push((from, c.path.clone()));

@@ -148,6 +148,17 @@ pub struct Pending {
     base: Base,
 }
 
+impl Pending {
+    /// The same record for the entry a rename moves to `path` (a name nothing stood at:
+    /// the moved entry is still built on what it was made from, at its old path).
+    pub fn moved_to(&self, path: &[u8]) -> Pending {
+        Pending {
+            path: path.to_vec(),
+            base: self.base.clone(),
+        }
+    }
+}
+
 /// The daemon's side: reads the staging area's live upper and layers (they are replaced
 /// by checkpoints and applies, so each call opens them anew from DIR).
 pub struct Bases {

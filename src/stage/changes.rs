@@ -36,7 +36,7 @@ pub enum Kind {
     Metadata,
     /// Removed.
     Deleted,
-    /// A directory moved (`from` is its SOURCE path).
+    /// A directory or file moved (`from` is its SOURCE path; a file: [`super::moves`]).
     Renamed {
         /// The path it had in SOURCE.
         from: Vec<u8>,
@@ -221,6 +221,7 @@ impl Layers {
         for s in sources.iter().filter(|s| !s.starts_with(b"\0")) {
             self.new_where_moved(s, &mut out)?;
         }
+        super::moves::pair(self, &mut out)?;
         out.sort_by(|a, b| a.path.cmp(&b.path));
         Ok(out)
     }
@@ -595,6 +596,11 @@ impl Layers {
             }
         }
         Ok(n)
+    }
+
+    /// Whether staged `u` differs from SOURCE's `l` in contents or metadata.
+    pub(super) fn differs(&self, u: &Node, l: &Node) -> io::Result<bool> {
+        Ok(!self.same_contents(u, l)? || self.meta_differs(u, l))
     }
 
     fn same_contents(&self, u: &Node, l: &Node) -> io::Result<bool> {

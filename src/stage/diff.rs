@@ -62,8 +62,22 @@ pub fn write(l: &Layers, list: &[Change], out: &mut impl Write) -> io::Result<()
     let mut handled: HashSet<Vec<u8>> = HashSet::new();
     // Renamed directories first: their children's changes are written with the rename.
     for c in list {
-        if let Kind::Renamed { from } = &c.kind {
-            renamed(l, from, &c.path, list, &mut handled, out)?;
+        match &c.kind {
+            Kind::Renamed { from } if c.dir => renamed(l, from, &c.path, list, &mut handled, out)?,
+            Kind::Renamed { from } => {
+                let old = l.lower.get(from)?.map(|node| Side {
+                    path: from.clone(),
+                    node,
+                    layer: &l.lower,
+                });
+                let new = l.upper.get(&c.path)?.map(|node| Side {
+                    path: c.path.clone(),
+                    node,
+                    layer: &l.upper,
+                });
+                file(old, new, out)?;
+            }
+            _ => {}
         }
     }
     for c in list {

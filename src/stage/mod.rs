@@ -40,6 +40,7 @@ mod guard;
 pub mod ids;
 mod intent;
 pub mod layers;
+mod moves;
 mod remove;
 mod render;
 pub mod seal;

@@ -29,7 +29,7 @@ pub fn status_line(c: &Change) -> String {
     let path = slash(&c.path, c.dir);
     match (&c.kind, c.entries) {
         (Kind::Renamed { from }, _) => {
-            format!("{} {} -> {}", c.letters(), slash(from, true), path)
+            format!("{} {} -> {}", c.letters(), slash(from, c.dir), path)
         }
         (Kind::Added, Some(n)) => format!(
             "{} {path} ({n} {})",

@@ -88,7 +88,7 @@ pub fn human(b: u64) -> String {
 /// `--json` object `v` of `c` when its staged entry is a regular file worth showing
 /// ([`Space::shown`]); nothing otherwise (so the objects of small files stay as they were).
 pub fn add_json(v: &mut serde_json::Value, l: &Layers, c: &Change) {
-    if c.dir || matches!(c.kind, Kind::Deleted | Kind::Renamed { .. }) {
+    if c.dir || c.kind == Kind::Deleted {
         return;
     }
     let Ok(Some(n)) = l.upper.get(&c.path) else {

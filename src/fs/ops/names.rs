@@ -567,7 +567,14 @@ impl Shared {
                 e.into()
             });
         }
-        notes.into_iter().for_each(|n| self.noted(n));
+        let [o, n] = notes;
+        // A rename to a free name: the moved entry keeps the record of what it was made
+        // from (`stage status` lists `mv a b` as `R a -> b` by it).
+        let n = match (&n, &o) {
+            (None, Some(o)) if !exchange => Some(o.moved_to(&new)),
+            _ => n,
+        };
+        [o, n].into_iter().for_each(|n| self.noted(n));
         if exchange {
             self.inodes
                 .exchange_alias((parent, name.bytes()), (newparent, newname.bytes()));
