@@ -221,9 +221,53 @@ impl Layers {
         for s in sources.iter().filter(|s| !s.starts_with(b"\0")) {
             self.new_where_moved(s, &mut out)?;
         }
-        super::moves::pair(self, &mut out)?;
+        self.pair_file_renames(&mut out)?;
         out.sort_by(|a, b| a.path.cmp(&b.path));
         Ok(out)
+    }
+
+    /// Merges each `D a` + `A b` that is one file's rename into `R a -> b` (at `b`): the
+    /// staged file at `b` has the base record taken at `a` of SOURCE's object there
+    /// ([`super::moves`] applies it).
+    fn pair_file_renames(&self, out: &mut Vec<Change>) -> io::Result<()> {
+        let deleted: Vec<(usize, u64)> = out
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| c.kind == Kind::Deleted && !c.dir)
+            .filter_map(|(i, c)| c.lower_id.map(|(_, ino)| (i, ino)))
+            .collect();
+        if deleted.is_empty() {
+            return Ok(());
+        }
+        let mut gone = Vec::new();
+        for i in 0..out.len() {
+            let c = &out[i];
+            if c.kind != Kind::Added || c.dir || c.entries.is_some() || c.under_opaque {
+                continue;
+            }
+            let Some(u) = self.upper.get(&c.path)? else {
+                continue;
+            };
+            let Some(b) = base::of(&u) else { continue };
+            let Some(&(j, _)) = deleted
+                .iter()
+                .find(|&&(j, ino)| ino == b.ino && out[j].path == b.path && !gone.contains(&j))
+            else {
+                continue;
+            };
+            let d = out[j].clone();
+            let c = &mut out[i];
+            c.kind = Kind::Renamed { from: d.path };
+            c.conflict |= d.conflict;
+            c.lower_st = d.lower_st;
+            gone.push(j);
+        }
+        let mut k = 0;
+        out.retain(|_| {
+            k += 1;
+            !gone.contains(&(k - 1))
+        });
+        Ok(())
     }
 
     /// A directory made where a renamed one was (`mv d d2; mkdir d`): its SOURCE

@@ -18,53 +18,10 @@
 use std::io;
 use std::os::fd::AsFd;
 
-use super::base;
 use super::changes::{Change, Kind, Layers, lower_ident};
 use super::remove::{sync_dir, unstage_path};
 use super::tree::{Node, kind, split};
 use crate::host::sys::{self, Name};
-
-/// Merges each `D a` + `A b` that is one file's rename into `R a -> b` (at `b`).
-pub fn pair(l: &Layers, out: &mut Vec<Change>) -> io::Result<()> {
-    let deleted: Vec<(usize, u64)> = out
-        .iter()
-        .enumerate()
-        .filter(|(_, c)| c.kind == Kind::Deleted && !c.dir)
-        .filter_map(|(i, c)| c.lower_id.map(|(_, ino)| (i, ino)))
-        .collect();
-    if deleted.is_empty() {
-        return Ok(());
-    }
-    let mut gone = Vec::new();
-    for i in 0..out.len() {
-        let c = &out[i];
-        if c.kind != Kind::Added || c.dir || c.entries.is_some() || c.under_opaque {
-            continue;
-        }
-        let Some(u) = l.upper.get(&c.path)? else {
-            continue;
-        };
-        let Some(b) = base::of(&u) else { continue };
-        let Some(&(j, _)) = deleted
-            .iter()
-            .find(|&&(j, ino)| ino == b.ino && out[j].path == b.path && !gone.contains(&j))
-        else {
-            continue;
-        };
-        let d = out[j].clone();
-        let c = &mut out[i];
-        c.kind = Kind::Renamed { from: d.path };
-        c.conflict |= d.conflict;
-        c.lower_st = d.lower_st;
-        gone.push(j);
-    }
-    let mut k = 0;
-    out.retain(|_| {
-        k += 1;
-        !gone.contains(&(k - 1))
-    });
-    Ok(())
-}
 
 /// What an applied file rename leaves to do: the staged contents or metadata still
 /// differ from the file that moved (`Some`: apply them as this change), or nothing.
