@@ -42,6 +42,19 @@ pub enum Command {
     /// Run COMMAND with the workspace (and $HOME) fenced at their own paths, in a private
     /// namespace: no root needed; exits with COMMAND's status.
     Run(RunArgs),
+    /// `fencefs run`'s init: pid 1 of COMMAND's PID namespace (internal).
+    #[command(hide = true, name = "run-init")]
+    RunInit {
+        /// COMMAND enters one more user namespace first (root's COMMAND).
+        #[arg(long)]
+        lock: bool,
+        /// COMMAND's working directory.
+        #[arg(long)]
+        cwd: PathBuf,
+        /// COMMAND and its arguments.
+        #[arg(last = true, required = true)]
+        command: Vec<OsString>,
+    },
     /// Serve SOURCE to a VM as a vhost-user virtio-fs device on SOCKET (QEMU's
     /// vhost-user-fs-pci, cloud-hypervisor's --fs); exits 0 when the VM disconnects.
     VhostUser(VhostArgs),

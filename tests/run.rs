@@ -12,6 +12,7 @@ mod common;
 use std::fs;
 use std::io::{BufRead, BufReader};
 use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -149,19 +150,37 @@ fn alive(pid: i32) -> bool {
     }
 }
 
+/// The live processes (host pids) whose command line is exactly `argv`.
+fn running(argv: &[&str]) -> Vec<i32> {
+    let want: Vec<u8> = argv
+        .iter()
+        .flat_map(|a| [a.as_bytes(), b"\0"].concat())
+        .collect();
+    fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|&p| fs::read(format!("/proc/{p}/cmdline")).is_ok_and(|c| c == want) && alive(p))
+        .collect()
+}
+
 #[test]
 fn what_command_leaves_running_ends_with_it() {
     let f = Fixture::new("run-orphans");
-    // A background job and a double-forked, setsid one (reparented to fencefs run).
+    // A background job and a double-forked, setsid one (reparented to COMMAND's init);
+    // their pids inside are the PID namespace's, so they are found by command line.
     let o = f.run(
         &["--live", "--home", "keep"],
-        "sleep 60 & echo $!; (setsid sleep 61 & echo $!); echo done",
+        "sleep 60.0123 & echo $!; (setsid sleep 61.0456 & echo $!); echo done",
     );
     o.assert_ok("fencefs run");
     let pids: Vec<i32> = o.stdout.lines().filter_map(|l| l.parse().ok()).collect();
     assert_eq!(pids.len(), 2, "{}", o.stdout);
-    for p in pids {
-        assert!(!alive(p), "{p} outlived the run");
+    for argv in [["sleep", "60.0123"], ["sleep", "61.0456"]] {
+        assert_eq!(
+            running(&argv),
+            Vec::<i32>::new(),
+            "{argv:?} outlived the run"
+        );
     }
     assert_eq!(o.stderr.lines().count(), 1, "{}", o.stderr);
 }
@@ -169,7 +188,7 @@ fn what_command_leaves_running_ends_with_it() {
 #[test]
 fn sigkill_of_run_leaves_no_mount_and_no_process() {
     let f = Fixture::new("run-kill");
-    let mut c = f.cmd(&f.ws(), &["--live"], "echo $$; exec sleep 60");
+    let mut c = f.cmd(&f.ws(), &["--live"], "echo $$; exec sleep 60.0789");
     c.stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
@@ -178,24 +197,39 @@ fn sigkill_of_run_leaves_no_mount_and_no_process() {
     let mut out = BufReader::new(child.stdout.take().unwrap());
     let mut line = String::new();
     out.read_line(&mut line).unwrap();
-    let cmd_pid: i32 = line.trim().parse().unwrap_or_else(|_| {
-        // SAFETY: kill(2) on our own child before failing.
-        unsafe { libc::kill(run_pid, libc::SIGKILL) };
-        panic!("no COMMAND pid: {line:?}")
-    });
+    // COMMAND is pid 2 of its PID namespace, under its init (pid 1).
+    assert_eq!(line.trim(), "2", "COMMAND's pid in its namespace");
     // fencefs run is the process we spawned (unshare, sh and setpriv exec into it); its
-    // children are the daemons and COMMAND.
-    let kids = fs::read_to_string(format!("/proc/{run_pid}/task/{run_pid}/children")).unwrap();
-    let kids: Vec<i32> = kids
-        .split_whitespace()
-        .map(|p| p.parse().unwrap())
-        .collect();
-    assert!(kids.contains(&cmd_pid), "{kids:?} / {cmd_pid}");
+    // children are the daemons and COMMAND's init, whose child is COMMAND.
+    let children = |p: i32| -> Vec<i32> {
+        fs::read_to_string(format!("/proc/{p}/task/{p}/children"))
+            .unwrap_or_default()
+            .split_whitespace()
+            .map(|p| p.parse().unwrap())
+            .collect()
+    };
+    let mut kids = children(run_pid);
     assert_eq!(
         kids.len(),
         3,
-        "two daemons (workspace, home) and COMMAND: {kids:?}"
+        "two daemons (workspace, home) and COMMAND's init: {kids:?}"
     );
+    assert!(
+        eventually(Duration::from_secs(5), || running(&["sleep", "60.0789"])
+            .len()
+            == 1),
+        "COMMAND never ran"
+    );
+    let cmd = running(&["sleep", "60.0789"]);
+    let init = *kids
+        .iter()
+        .find(|&&k| children(k) == cmd)
+        .expect("COMMAND's parent is one of fencefs run's children");
+    assert_eq!(
+        fs::read_to_string(format!("/proc/{init}/comm")).unwrap(),
+        "fencefs-init\n"
+    );
+    kids.extend(cmd);
     assert!(kids.iter().all(|&p| alive(p)));
     // SAFETY: kill(2) on our own child, by pid.
     assert_eq!(unsafe { libc::kill(run_pid, libc::SIGKILL) }, 0);
@@ -490,8 +524,9 @@ fn command_cannot_reach_the_workspace_beneath_the_fence() {
         .as_bytes(),
         0o644,
     );
-    // Through fencefs run's and the daemons' /proc entries (their cwd is the real
-    // workspace), by unmounting, and by unmounting in a user namespace of its own.
+    // Through its init's /proc entries (fencefs run and the daemons, whose cwd is the real
+    // workspace, are outside COMMAND's PID namespace: see the next test), by unmounting,
+    // and by unmounting in a user namespace of its own.
     let script = format!(
         "exec 2>&1; for p in $PPID $(cat /proc/$PPID/task/$PPID/children); do \
            [ $p = $$ ] && continue; cat /proc/$p/cwd/.env || echo refused-$p; \
@@ -510,11 +545,11 @@ fn command_cannot_reach_the_workspace_beneath_the_fence() {
     );
     assert_eq!(
         o.stdout.matches("refused-").count() - o.stdout.matches("root-refused-").count(),
-        3,
-        "fencefs run and its two daemons:\n{}",
+        1,
+        "COMMAND's init:\n{}",
         o.stdout
     );
-    assert_eq!(o.stdout.matches("root-refused-").count(), 3, "{}", o.stdout);
+    assert!(o.stdout.contains("root-refused-1\n"), "{}", o.stdout);
     // No capability in the run's namespace: EPERM; in a namespace of its own, the fence
     // it inherited is locked: EINVAL.
     for want in [
@@ -552,4 +587,65 @@ fn command_cannot_reach_the_workspace_beneath_the_fence() {
     ] {
         assert!(o.stdout.contains(want), "{want}:\n{}", o.stdout);
     }
+}
+
+#[test]
+fn command_cannot_name_a_process_outside() {
+    let f = Fixture::new("run-pidns");
+    // A process of the same user outside the run (the person's editor, say).
+    let mut outside = Command::new("sleep")
+        .arg("300")
+        .uid(1000)
+        .gid(1000)
+        .spawn()
+        .expect("spawn a process as uid 1000");
+    let pid = outside.id();
+    let probe = f.w.root.join("outside/reach.py");
+    put(
+        &probe,
+        b"import ctypes, os, signal, sys\n\
+          l = ctypes.CDLL(None, use_errno=True)\n\
+          pid = int(sys.argv[1])\n\
+          r = l.ptrace(16, pid, 0, 0)\n\
+          print('ptrace', r, os.strerror(ctypes.get_errno()))\n\
+          try:\n    os.kill(pid, signal.SIGKILL); print('kill ok')\n\
+          except OSError as e:\n    print('kill', e.strerror)\n\
+          try:\n    open('/proc/%d/mem' % pid, 'rb'); print('mem ok')\n\
+          except OSError as e:\n    print('mem', e.strerror)\n",
+        0o644,
+    );
+    let o = f.run(
+        &["--live", "--home", "keep"],
+        &format!(
+            "exec 2>&1; /usr/bin/python3 {} {pid}; echo pid1=$(cat /proc/1/comm); \
+             echo seen=$(ls -d /proc/[0-9]* | wc -l)",
+            probe.display()
+        ),
+    );
+    let alive_after = alive(pid as i32);
+    // SAFETY: kill(2) of our own child, by pid.
+    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    let _ = outside.wait();
+    o.assert_ok("fencefs run");
+    for want in [
+        "ptrace -1 No such process",
+        "kill No such process",
+        "mem No such file or directory",
+        "pid1=fencefs-init",
+    ] {
+        assert!(o.stdout.contains(want), "{want}:\n{}", o.stdout);
+    }
+    assert!(alive_after, "the outside process survived");
+    // The init, the shell, and the few processes of the pipeline: nothing else is listed.
+    let seen: usize = o
+        .stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("seen="))
+        .and_then(|n| n.trim().parse().ok())
+        .expect("a count");
+    assert!(
+        seen <= 6,
+        "/proc lists only the run's processes: {}",
+        o.stdout
+    );
 }

@@ -75,6 +75,7 @@ pub fn run(cmd: Command) -> i32 {
             }
         },
         Command::Run(r) => run::run(r),
+        Command::RunInit { lock, cwd, command } => run::init(lock, &cwd, &command),
         Command::VhostUser(v) => match vhost::vhost_user(v) {
             Ok(()) => 0,
             Err(msg) => {

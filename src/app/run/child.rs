@@ -1,5 +1,6 @@
-//! `fencefs run`'s COMMAND: a child of `fencefs run`, in the same session and the same
-//! process group (the job the shell put in the terminal's foreground). The terminal's
+//! `fencefs run`'s COMMAND: a grandchild of `fencefs run` — under COMMAND's init
+//! ([`super::init`], pid 1 of a PID namespace of its own) — in the same session and the
+//! same process group (the job the shell put in the terminal's foreground). The terminal's
 //! Ctrl-C, Ctrl-\ and Ctrl-Z reach both: COMMAND acts on them, `fencefs run` ignores the
 //! first two (as system(3) does) and stops with COMMAND on the third, so the shell sees
 //! the job stop and `fg` continues both. SIGWINCH goes to COMMAND directly. SIGTERM and
@@ -14,7 +15,7 @@
 //! COMMAND left running is ended (`orphans`).
 
 use std::ffi::OsString;
-use std::os::unix::process::ExitStatusExt;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::Path;
 
 use nix::sys::signal::{SigSet, Signal, kill};
@@ -55,18 +56,23 @@ pub(super) fn run(cmd: &[OsString], cwd: &Path, lock: bool, daemons: &[Pid]) -> 
         eprintln!("fencefs: cannot block signals: {e}");
         return super::super::EXIT_ERR;
     }
-    let mut c = std::process::Command::new(&cmd[0]);
-    c.args(&cmd[1..]).current_dir(cwd);
-    ns::pre_exec(&mut c, lock);
+    // COMMAND runs under an init of its own, pid 1 of a new PID namespace (`init`).
+    if let Err(e) = ns::enter_pid_ns() {
+        eprintln!("fencefs: cannot make a PID namespace: {e}");
+        return super::super::EXIT_ERR;
+    }
+    let mut c = std::process::Command::new("/proc/self/exe");
+    c.arg0("fencefs").arg("run-init").arg("--cwd").arg(cwd);
+    if lock {
+        c.arg("--lock");
+    }
+    c.arg("--").args(cmd);
+    ns::pre_exec_init(&mut c);
     let mut child = match c.spawn() {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("fencefs: {}: {e}", Path::new(&cmd[0]).display());
-            return if e.kind() == std::io::ErrorKind::NotFound {
-                127
-            } else {
-                126
-            };
+            eprintln!("fencefs: starting COMMAND's init: {e}");
+            return super::super::EXIT_ERR;
         }
     };
     let pid = Pid::from_raw(child.id() as i32);

@@ -15,7 +15,8 @@
 //! 7. the run's own directories (control socket, staging area) covered with an empty
 //!    tmpfs there, out of COMMAND's reach;
 //! 8. one line on stderr, then `child::run`: COMMAND, in the caller's cwd (resolved again,
-//!    so it is the fence's), as the caller, in the terminal's foreground job;
+//!    so it is the fence's), as the caller, in the terminal's foreground job, under an init
+//!    of its own in a new PID namespace (`init`);
 //! 9. what COMMAND left running ended (`orphans`), this namespace's copies of the mounts
 //!    detached, the daemons stopped; staged changes offered for review (`finish`).
 //!
@@ -27,6 +28,7 @@
 mod child;
 mod daemon;
 mod finish;
+mod init;
 mod orphans;
 mod prove;
 mod setup;
@@ -36,6 +38,8 @@ use std::path::{Path, PathBuf};
 
 use crate::cli::RunArgs;
 use crate::host::sys::ns;
+
+pub(super) use init::main as init;
 
 /// Runs COMMAND fenced; returns the exit code.
 pub(super) fn run(a: RunArgs) -> i32 {

@@ -52,6 +52,44 @@ pub fn enter_mount_ns() -> io::Result<()> {
     unshare(CloneFlags::CLONE_NEWNS).map_err(errno)
 }
 
+/// Makes this process's next child the first process (pid 1) of a new PID namespace.
+/// Allowed with threads running (unlike a new user or mount namespace).
+pub fn enter_pid_ns() -> io::Result<()> {
+    unshare(CloneFlags::CLONE_NEWPID).map_err(errno)
+}
+
+/// What the init of COMMAND's PID namespace does between fork and exec (it is pid 1 there
+/// already, and still has the capabilities `fencefs run` has in its user namespace, which
+/// an ordinary user's exec drops): [`pre_exec`]'s steps, then, in a new mount namespace
+/// (a copy of this one), a `/proc` of the new PID namespace (`nosuid,nodev,noexec`), so
+/// `/proc` lists only its processes. A `/proc` that cannot be mounted (a container masking
+/// parts of its own) is one line on stderr; the init goes on.
+pub fn pre_exec_init(cmd: &mut std::process::Command) {
+    pre_exec(cmd, false);
+    // SAFETY: as in `pre_exec`: raw syscalls on static data only, in the forked child.
+    unsafe {
+        cmd.pre_exec(|| {
+            // Not the real workspace beneath the fence (COMMAND's cwd is resolved again).
+            if libc::chdir(c"/".as_ptr()) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            let ok = libc::unshare(libc::CLONE_NEWNS) == 0
+                && libc::mount(
+                    c"proc".as_ptr(),
+                    c"/proc".as_ptr(),
+                    c"proc".as_ptr(),
+                    libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+                    std::ptr::null(),
+                ) == 0;
+            if !ok {
+                let msg = b"fencefs: cannot mount a /proc of COMMAND's own: it lists the machine's processes (they still cannot be signalled or traced from inside)\n";
+                libc::write(2, msg.as_ptr().cast(), msg.len());
+            }
+            Ok(())
+        });
+    }
+}
+
 /// Mounts the FUSE connection `dev` (an open /dev/fuse) at `target`, type
 /// `fuse.fencefs`, `nosuid,nodev`, owned by `uid`/`gid` (the kernel lets only them in
 /// unless `allow_other`).
