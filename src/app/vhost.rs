@@ -28,9 +28,9 @@ use super::mount::{
 use super::threads;
 use super::{SESSION_DONE, flush_audit};
 use crate::cli::VhostArgs;
-use crate::fs::FenceFs;
 use crate::fs::ops::Shared;
 use crate::host::sys;
+use crate::transport::devfuse::FenceFs;
 use crate::transport::vhost::{self, Stop};
 
 /// Serves until the VM disconnects (or SIGTERM).

@@ -69,7 +69,7 @@ pub struct Core {
     /// The operations and everything they share with the signal and notify threads.
     pub shared: Arc<Shared>,
     /// Kernel FUSE passthrough negotiated: file I/O bypasses the daemon.
-    pub(super) passthrough: AtomicBool,
+    pub(crate) passthrough: AtomicBool,
     /// Offer FUSE over io_uring at INIT (the transport checked it can serve it).
     pub offer_uring: AtomicBool,
     /// The kernel took the offer: requests come on the rings once they are registered.
@@ -87,7 +87,7 @@ pub struct Core {
 }
 
 impl Core {
-    pub(super) fn new(shared: Arc<Shared>) -> Core {
+    pub(crate) fn new(shared: Arc<Shared>) -> Core {
         Core {
             shared,
             passthrough: AtomicBool::new(false),

@@ -19,7 +19,7 @@ use super::reply::{
     AttrReply, CreateReply, DataReply, DirPlusReply, DirReply, EmptyReply, EntryReply, LseekReply,
     OpenReply, StatfsReply, WriteReply, XattrReply,
 };
-use super::{errno, negative_attr};
+use super::reply::{errno, negative_attr};
 use crate::host::handle::ListEntry;
 use crate::host::sys::{Name, Xattr};
 

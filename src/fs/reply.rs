@@ -7,9 +7,9 @@
 
 use std::time::Duration;
 
-use fuser::{Errno, FileAttr, FileHandle, FileType, FopenFlags, INodeNo};
+use fuser::{Errno, FileAttr, FileHandle, FileType, FopenFlags, Generation, INodeNo};
 
-use super::GEN;
+use super::ops::Error;
 
 /// Every reply can carry an errno.
 pub trait Reply: Send + 'static {
@@ -273,3 +273,30 @@ impl DirPlusReply for fuser::ReplyDirectoryPlus {
         fuser::ReplyDirectoryPlus::ok(self)
     }
 }
+
+pub(crate) fn errno(e: Error) -> Errno {
+    Errno::from_i32(e.0)
+}
+
+/// Attributes of a negative entry (node id 0).
+pub(crate) fn negative_attr() -> fuser::FileAttr {
+    fuser::FileAttr {
+        ino: INodeNo(0),
+        size: 0,
+        blocks: 0,
+        atime: std::time::UNIX_EPOCH,
+        mtime: std::time::UNIX_EPOCH,
+        ctime: std::time::UNIX_EPOCH,
+        crtime: std::time::UNIX_EPOCH,
+        kind: fuser::FileType::RegularFile,
+        perm: 0,
+        nlink: 0,
+        uid: 0,
+        gid: 0,
+        rdev: 0,
+        blksize: 0,
+        flags: 0,
+    }
+}
+
+pub(crate) const GEN: Generation = Generation(0);

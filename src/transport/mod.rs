@@ -15,6 +15,7 @@
 //! through the same decoder and dispatcher.
 
 pub mod abi;
+pub mod devfuse;
 pub mod dispatch;
 pub mod encode;
 pub mod pages;
@@ -22,6 +23,10 @@ pub mod pool;
 pub mod reply;
 pub mod ring;
 pub mod vhost;
+
+/// Largest WRITE payload the kernel sends (and the io_uring payload buffer size: with
+/// an entry per request that can be held, ~1,040 per CPU, mostly never touched).
+pub const MAX_WRITE: usize = 128 << 10;
 
 use std::io;
 use std::os::fd::OwnedFd;

@@ -105,7 +105,7 @@ fn start_transport(
             } else {
                 Acl::Owner(sys::geteuid())
             };
-            let sizes = transport::sizes(crate::fs::MAX_WRITE);
+            let sizes = transport::sizes(crate::transport::MAX_WRITE);
             match transport::start(&dev, core, acl, sizes, queues)? {
                 Started::Uring => {
                     core.rings.store(true, Ordering::Relaxed);

@@ -21,8 +21,9 @@ use fuser::{Config, MountOption, Session, SessionACL};
 use super::super::threads;
 use super::state::State;
 use crate::cli::MountArgs;
-use crate::fs::{Core, FenceFs};
+use crate::fs::Core;
 use crate::transport::Plan;
+use crate::transport::devfuse::FenceFs;
 
 /// The mounted session, before the daemon's threads run.
 pub(super) struct Mounted {

@@ -16,8 +16,8 @@ use vm_memory::{Bytes, GuestAddress, GuestAddressSpace, GuestMemoryAtomic};
 
 use super::Mem;
 use super::chain::{self, Session};
-use crate::fs::FenceFs;
 use crate::fs::ops::{Settings, Shared, Stats};
+use crate::transport::devfuse::FenceFs;
 
 /// Descriptors in the queue.
 pub const QSIZE: u16 = 16;

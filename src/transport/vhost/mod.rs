@@ -38,7 +38,7 @@ use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
 use crate::fs::Core;
 
 /// Largest WRITE (and READ) a guest is told to send (INIT's `max_write`, `max_pages`):
-/// 1 MiB, as virtiofsd says. Larger than a FUSE mount's ([`crate::fs::MAX_WRITE`]): under
+/// 1 MiB, as virtiofsd says. Larger than a FUSE mount's ([`crate::transport::MAX_WRITE`]): under
 /// virtio every request costs the guest a queue round trip, so fewer, larger ones are
 /// faster (a 256 MiB sequential read took 4× virtiofsd's time with 128 KiB requests).
 pub const MAX_WRITE: usize = 1 << 20;
