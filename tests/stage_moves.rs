@@ -132,3 +132,52 @@ fn a_host_edit_of_a_renamed_file_is_a_conflict_and_a_rename_goes_whole() {
     assert_eq!(fs::read(m.mnt("a")).unwrap(), b"a1\nHOST\n");
     assert!(!m.mnt("a2").exists());
 }
+
+#[test]
+fn a_directory_id_discards_only_what_it_showed() {
+    let (m, _dir, sock) = staged_live("stage-moves-dirid", |src| {
+        fs::create_dir(src.join("d")).unwrap();
+        put(&src.join("d/f"), b"f\n", 0o644);
+        fs::create_dir(src.join("e")).unwrap();
+        put(&src.join("e/g"), b"g\n", 0o644);
+    });
+    m.sh("mv d d2 && echo agent >> d2/f && chmod 700 e && echo work > e/new")
+        .assert_ok("agent work");
+    assert_eq!(
+        ctl(&sock, &["status"]).stdout,
+        "R d/ -> d2/\nM d2/f\nm e/\nA e/new\n"
+    );
+    let v: serde_json::Value =
+        serde_json::from_str(&ctl(&sock, &["status", "--json"]).stdout).unwrap();
+    let id = |p: &str| {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["path"] == p)
+            .unwrap()["id"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    for (p, line) in [("d2", "R d/ -> d2/"), ("e", "m e/")] {
+        let r = ctl(&sock, &["discard", &format!("{p}@{}", id(p))]);
+        r.assert_fail("a directory id does not cover what lies below it");
+        assert!(
+            r.stdout
+                .contains(&format!("refused {line}: 1 change(s) below it")),
+            "{}",
+            r.stdout
+        );
+    }
+    // Nothing was discarded: the agent's work below is still in the merged view.
+    assert_eq!(fs::read(m.mnt("d2/f")).unwrap(), b"f\nagent\n");
+    assert_eq!(fs::read(m.mnt("e/new")).unwrap(), b"work\n");
+    assert_eq!(
+        ctl(&sock, &["status"]).stdout,
+        "R d/ -> d2/\nM d2/f\nm e/\nA e/new\n"
+    );
+    // Without an id the directory goes whole, as before.
+    ctl(&sock, &["discard", "d2"]).assert_ok("discard d2");
+    assert_eq!(fs::read(m.mnt("d/f")).unwrap(), b"f\n");
+    assert_eq!(ctl(&sock, &["status"]).stdout, "m e/\nA e/new\n");
+}

@@ -144,6 +144,29 @@ impl Kept {
     }
 }
 
+/// For a discard: a `refused …` line when `k` (a PATH@ID) names a directory's own change
+/// — its metadata (`m`) or its rename (`R`) — while other changes lie below it. Discarding
+/// that change takes the staged directory back whole, with what lies below, which that id
+/// did not show: each needs its own id, or the directory is discarded without one.
+pub fn too_wide_to_discard(k: &Kept, list: &[Change]) -> Option<String> {
+    if !k.exact {
+        return None;
+    }
+    let c = list.iter().find(|c| c.path == k.path)?;
+    if !c.dir || !matches!(c.kind, Kind::Metadata | Kind::Renamed { .. }) {
+        return None;
+    }
+    let below =
+        |p: &[u8]| p.len() > k.path.len() && p.starts_with(&k.path) && p[k.path.len()] == b'/';
+    let n = list.iter().filter(|o| below(&o.path)).count();
+    (n > 0).then(|| {
+        format!(
+            "refused {}: {n} change(s) below it are staged and this id does not cover them: discard them first, or the directory without an id",
+            super::render::status_line(c)
+        )
+    })
+}
+
 /// The PATH arguments of an apply or discard with their ids checked against the staged
 /// tree now: the paths to go on with (ids taken off) and a `refused …` line for each path
 /// whose change is not the one shown (another id, or nothing staged there any more).

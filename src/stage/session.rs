@@ -210,8 +210,26 @@ pub fn apply_or_discard(
         let list = l
             .changes()
             .map_err(|e| format!("reading the staged tree: {e}"))?;
-        let kept: Vec<Vec<u8>> = kept.into_iter().map(|k| k.path).collect();
-        discard::discard(&l, &list, &kept)
+        let mut wide = Vec::new();
+        let kept: Vec<Vec<u8>> = kept
+            .into_iter()
+            .filter(|k| match ids::too_wide_to_discard(k, &list) {
+                Some(line) => {
+                    wide.push(line);
+                    false
+                }
+                None => true,
+            })
+            .map(|k| k.path)
+            .collect();
+        let mut r = if kept.is_empty() && !wide.is_empty() {
+            Report::default()
+        } else {
+            discard::discard(&l, &list, &kept)
+        };
+        r.refused += wide.len();
+        r.lines.extend(wide);
+        r
     };
     report.refused += refused.len();
     report.lines.splice(0..0, refused);

@@ -144,7 +144,8 @@ mod tests {
     use std::os::fd::AsFd;
 
     fn tmp(name: &str) -> std::path::PathBuf {
-        let d = std::env::temp_dir().join(format!("fencefs-ops-copy-{}-{name}", std::process::id()));
+        let d =
+            std::env::temp_dir().join(format!("fencefs-ops-copy-{}-{name}", std::process::id()));
         let _ = std::fs::remove_file(&d);
         d
     }
