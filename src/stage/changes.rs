@@ -36,7 +36,7 @@ pub enum Kind {
     Metadata,
     /// Removed.
     Deleted,
-    /// A directory or file moved (`from` is its SOURCE path; a file: [`super::moves`]).
+    /// A directory or file moved (`from` is its SOURCE path; a file: `stage::moves`).
     Renamed {
         /// The path it had in SOURCE.
         from: Vec<u8>,

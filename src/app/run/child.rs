@@ -1,5 +1,5 @@
 //! `fencefs run`'s COMMAND: a grandchild of `fencefs run` — under COMMAND's init
-//! ([`super::init`], pid 1 of a PID namespace of its own) — in the same session and the
+//! ([`mod@super::init`], pid 1 of a PID namespace of its own) — in the same session and the
 //! same process group (the job the shell put in the terminal's foreground). The terminal's
 //! Ctrl-C, Ctrl-\ and Ctrl-Z reach both: COMMAND acts on them, `fencefs run` ignores the
 //! first two (as system(3) does) and stops with COMMAND on the third, so the shell sees
