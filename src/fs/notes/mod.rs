@@ -1,6 +1,8 @@
-//! The agent's own view of the fence: with `agent_notes = true` the mount root shows a
+//! The agent's own view of the fence: with `agent_notes = true` the mount root has a
 //! read-only virtual directory `.fencefs/` holding `README`, `policy` and `denials`,
-//! generated for whoever reads them (SPEC "The agent's own view of the fence").
+//! generated for whoever reads them (SPEC "The agent's own view of the fence"). It is
+//! reachable by name but never listed in the root, so nothing that copies or commits the
+//! workspace by walking it (`git add -A`, `tar`, `rsync -a`, `cp -a`) picks it up.
 //!
 //! The directory is a synthetic node range, not a branch in every operation: its nodes
 //! are the ids from [`BASE`] up, and its open files the handles from [`FH_BASE`] up; the
@@ -18,8 +20,9 @@
 //!   reads at any offsets see one consistent text; it is served with direct I/O (the size
 //!   the kernel saw at lookup never truncates it). Attributes are never cached (they are
 //!   the caller's: owner, size).
-//! - While on, a host entry named `.fencefs` at the root is shadowed (not listed, not
-//!   reachable through the mount); off, the names resolve to the host as ever, and the
+//! - While on, `.fencefs` is never in the root's listing (the virtual one is found only by
+//!   name) and a host entry of that name is shadowed (not listed, not reachable through
+//!   the mount); off, the names resolve to the host as ever, and the
 //!   cost is one integer comparison per request plus one name comparison per root lookup.
 //! - Bounded whoever calls: at most [`OPEN_PER_UID`] open notes per uid and
 //!   [`OPEN_TOTAL`] in all (EMFILE / ENFILE past them); the denials store is bounded too
@@ -121,17 +124,15 @@ impl Notes {
         Ok(())
     }
 
-    /// The root listing while on: the host's `.fencefs` (if any) replaced by the virtual one.
+    /// The root listing while on: the host's `.fencefs` (if any) is shadowed and the
+    /// virtual one is not listed either — it is reachable by name only, so what tools copy
+    /// or commit by walking the workspace (`git add -A`, `tar`, `rsync -a`, `cp -a`)
+    /// never holds it.
     pub fn root_listing(&self, ctx: &Ctx, entries: &mut Vec<ListEntry>) {
         if !ctx.snap.policy.agent_notes() {
             return;
         }
         entries.retain(|e| e.name != NAME);
-        entries.push(ListEntry {
-            ino: BASE,
-            kind: libc::S_IFDIR,
-            name: NAME.to_vec(),
-        });
     }
 
     /// Records a refusal for `.fencefs/denials` (while on): `asked` is the end of a held

@@ -89,7 +89,10 @@ pub fn readme(policy: &Policy, staged: bool) -> String {
         "This directory is a file system mount made by fencefs. Every operation on it is\n\
          decided against a policy: per-path access (none, list, read, write) under a\n\
          sandbox mode. This .fencefs/ directory is not on the host; it is read-only and\n\
-         generated for whoever reads it.\n\n\
+         generated for whoever reads it. It is not listed at the mount root (ls -a, git\n\
+         add -A, tar, rsync and cp -a leave it out, so it never lands in a commit or an\n\
+         archive) but is always there by name: cat .fencefs/README, .fencefs/policy,\n\
+         .fencefs/denials at the root of the mount.\n\n\
          Files here:\n\
          \x20 README    this text\n\
          \x20 policy    the policy as your uid and gid see it\n\
