@@ -379,7 +379,7 @@ fn contents_are_frozen_at_open_and_served_whole() {
     assert!(d.is_ok());
     assert_eq!(
         names_str(&m.mnt(".fencefs")).unwrap(),
-        vec!["README", "denials", "policy"]
+        vec!["README", "denials", "feedback", "policy"]
     );
 }
 
@@ -431,6 +431,7 @@ fn cat_ls_and_recursive_grep_work_and_do_not_loop() {
             ".fencefs",
             ".fencefs/README",
             ".fencefs/denials",
+            ".fencefs/feedback",
             ".fencefs/policy"
         ]
     );

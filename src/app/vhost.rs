@@ -55,8 +55,11 @@ pub(super) fn vhost_user(v: VhostArgs) -> Result<(), String> {
     // caches expire within the TTL), so no notify thread is connected (`fs::kcache`: a
     // swap's passes then have nothing to wait for).
     let learn_out = state.learn_out.clone();
+    threads::start_feedback(&shared)?;
+    let live = threads::stage_live(&a, &shared);
+    threads::start_checkpoint(&a, live.clone())?;
     let (control_path, resume) =
-        threads::start_control(control, &a, &shared, Instant::now(), learn_out)?
+        threads::start_control(control, &a, &shared, (Instant::now(), live), learn_out)?
             .map_or((None, None), |(p, q)| (Some(p), Some(q)));
     let stop = Stop::default();
     let files = Files {

@@ -1,5 +1,6 @@
 //! The agent's own view of the fence: with `agent_notes = true` the mount root has a
-//! read-only virtual directory `.fencefs/` holding `README`, `policy` and `denials`,
+//! read-only virtual directory `.fencefs/` holding `README`, `policy`, `denials` and
+//! `feedback` (the reviewer's decisions, staged mounts: `feedback.rs`),
 //! generated for whoever reads them (SPEC "The agent's own view of the fence"). It is
 //! reachable by name but never listed in the root, so nothing that copies or commits the
 //! workspace by walking it (`git add -A`, `tar`, `rsync -a`, `cp -a`) picks it up.
@@ -45,6 +46,7 @@ use crate::policy::{By, Verdict};
 use crate::reload::PolicyStore;
 
 pub mod denials;
+pub mod feedback;
 pub mod render;
 mod serve;
 
@@ -60,11 +62,14 @@ pub const README: u64 = BASE + 1;
 pub const POLICY: u64 = BASE + 2;
 /// `.fencefs/denials`.
 pub const DENIALS: u64 = BASE + 3;
+/// `.fencefs/feedback` (the reviewer's decisions; empty without staging).
+pub const FEEDBACK: u64 = BASE + 4;
 /// The files, in listing order.
-pub const FILES: [(u64, &[u8]); 3] = [
+pub const FILES: [(u64, &[u8]); 4] = [
     (README, b"README"),
     (POLICY, b"policy"),
     (DENIALS, b"denials"),
+    (FEEDBACK, b"feedback"),
 ];
 /// The first handle id of an open note.
 pub const FH_BASE: u64 = 1 << 63;
@@ -95,22 +100,25 @@ pub struct Notes {
     pub denials: Denials,
     /// The mount stages its changes (`--stage`): the notes say so.
     staged: bool,
+    /// The reviewer's decisions (staged mounts).
+    feedback: Option<Arc<feedback::Feedback>>,
     open: Mutex<HashMap<u64, Open>>,
     next: AtomicU64,
 }
 
 impl Default for Notes {
     fn default() -> Notes {
-        Notes::new(false)
+        Notes::new(None)
     }
 }
 
 impl Notes {
-    /// The notes of a mount (`staged`: it runs with `--stage`).
-    pub fn new(staged: bool) -> Notes {
+    /// The notes of a mount (`stage`: its `--stage DIR`).
+    pub fn new(stage: Option<std::path::PathBuf>) -> Notes {
         Notes {
             denials: Denials::default(),
-            staged,
+            staged: stage.is_some(),
+            feedback: stage.map(|d| Arc::new(feedback::Feedback::new(d))),
             open: Mutex::new(HashMap::new()),
             next: AtomicU64::new(FH_BASE),
         }
@@ -133,6 +141,11 @@ impl Notes {
             return;
         }
         entries.retain(|e| e.name != NAME);
+    }
+
+    /// The reviewer's decisions of a staged mount (their refresher runs unconfined).
+    pub fn feedback(&self) -> Option<Arc<feedback::Feedback>> {
+        self.feedback.clone()
     }
 
     /// Records a refusal for `.fencefs/denials` (while on): `asked` is the end of a held
@@ -191,6 +204,10 @@ impl Notes {
                 }
                 s
             }
+            FEEDBACK => self
+                .feedback
+                .as_ref()
+                .map_or_else(String::new, |f| f.render(policy, ctx.caller)),
             _ => String::new(),
         };
         text.into_bytes()
@@ -234,7 +251,7 @@ impl Notes {
         }
         let (kind, perm, nlink, size) = match ino {
             BASE => (FileType::Directory, 0o755, 2, 0),
-            README | POLICY | DENIALS => (
+            README | POLICY | DENIALS | FEEDBACK => (
                 FileType::RegularFile,
                 0o644,
                 1,

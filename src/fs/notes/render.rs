@@ -96,7 +96,9 @@ pub fn readme(policy: &Policy, staged: bool) -> String {
          Files here:\n\
          \x20 README    this text\n\
          \x20 policy    the policy as your uid and gid see it\n\
-         \x20 denials   your uid's last 100 refusals, newest last\n\n\
+         \x20 denials   your uid's last 100 refusals, newest last\n\
+         \x20 feedback  staged mounts: the reviewer's decisions on your changes since\n\
+         \x20           your last turn began (applied, or discarded with a note), newest last\n\n\
          What an error means on this mount:\n\
          \x20 ENOENT  no such file, or the path is hidden from you (the two look the same)\n\
          \x20 EACCES  a rule does not give you that access (see policy; a rule with ask\n\
