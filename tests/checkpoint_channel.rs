@@ -300,7 +300,10 @@ fn the_channel_refuses_every_other_command() {
     );
     assert_eq!(o.status.code(), Some(2), "{}", o.stderr);
     assert!(o.stderr.contains("--stage"), "{}", o.stderr);
-    drop(m);
+    // Removed at exit.
+    let mut m = m;
+    stop(&mut m);
+    assert!(!chan.exists(), "the channel's socket outlived the daemon");
 }
 
 #[test]
