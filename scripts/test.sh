@@ -33,6 +33,8 @@ command -v man >/dev/null 2>&1 || need+=(man-db)
 command -v setfacl >/dev/null 2>&1 || need+=(acl)
 # tests/run_tty.rs: fencefs run on a real terminal (job control, SIGWINCH, raw mode).
 command -v tmux >/dev/null 2>&1 || need+=(tmux)
+# tests/agent_notes_copy.rs: `rsync -a` of a mount leaves `.fencefs/` out.
+command -v rsync >/dev/null 2>&1 || need+=(rsync)
 if ((${#need[@]})); then
     say "installing ${need[*]}"
     if [[ $(id -u) -ne 0 ]]; then

@@ -89,6 +89,12 @@ pub enum Command {
         /// The daemon's --answers file.
         file: PathBuf,
     },
+    /// Print (print) or add to the agent's user settings (install) the agent's own hook
+    /// that seals a checkpoint before each prompt, with the prompt's first line.
+    Hooks(HooksArgs),
+    /// The hook the agent runs: reads the agent's hook event (JSON with `prompt`) on stdin
+    /// and asks the checkpoint channel ($FENCEFS_CHECKPOINT) for a checkpoint; exits 0.
+    CheckpointHook(CheckpointHookArgs),
     /// Approve or deny held requests: an approver on this terminal (y / a / A / n).
     Approve {
         /// The daemon's `--control` socket.
@@ -97,6 +103,49 @@ pub enum Command {
         #[arg(long, value_name = "allow|deny", value_parser = ["allow", "deny"])]
         auto: Option<String>,
     },
+}
+
+/// The agents `fencefs hooks` knows.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HookAgent {
+    /// Claude Code (~/.claude/settings.json, UserPromptSubmit).
+    ClaudeCode,
+    /// Codex CLI (~/.codex/hooks.json, UserPromptSubmit).
+    Codex,
+    /// Gemini CLI (~/.gemini/settings.json, BeforeAgent).
+    Gemini,
+}
+
+/// `fencefs hooks`.
+#[derive(clap::Args, Debug)]
+pub struct HooksArgs {
+    /// print: show the configuration; install: add it to the settings file (a backup of
+    /// the file beside it, every other setting kept).
+    #[arg(value_parser = ["print", "install"])]
+    pub action: String,
+    /// The agent.
+    #[arg(value_enum)]
+    pub agent: HookAgent,
+    /// The settings file (default: the agent's user settings file).
+    #[arg(long, value_name = "FILE")]
+    pub settings: Option<PathBuf>,
+    /// The hook's command (default: this fencefs, `checkpoint-hook --agent AGENT`).
+    #[arg(long, value_name = "CMD")]
+    pub command: Option<String>,
+}
+
+/// `fencefs checkpoint-hook`.
+#[derive(clap::Args, Debug)]
+pub struct CheckpointHookArgs {
+    /// The agent whose hook event is read (gemini: `{}` is printed on stdout).
+    #[arg(long, value_enum, default_value = "claude-code")]
+    pub agent: HookAgent,
+    /// The checkpoint channel (default: $FENCEFS_CHECKPOINT; unset: do nothing).
+    #[arg(long, value_name = "SOCKET")]
+    pub socket: Option<PathBuf>,
+    /// The message, instead of the prompt read from stdin.
+    #[arg(short, long, value_name = "MESSAGE")]
+    pub message: Option<String>,
 }
 
 /// `fencefs mount`.
@@ -221,6 +270,11 @@ pub struct MountArgs {
     /// SOURCE stays untouched until `fencefs stage apply`.
     #[arg(long, value_name = "DIR")]
     pub stage: Option<PathBuf>,
+    /// Serve the agent's checkpoint channel at SOCKET (mode 0600; needs --stage): it only
+    /// seals checkpoints (`fencefs checkpoint-hook`), at most one a second and 1,000 per
+    /// staging area. Hand it to an agent's container explicitly; keep --control away.
+    #[arg(long, value_name = "SOCKET", requires = "stage")]
+    pub checkpoint_socket: Option<PathBuf>,
     /// Set when started by mount(8) (`fuse_opts`): stdio is detached once the mount is
     /// ready, after the waiting parent has been told.
     #[arg(skip)]

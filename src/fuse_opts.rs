@@ -292,6 +292,7 @@ pub fn absolutize(m: &mut MountArgs, cwd: &Path) {
     m.mountpoint = abs(&m.mountpoint);
     m.policy = m.policy.iter().map(abs).collect();
     m.stage = m.stage.as_ref().map(abs);
+    m.checkpoint_socket = m.checkpoint_socket.as_ref().map(abs);
     m.answers = m.answers.as_ref().map(abs);
     if let Some(a) = m.audit.as_mut().filter(|a| *a != "-")
         && !Path::new(a.as_str()).is_absolute()

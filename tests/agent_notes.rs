@@ -379,41 +379,46 @@ fn contents_are_frozen_at_open_and_served_whole() {
     assert!(d.is_ok());
     assert_eq!(
         names_str(&m.mnt(".fencefs")).unwrap(),
-        vec!["README", "denials", "policy"]
+        vec!["README", "denials", "feedback", "policy"]
     );
 }
 
 #[test]
 fn cat_ls_and_recursive_grep_work_and_do_not_loop() {
     let m = mount("notes-tools", POLICY);
-    let ls = m.sh_as(AGENT, "ls -lan .fencefs; ls -a");
+    let ls = m.sh_as(AGENT, "ls -lan .fencefs; echo ---; ls -a");
     ls.assert_ok("ls");
-    for n in ["README", "policy", "denials", ".fencefs"] {
-        assert!(ls.stdout.contains(n), "ls lacks {n}:\n{}", ls.stdout);
+    let (inside, root) = ls.stdout.split_once("---\n").unwrap();
+    for n in ["README", "policy", "denials"] {
+        assert!(inside.contains(n), "ls lacks {n}:\n{}", ls.stdout);
     }
+    // Reachable by name, never listed at the root.
+    assert!(!root.contains(".fencefs"), "listed:\n{}", ls.stdout);
     // Owned by the caller, files rw-r--r-- (the fence answers EROFS, not the mode bits).
     assert!(
-        ls.stdout
+        inside
             .lines()
             .any(|l| l.starts_with("-rw-r--r--") && l.contains("1000") && l.ends_with(" README")),
         "{}",
         ls.stdout
     );
-    assert_eq!(
-        ls.stdout.lines().filter(|l| *l == ".fencefs").count(),
-        1,
-        "{}",
-        ls.stdout
+    // A recursive grep of the directory by name ends and finds the README's word; one of
+    // the whole mount ends and does not enter it.
+    let g = m.sh_as(
+        AGENT,
+        "timeout 60 grep -r -l 'EPERM' .fencefs; timeout 60 grep -r -l 'EPERM' . ; echo rc=$?",
     );
-    // A recursive grep over the whole mount ends and finds the README's word.
-    let g = m.sh_as(AGENT, "timeout 60 grep -r -l 'EPERM' . ; echo rc=$?");
-    assert!(g.stdout.contains("./.fencefs/README"), "{}", g.stdout);
+    assert!(g.stdout.contains(".fencefs/README"), "{}", g.stdout);
+    assert!(!g.stdout.contains("./.fencefs"), "{}", g.stdout);
     assert!(
         !g.stdout.contains("rc=124"),
         "grep -r timed out: {}",
         g.stdout
     );
-    let f = m.sh_as(AGENT, "timeout 60 find . | sort");
+    let f = m.sh_as(
+        AGENT,
+        "timeout 60 find .fencefs | sort; timeout 60 find . | sort",
+    );
     f.assert_ok("find");
     let found: Vec<&str> = f
         .stdout
@@ -423,10 +428,11 @@ fn cat_ls_and_recursive_grep_work_and_do_not_loop() {
     assert_eq!(
         found,
         vec![
-            "./.fencefs",
-            "./.fencefs/README",
-            "./.fencefs/denials",
-            "./.fencefs/policy"
+            ".fencefs",
+            ".fencefs/README",
+            ".fencefs/denials",
+            ".fencefs/feedback",
+            ".fencefs/policy"
         ]
     );
     // stat, wc, cp out of it (the kernel copies it by reading).
@@ -454,7 +460,7 @@ fn off_by_default_reload_turns_it_on_and_shadows_a_host_entry() {
     // Off: the host's own `.fencefs` is an ordinary entry; nothing virtual.
     assert_eq!(fs::read(m.mnt(".fencefs/mine")).unwrap(), b"host file");
     assert_errno(fs::metadata(m.mnt(".fencefs/README")), libc::ENOENT, "off").ok();
-    // On (reload): the virtual directory replaces it at once, listed once.
+    // On (reload): the virtual directory replaces it at once, and neither is listed.
     m.reload_with(&format!("agent_notes = true\n{off}"));
     assert!(
         eventually(Duration::from_secs(5), || fs::metadata(
@@ -471,7 +477,7 @@ fn off_by_default_reload_turns_it_on_and_shadows_a_host_entry() {
     )
     .ok();
     let names = names_str(&m.mnt("")).unwrap();
-    assert_eq!(names.iter().filter(|n| *n == ".fencefs").count(), 1);
+    assert_eq!(names.iter().filter(|n| *n == ".fencefs").count(), 0);
     assert!(note(&m, AGENT, "policy").contains("\n0 hidden rules\n"));
     // A reload changes what `policy` shows at once.
     m.reload_with(&format!(

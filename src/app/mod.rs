@@ -11,6 +11,7 @@
 
 mod answers;
 mod explain;
+mod hooks;
 mod learn;
 mod learn_out;
 mod mount;
@@ -94,6 +95,8 @@ pub fn run(cmd: Command) -> i32 {
         Command::Ctl { socket, what } => crate::control::client::ctl(&socket, &what),
         Command::Stage(a) => crate::stage::cli::run(a),
         Command::Answers { file } => answers::list(&file),
+        Command::Hooks(a) => hooks::hooks(a),
+        Command::CheckpointHook(a) => hooks::checkpoint_hook(a),
         Command::Approve { socket, auto } => {
             crate::control::client::approve(&socket, auto.map(|a| a == "allow"))
         }

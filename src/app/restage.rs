@@ -96,8 +96,7 @@ impl Restage {
     /// up again).
     fn rebuild(&self, doomed: &HashSet<u64>) -> Result<Vec<(u64, Vec<u8>)>, String> {
         let area = Area::open(&self.dir)?;
-        let source = crate::host::sys::open_root(&area.source)
-            .map_err(|e| format!("source '{}': {e}", area.source.display()))?;
+        let source = crate::stage::open_source(&area)?;
         area.match_root(&source)?;
         let view: OwnedFd = crate::stage::engine(&area, &source)?;
         let (root, g) = tree_mount::attach(view)?;

@@ -189,7 +189,7 @@ pub(super) fn start_control(
     control: Option<Control>,
     a: &crate::cli::MountArgs,
     shared: &Arc<Shared>,
-    started: Instant,
+    (started, live): (Instant, Option<Arc<dyn crate::stage::control::Live>>),
     learn: Option<Arc<super::learn_out::LearnOut>>,
 ) -> Result<Option<(PathBuf, ResumeQueue)>, String> {
     let Some(Control {
@@ -246,10 +246,6 @@ pub(super) fn start_control(
             }))
         }) as crate::control::server::LearnHandler
     });
-    let live = a.stage.as_ref().map(|d| {
-        Arc::new(super::restage::Restage::new(shared.clone(), d.clone()))
-            as Arc<dyn crate::stage::control::Live>
-    });
     crate::stage::control::hook(&mut hooks, a.stage.as_deref(), live);
     let access = server::Access {
         daemon_uid: crate::host::sys::geteuid(),
@@ -275,6 +271,48 @@ pub(super) fn start_control(
         a.ask_timeout
     );
     Ok(Some((path, res_rx)))
+}
+
+/// The staged mount's live side (one per daemon: the control socket's stage operations
+/// and the checkpoint channel share it), or `None` without `--stage`.
+pub(super) fn stage_live(
+    a: &crate::cli::MountArgs,
+    shared: &Arc<Shared>,
+) -> Option<Arc<dyn crate::stage::control::Live>> {
+    a.stage.as_ref().map(|d| {
+        Arc::new(super::restage::Restage::new(shared.clone(), d.clone()))
+            as Arc<dyn crate::stage::control::Live>
+    })
+}
+
+/// Starts the thread that keeps `.fencefs/feedback`'s decisions (staged mounts): it reads
+/// DIR, which the confined workers cannot.
+pub(super) fn start_feedback(shared: &Arc<Shared>) -> Result<(), String> {
+    match shared.notes.feedback() {
+        Some(f) => f.start().map_err(|e| e.to_string()),
+        None => Ok(()),
+    }
+}
+
+/// Binds and serves `--checkpoint-socket` (the agent's checkpoint channel) when given;
+/// returns its path (to remove at exit).
+pub(super) fn start_checkpoint(
+    a: &crate::cli::MountArgs,
+    live: Option<Arc<dyn crate::stage::control::Live>>,
+) -> Result<Option<PathBuf>, String> {
+    let Some(path) = a.checkpoint_socket.clone() else {
+        return Ok(None);
+    };
+    // (The reviewer's feedback is refreshed by `start_feedback`, on every staged mount.)
+    let (Some(dir), Some(live)) = (a.stage.clone(), live) else {
+        return Err("--checkpoint-socket needs --stage (checkpoints are a staging area's)".into());
+    };
+    let l = crate::control::checkpoint::bind(&path)
+        .map_err(|e| format!("checkpoint socket '{}': {e}", path.display()))?;
+    let seal = Box::new(move |m: &str| crate::stage::agent::seal(&dir, &*live, m));
+    crate::control::checkpoint::start(l, seal).map_err(|e| e.to_string())?;
+    log::info!("checkpoint channel at {}", path.display());
+    Ok(Some(path))
 }
 
 /// The control socket's file, for the signal thread's last-resort exit.

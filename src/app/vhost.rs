@@ -55,12 +55,16 @@ pub(super) fn vhost_user(v: VhostArgs) -> Result<(), String> {
     // caches expire within the TTL), so no notify thread is connected (`fs::kcache`: a
     // swap's passes then have nothing to wait for).
     let learn_out = state.learn_out.clone();
+    threads::start_feedback(&shared)?;
+    let live = threads::stage_live(&a, &shared);
+    let checkpoint = threads::start_checkpoint(&a, live.clone())?;
     let (control_path, resume) =
-        threads::start_control(control, &a, &shared, Instant::now(), learn_out)?
+        threads::start_control(control, &a, &shared, (Instant::now(), live), learn_out)?
             .map_or((None, None), |(p, q)| (Some(p), Some(q)));
     let stop = Stop::default();
     let files = Files {
         control: control_path,
+        checkpoint,
         socket: socket.clone(),
     };
     {
@@ -140,12 +144,14 @@ fn checks(a: &crate::cli::MountArgs, socket: &Path) -> Result<PathBuf, String> {
 #[derive(Clone)]
 struct Files {
     control: Option<PathBuf>,
+    checkpoint: Option<PathBuf>,
     socket: PathBuf,
 }
 
 impl Files {
     fn remove(&self) {
         threads::remove_control(self.control.as_deref());
+        threads::remove_control(self.checkpoint.as_deref());
         threads::remove_control(Some(&self.socket));
     }
 }

@@ -9,11 +9,14 @@
 //! - [`client`]: `fencefs ctl` and `fencefs approve`.
 //! - [`ask_exec`]: `--ask-exec CMD`, run for every newly held request (notifications).
 //! - [`sockpath`]: socket paths longer than `sun_path`.
+//! - [`checkpoint`]: the agent's checkpoint channel, a separate socket that only seals
+//!   checkpoints (the one thing the agent may reach).
 //!
 //! The socket must live outside the mount and out of the agent's reach: whoever may use
 //! it can approve what the policy only asks for.
 
 pub mod ask_exec;
+pub mod checkpoint;
 pub mod client;
 pub mod lane;
 pub mod peer;

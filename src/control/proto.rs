@@ -210,6 +210,9 @@ pub struct StageRequest {
     /// `N` (rewind).
     #[serde(default)]
     pub to: Option<u64>,
+    /// `--note TEXT` (discard, apply): the reviewer's note for the agent's feedback.
+    #[serde(default)]
+    pub note: Option<String>,
 }
 
 #[cfg(test)]

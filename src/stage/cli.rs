@@ -80,6 +80,9 @@ pub enum StageOp {
     Discard {
         #[command(flatten)]
         at: At,
+        /// A note for the agent, shown with each discarded path in `.fencefs/feedback`.
+        #[arg(long, value_name = "TEXT")]
+        note: Option<String>,
         /// `SOCKET` (without --dir), then the paths to discard (default: all); `PATH@ID`
         /// as for apply.
         args: Vec<OsString>,
@@ -177,6 +180,7 @@ struct Req {
     since: Option<u64>,
     message: Option<String>,
     to: Option<u64>,
+    note: Option<String>,
 }
 
 /// Through a running mount's control socket: `args[0]` is SOCKET (then the paths, or N
@@ -202,7 +206,12 @@ fn via_socket(op: &str, args: &[OsString], o: Req) -> Result<i32, String> {
                 req["at"] = n.into();
             }
         }
-        "discard" => req["paths"] = ps.into(),
+        "discard" => {
+            req["paths"] = ps.into();
+            if let Some(n) = &o.note {
+                req["note"] = n.clone().into();
+            }
+        }
         "checkpoint" => {
             if let Some(m) = &o.message {
                 req["message"] = m.clone().into();
@@ -347,8 +356,12 @@ fn run_op(op: StageOp) -> Result<i32, String> {
             };
             return via_socket("apply", args, o);
         }
-        StageOp::Discard { at, args } if sock(at, args) => {
-            return via_socket("discard", args, Req::default());
+        StageOp::Discard { at, args, note } if sock(at, args) => {
+            let o = Req {
+                note: note.clone(),
+                ..Req::default()
+            };
+            return via_socket("discard", args, o);
         }
         StageOp::Checkpoint { at, message, args } if sock(at, args) => {
             if args.len() > 1 {
@@ -426,6 +439,7 @@ fn run_op(op: StageOp) -> Result<i32, String> {
             let o = Opts {
                 force,
                 at: checkpoint,
+                note: None,
             };
             let report = apply_or_discard(&area.dir, "apply", &ps, o, uid)?;
             for line in &report.lines {
@@ -434,10 +448,14 @@ fn run_op(op: StageOp) -> Result<i32, String> {
             ckpt::empty_trash_later(&area.dir, false);
             Ok(if report.refused > 0 { 1 } else { 0 })
         }
-        StageOp::Discard { at, args } => {
+        StageOp::Discard { at, args, note } => {
             let (area, ps) = area(&at, &args)?;
             area.lock()?;
-            let report = apply_or_discard(&area.dir, "discard", &ps, Opts::default(), uid)?;
+            let o = Opts {
+                note,
+                ..Opts::default()
+            };
+            let report = apply_or_discard(&area.dir, "discard", &ps, o, uid)?;
             for line in &report.lines {
                 println!("{line}");
             }

@@ -71,9 +71,19 @@ fn paths(r: &StageRequest) -> Vec<Vec<u8>> {
         .collect()
 }
 
+/// One staging operation of this daemon at a time: the control socket's stage lane and
+/// the agent's checkpoint channel (`stage/agent.rs`) both hold this while they work.
+static SERIAL: parking_lot::Mutex<()> = parking_lot::Mutex::new(());
+
+/// Holds the daemon's staging operations off until the guard is dropped.
+pub fn serial() -> parking_lot::MutexGuard<'static, ()> {
+    SERIAL.lock()
+}
+
 /// The answer to `r` (from a peer with `uid`) for the staging area `dir` served by this
 /// daemon.
 pub fn answer(dir: &Path, live: Option<&dyn Live>, r: &StageRequest, uid: u32) -> Value {
+    let _one = serial();
     match run(dir, live, r, uid) {
         Ok(v) => proto::ok(v),
         Err(e) => proto::error(&e),
@@ -144,9 +154,10 @@ fn run(dir: &Path, live: Option<&dyn Live>, r: &StageRequest, uid: u32) -> Resul
             let o = super::session::Opts {
                 force: r.force,
                 at: r.at,
+                note: r.note.clone(),
             };
             let v = live.expect("checked").swap(false, &mut || {
-                let report = super::session::apply_or_discard(&area.dir, &op, &ps, o, uid)?;
+                let report = super::session::apply_or_discard(&area.dir, &op, &ps, o.clone(), uid)?;
                 Ok(json!({"lines": report.lines, "refused": report.refused}))
             });
             layers::empty_trash_later(&area.dir, true);

@@ -26,6 +26,7 @@
 //!   (`DIR/lock`); a running daemon changes DIR only with its requests quiesced.
 
 pub mod absent;
+pub mod agent;
 pub mod apply;
 pub mod area;
 pub mod base;
@@ -35,6 +36,7 @@ pub mod control;
 mod copy;
 pub mod diff;
 mod discard;
+pub mod feedback;
 mod flatten;
 mod guard;
 pub mod ids;
@@ -55,6 +57,28 @@ pub mod view;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 pub use area::Area;
+
+/// SOURCE as the daemon opened it before mounting (set once, by a staged daemon).
+static SOURCE: std::sync::OnceLock<std::os::fd::OwnedFd> = std::sync::OnceLock::new();
+
+/// Records SOURCE's descriptor, opened before the mount: `fencefs run` mounts the fence
+/// over SOURCE's own path, where opening SOURCE by path would reach this daemon's own
+/// mount (the merged view, and a deadlock while a live change holds its requests).
+pub fn set_source(fd: &std::os::fd::OwnedFd) {
+    if let Ok(d) = fd.try_clone() {
+        let _ = SOURCE.set(d);
+    }
+}
+
+/// SOURCE of `area`: the descriptor [`set_source`] recorded in a daemon, else opened by
+/// path (the CLI's `--dir`).
+pub fn open_source(area: &Area) -> Result<std::os::fd::OwnedFd, String> {
+    match SOURCE.get() {
+        Some(fd) => fd.try_clone(),
+        None => crate::host::sys::open_root(&area.source),
+    }
+    .map_err(|e| format!("source '{}': {e}", area.source.display()))
+}
 pub use session::{recover, start};
 
 /// Set once this daemon serves a staged mount (before the FUSE session starts).

@@ -69,8 +69,7 @@ pub fn recover(area: Area) -> Result<Area, String> {
 
 /// The layers of an area: its staged tree and the SOURCE it records.
 pub fn layers(a: &Area) -> Result<Layers, String> {
-    let src = crate::host::sys::open_root(&a.source)
-        .map_err(|e| format!("source '{}': {e}", a.source.display()))?;
+    let src = super::open_source(a)?;
     let up = a.upper.try_clone().map_err(|e| e.to_string())?;
     Ok(Layers {
         upper: Layer::new(up).map_err(|e| e.to_string())?,
@@ -142,12 +141,15 @@ pub fn count_since_last(area: &Area) -> Result<u64, String> {
 }
 
 /// What an apply is asked for besides its paths.
-#[derive(Clone, Copy, Default)]
+#[derive(Clone, Default)]
 pub struct Opts {
     /// `--force`: conflicts too.
     pub force: bool,
     /// `--at N`: only what checkpoint N sealed.
     pub at: Option<u64>,
+    /// `--note TEXT`: the reviewer's note, recorded with each decision for the agent
+    /// (`DIR/feedback.jsonl`).
+    pub note: Option<String>,
 }
 
 /// `apply` or `discard` of `paths` on the area `dir` (its lock held, or the mount
@@ -194,6 +196,7 @@ pub fn apply_or_discard(
     }
     // PATH@ID: refused unless the change is still the one shown; none left: nothing to do.
     let (kept, refused) = ids::check(&l, ps, &why);
+    let mut before = Vec::new();
     let mut report = if !ps.is_empty() && kept.is_empty() {
         Report::default()
     } else if op == "apply" {
@@ -205,7 +208,9 @@ pub fn apply_or_discard(
             .into_iter()
             .filter(|c| kept.is_empty() || kept.iter().any(|k| k.selects(c)))
             .collect();
-        apply::apply(&l, &list, force, &area.dir, kept.is_empty())
+        let r = apply::apply(&l, &list, force, &area.dir, kept.is_empty());
+        before = list;
+        r
     } else {
         let list = l
             .changes()
@@ -229,8 +234,11 @@ pub fn apply_or_discard(
         };
         r.refused += wide.len();
         r.lines.extend(wide);
+        before = list;
         r
     };
+    let ds = super::feedback::decided(&before, &report, op, o.note.as_deref());
+    super::feedback::append(&area.dir, &ds);
     report.refused += refused.len();
     report.lines.splice(0..0, refused);
     record(

@@ -227,8 +227,7 @@ pub fn staged(area: &Area, since: Option<u64>) -> Result<Staged, String> {
         None => 0,
         Some(n) => position(area, &live, n)? + 1,
     };
-    let source = crate::host::sys::open_root(&area.source)
-        .map_err(|e| format!("source '{}': {e}", area.source.display()))?;
+    let source = super::open_source(area)?;
     let ls = layers::open_layers(&area.dir)?;
     let lower = Layer::new(view(area, source, &ls, base)?).map_err(|e| e.to_string())?;
     let up = || area.upper.try_clone().map_err(|e| e.to_string());
@@ -265,8 +264,7 @@ pub fn staged(area: &Area, since: Option<u64>) -> Result<Staged, String> {
 pub fn sealed_args(area: &Area, n: u64, paths: &[Vec<u8>]) -> Result<Vec<Vec<u8>>, String> {
     let live = layers::live(&area.dir)?;
     let i = position(area, &live, n)?;
-    let source = crate::host::sys::open_root(&area.source)
-        .map_err(|e| format!("source '{}': {e}", area.source.display()))?;
+    let source = super::open_source(area)?;
     let s = scratch(area)?;
     let mut stack = Vec::new();
     for c in &live[..=i] {

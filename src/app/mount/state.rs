@@ -86,6 +86,7 @@ pub(in crate::app) fn build_state(
     // host changes are still watched on SOURCE itself.
     let (root_fd, event_source) = match &a.stage {
         Some(dir) => {
+            crate::stage::set_source(&root_fd);
             let merged = crate::stage::start(dir, &src, &mnt, &root_fd)?;
             (merged, Some(root_fd))
         }
@@ -140,7 +141,7 @@ pub(in crate::app) fn build_state(
         // Started now, before the workers are confined (host/programs.rs).
         programs: crate::host::programs::Programs::with_thread()
             .map_err(|e| format!("cannot start the programs thread: {e}"))?,
-        notes: crate::fs::notes::Notes::new(a.stage.is_some()),
+        notes: crate::fs::notes::Notes::new(a.stage.clone()),
     });
     let state = State {
         src,

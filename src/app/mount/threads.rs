@@ -38,16 +38,16 @@ pub(super) struct ExitThread {
     pub(super) handle: JoinHandle<()>,
 }
 
-/// Starts the daemon's threads, in order: notify, watch, control, signals. Returns the
-/// control socket's path (to remove at exit) and the resume queue (served after
-/// confinement).
+/// Starts the daemon's threads, in order: notify, watch, checkpoint channel, control,
+/// signals. Returns the sockets' paths (control, checkpoint channel: to remove at exit)
+/// and the resume queue (served after confinement).
 pub(super) fn start_threads(
     a: &MountArgs,
     state: &State,
     m: &mut Mounted,
     fan: Result<OwnedFd, String>,
     sigs: SigSet,
-) -> Result<(Option<PathBuf>, Option<threads::ResumeQueue>), String> {
+) -> Result<(Vec<PathBuf>, Option<threads::ResumeQueue>), String> {
     let shared = &state.shared;
     let notifier = m.session.notifier();
     let unmounter = m.session.unmount_callable();
@@ -61,11 +61,14 @@ pub(super) fn start_threads(
         })
         .map_err(|e| e.to_string())?;
     start_watch(fan, shared, &tx, state.ttl)?;
+    threads::start_feedback(shared)?;
+    let live = threads::stage_live(a, shared);
+    let checkpoint = threads::start_checkpoint(a, live.clone())?;
     let (control, resume) = threads::start_control(
         m.control.take(),
         a,
         shared,
-        Instant::now(),
+        (Instant::now(), live),
         state.learn_out.clone(),
     )?
     .map_or((None, None), |(p, q)| (Some(p), Some(q)));
@@ -75,16 +78,14 @@ pub(super) fn start_threads(
         .name("fencefs-signals".into())
         .spawn(move || signal_loop(sigs, s2, unmounter, mnt2))
         .map_err(|e| e.to_string())?;
-    Ok((control, resume))
+    let sockets = control.into_iter().chain(checkpoint).collect();
+    Ok((sockets, resume))
 }
 
 /// What runs after the session ends but needs the host outside SOURCE (mountinfo, the
 /// control socket's file) runs on this thread, started before the main thread confines
 /// itself (and the workers it starts).
-pub(super) fn start_exit_thread(
-    mnt: &Path,
-    control: Option<PathBuf>,
-) -> Result<ExitThread, String> {
+pub(super) fn start_exit_thread(mnt: &Path, sockets: Vec<PathBuf>) -> Result<ExitThread, String> {
     let (ended_tx, ended_rx) = channel::<()>();
     let finisher = std::thread::Builder::new()
         .name("fencefs-exit".into())
@@ -93,7 +94,9 @@ pub(super) fn start_exit_thread(
             let ours = top_mount(&mnt).map(|m| m.dev);
             move || {
                 let _ = ended_rx.recv();
-                threads::remove_control(control.as_deref());
+                for s in &sockets {
+                    threads::remove_control(Some(s));
+                }
                 // fuser's own unmount at the end of the session fails (EINVAL, logged as a
                 // warning by fuser, which main() filters) whenever the mount is already
                 // gone — the normal case after `fusermount3 -u` or SIGTERM. Say what

@@ -49,7 +49,13 @@ pub(super) fn release_signals() {
 /// Runs COMMAND in `cwd` and returns its exit status (127 when it cannot be started).
 /// `lock`: COMMAND enters one more user namespace first (root's COMMAND: see `ns`).
 /// `daemons`: children that are not COMMAND's (see `orphans`).
-pub(super) fn run(cmd: &[OsString], cwd: &Path, lock: bool, daemons: &[Pid]) -> i32 {
+/// `checkpoint`: the checkpoint channel, named to COMMAND in `$FENCEFS_CHECKPOINT`.
+pub(super) fn run(
+    cmd: &[OsString],
+    (cwd, checkpoint): (&Path, Option<&Path>),
+    lock: bool,
+    daemons: &[Pid],
+) -> i32 {
     let sigs = handled();
     super::orphans::become_subreaper();
     if let Err(e) = sigs.thread_block() {
@@ -67,6 +73,10 @@ pub(super) fn run(cmd: &[OsString], cwd: &Path, lock: bool, daemons: &[Pid]) -> 
         c.arg("--lock");
     }
     c.arg("--").args(cmd);
+    // COMMAND inherits it from its init.
+    if let Some(p) = checkpoint {
+        c.env(crate::control::checkpoint::ENV, p);
+    }
     ns::pre_exec_init(&mut c);
     let mut child = match c.spawn() {
         Ok(c) => c,

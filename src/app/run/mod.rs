@@ -16,7 +16,9 @@
 //!    tmpfs there, out of COMMAND's reach;
 //! 8. one line on stderr, then `child::run`: COMMAND, in the caller's cwd (resolved again,
 //!    so it is the fence's), as the caller, in the terminal's foreground job, under an init
-//!    of its own in a new PID namespace (`init`);
+//!    of its own in a new PID namespace (`init`), with `$FENCEFS_CHECKPOINT` naming the
+//!    agent's checkpoint channel when staged (its own directory, not covered: the one thing
+//!    of the run COMMAND may reach);
 //! 9. what COMMAND left running ended (`orphans`), this namespace's copies of the mounts
 //!    detached, the daemons stopped; staged changes offered for review (`finish`).
 //!
@@ -52,7 +54,8 @@ pub(super) fn run(a: RunArgs) -> i32 {
             eprintln!("{}", f.line);
             let lock = f.s.uid == 0;
             let daemons: Vec<_> = f.daemons.iter().map(|d| d.pid).collect();
-            let code = child::run(&a.command, &f.s.cwd, lock, &daemons);
+            let env = f.s.checkpoint.as_deref();
+            let code = child::run(&a.command, (&f.s.cwd, env), lock, &daemons);
             // This process's copies of the mounts go first (a copy would keep a session
             // alive), then the daemons; staging's review below sees the host again.
             for d in f.covered.iter().chain([&f.s.ws]).chain(&f.s.home) {

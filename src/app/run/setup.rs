@@ -59,6 +59,9 @@ pub(super) struct Setup {
     /// a `--stage-dir` itself.
     pub(super) stage_cover: Option<PathBuf>,
     pub(super) control: PathBuf,
+    /// The agent's checkpoint channel (staged runs): in a directory of its own beside the
+    /// run's, which stays in COMMAND's reach (named in $FENCEFS_CHECKPOINT).
+    pub(super) checkpoint: Option<PathBuf>,
     /// The workspace's policy layers, and a few words on them for the "fence up" line.
     pub(super) policy: Vec<PathBuf>,
     pub(super) policy_words: String,
@@ -111,6 +114,13 @@ pub(super) fn setup(a: &RunArgs) -> Result<Setup, String> {
         .control
         .clone()
         .unwrap_or_else(|| runtime.join(format!("control.{}", std::process::id())));
+    let checkpoint = match &stage {
+        Some(_) => {
+            let dir = private_dir(&runtime_base(uid)?.join(format!("{hash}-agent")), uid)?;
+            Some(dir.join(format!("checkpoint.{}", std::process::id())))
+        }
+        None => None,
+    };
     Ok(Setup {
         ws,
         cwd,
@@ -122,6 +132,7 @@ pub(super) fn setup(a: &RunArgs) -> Result<Setup, String> {
         stage_continued,
         stage_cover,
         control,
+        checkpoint,
         policy,
         policy_words,
         home_policy,
@@ -233,6 +244,9 @@ pub(super) fn workspace_mount(a: &RunArgs, s: &Setup) -> Result<MountArgs, Strin
     v.extend(["--control".into(), s.control.clone().into()]);
     if let Some(d) = &s.stage {
         v.extend(["--stage".into(), d.into()]);
+    }
+    if let Some(c) = &s.checkpoint {
+        v.extend(["--checkpoint-socket".into(), c.into()]);
     }
     if let Some(x) = &a.audit {
         v.extend(["--audit".into(), x.into()]);

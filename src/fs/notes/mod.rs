@@ -1,6 +1,9 @@
-//! The agent's own view of the fence: with `agent_notes = true` the mount root shows a
-//! read-only virtual directory `.fencefs/` holding `README`, `policy` and `denials`,
-//! generated for whoever reads them (SPEC "The agent's own view of the fence").
+//! The agent's own view of the fence: with `agent_notes = true` the mount root has a
+//! read-only virtual directory `.fencefs/` holding `README`, `policy`, `denials` and
+//! `feedback` (the reviewer's decisions, staged mounts: `feedback.rs`),
+//! generated for whoever reads them (SPEC "The agent's own view of the fence"). It is
+//! reachable by name but never listed in the root, so nothing that copies or commits the
+//! workspace by walking it (`git add -A`, `tar`, `rsync -a`, `cp -a`) picks it up.
 //!
 //! The directory is a synthetic node range, not a branch in every operation: its nodes
 //! are the ids from [`BASE`] up, and its open files the handles from [`FH_BASE`] up; the
@@ -18,8 +21,9 @@
 //!   reads at any offsets see one consistent text; it is served with direct I/O (the size
 //!   the kernel saw at lookup never truncates it). Attributes are never cached (they are
 //!   the caller's: owner, size).
-//! - While on, a host entry named `.fencefs` at the root is shadowed (not listed, not
-//!   reachable through the mount); off, the names resolve to the host as ever, and the
+//! - While on, `.fencefs` is never in the root's listing (the virtual one is found only by
+//!   name) and a host entry of that name is shadowed (not listed, not reachable through
+//!   the mount); off, the names resolve to the host as ever, and the
 //!   cost is one integer comparison per request plus one name comparison per root lookup.
 //! - Bounded whoever calls: at most [`OPEN_PER_UID`] open notes per uid and
 //!   [`OPEN_TOTAL`] in all (EMFILE / ENFILE past them); the denials store is bounded too
@@ -42,6 +46,7 @@ use crate::policy::{By, Verdict};
 use crate::reload::PolicyStore;
 
 pub mod denials;
+pub mod feedback;
 pub mod render;
 mod serve;
 
@@ -57,11 +62,14 @@ pub const README: u64 = BASE + 1;
 pub const POLICY: u64 = BASE + 2;
 /// `.fencefs/denials`.
 pub const DENIALS: u64 = BASE + 3;
+/// `.fencefs/feedback` (the reviewer's decisions; empty without staging).
+pub const FEEDBACK: u64 = BASE + 4;
 /// The files, in listing order.
-pub const FILES: [(u64, &[u8]); 3] = [
+pub const FILES: [(u64, &[u8]); 4] = [
     (README, b"README"),
     (POLICY, b"policy"),
     (DENIALS, b"denials"),
+    (FEEDBACK, b"feedback"),
 ];
 /// The first handle id of an open note.
 pub const FH_BASE: u64 = 1 << 63;
@@ -92,22 +100,25 @@ pub struct Notes {
     pub denials: Denials,
     /// The mount stages its changes (`--stage`): the notes say so.
     staged: bool,
+    /// The reviewer's decisions (staged mounts).
+    feedback: Option<Arc<feedback::Feedback>>,
     open: Mutex<HashMap<u64, Open>>,
     next: AtomicU64,
 }
 
 impl Default for Notes {
     fn default() -> Notes {
-        Notes::new(false)
+        Notes::new(None)
     }
 }
 
 impl Notes {
-    /// The notes of a mount (`staged`: it runs with `--stage`).
-    pub fn new(staged: bool) -> Notes {
+    /// The notes of a mount (`stage`: its `--stage DIR`).
+    pub fn new(stage: Option<std::path::PathBuf>) -> Notes {
         Notes {
             denials: Denials::default(),
-            staged,
+            staged: stage.is_some(),
+            feedback: stage.map(|d| Arc::new(feedback::Feedback::new(d))),
             open: Mutex::new(HashMap::new()),
             next: AtomicU64::new(FH_BASE),
         }
@@ -121,17 +132,20 @@ impl Notes {
         Ok(())
     }
 
-    /// The root listing while on: the host's `.fencefs` (if any) replaced by the virtual one.
+    /// The root listing while on: the host's `.fencefs` (if any) is shadowed and the
+    /// virtual one is not listed either — it is reachable by name only, so what tools copy
+    /// or commit by walking the workspace (`git add -A`, `tar`, `rsync -a`, `cp -a`)
+    /// never holds it.
     pub fn root_listing(&self, ctx: &Ctx, entries: &mut Vec<ListEntry>) {
         if !ctx.snap.policy.agent_notes() {
             return;
         }
         entries.retain(|e| e.name != NAME);
-        entries.push(ListEntry {
-            ino: BASE,
-            kind: libc::S_IFDIR,
-            name: NAME.to_vec(),
-        });
+    }
+
+    /// The reviewer's decisions of a staged mount (their refresher runs unconfined).
+    pub fn feedback(&self) -> Option<Arc<feedback::Feedback>> {
+        self.feedback.clone()
     }
 
     /// Records a refusal for `.fencefs/denials` (while on): `asked` is the end of a held
@@ -190,6 +204,10 @@ impl Notes {
                 }
                 s
             }
+            FEEDBACK => self
+                .feedback
+                .as_ref()
+                .map_or_else(String::new, |f| f.render(policy, ctx.caller)),
             _ => String::new(),
         };
         text.into_bytes()
@@ -233,7 +251,7 @@ impl Notes {
         }
         let (kind, perm, nlink, size) = match ino {
             BASE => (FileType::Directory, 0o755, 2, 0),
-            README | POLICY | DENIALS => (
+            README | POLICY | DENIALS | FEEDBACK => (
                 FileType::RegularFile,
                 0o644,
                 1,

@@ -89,11 +89,16 @@ pub fn readme(policy: &Policy, staged: bool) -> String {
         "This directory is a file system mount made by fencefs. Every operation on it is\n\
          decided against a policy: per-path access (none, list, read, write) under a\n\
          sandbox mode. This .fencefs/ directory is not on the host; it is read-only and\n\
-         generated for whoever reads it.\n\n\
+         generated for whoever reads it. It is not listed at the mount root (ls -a, git\n\
+         add -A, tar, rsync and cp -a leave it out, so it never lands in a commit or an\n\
+         archive) but is always there by name: cat .fencefs/README, .fencefs/policy,\n\
+         .fencefs/denials at the root of the mount.\n\n\
          Files here:\n\
          \x20 README    this text\n\
          \x20 policy    the policy as your uid and gid see it\n\
-         \x20 denials   your uid's last 100 refusals, newest last\n\n\
+         \x20 denials   your uid's last 100 refusals, newest last\n\
+         \x20 feedback  staged mounts: the reviewer's decisions on your changes since\n\
+         \x20           your last turn began (applied, or discarded with a note), newest last\n\n\
          What an error means on this mount:\n\
          \x20 ENOENT  no such file, or the path is hidden from you (the two look the same)\n\
          \x20 EACCES  a rule does not give you that access (see policy; a rule with ask\n\
