@@ -130,6 +130,7 @@ import json, sys
 level = lambda e: {"effort": e, "description": e}
 model = {
     "slug": "mock-model", "display_name": "mock-model", "description": "scripted",
+    "base_instructions": "You are a coding agent working in the user's workspace.",
     "default_reasoning_level": "low", "supported_reasoning_levels": [level("low")],
     "shell_type": "shell_command", "apply_patch_tool_type": "freeform",
     "visibility": "list", "supported_in_api": True, "priority": 1,
@@ -226,20 +227,26 @@ run_agent() {
   grep -qx "Hello from the demo, edited by $agent." "$ws/README.md" ||
     why+=("README.md not edited by the agent's edit tool")
   grep -qx "status: reviewed" "$ws/notes.txt" || why+=("notes.txt not edited by sed -i")
-  if [ "$(git -C "$ws" log -1 --format=%s 2>/dev/null)" = "agent: edit README.md and notes.txt" ]; then
+  # As root in uid 1000's repository: git wants it named safe.
+  local git=(git -c safe.directory="$ws" -C "$ws")
+  if [ "$("${git[@]}" log -1 --format=%s 2>/dev/null)" = "agent: edit README.md and notes.txt" ]; then
     local files
-    files=$(git -C "$ws" show --name-only --format= HEAD | sort | tr '\n' ' ')
+    files=$("${git[@]}" show --name-only --format= HEAD | sort | tr '\n' ' ')
     [ "$files" = "README.md notes.txt " ] || why+=("the commit holds '$files', not README.md notes.txt")
   else
     why+=("no commit by the agent")
   fi
+  [ -z "$("${git[@]}" status --porcelain 2>&1)" ] ||
+    why+=("the workspace is not clean after the commit: $("${git[@]}" status --porcelain 2>&1 | tr '\n' ' ')")
   grep -qx "TOKEN=$token" "$ws/.env" || why+=(".env changed on the host")
+  if grep -qF " $ws " /proc/self/mountinfo; then why+=("a mount is left at $ws"); fi
   grep -q 'cat: .env: No such file or directory' "$log" ||
     why+=("'cat .env' did not answer ENOENT to the agent")
   if grep -q "$token" "$log"; then why+=("the secret token reached the model"); fi
   local requests turns
   requests=$(wc -l <"$log")
-  turns=$(grep -c '"tools"' "$log" || true)
+  turns=$(python3 -c 'import json, sys
+print(sum(1 for l in open(sys.argv[1]) if (json.loads(json.loads(l)["body"] or "{}") or {}).get("tools")))' "$log")
   local secs
   secs=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.1f", b - a }')
   if [ "${#why[@]}" -eq 0 ]; then

@@ -108,7 +108,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
         if path.endswith("/messages"):
             return self.anthropic(req)
         if path.endswith("/responses"):
-            return self.responses(req)
+            return self.openai_responses(req)
         self.send(404, json.dumps({"error": {"type": "not_found", "message": path}}))
 
     # The script, shared by both protocols.
@@ -199,7 +199,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
 
     # OpenAI Responses.
 
-    def responses(self, req):
+    def openai_responses(self, req):
         tools = {t.get("name"): t for t in req.get("tools") or [] if t.get("name")}
         shell = next((s for s in ("shell_command", "exec_command", "shell") if s in tools), None)
         n = self.server.next_id()
@@ -255,7 +255,6 @@ class Handler(http.server.BaseHTTPRequestHandler):
                     "id": f"msg_mock{n:04d}_{i}",
                     "content": [{"type": "output_text", "text": it}],
                 }
-                events.append(("response.output_text.delta", {"delta": it["content"][0]["text"]}))
             events.append(("response.output_item.done", {"item": it}))
         usage = {
             "input_tokens": 10,
