@@ -16,14 +16,16 @@
 #   - checks: the agent exited 0, both edits are in the workspace, the commit exists and
 #     holds them, `cat .env` answered "No such file or directory", and the secret token
 #     is in no request the model server received.
-# Prints one PASS/FAIL/SKIPPED line per agent and exits 1 if any agent failed.
+# Prints one PASS/FAIL/SKIPPED line per agent (SKIPPED: the agent cannot run here at all,
+# e.g. its npm install or native binary fails, with the reason) and exits 1 if any agent
+# failed or none passed. Each agent's files stay in target/agents-test/AGENT/ for a look:
+# requests.jsonl (every request), transcript (what the model answered, turn by turn),
+# agent.out/agent.err, ws/ and home/.
 # Needs root (for the private /dev/fuse node and setpriv) and the npm registry; slow (a
 # few minutes), so it is not part of scripts/test.sh.
 #
 # Usage: scripts/agents-test.sh [claude] [codex]     (default: both)
 # Env:   AGENTS_TEST_TIMEOUT  seconds per agent run (default 300)
-#        AGENTS_TEST_KEEP=1   keep target/agents-test/ (default: kept anyway; it is
-#                             removed at the start of the next run)
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -61,17 +63,25 @@ if ! getent passwd "$AGENT_UID" >/dev/null; then
 fi
 AGENT_GID=$(getent passwd "$AGENT_UID" | cut -d: -f4)
 
+RESULTS=()
+FAILED=0
+PASSED=0
+declare -A SKIP=()
 declare -A PKG=([claude]=@anthropic-ai/claude-code [codex]=@openai/codex)
-pkgs=()
+mkdir -p "$PREFIX"
 for a in "${AGENTS[@]}"; do
   [ -n "${PKG[$a]:-}" ] || die "unknown agent '$a' (known: ${!PKG[*]})"
-  [ -x "$PREFIX/node_modules/.bin/$a" ] || pkgs+=("${PKG[$a]}")
+  if [ ! -x "$PREFIX/node_modules/.bin/$a" ]; then
+    say "npm install ${PKG[$a]} into $PREFIX"
+    npm install --prefix "$PREFIX" --no-audit --no-fund --loglevel=error "${PKG[$a]}" \
+      >"$PREFIX/install-$a.log" 2>&1 ||
+      SKIP[$a]="npm install ${PKG[$a]} failed: $(tail -1 "$PREFIX/install-$a.log")"
+  fi
+  # The agent's native binary must run here at all (libc, CPU, a platform package).
+  if [ -z "${SKIP[$a]:-}" ] && ! "$PREFIX/node_modules/.bin/$a" --version >"$PREFIX/version-$a" 2>&1; then
+    SKIP[$a]="'$a --version' fails here: $(head -1 "$PREFIX/version-$a")"
+  fi
 done
-if [ "${#pkgs[@]}" -gt 0 ]; then
-  say "npm install ${pkgs[*]} into $PREFIX"
-  mkdir -p "$PREFIX"
-  npm install --prefix "$PREFIX" --no-audit --no-fund --loglevel=error "${pkgs[@]}" >&2
-fi
 
 say "cargo build --release"
 (cd "$ROOT" && cargo build --release --quiet)
@@ -182,9 +192,6 @@ set -- env -i PATH="$NPMBIN:/usr/local/bin:/usr/bin:/bin" HOME="$AHOME" \
   $(cat "$ENVFILE") "$BIN" run --live -- "$@"
 exec setpriv --reuid "$AUID" --regid "$AGID" --init-groups "$@"'
 
-RESULTS=()
-FAILED=0
-
 run_agent() {
   local agent=$1 dir=$OUT/$1
   local ws=$dir/ws home=$dir/home log=$dir/requests.jsonl
@@ -224,6 +231,7 @@ run_agent() {
 
   # The checks.
   [ "$rc" -eq 0 ] || why+=("exit status $rc (see $dir/agent.err)")
+  grep -qF "fencefs: fenced $ws (" "$dir/agent.err" || why+=("no 'fencefs: fenced' line: was it fenced?")
   grep -qx "Hello from the demo, edited by $agent." "$ws/README.md" ||
     why+=("README.md not edited by the agent's edit tool")
   grep -qx "status: reviewed" "$ws/notes.txt" || why+=("notes.txt not edited by sed -i")
@@ -249,8 +257,15 @@ run_agent() {
 print(sum(1 for l in open(sys.argv[1]) if (json.loads(json.loads(l)["body"] or "{}") or {}).get("tools")))' "$log")
   local secs
   secs=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.1f", b - a }')
+  # What the model answered, turn by turn, for the record.
+  python3 -c 'import json, sys
+for l in open(sys.argv[1]):
+    r = json.loads(l)
+    print(r["method"], r["path"], len(r["body"]), "bytes ->", r.get("answer", "-"))' "$log" \
+    >"$dir/transcript"
   if [ "${#why[@]}" -eq 0 ]; then
-    RESULTS+=("PASS $agent ($(${cmd[0]} --version 2>/dev/null | head -1)): $secs s, $requests requests to the model ($turns with tools), edits and commit landed, cat .env ENOENT, token in no request")
+    PASSED=$((PASSED + 1))
+    RESULTS+=("PASS $agent ($(head -1 "$PREFIX/version-$agent")): $secs s, $requests requests to the model ($turns with tools), edits and commit landed, cat .env ENOENT, token in no request")
   else
     RESULTS+=("FAIL $agent: $(IFS=';'; echo "${why[*]}")")
     FAILED=1
@@ -258,7 +273,12 @@ print(sum(1 for l in open(sys.argv[1]) if (json.loads(json.loads(l)["body"] or "
 }
 
 for a in "${AGENTS[@]}"; do
-  run_agent "$a"
+  if [ -n "${SKIP[$a]:-}" ]; then
+    RESULTS+=("SKIPPED $a: ${SKIP[$a]}")
+  else
+    run_agent "$a"
+  fi
 done
 for r in "${RESULTS[@]}"; do echo "$r"; done
-exit "$FAILED"
+# Any failure fails; so does a run where no agent could be tried at all.
+[ "$FAILED" -eq 0 ] && [ "$PASSED" -gt 0 ]

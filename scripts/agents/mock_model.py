@@ -18,9 +18,9 @@ list):
   6. a final text answer.
 A request without tools (titles, summaries, quota probes) gets a short text answer.
 
-Logs every request, one JSON object a line, to --log: {"method", "path", "body"} with the
-body exactly as received, so the test can check that a hidden file's contents never
-reached the model. Writes the port it listens on to --port-file once it is serving.
+Logs every request, one JSON object a line, to --log: {"method", "path", "body",
+"answer"}, the body exactly as received (so the test can check that a hidden file's
+contents never reached the model) and one line saying what it answered. Writes the port it listens on to --port-file once it is serving.
 
 Standard library only.
 """
@@ -54,6 +54,17 @@ def step_actions(agent):
         ("text", FINAL),
     ]
     return steps
+
+
+def describe(answer):
+    """One short line for the log: `text: ...` or `TOOL: its main argument`."""
+    if isinstance(answer, str):
+        return "text: " + answer[:60]
+    name, args = answer
+    if isinstance(args, str):  # a freeform apply_patch
+        return f"{name}: " + " ".join(ln for ln in args.splitlines() if ln.startswith("*** U"))
+    arg = args.get("command") or args.get("cmd") or args.get("file_path") or args
+    return f"{name}: {arg if isinstance(arg, str) else json.dumps(arg)}"
 
 
 class Server(http.server.ThreadingHTTPServer):
@@ -97,13 +108,22 @@ class Handler(http.server.BaseHTTPRequestHandler):
     def do_POST(self):
         raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
         text = raw.decode("utf-8", "replace")
-        self.server.log({"method": "POST", "path": self.path, "body": text})
+        self.answer = "-"
+        try:
+            self.route(text)
+        finally:
+            self.server.log(
+                {"method": "POST", "path": self.path, "body": text, "answer": self.answer}
+            )
+
+    def route(self, text):
         path = urllib.parse.urlsplit(self.path).path
         try:
             req = json.loads(text or "{}")
         except ValueError:
             return self.send(400, '{"error":"bad json"}')
         if path.endswith("/messages/count_tokens"):
+            self.answer = "count_tokens"
             return self.send(200, json.dumps({"input_tokens": max(1, len(text) // 4)}))
         if path.endswith("/messages"):
             return self.anthropic(req)
@@ -163,6 +183,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 content.append(
                     {"type": "tool_use", "id": f"toolu_mock{n:04d}", "name": b[0], "input": b[1]}
                 )
+        self.answer = describe(blocks[-1])
         stop = "tool_use" if content[-1]["type"] == "tool_use" else "end_turn"
         usage = {"input_tokens": 10, "output_tokens": 10}
         message = {
@@ -246,6 +267,11 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 items.append(arg)
         else:
             items.append("OK")
+        last = items[-1]
+        self.answer = describe(
+            last if isinstance(last, str)
+            else (last["name"], last.get("input") or json.loads(last["arguments"]))
+        )
         events = [("response.created", {"response": {"id": f"resp_mock{n:04d}"}})]
         for i, it in enumerate(items):
             if isinstance(it, str):
