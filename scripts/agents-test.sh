@@ -24,7 +24,10 @@
 # Needs root (for the private /dev/fuse node and setpriv) and the npm registry; slow (a
 # few minutes), so it is not part of scripts/test.sh.
 #
-# Usage: scripts/agents-test.sh [claude] [codex]     (default: both)
+# Usage: scripts/agents-test.sh [--unfenced] [claude] [codex]     (default: both)
+#   --unfenced  the control: the same runs without `fencefs run`; every agent must FAIL
+#               (the token reaches the model, `cat .env` reads it, no 'fenced' line),
+#               which shows the checks can fail.
 # Env:   AGENTS_TEST_TIMEOUT  seconds per agent run (default 300)
 set -euo pipefail
 
@@ -37,6 +40,8 @@ AGENT_UID=1000
 TIMEOUT=${AGENTS_TEST_TIMEOUT:-300}
 PROMPT="Tidy up this demo project: edit README.md and notes.txt, then commit."
 
+UNFENCED=
+if [ "${1:-}" = --unfenced ]; then UNFENCED=1; shift; fi
 if [ "$#" -gt 0 ]; then AGENTS=("$@"); else AGENTS=(claude codex); fi
 
 say() { printf 'agents-test: %s\n' "$*" >&2; }
@@ -187,9 +192,10 @@ mount -t tmpfs -o size=64k,mode=0755 agents-test-dev "$DEV"
 mknod -m 0666 "$DEV/fuse" c 10 229
 mount --bind "$DEV/fuse" /dev/fuse
 cd "$WS"
+[ -n "$UNFENCED" ] || set -- "$BIN" run --live -- "$@"
 set -- env -i PATH="$NPMBIN:/usr/local/bin:/usr/bin:/bin" HOME="$AHOME" \
   XDG_RUNTIME_DIR="$RUNDIR" LANG=C.UTF-8 USER="$AUSER" LOGNAME="$AUSER" SHELL=/bin/bash \
-  $(cat "$ENVFILE") "$BIN" run --live -- "$@"
+  $(cat "$ENVFILE") "$@"
 exec setpriv --reuid "$AUID" --regid "$AGID" --init-groups "$@"'
 
 run_agent() {
@@ -218,12 +224,12 @@ run_agent() {
 
   local cmd=()
   mapfile -d '' cmd < <(command_of "$agent")
-  say "$agent: running under fencefs run --live (log: $dir/)"
+  say "$agent: running ${UNFENCED:+UNFENCED, not }under fencefs run --live (files: $dir/)"
   local t0 t1
   t0=$(date +%s.%N)
   DEV=$dir/dev WS=$ws NPMBIN=$PREFIX/node_modules/.bin AHOME=$home RUNDIR=$dir/run \
     AUSER=$(getent passwd "$AGENT_UID" | cut -d: -f1) ENVFILE=$dir/env BIN=$BIN \
-    AUID=$AGENT_UID AGID=$AGENT_GID \
+    AUID=$AGENT_UID AGID=$AGENT_GID UNFENCED=$UNFENCED \
     timeout -k 5 "$TIMEOUT" unshare -m --propagation private sh -c "$AS_AGENT" as-agent \
     "${cmd[@]}" </dev/null >"$dir/agent.out" 2>"$dir/agent.err" || rc=$?
   t1=$(date +%s.%N)
@@ -267,7 +273,9 @@ for l in open(sys.argv[1]):
     PASSED=$((PASSED + 1))
     RESULTS+=("PASS $agent ($(head -1 "$PREFIX/version-$agent")): $secs s, $requests requests to the model ($turns with tools), edits and commit landed, cat .env ENOENT, token in no request")
   else
-    RESULTS+=("FAIL $agent: $(IFS=';'; echo "${why[*]}")")
+    local list
+    list=$(printf '%s; ' "${why[@]}")
+    RESULTS+=("FAIL $agent: $secs s, $requests requests to the model: ${list%; }")
     FAILED=1
   fi
 }
