@@ -205,6 +205,7 @@ run_agent() {
   mkdir -p "$dir" "$home" "$dir/run" "$dir/dev"
   token="fencefs-secret-$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')"
   make_workspace "$ws" "$token"
+  : >"$log"
 
   python3 "$MOCK" --log "$log" --port-file "$dir/port" --workspace "$ws" \
     >"$dir/mock.out" 2>&1 &
