@@ -196,7 +196,18 @@ cd "$WS"
 set -- env -i PATH="$NPMBIN:/usr/local/bin:/usr/bin:/bin" HOME="$AHOME" \
   XDG_RUNTIME_DIR="$RUNDIR" LANG=C.UTF-8 USER="$AUSER" LOGNAME="$AUSER" SHELL=/bin/bash \
   $(cat "$ENVFILE") "$@"
-exec setpriv --reuid "$AUID" --regid "$AGID" --init-groups "$@"'
+exec setpriv --reuid "$AUID" --regid "$AGID" --clear-groups "$@"'
+
+# left_behind: the pids of any process still running this fencefs binary or an agent
+# binary from PREFIX (the run's namespaces must have taken them all down).
+left_behind() {
+  local p exe out=()
+  for p in /proc/[0-9]*; do
+    exe=$(readlink "$p/exe" 2>/dev/null) || continue
+    case $exe in "$BIN" | "$PREFIX"/*) out+=("${p#/proc/} ($exe)") ;; esac
+  done
+  echo "${out[*]}"
+}
 
 run_agent() {
   local agent=$1 dir=$OUT/$1
@@ -255,6 +266,9 @@ run_agent() {
     why+=("the workspace is not clean after the commit: $("${git[@]}" status --porcelain 2>&1 | tr '\n' ' ')")
   grep -qx "TOKEN=$token" "$ws/.env" || why+=(".env changed on the host")
   if grep -qF " $ws " /proc/self/mountinfo; then why+=("a mount is left at $ws"); fi
+  local left
+  left=$(left_behind)
+  [ -z "$left" ] || why+=("processes left running: $left")
   grep -q 'cat: .env: No such file or directory' "$log" ||
     why+=("'cat .env' did not answer ENOENT to the agent")
   if grep -q "$token" "$log"; then why+=("the secret token reached the model"); fi
