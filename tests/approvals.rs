@@ -785,7 +785,9 @@ const NOTIFY_PY: &str = "import sys, os, time\n\
 d = sys.argv[1]\n\
 mode = open(os.path.join(d, 'mode')).read().strip()\n\
 data = sys.stdin.buffer.read()\n\
-open(os.path.join(d, 'ev-%d' % os.getpid()), 'wb').write(data)\n\
+t = os.path.join(d, 'tmp-%d' % os.getpid())\n\
+open(t, 'wb').write(data)\n\
+os.rename(t, os.path.join(d, 'ev-%d' % os.getpid()))\n\
 if mode == 'sleep': time.sleep(60)\n\
 if mode == 'fail':\n    sys.stderr.write('boom\\x1b[31m\\n'); sys.exit(3)\n";
 
