@@ -14,7 +14,10 @@
 //!   its directory's window ends sooner, see [`dirs`]); then its caller is refused and its
 //!   question stays open until answered or timed out, and an allow given then lets that
 //!   uid's retry through ([`dirs::RETRY_GRANT`]). While it is open, the same uid's further
-//!   askable changes in those directories are refused at once (`dir-pending`), unasked.
+//!   askable changes in those directories are refused at once (`dir-pending`), unasked,
+//!   and so is any askable request of that uid on no other paths than that question's
+//!   (`pending`): an agent's fallback (an in-place write after a failed atomic save) is
+//!   not a second question; the answer to the first one decides what lands.
 //! - Remembered answers are per uid and per path (and everything below a path), and are
 //!   all forgotten on reload: they never widen access for another uid, never outlive the
 //!   policy they were given under.
@@ -30,6 +33,7 @@ pub const MAX_HELD: usize = 1024;
 
 pub mod answers;
 pub mod dirs;
+pub mod saves;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -233,6 +237,14 @@ impl Inner {
             .ok_or(())
     }
 
+    /// Whether `uid` has a question open, whose caller was already refused, on every one
+    /// of `paths`.
+    fn asked(&self, uid: u32, paths: &[Vec<u8>]) -> bool {
+        self.held.values().any(|e| {
+            e.req.uid == uid && e.resume.is_none() && paths.iter().all(|p| e.req.paths.contains(p))
+        })
+    }
+
     /// Whether `uid` has a directory change's question open in one of `dirs`.
     fn pending(&self, uid: u32, dirs: &[Vec<u8>]) -> bool {
         self.held
@@ -254,7 +266,14 @@ pub struct Approvals {
     events: Mutex<Option<EventSink>>,
     resume: Mutex<Option<Sender<(Resume, Outcome)>>>,
     answers: Option<answers::Answers>,
+    /// Periodic work of the file-system side ([`Sweep`]), run from [`Approvals::expire`].
+    sweep: Mutex<Option<Sweep>>,
 }
+
+/// The file-system side's periodic work (removing expired provisional files of atomic
+/// saves, [`saves`]): given the time, what to run on the resume thread and its next
+/// deadline.
+pub type Sweep = Box<dyn Fn(Instant) -> (Vec<Resume>, Option<Instant>) + Send>;
 
 /// Whether `path` is `base` or lies below it.
 fn covers(base: &[u8], path: &[u8]) -> bool {
@@ -280,6 +299,7 @@ impl Approvals {
             events: Mutex::new(None),
             resume: Mutex::new(None),
             answers: None,
+            sweep: Mutex::new(None),
         }
     }
 
@@ -304,6 +324,12 @@ impl Approvals {
     pub fn connect(&self, resume: Sender<(Resume, Outcome)>, events: EventSink) {
         *self.resume.lock() = Some(resume);
         *self.events.lock() = Some(events);
+    }
+
+    /// Runs `f` whenever held requests are expired (and at its own deadlines): its
+    /// continuations run on the resume thread, refused (`Outcome::deny("sweep")`).
+    pub fn set_sweep(&self, f: Sweep) {
+        *self.sweep.lock() = Some(f);
     }
 
     /// The control server counts its subscribed approvers here.
@@ -355,6 +381,9 @@ impl Approvals {
             let mut g = self.inner.lock();
             if req.retry && g.pending(req.uid, &dirs) {
                 return Hold::Refused(resume, "dir-pending");
+            }
+            if g.asked(req.uid, &req.paths) {
+                return Hold::Refused(resume, "pending");
             }
             let victim = match g.room(req.uid, self.cap) {
                 Ok(v) => v,
@@ -544,12 +573,20 @@ impl Approvals {
             self.run(r, Outcome::deny("dir-hold"));
         }
         self.finish(due);
+        let (swept, sweep_next) = match &*self.sweep.lock() {
+            Some(f) => f(now),
+            None => (Vec::new(), None),
+        };
+        for r in swept {
+            self.run(r, Outcome::deny("sweep"));
+        }
         self.inner
             .lock()
             .held
             .values()
             .flat_map(|e| [Some(e.expires), e.release])
             .flatten()
+            .chain(sweep_next)
             .min()
     }
 

@@ -55,7 +55,9 @@ mod dirs;
 mod grants;
 
 pub use grants::WriteKind;
+pub use saves::{Saves, sweeper};
 mod names;
+mod saves;
 mod staged;
 mod xattr;
 
@@ -120,6 +122,8 @@ pub struct Shared {
     pub programs: Programs,
     /// The virtual `.fencefs/` directory (`agent_notes = true`): open notes, denials.
     pub notes: super::notes::Notes,
+    /// Atomic saves' provisional temporary files (`saves.rs`).
+    pub saves: Saves,
 }
 
 /// Decision counters.
