@@ -69,7 +69,10 @@ fn py(m: &Mount, code: &str) -> Child {
 fn output(c: Child) -> String {
     let o = c.wait_with_output().unwrap();
     let err = String::from_utf8_lossy(&o.stderr);
-    assert!(!err.contains("Traceback"), "{err}");
+    assert!(
+        !err.contains("Traceback") && !err.contains("Error"),
+        "{err}"
+    );
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
@@ -340,5 +343,28 @@ fn a_flood_of_temporary_files_is_bounded() {
         .filter(|n| n.starts_with("a.md.tmp."))
         .count();
     assert_eq!(temps, 16, "the host holds at most 16 of them");
+    // And each at most 64 MiB: a write, truncate or fallocate past it is EFBIG.
+    let o = output(py(
+        &m,
+        "import os, errno\n\
+         def t(f):\n\
+         \x20   try: f(); return 'ok'\n\
+         \x20   except OSError as e: return errno.errorcode[e.errno]\n\
+         fd = os.open('docs/a.md.tmp.0', os.O_WRONLY)\n\
+         big = 64 << 20\n\
+         print(t(lambda: os.pwrite(fd, b'x', 0)), t(lambda: os.pwrite(fd, b'x', big)),\n\
+         \x20     t(lambda: os.ftruncate(fd, big + 1)),\n\
+         \x20     t(lambda: os.truncate('docs/a.md.tmp.1', big + 1)),\n\
+         \x20     t(lambda: os.posix_fallocate(fd, big, 4096)), t(lambda: os.ftruncate(fd, big)))\n",
+    ));
+    assert_eq!(o, "ok EFBIG EFBIG EFBIG EFBIG ok\n");
+    let sizes: Vec<u64> = (0..2)
+        .map(|i| {
+            std::fs::metadata(m.host(format!("docs/a.md.tmp.{i}")))
+                .unwrap()
+                .len()
+        })
+        .collect();
+    assert_eq!(sizes, [64 << 20, 0]);
     assert_eq!(std::fs::read(m.host("docs/a.md")).unwrap(), OLD);
 }

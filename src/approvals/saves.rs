@@ -222,6 +222,11 @@ impl<T> Temps<T> {
             .collect()
     }
 
+    /// Whether the data of some provisional file satisfies `f`.
+    pub fn any(&self, f: impl Fn(&T) -> bool) -> bool {
+        self.by.values().any(|t| t.data.as_ref().is_some_and(&f))
+    }
+
     /// The next expiry, if any file is provisional.
     pub fn next(&self) -> Option<Instant> {
         self.by.values().map(|t| t.until).min()

@@ -171,7 +171,8 @@ impl Core {
     pub(super) fn register(&self, o: Opened) -> (u64, Option<u32>) {
         let ino = o.ino;
         // An append-only handle's writes must reach the daemon (grants.rs).
-        let id = if o.append_only {
+        // So must a provisional file's (its size is capped, `fs/ops/saves.rs`).
+        let id = if o.append_only || self.shared.saves.capped(o.ino) {
             None
         } else {
             self.backing_for(ino, &o.file, o.writer)

@@ -259,7 +259,7 @@ impl Shared {
         };
         let made = self.make_file(ctx, parent, name, &path, (mode, flags), v);
         if provisional.is_some() {
-            let file = made.as_ref().ok().map(|(_, o)| &o.file);
+            let file = made.as_ref().ok().map(|(_, o)| (o.ino, &o.file));
             self.provisional_made(ctx, parent, &path, file);
         }
         made

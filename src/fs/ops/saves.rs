@@ -25,12 +25,13 @@ use std::fs::File;
 use std::io::Write;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::FileExt;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-use parking_lot::Mutex;
+use parking_lot::{Mutex, MutexGuard};
 
-use super::{Ctx, Res, Shared};
+use super::{Ctx, Error, Res, Shared};
 use crate::approvals::saves::{self, Target, Temps};
 use crate::approvals::{Outcome, Resume};
 use crate::fs::kcache::Inval;
@@ -40,6 +41,8 @@ use crate::policy::{Need, Special, Verdict};
 
 /// What the daemon keeps of one provisional file.
 pub struct Kept {
+    /// Its node (as the kernel knows it).
+    fuse_ino: u64,
     /// Its directory's node and its name there.
     parent: u64,
     name: Vec<u8>,
@@ -52,8 +55,47 @@ pub struct Kept {
     file: OwnedFd,
 }
 
-/// The provisional files of this mount.
-pub type Saves = Mutex<Temps<Kept>>;
+/// The provisional files of this mount, and how many there are (read without the lock
+/// on every write: zero, the common case, costs one atomic load).
+#[derive(Default)]
+pub struct Saves {
+    table: Mutex<Temps<Kept>>,
+    live: AtomicUsize,
+}
+
+/// The table, locked; its count is refreshed when the guard goes.
+pub struct Table<'a>(MutexGuard<'a, Temps<Kept>>, &'a AtomicUsize);
+
+impl Drop for Table<'_> {
+    fn drop(&mut self) {
+        self.1.store(self.0.len(), Ordering::Relaxed);
+    }
+}
+
+impl std::ops::Deref for Table<'_> {
+    type Target = Temps<Kept>;
+    fn deref(&self) -> &Temps<Kept> {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Table<'_> {
+    fn deref_mut(&mut self) -> &mut Temps<Kept> {
+        &mut self.0
+    }
+}
+
+impl Saves {
+    fn lock(&self) -> Table<'_> {
+        Table(self.table.lock(), &self.live)
+    }
+
+    /// Whether node `ino` is a provisional file: its size is capped
+    /// ([`MAX_TEMP_BYTES`](saves::MAX_TEMP_BYTES)) and it is never a passthrough file.
+    pub fn capped(&self, ino: u64) -> bool {
+        self.live.load(Ordering::Relaxed) != 0 && self.lock().any(|k| k.fuse_ino == ino)
+    }
+}
 
 /// How often the table is swept of expired files at the latest.
 const SWEEP_EVERY: Duration = Duration::from_secs(5);
@@ -155,12 +197,13 @@ impl Shared {
         ctx: &Ctx,
         parent: u64,
         path: &[u8],
-        file: Option<&OwnedFd>,
+        file: Option<(u64, &OwnedFd)>,
     ) {
         let uid = ctx.caller.uid;
-        let kept = file.and_then(|f| {
+        let kept = file.and_then(|(fuse_ino, f)| {
             let st = sys::fstat(f.as_fd()).ok()?;
             Some(Kept {
+                fuse_ino,
                 parent,
                 name: split(path).1.to_vec(),
                 dev: st.st_dev,
@@ -175,6 +218,14 @@ impl Shared {
             Some(k) => t.fill(uid, path, k),
             None => drop(t.take(uid, path)),
         }
+    }
+
+    /// EFBIG when node `ino` is a provisional file and `end` lies past its cap.
+    pub(super) fn cap(&self, ino: u64, end: u64) -> Res<()> {
+        if end > saves::MAX_TEMP_BYTES && self.saves.capped(ino) {
+            return Err(Error(libc::EFBIG));
+        }
+        Ok(())
     }
 
     /// Whether the caller's refusals on `path` are lifted: its live provisional file.
@@ -222,13 +273,13 @@ impl Shared {
         let Some(kept) = self.saves.lock().take(uid, temp).and_then(|t| t.data) else {
             return;
         };
-        if o.allow {
-            if let Err(e) = self.land(&kept, target) {
-                log::warn!(
-                    "an allowed save of {} could not land: {e:?}",
-                    String::from_utf8_lossy(target)
-                );
-            }
+        if o.allow
+            && let Err(e) = self.land(&kept, target)
+        {
+            log::warn!(
+                "an allowed save of {} could not land: {e:?}",
+                String::from_utf8_lossy(target)
+            );
         }
         self.discard(kept, temp);
     }
