@@ -263,7 +263,7 @@ mod tests {
         assert_eq!(named("a.md.tmp.4242.1733450000000"), ["a.md"]);
         assert_eq!(named("a.md.tmp.x7Gq-z_k"), ["a.md"]);
         assert_eq!(named("a.md.tmp-123"), ["a.md"]);
-        assert_eq!(named("a.md.tmp"), ["a.md"]);
+        assert_eq!(named("a.md.tmp")[0], "a.md", "the likeliest first");
         assert!(named("a.md.3f2a.tmp").contains(&"a.md".to_string()));
         assert_eq!(named("a.md~"), ["a.md"]);
         assert!(named(".a.md.swp").contains(&"a.md".to_string()));
