@@ -368,3 +368,32 @@ fn a_flood_of_temporary_files_is_bounded() {
     assert_eq!(sizes, [64 << 20, 0]);
     assert_eq!(std::fs::read(m.host("docs/a.md")).unwrap(), OLD);
 }
+
+#[test]
+fn a_temporary_file_never_renamed_is_removed_after_a_minute() {
+    let (m, sock) = mount("save-stray", &["--ask-timeout", "60"]);
+    let _ap = Peer::subscribe(&sock);
+    let o = output(py(
+        &m,
+        "import os\n\
+         fd = os.open('docs/a.md.tmp.77', os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)\n\
+         os.write(fd, b'abandoned\\n')\n\
+         os.close(fd)\n\
+         print('made')\n",
+    ));
+    assert_eq!(o, "made\n");
+    assert_eq!(host_docs(&m), ["a.md", "a.md.tmp.77", "b.md"]);
+    let t = Instant::now();
+    // TEMP_TTL (60 s), swept at least every 5 s.
+    assert!(
+        eventually(Duration::from_secs(90), || host_docs(&m)
+            == ["a.md", "b.md"]),
+        "{:?}",
+        host_docs(&m)
+    );
+    let took = t.elapsed();
+    assert!(took >= Duration::from_secs(55), "removed after {took:?}");
+    assert_eq!(std::fs::read(m.host("docs/a.md")).unwrap(), OLD);
+    // And the mount agrees.
+    assert!(!m.mnt("docs/a.md.tmp.77").exists());
+}

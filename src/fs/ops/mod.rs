@@ -15,7 +15,9 @@
 //!   registering an opened file as a handle;
 //! - `dirs`: opendir and the filtered listing behind readdir / readdirplus;
 //! - `attrs`: getattr, setattr, access, statfs;
-//! - `xattr`: getxattr, listxattr, setxattr, removexattr.
+//! - `xattr`: getxattr, listxattr, setxattr, removexattr;
+//! - `saves`: an atomic save's provisional temporary file (made, lifted, capped, landed or
+//!   removed), which `names`, `data`, `attrs` and the decision consult.
 //!
 //! Invariants for all of them: an operation on a name or node is decided (and audited)
 //! against `ctx.snap`, the one snapshot of the request, before anything on the host is

@@ -152,7 +152,7 @@ impl Shared {
                     .and_then(|n| sys::fstatat_nofollow(pfd.as_fd(), &n))
                     .is_ok_and(|st| st.st_mode & libc::S_IFMT == libc::S_IFREG);
                 let p = join(dir, n);
-                answered |= regular && self.approvals.remembered(ctx.caller.uid, &p);
+                answered |= regular && self.answered(ctx, &p);
                 regular
                     && match policy.check_for(&p, ctx.caller, Need::Write, sp, false) {
                         Ok(_) => true,
@@ -188,6 +188,18 @@ impl Shared {
             crate::fs::decide::Line::Outcome(o),
         );
         Some(d.verdict)
+    }
+
+    /// Whether a write of `path` by the caller is already answered yes: remembered, or
+    /// allowed in the `--answers` file.
+    fn answered(&self, ctx: &Ctx, path: &[u8]) -> bool {
+        let uid = ctx.caller.uid;
+        self.approvals.remembered(uid, path)
+            || self
+                .approvals
+                .answers()
+                .and_then(|f| f.lookup(uid, [(path, true)]))
+                == Some(true)
     }
 
     /// The provisional file `path` was made (`file`: its open host file) or, `None`, its
