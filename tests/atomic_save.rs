@@ -269,34 +269,34 @@ fn a_save_denied_after_the_dir_hold_leaves_the_host_untouched() {
 fn sed_and_python_tempfile_saves_are_one_question() {
     let (m, sock) = mount("save-programs", &["--ask-timeout", "60"]);
     let mut ap = Peer::subscribe(&sock);
-    let scripts = [
-        (
-            "sed",
-            Command::new("setpriv")
-                .args(["--reuid=1000", "--regid=1000", "--clear-groups"])
-                .args(["sed", "-i", "s/old/sed/", "docs/a.md"])
-                .current_dir(m.mnt("."))
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .unwrap(),
-            &b"sed text\n"[..],
-        ),
-        (
-            "python",
-            py(
-                &m,
-                "import os, tempfile\n\
-                 with tempfile.NamedTemporaryFile(dir='docs', delete=False) as f:\n\
-                 \x20   f.write(b'python text\\n')\n\
-                 os.chmod(f.name, 0o640)\n\
-                 os.replace(f.name, 'docs/a.md')\n\
-                 print('ok')\n",
-            ),
-            &b"python text\n"[..],
-        ),
+    let sed = || {
+        Command::new("setpriv")
+            .args(["--reuid=1000", "--regid=1000", "--clear-groups"])
+            .args(["sed", "-i", "s/old/sed/", "docs/a.md"])
+            .current_dir(m.mnt("."))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let python = || {
+        py(
+            &m,
+            "import os, tempfile\n\
+             with tempfile.NamedTemporaryFile(dir='docs', delete=False) as f:\n\
+             \x20   f.write(b'python text\\n')\n\
+             os.chmod(f.name, 0o640)\n\
+             os.replace(f.name, 'docs/a.md')\n\
+             print('ok')\n",
+        )
+    };
+    // One after the other: each program is started once the previous one is done.
+    let scripts: [(&str, &dyn Fn() -> Child, &[u8]); 2] = [
+        ("sed", &sed, b"sed text\n"),
+        ("python", &python, b"python text\n"),
     ];
-    for (what, child, want) in scripts {
+    for (what, start, want) in scripts {
+        let child = start();
         let ev = ap.next(Some("ask"));
         assert_eq!(
             (&ev["op"], &ev["paths"]),
