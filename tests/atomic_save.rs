@@ -265,6 +265,9 @@ fn a_save_denied_after_the_dir_hold_leaves_the_host_untouched() {
     }
 }
 
+/// Starts a program in the mount.
+type Start<'a> = dyn Fn() -> Child + 'a;
+
 #[test]
 fn sed_and_python_tempfile_saves_are_one_question() {
     let (m, sock) = mount("save-programs", &["--ask-timeout", "60"]);
@@ -291,7 +294,7 @@ fn sed_and_python_tempfile_saves_are_one_question() {
         )
     };
     // One after the other: each program is started once the previous one is done.
-    let scripts: [(&str, &dyn Fn() -> Child, &[u8]); 2] = [
+    let scripts: [(&str, &Start, &[u8]); 2] = [
         ("sed", &sed, b"sed text\n"),
         ("python", &python, b"python text\n"),
     ];
