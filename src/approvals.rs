@@ -14,7 +14,10 @@
 //!   its directory's window ends sooner, see [`dirs`]); then its caller is refused and its
 //!   question stays open until answered or timed out, and an allow given then lets that
 //!   uid's retry through ([`dirs::RETRY_GRANT`]). While it is open, the same uid's further
-//!   askable changes in those directories are refused at once (`dir-pending`), unasked.
+//!   askable changes in those directories are refused at once (`dir-pending`), unasked,
+//!   and so is any askable request of that uid on no other paths than that question's
+//!   (`pending`): an agent's fallback (an in-place write after a failed atomic save) is
+//!   not a second question; the answer to the first one decides what lands.
 //! - Remembered answers are per uid and per path (and everything below a path), and are
 //!   all forgotten on reload: they never widen access for another uid, never outlive the
 //!   policy they were given under.
@@ -30,6 +33,10 @@ pub const MAX_HELD: usize = 1024;
 
 pub mod answers;
 pub mod dirs;
+pub mod saves;
+mod types;
+
+pub use types::{Event, EventSink, Held, Hold, Outcome, Redecide, Remember, Request, Resume};
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -39,125 +46,6 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 
 use dirs::{Admit, Grants, Windows};
-
-/// How a held request ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Outcome {
-    /// Proceed as if the grant were the rule's `ask`.
-    pub allow: bool,
-    /// `approver`, `timeout`, `no-approver`, `held-limit`, `dir-hold` (a directory
-    /// change's hold ran out), `dir-pending`, `reload`, `killed`, `shutdown`.
-    pub by: &'static str,
-    /// The uid of the approver who answered.
-    pub approver: Option<u32>,
-}
-
-impl Outcome {
-    /// A refusal, `by` this reason.
-    pub fn deny(by: &'static str) -> Outcome {
-        Outcome {
-            allow: false,
-            by,
-            approver: None,
-        }
-    }
-}
-
-/// How long an approver's allow holds (the `decide` command's `remember`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Remember {
-    /// This request only.
-    #[default]
-    Once,
-    /// This uid, these paths (and below) until the next reload.
-    Path,
-    /// Written to `--answers FILE`: this uid, these paths, for good.
-    Always,
-}
-
-/// Where events for the control socket go.
-pub type EventSink = Box<dyn Fn(Event) + Send>;
-
-/// The continuation of a held request: re-runs it (allowed) or refuses it, and replies.
-pub type Resume = Box<dyn FnOnce(Outcome) + Send>;
-
-/// What a held request asks for (shown to approvers, kept for reload re-decisions).
-#[derive(Debug, Clone)]
-pub struct Request {
-    /// The operation (`write`-style FUSE op name: `open`, `mkdir`, `rename`, …).
-    pub op: &'static str,
-    /// Workspace paths it needs more access on (two for rename/link).
-    pub paths: Vec<Vec<u8>>,
-    /// The access level it needs.
-    pub need: &'static str,
-    /// Caller.
-    pub uid: u32,
-    /// Caller's gid.
-    pub gid: u32,
-    /// Caller's pid (in the daemon's pid namespace).
-    pub pid: u32,
-    /// The deciding rule's pattern and line.
-    pub rule: Option<(String, usize)>,
-    /// Policy generation it was decided under.
-    pub generation: u64,
-    /// `(is_dir, need)` of each path, to re-decide it after a reload.
-    pub checks: Vec<(bool, crate::policy::Need)>,
-    /// A directory change (create, mkdir, mknod, symlink, link, unlink, rmdir, rename):
-    /// held at most `--ask-dir-hold`, then refused with the question left open for the
-    /// caller's retry (the ask event's `"retry":true`).
-    pub retry: bool,
-}
-
-/// A held request as approvers see it.
-#[derive(Debug, Clone)]
-pub struct Held {
-    /// Its id (answers name it).
-    pub id: u64,
-    /// What it asks.
-    pub req: Request,
-    /// Time left before it times out.
-    pub expires_in: Duration,
-}
-
-/// An event for the control socket's subscribers.
-#[derive(Debug, Clone)]
-pub enum Event {
-    /// A request is held.
-    Ask(Held),
-    /// A held request ended.
-    Done {
-        /// Its id.
-        id: u64,
-        /// allow or deny.
-        allow: bool,
-        /// Who ended it.
-        by: &'static str,
-    },
-}
-
-/// What a reload decides for a held request under the new policy.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Redecide {
-    /// Allowed outright now.
-    Allow,
-    /// Refused outright now.
-    Refuse,
-    /// Still needs an approver.
-    Keep,
-}
-
-/// What [`Approvals::hold`] did with a request.
-pub enum Hold {
-    /// Held under this id: its continuation runs when it ends.
-    Held(u64),
-    /// A directory change whose question is posted under this id, but which is not held
-    /// (`--ask-dir-hold 0`, or its directory rests): refuse it now (`dir-hold`) with the
-    /// continuation given back.
-    Posted(u64, Resume),
-    /// Not held, nothing asked: refuse it now, `by` this reason (`no-approver`,
-    /// `held-limit`, `dir-pending`).
-    Refused(Resume, &'static str),
-}
 
 struct Entry {
     req: Request,
@@ -233,6 +121,14 @@ impl Inner {
             .ok_or(())
     }
 
+    /// Whether `uid` has a question open, whose caller was already refused, on every one
+    /// of `paths`.
+    fn asked(&self, uid: u32, paths: &[Vec<u8>]) -> bool {
+        self.held.values().any(|e| {
+            e.req.uid == uid && e.resume.is_none() && paths.iter().all(|p| e.req.paths.contains(p))
+        })
+    }
+
     /// Whether `uid` has a directory change's question open in one of `dirs`.
     fn pending(&self, uid: u32, dirs: &[Vec<u8>]) -> bool {
         self.held
@@ -254,7 +150,14 @@ pub struct Approvals {
     events: Mutex<Option<EventSink>>,
     resume: Mutex<Option<Sender<(Resume, Outcome)>>>,
     answers: Option<answers::Answers>,
+    /// Periodic work of the file-system side ([`Sweep`]), run from [`Approvals::expire`].
+    sweep: Mutex<Option<Sweep>>,
 }
+
+/// The file-system side's periodic work (removing expired provisional files of atomic
+/// saves, [`saves`]): given the time, what to run on the resume thread and its next
+/// deadline.
+pub type Sweep = Box<dyn Fn(Instant) -> (Vec<Resume>, Option<Instant>) + Send>;
 
 /// Whether `path` is `base` or lies below it.
 fn covers(base: &[u8], path: &[u8]) -> bool {
@@ -280,6 +183,7 @@ impl Approvals {
             events: Mutex::new(None),
             resume: Mutex::new(None),
             answers: None,
+            sweep: Mutex::new(None),
         }
     }
 
@@ -304,6 +208,12 @@ impl Approvals {
     pub fn connect(&self, resume: Sender<(Resume, Outcome)>, events: EventSink) {
         *self.resume.lock() = Some(resume);
         *self.events.lock() = Some(events);
+    }
+
+    /// Runs `f` whenever held requests are expired (and at its own deadlines): its
+    /// continuations run on the resume thread, refused (`Outcome::deny("sweep")`).
+    pub fn set_sweep(&self, f: Sweep) {
+        *self.sweep.lock() = Some(f);
     }
 
     /// The control server counts its subscribed approvers here.
@@ -355,6 +265,9 @@ impl Approvals {
             let mut g = self.inner.lock();
             if req.retry && g.pending(req.uid, &dirs) {
                 return Hold::Refused(resume, "dir-pending");
+            }
+            if g.asked(req.uid, &req.paths) {
+                return Hold::Refused(resume, "pending");
             }
             let victim = match g.room(req.uid, self.cap) {
                 Ok(v) => v,
@@ -544,12 +457,20 @@ impl Approvals {
             self.run(r, Outcome::deny("dir-hold"));
         }
         self.finish(due);
+        let (swept, sweep_next) = match &*self.sweep.lock() {
+            Some(f) => f(now),
+            None => (Vec::new(), None),
+        };
+        for r in swept {
+            self.run(r, Outcome::deny("sweep"));
+        }
         self.inner
             .lock()
             .held
             .values()
             .flat_map(|e| [Some(e.expires), e.release])
             .flatten()
+            .chain(sweep_next)
             .min()
     }
 

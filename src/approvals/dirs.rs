@@ -33,7 +33,7 @@ pub const MAX_WINDOWS: usize = 4 * super::MAX_HELD;
 pub fn is_dir_change(op: &str) -> bool {
     matches!(
         op,
-        "create" | "mkdir" | "mknod" | "symlink" | "link" | "unlink" | "rmdir" | "rename"
+        "create" | "mkdir" | "mknod" | "symlink" | "link" | "unlink" | "rmdir" | "rename" | "save"
     )
 }
 

@@ -353,3 +353,30 @@ fn a_directory_change_that_times_out_first_is_an_ordinary_hold() {
     assert_eq!(resumed(&r)[0].by, "timeout");
     assert!(a.is_empty());
 }
+
+#[test]
+fn a_posted_save_refuses_that_uids_other_requests_on_its_path_unasked() {
+    let (a, _r, e) = table(16);
+    let a = a.with_dir_hold(Duration::ZERO);
+    let save = Request {
+        op: "save",
+        ..change(1000, "docs/a.md")
+    };
+    let Hold::Posted(q, _resume) = a.hold(save, none(), None) else {
+        panic!("not posted")
+    };
+    assert!(matches!(e.try_recv(), Ok(Event::Ask(h)) if h.id == q && h.req.op == "save"));
+    // The agent's in-place fallback on the same path: refused at once, nobody asked.
+    assert_eq!(
+        refused(a.hold(req(1000, "docs/a.md"), none(), None)),
+        "pending"
+    );
+    assert!(e.try_recv().is_err(), "no second question");
+    // Another path, or another uid, is asked as before.
+    id(a.hold(req(1000, "docs/b.md"), none(), None));
+    id(a.hold(req(1001, "docs/a.md"), none(), None));
+    // The late allow lets that uid's retry through.
+    a.decide(q, true, Remember::Once, 0).unwrap();
+    assert!(a.remembered(1000, b"docs/a.md"));
+    assert!(!a.remembered(1001, b"docs/a.md"));
+}

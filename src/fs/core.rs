@@ -171,7 +171,8 @@ impl Core {
     pub(super) fn register(&self, o: Opened) -> (u64, Option<u32>) {
         let ino = o.ino;
         // An append-only handle's writes must reach the daemon (grants.rs).
-        let id = if o.append_only {
+        // So must a provisional file's (its size is capped, `fs/ops/saves.rs`).
+        let id = if o.append_only || self.shared.saves.capped(o.ino) {
             None
         } else {
             self.backing_for(ino, &o.file, o.writer)
@@ -275,9 +276,16 @@ impl Core {
         };
         let core = self.clone();
         let asked = ask.clone();
+        // An atomic save: its provisional file waits for, is landed or removed by, the
+        // answer (`fs/ops/saves.rs`).
+        let save = ask.save.clone().zip(request.paths.first().cloned());
+        let save_late = save.clone();
         // Busy from before the request is held until its answer is sent.
         let busy = self.shared.kcache.hold_dirs(dirs);
         let resume: Resume = Box::new(move |o: Outcome| {
+            if let Some((temp, target)) = &save {
+                core.shared.save_step(uid, temp, target, o, false);
+            }
             let mut again = core.shared.ctx(uid, gid, pid);
             if o.allow {
                 again.approved = Some(o);
@@ -298,6 +306,9 @@ impl Core {
             Box::new(move |o: Outcome| {
                 let again = core.shared.ctx(uid, gid, pid);
                 core.shared.audit_ask(&again, &asked, Line::Outcome(o));
+                if let Some((temp, target)) = &save_late {
+                    core.shared.save_step(uid, temp, target, o, true);
+                }
             }) as Resume
         });
         match self.shared.approvals.hold(request, resume, late) {

@@ -27,6 +27,9 @@ pub struct Ask {
     pub checks: Vec<(bool, Need)>,
     /// The level asked for (the highest `ask` needed).
     pub need: Access,
+    /// An atomic save (op `save`): the caller's provisional temporary file renamed over
+    /// `paths[0]` (`fs/ops/saves.rs`).
+    pub save: Option<Vec<u8>>,
 }
 
 /// An errno for the kernel.

@@ -188,6 +188,27 @@ impl Shared {
     /// remembered answer (`Ok`); else, for a request the glue can hold, `None` after
     /// recording what to ask; else (access(2), …) `Some(Err)` after auditing the refusal.
     fn lift(&self, ctx: &Ctx, op: &'static str, refused: &[Refused<'_>]) -> Option<Res<()>> {
+        // The caller's own provisional file of an atomic save (`fs/ops/saves.rs`): lifted,
+        // and left out of what is asked (a `save` asks about its target alone).
+        let (temps, rest): (Vec<Refused<'_>>, Vec<Refused<'_>>) = refused
+            .iter()
+            .copied()
+            .partition(|(p, ..)| self.provisional(ctx, p));
+        let provisional = Outcome {
+            allow: true,
+            by: "provisional",
+            approver: None,
+        };
+        for (path, _, _, d, _) in &temps {
+            self.audit_line(ctx, op, path, &d.verdict, d.by, Line::Outcome(provisional));
+        }
+        if rest.is_empty() {
+            return Some(Ok(()));
+        }
+        let save = (op == "save")
+            .then(|| temps.first().map(|t| t.0.to_vec()))
+            .flatten();
+        let refused = &rest[..];
         let remembered = || {
             refused
                 .iter()
@@ -242,6 +263,7 @@ impl Shared {
                 .map(|(_, _, _, _, a)| *a)
                 .reduce(Access::join)
                 .unwrap_or(Access::Write),
+            save,
         });
         None
     }

@@ -142,7 +142,11 @@ pub(in crate::app) fn build_state(
         programs: crate::host::programs::Programs::with_thread()
             .map_err(|e| format!("cannot start the programs thread: {e}"))?,
         notes: crate::fs::notes::Notes::new(a.stage.clone()),
+        saves: Default::default(),
     });
+    shared
+        .approvals
+        .set_sweep(crate::fs::ops::sweeper(Arc::downgrade(&shared)));
     let state = State {
         src,
         mnt,

@@ -87,6 +87,9 @@ impl Shared {
         }
         let need = self.mutate_need(ctx, ino);
         self.allow_ino(ctx, "setattr", ino, need, sp)?;
+        if let Some(sz) = size {
+            self.cap(ino, sz)?;
+        }
         let kind = st.st_mode & libc::S_IFMT;
         let fd = self.inodes.fd(ino)?;
         let handle = fh.and_then(|fh| self.handles.get(fh));

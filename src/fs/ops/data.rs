@@ -204,6 +204,7 @@ impl Shared {
         }
         self.check_append(ctx, &h, kind)?;
         self.recheck(ctx, "write", &h, write_need(&h))?;
+        self.cap(h.ino, offset.saturating_add(data.len() as u64))?;
         let fd = self.io_fd(&h, libc::O_WRONLY)?;
         if kind.kill_setid {
             self.kill_setid(h.ino, fd.as_fd())?;
@@ -242,6 +243,7 @@ impl Shared {
             self.check_append(ctx, &h, WriteKind::default())?;
         }
         self.recheck(ctx, "fallocate", &h, write_need(&h))?;
+        self.cap(h.ino, offset.saturating_add(len))?;
         let fd = self.io_fd(&h, libc::O_WRONLY)?;
         if self.kills_setid(ctx) {
             self.kill_setid(h.ino, fd.as_fd())?;
@@ -284,6 +286,7 @@ impl Shared {
         self.recheck(ctx, "read", &hi, Need::Read)?;
         self.recheck(ctx, "write", &ho, write_need(&ho))?;
         let len = len.min(u32::MAX as u64 & !0xfff);
+        self.cap(ho.ino, off_out.saturating_add(len))?;
         let fi = self.io_fd(&hi, libc::O_RDONLY)?;
         let fo = self.io_fd(&ho, libc::O_WRONLY)?;
         if self.kills_setid(ctx) {

@@ -15,7 +15,9 @@
 //!   registering an opened file as a handle;
 //! - `dirs`: opendir and the filtered listing behind readdir / readdirplus;
 //! - `attrs`: getattr, setattr, access, statfs;
-//! - `xattr`: getxattr, listxattr, setxattr, removexattr.
+//! - `xattr`: getxattr, listxattr, setxattr, removexattr;
+//! - `saves`: an atomic save's provisional temporary file (made, lifted, capped, landed or
+//!   removed), which `names`, `data`, `attrs` and the decision consult.
 //!
 //! Invariants for all of them: an operation on a name or node is decided (and audited)
 //! against `ctx.snap`, the one snapshot of the request, before anything on the host is
@@ -55,7 +57,9 @@ mod dirs;
 mod grants;
 
 pub use grants::WriteKind;
+pub use saves::{Saves, sweeper};
 mod names;
+mod saves;
 mod staged;
 mod xattr;
 
@@ -120,6 +124,8 @@ pub struct Shared {
     pub programs: Programs,
     /// The virtual `.fencefs/` directory (`agent_notes = true`): open notes, denials.
     pub notes: super::notes::Notes,
+    /// Atomic saves' provisional temporary files (`saves.rs`).
+    pub saves: Saves,
 }
 
 /// Decision counters.

@@ -34,7 +34,7 @@ impl Shared {
     /// which this thread does not carry. Then, on EACCES, the entry is made as the daemon
     /// and given to the caller, and removed again if that fails — never a daemon-owned
     /// leftover.
-    fn create_as_caller<T>(
+    pub(super) fn create_as_caller<T>(
         &self,
         ctx: &Ctx,
         pfd: &OwnedFd,
@@ -252,7 +252,30 @@ impl Shared {
             device: false,
             setid: mode & (libc::S_ISUID | libc::S_ISGID) != 0,
         };
-        let v = self.allow(ctx, "create", &path, false, Need::Create, sp)?;
+        let provisional = self.provisional_create(ctx, parent, name, &path, sp);
+        let v = match provisional {
+            Some(v) => v,
+            None => self.allow(ctx, "create", &path, false, Need::Create, sp)?,
+        };
+        let made = self.make_file(ctx, parent, name, &path, (mode, flags), v);
+        if provisional.is_some() {
+            let file = made.as_ref().ok().map(|(_, o)| (o.ino, &o.file));
+            self.provisional_made(ctx, parent, &path, file);
+        }
+        made
+    }
+
+    /// The host half of [`Shared::do_create`], once the create is allowed with `v`.
+    fn make_file(
+        &self,
+        ctx: &Ctx,
+        parent: u64,
+        name: &Name,
+        path: &[u8],
+        (mode, flags): (u32, i32),
+        v: Verdict,
+    ) -> Res<(FileAttr, Opened)> {
+        let path = path.to_vec();
         // Granted `create` but not `write`: the new file stays writable by this handle
         // (and this uid) until it is closed, and an existing file is never opened.
         let fresh = !v.effective.includes(Access::Write);
@@ -473,6 +496,9 @@ impl Shared {
         }
         self.noted(note);
         self.inodes.remove_alias(parent, name.bytes(), &path, pin);
+        if !dir {
+            self.provisional_gone(ctx, &path, true);
+        }
         Ok(())
     }
 
@@ -506,9 +532,11 @@ impl Shared {
             src_dir
         };
         let new_need = if exchange { Need::Write } else { Need::Create };
+        let replaces = !exchange && !src_dir && dst_st.as_ref().is_some_and(|st| !dir_of(st));
+        let op = self.rename_op(ctx, &old, &new, replaces);
         self.allow_all(
             ctx,
-            "rename",
+            op,
             &[(&old, src_dir, Need::Write), (&new, dst_dir, new_need)],
         )?;
         // Allowed as a create only (`create`, not `write`): an existing name is never
@@ -591,6 +619,7 @@ impl Shared {
                 None => self.inodes.remove_alias(parent, name.bytes(), &old, None),
             }
         }
+        self.provisional_gone(ctx, &old, false);
         Ok(())
     }
 

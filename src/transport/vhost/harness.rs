@@ -67,6 +67,7 @@ pub fn session_with(dir: &Path, xattr: bool, policy: Option<&str>) -> Session {
         stats: Stats::default(),
         programs: Default::default(),
         notes: Default::default(),
+        saves: Default::default(),
     });
     let core = FenceFs::new(shared).core();
     Session::new(core, crate::transport::pool::Pool::start().unwrap())
