@@ -649,3 +649,41 @@ fn command_cannot_name_a_process_outside() {
         o.stdout
     );
 }
+
+#[test]
+fn command_cannot_reach_another_runs_control_socket() {
+    let f = Fixture::new("run-others");
+    // Another run of the same user: its directory beside this run's, with its socket.
+    let other = f.w.root.join("run/fencefs/0123456789abcdef");
+    fs::create_dir_all(&other).unwrap();
+    put(&other.join("control.4242"), b"", 0o600);
+    sh_in(
+        &f.w.root,
+        "chown -R 1000:1000 run && chmod 700 run run/fencefs run/fencefs/*",
+    )
+    .assert_ok("chown");
+    let o = f.run(
+        &["--live", "--home", "keep"],
+        "exec 2>&1; ls -A \"$XDG_RUNTIME_DIR/fencefs\" | wc -l; \
+         ls \"$XDG_RUNTIME_DIR/fencefs/0123456789abcdef/control.4242\"; \
+         touch \"$XDG_RUNTIME_DIR/fencefs/x\"; true",
+    );
+    o.assert_ok("fencefs run");
+    let lines: Vec<&str> = o.stdout.lines().collect();
+    assert_eq!(
+        lines[0], "0",
+        "every run's directory is covered: {}",
+        o.stdout
+    );
+    assert!(
+        o.stdout
+            .contains("control.4242': No such file or directory"),
+        "{}",
+        o.stdout
+    );
+    assert!(o.stdout.contains("Read-only file system"), "{}", o.stdout);
+    assert!(
+        other.join("control.4242").exists(),
+        "the other run's files stay"
+    );
+}

@@ -189,12 +189,17 @@ fn fence_home(
 }
 
 /// Hides the run's own files from COMMAND, in `fencefs run`'s own mount namespace
-/// (COMMAND's): the run's directory (policies, the default control socket) and the staging
-/// area are covered with an empty tmpfs, a `--control` socket elsewhere with /dev/null.
+/// (COMMAND's): the runtime directory of every run of this user (policies, control
+/// sockets; this run's checkpoint channel excepted) and the staging area are covered with
+/// an empty tmpfs, a `--control` socket elsewhere with /dev/null.
 /// What the $HOME fence already hides (ENOENT) needs nothing.
 fn hide_own_dirs(s: &setup::Setup) -> Result<Vec<PathBuf>, String> {
-    let mut dirs: Vec<&Path> = vec![&s.runtime];
-    dirs.extend(s.stage_cover.as_deref());
+    // Every run's directory of this user, not only this one's: another run's control
+    // socket would let COMMAND approve or apply that run's requests. This run's checkpoint
+    // channel stays reachable (`ns::cover_keeping`).
+    let base = s.runtime.parent().unwrap_or(&s.runtime);
+    let keep = s.checkpoint.as_deref().and_then(Path::parent);
+    let dirs: Vec<&Path> = s.stage_cover.as_deref().into_iter().collect();
     let mut covered = Vec::new();
     let mut hide = |p: &Path, r: std::io::Result<()>| match r {
         Ok(()) => {
@@ -204,10 +209,11 @@ fn hide_own_dirs(s: &setup::Setup) -> Result<Vec<PathBuf>, String> {
         Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(()),
         Err(e) => Err(format!("hiding '{}' from COMMAND: {e}", p.display())),
     };
+    hide(base, ns::cover_keeping(base, keep))?;
     for d in dirs {
         hide(d, ns::cover(d))?;
     }
-    if s.control.parent() != Some(s.runtime.as_path()) {
+    if !s.control.starts_with(base) {
         hide(&s.control, ns::bind(Path::new("/dev/null"), &s.control))?;
     }
     Ok(covered)

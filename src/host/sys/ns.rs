@@ -135,6 +135,51 @@ pub fn cover(dst: &Path) -> io::Result<()> {
     .map_err(errno)
 }
 
+/// Covers `dst` as [`cover`] does, but for `keep` (a directory directly in `dst`), which
+/// stays reachable at its own path: the cover is a tmpfs with only `keep`'s name in it,
+/// `keep` bound there, then the cover made read-only (the bind mount below it keeps its
+/// own flags).
+pub fn cover_keeping(dst: &Path, keep: Option<&Path>) -> io::Result<()> {
+    let Some(keep) = keep else {
+        return cover(dst);
+    };
+    let name = keep
+        .file_name()
+        .filter(|_| keep.parent() == Some(dst))
+        .ok_or_else(|| io::Error::from_raw_os_error(libc::EINVAL))?;
+    use std::os::unix::fs::OpenOptionsExt;
+    let fd = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(keep)?;
+    let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
+    mount(
+        Some("fencefs-hidden"),
+        dst,
+        Some("tmpfs"),
+        flags,
+        Some("size=4k,mode=0500"),
+    )
+    .map_err(errno)?;
+    let at = dst.join(name);
+    let r = std::fs::create_dir(&at)
+        .and_then(|()| bind(Path::new(&format!("/proc/self/fd/{}", fd.as_raw_fd())), &at))
+        .and_then(|()| {
+            mount(
+                None::<&str>,
+                dst,
+                None::<&str>,
+                MsFlags::MS_REMOUNT | MsFlags::MS_BIND | MsFlags::MS_RDONLY | flags,
+                None::<&str>,
+            )
+            .map_err(errno)
+        });
+    if r.is_err() {
+        let _ = umount2(dst, MntFlags::MNT_DETACH);
+    }
+    r
+}
+
 /// Detaches the topmost mount at `path` (lazily: the FUSE session ends when the last
 /// file in it is closed).
 pub fn detach(path: &Path) -> io::Result<()> {
