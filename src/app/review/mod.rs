@@ -1,0 +1,103 @@
+//! `fencefs review`: a terminal UI over a staging area's changes, like reviewing a pull
+//! request: the changed paths beside the selected one's hunks, keys to keep (apply) or
+//! discard a hunk or a path (with a note for the agent, kept in `DIR/feedback.jsonl`),
+//! and to rewind to a checkpoint.
+//!
+//! Parts: [`backend`] (the control socket or `--dir DIR`), [`model`] (state, keys, the
+//! worker thread a change runs on), [`draw`] (the screen). This file owns the terminal:
+//! raw mode and the alternate screen on entry, restored on every way out — quit, an
+//! error, a panic (the hook restores first) — and the event loop, which redraws on every
+//! key, on resize and every 100 ms while a change runs.
+//!
+//! Invariants: the UI thread never waits on a change (apply, discard, rewind run on the
+//! worker); nothing but the model's escaped text reaches the terminal.
+
+mod backend;
+mod draw;
+mod model;
+
+use std::io::{self, IsTerminal};
+use std::time::Duration;
+
+use crossterm::event::{self, Event, KeyEventKind};
+use crossterm::terminal::{self, EnterAlternateScreen, LeaveAlternateScreen};
+use crossterm::{cursor, execute};
+use ratatui::Terminal;
+use ratatui::backend::CrosstermBackend;
+
+use crate::cli::ReviewArgs;
+use backend::Backend;
+
+/// Puts the terminal back as it was (idempotent).
+fn restore() {
+    let _ = terminal::disable_raw_mode();
+    let _ = execute!(io::stdout(), LeaveAlternateScreen, cursor::Show);
+}
+
+/// The terminal in raw mode on the alternate screen while alive.
+struct Tty;
+
+impl Tty {
+    fn enter() -> io::Result<Tty> {
+        let prev = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            restore();
+            prev(info);
+        }));
+        terminal::enable_raw_mode()?;
+        let t = Tty;
+        execute!(io::stdout(), EnterAlternateScreen, cursor::Hide)?;
+        Ok(t)
+    }
+}
+
+impl Drop for Tty {
+    fn drop(&mut self) {
+        restore();
+    }
+}
+
+/// Runs `fencefs review`; returns the exit code.
+pub fn run(a: ReviewArgs) -> i32 {
+    let backend = match (&a.dir, &a.socket) {
+        (Some(d), None) => Backend::Dir(d.clone()),
+        (None, Some(s)) => Backend::Socket(s.clone()),
+        _ => {
+            eprintln!("fencefs: review: give a mount's control SOCKET or --dir DIR");
+            return 2;
+        }
+    };
+    if !io::stdout().is_terminal() || !io::stdin().is_terminal() {
+        eprintln!("fencefs: review needs a terminal (use `fencefs stage` in scripts)");
+        return 2;
+    }
+    match ui(backend, a.since) {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!(
+                "fencefs: review: {}",
+                crate::quote::escape(e.to_string().as_bytes())
+            );
+            1
+        }
+    }
+}
+
+fn ui(backend: Backend, since: Option<u64>) -> io::Result<()> {
+    let _tty = Tty::enter()?;
+    let mut term = Terminal::new(CrosstermBackend::new(io::stdout()))?;
+    term.clear()?;
+    let mut m = model::Model::new(backend, since);
+    while !m.quit {
+        term.draw(|f| draw::draw(f, &m))?;
+        if event::poll(Duration::from_millis(100))? {
+            match event::read()? {
+                Event::Key(k) if k.kind == KeyEventKind::Press => m.key(k),
+                Event::Resize(..) => term.autoresize()?,
+                _ => {}
+            }
+        }
+        m.poll();
+    }
+    Ok(())
+}

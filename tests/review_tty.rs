@@ -1,0 +1,211 @@
+//! `fencefs review` on a real terminal (a tmux pane) over a real staged mount: navigate
+//! the paths, rewind to a checkpoint, keep one hunk (SOURCE gets it alone), discard
+//! another with a note (the merged view loses it, `DIR/feedback.jsonl` has the note),
+//! redraw at 200×60 and back at 80×24, a file whose contents and a name whose bytes are
+//! escape sequences and bidi characters shown escaped, and quitting leaves the terminal
+//! as it was (cooked mode, the shell's screen back).
+//!
+//! The test runs its own tmux server (`-S` socket in its own directory) and kills that
+//! server only when it ends. The screens it sees are written to
+//! `target/tmp/review-screens/` (the book's chapter shows them).
+
+mod common;
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use common::stage::*;
+use common::*;
+
+/// A tmux server of this test's own, one session `t` running a command.
+struct Tmux {
+    sock: PathBuf,
+}
+
+impl Tmux {
+    fn start(dir: &Path, cmd: &str) -> Tmux {
+        let t = Tmux {
+            sock: dir.join("tmux.sock"),
+        };
+        let ok = t
+            .cmd()
+            .args(["new-session", "-d", "-x", "80", "-y", "24", "-s", "t"])
+            .arg(cmd)
+            .status()
+            .expect("tmux (scripts/test.sh installs it)")
+            .success();
+        assert!(ok);
+        t
+    }
+
+    fn cmd(&self) -> Command {
+        let mut c = Command::new("tmux");
+        c.arg("-S").arg(&self.sock).env_remove("TMUX");
+        c
+    }
+
+    fn tmux(&self, args: &[&str]) -> String {
+        let o = self.cmd().args(args).output().expect("tmux");
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    }
+
+    fn keys(&self, keys: &[&str]) {
+        let mut a = vec!["send-keys", "-t", "t"];
+        a.extend_from_slice(keys);
+        self.tmux(&a);
+    }
+
+    fn screen(&self) -> String {
+        self.tmux(&["capture-pane", "-p", "-t", "t"])
+    }
+
+    #[track_caller]
+    fn wait_for(&self, what: &str) -> String {
+        let mut last = String::new();
+        if eventually(Duration::from_secs(20), || {
+            last = self.screen();
+            last.contains(what)
+        }) {
+            return last;
+        }
+        panic!("{what:?} never showed; the pane:\n{}", self.screen());
+    }
+}
+
+impl Drop for Tmux {
+    fn drop(&mut self) {
+        let _ = self.cmd().arg("kill-server").status();
+    }
+}
+
+fn numbered() -> String {
+    (1..=30).map(|i| format!("line {i}\n")).collect()
+}
+
+fn edit(s: &str, n: usize, new: &str) -> String {
+    s.replacen(&format!("line {n}\n"), &format!("{new}\n"), 1)
+}
+
+/// Keeps a screen for the book.
+fn keep_screen(name: &str, screen: &str) {
+    let d = Path::new(env!("CARGO_TARGET_TMPDIR")).join("review-screens");
+    fs::create_dir_all(&d).unwrap();
+    fs::write(d.join(format!("{name}.txt")), screen).unwrap();
+}
+
+#[test]
+fn review_keeps_a_hunk_discards_one_with_a_note_and_shows_no_raw_escape() {
+    let base = numbered();
+    let (m, dir, sock) = staged_live("review-tty", |src| {
+        put(&src.join("f.txt"), base.as_bytes(), 0o644);
+        put(&src.join("esc.txt"), b"plain\n", 0o644);
+    });
+    let agent = edit(&edit(&edit(&base, 2, "TWO"), 15, "FIFTEEN"), 28, "XXVIII");
+    fs::write(m.mnt("f.txt"), &agent).unwrap();
+    fs::write(m.mnt("esc.txt"), b"\x1b[2J\x1b[31mred\x1b]0;pwned\x07\n").unwrap();
+    fs::write(m.mnt("evil\u{202e}txt.rs"), b"x\n").unwrap();
+    via(&sock, "checkpoint", &["-m", "turn 1"]).assert_ok("checkpoint");
+    fs::write(m.mnt("later.txt"), b"turn 2\n").unwrap();
+    let cmd = format!(
+        "{BIN} review {}; echo review-exit=$?; stty -a | tr ' ' '\\n' | grep -x -- '-*icanon'; sleep 600",
+        sock.display()
+    );
+    let t = Tmux::start(m.root(), &cmd);
+    let s = t.wait_for("4 changed");
+    keep_screen("start", &s);
+    assert!(s.contains("A later.txt"), "{s}");
+    // The bidi name is quoted as git quotes it; the escape-laden file is shown escaped.
+    // (cut to the pane's width at 80 columns)
+    assert!(s.contains("A \"evil\\342\\200\\256txt"), "{s}");
+    // Rewind to checkpoint 1: the turn after it is gone from the merged view.
+    t.keys(&["r"]);
+    t.wait_for("rewind to checkpoint");
+    t.keys(&["1", "Enter"]);
+    t.wait_for("rewound to checkpoint 1");
+    t.wait_for("3 changed");
+    assert!(!m.mnt("later.txt").exists());
+    // esc.txt (first, still selected): its hunk escaped, nothing raw.
+    let s = t.wait_for("hunk 1 of 1");
+    assert!(s.contains("+\\033[2J\\033[31mred\\033]0;pwned\\a"), "{s}");
+    keep_screen("escaped", &s);
+    // f.txt (after the quoted name): three hunks; the second kept.
+    t.keys(&["j", "j"]);
+    t.wait_for("hunk 1 of 3");
+    t.keys(&["n"]);
+    let s = t.wait_for("hunk 2 of 3");
+    keep_screen("hunks", &s);
+    t.keys(&["a"]);
+    t.wait_for("applied M f.txt#2");
+    assert_eq!(
+        fs::read_to_string(m.host("f.txt")).unwrap(),
+        edit(&base, 15, "FIFTEEN")
+    );
+    assert_eq!(fs::read_to_string(m.mnt("f.txt")).unwrap(), agent);
+    t.wait_for("hunk 1 of 2");
+    // Discard (now) hunk 1 with a note.
+    t.keys(&["d"]);
+    t.wait_for("note for the agent");
+    t.keys(&["-l", "keep line 2 as it was"]);
+    let s = t.wait_for("keep line 2 as it was");
+    keep_screen("note", &s);
+    t.keys(&["Enter"]);
+    t.wait_for("discarded M f.txt#1");
+    assert_eq!(
+        fs::read_to_string(m.mnt("f.txt")).unwrap(),
+        edit(&edit(&base, 15, "FIFTEEN"), 28, "XXVIII")
+    );
+    let fb = fs::read_to_string(dir.join("feedback.jsonl")).unwrap();
+    let lines: Vec<serde_json::Value> = fb
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 2, "{fb}");
+    assert_eq!(lines[0]["decision"], "apply");
+    assert_eq!(lines[0]["hunks"], serde_json::json!([2]));
+    assert_eq!(lines[1]["decision"], "discard");
+    assert_eq!(lines[1]["path"], "f.txt");
+    assert_eq!(lines[1]["hunks"], serde_json::json!([1]));
+    assert_eq!(lines[1]["note"], "keep line 2 as it was");
+    // Resize: 200×60, then back to 80×24; the keys line is whole both times.
+    t.tmux(&["resize-window", "-t", "t", "-x", "200", "-y", "60"]);
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            let s = t.screen();
+            s.lines().count() == 60 && s.lines().last().unwrap_or("").contains("q quit")
+        }),
+        "{}",
+        t.screen()
+    );
+    keep_screen("large", &t.screen());
+    t.tmux(&["resize-window", "-t", "t", "-x", "80", "-y", "24"]);
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            let s = t.screen();
+            s.lines().count() == 24
+                && s.lines().all(|l| l.chars().count() <= 80)
+                && s.lines().last().unwrap_or("").contains("q quit")
+        }),
+        "{}",
+        t.screen()
+    );
+    // Quit: the shell's screen is back, in cooked mode (icanon, not -icanon).
+    t.keys(&["q"]);
+    let s = t.wait_for("review-exit=0");
+    let after = s
+        .lines()
+        .skip_while(|l| !l.contains("review-exit=0"))
+        .nth(1)
+        .unwrap_or("");
+    assert_eq!(after.trim(), "icanon", "{s}");
+    assert!(!s.contains("changed"), "the alternate screen is gone: {s}");
+}
+
+/// `fencefs stage OP SOCKET ARGS…`.
+fn via(sock: &Path, op: &str, args: &[&str]) -> Out {
+    let mut v: Vec<std::ffi::OsString> = vec!["stage".into(), op.into()];
+    v.push(sock.into());
+    v.extend(args.iter().map(Into::into));
+    run_fencefs(v, LIMIT)
+}
