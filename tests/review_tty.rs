@@ -1,6 +1,8 @@
 //! `fencefs review` on a real terminal (a tmux pane) over a real staged mount: navigate
-//! the paths, rewind to a checkpoint, keep one hunk (SOURCE gets it alone), discard
-//! another with a note (the merged view loses it, `DIR/feedback.jsonl` has the note),
+//! the paths, the last turn alone, rewind to a checkpoint, keep one hunk (SOURCE gets it alone), discard
+//! another with a note (the merged view loses it, `DIR/feedback.jsonl` has the note), a
+//! keep refused because the agent wrote after the screen was drawn (the new state shown),
+//! a 5,000-file apply with its progress line,
 //! redraw at 200×60 and back at 80×24, a file whose contents and a name whose bytes are
 //! escape sequences and bidi characters shown escaped, and quitting leaves the terminal
 //! as it was (cooked mode, the shell's screen back).
@@ -106,6 +108,9 @@ fn review_keeps_a_hunk_discards_one_with_a_note_and_shows_no_raw_escape() {
     fs::write(m.mnt("f.txt"), &agent).unwrap();
     fs::write(m.mnt("esc.txt"), b"\x1b[2J\x1b[31mred\x1b]0;pwned\x07\n").unwrap();
     fs::write(m.mnt("evil\u{202e}txt.rs"), b"x\n").unwrap();
+    // A new directory big enough that its apply takes a while.
+    m.sh("mkdir gen && i=0; while [ $i -lt 5000 ]; do echo $i > gen/$i; i=$((i+1)); done")
+        .assert_ok("gen/");
     via(&sock, "checkpoint", &["-m", "turn 1"]).assert_ok("checkpoint");
     fs::write(m.mnt("later.txt"), b"turn 2\n").unwrap();
     let cmd = format!(
@@ -113,20 +118,27 @@ fn review_keeps_a_hunk_discards_one_with_a_note_and_shows_no_raw_escape() {
         sock.display()
     );
     let t = Tmux::start(m.root(), &cmd);
-    let s = t.wait_for("4 changed");
+    let s = t.wait_for("5 changed");
     keep_screen("start", &s);
     assert!(s.contains("A later.txt"), "{s}");
     // The bidi name is quoted as git quotes it; the escape-laden file is shown escaped.
     // (cut to the pane's width at 80 columns)
     assert!(s.contains("A \"evil\\342\\200\\256txt"), "{s}");
+    // `t`: the last turn only (after checkpoint 1), then everything again.
+    t.keys(&["t"]);
+    let s = t.wait_for("1 changed since #1");
+    assert!(s.contains("A later.txt"), "{s}");
+    t.keys(&["t"]);
+    t.wait_for("5 changed");
     // Rewind to checkpoint 1: the turn after it is gone from the merged view.
     t.keys(&["r"]);
     t.wait_for("rewind to checkpoint");
     t.keys(&["1", "Enter"]);
     t.wait_for("rewound to checkpoint 1");
-    t.wait_for("3 changed");
+    t.wait_for("4 changed");
     assert!(!m.mnt("later.txt").exists());
-    // esc.txt (first, still selected): its hunk escaped, nothing raw.
+    // esc.txt (first): its hunk escaped, nothing raw.
+    t.keys(&["k", "k", "k", "k"]);
     let s = t.wait_for("hunk 1 of 1");
     assert!(s.contains("+\\033[2J\\033[31mred\\033]0;pwned\\a"), "{s}");
     keep_screen("escaped", &s);
@@ -168,6 +180,32 @@ fn review_keeps_a_hunk_discards_one_with_a_note_and_shows_no_raw_escape() {
     assert_eq!(lines[1]["path"], "f.txt");
     assert_eq!(lines[1]["hunks"], serde_json::json!([1]));
     assert_eq!(lines[1]["note"], "keep line 2 as it was");
+    // The agent writes again after the screen was drawn: the keep is refused, nothing is
+    // written, and the new state is shown.
+    m.sh("echo more >> f.txt").assert_ok("append");
+    t.keys(&["a"]);
+    let s = t.wait_for("shown again");
+    assert!(s.contains("refused M f.txt#1@"), "{s}");
+    t.wait_for("+more");
+    assert_eq!(
+        fs::read_to_string(m.host("f.txt")).unwrap(),
+        edit(&base, 15, "FIFTEEN")
+    );
+    // A long apply runs off the UI thread: the screen is redrawn with a progress line
+    // while it runs.
+    t.keys(&["j", "A"]);
+    let mut seen = String::new();
+    assert!(
+        eventually(Duration::from_secs(60), || {
+            seen = t.screen();
+            seen.contains("apply gen@") && seen.contains(" … ")
+        }),
+        "no progress line; the pane:\n{seen}"
+    );
+    keep_screen("progress", &seen);
+    t.wait_for("applied A gen/ (5000 entries)");
+    assert_eq!(fs::read_to_string(m.host("gen/4999")).unwrap(), "4999\n");
+    assert_eq!(fs::read_dir(m.host("gen")).unwrap().count(), 5000);
     // Resize: 200×60, then back to 80×24; the keys line is whole both times.
     t.tmux(&["resize-window", "-t", "t", "-x", "200", "-y", "60"]);
     assert!(

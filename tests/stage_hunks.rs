@@ -283,3 +283,59 @@ fn a_fifty_megabyte_file_in_bounded_memory() {
     let h = via(&sock, "hunks", &["big.txt"]);
     assert!(h.stdout.contains(": 2 hunks\n"), "{}", h.stdout);
 }
+
+#[test]
+fn offline_on_a_dir_with_checkpoints_and_json() {
+    let base = numbered("\n");
+    let (mut m, dir, sock) = staged_live("hunks-offline", |src| {
+        put(&src.join("f.txt"), base.as_bytes(), 0o644)
+    });
+    let agent = three(&base);
+    fs::write(m.mnt("f.txt"), &agent).unwrap();
+    via(&sock, "checkpoint", &["-m", "turn 1"]).assert_ok("checkpoint");
+    stop(&mut m);
+    // --json: the numbered hunks, each line escaped, the same id as status --json.
+    let j = stage(&["hunks", "--json", "f.txt"], &dir);
+    j.assert_ok("hunks --json");
+    let v: serde_json::Value = serde_json::from_str(&j.stdout).unwrap();
+    assert_eq!(v["path"], "f.txt");
+    assert_eq!(v["change"], "M");
+    assert_eq!(v["hunks"].as_array().unwrap().len(), 3);
+    assert_eq!(v["hunks"][1]["n"], 2);
+    assert_eq!(v["hunks"][1]["header"], "@@ -12,7 +12,7 @@");
+    assert!(
+        v["hunks"][1]["lines"]
+            .as_array()
+            .unwrap()
+            .contains(&"+FIFTEEN".into())
+    );
+    let st: serde_json::Value =
+        serde_json::from_str(&stage(&["status", "--json"], &dir).stdout).unwrap();
+    assert_eq!(st[0]["id"], v["id"]);
+    let id = v["id"].as_str().unwrap();
+    // With DIR's lock (no daemon): apply hunks 1 and 3, then discard what is left.
+    let a = stage(&["apply", &format!("f.txt#3,1@{id}")], &dir);
+    a.assert_ok("apply --dir f.txt#1,3@ID");
+    assert!(
+        a.stdout
+            .contains("applied M f.txt#1,3 (1 hunk still staged)"),
+        "{}",
+        a.stdout
+    );
+    let src = with_line(&with_line(&base, 2, "TWO"), 28, "XXVIII");
+    assert_eq!(fs::read_to_string(m.host("f.txt")).unwrap(), src);
+    // The checkpoint was squashed by the apply: no longer a rewind target.
+    stage(&["rewind", "1"], &dir).assert_fail("rewind to an ended checkpoint");
+    assert!(
+        stage(&["hunks", "f.txt"], &dir)
+            .stdout
+            .contains(": 1 hunk\n#1 @@ -12,7 +12,7 @@")
+    );
+    // Every hunk named: the whole path (nothing left staged).
+    stage(&["discard", "f.txt#1"], &dir).assert_ok("discard --dir f.txt#1");
+    assert_eq!(stage(&["status"], &dir).stdout, "");
+    assert_eq!(fs::read_to_string(m.host("f.txt")).unwrap(), src);
+    let h = stage(&["hunks", "f.txt"], &dir);
+    h.assert_fail("hunks of an unstaged path");
+    assert!(h.stderr.contains("nothing staged there"), "{}", h.stderr);
+}

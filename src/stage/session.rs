@@ -193,10 +193,12 @@ pub fn apply_or_discard(
         log::warn!("stage: {what}");
     }
     // PATH#N[@ID]: those hunks only; every other argument as a path.
-    let (hunk_args, plain) = split_hunks(ps);
-    if !hunk_args.is_empty() && o.at.is_some() {
-        return Err("--at applies whole paths: give no PATH#N with it".into());
-    }
+    // (`--at N` arguments are the sealed changes' own `PATH@ID`s: whole paths, whatever
+    // their names.)
+    let (hunk_args, plain) = match o.at {
+        Some(_) => (Vec::new(), ps.to_vec()),
+        None => split_hunks(ps),
+    };
     let mut report = hunks(&l, &area.dir, op == "apply", &hunk_args, force)?;
     // PATH@ID: refused unless the change is still the one shown; none left: nothing to do.
     let (kept, refused) = ids::check(&l, &plain, &why);

@@ -15,7 +15,8 @@ use ratatui::widgets::{Block, List, ListItem, ListState, Paragraph};
 use super::model::{Detail, Input, Model};
 
 /// The keys, as the bottom line shows them.
-pub const KEYS: &str = "↑↓ path n/p hunk a/A keep hunk/path d/D discard hunk/path r rewind q quit";
+pub const KEYS: &str =
+    "↑↓ path n/p hunk a/A keep hunk/path d/D discard hunk/path r rewind t turn q quit";
 
 /// Draws the whole screen.
 pub fn draw(f: &mut Frame<'_>, m: &Model) {
@@ -50,7 +51,10 @@ fn draw_paths(f: &mut Frame<'_>, m: &Model, r: Rect) {
             ListItem::new(e.line.as_str()).style(st)
         })
         .collect();
-    let title = format!(" {} changed ", m.entries.len());
+    let title = match m.since() {
+        Some(n) => format!(" {} changed since #{n} ", m.entries.len()),
+        None => format!(" {} changed ", m.entries.len()),
+    };
     let list = List::new(items)
         .block(Block::bordered().title(title))
         .highlight_style(Style::new().add_modifier(Modifier::REVERSED))

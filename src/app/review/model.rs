@@ -125,6 +125,11 @@ impl Model {
         m
     }
 
+    /// The checkpoint shown changes are after (`--since`, `t`).
+    pub fn since(&self) -> Option<u64> {
+        self.since
+    }
+
     /// The title: where, and which turn.
     pub fn title(&self) -> String {
         let turn = match self.since {
@@ -253,8 +258,30 @@ impl Model {
                 }
             }
             KeyCode::Char('r') => self.input = Input::Rewind { buf: String::new() },
+            KeyCode::Char('t') => self.toggle_turn(),
             _ => {}
         }
+    }
+
+    /// Between every staged change and the last turn's (those after the last live
+    /// checkpoint).
+    fn toggle_turn(&mut self) {
+        if self.since.take().is_none() {
+            match self.backend.stage("log", json!({})) {
+                Ok(a) => {
+                    let live = a["checkpoints"].as_array().into_iter().flatten();
+                    self.since = live
+                        .rev()
+                        .filter(|c| c["ended"] != Value::Bool(true))
+                        .find_map(|c| c["n"].as_u64());
+                    if self.since.is_none() {
+                        self.message = "no checkpoint: every change is this turn's".into();
+                    }
+                }
+                Err(e) => self.message = esc(&e),
+            }
+        }
+        self.reload();
     }
 
     fn step_hunk(&mut self, by: isize) {
@@ -400,7 +427,7 @@ impl Model {
                     lines.join("; ")
                 };
                 if text.contains("changed since it was shown") {
-                    format!("{}: shown again, look before deciding", esc(&text))
+                    format!("it changed, shown again: {}", esc(&text))
                 } else {
                     esc(&text)
                 }
