@@ -5,7 +5,7 @@
 //! a 5,000-file apply with its progress line,
 //! redraw at 200×60 and back at 80×24, a file whose contents and a name whose bytes are
 //! escape sequences and bidi characters shown escaped, and quitting leaves the terminal
-//! as it was (cooked mode, the shell's screen back).
+//! as it was (cooked mode, the shell's screen back), also when it is sent SIGTERM.
 //!
 //! The test runs its own tmux server (`-S` socket in its own directory) and kills that
 //! server only when it ends. The screens it sees are written to
@@ -114,7 +114,7 @@ fn review_keeps_a_hunk_discards_one_with_a_note_and_shows_no_raw_escape() {
     via(&sock, "checkpoint", &["-m", "turn 1"]).assert_ok("checkpoint");
     fs::write(m.mnt("later.txt"), b"turn 2\n").unwrap();
     let cmd = format!(
-        "{BIN} review {}; echo review-exit=$?; stty -a | tr ' ' '\\n' | grep -x -- '-*icanon'; sleep 600",
+        "{BIN} review {}; echo review-exit=$?; stty -a | tr ' ' '\\n' | grep -x -- '-*icanon'; echo stty-done; sleep 600",
         sock.display()
     );
     let t = Tmux::start(m.root(), &cmd);
@@ -230,7 +230,7 @@ fn review_keeps_a_hunk_discards_one_with_a_note_and_shows_no_raw_escape() {
     );
     // Quit: the shell's screen is back, in cooked mode (icanon, not -icanon).
     t.keys(&["q"]);
-    let s = t.wait_for("review-exit=0");
+    let s = t.wait_for("stty-done");
     let after = s
         .lines()
         .skip_while(|l| !l.contains("review-exit=0"))
@@ -246,4 +246,42 @@ fn via(sock: &Path, op: &str, args: &[&str]) -> Out {
     v.push(sock.into());
     v.extend(args.iter().map(Into::into));
     run_fencefs(v, LIMIT)
+}
+
+/// The pid of the `fencefs review` process whose arguments include `sock`.
+fn review_pid(sock: &Path) -> Option<u32> {
+    let want = sock.as_os_str().as_encoded_bytes();
+    fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+        let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+        let cmd = fs::read(e.path().join("cmdline")).ok()?;
+        let args: Vec<&[u8]> = cmd.split(|&b| b == 0).collect();
+        (args.get(1) == Some(&&b"review"[..]) && args.contains(&want)).then_some(pid)
+    })
+}
+
+#[test]
+fn sigterm_restores_the_terminal() {
+    let (m, _dir, sock) = staged_live("review-term", |src| put(&src.join("a"), b"a\n", 0o644));
+    fs::write(m.mnt("a"), b"b\n").unwrap();
+    let cmd = format!(
+        "{BIN} review {}; echo review-exit=$?; stty -a | tr ' ' '\\n' | grep -x -- '-*icanon'; echo stty-done; sleep 600",
+        sock.display()
+    );
+    let t = Tmux::start(m.root(), &cmd);
+    t.wait_for("1 changed");
+    let pid = review_pid(&sock).expect("the review process");
+    // Our own child's child (tmux runs it for this test): SIGTERM it.
+    Command::new("kill")
+        .arg("-TERM")
+        .arg(pid.to_string())
+        .status()
+        .unwrap();
+    let s = t.wait_for("stty-done");
+    let after = s
+        .lines()
+        .skip_while(|l| !l.contains("review-exit=0"))
+        .nth(1)
+        .unwrap_or("");
+    assert_eq!(after.trim(), "icanon", "{s}");
+    assert!(!s.contains("changed"), "the alternate screen is gone: {s}");
 }

@@ -305,8 +305,11 @@ fn write_source(l: &Layers, dir: &Path, t: &Text, bytes: &[u8]) -> io::Result<()
         sys::fsync(f.as_fd(), false)?;
         guard::replace(&t.change, pdir.as_fd(), &tmp, &n, Some(&t.low))
     })();
-    if res.is_err() && sys::fstatat_nofollow(pdir.as_fd(), &tmp).is_ok() {
-        let _ = sys::unlinkat(pdir.as_fd(), &tmp, 0);
+    if res.is_err() {
+        if sys::fstatat_nofollow(pdir.as_fd(), &tmp).is_ok() {
+            let _ = sys::unlinkat(pdir.as_fd(), &tmp, 0);
+        }
+        let _ = intent::clear(dir);
     }
     res?;
     sync_dir(&l.lower, pdir.as_fd())?;

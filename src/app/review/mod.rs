@@ -6,7 +6,8 @@
 //! Parts: [`backend`] (the control socket or `--dir DIR`), [`model`] (state, keys, the
 //! worker thread a change runs on), [`draw`] (the screen). This file owns the terminal:
 //! raw mode and the alternate screen on entry, restored on every way out — quit, an
-//! error, a panic (the hook restores first) — and the event loop, which redraws on every
+//! error, a panic (the hook restores first), SIGTERM/SIGHUP/SIGQUIT (waited for on a
+//! thread of their own, they end the loop) — and the event loop, which redraws on every
 //! key, on resize and every 100 ms while a change runs.
 //!
 //! Invariants: the UI thread never waits on a change (apply, discard, rewind run on the
@@ -17,11 +18,13 @@ mod draw;
 mod model;
 
 use std::io::{self, IsTerminal};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use crossterm::event::{self, Event, KeyEventKind};
 use crossterm::terminal::{self, EnterAlternateScreen, LeaveAlternateScreen};
 use crossterm::{cursor, execute};
+use nix::sys::signal::{SigSet, Signal};
 use ratatui::Terminal;
 use ratatui::backend::CrosstermBackend;
 
@@ -83,12 +86,33 @@ pub fn run(a: ReviewArgs) -> i32 {
     }
 }
 
+/// Set by the signal thread on SIGTERM, SIGHUP or SIGQUIT: the loop quits (restoring the
+/// terminal) instead of the process dying in raw mode.
+static STOP: AtomicBool = AtomicBool::new(false);
+
+/// Blocks SIGTERM, SIGHUP and SIGQUIT in this thread (and the threads it starts) and
+/// waits for them on a thread of their own.
+fn catch_signals() -> io::Result<()> {
+    let mut set = SigSet::empty();
+    for s in [Signal::SIGTERM, Signal::SIGHUP, Signal::SIGQUIT] {
+        set.add(s);
+    }
+    set.thread_block().map_err(io::Error::from)?;
+    std::thread::spawn(move || {
+        if set.wait().is_ok() {
+            STOP.store(true, Ordering::Relaxed);
+        }
+    });
+    Ok(())
+}
+
 fn ui(backend: Backend, since: Option<u64>) -> io::Result<()> {
+    catch_signals()?;
     let _tty = Tty::enter()?;
     let mut term = Terminal::new(CrosstermBackend::new(io::stdout()))?;
     term.clear()?;
     let mut m = model::Model::new(backend, since);
-    while !m.quit {
+    while !m.quit && !STOP.load(Ordering::Relaxed) {
         term.draw(|f| draw::draw(f, &m))?;
         if event::poll(Duration::from_millis(100))? {
             match event::read()? {
