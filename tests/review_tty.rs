@@ -285,3 +285,45 @@ fn sigterm_restores_the_terminal() {
     assert_eq!(after.trim(), "icanon", "{s}");
     assert!(!s.contains("changed"), "the alternate screen is gone: {s}");
 }
+
+#[test]
+fn review_on_a_dir_no_daemon_serves() {
+    let base = numbered();
+    let (mut m, dir, _sock) = staged_live("review-dir", |src| {
+        put(&src.join("f.txt"), base.as_bytes(), 0o644);
+        put(&src.join("g.txt"), b"g\n", 0o644);
+    });
+    let agent = edit(&edit(&base, 2, "TWO"), 28, "XXVIII");
+    fs::write(m.mnt("f.txt"), &agent).unwrap();
+    fs::write(m.mnt("g.txt"), b"G\n").unwrap();
+    stop(&mut m);
+    let cmd = format!(
+        "{BIN} review --dir {}; echo review-exit=$?; sleep 600",
+        dir.display()
+    );
+    let t = Tmux::start(m.root(), &cmd);
+    t.wait_for("2 changed");
+    t.wait_for("hunk 1 of 2");
+    // Keep hunk 2 of f.txt, discard g.txt whole with a note; each takes DIR's lock.
+    t.keys(&["n", "a"]);
+    t.wait_for("applied M f.txt#2");
+    assert_eq!(
+        fs::read_to_string(m.host("f.txt")).unwrap(),
+        edit(&base, 28, "XXVIII")
+    );
+    t.keys(&["j", "D"]);
+    t.wait_for("note for the agent");
+    t.keys(&["-l", "no"]);
+    t.keys(&["Enter"]);
+    t.wait_for("discarded M g.txt");
+    t.wait_for("1 changed");
+    assert_eq!(fs::read(m.host("g.txt")).unwrap(), b"g\n");
+    assert_eq!(stage(&["status"], &dir).stdout, "M f.txt\n");
+    let fb = fs::read_to_string(dir.join("feedback.jsonl")).unwrap();
+    assert!(
+        fb.contains(r#""path":"g.txt""#) && fb.contains(r#""note":"no""#),
+        "{fb}"
+    );
+    t.keys(&["q"]);
+    t.wait_for("review-exit=0");
+}

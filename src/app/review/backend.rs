@@ -42,6 +42,10 @@ impl Backend {
         match self {
             Backend::Socket(s) => checked(crate::control::client::call_once(s, &req)?),
             Backend::Dir(d) => {
+                // The socket's `stage` command without its `cmd` tag.
+                if let Some(r) = req.as_object_mut() {
+                    r.remove("cmd");
+                }
                 let r: StageRequest =
                     serde_json::from_value(req).map_err(|e| format!("request: {e}"))?;
                 match op {
