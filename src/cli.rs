@@ -464,6 +464,7 @@ pub struct ReviewArgs {
     /// Only the changes made after checkpoint N.
     #[arg(long, value_name = "N")]
     pub since: Option<u64>,
-    /// A running mount's control socket (without --dir).
+    /// A running mount's control socket (without --dir; neither: the `fencefs run` of the
+    /// current directory's workspace).
     pub socket: Option<PathBuf>,
 }

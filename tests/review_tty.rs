@@ -327,3 +327,40 @@ fn review_on_a_dir_no_daemon_serves() {
     t.keys(&["q"]);
     t.wait_for("review-exit=0");
 }
+
+#[test]
+fn without_arguments_review_finds_the_run_of_the_current_workspace() {
+    use sha2::Digest;
+    use std::os::unix::ffi::OsStrExt;
+    let b = Mount::builder("review-find").policy(WRITE);
+    put(&b.host("sub/a.txt"), b"a\n", 0o644);
+    let src = b.host("").canonicalize().unwrap();
+    // Where `fencefs run` puts a run's control sockets: $XDG_RUNTIME_DIR/fencefs/HASH.
+    let hash: String = sha2::Sha256::digest(src.as_os_str().as_bytes())
+        .iter()
+        .take(8)
+        .map(|x| format!("{x:02x}"))
+        .collect();
+    let xdg = b.root().join("xdg-run");
+    let rt = xdg.join("fencefs").join(&hash);
+    fs::create_dir_all(&rt).unwrap();
+    let dir = stage_dir(&b);
+    let m = b
+        .arg("--stage")
+        .arg(&dir)
+        .arg("--control")
+        .arg(rt.join("control.4242"))
+        .start();
+    fs::write(m.mnt("sub/a.txt"), b"A\n").unwrap();
+    // Run from a directory below the workspace.
+    let cmd = format!(
+        "cd {} && XDG_RUNTIME_DIR={} {BIN} review; echo review-exit=$?; sleep 600",
+        src.join("sub").display(),
+        xdg.display()
+    );
+    let t = Tmux::start(m.root(), &cmd);
+    let s = t.wait_for("1 changed");
+    assert!(s.contains("M sub/a.txt") && s.contains("/xdg-run/"), "{s}");
+    t.keys(&["q"]);
+    t.wait_for("review-exit=0");
+}

@@ -18,6 +18,8 @@ mod draw;
 mod model;
 
 use std::io::{self, IsTerminal};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
@@ -65,6 +67,13 @@ pub fn run(a: ReviewArgs) -> i32 {
     let backend = match (&a.dir, &a.socket) {
         (Some(d), None) => Backend::Dir(d.clone()),
         (None, Some(s)) => Backend::Socket(s.clone()),
+        (None, None) => match find_run() {
+            Ok(b) => b,
+            Err(e) => {
+                eprintln!("fencefs: review: {}", crate::quote::escape(e.as_bytes()));
+                return 2;
+            }
+        },
         _ => {
             eprintln!("fencefs: review: give a mount's control SOCKET or --dir DIR");
             return 2;
@@ -104,6 +113,36 @@ fn catch_signals() -> io::Result<()> {
         }
     });
     Ok(())
+}
+
+/// Without SOCKET or DIR: the `fencefs run` of this directory's workspace (this directory
+/// or the nearest parent that has one): its control socket that answers (the newest
+/// first), else its staging area.
+fn find_run() -> Result<Backend, String> {
+    let cwd = std::env::current_dir()
+        .and_then(|d| d.canonicalize())
+        .map_err(|e| format!("current directory: {e}"))?;
+    for ws in cwd.ancestors().take_while(|d| *d != Path::new("/")) {
+        let (rt, stage) = super::run::places(ws);
+        let mut socks: Vec<(std::time::SystemTime, PathBuf)> = std::fs::read_dir(&rt)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|e| e.file_name().as_bytes().starts_with(b"control."))
+            .filter_map(|e| Some((e.metadata().ok()?.modified().ok()?, e.path())))
+            .collect();
+        socks.sort();
+        for (_, s) in socks.into_iter().rev() {
+            let status = serde_json::json!({"cmd": "status"});
+            if crate::control::client::call_once(&s, &status).is_ok() {
+                return Ok(Backend::Socket(s));
+            }
+        }
+        if let Some(st) = stage.filter(|s| s.join("fencefs-stage").exists()) {
+            return Ok(Backend::Dir(st));
+        }
+    }
+    Err("no `fencefs run` of this directory's workspace: give a mount's control SOCKET or --dir DIR".into())
 }
 
 fn ui(backend: Backend, since: Option<u64>) -> io::Result<()> {

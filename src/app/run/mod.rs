@@ -33,6 +33,8 @@ mod orphans;
 mod prove;
 mod setup;
 
+pub(super) use setup::places;
+
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 
