@@ -65,8 +65,13 @@ impl Tmux {
 
     #[track_caller]
     fn wait_for(&self, what: &str) -> String {
+        self.wait_for_within(what, Duration::from_secs(20))
+    }
+
+    #[track_caller]
+    fn wait_for_within(&self, what: &str, d: Duration) -> String {
         let mut last = String::new();
-        if eventually(Duration::from_secs(20), || {
+        if eventually(d, || {
             last = self.screen();
             last.contains(what)
         }) {
@@ -203,7 +208,8 @@ fn review_keeps_a_hunk_discards_one_with_a_note_and_shows_no_raw_escape() {
         "no progress line; the pane:\n{seen}"
     );
     keep_screen("progress", &seen);
-    t.wait_for("applied A gen/ (5000 entries)");
+    // (5,000 files with a syncfs per batch: seconds on a loaded machine.)
+    t.wait_for_within("applied A gen/ (5000 entries)", Duration::from_secs(180));
     assert_eq!(fs::read_to_string(m.host("gen/4999")).unwrap(), "4999\n");
     assert_eq!(fs::read_dir(m.host("gen")).unwrap().count(), 5000);
     // Resize: 200×60, then back to 80×24; the keys line is whole both times.
