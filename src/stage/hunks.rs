@@ -8,7 +8,7 @@
 //! without a trailing newline round-trip.
 //!
 //! The edit script is a longest common subsequence of the lines between the common prefix
-//! and suffix when that middle is small (≤ [`MAX_CELLS`] cells: the same hunks `stage
+//! and suffix when that middle is small (≤ `MAX_CELLS` cells: the same hunks `stage
 //! diff` always wrote), else Myers' algorithm (`similar`, linear memory, with a time
 //! limit past which it settles for a longer script). Memory, for files of `A` and `B`
 //! bytes with `L` lines in all: the two files, 16 bytes a line for the line table, one

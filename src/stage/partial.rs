@@ -4,7 +4,7 @@
 //! Applying hunks writes SOURCE's file anew as SOURCE's version with those hunks carried
 //! over ([`super::hunks::FileDiff::with`]): beside it (the apply's temporary name, named
 //! in the intent log), synced, and put in place by the apply's last-look guard
-//! ([`super::guard::replace`]: a host save meanwhile is a conflict, never overwritten);
+//! (`guard::replace`: a host save meanwhile is a conflict, never overwritten);
 //! SOURCE's mode, owner and xattrs are kept. The staged copy stays the agent's full
 //! version and its base record moves to the new SOURCE file, so what stays staged is
 //! exactly the other hunks. Discarding hunks rewrites the staged copy as SOURCE's
