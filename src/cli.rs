@@ -84,6 +84,8 @@ pub enum Command {
     },
     /// Review staged changes: status, diff, apply, discard (`mount --stage DIR`).
     Stage(crate::stage::cli::StageArgs),
+    /// Review staged changes in a terminal UI: keep or discard paths and single hunks.
+    Review(ReviewArgs),
     /// List the answers remembered for good in an --answers FILE, for review.
     Answers {
         /// The daemon's --answers file.
@@ -505,4 +507,18 @@ mod tests {
             Err(clap::error::ErrorKind::ValueValidation)
         );
     }
+}
+
+/// `fencefs review`.
+#[derive(clap::Args, Debug)]
+pub struct ReviewArgs {
+    /// The staging area itself (no daemon serving it).
+    #[arg(long, value_name = "DIR", conflicts_with = "socket")]
+    pub dir: Option<PathBuf>,
+    /// Only the changes made after checkpoint N.
+    #[arg(long, value_name = "N")]
+    pub since: Option<u64>,
+    /// A running mount's control socket (without --dir; neither: the `fencefs run` of the
+    /// current directory's workspace).
+    pub socket: Option<PathBuf>,
 }

@@ -8,6 +8,7 @@
 //! - `run`: `fencefs run`: COMMAND in a private namespace with the fences up;
 //! - `roots`: the mount's roots besides SOURCE (`--root`, a linked worktree's repository).
 //! - `policy_watch`: the debounced reload when the host edits a policy file in SOURCE.
+//! - `review`: `fencefs review`, the terminal UI over a staging area's changes.
 
 mod answers;
 mod explain;
@@ -18,6 +19,7 @@ mod mount;
 mod notify;
 mod policy_watch;
 mod restage;
+mod review;
 mod roots;
 mod run;
 mod threads;
@@ -94,6 +96,7 @@ pub fn run(cmd: Command) -> i32 {
         Command::Explain(a) => explain::explain(a),
         Command::Ctl { socket, what } => crate::control::client::ctl(&socket, &what),
         Command::Stage(a) => crate::stage::cli::run(a),
+        Command::Review(a) => review::run(a),
         Command::Answers { file } => answers::list(&file),
         Command::Hooks(a) => hooks::hooks(a),
         Command::CheckpointHook(a) => hooks::checkpoint_hook(a),

@@ -190,7 +190,7 @@ pub fn line(v: &Value) -> Vec<u8> {
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StageRequest {
-    /// status | diff | apply | discard | checkpoint | log | rewind
+    /// status | diff | hunks | apply | discard | checkpoint | log | rewind | feedback
     pub op: String,
     /// The paths (workspace-relative; all when empty).
     #[serde(default)]
@@ -213,6 +213,12 @@ pub struct StageRequest {
     /// `--note TEXT` (discard, apply): the reviewer's note for the agent's feedback.
     #[serde(default)]
     pub note: Option<String>,
+    /// `apply` | `discard` (feedback: the reviewer's decision on `paths[0]`).
+    #[serde(default)]
+    pub decision: Option<String>,
+    /// The hunk numbers a decision was on (feedback; empty: the whole path).
+    #[serde(default)]
+    pub hunks: Vec<usize>,
 }
 
 #[cfg(test)]

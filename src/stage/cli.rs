@@ -61,6 +61,16 @@ pub enum StageOp {
         /// `SOCKET` (without --dir), then the paths to show (default: all).
         args: Vec<OsString>,
     },
+    /// A staged text file's hunks, numbered (for `apply|discard PATH#N[,M…][@ID]`).
+    Hunks {
+        #[command(flatten)]
+        at: At,
+        /// JSON instead (each line escaped for a terminal).
+        #[arg(long)]
+        json: bool,
+        /// `SOCKET` (without --dir), then the path.
+        args: Vec<OsString>,
+    },
     /// Carry staged changes into SOURCE (each file written beside, synced, renamed).
     Apply {
         #[command(flatten)]
@@ -73,7 +83,8 @@ pub enum StageOp {
         #[arg(long = "at", value_name = "N")]
         checkpoint: Option<u64>,
         /// `SOCKET` (without --dir), then the paths to apply (default: all); `PATH@ID`
-        /// (the `id` of `status --json`) is refused if the change is not the one shown.
+        /// (the `id` of `status --json`) is refused if the change is not the one shown;
+        /// `PATH#N[,M…][@ID]` applies only those hunks of a text file (`stage hunks`).
         args: Vec<OsString>,
     },
     /// Drop staged changes (all when no PATH is given).
@@ -84,7 +95,7 @@ pub enum StageOp {
         #[arg(long, value_name = "TEXT")]
         note: Option<String>,
         /// `SOCKET` (without --dir), then the paths to discard (default: all); `PATH@ID`
-        /// as for apply.
+        /// and `PATH#N[,M…][@ID]` as for apply.
         args: Vec<OsString>,
     },
     /// Record the staged state as checkpoint N (printed).
@@ -193,6 +204,7 @@ fn via_socket(op: &str, args: &[OsString], o: Req) -> Result<i32, String> {
         .collect();
     let mut req = serde_json::json!({"cmd": "stage", "op": op});
     match op {
+        "hunks" => req["paths"] = ps.into(),
         "status" | "diff" => {
             req["paths"] = ps.into();
             if let Some(n) = o.since {
@@ -227,6 +239,12 @@ fn via_socket(op: &str, args: &[OsString], o: Req) -> Result<i32, String> {
     let esc = |s: &str| crate::quote::escape(s.as_bytes()).into_owned();
     match op {
         "status" if o.json => println!("{}", json_text(&a["changes"])),
+        "hunks" if o.json => println!("{}", json_text(&a["hunks"])),
+        "hunks" => {
+            let d = a["text"].as_str().unwrap_or_default();
+            shown(std::io::stdout().lock(), |out| out.write_all(d.as_bytes()))
+                .map_err(|e| format!("hunks: {e}"))?;
+        }
         "status" => {
             for l in a["lines"].as_array().into_iter().flatten() {
                 println!("{}", esc(l.as_str().unwrap_or_default()));
@@ -336,6 +354,13 @@ fn run_op(op: StageOp) -> Result<i32, String> {
             };
             return via_socket("status", args, o);
         }
+        StageOp::Hunks { at, json, args } if sock(at, args) => {
+            let o = Req {
+                json: *json,
+                ..Req::default()
+            };
+            return via_socket("hunks", args, o);
+        }
         StageOp::Diff { at, since, args } if sock(at, args) => {
             let o = Req {
                 since: *since,
@@ -426,6 +451,22 @@ fn run_op(op: StageOp) -> Result<i32, String> {
                 super::diff::write(&st.layers, &list, &mut out)
             })
             .map_err(|e| format!("diff: {e}"))?;
+            Ok(0)
+        }
+        StageOp::Hunks { at, json, args } => {
+            let (area, ps) = area(&at, &args)?;
+            let [p] = &ps[..] else {
+                return Ok(usage("hunks takes one PATH".into()));
+            };
+            let st = view::staged(&area, None)?;
+            if json {
+                println!("{}", json_text(&super::partial::list_json(&st.layers, p)?));
+                return Ok(0);
+            }
+            let mut buf = Vec::new();
+            super::partial::write_list(&st.layers, p, &mut buf)?;
+            shown(std::io::stdout().lock(), |out| out.write_all(&buf))
+                .map_err(|e| format!("hunks: {e}"))?;
             Ok(0)
         }
         StageOp::Apply {

@@ -2,7 +2,9 @@
 //! `staged` count in `status`.
 //!
 //! Answers carry what the CLI prints with `--json` (`changes` for status, with the human
-//! `lines` too; `diff` for diff; `checkpoint`, `checkpoints`, `rewound_to`; `lines` and
+//! `lines` too; `diff` for diff; `hunks` and `text` for hunks;
+//! nothing more for `feedback`, which appends the reviewer's decision to
+//! `DIR/feedback.jsonl`; `checkpoint`, `checkpoints`, `rewound_to`; `lines` and
 //! `refused` for apply and discard).
 //!
 //! `status`, `diff` and `log` only read. `checkpoint`, `rewind`, `apply` and `discard`
@@ -122,6 +124,14 @@ fn run(dir: &Path, live: Option<&dyn Live>, r: &StageRequest, uid: u32) -> Resul
             }
             Ok(json!({"diff": String::from_utf8_lossy(&out.0)}))
         }
+        "hunks" => hunks(&area, r),
+        "feedback" => {
+            let p = r.paths.first().ok_or("feedback needs the path")?;
+            let d = r.decision.as_deref().unwrap_or_default();
+            let note = r.message.as_deref().unwrap_or_default();
+            super::feedback::append_one(&area.dir, p, &r.hunks, d, note)?;
+            Ok(json!({}))
+        }
         "log" => Ok(json!({"checkpoints": layers::log(&area.dir)?})),
         "checkpoint" => {
             // Counted before the door closes (what changes meanwhile is sealed uncounted).
@@ -165,6 +175,31 @@ fn run(dir: &Path, live: Option<&dyn Live>, r: &StageRequest, uid: u32) -> Resul
         }
         other => Err(format!("unknown stage op '{other}'")),
     }
+}
+
+/// `hunks`: the one path's numbered hunks (`hunks`, as `stage hunks --json` prints them)
+/// and their text (`text`, as `stage hunks` prints it), at most [`MAX_DIFF`] bytes.
+fn hunks(area: &Area, r: &StageRequest) -> Result<Value, String> {
+    let ps = paths(r);
+    let [p] = &ps[..] else {
+        return Err("hunks takes one path".into());
+    };
+    let st = view::staged(area, None)?;
+    let mut text = Capped(Vec::new());
+    super::partial::write_list(&st.layers, p, &mut text).map_err(|e| {
+        if e.contains("File too large") || e.contains("file too large") {
+            format!(
+                "the hunks are over {} MiB: use `fencefs stage hunks --dir`",
+                MAX_DIFF >> 20
+            )
+        } else {
+            e
+        }
+    })?;
+    Ok(json!({
+        "hunks": super::partial::list_json(&st.layers, p)?,
+        "text": String::from_utf8_lossy(&text.0),
+    }))
 }
 
 /// Wires staging into the control socket's hooks when the mount stages into `dir` (the

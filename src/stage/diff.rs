@@ -15,10 +15,8 @@ use super::space::Space;
 use super::tree::{Layer, Node, depth_of, depth_ok, join, kind};
 use crate::host::sys;
 
-const MAX_TEXT: u64 = 16 << 20;
-const CONTEXT: usize = 3;
-/// Past this many cells the line matching is skipped: one hunk replaces the middle.
-const MAX_CELLS: usize = 4_000_000;
+/// Past this size a file is shown as binary.
+pub const MAX_TEXT: u64 = 16 << 20;
 
 /// `prefix` + `p`, quoted as one name (git's `"a/x\ty"`).
 pub fn quote_with(prefix: &[u8], p: &[u8]) -> String {
@@ -314,126 +312,9 @@ fn file(old: Option<Side<'_>>, new: Option<Side<'_>>, out: &mut impl Write) -> i
     }
 }
 
-fn lines(b: &[u8]) -> Vec<&[u8]> {
-    b.split_inclusive(|&c| c == b'\n').collect()
-}
-
-#[derive(Clone, Copy, PartialEq)]
-enum Op {
-    Same,
-    Del,
-    Ins,
-}
-
-/// The edit script from `a` to `b`: common prefix and suffix, an LCS of the middle when it
-/// is small enough, else the middle replaced whole.
-fn script(a: &[&[u8]], b: &[&[u8]]) -> Vec<Op> {
-    let pre = a.iter().zip(b).take_while(|(x, y)| x == y).count();
-    let suf = a[pre..]
-        .iter()
-        .rev()
-        .zip(b[pre..].iter().rev())
-        .take_while(|(x, y)| x == y)
-        .count();
-    let (ma, mb) = (&a[pre..a.len() - suf], &b[pre..b.len() - suf]);
-    let mut ops = vec![Op::Same; pre];
-    let (n, m) = (ma.len(), mb.len());
-    if n * m <= MAX_CELLS && n > 0 && m > 0 {
-        // lcs[i][j]: LCS length of ma[i..] and mb[j..].
-        let w = m + 1;
-        let mut lcs = vec![0u32; (n + 1) * w];
-        for i in (0..n).rev() {
-            for j in (0..m).rev() {
-                lcs[i * w + j] = if ma[i] == mb[j] {
-                    lcs[(i + 1) * w + j + 1] + 1
-                } else {
-                    lcs[(i + 1) * w + j].max(lcs[i * w + j + 1])
-                };
-            }
-        }
-        let (mut i, mut j) = (0, 0);
-        while i < n && j < m {
-            if ma[i] == mb[j] {
-                ops.push(Op::Same);
-                i += 1;
-                j += 1;
-            } else if lcs[(i + 1) * w + j] >= lcs[i * w + j + 1] {
-                ops.push(Op::Del);
-                i += 1;
-            } else {
-                ops.push(Op::Ins);
-                j += 1;
-            }
-        }
-        ops.extend(std::iter::repeat_n(Op::Del, n - i));
-        ops.extend(std::iter::repeat_n(Op::Ins, m - j));
-    } else {
-        ops.extend(std::iter::repeat_n(Op::Del, n));
-        ops.extend(std::iter::repeat_n(Op::Ins, m));
-    }
-    ops.extend(std::iter::repeat_n(Op::Same, suf));
-    ops
-}
-
-fn range(start: usize, count: usize) -> String {
-    match count {
-        0 => format!("{start},0"),
-        1 => format!("{}", start + 1),
-        _ => format!("{},{count}", start + 1),
-    }
-}
-
-fn emit(out: &mut impl Write, tag: u8, line: &[u8]) -> io::Result<()> {
-    out.write_all(&[tag])?;
-    out.write_all(line)?;
-    if !line.ends_with(b"\n") {
-        out.write_all(b"\n\\ No newline at end of file\n")?;
-    }
-    Ok(())
-}
-
-/// The `@@` hunks turning `a` into `b`, with three lines of context.
+/// The `@@` hunks turning `a` into `b`, with three lines of context ([`super::hunks`]).
 fn hunks(a: &[u8], b: &[u8], out: &mut impl Write) -> io::Result<()> {
-    let (la, lb) = (lines(a), lines(b));
-    let ops = script(&la, &lb);
-    // Positions (index in ops, old line, new line) of every op.
-    let mut pos = Vec::with_capacity(ops.len());
-    let (mut i, mut j) = (0, 0);
-    for op in &ops {
-        pos.push((i, j));
-        match op {
-            Op::Same => {
-                i += 1;
-                j += 1;
-            }
-            Op::Del => i += 1,
-            Op::Ins => j += 1,
-        }
-    }
-    let changed: Vec<usize> = (0..ops.len()).filter(|&k| ops[k] != Op::Same).collect();
-    let mut k = 0;
-    while k < changed.len() {
-        let start = changed[k].saturating_sub(CONTEXT);
-        let mut end = changed[k];
-        while k < changed.len() && changed[k] <= end + 2 * CONTEXT {
-            end = changed[k];
-            k += 1;
-        }
-        let end = (end + CONTEXT + 1).min(ops.len());
-        let (oi, nj) = pos[start];
-        let ocount = ops[start..end].iter().filter(|o| **o != Op::Ins).count();
-        let ncount = ops[start..end].iter().filter(|o| **o != Op::Del).count();
-        writeln!(out, "@@ -{} +{} @@", range(oi, ocount), range(nj, ncount))?;
-        for (idx, op) in ops.iter().enumerate().take(end).skip(start) {
-            let (x, y) = pos[idx];
-            match op {
-                Op::Same => emit(out, b' ', la[x])?,
-                Op::Del => emit(out, b'-', la[x])?,
-                Op::Ins => emit(out, b'+', lb[y])?,
-            }
-        }
-    }
-    Ok(())
+    super::hunks::FileDiff::new(a, b).write_all(out)
 }
 
 #[cfg(test)]

@@ -96,6 +96,43 @@ pub fn decided(list: &[Change], report: &Report, op: &str, note: Option<&str>) -
     out
 }
 
+/// The longest note kept (longer ones are cut at a character boundary).
+pub const MAX_NOTE: usize = 4096;
+
+/// One decision a review UI made (`fencefs review`'s hunks: `stage apply|discard` record
+/// whole paths themselves): `decision` is `apply` or `discard`, `hunks` empty for the
+/// whole path, `note` empty for none.
+pub fn append_one(
+    dir: &Path,
+    path: &str,
+    hunks: &[usize],
+    decision: &str,
+    note: &str,
+) -> Result<(), String> {
+    let word = match decision {
+        "apply" | "applied" => "applied",
+        "discard" | "discarded" => "discarded",
+        _ => {
+            return Err(format!(
+                "feedback: decision '{decision}' is not apply or discard"
+            ));
+        }
+    };
+    let mut cut = note.len().min(MAX_NOTE);
+    while !note.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    let d = Decision {
+        ts: now(),
+        path: path.to_string(),
+        hunks: (!hunks.is_empty()).then(|| hunks.iter().map(|&h| h as u32).collect()),
+        decision: word.to_string(),
+        note: (cut > 0).then(|| note[..cut].to_string()),
+    };
+    append(dir, &[d]);
+    Ok(())
+}
+
 /// Appends `ds` to `DIR/feedback.jsonl` (logged on failure).
 pub fn append(dir: &Path, ds: &[Decision]) {
     if ds.is_empty() {

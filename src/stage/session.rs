@@ -16,11 +16,11 @@ use std::path::Path;
 
 use super::Area;
 use super::apply::{self, Report};
-use super::changes::Layers;
+use super::changes::{Change, Layers};
 use super::render::quote;
 use super::tree::Layer;
 use super::view::{self, engine};
-use super::{discard, ids, intent, layers as ckpt, tree_mount};
+use super::{discard, ids, intent, layers as ckpt, partial, tree_mount};
 
 /// Opens, validates and locks `dir` for a mount of `src` at `mnt` (canonical), then builds
 /// the merged view. The lock is held for the daemon's lifetime (its descriptor stays open
@@ -194,49 +194,25 @@ pub fn apply_or_discard(
     if let Some(what) = intent::recover(&area.dir, &l)? {
         log::warn!("stage: {what}");
     }
-    // PATH@ID: refused unless the change is still the one shown; none left: nothing to do.
-    let (kept, refused) = ids::check(&l, ps, &why);
-    let mut before = Vec::new();
-    let mut report = if !ps.is_empty() && kept.is_empty() {
-        Report::default()
-    } else if op == "apply" {
-        // A PATH@ID applies the change it names and nothing below it (`--at N`: a later
-        // write below a directory N changed is not N's).
-        let list: Vec<_> = l
-            .changes()
-            .map_err(|e| format!("reading the staged tree: {e}"))?
-            .into_iter()
-            .filter(|c| kept.is_empty() || kept.iter().any(|k| k.selects(c)))
-            .collect();
-        let r = apply::apply(&l, &list, force, &area.dir, kept.is_empty());
-        before = list;
-        r
-    } else {
-        let list = l
-            .changes()
-            .map_err(|e| format!("reading the staged tree: {e}"))?;
-        let mut wide = Vec::new();
-        let kept: Vec<Vec<u8>> = kept
-            .into_iter()
-            .filter(|k| match ids::too_wide_to_discard(k, &list) {
-                Some(line) => {
-                    wide.push(line);
-                    false
-                }
-                None => true,
-            })
-            .map(|k| k.path)
-            .collect();
-        let mut r = if kept.is_empty() && !wide.is_empty() {
-            Report::default()
-        } else {
-            discard::discard(&l, &list, &kept)
-        };
-        r.refused += wide.len();
-        r.lines.extend(wide);
-        before = list;
-        r
+    // PATH#N[@ID]: those hunks only; every other argument as a path.
+    // (`--at N` arguments are the sealed changes' own `PATH@ID`s: whole paths, whatever
+    // their names.)
+    let (hunk_args, plain) = match o.at {
+        Some(_) => (Vec::new(), ps.to_vec()),
+        None => split_hunks(ps),
     };
+    let mut report = hunks(&l, &area.dir, op == "apply", &hunk_args, force)?;
+    // PATH@ID: refused unless the change is still the one shown; none left: nothing to do.
+    let (kept, refused) = ids::check(&l, &plain, &why);
+    let only_hunks = !hunk_args.is_empty() && plain.is_empty();
+    let mut before = Vec::new();
+    if !only_hunks && (plain.is_empty() || !kept.is_empty()) {
+        let (r, list) = whole(&l, &area.dir, op, kept, force)?;
+        merge(&mut report, r);
+        before = list;
+    }
+    // What was carried out, for the agent's feedback (hunks: `fencefs review` writes its
+    // own lines with their numbers).
     let ds = super::feedback::decided(&before, &report, op, o.note.as_deref());
     super::feedback::append(&area.dir, &ds);
     report.refused += refused.len();
@@ -252,5 +228,100 @@ pub fn apply_or_discard(
         ps,
         &report,
     );
+    Ok(report)
+}
+
+/// Applies or discards the paths `kept` names (all when empty).
+fn whole(
+    l: &Layers,
+    dir: &Path,
+    op: &str,
+    kept: Vec<ids::Kept>,
+    force: bool,
+) -> Result<(Report, Vec<Change>), String> {
+    let list = l
+        .changes()
+        .map_err(|e| format!("reading the staged tree: {e}"))?;
+    if op == "apply" {
+        // A PATH@ID applies the change it names and nothing below it (`--at N`: a later
+        // write below a directory N changed is not N's).
+        let list: Vec<_> = list
+            .into_iter()
+            .filter(|c| kept.is_empty() || kept.iter().any(|k| k.selects(c)))
+            .collect();
+        let r = apply::apply(l, &list, force, dir, kept.is_empty());
+        Ok((r, list))
+    } else {
+        // A directory's m or R id with changes below it is refused (it would take the
+        // staged directory back whole, with agent work that id never showed).
+        let mut wide = Vec::new();
+        let kept: Vec<Vec<u8>> = kept
+            .into_iter()
+            .filter(|k| match ids::too_wide_to_discard(k, &list) {
+                Some(line) => {
+                    wide.push(line);
+                    false
+                }
+                None => true,
+            })
+            .map(|k| k.path)
+            .collect();
+        let mut r = if kept.is_empty() && !wide.is_empty() {
+            Report::default()
+        } else {
+            discard::discard(l, &list, &kept)
+        };
+        r.refused += wide.len();
+        r.lines.extend(wide);
+        Ok((r, list))
+    }
+}
+
+fn merge(into: &mut Report, r: Report) {
+    into.lines.extend(r.lines);
+    into.refused += r.refused;
+}
+
+/// The `PATH#N[,M…][@ID]` arguments of `ps` ([`partial::parse`]) and the others.
+fn split_hunks(ps: &[Vec<u8>]) -> (Vec<partial::HunkArg>, Vec<Vec<u8>>) {
+    let mut hunks = Vec::new();
+    let mut rest = Vec::new();
+    for p in ps {
+        match partial::parse(p) {
+            Some(h) => hunks.push(h),
+            None => rest.push(p.clone()),
+        }
+    }
+    (hunks, rest)
+}
+
+/// Applies or discards the hunks each of `args` names (every hunk of a path: that path
+/// whole, as a plain PATH).
+fn hunks(
+    l: &Layers,
+    dir: &Path,
+    apply: bool,
+    args: &[partial::HunkArg],
+    force: bool,
+) -> Result<Report, String> {
+    let mut report = Report::default();
+    for a in args {
+        match partial::run(l, dir, apply, a, force) {
+            partial::Outcome::Done(line) => report.lines.push(line),
+            partial::Outcome::Refused(line) => {
+                report.lines.push(line);
+                report.refused += 1;
+            }
+            partial::Outcome::Whole(c) if apply => {
+                merge(&mut report, apply::apply(l, &[c], force, dir, false));
+            }
+            partial::Outcome::Whole(c) => {
+                let list = l
+                    .changes()
+                    .map_err(|e| format!("reading the staged tree: {e}"))?;
+                merge(&mut report, discard::discard(l, &list, &[c.path]));
+            }
+        }
+    }
     Ok(report)
 }

@@ -85,9 +85,16 @@ fn view(area: &Area, source: OwnedFd, ls: &[OwnedFd], upto: usize) -> Result<Own
 }
 
 /// A scratch directory under `DIR/scratch`, deleted on drop.
-struct Scratch {
+pub(super) struct Scratch {
     area_dir: PathBuf,
     path: PathBuf,
+}
+
+impl Scratch {
+    /// Where it is.
+    pub(super) fn path(&self) -> &Path {
+        &self.path
+    }
 }
 
 impl Drop for Scratch {
@@ -116,10 +123,16 @@ pub fn clear_scratch(area: &Area) -> Result<(), String> {
 }
 
 fn scratch(area: &Area) -> Result<Scratch, String> {
+    scratch_dir(&area.dir)
+}
+
+/// A scratch directory of the staging area `dir` (under `DIR/scratch`, on DIR's file
+/// system), deleted on drop.
+pub(super) fn scratch_dir(dir: &Path) -> Result<Scratch, String> {
     use std::os::unix::fs::DirBuilderExt;
     use std::sync::atomic::{AtomicU64, Ordering};
     static NEXT: AtomicU64 = AtomicU64::new(0);
-    let base = area.dir.join("scratch");
+    let base = dir.join("scratch");
     let mk = |p: &Path| {
         std::fs::DirBuilder::new()
             .mode(0o700)
@@ -136,7 +149,7 @@ fn scratch(area: &Area) -> Result<Scratch, String> {
     ));
     mk(&path)?;
     let s = Scratch {
-        area_dir: area.dir.clone(),
+        area_dir: dir.to_path_buf(),
         path,
     };
     mk(&s.path.join("tree"))?;

@@ -35,6 +35,8 @@ mod orphans;
 mod prove;
 mod setup;
 
+pub(super) use setup::places;
+
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 

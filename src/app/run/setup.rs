@@ -166,6 +166,21 @@ fn stage_paths(
     })
 }
 
+/// Where a `fencefs run` of workspace `ws` (canonical) with the default places keeps its
+/// private runtime directory (its control sockets `control.PID`) and its staging area, as
+/// [`setup`] names them; nothing is made or checked (`fencefs review` looks there).
+pub(crate) fn places(ws: &Path) -> (PathBuf, Option<PathBuf>) {
+    let uid = nix::unistd::geteuid().as_raw();
+    let base = match std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
+        Some(d) => PathBuf::from(d).join("fencefs"),
+        None if uid == 0 => PathBuf::from("/run/fencefs"),
+        None => PathBuf::from(format!("/tmp/fencefs-{uid}")),
+    };
+    let h = hash(ws);
+    let stage = state_base().ok().map(|b| b.join(&h).join("stage"));
+    (base.join(&h), stage)
+}
+
 /// The first 16 hex digits of SHA-256 of the workspace's path: its directories' name.
 fn hash(ws: &Path) -> String {
     let d = sha2::Sha256::digest(ws.as_os_str().as_bytes());
