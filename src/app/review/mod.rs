@@ -153,7 +153,12 @@ fn ui(backend: Backend, since: Option<u64>) -> io::Result<()> {
     let mut m = model::Model::new(backend, since);
     while !m.quit && !STOP.load(Ordering::Relaxed) {
         term.draw(|f| draw::draw(f, &m))?;
-        if event::poll(Duration::from_millis(100))? {
+        // The wait is ours: crossterm's poll spins forever on a hung-up terminal (its
+        // window or tmux server gone: every read is EOF), leaving an orphan at 100% CPU.
+        if hung_up(100)? {
+            break;
+        }
+        if event::poll(Duration::ZERO)? {
             match event::read()? {
                 Event::Key(k) if k.kind == KeyEventKind::Press => m.key(k),
                 Event::Resize(..) => term.autoresize()?,
@@ -163,4 +168,21 @@ fn ui(backend: Backend, since: Option<u64>) -> io::Result<()> {
         m.poll();
     }
     Ok(())
+}
+
+/// Waits up to `ms` for the terminal (stdin); whether it hung up.
+fn hung_up(ms: u16) -> io::Result<bool> {
+    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+    let stdin = io::stdin();
+    let mut fds = [PollFd::new(
+        std::os::fd::AsFd::as_fd(&stdin),
+        PollFlags::POLLIN,
+    )];
+    match poll(&mut fds, PollTimeout::from(ms)) {
+        Ok(_) => Ok(fds[0].revents().is_some_and(|r| {
+            r.intersects(PollFlags::POLLHUP | PollFlags::POLLERR | PollFlags::POLLNVAL)
+        })),
+        Err(nix::errno::Errno::EINTR) => Ok(false),
+        Err(e) => Err(io::Error::from_raw_os_error(e as i32)),
+    }
 }
