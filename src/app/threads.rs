@@ -390,7 +390,12 @@ pub(super) fn signal_loop(
                 // Held requests are answered (refused) first: no caller waits on a
                 // daemon that is going away.
                 shared.approvals.shutdown();
-                if DIRECT_MOUNT.load(Ordering::SeqCst) {
+                if super::FD_MOUNT.load(Ordering::SeqCst) {
+                    // `--fuse-fd-from`: the mount is the mounter's, out of reach here;
+                    // exiting closes the connection (the mount answers ENOTCONN until
+                    // the mounter unmounts it).
+                    log::info!("closing the handed-over FUSE connection");
+                } else if DIRECT_MOUNT.load(Ordering::SeqCst) {
                     // `fencefs run`: the mount is ours, in the run's private namespace.
                     // EINVAL: already detached with the mount it was on.
                     match crate::host::sys::ns::detach(&mnt) {
@@ -411,14 +416,21 @@ pub(super) fn signal_loop(
                 // A detached mount stays alive while a process still holds a file in it;
                 // give the session a moment to end, then end the connection by exiting
                 // (those files then fail with ENOTCONN, as after any unmount).
-                let deadline = Instant::now() + Duration::from_secs(2);
+                let wait = if super::FD_MOUNT.load(Ordering::SeqCst) {
+                    Duration::ZERO
+                } else {
+                    Duration::from_secs(2)
+                };
+                let deadline = Instant::now() + wait;
                 while Instant::now() < deadline {
                     if SESSION_DONE.load(Ordering::SeqCst) {
                         return;
                     }
                     std::thread::sleep(Duration::from_millis(20));
                 }
-                log::warn!("files still open in the detached mount; closing the connection");
+                if !wait.is_zero() {
+                    log::warn!("files still open in the detached mount; closing the connection");
+                }
                 flush_audit(&shared);
                 remove_control(CONTROL_SOCKET.get().map(PathBuf::as_path));
                 log::logger().flush();

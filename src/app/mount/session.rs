@@ -46,7 +46,13 @@ pub(super) fn mount_session(a: &MountArgs, state: &State) -> Result<Mounted, Str
     if matches!(plan, Plan::Offer { .. }) {
         core.offer_uring.store(true, Ordering::Relaxed);
     }
-    let session = if a.direct {
+    let session = if let Some(sock) = &a.fuse_fd_from {
+        let dev = super::fd_from::receive(sock).inspect_err(|_| {
+            threads::remove_control(a.control.as_deref());
+        })?;
+        let acl = config.acl;
+        Session::from_fd(fs, dev, acl, config)
+    } else if a.direct {
         direct_session(fs, &state.src, &state.mnt, a.allow_other, config)
     } else {
         Session::new(fs, &state.mnt, &config)
