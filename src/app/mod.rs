@@ -18,6 +18,7 @@ mod learn;
 mod learn_out;
 mod mount;
 mod notify;
+mod policy_files;
 mod policy_watch;
 mod restage;
 mod roots;

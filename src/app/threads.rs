@@ -43,6 +43,17 @@ pub(super) fn reload_now(shared: &Shared) -> Result<Arc<Snapshot>, Vec<PolicyErr
                     crate::quote::escape(e.to_string().as_bytes())
                 );
             }
+            if let Some(a) = &shared.audit {
+                let why: Vec<_> = errs.iter().map(|e| e.to_string().into()).collect();
+                let mut m = serde_json::Map::new();
+                m.insert("outcome".into(), "refused".into());
+                m.insert(
+                    "kept_generation".into(),
+                    shared.policy.get().generation.into(),
+                );
+                m.insert("errors".into(), serde_json::Value::Array(why));
+                a.note("policy_reload", m);
+            }
             return Err(errs);
         }
     };
@@ -80,6 +91,12 @@ pub(super) fn reload_now(shared: &Shared) -> Result<Arc<Snapshot>, Vec<PolicyErr
     } else {
         String::new()
     };
+    if let Some(a) = &shared.audit {
+        let mut m = serde_json::Map::new();
+        m.insert("outcome".into(), "loaded".into());
+        m.insert("generation".into(), snap.generation.into());
+        a.note("policy_reload", m);
+    }
     log::info!(
         "policy reloaded: generation {}, {} rules, mode {} (kernel caches: {} names, {} inodes invalidated in {:?}{deferred})",
         snap.generation,

@@ -131,7 +131,9 @@ fn session_config(a: &MountArgs, src: &Path, threads: usize) -> Config {
         SessionACL::Owner
     };
     config.n_threads = Some(threads);
-    config.clone_fd = true;
+    // A clone is a fresh open of /dev/fuse: a `--fuse-fd-from` daemon (a pod without
+    // the device, or a uid it is not open to) shares the one descriptor it was handed.
+    config.clone_fd = a.fuse_fd_from.is_none();
     config
 }
 

@@ -123,7 +123,7 @@ pub(in crate::app) fn build_state(
         settings: Settings {
             revoke: a.revoke,
             ttl: Duration::from_secs_f64(ttl),
-            passthrough: !a.no_passthrough,
+            passthrough: !a.no_passthrough && passthrough_possible(a),
             learn: a.learn.as_ref().map(|_| Default::default()),
             xattr: !a.no_xattr,
         },
@@ -269,4 +269,20 @@ fn handle_budget(nofile: usize, fd_cache: usize, threads: usize, cap: Option<u32
         per_uid.min(pool)
     );
     Handles::new(pool, per_uid, HANDLES_TOTAL, HANDLES_PER_UID)
+}
+
+/// Kernel passthrough needs CAP_SYS_ADMIN in the daemon (the kernel's backing-file ioctl
+/// checks it). A mount made by fusermount3 or by root never offers it otherwise; a
+/// descriptor handed to an unprivileged daemon (`--fuse-fd-from`) was mounted by root, so
+/// the kernel offers it and every open would fail: serve file I/O through the daemon.
+fn passthrough_possible(a: &MountArgs) -> bool {
+    const CAP_SYS_ADMIN: u64 = 1 << 21;
+    if a.fuse_fd_from.is_none() {
+        return true;
+    }
+    let ok = sys::effective_caps(std::process::id()).is_ok_and(|c| c & CAP_SYS_ADMIN != 0);
+    if !ok {
+        log::info!("--fuse-fd-from without CAP_SYS_ADMIN: no kernel passthrough");
+    }
+    ok
 }

@@ -61,6 +61,9 @@ pub(super) fn start_threads(
         })
         .map_err(|e| e.to_string())?;
     start_watch(fan, shared, &tx, state.ttl)?;
+    if a.watch_policy {
+        super::super::policy_files::start(&a.policy, shared)?;
+    }
     let (control, resume) = threads::start_control(
         m.control.take(),
         a,
@@ -135,7 +138,7 @@ fn start_watch(
     let tx = tx.clone();
     let s = shared.clone();
     let s2 = shared.clone();
-    let reload = super::super::policy_watch::start(shared.clone())?;
+    let reload = super::super::policy_watch::start(shared.clone(), "a policy file in SOURCE")?;
     std::thread::Builder::new()
         .name("fencefs-watch".into())
         .spawn(move || {
