@@ -219,10 +219,24 @@ fn load_policy(
         .policy
         .iter()
         .map(|p| {
-            p.canonicalize()
-                .map_err(|e| format!("policy '{}': {e}", p.display()))
+            let e = |e: std::io::Error| format!("policy '{}': {e}", p.display());
+            let canon = p.canonicalize().map_err(e)?;
+            // A symlinked file stays a symlink (its directory canonical): a ConfigMap's
+            // `policy.toml -> ..data/policy.toml` must be read anew at each reload, not
+            // the timestamped directory the kubelet removes after its next update.
+            match (p.parent(), p.file_name()) {
+                (Some(d), Some(n)) if p.is_symlink() => {
+                    let d = if d.as_os_str().is_empty() {
+                        Path::new(".")
+                    } else {
+                        d
+                    };
+                    Ok(d.canonicalize().map_err(e)?.join(n))
+                }
+                _ => Ok(canon),
+            }
         })
-        .collect::<Result<Vec<_>, _>>()?;
+        .collect::<Result<Vec<_>, String>>()?;
     // Named by the canonical paths, as every reload reads them: audit lines keep one name.
     let policy = if files == a.policy {
         policy
