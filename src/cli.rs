@@ -38,6 +38,9 @@ pub enum Command {
         dir: PathBuf,
     },
     /// Mount SOURCE at MOUNTPOINT and serve it until unmounted or SIGINT/SIGTERM.
+    // MOUNTPOINT is required unless the mount is handed over (`--fuse-fd-from`); set here,
+    // not on MountArgs, which vhost-user flattens without a MOUNTPOINT.
+    #[command(mut_arg("mountpoint", |a| a.required_unless_present("fuse_fd_from")))]
     Mount(MountArgs),
     /// Run COMMAND with the workspace (and $HOME) fenced at their own paths, in a private
     /// namespace: no root needed; exits with COMMAND's status.

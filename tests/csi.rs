@@ -9,6 +9,9 @@
 //! Every test unpublishes (or detaches) what it published and kills only the children it
 //! spawned; no mount is left behind (checked at the end of each test).
 
+// tonic's `Status` is the gRPC client's error type, used as it comes.
+#![allow(clippy::result_large_err)]
+
 mod common;
 
 use std::collections::HashMap;
@@ -531,7 +534,7 @@ fn configmap_swap_reloads_and_a_bad_update_keeps_the_policy() {
     let cm = n.root.join("pod-c-configmap");
     mkdirp(&cm);
     configmap_write(&cm, "..2026_12_06_01_00_00.000000001", POLICY);
-    symlink("..data/policy.toml", &cm.join("policy.toml")).unwrap();
+    symlink("..data/policy.toml", cm.join("policy.toml")).unwrap();
     p.policy = cm.join("policy.toml");
     let audit = p.pvc.join("audit.jsonl");
     n.publish(&p, ATTRS).unwrap();
