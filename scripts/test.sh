@@ -74,6 +74,9 @@ bash scripts/check-layout.sh
 say "docs: the book builds and its links resolve (scripts/check-docs.sh)"
 bash scripts/check-docs.sh
 
+say "deploy/kubernetes: valid against the Kubernetes schemas (scripts/k8s-validate.sh; pip once)"
+bash scripts/k8s-validate.sh
+
 say "cargo fmt --check"
 cargo fmt --all -- --check
 

@@ -38,6 +38,9 @@ pub enum Command {
         dir: PathBuf,
     },
     /// Mount SOURCE at MOUNTPOINT and serve it until unmounted or SIGINT/SIGTERM.
+    // MOUNTPOINT is required unless the mount is handed over (`--fuse-fd-from`); set here,
+    // not on MountArgs, which vhost-user flattens without a MOUNTPOINT.
+    #[command(mut_arg("mountpoint", |a| a.required_unless_present("fuse_fd_from")))]
     Mount(MountArgs),
     /// Run COMMAND with the workspace (and $HOME) fenced at their own paths, in a private
     /// namespace: no root needed; exits with COMMAND's status.
@@ -74,6 +77,10 @@ pub enum Command {
     /// Draft a policy from an audit log written with --audit-allowed: what the session
     /// used and no more (directories used alike folded), on stdout.
     Learn(LearnArgs),
+    /// Kubernetes CSI node plugin (Identity and Node services) on a Unix socket: mounts
+    /// `fencefs.dev` inline volumes and hands each one's FUSE descriptor to the pod's
+    /// `fencefs mount --fuse-fd-from` sidecar.
+    Csi(CsiArgs),
     /// Send one command to a daemon's control socket and print the answer.
     Ctl {
         /// The daemon's `--control` socket.
@@ -290,10 +297,36 @@ pub struct MountArgs {
     /// stderr saying how to answer it (at most one every 30 s).
     #[arg(skip)]
     pub hold_asks: bool,
+    /// Serve the FUSE descriptor handed over on the Unix socket SOCKET instead of mounting
+    /// (no MOUNTPOINT, no privilege): binds SOCKET (0600) once the policy loaded, takes one
+    /// `/dev/fuse` descriptor a privileged mounter (`fencefs csi`) sends (SCM_RIGHTS) and
+    /// serves it; the mount ends when the mounter unmounts it.
+    #[arg(long, value_name = "SOCKET")]
+    pub fuse_fd_from: Option<PathBuf>,
+    /// Reload when a policy file (`-p`) changes: its directory is watched, so an editor's
+    /// write and the kubelet's swap of a ConfigMap's `..data` symlink both reload (an
+    /// invalid file keeps the policy in force, as SIGHUP).
+    #[arg(long)]
+    pub watch_policy: bool,
     /// The host directory to mirror.
     pub source: PathBuf,
-    /// Where to mount it.
+    /// Where to mount it (none with --fuse-fd-from).
+    #[arg(default_value = NO_MOUNTPOINT, hide_default_value = true)]
     pub mountpoint: PathBuf,
+}
+
+/// `fencefs csi`.
+#[derive(clap::Args, Debug)]
+pub struct CsiArgs {
+    /// The gRPC endpoint the kubelet calls (`unix:///csi/csi.sock`).
+    #[arg(long, value_name = "unix://PATH")]
+    pub endpoint: String,
+    /// This node's name, as NodeGetInfo reports it (the DaemonSet passes spec.nodeName).
+    #[arg(long, value_name = "NODE")]
+    pub node_id: String,
+    /// The driver's name (the CSIDriver object's name).
+    #[arg(long, value_name = "NAME", default_value = "fencefs.dev")]
+    pub driver_name: String,
 }
 
 /// What `fencefs run --home` does with $HOME.

@@ -21,8 +21,9 @@ use clap::{ArgAction, CommandFactory, FromArgMatches};
 
 use crate::cli::{Cli, Command, MountArgs};
 
-/// `mount` options that are not `-o` options: set by the mount-helper path itself.
-const NOT_OPTIONS: &[&str] = &["ready-fd"];
+/// `mount` options that are not `-o` options: set by the mount-helper path itself, or
+/// meaningless there (a mount(8) mount is never handed over).
+const NOT_OPTIONS: &[&str] = &["ready-fd", "fuse-fd-from"];
 
 /// Generic mount options fencefs accepts, and what they do. `x-*` and `comment=*` are
 /// accepted too (userspace options for mount(8) and systemd, e.g. `x-systemd.automount`).

@@ -7,16 +7,20 @@
 //! - `notify`: the notify thread (kernel cache invalidations) and its held-directory lane;
 //! - `run`: `fencefs run`: COMMAND in a private namespace with the fences up;
 //! - `roots`: the mount's roots besides SOURCE (`--root`, a linked worktree's repository).
-//! - `policy_watch`: the debounced reload when the host edits a policy file in SOURCE.
+//! - `policy_watch`: the debounced reload when the host edits a policy file in SOURCE
+//!   (and, with `--watch-policy`, a `-p` file: `policy_files`);
 //! - `review`: `fencefs review`, the terminal UI over a staging area's changes.
+//! - `csi`: `fencefs csi`, the Kubernetes CSI node plugin.
 
 mod answers;
+mod csi;
 mod explain;
 mod hooks;
 mod learn;
 mod learn_out;
 mod mount;
 mod notify;
+mod policy_files;
 mod policy_watch;
 mod restage;
 mod review;
@@ -51,6 +55,11 @@ pub(crate) fn flush_audit(shared: &Shared) {
 /// Set when the mount was made with mount(2) directly (`fencefs run`): unmounting is a
 /// detach in the run's namespace, not fusermount3.
 pub(crate) static DIRECT_MOUNT: AtomicBool = AtomicBool::new(false);
+
+/// Set when the mount serves a descriptor handed over by another process
+/// (`--fuse-fd-from`): the mount is not this process's to unmount; SIGTERM ends the
+/// connection by exiting.
+pub(crate) static FD_MOUNT: AtomicBool = AtomicBool::new(false);
 
 /// Exit code for runtime and policy errors.
 pub const EXIT_ERR: i32 = 1;
@@ -94,6 +103,7 @@ pub fn run(cmd: Command) -> i32 {
             0
         }
         Command::Explain(a) => explain::explain(a),
+        Command::Csi(a) => csi::run(a),
         Command::Ctl { socket, what } => crate::control::client::ctl(&socket, &what),
         Command::Stage(a) => crate::stage::cli::run(a),
         Command::Review(a) => review::run(a),

@@ -65,17 +65,18 @@ fn due(burst: Burst, last_reload: Option<Instant>) -> Instant {
 }
 
 /// Starts the reload thread; the returned trigger is poked on every relevant host change.
-pub(super) fn start(shared: Arc<Shared>) -> Result<Arc<Trigger>, String> {
+/// `what` names the change in the log ("a policy file in SOURCE").
+pub(super) fn start(shared: Arc<Shared>, what: &'static str) -> Result<Arc<Trigger>, String> {
     let t = Arc::new(Trigger::default());
     let t2 = t.clone();
     std::thread::Builder::new()
         .name("fencefs-policy-watch".into())
-        .spawn(move || run(&t2, &shared))
+        .spawn(move || run(&t2, &shared, what))
         .map_err(|e| e.to_string())?;
     Ok(t)
 }
 
-fn run(t: &Trigger, shared: &Shared) {
+fn run(t: &Trigger, shared: &Shared, what: &str) {
     let mut last_reload: Option<Instant> = None;
     loop {
         {
@@ -95,7 +96,7 @@ fn run(t: &Trigger, shared: &Shared) {
             *b = None;
         }
         last_reload = Some(Instant::now());
-        log::info!("a policy file in SOURCE changed on the host: reloading");
+        log::info!("{what} changed on the host: reloading");
         let _ = super::threads::reload_now(shared);
     }
 }

@@ -43,6 +43,17 @@ pub(super) fn reload_now(shared: &Shared) -> Result<Arc<Snapshot>, Vec<PolicyErr
                     crate::quote::escape(e.to_string().as_bytes())
                 );
             }
+            if let Some(a) = &shared.audit {
+                let why: Vec<_> = errs.iter().map(|e| e.to_string().into()).collect();
+                let mut m = serde_json::Map::new();
+                m.insert("outcome".into(), "refused".into());
+                m.insert(
+                    "kept_generation".into(),
+                    shared.policy.get().generation.into(),
+                );
+                m.insert("errors".into(), serde_json::Value::Array(why));
+                a.note("policy_reload", m);
+            }
             return Err(errs);
         }
     };
@@ -80,6 +91,12 @@ pub(super) fn reload_now(shared: &Shared) -> Result<Arc<Snapshot>, Vec<PolicyErr
     } else {
         String::new()
     };
+    if let Some(a) = &shared.audit {
+        let mut m = serde_json::Map::new();
+        m.insert("outcome".into(), "loaded".into());
+        m.insert("generation".into(), snap.generation.into());
+        a.note("policy_reload", m);
+    }
     log::info!(
         "policy reloaded: generation {}, {} rules, mode {} (kernel caches: {} names, {} inodes invalidated in {:?}{deferred})",
         snap.generation,
@@ -428,7 +445,12 @@ pub(super) fn signal_loop(
                 // Held requests are answered (refused) first: no caller waits on a
                 // daemon that is going away.
                 shared.approvals.shutdown();
-                if DIRECT_MOUNT.load(Ordering::SeqCst) {
+                if super::FD_MOUNT.load(Ordering::SeqCst) {
+                    // `--fuse-fd-from`: the mount is the mounter's, out of reach here;
+                    // exiting closes the connection (the mount answers ENOTCONN until
+                    // the mounter unmounts it).
+                    log::info!("closing the handed-over FUSE connection");
+                } else if DIRECT_MOUNT.load(Ordering::SeqCst) {
                     // `fencefs run`: the mount is ours, in the run's private namespace.
                     // EINVAL: already detached with the mount it was on.
                     match crate::host::sys::ns::detach(&mnt) {
@@ -449,14 +471,21 @@ pub(super) fn signal_loop(
                 // A detached mount stays alive while a process still holds a file in it;
                 // give the session a moment to end, then end the connection by exiting
                 // (those files then fail with ENOTCONN, as after any unmount).
-                let deadline = Instant::now() + Duration::from_secs(2);
+                let wait = if super::FD_MOUNT.load(Ordering::SeqCst) {
+                    Duration::ZERO
+                } else {
+                    Duration::from_secs(2)
+                };
+                let deadline = Instant::now() + wait;
                 while Instant::now() < deadline {
                     if SESSION_DONE.load(Ordering::SeqCst) {
                         return;
                     }
                     std::thread::sleep(Duration::from_millis(20));
                 }
-                log::warn!("files still open in the detached mount; closing the connection");
+                if !wait.is_zero() {
+                    log::warn!("files still open in the detached mount; closing the connection");
+                }
                 flush_audit(&shared);
                 remove_control(CONTROL_SOCKET.get().map(PathBuf::as_path));
                 log::logger().flush();

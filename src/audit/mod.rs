@@ -78,6 +78,8 @@ pub struct Event {
 
 enum Msg {
     Event(Box<Event>),
+    /// A daemon event (`{"ts","op":"audit","event":..}` and its fields), written as is.
+    Note(Box<Value>),
     Reopen,
     /// Write every open window and pending count now, then answer.
     Flush(std::sync::mpsc::SyncSender<()>),
@@ -155,6 +157,19 @@ impl Audit {
             Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
                 self.counters.drop_events(1);
             }
+        }
+    }
+
+    /// Queues a daemon event (not a caller's operation): `{"ts":..,"op":"audit",
+    /// "event":EVENT, ...fields}`, e.g. a policy reload and its outcome; never blocks.
+    pub fn note(&self, event: &str, fields: Map<String, Value>) {
+        let mut v =
+            serde_json::json!({"ts": timestamp(SystemTime::now()), "op": "audit", "event": event});
+        if let Value::Object(m) = &mut v {
+            m.extend(fields);
+        }
+        if self.tx.try_send(Msg::Note(Box::new(v))).is_err() {
+            self.counters.drop_events(1);
         }
     }
 

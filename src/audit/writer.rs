@@ -77,6 +77,7 @@ pub fn run(rx: Receiver<Msg>, mut sink: Sink, counters: Arc<Counters>, t: Tuning
     let mut lines: Vec<Line> = Vec::new();
     let mut buf = Vec::with_capacity(512);
     let mut last_drop_report: Option<Instant> = None;
+    let mut notes: Vec<Value> = Vec::new();
     loop {
         let now = Instant::now();
         let mut wait = IDLE_TICK;
@@ -91,6 +92,10 @@ pub fn run(rx: Receiver<Msg>, mut sink: Sink, counters: Arc<Counters>, t: Tuning
         let stop = match rx.recv_timeout(wait) {
             Ok(Msg::Event(ev)) => {
                 co.offer(ev, Instant::now(), &mut lines);
+                false
+            }
+            Ok(Msg::Note(v)) => {
+                notes.push(*v);
                 false
             }
             Ok(Msg::Reopen) => false,
@@ -142,6 +147,12 @@ pub fn run(rx: Receiver<Msg>, mut sink: Sink, counters: Arc<Counters>, t: Tuning
                     // Reported again with the next report.
                     counters.pending_dropped.fetch_add(n, Ordering::Relaxed);
                 }
+            }
+        }
+        for v in notes.drain(..) {
+            render(&mut buf, &v);
+            if sink.write_line(&buf, &header).is_err() {
+                counters.drop_events(1);
             }
         }
         for l in lines.drain(..) {

@@ -24,6 +24,13 @@ pub(in crate::app) fn top_mount_type(path: &Path) -> Option<String> {
     top_mount(&path.canonicalize().ok()?).map(|m| m.fstype)
 }
 
+/// The file system type of the topmost mount exactly at the absolute `path`, read from
+/// mountinfo only: `path` itself is never touched (a FUSE mount nobody serves, or serves
+/// to other uids only, would block or refuse a stat).
+pub(in crate::app) fn mount_type_at(path: &Path) -> Option<String> {
+    top_mount(path).map(|m| m.fstype)
+}
+
 /// One mount as `/proc/self/mountinfo` lists it.
 pub(super) struct MountEntry {
     /// `major:minor` of the mounted file system (unique per FUSE connection).

@@ -7,6 +7,7 @@
 //! | 1. check: signal mask; SOURCE, MOUNTPOINT, `/dev/fuse`, `fusermount3`, options | `block_signals`, `startup_checks` | `check.rs` |
 //! | 2. open SOURCE and build the shared state: policy, audit writer, `--learn` file, staging, roots, fanotify, budgets, node table, approvals, programs thread | `build_state` | `state.rs` |
 //! | 3. mount: control socket bound, transport planned, session options, `Session::new` | `mount_session` | `session.rs` |
+//! | 1 and 3 with `--fuse-fd-from`: SOURCE checked; the descriptor taken over a socket, `Session::from_fd` | `fd_from::startup_checks`, `fd_from::receive` | `fd_from.rs` |
 //! | 4. start the daemon's threads: notify, watch, control, signals; then the exit thread | `start_threads`, `start_exit_thread` | `threads.rs` |
 //! | 5. serve: confinement, io_uring queues, readiness, resume thread, `session.run` | `serve` | `serve.rs` |
 //! | 6. tear down: `SESSION_DONE`, held requests refused, audit flushed, draft written, exit thread joined | `teardown` | `teardown.rs` |
@@ -31,6 +32,7 @@
 //!   then the exit thread reports whether the mount is really gone.
 
 mod check;
+mod fd_from;
 mod serve;
 mod session;
 mod state;
@@ -40,7 +42,7 @@ mod threads;
 use crate::cli::MountArgs;
 use crate::host::sys;
 
-pub(super) use check::{block_signals, cache_ttl, source_dir, top_mount_type};
+pub(super) use check::{block_signals, cache_ttl, mount_type_at, source_dir, top_mount_type};
 pub(super) use serve::{confine_workers, signal_ready};
 pub(super) use state::build_state;
 pub(super) use teardown::end_session;
@@ -53,7 +55,10 @@ pub(super) fn mount(a: MountArgs) -> Result<(), String> {
         super::DIRECT_MOUNT.store(true, std::sync::atomic::Ordering::SeqCst);
     }
     let sigs = check::block_signals()?;
-    let (src, mnt) = check::startup_checks(&a)?;
+    let (src, mnt) = match fd_from::startup_checks(&a)? {
+        Some(handed) => handed,
+        None => check::startup_checks(&a)?,
+    };
     let (state, fan) = state::build_state(&a, src, mnt)?;
     let mut m = session::mount_session(&a, &state)?;
     let (control, resume) = threads::start_threads(&a, &state, &mut m, fan, sigs)?;

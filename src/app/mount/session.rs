@@ -47,7 +47,13 @@ pub(super) fn mount_session(a: &MountArgs, state: &State) -> Result<Mounted, Str
     if matches!(plan, Plan::Offer { .. }) {
         core.offer_uring.store(true, Ordering::Relaxed);
     }
-    let session = if a.direct {
+    let session = if let Some(sock) = &a.fuse_fd_from {
+        let dev = super::fd_from::receive(sock).inspect_err(|_| {
+            threads::remove_control(a.control.as_deref());
+        })?;
+        let acl = config.acl;
+        Session::from_fd(fs, dev, acl, config)
+    } else if a.direct {
         direct_session(fs, &state.src, &state.mnt, a.allow_other, config)
     } else {
         Session::new(fs, &state.mnt, &config)
@@ -126,7 +132,9 @@ fn session_config(a: &MountArgs, src: &Path, threads: usize) -> Config {
         SessionACL::Owner
     };
     config.n_threads = Some(threads);
-    config.clone_fd = true;
+    // A clone is a fresh open of /dev/fuse: a `--fuse-fd-from` daemon (a pod without
+    // the device, or a uid it is not open to) shares the one descriptor it was handed.
+    config.clone_fd = a.fuse_fd_from.is_none();
     config
 }
 

@@ -124,7 +124,7 @@ pub(in crate::app) fn build_state(
         settings: Settings {
             revoke: a.revoke,
             ttl: Duration::from_secs_f64(ttl),
-            passthrough: !a.no_passthrough,
+            passthrough: !a.no_passthrough && passthrough_possible(a),
             learn: a.learn.as_ref().map(|_| Default::default()),
             xattr: !a.no_xattr,
         },
@@ -224,10 +224,24 @@ fn load_policy(
         .policy
         .iter()
         .map(|p| {
-            p.canonicalize()
-                .map_err(|e| format!("policy '{}': {e}", p.display()))
+            let e = |e: std::io::Error| format!("policy '{}': {e}", p.display());
+            let canon = p.canonicalize().map_err(e)?;
+            // A symlinked file stays a symlink (its directory canonical): a ConfigMap's
+            // `policy.toml -> ..data/policy.toml` must be read anew at each reload, not
+            // the timestamped directory the kubelet removes after its next update.
+            match (p.parent(), p.file_name()) {
+                (Some(d), Some(n)) if p.is_symlink() => {
+                    let d = if d.as_os_str().is_empty() {
+                        Path::new(".")
+                    } else {
+                        d
+                    };
+                    Ok(d.canonicalize().map_err(e)?.join(n))
+                }
+                _ => Ok(canon),
+            }
         })
-        .collect::<Result<Vec<_>, _>>()?;
+        .collect::<Result<Vec<_>, String>>()?;
     // Named by the canonical paths, as every reload reads them: audit lines keep one name.
     let policy = if files == a.policy {
         policy
@@ -274,4 +288,20 @@ fn handle_budget(nofile: usize, fd_cache: usize, threads: usize, cap: Option<u32
         per_uid.min(pool)
     );
     Handles::new(pool, per_uid, HANDLES_TOTAL, HANDLES_PER_UID)
+}
+
+/// Kernel passthrough needs CAP_SYS_ADMIN in the daemon (the kernel's backing-file ioctl
+/// checks it). A mount made by fusermount3 or by root never offers it otherwise; a
+/// descriptor handed to an unprivileged daemon (`--fuse-fd-from`) was mounted by root, so
+/// the kernel offers it and every open would fail: serve file I/O through the daemon.
+fn passthrough_possible(a: &MountArgs) -> bool {
+    const CAP_SYS_ADMIN: u64 = 1 << 21;
+    if a.fuse_fd_from.is_none() {
+        return true;
+    }
+    let ok = sys::effective_caps(std::process::id()).is_ok_and(|c| c & CAP_SYS_ADMIN != 0);
+    if !ok {
+        log::info!("--fuse-fd-from without CAP_SYS_ADMIN: no kernel passthrough");
+    }
+    ok
 }

@@ -64,6 +64,9 @@ pub(super) fn start_threads(
     threads::start_feedback(shared)?;
     let live = threads::stage_live(a, shared);
     let checkpoint = threads::start_checkpoint(a, live.clone())?;
+    if a.watch_policy {
+        super::super::policy_files::start(&a.policy, shared)?;
+    }
     let (control, resume) = threads::start_control(
         m.control.take(),
         a,
@@ -138,7 +141,7 @@ fn start_watch(
     let tx = tx.clone();
     let s = shared.clone();
     let s2 = shared.clone();
-    let reload = super::super::policy_watch::start(shared.clone())?;
+    let reload = super::super::policy_watch::start(shared.clone(), "a policy file in SOURCE")?;
     std::thread::Builder::new()
         .name("fencefs-watch".into())
         .spawn(move || {

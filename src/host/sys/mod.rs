@@ -8,10 +8,12 @@
 //! The parts: this file (names, opens, stat, mutations, data I/O, directory reads, file
 //! handles), `creds` (a worker's ids and capabilities while it works for a caller),
 //! `xattr` (extended attributes), `process` (the daemon's own limits and settings), `ns`
-//! (`fencefs run`'s namespaces and direct FUSE mount).
+//! (`fencefs run`'s namespaces and direct FUSE mount), `fusefd` (a FUSE descriptor mounted
+//! by one process and served by another: `fencefs csi`, `mount --fuse-fd-from`).
 #![allow(unsafe_code)]
 
 mod creds;
+pub mod fusefd;
 pub mod ns;
 mod process;
 mod procs;
