@@ -102,11 +102,27 @@ fn add_rule(ruleset: &OwnedFd, path_fd: BorrowedFd<'_>, access: u64) -> io::Resu
     }
 }
 
-fn landlock(
-    source: BorrowedFd<'_>,
-    roots: &[BorrowedFd<'_>],
-    stage: Option<BorrowedFd<'_>>,
-) -> io::Result<i64> {
+/// A staged mount's share of the confinement.
+#[derive(Clone, Copy)]
+pub enum Stage<'a> {
+    /// Not staged.
+    No,
+    /// Kernel overlayfs serves the merged view (`source` is the private tree it is
+    /// attached to); DIR gets only what the base records need.
+    Kernel(BorrowedFd<'a>),
+    /// The daemon serves it (`host::union`): SOURCE is read only, DIR is written.
+    Daemon {
+        /// SOURCE.
+        source: BorrowedFd<'a>,
+        /// DIR.
+        dir: BorrowedFd<'a>,
+    },
+}
+
+/// Reading, listing and executing: what a lower layer needs.
+const FS_READ_ONLY: u64 = 1 | FS_READ_FILE | (1 << 3);
+
+fn landlock(source: BorrowedFd<'_>, roots: &[BorrowedFd<'_>], stage: Stage<'_>) -> io::Result<i64> {
     let abi = abi_version()?;
     let handled = handled_for(abi);
     let attr = RulesetAttr {
@@ -126,8 +142,11 @@ fn landlock(
     }
     // SAFETY: the kernel just returned this descriptor.
     let ruleset = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd as i32) };
-    // SOURCE: everything. /dev/fuse: read and write (fuser opens a clone per worker).
-    add_rule(&ruleset, source, handled)?;
+    // SOURCE: everything (staged by the daemon: see below). /dev/fuse: read and write
+    // (fuser opens a clone per worker).
+    if !matches!(stage, Stage::Daemon { .. }) {
+        add_rule(&ruleset, source, handled)?;
+    }
     // Every other root directory: everything. (A root that is a file is a sealed memory
     // file, which Landlock does not restrict: it lives on no user-visible mount.)
     for &root in roots {
@@ -138,8 +157,16 @@ fn landlock(
     // A staged mount's DIR: what the base records need (stage/base.rs): reading the
     // checkpoint log (which layers are live), and a private whiteout (a 0/0 character
     // device made and renamed over overlayfs's shared one in the same directory).
-    if let Some(dir) = stage {
-        add_rule(&ruleset, dir, FS_READ_FILE | FS_MAKE_CHAR | FS_REMOVE_FILE)?;
+    match stage {
+        Stage::No => {}
+        Stage::Kernel(dir) => {
+            add_rule(&ruleset, dir, FS_READ_FILE | FS_MAKE_CHAR | FS_REMOVE_FILE)?
+        }
+        Stage::Daemon { source, dir } => {
+            // A change through the mount can only ever reach DIR: SOURCE is read here.
+            add_rule(&ruleset, source, FS_READ_ONLY & handled)?;
+            add_rule(&ruleset, dir, handled)?;
+        }
     }
     // No /dev/fuse (a pod serving a handed-over descriptor): no clone is opened either.
     match sys::open_path_abs(Path::new("/dev/fuse")) {
@@ -162,11 +189,7 @@ fn landlock(
 /// behind `source` (the handle opened before mounting: with the mount over SOURCE, the
 /// path now leads to the mount itself), the other roots' handles and `/dev/fuse`.
 /// A staged mount's DIR (`stage`) gets only the rights a private whiteout needs.
-pub fn confine(
-    source: BorrowedFd<'_>,
-    roots: &[BorrowedFd<'_>],
-    stage: Option<BorrowedFd<'_>>,
-) -> Applied {
+pub fn confine(source: BorrowedFd<'_>, roots: &[BorrowedFd<'_>], stage: Stage<'_>) -> Applied {
     // SAFETY: prctl with constant arguments.
     let nnp = unsafe { libc::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } == 0;
     match landlock(source, roots, stage) {

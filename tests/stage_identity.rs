@@ -34,11 +34,12 @@ fn an_editor_save_after_the_agent_read_the_file_is_a_conflict() {
         put(&src.join("a.txt"), b"line1\n", 0o644);
         put(&src.join("b.txt"), b"bee\n", 0o644);
     });
-    // The agent reads both files (the kernel and the overlay now know them).
+    // The agent reads both files (the kernel and the daemon now know them).
     assert_eq!(fs::read(m.mnt("a.txt")).unwrap(), b"line1\n");
     assert_eq!(fs::read(m.mnt("b.txt")).unwrap(), b"bee\n");
     editor_save(&m, "a.txt", b"line1\nHOST EDIT\n");
-    // The agent appends to what it knows as a.txt, and (a control) to b.txt.
+    // The agent appends to a.txt without reading it again (its change is built on the
+    // version before the save: a conflict), and (a control) to b.txt.
     m.sh("echo 'agent line' >> a.txt && echo agent >> b.txt")
         .assert_ok("append");
     assert_eq!(ctl(&sock, &["status"]).stdout, "CM a.txt\nM b.txt\n");
@@ -56,11 +57,19 @@ fn an_editor_save_after_the_agent_read_the_file_is_a_conflict() {
         "the person's save is kept byte for byte"
     );
     assert_eq!(fs::read(m.host("b.txt")).unwrap(), b"bee\nagent\n");
-    // The staged version is still what the mount shows and what --force applies.
+    // The staged version (the save with the agent's line) is what the mount shows and
+    // what --force applies: nothing of the person's is lost either way.
+    assert_eq!(
+        fs::read(m.mnt("a.txt")).unwrap(),
+        b"line1\nHOST EDIT\nagent line\n"
+    );
     stop(&mut m);
     assert_eq!(stage(&["status"], &dir).stdout, "CM a.txt\n");
     stage(&["apply", "--force", "a.txt"], &dir).assert_ok("--force");
-    assert_eq!(fs::read(m.host("a.txt")).unwrap(), b"line1\nagent line\n");
+    assert_eq!(
+        fs::read(m.host("a.txt")).unwrap(),
+        b"line1\nHOST EDIT\nagent line\n"
+    );
     assert_eq!(stage(&["status"], &dir).stdout, "");
 }
 

@@ -91,9 +91,14 @@ fn errno_of(r: i32) -> i32 {
     std::io::Error::last_os_error().raw_os_error().unwrap()
 }
 
-/// A staged live mount (with `extra` mount arguments) of the sample SOURCE.
+/// A staged live mount (with `extra` mount arguments) of the sample SOURCE, served by
+/// kernel overlayfs: the views retired and revoked here are that engine's (the daemon's
+/// own engine keeps no view: an open file is a file of DIR or SOURCE).
 fn mount(name: &str, extra: &[&str]) -> (Mount, std::path::PathBuf) {
-    let mut b = Mount::builder(name).policy(WRITE);
+    let mut b = Mount::builder(name)
+        .policy(WRITE)
+        .arg("--stage-engine")
+        .arg("kernel");
     sample(&b.host(""));
     let dir = stage_dir(&b);
     let sock = b.root().join("ctl.sock");

@@ -98,9 +98,21 @@ impl Restage {
         let area = Area::open(&self.dir)?;
         let source = crate::stage::open_source(&area)?;
         area.match_root(&source)?;
+        let s = &self.shared;
+        if s.inodes.union().is_some() {
+            // The daemon's own engine: a new union over DIR as it is now. Files open now
+            // keep their descriptors (real files of DIR or SOURCE): nothing to retire.
+            let u = crate::stage::session::union_of(&area, &source)?;
+            let keep = |id: u64, kind: u32| kind != libc::S_IFDIR && s.handles.any_on(id, |_| true);
+            let kept = s
+                .inodes
+                .swap_union(Arc::new(u), &keep)
+                .map_err(|e| format!("serving the new view: {e}"))?;
+            s.handles.next_view();
+            return Ok(kept);
+        }
         let view: OwnedFd = crate::stage::engine(&area, &source)?;
         let (root, g) = tree_mount::attach(view)?;
-        let s = &self.shared;
         let keep = |id: u64, kind: u32| kind != libc::S_IFDIR && s.handles.any_on(id, |_| true);
         let kept = s
             .inodes

@@ -143,6 +143,23 @@ pub fn privileged_xattr(name: &[u8]) -> bool {
         || (name.starts_with(b"security.") && name != b"security.capability")
 }
 
+/// A name of overlayfs's own markers (`trusted.overlay.*`, `user.overlay.*`): a staged
+/// mount's format, never shown through its merged view.
+pub fn overlay_marker(name: &[u8]) -> bool {
+    name.starts_with(b"trusted.overlay.") || name.starts_with(b"user.overlay.")
+}
+
+/// A `listxattr` name list without overlayfs's markers ([`overlay_marker`]).
+pub fn without_markers(list: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(list.len());
+    for n in list.split_inclusive(|b| *b == 0) {
+        if !overlay_marker(n) {
+            out.extend_from_slice(n);
+        }
+    }
+    out
+}
+
 /// A `listxattr` name list without the `trusted.*` names (what a caller without host
 /// privilege does not see on a local disk).
 pub fn without_trusted(list: &[u8]) -> Vec<u8> {

@@ -27,6 +27,19 @@ pub struct BackingFile {
     /// The id the kernel knows the host file by.
     pub id: u32,
     dev: Arc<OwnedFd>,
+    /// The host file's identity (a staged node's object changes at its copy-up).
+    key: (u64, u64),
+}
+
+/// How a handle's I/O is served.
+enum Served {
+    /// By the kernel, through this backing file.
+    Kernel(Arc<BackingFile>),
+    /// By the daemon.
+    Daemon,
+    /// By the daemon, uncached: the inode is passed through to another host object (a
+    /// reader of a staged file's lower copy), and the kernel mixes no cached I/O with it.
+    Direct,
 }
 
 impl Drop for BackingFile {
@@ -108,18 +121,20 @@ impl Core {
 
     /// The backing id to pass an opened file's I/O through to its host file, reusing the
     /// inode's id while one is alive. `None`: serve I/O through the daemon.
-    fn backing_for(
-        &self,
-        ino: u64,
-        file: &OwnedFd,
-        writer: (u32, u32),
-    ) -> Option<Arc<BackingFile>> {
+    fn backing_for(&self, ino: u64, file: &OwnedFd, writer: (u32, u32)) -> Served {
         if !self.passthrough.load(Ordering::Relaxed) {
-            return None;
+            return Served::Daemon;
         }
-        let dev = self.dev.get()?;
+        let Some(dev) = self.dev.get() else {
+            return Served::Daemon;
+        };
+        let Ok(st) = sys::fstat(file.as_fd()) else {
+            return Served::Daemon;
+        };
+        let key = (st.st_dev, st.st_ino);
         let mut b = self.backing.lock();
         let id = match b.by_ino.get(&ino).and_then(Weak::upgrade) {
+            Some(id) if id.key != key => return Served::Direct,
             Some(id) => id,
             None => match self.as_writer(writer, || {
                 fuser::BackingId::create_raw(dev.as_fd(), file.as_fd())
@@ -128,6 +143,7 @@ impl Core {
                     let id = Arc::new(BackingFile {
                         id,
                         dev: dev.clone(),
+                        key,
                     });
                     b.by_ino.insert(ino, Arc::downgrade(&id));
                     id
@@ -136,11 +152,11 @@ impl Core {
                     log::debug!(
                         "passthrough refused for inode {ino}: {e}; serving through the daemon"
                     );
-                    return None;
+                    return Served::Daemon;
                 }
             },
         };
-        Some(id)
+        Served::Kernel(id)
     }
 
     /// Runs `f` (the backing-file open) with the credentials the kernel should keep for
@@ -168,21 +184,27 @@ impl Core {
     /// Registers an opened file as a handle, through the kernel when it can (the handle
     /// then keeps the backing id and gives its descriptor back); returns the `fh` and the
     /// backing id.
-    pub(super) fn register(&self, o: Opened) -> (u64, Option<u32>) {
+    /// Registers an opened file; returns its `fh`, the kernel's backing id when the
+    /// kernel serves its I/O, and whether the daemon must serve it uncached.
+    pub(super) fn register(&self, o: Opened) -> (u64, Option<u32>, bool) {
         let ino = o.ino;
         // An append-only handle's writes must reach the daemon (grants.rs).
         // So must a provisional file's (its size is capped, `fs/ops/saves.rs`).
-        let id = if o.append_only || self.shared.saves.capped(o.ino) {
-            None
+        let b = if o.append_only || self.shared.saves.capped(o.ino) {
+            Served::Daemon
         } else {
             self.backing_for(ino, &o.file, o.writer)
         };
-        let fh = self.shared.register(o, id.is_some());
-        let raw = id.as_ref().map(|b| b.id);
-        if let Some(id) = id {
-            self.backing.lock().by_fh.insert(fh, id);
+        let fh = self.shared.register(o, matches!(b, Served::Kernel(_)));
+        match b {
+            Served::Kernel(id) => {
+                let raw = id.id;
+                self.backing.lock().by_fh.insert(fh, id);
+                (fh, Some(raw), false)
+            }
+            Served::Daemon => (fh, None, false),
+            Served::Direct => (fh, None, true),
         }
-        (fh, raw)
     }
 
     pub(super) fn release_backing(&self, ino: u64, fh: u64) {

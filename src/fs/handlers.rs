@@ -307,8 +307,10 @@ impl Core {
                 Ok(o) => {
                     let append_only = o.append_only;
                     match c.register(o) {
-                        (fh, Some(id)) => reply.opened(fh, FopenFlags::empty(), Some(id)),
-                        (fh, None) => reply.opened(fh, c.open_flags(append_only), None),
+                        (fh, Some(id), _) => reply.opened(fh, FopenFlags::empty(), Some(id)),
+                        (fh, None, direct) => {
+                            reply.opened(fh, c.open_flags(append_only || direct), None)
+                        }
                     }
                 }
                 Err(e) => reply.error(errno(e)),
@@ -614,10 +616,12 @@ impl Core {
                 let ttl = c.shared.ttl(ctx);
                 match r {
                     Ok((a, o)) => match c.register(o) {
-                        (fh, Some(id)) => {
+                        (fh, Some(id), _) => {
                             reply.created(&ttl.entry, &a, fh, FopenFlags::empty(), Some(id))
                         }
-                        (fh, None) => reply.created(&ttl.entry, &a, fh, c.open_flags(false), None),
+                        (fh, None, direct) => {
+                            reply.created(&ttl.entry, &a, fh, c.open_flags(direct), None)
+                        }
                     },
                     Err(e) => reply.error(errno(e)),
                 }

@@ -29,6 +29,8 @@ use super::sys::{self, Name};
 
 mod forget;
 mod handles;
+mod merged;
+pub use merged::MOVED;
 mod swap;
 use forget::{Gone, maybe_remove};
 use swap::settle_in;
@@ -192,6 +194,10 @@ pub struct Inodes {
     roots: RwLock<Arc<Roots>>,
     /// With staging: SOURCE under the merged view, for host change events (`handles.rs`).
     event_source: Option<OwnedFd>,
+    /// A staged mount's merged view, when the daemon serves it itself (`merged.rs`).
+    union: RwLock<Option<Arc<crate::host::union::Union>>>,
+    /// Its directories' parts, per node.
+    stacks: merged::Stacks,
 }
 
 fn stale() -> io::Error {
@@ -244,6 +250,8 @@ impl Inodes {
             proc_fd: sys::open_proc_self_fd()?,
             roots: RwLock::new(Arc::new(Roots::default())),
             event_source: None,
+            union: RwLock::new(None),
+            stacks: merged::Stacks::default(),
         })
     }
 
@@ -373,7 +381,25 @@ impl Inodes {
                 Some(libc::ENOENT | libc::ENOTDIR | libc::ELOOP | libc::ESTALE | libc::EINVAL)
             )
         };
+        let union = self.union();
         for (parent, name) in aliases {
+            if let Some(u) = &union {
+                let found = self.find(u, parent, &name);
+                let f = match found {
+                    Ok(Some(f)) => f,
+                    Ok(None) => continue,
+                    Err(e) if resource(&e) => return Err(e),
+                    Err(_) => continue,
+                };
+                if loose && f.st.st_mode & libc::S_IFMT == nkind {
+                    self.settle(ino, (f.st.st_dev, f.st.st_ino));
+                } else if (f.st.st_dev, f.st.st_ino) != key {
+                    continue;
+                }
+                let evicted = self.fds.lock().put(ino, f.fd.clone());
+                drop(evicted);
+                return Ok(f.fd);
+            }
             let pfd = if parent == ROOT {
                 self.root_fd()
             } else if let Some(fd) = self.fds.lock().get(parent) {
@@ -424,6 +450,12 @@ impl Inodes {
     pub fn probe(&self, parent: u64, name: &Name) -> io::Result<libc::stat> {
         if let Some(root) = self.root_at(parent, name.bytes()) {
             return sys::fstat(root.as_fd());
+        }
+        if let Some(u) = self.union() {
+            return match self.find(&u, parent, name.bytes())? {
+                Some(f) => Ok(f.st),
+                None => Err(enoent()),
+            };
         }
         let pfd = self.fd(parent)?;
         sys::fstatat_nofollow(pfd.as_fd(), name)

@@ -81,7 +81,7 @@ pub fn open_source(area: &Area) -> Result<std::os::fd::OwnedFd, String> {
     }
     .map_err(|e| format!("source '{}': {e}", area.source.display()))
 }
-pub use session::{recover, start};
+pub use session::{recover, start, start_union};
 
 /// Set once this daemon serves a staged mount (before the FUSE session starts).
 static ACTIVE: AtomicBool = AtomicBool::new(false);

@@ -10,7 +10,9 @@
 //! a failure to record in `DIR/audit.jsonl` is logged, never a reason to undo the work.
 
 use std::io::Write;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
+
+use crate::host::union::Union;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
@@ -26,6 +28,55 @@ use super::{discard, ids, intent, layers as ckpt, partial, tree_mount};
 /// the merged view. The lock is held for the daemon's lifetime (its descriptor stays open
 /// until the process exits, whatever way it exits).
 pub fn start(dir: &Path, src: &Path, mnt: &Path, source: &OwnedFd) -> Result<OwnedFd, String> {
+    let area = prepare(dir, src, mnt, source)?;
+    let (root, _gen) = tree_mount::attach(engine(&area, source)?)?;
+    started(area, src);
+    Ok(root)
+}
+
+/// [`start`] for the daemon's own engine: the merged view as a [`Union`] the daemon
+/// serves (no mount, no root needed).
+pub fn start_union(
+    dir: &Path,
+    src: &Path,
+    mnt: &Path,
+    source: &OwnedFd,
+) -> Result<std::sync::Arc<Union>, String> {
+    let area = prepare(dir, src, mnt, source)?;
+    let u = union_of(&area, source)?;
+    started(area, src);
+    Ok(std::sync::Arc::new(u))
+}
+
+/// The merged view of `area` over `source` as the daemon serves it: the upper, the live
+/// layers (newest first), SOURCE; markers in the daemon's namespace (`trusted.` as root,
+/// `user.` otherwise).
+pub fn union_of(area: &Area, source: &OwnedFd) -> Result<Union, String> {
+    let fail = |e: std::io::Error| format!("stage '{}': {e}", area.dir.display());
+    let open = |fd: &OwnedFd| {
+        crate::host::sys::reopen(
+            crate::host::sys::open_proc_self_fd()?.as_fd(),
+            fd.as_fd(),
+            libc::O_PATH,
+        )
+    };
+    let mut layers = vec![open(&area.upper).map_err(fail)?];
+    let mut sealed = ckpt::open_layers(&area.dir)?;
+    sealed.reverse();
+    layers.extend(sealed);
+    layers.push(open(source).map_err(fail)?);
+    let work = crate::host::sys::open_root(&area.work()).map_err(fail)?;
+    let xa = if crate::host::sys::geteuid() == 0 {
+        crate::host::union::TRUSTED
+    } else {
+        crate::host::union::USER
+    };
+    Union::new(layers, work, xa).map_err(fail)
+}
+
+/// What every start does before the merged view is built: DIR created or opened,
+/// locked, recovered, matched to SOURCE and repaired.
+fn prepare(dir: &Path, src: &Path, mnt: &Path, source: &OwnedFd) -> Result<Area, String> {
     let area = Area::create_or_open(dir, src, mnt)?;
     area.lock()?;
     let area = recover(area)?;
@@ -38,7 +89,12 @@ pub fn start(dir: &Path, src: &Path, mnt: &Path, source: &OwnedFd) -> Result<Own
     drop(l);
     // What a killed background removal left in DIR/trash (the mount need not wait).
     ckpt::empty_trash_later(&area.dir, true);
-    let (root, _gen) = tree_mount::attach(engine(&area, source)?)?;
+    Ok(area)
+}
+
+/// What every start does once the merged view is built: says so, marks this daemon as
+/// serving a staged mount, and keeps DIR's lock for the daemon's lifetime.
+fn started(area: Area, src: &Path) {
     log::info!(
         "staging: every change lands in {} (SOURCE {} untouched until `fencefs stage apply`)",
         area.dir.display(),
@@ -47,7 +103,6 @@ pub fn start(dir: &Path, src: &Path, mnt: &Path, source: &OwnedFd) -> Result<Own
     super::set_active();
     // The lock lives exactly as long as the daemon.
     std::mem::forget(area);
-    Ok(root)
 }
 
 /// Finishes what a crash interrupted (a checkpoint, rewind or squash: see

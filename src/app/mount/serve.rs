@@ -135,10 +135,20 @@ fn confine(shared: &Shared, src: &Path) {
     let extra: Vec<_> = roots.iter().map(|fd| fd.as_fd()).collect();
     // Staged: the rule goes on the private tree every merged view is attached to.
     let root = shared.inodes.root_fd();
+    let union = shared.inodes.union();
+    let dir = shared.bases.as_ref().and_then(|b| b.dir_fd());
+    let stage = match (&union, dir) {
+        (Some(u), Some(dir)) => crate::harden::Stage::Daemon {
+            source: u.source_root().as_fd(),
+            dir,
+        },
+        (None, Some(dir)) => crate::harden::Stage::Kernel(dir),
+        _ => crate::harden::Stage::No,
+    };
     let c = crate::harden::confine(
         crate::stage::tree_mount::root().unwrap_or(root.as_fd()),
         &extra,
-        shared.bases.as_ref().and_then(|b| b.dir_fd()),
+        stage,
     );
     let others = shared
         .inodes

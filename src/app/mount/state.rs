@@ -84,13 +84,19 @@ pub(in crate::app) fn build_state(
     sys::set_umask(0);
     // Staging: the daemon serves the merged view (SOURCE with DIR's staged tree on top);
     // host changes are still watched on SOURCE itself.
-    let (root_fd, event_source) = match &a.stage {
-        Some(dir) => {
+    let (root_fd, event_source, union) = match &a.stage {
+        Some(dir) if a.stage_engine == crate::cli::StageEngine::Kernel => {
             crate::stage::set_source(&root_fd);
             let merged = crate::stage::start(dir, &src, &mnt, &root_fd)?;
-            (merged, Some(root_fd))
+            (merged, Some(root_fd), None)
         }
-        None => (root_fd, None),
+        Some(dir) => {
+            crate::stage::set_source(&root_fd);
+            let u = crate::stage::start_union(dir, &src, &mnt, &root_fd)?;
+            let source = root_fd.try_clone().map_err(|e| format!("source: {e}"))?;
+            (root_fd, Some(source), Some(u))
+        }
+        None => (root_fd, None, None),
     };
     let roots = super::super::roots::build(a, &src, &mnt)?;
     let fan = open_watch(a, &roots, event_source.as_ref().unwrap_or(&root_fd).as_fd());
@@ -110,6 +116,11 @@ pub(in crate::app) fn build_state(
     inodes.set_roots(roots);
     if let Some(source) = event_source {
         inodes.set_event_source(source);
+    }
+    if let Some(u) = union {
+        inodes
+            .set_union(u)
+            .map_err(|e| format!("staging: the merged view: {e}"))?;
     }
     let rules = policy.rules().len();
     let mode = policy.mode();

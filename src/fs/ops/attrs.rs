@@ -91,9 +91,19 @@ impl Shared {
             self.cap(ino, sz)?;
         }
         let kind = st.st_mode & libc::S_IFMT;
-        let fd = self.inodes.fd(ino)?;
         let handle = fh.and_then(|fh| self.handles.get(fh));
-        let note = self.note_node(ino);
+        let mut note = self.note_node(ino);
+        // A staged mount changes the upper's copy (made now), never a lower layer's.
+        let changes = [mode, uid, gid].iter().any(Option::is_some)
+            || size.is_some()
+            || atime.is_some()
+            || mtime.is_some()
+            || st.st_mode & (libc::S_ISUID | libc::S_ISGID) != 0;
+        let fd = if changes {
+            self.for_change(ino, &mut note)?
+        } else {
+            self.inodes.fd(ino)?
+        };
         if let Some(m) = mode {
             if kind == libc::S_IFLNK {
                 return Err(Error(libc::EOPNOTSUPP));
@@ -141,7 +151,7 @@ impl Shared {
             let m = mtime.map(set_time).unwrap_or(SetTime::Omit);
             if kind == libc::S_IFLNK {
                 let (parent, name) = self.inodes.alias(ino).ok_or(Error(libc::ESTALE))?;
-                let pfd = self.inodes.fd(parent)?;
+                let pfd = self.inodes.up_dir(parent)?;
                 sys::utimens_nofollow(pfd.as_fd(), &Name::new(&name)?, a, m)?;
             } else {
                 sys::utimens_fd(self.inodes.proc_fd.as_fd(), fd.as_fd(), a, m)?;

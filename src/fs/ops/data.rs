@@ -79,9 +79,8 @@ impl Shared {
         if flags & libc::O_TRUNC != 0 && self.handles.executing(ino) {
             return Err(Error(libc::ETXTBSY));
         }
-        let fd = self.inodes.fd(ino)?;
-        let st = sys::fstat(fd.as_fd())?;
-        match st.st_mode & libc::S_IFMT {
+        let writes = intent.write || flags & libc::O_TRUNC != 0;
+        match self.inodes.kind(ino)? {
             libc::S_IFREG => {}
             libc::S_IFDIR => {
                 if intent.write {
@@ -91,12 +90,23 @@ impl Shared {
             _ => return Err(Error(libc::EINVAL)),
         }
         let slots = self.handles.reserve(ctx.caller.uid, self.root_id(ino))?;
-        let note = if intent.write || flags & libc::O_TRUNC != 0 {
+        let mut note = if writes {
             self.note_node(ino)
         } else {
             self.note_read(ino);
             None
         };
+        // A staged mount writes the upper's copy (made now), never a lower layer's.
+        let fd = if writes {
+            self.for_change(ino, &mut note)?
+        } else {
+            self.inodes.fd(ino)?
+        };
+        let st = sys::fstat(fd.as_fd())?;
+        if st.st_mode & libc::S_IFMT != libc::S_IFREG && st.st_mode & libc::S_IFMT != libc::S_IFDIR
+        {
+            return Err(Error(libc::EINVAL));
+        }
         let file = sys::reopen(
             self.inodes.proc_fd.as_fd(),
             fd.as_fd(),

@@ -49,7 +49,7 @@ impl Shared {
     fn list(&self, ctx: &Ctx, ino: u64, file: Option<&OwnedFd>) -> Res<Vec<ListEntry>> {
         let file = file.ok_or(Error(libc::EBADF))?;
         let dir = self.inodes.path(ino)?;
-        let mut raw = sys::read_dir(file.as_fd())?;
+        let mut raw = self.inodes.list(ino, file)?;
         let mut path = join(&dir, b"");
         let base = path.len();
         // A directory with a second name (`host/roots.rs`): entries hidden under it go too.

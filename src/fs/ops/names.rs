@@ -11,7 +11,7 @@
 //! policy.
 
 use std::io;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
 
 use fuser::FileAttr;
@@ -189,11 +189,13 @@ impl Shared {
             setid: mode & (libc::S_ISUID | libc::S_ISGID) != 0,
         };
         self.allow(ctx, "mknod", &path, false, Need::Create, sp)?;
-        let pfd = self.inodes.fd(parent)?;
-        let note = self.note_name(&path, &pfd, name, true);
-        self.create_as_caller(ctx, &pfd, name, false, || {
+        let note = self.note_name(&path, parent, name, true);
+        let (pfd, new) = self.inodes.new_name(parent, name)?;
+        let made = self.create_as_caller(ctx, &pfd, name, false, || {
             crate::stage::standin::mknodat(pfd.as_fd(), name, mode, rdev as u64)
-        })?;
+        });
+        self.inodes.new_done(&pfd, name, new, made.is_ok(), false);
+        made?;
         self.noted(note);
         self.finish_create(ctx, parent, &pfd, name, false)
     }
@@ -206,10 +208,12 @@ impl Shared {
             setid: mode & (libc::S_ISUID | libc::S_ISGID) != 0,
         };
         self.allow(ctx, "mkdir", &path, true, Need::Create, sp)?;
-        let pfd = self.inodes.fd(parent)?;
-        self.create_as_caller(ctx, &pfd, name, true, || {
+        let (pfd, new) = self.inodes.new_name(parent, name)?;
+        let made = self.create_as_caller(ctx, &pfd, name, true, || {
             sys::mkdirat(pfd.as_fd(), name, mode & 0o7777)
-        })?;
+        });
+        self.inodes.new_done(&pfd, name, new, made.is_ok(), true);
+        made?;
         self.finish_create(ctx, parent, &pfd, name, true)
     }
 
@@ -224,11 +228,13 @@ impl Shared {
             Need::Create,
             Special::default(),
         )?;
-        let pfd = self.inodes.fd(parent)?;
-        let note = self.note_name(&path, &pfd, name, true);
-        self.create_as_caller(ctx, &pfd, name, false, || {
+        let note = self.note_name(&path, parent, name, true);
+        let (pfd, new) = self.inodes.new_name(parent, name)?;
+        let made = self.create_as_caller(ctx, &pfd, name, false, || {
             sys::symlinkat(target, pfd.as_fd(), name)
-        })?;
+        });
+        self.inodes.new_done(&pfd, name, new, made.is_ok(), false);
+        made?;
         self.noted(note);
         self.finish_create(ctx, parent, &pfd, name, false)
     }
@@ -288,17 +294,28 @@ impl Shared {
         }
         let root = self.inodes.roots().id_of(&path);
         let slots = self.handles.reserve(ctx.caller.uid, root)?;
-        let pfd = self.inodes.fd(parent)?;
-        let note = self.note_name(&path, &pfd, name, true);
+        let note = self.note_name(&path, parent, name, true);
         let base = attr::host_open_flags(flags);
-        let created = self.create_as_caller(ctx, &pfd, name, false, || {
-            sys::openat(
-                pfd.as_fd(),
-                name,
-                base | libc::O_CREAT | libc::O_EXCL,
-                mode & 0o7777,
-            )
-        });
+        let (pfd, created) = match self.inodes.new_name(parent, name) {
+            Ok((pfd, new)) => {
+                let created = self.create_as_caller(ctx, &pfd, name, false, || {
+                    sys::openat(
+                        pfd.as_fd(),
+                        name,
+                        base | libc::O_CREAT | libc::O_EXCL,
+                        mode & 0o7777,
+                    )
+                });
+                self.inodes
+                    .new_done(&pfd, name, new, created.is_ok(), false);
+                (pfd, created)
+            }
+            // The merged view of a staged mount shows the name.
+            Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
+                (self.inodes.up_dir(parent)?, Err(Error(libc::EEXIST)))
+            }
+            Err(e) => return Err(e.into()),
+        };
         let (file, existed) = match created {
             Ok(f) => (f, false),
             Err(Error(libc::EEXIST)) if fresh && !self.learning() => {
@@ -357,6 +374,14 @@ impl Shared {
     ) -> Res<OwnedFd> {
         // Whatever is there, the kernel's "absent" was wrong.
         self.forget_entry(parent, name);
+        // A staged mount changes the upper's copy of a regular file.
+        if self.inodes.union().is_some() {
+            let shown = self.inodes.peek(parent, name)?;
+            if sys::fstat(shown.as_fd())?.st_mode & libc::S_IFMT != libc::S_IFREG {
+                return Err(Error(libc::EEXIST));
+            }
+            self.inodes.up_child(parent, name)?;
+        }
         let file = match self.as_caller(ctx, || sys::openat(pfd.as_fd(), name, flags, 0)) {
             Ok(f) => f,
             // A FIFO without a reader (ENXIO), a symlink (ELOOP), a device: not a file.
@@ -393,7 +418,7 @@ impl Shared {
         op: &'static str,
         path: &[u8],
         v: &Verdict,
-        dir: BorrowedFd<'_>,
+        parent: u64,
         name: &Name,
         e: io::Error,
     ) -> Error {
@@ -401,7 +426,7 @@ impl Shared {
         if err.0 != libc::ENOTEMPTY && err.0 != libc::EEXIST {
             return err;
         }
-        match self.nothing_visible(ctx, path, dir, name) {
+        match self.nothing_visible(ctx, path, parent, name) {
             Some(hidden_by) => {
                 let by = hidden_by.unwrap_or(v.by);
                 self.audit(ctx, op, path, v, by, Some(libc::EACCES));
@@ -418,11 +443,10 @@ impl Shared {
         &self,
         ctx: &Ctx,
         path: &[u8],
-        dir: BorrowedFd<'_>,
+        parent: u64,
         name: &Name,
     ) -> Option<Option<By>> {
-        let fd = sys::openat(dir, name, libc::O_RDONLY | libc::O_DIRECTORY, 0).ok()?;
-        let entries = sys::read_dir(fd.as_fd()).ok()?;
+        let entries = self.inodes.list_child(parent, name).ok()?;
         let mut p = join(path, b"");
         let base = p.len();
         let mut hidden_by = None;
@@ -478,18 +502,16 @@ impl Shared {
         let op = if dir { "rmdir" } else { "unlink" };
         self.not_a_root_point(&path)?;
         let v = self.allow(ctx, op, &path, dir, Need::Write, Special::default())?;
-        let pfd = self.inodes.fd(parent)?;
         let known = self.inodes.child(parent, name.bytes());
         let pin = known.and_then(|i| self.pin_handle(i));
-        let flags = if dir { libc::AT_REMOVEDIR } else { 0 };
         let note = if dir {
             None
         } else {
-            self.note_name(&path, &pfd, name, true)
+            self.note_name(&path, parent, name, true)
         };
-        if let Err(e) = sys::unlinkat(pfd.as_fd(), name, flags) {
+        if let Err(e) = self.inodes.remove_name(parent, name, dir) {
             return Err(if dir {
-                self.not_empty(ctx, op, &path, &v, pfd.as_fd(), name, e)
+                self.not_empty(ctx, op, &path, &v, parent, name, e)
             } else {
                 e.into()
             });
@@ -520,10 +542,8 @@ impl Shared {
         self.not_a_root_point(&new)?;
         self.same_root(&old, &new)?;
         let exchange = flags & libc::RENAME_EXCHANGE != 0;
-        let pfd = self.inodes.fd(parent)?;
-        let npfd = self.inodes.fd(newparent)?;
-        let src_st = sys::fstatat_nofollow(pfd.as_fd(), name)?;
-        let dst_st = sys::fstatat_nofollow(npfd.as_fd(), newname).ok();
+        let src_st = self.inodes.probe(parent, name)?;
+        let dst_st = self.inodes.probe(newparent, newname).ok();
         let dir_of = |st: &libc::stat| st.st_mode & libc::S_IFMT == libc::S_IFDIR;
         let src_dir = dir_of(&src_st);
         let dst_dir = if exchange {
@@ -581,16 +601,19 @@ impl Shared {
         let dst = self.inodes.child(newparent, newname.bytes());
         let dst_pin = dst.and_then(|i| self.pin_handle(i));
         let notes = [
-            self.note_name(&old, &pfd, name, true),
-            self.note_name(&new, &npfd, newname, true),
+            self.note_name(&old, parent, name, true),
+            self.note_name(&new, newparent, newname, true),
         ];
-        if let Err(e) = sys::renameat2(pfd.as_fd(), name, npfd.as_fd(), newname, flags) {
+        let renamed = self
+            .inodes
+            .rename_names((parent, name), (newparent, newname), flags);
+        if let Err(e) = renamed {
             // Replacing a directory that holds only hidden entries: EACCES, not ENOTEMPTY.
             let replaces_dir = flags & (libc::RENAME_EXCHANGE | libc::RENAME_NOREPLACE) == 0
                 && dst_st.as_ref().is_some_and(dir_of);
             return Err(if replaces_dir {
                 let v = ctx.snap.policy.verdict_for(&new, ctx.caller, true);
-                self.not_empty(ctx, "rename", &new, &v, npfd.as_fd(), newname, e)
+                self.not_empty(ctx, "rename", &new, &v, newparent, newname, e)
             } else {
                 e.into()
             });
@@ -640,15 +663,18 @@ impl Shared {
             .collect();
         checks.push((&new, false, Need::Create));
         self.allow_all(ctx, "link", &checks)?;
-        let fd = self.inodes.fd(ino)?;
-        let npfd = self.inodes.fd(newparent)?;
-        let note = self.note_node(ino);
-        sys::linkat_fd(
+        let mut note = self.note_node(ino);
+        let fd = self.for_change(ino, &mut note)?;
+        let (npfd, new) = self.inodes.new_name(newparent, newname)?;
+        let made = sys::linkat_fd(
             self.inodes.proc_fd.as_fd(),
             fd.as_fd(),
             npfd.as_fd(),
             newname,
-        )?;
+        );
+        self.inodes
+            .new_done(&npfd, newname, new, made.is_ok(), false);
+        made?;
         self.noted(note);
         let (ino, st) = self.inodes.lookup(newparent, newname, true)?;
         Ok(self.attr(ctx, ino, &st))

@@ -145,11 +145,10 @@ impl Shared {
         // Someone to ask about the rename, or an answer already remembered for NAME.
         let mut answered = false;
         if let Target::Named(names) = saves::target(name.bytes()) {
-            let pfd = self.inodes.fd(parent).ok()?;
             let (dir, _) = split(path);
             let found = names.iter().any(|n| {
                 let regular = Name::new(n)
-                    .and_then(|n| sys::fstatat_nofollow(pfd.as_fd(), &n))
+                    .and_then(|n| self.inodes.probe(parent, &n))
                     .is_ok_and(|st| st.st_mode & libc::S_IFMT == libc::S_IFREG);
                 let p = join(dir, n);
                 answered |= regular && self.answered(ctx, &p);
@@ -299,7 +298,7 @@ impl Shared {
     /// Lands an allowed save whose caller was already refused: the temporary file renamed
     /// over `target`, or its bytes copied to a new sibling renamed over it.
     fn land(&self, k: &Kept, target: &[u8]) -> Res<()> {
-        let pfd = self.inodes.fd(k.parent)?;
+        let pfd = self.inodes.up_dir(k.parent)?;
         let tname = split(target).1;
         let to = Name::new(tname)?;
         let from = Name::new(&k.name)?;
@@ -343,7 +342,7 @@ impl Shared {
         if !self.same_file(&k) {
             return;
         }
-        let Ok(pfd) = self.inodes.fd(k.parent) else {
+        let Ok(pfd) = self.inodes.up_dir(k.parent) else {
             return;
         };
         if let Ok(n) = Name::new(&k.name)

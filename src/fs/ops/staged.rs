@@ -9,9 +9,11 @@
 //! Invariants: never fails a request (a record that cannot be taken is logged by
 //! `stage::base`); directories get no note.
 
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::OwnedFd;
+use std::sync::Arc;
 
-use super::Shared;
+use super::{Error, Res, Shared};
+use crate::host::inode::MOVED;
 use crate::host::sys::Name;
 use crate::stage::base::{self, Pending};
 
@@ -21,15 +23,10 @@ pub type Note = Option<Pending>;
 impl Shared {
     /// Before a change of the entry `name` in `pfd` (merged path `path`); `replaces`:
     /// another entry will stand at `path` after it (unlink, rename, create).
-    pub(super) fn note_name(
-        &self,
-        path: &[u8],
-        pfd: &OwnedFd,
-        name: &Name,
-        replaces: bool,
-    ) -> Note {
+    pub(super) fn note_name(&self, path: &[u8], parent: u64, name: &Name, replaces: bool) -> Note {
         let b = self.bases.as_ref()?;
-        b.before(path, base::shown(pfd.as_fd(), name), replaces)
+        let shown = self.inodes.peek(parent, name).ok();
+        b.before(path, shown.and_then(|f| base::shown_fd(&f)), replaces)
     }
 
     /// Before a change of node `ino` in place (a write open, setattr, xattrs, a link).
@@ -57,6 +54,21 @@ impl Shared {
     pub(super) fn noted(&self, n: Note) {
         if let (Some(b), Some(p)) = (self.bases.as_ref(), n) {
             b.after(p);
+        }
+    }
+
+    /// The handle to change node `ino` through: on a staged mount served by the daemon,
+    /// its upper copy (`host::inode::merged`). When the copy had to become a new node
+    /// (files are open on this one), `note` is recorded on it now and the answer is
+    /// ESTALE: the kernel looks the name up again and repeats the call on the copy.
+    pub(super) fn for_change(&self, ino: u64, note: &mut Note) -> Res<Arc<OwnedFd>> {
+        let busy = self.inodes.union().is_some() && self.handles.any_on(ino, |_| true);
+        match self.inodes.up_node(ino, busy) {
+            Err(e) if busy && e.raw_os_error() == Some(MOVED) => {
+                self.noted(note.take());
+                Err(Error(libc::ESTALE))
+            }
+            r => Ok(r?),
         }
     }
 }

@@ -24,6 +24,13 @@ use crate::policy::{By, Need, Special};
 const XATTR_LIST_MAX: usize = 65_536;
 
 impl Shared {
+    /// On a staged mount served by the daemon: a name of the staging format's own
+    /// (overlayfs's markers), which the merged view neither shows nor lets be set, as
+    /// overlayfs answers (EOPNOTSUPP).
+    fn staged_marker(&self, name: &[u8]) -> bool {
+        attr::overlay_marker(name) && self.inodes.union().is_some()
+    }
+
     fn xattr_target(&self, ino: u64) -> Res<(Arc<OwnedFd>, bool)> {
         // The node's type is fixed (a different type under the same number is a new node).
         let ok = matches!(self.inodes.kind(ino)?, libc::S_IFREG | libc::S_IFDIR);
@@ -34,7 +41,7 @@ impl Shared {
     /// getxattr: `read`. Symlinks and special files report no attributes; names the mount
     /// does not mirror ([`attr::unmirrored_xattr`]) are EOPNOTSUPP everywhere.
     pub fn do_getxattr(&self, ctx: &Ctx, ino: u64, name: &[u8], size: u32) -> Res<Xattr> {
-        if attr::unmirrored_xattr(name) {
+        if attr::unmirrored_xattr(name) || self.staged_marker(name) {
             return Err(Error(libc::EOPNOTSUPP));
         }
         self.allow_ino(ctx, "getxattr", ino, Need::Read, Special::default())?;
@@ -58,6 +65,9 @@ impl Shared {
             Xattr::Size(_) => Vec::new(),
         };
         let mut list = attr::mirrored_xattr_list(&all);
+        if self.inodes.union().is_some() {
+            list = attr::without_markers(&list);
+        }
         if list.windows(8).any(|w| w == b"trusted.") && !self.programs.host_admin(ctx.pid) {
             list = attr::without_trusted(&list);
         }
@@ -80,7 +90,7 @@ impl Shared {
         value: &[u8],
         flags: i32,
     ) -> Res<()> {
-        if attr::unmirrored_xattr(name) {
+        if attr::unmirrored_xattr(name) || self.staged_marker(name) {
             return Err(Error(libc::EOPNOTSUPP));
         }
         let sp = Special {
@@ -90,11 +100,12 @@ impl Shared {
         let need = self.mutate_need(ctx, ino);
         self.allow_ino(ctx, "setxattr", ino, need, sp)?;
         self.privileged(ctx, "setxattr", ino, name)?;
-        let (fd, ok) = self.xattr_target(ino)?;
+        let (_, ok) = self.xattr_target(ino)?;
         if !ok {
             return Err(Error(libc::EPERM));
         }
-        let note = self.note_node(ino);
+        let mut note = self.note_node(ino);
+        let fd = self.for_change(ino, &mut note)?;
         sys::setxattr_fd(fd.as_fd(), name, value, flags)?;
         self.noted(note);
         self.acl_changed(ino, name);
@@ -134,17 +145,18 @@ impl Shared {
 
     /// removexattr: `write`.
     pub fn do_removexattr(&self, ctx: &Ctx, ino: u64, name: &[u8]) -> Res<()> {
-        if attr::unmirrored_xattr(name) {
+        if attr::unmirrored_xattr(name) || self.staged_marker(name) {
             return Err(Error(libc::EOPNOTSUPP));
         }
         let need = self.mutate_need(ctx, ino);
         self.allow_ino(ctx, "removexattr", ino, need, Special::default())?;
         self.privileged(ctx, "removexattr", ino, name)?;
-        let (fd, ok) = self.xattr_target(ino)?;
+        let (_, ok) = self.xattr_target(ino)?;
         if !ok {
             return Err(Error(libc::ENODATA));
         }
-        let note = self.note_node(ino);
+        let mut note = self.note_node(ino);
+        let fd = self.for_change(ino, &mut note)?;
         sys::removexattr_fd(fd.as_fd(), name)?;
         self.noted(note);
         self.acl_changed(ino, name);

@@ -28,8 +28,30 @@ impl Inodes {
         root: OwnedFd,
         keep: &dyn Fn(u64, u32) -> bool,
     ) -> io::Result<Vec<(u64, Vec<u8>)>> {
+        self.swap_view(root, keep, None)
+    }
+
+    /// [`Inodes::swap_root`] for a merged view the daemon serves itself: `u` from now on.
+    /// Node ids stay those of SOURCE's device.
+    pub fn swap_union(
+        &self,
+        u: Arc<crate::host::union::Union>,
+        keep: &dyn Fn(u64, u32) -> bool,
+    ) -> io::Result<Vec<(u64, Vec<u8>)>> {
+        let root = sys::reopen(self.proc_fd.as_fd(), u.upper_root().as_fd(), libc::O_PATH)?;
+        self.swap_view(root, keep, Some(u))
+    }
+
+    fn swap_view(
+        &self,
+        root: OwnedFd,
+        keep: &dyn Fn(u64, u32) -> bool,
+        union: Option<Arc<crate::host::union::Union>>,
+    ) -> io::Result<Vec<(u64, Vec<u8>)>> {
         let st = sys::fstat(root.as_fd())?;
         let old_dev = self.root_dev();
+        // A union keeps SOURCE's device for ids; a kernel overlay's root is the new one.
+        let new_dev = if union.is_some() { old_dev } else { st.st_dev };
         // `keep` may take other locks: asked outside the table's.
         let known: Vec<(u64, u32)> = {
             let t = self.table.lock();
@@ -50,7 +72,7 @@ impl Inodes {
                     n.key = (st.st_dev, st.st_ino);
                 } else if !kept.contains(&id) {
                     if n.key.0 == old_dev {
-                        n.key.0 = st.st_dev;
+                        n.key.0 = new_dev;
                     }
                     n.loose = true;
                     n.pinned = None;
@@ -63,9 +85,13 @@ impl Inodes {
             }
             t.by_key = by_key;
             // Directories' handles are SOURCE's (`handles.rs`): the same in every view.
-            self.root_dev.store(st.st_dev, Ordering::Relaxed);
+            self.root_dev.store(new_dev, Ordering::Relaxed);
             self.swapped.store(true, Ordering::Relaxed);
             *self.root_fd.lock() = Arc::new(root);
+            if union.is_some() {
+                *self.union.write() = union;
+                self.stacks.clear();
+            }
         }
         let mut f = self.fds.lock();
         f.map.clear();

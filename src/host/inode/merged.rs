@@ -1,0 +1,374 @@
+//! The table over a staged mount's merged view ([`crate::host::union`]): nodes are found
+//! through their parent directory's parts, and a node about to change is copied up first
+//! (its id stays; its key becomes the upper object's).
+//!
+//! Without a union every method here is the plain table's: the node's handle, the
+//! parent's handle. With one, the handles handed out for a change are always the upper's
+//! — never SOURCE's nor a sealed layer's.
+//!
+//! Invariants: a copy-up copies the object the merged view shows at the node's name now,
+//! and only if it is still the node's (else `ESTALE`: the kernel looks the name up again);
+//! a directory's parts are cached per node for one union generation, bounded; the table's
+//! lock is never held across a syscall.
+
+use std::collections::HashMap;
+use std::io;
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::Arc;
+
+use super::{Inodes, ROOT, stale};
+use crate::host::sys::{self, DirEntry, Name};
+use crate::host::union::{Found, NewName, Stack, Union};
+
+/// Directory stacks kept at most (past it the cache starts over).
+const MAX_STACKS: usize = 8192;
+
+/// The errno of [`Inodes::up_node`]'s "copied up to a new node: look the name up again".
+pub const MOVED: i32 = libc::ESTALE;
+
+fn err(n: i32) -> io::Error {
+    io::Error::from_raw_os_error(n)
+}
+
+/// The cache of merged directories' parts.
+#[derive(Default)]
+pub struct Stacks(parking_lot::Mutex<HashMap<u64, Arc<Stack>>>);
+
+impl Stacks {
+    /// Forgets every directory's parts.
+    pub fn clear(&self) {
+        self.0.lock().clear();
+    }
+}
+
+impl Inodes {
+    /// Serves the merged view `u` (before the mount): the root node is the upper's root.
+    pub fn set_union(&mut self, u: Arc<Union>) -> io::Result<()> {
+        let up = sys::reopen(self.proc_fd.as_fd(), u.upper_root().as_fd(), libc::O_PATH)?;
+        *self.root_fd.lock() = Arc::new(up);
+        *self.union.write() = Some(u);
+        Ok(())
+    }
+
+    /// The merged view served, if this mount is staged.
+    pub fn union(&self) -> Option<Arc<Union>> {
+        self.union.read().clone()
+    }
+
+    /// The parts of merged directory `ino`.
+    pub fn stack(&self, u: &Union, ino: u64) -> io::Result<Arc<Stack>> {
+        self.stack_at(u, ino, 0)
+    }
+
+    fn stack_at(&self, u: &Union, ino: u64, depth: usize) -> io::Result<Arc<Stack>> {
+        if ino == ROOT {
+            return u.root_stack();
+        }
+        if depth > 4096 {
+            return Err(err(libc::ELOOP));
+        }
+        let generation = u.generation();
+        if let Some(s) = self.stacks.0.lock().get(&ino)
+            && s.generation == generation
+        {
+            return Ok(s.clone());
+        }
+        let (parent, name) = self.alias(ino).ok_or_else(stale)?;
+        let ps = self.stack_at(u, parent, depth + 1)?;
+        let f = u.lookup(&ps, &name)?.ok_or_else(stale)?;
+        self.check_key(ino, &f)?;
+        let s = Arc::new(f.stack.ok_or_else(|| err(libc::ENOTDIR))?);
+        let mut c = self.stacks.0.lock();
+        if c.len() >= MAX_STACKS {
+            c.clear();
+        }
+        c.insert(ino, s.clone());
+        Ok(s)
+    }
+
+    /// `f` is node `ino` (a loose node settles on it).
+    fn check_key(&self, ino: u64, f: &Found) -> io::Result<()> {
+        let key = (f.st.st_dev, f.st.st_ino);
+        let (k, loose, kind) = {
+            let t = self.table.lock();
+            let n = t.nodes.get(&ino).ok_or_else(stale)?;
+            (n.key, n.loose, n.kind)
+        };
+        if k == key {
+            return Ok(());
+        }
+        if loose && kind == f.st.st_mode & libc::S_IFMT {
+            self.settle(ino, key);
+            return Ok(());
+        }
+        Err(stale())
+    }
+
+    /// `name` in merged directory `parent`: the object shown, not recorded.
+    pub fn find(&self, u: &Union, parent: u64, name: &[u8]) -> io::Result<Option<Found>> {
+        let ps = self.stack(u, parent)?;
+        u.lookup(&ps, name)
+    }
+
+    /// The upper part of directory `ino`, copied up (with its parents) if it has none.
+    /// Without a union: the node's handle.
+    pub fn up_dir(&self, ino: u64) -> io::Result<Arc<OwnedFd>> {
+        match self.union() {
+            Some(u) => self.up_dir_in(&u, ino, 0),
+            None => self.fd(ino),
+        }
+    }
+
+    fn up_dir_in(&self, u: &Union, ino: u64, depth: usize) -> io::Result<Arc<OwnedFd>> {
+        if ino == ROOT {
+            return Ok(self.root_fd());
+        }
+        if depth > 4096 {
+            return Err(err(libc::ELOOP));
+        }
+        let s = self.stack(u, ino)?;
+        let top = s.parts.first().ok_or_else(stale)?;
+        if top.layer == 0 {
+            return Ok(top.fd.clone());
+        }
+        let (parent, name) = self.alias(ino).ok_or_else(stale)?;
+        let pup = self.up_dir_in(u, parent, depth + 1)?;
+        let st = sys::fstat(top.fd.as_fd())?;
+        self.copied(u, ino, pup.as_fd(), &Name::new(&name)?, top.fd.as_fd(), &st)
+    }
+
+    /// Copies `fd` up as `pup/name` for node `ino` (or takes the upper's entry there, if
+    /// one was made meanwhile) and makes the copy the node's.
+    fn copied(
+        &self,
+        u: &Union,
+        ino: u64,
+        pup: std::os::fd::BorrowedFd<'_>,
+        name: &Name,
+        fd: std::os::fd::BorrowedFd<'_>,
+        st: &libc::stat,
+    ) -> io::Result<Arc<OwnedFd>> {
+        let new = match u.copy_up(pup, name, fd, st) {
+            Ok(f) => f,
+            Err(e) if e.raw_os_error() == Some(libc::EEXIST) => sys::open_path(pup, name)?,
+            Err(e) => return Err(e),
+        };
+        // A directory keeps its identity (its lowest part's); a file is the copy now.
+        if st.st_mode & libc::S_IFMT != libc::S_IFDIR {
+            let nst = sys::fstat(new.as_fd())?;
+            self.settle(ino, (nst.st_dev, nst.st_ino));
+        }
+        self.stacks.0.lock().remove(&ino);
+        let new = Arc::new(new);
+        let evicted = self.fds.lock().put(ino, new.clone());
+        drop(evicted);
+        Ok(new)
+    }
+
+    /// The handle to change node `ino` through: its upper copy, made now from the object
+    /// the merged view shows at its name (if that is still this node's: else `ESTALE`).
+    /// Without a union: the node's handle.
+    ///
+    /// `busy`: files are open on the node. Their kernel inode may be passed through to
+    /// the lower object, and the kernel serves no other host file behind one inode: the
+    /// copy is made, the node stays the lower object's, and the answer is [`Moved`] —
+    /// `ESTALE`, on which the kernel looks the name up again (finding the copy, a new
+    /// node) and repeats the call there. Readers keep the lower file, as on overlayfs.
+    pub fn up_node(&self, ino: u64, busy: bool) -> io::Result<Arc<OwnedFd>> {
+        let Some(u) = self.union() else {
+            return self.fd(ino);
+        };
+        if self.kind(ino)? == libc::S_IFDIR {
+            return self.up_dir_in(&u, ino, 0);
+        }
+        let (parent, name) = self.alias(ino).ok_or_else(|| err(libc::ENOENT))?;
+        let f = self.find(&u, parent, &name)?.ok_or_else(stale)?;
+        self.check_key(ino, &f)?;
+        if f.layer == 0 {
+            return Ok(f.fd);
+        }
+        let pup = self.up_dir_in(&u, parent, 0)?;
+        let name = Name::new(&name)?;
+        if busy {
+            match u.copy_up(pup.as_fd(), &name, f.fd.as_fd(), &f.st) {
+                Ok(_) => {}
+                Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {}
+                Err(e) => return Err(e),
+            }
+            return Err(err(MOVED));
+        }
+        self.copied(&u, ino, pup.as_fd(), &name, f.fd.as_fd(), &f.st)
+    }
+
+    /// The upper copy of whatever `parent/name` shows (not a recorded node: a create that
+    /// opens an existing file). `None` when nothing is there.
+    pub fn up_child(&self, parent: u64, name: &Name) -> io::Result<Option<Arc<OwnedFd>>> {
+        let Some(u) = self.union() else {
+            return Ok(None);
+        };
+        let Some(f) = self.find(&u, parent, name.bytes())? else {
+            return Ok(None);
+        };
+        if f.layer == 0 {
+            return Ok(Some(f.fd));
+        }
+        let pup = self.up_dir_in(&u, parent, 0)?;
+        let new = match u.copy_up(pup.as_fd(), name, f.fd.as_fd(), &f.st) {
+            Ok(f) => f,
+            Err(e) if e.raw_os_error() == Some(libc::EEXIST) => sys::open_path(pup.as_fd(), name)?,
+            Err(e) => return Err(e),
+        };
+        Ok(Some(Arc::new(new)))
+    }
+
+    /// Before a new name in `parent`: the directory handle to make it in and what the
+    /// merged view needs done after ([`Inodes::new_done`]). `EEXIST` if the merged view
+    /// shows the name.
+    pub fn new_name(
+        &self,
+        parent: u64,
+        name: &Name,
+    ) -> io::Result<(Arc<OwnedFd>, Option<NewName>)> {
+        let Some(u) = self.union() else {
+            return Ok((self.fd(parent)?, None));
+        };
+        let pup = self.up_dir_in(&u, parent, 0)?;
+        let ps = self.stack(&u, parent)?;
+        let n = u.prepare_new(&ps, pup.as_fd(), name)?;
+        Ok((pup, Some(n)))
+    }
+
+    /// After a new name was made (`made`) or not, in `pfd` (from [`Inodes::new_name`]).
+    pub fn new_done(&self, pfd: &OwnedFd, name: &Name, n: Option<NewName>, made: bool, dir: bool) {
+        if let (Some(u), Some(n)) = (self.union(), n) {
+            u.finish_new(pfd.as_fd(), name, &n, made, dir);
+        }
+    }
+
+    /// Removes `parent/name` (`dir`: a directory). Returns the parent's handle (the one
+    /// changed) for the caller's messages.
+    pub fn remove_name(&self, parent: u64, name: &Name, dir: bool) -> io::Result<()> {
+        let Some(u) = self.union() else {
+            let pfd = self.fd(parent)?;
+            let flags = if dir { libc::AT_REMOVEDIR } else { 0 };
+            return sys::unlinkat(pfd.as_fd(), name, flags);
+        };
+        let f = self
+            .find(&u, parent, name.bytes())?
+            .ok_or_else(|| err(libc::ENOENT))?;
+        let is_dir = f.st.st_mode & libc::S_IFMT == libc::S_IFDIR;
+        match (dir, is_dir) {
+            (true, false) => return Err(err(libc::ENOTDIR)),
+            (false, true) => return Err(err(libc::EISDIR)),
+            _ => {}
+        }
+        let pup = self.up_dir_in(&u, parent, 0)?;
+        let ps = self.stack(&u, parent)?;
+        u.remove(&ps, pup.as_fd(), name, &f)
+    }
+
+    /// renameat2 of `parent/name` to `newparent/newname` with `flags`.
+    pub fn rename_names(
+        &self,
+        (parent, name): (u64, &Name),
+        (newparent, newname): (u64, &Name),
+        flags: u32,
+    ) -> io::Result<()> {
+        let Some(u) = self.union() else {
+            let pfd = self.fd(parent)?;
+            let npfd = self.fd(newparent)?;
+            return sys::renameat2(pfd.as_fd(), name, npfd.as_fd(), newname, flags);
+        };
+        let src = self
+            .find(&u, parent, name.bytes())?
+            .ok_or_else(|| err(libc::ENOENT))?;
+        let dst = self.find(&u, newparent, newname.bytes())?;
+        let exchange = flags & libc::RENAME_EXCHANGE != 0;
+        if exchange && dst.is_none() {
+            return Err(err(libc::ENOENT));
+        }
+        // Both parents and the moved entries in the upper.
+        let src_up = self.up_entry(&u, parent, name, &src)?;
+        let dst_up = match (&dst, exchange) {
+            (Some(d), true) => Some(self.up_entry(&u, newparent, newname, d)?),
+            _ => None,
+        };
+        let pup = self.up_dir_in(&u, parent, 0)?;
+        let npup = self.up_dir_in(&u, newparent, 0)?;
+        // Found again: the copy-ups changed the layers the entries are in.
+        let ps = self.stack(&u, parent)?;
+        let nps = self.stack(&u, newparent)?;
+        let src = u
+            .lookup(&ps, name.bytes())?
+            .ok_or_else(|| err(libc::ENOENT))?;
+        let dst = u.lookup(&nps, newname.bytes())?;
+        drop((src_up, dst_up));
+        if exchange {
+            let d = dst.ok_or_else(|| err(libc::ENOENT))?;
+            return u.exchange((pup.as_fd(), name), (npup.as_fd(), newname), &src, &d);
+        }
+        let noreplace = flags & libc::RENAME_NOREPLACE != 0;
+        u.rename(
+            (&ps, pup.as_fd(), name),
+            (&nps, npup.as_fd(), newname),
+            &src,
+            dst.as_ref(),
+            noreplace,
+        )
+    }
+
+    /// The upper copy of entry `f` shown as `parent/name` (a known node's id is kept).
+    fn up_entry(&self, u: &Union, parent: u64, name: &Name, f: &Found) -> io::Result<Arc<OwnedFd>> {
+        match self.child(parent, name.bytes()) {
+            Some(ino) if self.check_key(ino, f).is_ok() => {
+                if f.layer == 0 {
+                    return Ok(f.fd.clone());
+                }
+                if f.stack.is_some() {
+                    return self.up_dir_in(u, ino, 0);
+                }
+                let pup = self.up_dir_in(u, parent, 0)?;
+                self.copied(u, ino, pup.as_fd(), name, f.fd.as_fd(), &f.st)
+            }
+            _ => self
+                .up_child(parent, name)?
+                .ok_or_else(|| err(libc::ENOENT)),
+        }
+    }
+
+    /// The entries directory `ino` shows (merged), read from `file` when not staged.
+    pub fn list(&self, ino: u64, file: &OwnedFd) -> io::Result<Vec<DirEntry>> {
+        match self.union() {
+            Some(u) => u.read_dir(&*self.stack(&u, ino)?),
+            None => sys::read_dir(file.as_fd()),
+        }
+    }
+
+    /// The entries directory `parent/name` shows (merged).
+    pub fn list_child(&self, parent: u64, name: &Name) -> io::Result<Vec<DirEntry>> {
+        match self.union() {
+            Some(u) => {
+                let f = self
+                    .find(&u, parent, name.bytes())?
+                    .ok_or_else(|| err(libc::ENOENT))?;
+                u.read_dir(f.stack.as_ref().ok_or_else(|| err(libc::ENOTDIR))?)
+            }
+            None => {
+                let pfd = self.fd(parent)?;
+                let fd = sys::openat(pfd.as_fd(), name, libc::O_RDONLY | libc::O_DIRECTORY, 0)?;
+                sys::read_dir(fd.as_fd())
+            }
+        }
+    }
+
+    /// The object `parent/name` shows now (`O_PATH`), not recorded.
+    pub fn peek(&self, parent: u64, name: &Name) -> io::Result<Arc<OwnedFd>> {
+        match self.union() {
+            Some(u) => Ok(self
+                .find(&u, parent, name.bytes())?
+                .ok_or_else(|| err(libc::ENOENT))?
+                .fd),
+            None => Ok(Arc::new(sys::open_path(self.fd(parent)?.as_fd(), name)?)),
+        }
+    }
+}

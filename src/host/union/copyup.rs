@@ -1,0 +1,152 @@
+//! Copy-up: an object of a lower layer (SOURCE or a sealed layer) made in the upper under
+//! the same merged name, before its first change. The copy is made in `DIR/work` under a
+//! temporary name — data (holes kept), owner, mode, xattrs but overlayfs's markers,
+//! times — and renamed into place without replacing anything, so the upper never holds
+//! half a copy and a crash leaves at most a stray temporary in `DIR/work`.
+//!
+//! Invariants: the object copied is the one the caller found *now* (its handle, never a
+//! path walked again); directories are copied without their entries (their lower parts
+//! stay merged below them); the owner is kept where the daemon may set it (as root),
+//! else the copy is the daemon's.
+
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::{TRUSTED, USER, Union, kind};
+use crate::host::sys::{self, Name, SetTime, Xattr};
+
+fn temp_name() -> Name {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    Name::new(format!("#fencefs-up.{}.{n}", std::process::id()).as_bytes()).expect("a valid name")
+}
+
+impl Union {
+    /// Copies the lower object `fd` (stat `st`) into the upper directory `up` as `name`;
+    /// returns the copy's `O_PATH` handle. `EEXIST` if the upper has `name` already.
+    pub fn copy_up(
+        &self,
+        up: BorrowedFd<'_>,
+        name: &Name,
+        fd: BorrowedFd<'_>,
+        st: &libc::stat,
+    ) -> io::Result<OwnedFd> {
+        let _g = self.names.lock();
+        let tmp = temp_name();
+        let work = self.work.as_fd();
+        let made = self.make_copy(work, &tmp, fd, st);
+        let res = made.and_then(|()| {
+            sys::renameat2(work, &tmp, up, name, libc::RENAME_NOREPLACE)?;
+            sys::open_path(up, name)
+        });
+        if res.is_err() {
+            let flags = if kind(st) == libc::S_IFDIR {
+                libc::AT_REMOVEDIR
+            } else {
+                0
+            };
+            let _ = sys::unlinkat(work, &tmp, flags);
+        }
+        if kind(st) == libc::S_IFDIR {
+            self.bump();
+        }
+        res
+    }
+
+    fn make_copy(
+        &self,
+        work: BorrowedFd<'_>,
+        tmp: &Name,
+        fd: BorrowedFd<'_>,
+        st: &libc::stat,
+    ) -> io::Result<()> {
+        let proc_fd = self.proc_fd.as_fd();
+        let k = kind(st);
+        match k {
+            libc::S_IFREG => {
+                let src = sys::reopen(proc_fd, fd, libc::O_RDONLY)?;
+                let dst = sys::openat(
+                    work,
+                    tmp,
+                    libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW,
+                    0o600,
+                )?;
+                crate::host::copy::copy_data(src.as_fd(), dst.as_fd(), st.st_size as u64)?;
+            }
+            libc::S_IFDIR => sys::mkdirat(work, tmp, 0o700)?,
+            libc::S_IFLNK => sys::symlinkat(&sys::readlink_fd(fd)?, work, tmp)?,
+            _ => sys::mknodat(work, tmp, st.st_mode, st.st_rdev)?,
+        }
+        let new = sys::open_path(work, tmp)?;
+        // The owner, where the daemon may give it (as root); then the mode, which a chown
+        // may have cut its set-ID bits from.
+        match sys::fchownat_nofollow(work, tmp, st.st_uid, st.st_gid) {
+            Err(e) if e.raw_os_error() == Some(libc::EPERM) && sys::geteuid() != 0 => {}
+            r => r?,
+        }
+        if k != libc::S_IFLNK {
+            sys::fchmod_fd(proc_fd, new.as_fd(), st.st_mode & 0o7777)?;
+        }
+        if matches!(k, libc::S_IFREG | libc::S_IFDIR) {
+            copy_xattrs(fd, new.as_fd())?;
+            // Where it was copied from, in overlayfs's form: `stage status` tells a host
+            // replacement of the original from the agent's own rename by it.
+            if let Some(o) = origin(fd) {
+                self.set_marker(new.as_fd(), b"origin", &o)?;
+            }
+        }
+        let at = SetTime::At(st.st_atime, st.st_atime_nsec);
+        let mt = SetTime::At(st.st_mtime, st.st_mtime_nsec);
+        if k == libc::S_IFLNK {
+            sys::utimens_nofollow(work, tmp, at, mt)
+        } else {
+            sys::utimens_fd(proc_fd, new.as_fd(), at, mt)
+        }
+    }
+}
+
+/// Copies every xattr of `from` to `to` but overlayfs's markers (either namespace).
+fn copy_xattrs(from: BorrowedFd<'_>, to: BorrowedFd<'_>) -> io::Result<()> {
+    let list = match sys::listxattr_fd(from, 64 * 1024) {
+        Ok(Xattr::Data(l)) => l,
+        Ok(Xattr::Size(_)) => return Ok(()),
+        Err(e) if matches!(e.raw_os_error(), Some(libc::ENOTSUP)) => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    for k in list.split(|&b| b == 0) {
+        if k.is_empty() || k.starts_with(TRUSTED) || k.starts_with(USER) {
+            continue;
+        }
+        if let Ok(Xattr::Data(v)) = sys::getxattr_fd(from, k, 64 * 1024) {
+            match sys::setxattr_fd(to, k, &v, 0) {
+                // A namespace the daemon may not write (trusted.* when not root): the copy
+                // goes without it rather than not at all.
+                Err(e) if matches!(e.raw_os_error(), Some(libc::EPERM | libc::ENOTSUP)) => {}
+                r => r?,
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The overlayfs origin of `fd`: version 0, magic 0xfb, length, flags, the handle type,
+/// a (null) file system uuid, then the file handle. `None` where the file system gives
+/// no handle.
+fn origin(fd: BorrowedFd<'_>) -> Option<Vec<u8>> {
+    let h = sys::file_handle(fd).ok()?;
+    let (kind, fid) = h.split_at(4);
+    let kind = i32::from_ne_bytes(kind.try_into().ok()?);
+    let len = 5 + 16 + fid.len();
+    let mut o = Vec::with_capacity(len);
+    o.extend_from_slice(&[
+        0,
+        0xfb,
+        u8::try_from(len).ok()?,
+        0,
+        u8::try_from(kind).ok()?,
+    ]);
+    o.extend_from_slice(&[0; 16]);
+    o.extend_from_slice(fid);
+    Some(o)
+}

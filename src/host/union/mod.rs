@@ -1,0 +1,359 @@
+//! The merged view of a staged mount, served by the daemon itself: copy-on-write over
+//! handle-based layers, in kernel overlayfs's upper-directory format.
+//!
+//! Layers, top first: the writable staged tree (`DIR/upper`, layer 0), the sealed
+//! checkpoint layers (`DIR/layers/N`, newest first), and SOURCE (last). A name is looked
+//! up in each layer the parent directory has, top down, as overlayfs does: a whiteout
+//! (character device 0/0 in a staged layer) ends the search; a file ends it; directories
+//! merge until one is opaque (`*.overlay.opaque = y`); a renamed directory's redirect
+//! (`*.overlay.redirect`) names where its lower parts are. Every change goes to layer 0
+//! only: a file is copied up from the object SOURCE (or a layer) holds *now* — nothing
+//! below the upper is cached but `O_PATH` handles, re-found at every lookup — and a name
+//! removed from a lower layer gets a whiteout.
+//!
+//! Markers are written in the area's namespace (`trusted.overlay.` when the daemon runs as
+//! root, `user.overlay.` otherwise, so an ordinary user can stage) and read in both.
+//!
+//! Invariants: nothing here writes a layer but layer 0 (and `DIR/work`, where copies are
+//! made before they are renamed into place, so a crash never leaves half a file staged);
+//! SOURCE's entries are never taken for whiteouts (a real 0/0 device there is shown); the
+//! name changes of one merged directory are serialized by one lock; every path walked is
+//! walked one `O_PATH|O_NOFOLLOW` step at a time.
+
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use parking_lot::Mutex;
+
+use super::sys::{self, Name, Xattr};
+
+mod change;
+mod copyup;
+mod list;
+
+pub use change::NewName;
+pub use list::MergedEntry;
+
+/// Prefixes of overlayfs's markers.
+pub const TRUSTED: &[u8] = b"trusted.overlay.";
+/// The unprivileged form (overlayfs's `userxattr`).
+pub const USER: &[u8] = b"user.overlay.";
+
+/// One real directory of a merged one: its layer, handle, and path in that layer.
+#[derive(Clone)]
+pub struct Part {
+    /// Layer index (0: the upper).
+    pub layer: usize,
+    /// Its `O_PATH` handle.
+    pub fd: Arc<OwnedFd>,
+    /// Its path in the layer (redirects make it differ from the merged path).
+    pub path: Vec<u8>,
+}
+
+/// A merged directory: its real directories, top first.
+#[derive(Clone)]
+pub struct Stack {
+    /// The parts, top first (the first one's attributes are the directory's).
+    pub parts: Vec<Part>,
+    /// The union generation it was found in (see [`Union::generation`]).
+    pub generation: u64,
+}
+
+impl Stack {
+    /// Whether the directory exists in the upper.
+    pub fn in_upper(&self) -> bool {
+        self.parts.first().is_some_and(|p| p.layer == 0)
+    }
+    /// Whether some part lives below the upper.
+    pub fn has_lower(&self) -> bool {
+        self.parts.iter().any(|p| p.layer > 0)
+    }
+}
+
+/// An entry found in the merged view.
+pub struct Found {
+    /// The layer of the object shown.
+    pub layer: usize,
+    /// The object shown (`O_PATH`).
+    pub fd: Arc<OwnedFd>,
+    /// Its attributes. A directory's `st_dev`/`st_ino` are those of its lowest part (its
+    /// origin, as overlayfs reports them): its identity stays across its copy-up, a
+    /// rename and a rewind.
+    pub st: libc::stat,
+    /// For a directory: every part of it.
+    pub stack: Option<Stack>,
+}
+
+/// A staged mount's layers.
+pub struct Union {
+    layers: Vec<OwnedFd>,
+    work: OwnedFd,
+    proc_fd: OwnedFd,
+    xa: &'static [u8],
+    generation: AtomicU64,
+    root: Mutex<Option<Arc<Stack>>>,
+    /// Serializes the name changes (copy-ups, whiteouts, renames) of the union.
+    names: Mutex<()>,
+}
+
+fn kind(st: &libc::stat) -> u32 {
+    st.st_mode & libc::S_IFMT
+}
+
+fn missing(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::ENOENT | libc::ENOTDIR))
+}
+
+/// `a/b` (`b` when `a` is empty).
+pub fn join(a: &[u8], b: &[u8]) -> Vec<u8> {
+    let mut p = Vec::with_capacity(a.len() + 1 + b.len());
+    p.extend_from_slice(a);
+    if !a.is_empty() {
+        p.push(b'/');
+    }
+    p.extend_from_slice(b);
+    p
+}
+
+impl Union {
+    /// A union of `layers` (top first: the upper, the sealed layers, SOURCE) with the work
+    /// directory `work` (on the upper's file system), writing markers under `xa`.
+    pub fn new(layers: Vec<OwnedFd>, work: OwnedFd, xa: &'static [u8]) -> io::Result<Union> {
+        if layers.len() < 2 {
+            return Err(io::Error::from_raw_os_error(libc::EINVAL));
+        }
+        Ok(Union {
+            layers,
+            work,
+            proc_fd: sys::open_proc_self_fd()?,
+            xa,
+            generation: AtomicU64::new(1),
+            root: Mutex::new(None),
+            names: Mutex::new(()),
+        })
+    }
+
+    /// The generation: bumped whenever a directory's parts change (a directory copied up,
+    /// renamed, removed, made opaque), so cached [`Stack`]s of another generation are
+    /// found again.
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    fn bump(&self) {
+        self.generation.fetch_add(1, Ordering::AcqRel);
+        *self.root.lock() = None;
+    }
+
+    /// The upper's root handle.
+    pub fn upper_root(&self) -> &OwnedFd {
+        &self.layers[0]
+    }
+
+    /// SOURCE's root handle (the last layer).
+    pub fn source_root(&self) -> &OwnedFd {
+        &self.layers[self.layers.len() - 1]
+    }
+
+    fn is_source(&self, layer: usize) -> bool {
+        layer + 1 == self.layers.len()
+    }
+
+    /// The merged root.
+    pub fn root_stack(&self) -> io::Result<Arc<Stack>> {
+        if let Some(s) = self.root.lock().clone() {
+            return Ok(s);
+        }
+        let generation = self.generation();
+        let mut parts = Vec::new();
+        for (i, l) in self.layers.iter().enumerate() {
+            let fd = Arc::new(sys::reopen(self.proc_fd.as_fd(), l.as_fd(), libc::O_PATH)?);
+            let opaque = i < self.layers.len() - 1 && self.marker(fd.as_fd(), b"opaque").is_some();
+            parts.push(Part {
+                layer: i,
+                fd,
+                path: Vec::new(),
+            });
+            if opaque {
+                break;
+            }
+        }
+        let s = Arc::new(Stack { parts, generation });
+        if self.generation() == generation {
+            *self.root.lock() = Some(s.clone());
+        }
+        Ok(s)
+    }
+
+    /// A marker of a staged directory or file (`None` when absent), in either namespace.
+    fn marker(&self, fd: BorrowedFd<'_>, what: &[u8]) -> Option<Vec<u8>> {
+        for prefix in [self.xa, if self.xa == USER { TRUSTED } else { USER }] {
+            let name = [prefix, what].concat();
+            if let Ok(Xattr::Data(v)) = sys::getxattr_fd(fd, &name, 4096) {
+                return Some(v);
+            }
+        }
+        None
+    }
+
+    fn set_marker(&self, fd: BorrowedFd<'_>, what: &[u8], value: &[u8]) -> io::Result<()> {
+        sys::setxattr_fd(fd, &[self.xa, what].concat(), value, 0)
+    }
+
+    /// Whether `st` (in `layer`) is a whiteout.
+    fn is_whiteout(&self, layer: usize, fd: BorrowedFd<'_>, st: &libc::stat) -> bool {
+        if self.is_source(layer) {
+            return false;
+        }
+        match kind(st) {
+            libc::S_IFCHR => st.st_rdev == 0,
+            libc::S_IFREG => st.st_size == 0 && self.marker(fd, b"whiteout").is_some(),
+            _ => false,
+        }
+    }
+
+    fn child(&self, dir: BorrowedFd<'_>, name: &Name) -> io::Result<Option<(OwnedFd, libc::stat)>> {
+        match sys::open_path(dir, name) {
+            Ok(fd) => {
+                let st = sys::fstat(fd.as_fd())?;
+                Ok(Some((fd, st)))
+            }
+            Err(e) if missing(&e) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The object at `path` of `layer`, walked from its root.
+    fn walk(&self, layer: usize, path: &[u8]) -> io::Result<Option<(OwnedFd, libc::stat)>> {
+        let mut cur = sys::reopen(
+            self.proc_fd.as_fd(),
+            self.layers[layer].as_fd(),
+            libc::O_PATH,
+        )?;
+        let mut st = sys::fstat(cur.as_fd())?;
+        if path.is_empty() {
+            return Ok(Some((cur, st)));
+        }
+        for part in path.split(|&b| b == b'/') {
+            if kind(&st) != libc::S_IFDIR {
+                return Ok(None);
+            }
+            match self.child(cur.as_fd(), &Name::new(part)?)? {
+                Some((f, s)) => (cur, st) = (f, s),
+                None => return Ok(None),
+            }
+        }
+        Ok(Some((cur, st)))
+    }
+
+    /// Looks `name` up in the merged directory `parent`: the object shown, or `None`
+    /// (absent or whited out).
+    pub fn lookup(&self, parent: &Stack, name: &[u8]) -> io::Result<Option<Found>> {
+        let generation = self.generation();
+        let mut look = Name::new(name)?;
+        let mut top: Option<(usize, Arc<OwnedFd>, libc::stat)> = None;
+        let mut parts: Vec<Part> = Vec::new();
+        let mut bottom = (0, 0);
+        // A redirect to an absolute path: the layers below are walked from their roots.
+        let mut abs: Option<Vec<u8>> = None;
+        let mut next = 0;
+        let mut pi = 0;
+        loop {
+            let (layer, path, got) = match &abs {
+                None => {
+                    let Some(p) = parent.parts.get(pi) else { break };
+                    pi += 1;
+                    if p.layer < next {
+                        continue;
+                    }
+                    let path = join(&p.path, look.bytes());
+                    (p.layer, path, self.child(p.fd.as_fd(), &look)?)
+                }
+                Some(path) => {
+                    if next >= self.layers.len() {
+                        break;
+                    }
+                    (next, path.clone(), self.walk(next, path)?)
+                }
+            };
+            next = layer + 1;
+            let Some((fd, st)) = got else { continue };
+            if self.is_whiteout(layer, fd.as_fd(), &st) {
+                break;
+            }
+            let is_dir = kind(&st) == libc::S_IFDIR;
+            if top.is_some() && !is_dir {
+                break;
+            }
+            let fd = Arc::new(fd);
+            if top.is_none() {
+                top = Some((layer, fd.clone(), st));
+                if !is_dir {
+                    break;
+                }
+            }
+            let last = self.is_source(layer);
+            let opaque = !last && self.marker(fd.as_fd(), b"opaque").as_deref() == Some(b"y");
+            let redirect = if last {
+                None
+            } else {
+                self.marker(fd.as_fd(), b"redirect")
+            };
+            bottom = (st.st_dev, st.st_ino);
+            parts.push(Part { layer, fd, path });
+            if opaque {
+                break;
+            }
+            match redirect {
+                Some(r) if r.starts_with(b"/") => abs = Some(r[1..].to_vec()),
+                Some(r) if abs.is_none() => look = Name::new(&r)?,
+                Some(r) => {
+                    let base = abs.as_deref().map(parent_of).unwrap_or(b"");
+                    abs = Some(join(base, &r));
+                }
+                None => {}
+            }
+        }
+        Ok(top.map(|(layer, fd, mut st)| {
+            let dir = kind(&st) == libc::S_IFDIR;
+            if dir {
+                (st.st_dev, st.st_ino) = bottom;
+            }
+            Found {
+                layer,
+                fd,
+                st,
+                stack: dir.then(|| Stack { parts, generation }),
+            }
+        }))
+    }
+
+    /// Whether a layer below the upper shows something at `name` in `parent` (a removal
+    /// or a rename away from it must leave a whiteout).
+    pub fn lower_positive(&self, parent: &Stack, name: &Name) -> io::Result<bool> {
+        for p in parent.parts.iter().filter(|p| p.layer > 0) {
+            if let Some((fd, st)) = self.child(p.fd.as_fd(), name)? {
+                return Ok(!self.is_whiteout(p.layer, fd.as_fd(), &st));
+            }
+        }
+        Ok(false)
+    }
+
+    /// The upper's entry `name` in directory `up` is a whiteout.
+    fn upper_whiteout(&self, up: BorrowedFd<'_>, name: &Name) -> io::Result<bool> {
+        Ok(match self.child(up, name)? {
+            Some((fd, st)) => self.is_whiteout(0, fd.as_fd(), &st),
+            None => false,
+        })
+    }
+}
+
+/// The parent of a relative path (`b""` at the top).
+pub fn parent_of(path: &[u8]) -> &[u8] {
+    match path.iter().rposition(|&b| b == b'/') {
+        Some(i) => &path[..i],
+        None => b"",
+    }
+}
