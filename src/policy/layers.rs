@@ -43,6 +43,8 @@ pub struct Policy {
     mode: Mode,
     has_id_rules: bool,
     may_hide: bool,
+    /// Whether some rule has an `ask` (else no refusal can be put to an approver).
+    has_asks: bool,
     /// Paths read-only to every caller in every mode (EROFS): the workspace layer's file.
     pinned: Vec<Vec<u8>>,
     /// Every layer's `ignore_files`, compiled with the files found (see `ignore.rs`):
@@ -123,6 +125,7 @@ impl Policy {
             may_hide: layers.iter().any(Layer::may_hide) || !names.is_empty(),
             ignore,
             has_id_rules: layers.iter().any(Layer::has_id_rules),
+            has_asks: rules.iter().any(|r| r.ask.is_some()),
             layers,
             rule_off,
             prot_off,
@@ -276,6 +279,12 @@ impl Policy {
     /// Every layer's rules, in layer order; [`By::Rule`] and [`By::Visibility`] index into this.
     pub fn rules(&self) -> &[RuleInfo] {
         &self.rules
+    }
+
+    /// Whether some rule has an `ask`: without one no refusal is askable
+    /// ([`Denial::askable`] is `None`), so nothing is put to an approver.
+    pub fn has_asks(&self) -> bool {
+        self.has_asks
     }
 
     /// Rule `idx` (as found in [`By::Rule`] / [`By::Visibility`]). Panics when out of range.

@@ -321,38 +321,6 @@ fn hunks(a: &[u8], b: &[u8], out: &mut impl Write) -> io::Result<()> {
 mod tests {
     use super::*;
 
-    fn d(a: &str, b: &str) -> String {
-        let mut v = Vec::new();
-        hunks(a.as_bytes(), b.as_bytes(), &mut v).unwrap();
-        String::from_utf8(v).unwrap()
-    }
-
-    #[test]
-    fn hunks_as_git_writes_them() {
-        assert_eq!(d("", "a\nb\n"), "@@ -0,0 +1,2 @@\n+a\n+b\n");
-        assert_eq!(d("a\nb\n", ""), "@@ -1,2 +0,0 @@\n-a\n-b\n");
-        assert_eq!(
-            d("a\nb\nc\n", "a\nB\nc\n"),
-            "@@ -1,3 +1,3 @@\n a\n-b\n+B\n c\n"
-        );
-        assert_eq!(
-            d("x", "y"),
-            "@@ -1 +1 @@\n-x\n\\ No newline at end of file\n+y\n\\ No newline at end of file\n"
-        );
-        let a: String = (1..=20).map(|i| format!("{i}\n")).collect();
-        let b: String = (1..=20)
-            .map(|i| match i {
-                2 => "two\n".to_string(),
-                19 => "nineteen\n".to_string(),
-                _ => format!("{i}\n"),
-            })
-            .collect();
-        assert_eq!(
-            d(&a, &b),
-            "@@ -1,5 +1,5 @@\n 1\n-2\n+two\n 3\n 4\n 5\n@@ -16,5 +16,5 @@\n 16\n 17\n 18\n-19\n+nineteen\n 20\n"
-        );
-    }
-
     #[test]
     fn names_quoted_as_git_quotes_them() {
         assert_eq!(quote_with(b"a/", b"x\x1b[31m"), "\"a/x\\033[31m\"");

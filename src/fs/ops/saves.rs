@@ -68,7 +68,7 @@ pub struct Table<'a>(MutexGuard<'a, Temps<Kept>>, &'a AtomicUsize);
 
 impl Drop for Table<'_> {
     fn drop(&mut self) {
-        self.1.store(self.0.len(), Ordering::Relaxed);
+        self.1.store(self.0.len(), Ordering::Release);
     }
 }
 
@@ -93,7 +93,14 @@ impl Saves {
     /// Whether node `ino` is a provisional file: its size is capped
     /// ([`MAX_TEMP_BYTES`](saves::MAX_TEMP_BYTES)) and it is never a passthrough file.
     pub fn capped(&self, ino: u64) -> bool {
-        self.live.load(Ordering::Relaxed) != 0 && self.lock().any(|k| k.fuse_ino == ino)
+        self.any() && self.lock().any(|k| k.fuse_ino == ino)
+    }
+
+    /// Whether some file is provisional (or reserved by a create in flight), without the
+    /// lock. A file is admitted before its create is answered, so a request that names it
+    /// (its write, rename or unlink) always finds it counted.
+    fn any(&self) -> bool {
+        self.live.load(Ordering::Acquire) != 0
     }
 }
 
@@ -114,6 +121,8 @@ impl Shared {
     /// write is granted or askable), there is room, and an approver could be asked about
     /// its rename. Then it is reserved and audited (`by: provisional`) and its verdict
     /// returned; the caller makes the file and reports it with [`Shared::provisional_made`].
+    /// Without an `ask` rule in the policy no create is askable: nothing is decided here,
+    /// so a create is decided once (the hot path).
     pub(super) fn provisional_create(
         &self,
         ctx: &Ctx,
@@ -122,7 +131,8 @@ impl Shared {
         path: &[u8],
         sp: Special,
     ) -> Option<Verdict> {
-        if self.learning()
+        if !ctx.snap.policy.has_asks()
+            || self.learning()
             || self.bases.is_some()
             || sp.setid
             || ctx.approved.is_some()
@@ -241,9 +251,11 @@ impl Shared {
 
     /// Whether the caller's refusals on `path` are lifted: its live provisional file.
     pub(crate) fn provisional(&self, ctx: &Ctx, path: &[u8]) -> bool {
-        self.saves
-            .lock()
-            .covers(ctx.caller.uid, path, Instant::now())
+        self.saves.any()
+            && self
+                .saves
+                .lock()
+                .covers(ctx.caller.uid, path, Instant::now())
     }
 
     /// The op a rename of `old` over `new` is asked as: `save` when `old` is the caller's
@@ -264,7 +276,11 @@ impl Shared {
 
     /// The caller renamed or removed `path`: unless its save question waits for an answer
     /// with its bytes, it is provisional no more.
+    /// With no provisional file at all (the common case) it takes no lock.
     pub(super) fn provisional_gone(&self, ctx: &Ctx, path: &[u8], removed: bool) {
+        if !self.saves.any() {
+            return;
+        }
         let mut t = self.saves.lock();
         if !(removed && t.is_parked(ctx.caller.uid, path)) {
             t.take(ctx.caller.uid, path);

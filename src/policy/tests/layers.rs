@@ -84,6 +84,10 @@ fn combination_table() {
             (Err(d), Err(e)) => {
                 assert_eq!(d.errno, e, "row {i}: errno");
                 assert_eq!(d.askable(&p, need).is_some(), askable, "row {i}: askable");
+                assert!(
+                    !askable || p.has_asks(),
+                    "row {i}: askable without an ask rule"
+                );
                 assert_eq!(d.verdict.layer, at, "row {i}: deciding layer");
                 if let By::Rule(r) = d.by {
                     assert_eq!(p.rule(r).layer, at, "row {i}: the rule is the layer's");
@@ -92,6 +96,16 @@ fn combination_table() {
             _ => panic!("row {i}: got {got:?}, want {want:?}"),
         }
     }
+}
+
+/// `has_asks` (the create hot path skips the atomic-save machinery without it): any
+/// layer's `ask` rule counts, the workspace layer's included.
+#[test]
+fn has_asks_when_some_layer_has_an_ask_rule() {
+    assert!(!set(&[ALLOW, READ, HIDE, PROTECT]).has_asks());
+    assert!(set(&[ASK]).has_asks());
+    assert!(set(&[READ, ASK]).has_asks());
+    assert!(set(&[READ]).with_layer(layer(ASK, "ws.toml")).has_asks());
 }
 
 #[test]
