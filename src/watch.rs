@@ -172,6 +172,14 @@ fn decode(buf: &[u8], shared: &Shared, me: u32, pages: bool) -> Batch {
                 match (kind, name) {
                     (_, Some(name)) => {
                         let moved_dir_in = mask & libc::FAN_ONDIR != 0 && mask & 0x80 != 0;
+                        // A directory made, removed or moved on the host: a staged mount's
+                        // merged directories may have gained or lost a part.
+                        if mask & libc::FAN_ONDIR != 0
+                            && mask & DIRENT != 0
+                            && let Some(u) = shared.inodes.union()
+                        {
+                            u.host_changed();
+                        }
                         if !b.ignore_changed
                             && !ignore.names().is_empty()
                             && (moved_dir_in || ignore.affects(&name))

@@ -51,6 +51,9 @@ impl Inodes {
         let h = match self.root_at(parent, name.bytes()) {
             Some(root) => sys::file_handle(root.as_fd()),
             None => match &self.event_source {
+                // The daemon's merged view: the SOURCE directory it merges (a renamed
+                // one's is found by its redirect, not at the merged path).
+                Some(_) if self.union().is_some() => self.merged_source_handle(ino),
                 Some(src) => self.source_handle(src, ino),
                 None => self
                     .fd(parent)

@@ -336,6 +336,15 @@ impl Inodes {
         }
     }
 
+    /// The kernel file handle of the SOURCE directory merged directory `ino` shows
+    /// (host change events name it); `ENOENT` when it has none (made by the agent).
+    pub(super) fn merged_source_handle(&self, ino: u64) -> io::Result<Vec<u8>> {
+        let u = self.union().ok_or_else(|| err(libc::ENOENT))?;
+        let s = self.stack(&u, ino)?;
+        let part = u.source_part(&s).ok_or_else(|| err(libc::ENOENT))?;
+        sys::file_handle(part.fd.as_fd())
+    }
+
     /// The entries directory `ino` shows (merged), read from `file` when not staged.
     pub fn list(&self, ino: u64, file: &OwnedFd) -> io::Result<Vec<DirEntry>> {
         match self.union() {

@@ -147,6 +147,17 @@ impl Union {
         *self.root.lock() = None;
     }
 
+    /// A directory of SOURCE was made, removed or moved by the host: every merged
+    /// directory's parts are found again.
+    pub fn host_changed(&self) {
+        self.bump();
+    }
+
+    /// The part of `s` that is SOURCE's, if any.
+    pub fn source_part<'a>(&self, s: &'a Stack) -> Option<&'a Part> {
+        s.parts.last().filter(|p| self.is_source(p.layer))
+    }
+
     /// The upper's root handle.
     pub fn upper_root(&self) -> &OwnedFd {
         &self.layers[0]
