@@ -323,11 +323,59 @@ fn missing_prerequisites_are_one_line_and_exit_1() {
             bad.display()
         )
     );
-    // Staging as an ordinary user: not yet; says to use --live.
-    let o = f.run(&[], "true");
-    assert_eq!(o.status.code(), Some(1));
-    assert!(o.stderr.contains("run with --live"), "{}", o.stderr);
-    assert_eq!(o.stderr.lines().count(), 1, "{}", o.stderr);
+}
+
+/// The staging area of a run of `f` (under its HOME's `.local/state/fencefs`).
+fn stage_of(f: &Fixture) -> std::path::PathBuf {
+    let state = f.home().join(".local/state/fencefs");
+    fs::read_dir(&state)
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path()
+        .join("stage")
+}
+
+#[test]
+fn staged_by_default_as_an_ordinary_user() {
+    let f = Fixture::new("run-staged-user");
+    put(&f.ws().join("notes.txt"), b"n\n", 0o644);
+    put(&f.ws().join("dir1/f"), b"f\n", 0o644);
+    chown_tree(&f.ws(), AGENT);
+    let before = snapshot(&f.ws());
+    let o = f.run(
+        &[],
+        "set -e; echo one > s.txt; echo more >> a.txt; mkdir d; echo x > d/x; \
+         mv d d2; rm notes.txt; mv dir1 dir2; cat a.txt d2/x",
+    );
+    o.assert_ok("an ordinary user's staged run");
+    assert_eq!(o.stdout, "hello\nmore\nx\n");
+    assert_host_unchanged(&before, &f.ws(), "an ordinary user's staged run");
+    // No root anywhere: the markers are the unprivileged ones, and the stage reads them.
+    let stage = stage_of(&f);
+    let st = run_fencefs(["stage", "status", "--dir", stage.to_str().unwrap()], LIMIT);
+    assert_eq!(
+        st.stdout, "M a.txt\nA d2/ (1 entry)\nR dir1/ -> dir2/\nD notes.txt\nA s.txt\n",
+        "{}",
+        st.stderr
+    );
+    // The next run continues them: what the first one deleted stays deleted.
+    let o = f.run(&[], "cat s.txt; ls -A | grep -c notes || true");
+    o.assert_ok("second run");
+    assert_eq!(o.stdout, "one\n0\n");
+    assert_host_unchanged(&before, &f.ws(), "a second staged run");
+    // The user applies them, without root.
+    let a = sh_as(
+        1000,
+        &f.ws(),
+        &format!("{BIN} stage apply --dir {}", stage.display()),
+    );
+    a.assert_ok("apply as uid 1000");
+    assert_eq!(fs::read(f.ws().join("dir2/f")).unwrap(), b"f\n");
+    assert_eq!(fs::read(f.ws().join("d2/x")).unwrap(), b"x\n");
+    assert_eq!(fs::read(f.ws().join("a.txt")).unwrap(), b"hello\nmore\n");
+    assert!(!f.ws().join("dir1").exists() && !f.ws().join("notes.txt").exists());
 }
 
 /// `fencefs run` as root (the test's own uid); HOME the fake one, XDG_STATE_HOME unset.

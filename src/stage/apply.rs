@@ -258,7 +258,7 @@ fn rename_one(l: &Layers, c: &Change, from: &[u8]) -> io::Result<()> {
     // The staged directory now sits over its own SOURCE path: no redirect, and the
     // whiteout over the old name goes.
     if let Some(u) = l.upper.get(&c.path)? {
-        let _ = sys::removexattr_fd(u.fd.as_fd(), b"trusted.overlay.redirect");
+        super::tree::remove_marker(u.fd.as_fd(), b"redirect");
     }
     // The whiteout over the old name goes; anything else made there since (`mv d d2;
     // mkdir d`) is a change of its own, applied on its own, and stays staged.
@@ -554,7 +554,9 @@ fn copy_entry(
                 let cname = name(&child)?;
                 // A regular file (most of a new tree) is copied through descriptors.
                 if let Some((src, st)) = open_regular(u.fd.as_fd(), &cname)? {
-                    if !(st.st_size == 0 && file::get(src.as_fd(), WHITEOUT).is_ok()) {
+                    let marked = |n: &[u8]| file::get(src.as_fd(), n).is_ok();
+                    let whiteout = marked(WHITEOUT) || marked(b"user.overlay.whiteout");
+                    if !(st.st_size == 0 && whiteout) {
                         links.write(proc_fd, src.as_fd(), &st, d.as_fd(), &cname)?;
                     }
                     continue;

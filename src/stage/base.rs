@@ -33,8 +33,14 @@ use parking_lot::Mutex;
 use super::tree::{Layer, Node, kind};
 use crate::host::sys::{self, Name, Xattr};
 
-/// The xattr a staged entry's base record is kept in.
+/// The xattr a staged entry's base record is kept in (as root; an ordinary user's is
+/// `user.overlay.fencefs-base`: [`xattr_name`]).
 pub const XATTR: &[u8] = b"trusted.overlay.fencefs-base";
+
+/// The name this process writes base records under.
+pub fn xattr_name() -> Vec<u8> {
+    super::tree::ovl(b"fencefs-base")
+}
 
 /// The identity of the SOURCE object a staged entry was made from.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -127,10 +133,11 @@ impl Base {
 
 /// The record on a staged entry, if it has one.
 pub fn read(fd: BorrowedFd<'_>) -> Option<Base> {
-    match sys::getxattr_fd(fd, XATTR, 4096) {
+    let get = |n: &[u8]| match sys::getxattr_fd(fd, n, 4096) {
         Ok(Xattr::Data(v)) => Base::decode(&v),
         _ => None,
-    }
+    };
+    get(XATTR).or_else(|| get(b"user.overlay.fencefs-base"))
 }
 
 /// The record on staged node `n` (a whiteout included).
@@ -295,6 +302,13 @@ impl Bases {
         Ok(Some(Base::now(ino, btime, path)))
     }
 
+    /// A change noted by [`Bases::before`] did not happen (the kernel repeats it on
+    /// another node, or it failed): what it was built on stays what the path's next
+    /// change is built on, as a read of it.
+    pub fn unnoted(&self, p: Pending) {
+        self.reads.lock().put(p.base);
+    }
+
     /// Records `p` on the staged entry now at its path (a non-directory), replacing what
     /// that entry carried.
     pub fn after(&self, p: Pending) {
@@ -309,7 +323,7 @@ impl Bases {
             if kind(&n.st) == libc::S_IFCHR && n.st.st_rdev == 0 && n.st.st_nlink > 1 {
                 return private_whiteout(&up, &p);
             }
-            sys::setxattr_fd(n.fd.as_fd(), XATTR, &p.base.encode(), 0)
+            sys::setxattr_fd(n.fd.as_fd(), &xattr_name(), &p.base.encode(), 0)
         })();
         if let Err(e) = r {
             log::warn!(
@@ -346,7 +360,7 @@ fn private_whiteout(up: &Layer, p: &Pending) -> io::Result<()> {
     };
     let done = (|| {
         let fd = sys::open_path(dir.as_fd(), &tmp)?;
-        sys::setxattr_fd(fd.as_fd(), XATTR, &p.base.encode(), 0)?;
+        sys::setxattr_fd(fd.as_fd(), &xattr_name(), &p.base.encode(), 0)?;
         sys::renameat2(dir.as_fd(), &tmp, dir.as_fd(), &Name::new(last)?, 0)
     })();
     if done.is_err() {

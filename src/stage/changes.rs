@@ -592,7 +592,7 @@ impl Layers {
                 && self.lower.dir(&redirect_path(&p, &r))?.is_none()
                 && self.lower.dir(&p)?.is_some()
             {
-                sys::removexattr_fd(c.fd.as_fd(), b"trusted.overlay.redirect")?;
+                super::tree::remove_marker(c.fd.as_fd(), b"redirect");
                 out.push(p.clone());
             }
             self.repair_in(&p, &c, out)?;

@@ -97,7 +97,7 @@ pub fn copy_file(
     let names = |fd| -> io::Result<Vec<Vec<u8>>> {
         Ok(file::list(fd)?
             .split(|&b| b == 0)
-            .filter(|k| !k.is_empty() && !k.starts_with(super::tree::OVL))
+            .filter(|k| !k.is_empty() && !crate::host::union::is_marker(k))
             .map(<[u8]>::to_vec)
             .collect())
     };

@@ -23,9 +23,6 @@ use std::os::fd::AsFd;
 use super::tree::{Layer, Node, OVL, depth_ok, join, kind};
 use crate::host::sys::{self, Name, SetTime};
 
-const REDIRECT: &[u8] = b"trusted.overlay.redirect";
-const OPAQUE: &[u8] = b"trusted.overlay.opaque";
-
 fn missing(e: &io::Error) -> bool {
     matches!(e.raw_os_error(), Some(libc::ENOENT | libc::ENOTDIR))
 }
@@ -281,15 +278,15 @@ fn merge_dir(
             continue;
         };
         if let Some(m) = &marker {
-            let _ = sys::removexattr_fd(nd.fd.as_fd(), REDIRECT);
-            let _ = sys::removexattr_fd(nd.fd.as_fd(), OPAQUE);
+            super::tree::remove_marker(nd.fd.as_fd(), b"redirect");
+            super::tree::remove_marker(nd.fd.as_fd(), b"opaque");
             match m {
                 Some(lower) => {
                     let mut v = b"/".to_vec();
                     v.extend_from_slice(lower);
-                    sys::setxattr_fd(nd.fd.as_fd(), REDIRECT, &v, 0)?;
+                    sys::setxattr_fd(nd.fd.as_fd(), &super::tree::ovl(b"redirect"), &v, 0)?;
                 }
-                None => sys::setxattr_fd(nd.fd.as_fd(), OPAQUE, b"y", 0)?,
+                None => sys::setxattr_fd(nd.fd.as_fd(), &super::tree::ovl(b"opaque"), b"y", 0)?,
             }
         }
         dir_attrs(h, &hn, f, &nd, made)?;
@@ -316,14 +313,14 @@ fn dir_attrs(h: &Layer, hn: &Node, f: &Layer, nd: &Node, fresh: bool) -> io::Res
     if fresh {
         let origin = [OVL, b"origin".as_slice()].concat();
         if let Some(o) = h.xattr(hn, &origin) {
-            let _ = sys::setxattr_fd(nd.fd.as_fd(), &origin, &o, 0);
+            let _ = sys::setxattr_fd(nd.fd.as_fd(), &super::tree::ovl(b"origin"), &o, 0);
         }
         // Made now, but the conflict rule reads when the layer's directory was made (an
         // opaque one: when the agent deleted what it hides).
         let made = super::sys::dir_staged_at(h, hn);
         sys::setxattr_fd(
             nd.fd.as_fd(),
-            super::sys::STAGED_AT,
+            &super::tree::ovl(super::sys::STAGED),
             made.to_string().as_bytes(),
             0,
         )?;

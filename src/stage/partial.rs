@@ -325,7 +325,7 @@ fn write_source(l: &Layers, dir: &Path, t: &Text, bytes: &[u8]) -> io::Result<()
         since: base::ns(st.st_ctime, st.st_ctime_nsec) + 1,
         path: path.clone(),
     };
-    sys::setxattr_fd(t.up.fd.as_fd(), base::XATTR, &b.encode(), 0)?;
+    sys::setxattr_fd(t.up.fd.as_fd(), &base::xattr_name(), &b.encode(), 0)?;
     // Its overlayfs origin was the file just replaced.
     let _ = sys::removexattr_fd(t.up.fd.as_fd(), b"trusted.overlay.origin");
     let _ = intent::clear(dir);
@@ -369,7 +369,7 @@ fn write_staged(l: &Layers, dir: &Path, t: &Text, bytes: &[u8]) -> io::Result<()
             since: was,
             path: path.clone(),
         };
-        super::sys::file::set(f.as_fd(), base::XATTR, &b.encode())?;
+        super::sys::file::set(f.as_fd(), &base::xattr_name(), &b.encode())?;
     }
     sys::utimens_fd(
         l.upper.proc_fd.as_fd(),

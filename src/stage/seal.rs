@@ -28,7 +28,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::remove::sync_dir;
-use super::sys::{STAGED_AT, file};
+use super::sys::{STAGED, file};
 use super::tree::{Layer, Node, depth_ok, join, kind, split};
 use super::{Area, layers};
 use crate::host::sys::{self, Name};
@@ -285,7 +285,7 @@ fn dirs(
         // The SOURCE directory it merges with, as overlayfs records it (its inode number).
         let origin = [super::tree::OVL, b"origin".as_slice()].concat();
         if let Some(o) = tree.xattr(&t, &origin) {
-            file::set(d.as_fd(), &origin, &o)?;
+            file::set(d.as_fd(), &super::tree::ovl(b"origin"), &o)?;
         }
         sync_dir(up, cur.as_fd())?;
         made.push((d, t.st));
@@ -335,7 +335,11 @@ fn copy_file(
     }
     // The conflict rule reads when the staged entry was made: the copy's birth is now.
     let made = super::sys::staged_at_fd(src)?;
-    file::set(dst.as_fd(), STAGED_AT, made.to_string().as_bytes())?;
+    file::set(
+        dst.as_fd(),
+        &super::tree::ovl(STAGED),
+        made.to_string().as_bytes(),
+    )?;
     file::futimens(
         dst.as_fd(),
         (st.st_atime, st.st_atime_nsec),

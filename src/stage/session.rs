@@ -66,12 +66,7 @@ pub fn union_of(area: &Area, source: &OwnedFd) -> Result<Union, String> {
     layers.extend(sealed);
     layers.push(open(source).map_err(fail)?);
     let work = crate::host::sys::open_root(&area.work()).map_err(fail)?;
-    let xa = if crate::host::sys::geteuid() == 0 {
-        crate::host::union::TRUSTED
-    } else {
-        crate::host::union::USER
-    };
-    Union::new(layers, work, xa).map_err(fail)
+    Union::new(layers, work, crate::host::union::prefix()).map_err(fail)
 }
 
 /// What every start does before the merged view is built: DIR created or opened,

@@ -109,6 +109,9 @@ pub fn try_lock(fd: BorrowedFd<'_>) -> io::Result<bool> {
 /// hidden through the mount and never compared or applied (`tree::OVL`).
 pub const STAGED_AT: &[u8] = b"trusted.overlay.fencefs.staged_at";
 
+/// [`STAGED_AT`]'s marker name, without the namespace (`tree::ovl` writes it).
+pub const STAGED: &[u8] = b"fencefs.staged_at";
+
 fn statx(dir: BorrowedFd<'_>, name: &[u8], flags: i32) -> io::Result<libc::statx> {
     let c = CString::new(name).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
     let mut st = std::mem::MaybeUninit::<libc::statx>::zeroed();
@@ -147,7 +150,8 @@ pub fn btime_ns(dir: BorrowedFd<'_>, name: &Name) -> io::Result<Option<i128>> {
 /// When the staged file behind `fd` was made: its [`STAGED_AT`] mark, else its birth
 /// time, else its ctime (what a copy of it is marked with).
 pub fn staged_at_fd(fd: BorrowedFd<'_>) -> io::Result<i128> {
-    if let Ok(v) = file::get(fd, STAGED_AT)
+    let user = crate::host::union::other_form(STAGED_AT).unwrap_or_default();
+    if let Ok(v) = file::get(fd, STAGED_AT).or_else(|_| file::get(fd, &user))
         && let Some(t) = std::str::from_utf8(&v).ok().and_then(|s| s.parse().ok())
     {
         return Ok(t);
@@ -173,10 +177,19 @@ fn staged_mark(dir: BorrowedFd<'_>, name: &Name) -> Option<i128> {
     let mut p = format!("/proc/self/fd/{}/", dir.as_raw_fd()).into_bytes();
     p.extend_from_slice(name.bytes());
     let p = CString::new(p).ok()?;
-    let k = CString::new(STAGED_AT).ok()?;
     let mut buf = [0u8; 48];
-    // SAFETY: NUL-terminated path and name; `buf` points to `len` writable bytes.
-    let n = unsafe { libc::lgetxattr(p.as_ptr(), k.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    let mut n = -1;
+    for name in [
+        STAGED_AT.to_vec(),
+        crate::host::union::other_form(STAGED_AT)?,
+    ] {
+        let k = CString::new(name).ok()?;
+        // SAFETY: NUL-terminated path and name; `buf` points to `len` writable bytes.
+        n = unsafe { libc::lgetxattr(p.as_ptr(), k.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+        if n > 0 {
+            break;
+        }
+    }
     if n <= 0 {
         return None;
     }

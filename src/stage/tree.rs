@@ -6,12 +6,26 @@
 //! Invariants: no write; every error keeps its errno; a missing path is `None`, not an error.
 
 use std::io;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
 use crate::host::sys::{self, Name, Xattr};
 
-/// The xattr prefix of kernel overlayfs's markers (as root: `trusted.overlay.`).
+/// The xattr prefix of kernel overlayfs's markers as root (`trusted.overlay.`); an
+/// ordinary user's staging area has them as `user.overlay.` ([`ovl`], [`Layer::xattr`]).
 pub const OVL: &[u8] = b"trusted.overlay.";
+
+/// A marker's name as this process writes it (`trusted.overlay.WHAT` with the host's
+/// root, `user.overlay.WHAT` otherwise: [`crate::host::union::prefix`]).
+pub fn ovl(what: &[u8]) -> Vec<u8> {
+    [crate::host::union::prefix(), what].concat()
+}
+
+/// Removes marker `what` from the file behind `fd`, in both namespaces (absent: fine).
+pub fn remove_marker(fd: BorrowedFd<'_>, what: &[u8]) {
+    for p in [OVL, crate::host::union::USER] {
+        let _ = sys::removexattr_fd(fd, &[p, what].concat());
+    }
+}
 
 /// How deep the offline commands and the control socket walk a tree: deeper trees are
 /// refused (ELOOP) rather than recursed into without a bound.
@@ -139,15 +153,17 @@ impl Layer {
         }
     }
 
-    /// One xattr of a regular file or directory (`None` when absent or unsupported).
+    /// One xattr of a regular file or directory (`None` when absent or unsupported); a
+    /// marker is read in either namespace.
     pub fn xattr(&self, n: &Node, name: &[u8]) -> Option<Vec<u8>> {
         if !matches!(kind(&n.st), libc::S_IFREG | libc::S_IFDIR) {
             return None;
         }
-        match sys::getxattr_fd(n.fd.as_fd(), name, 64 * 1024) {
+        let get = |name: &[u8]| match sys::getxattr_fd(n.fd.as_fd(), name, 64 * 1024) {
             Ok(Xattr::Data(v)) => Some(v),
             _ => None,
-        }
+        };
+        get(name).or_else(|| get(&crate::host::union::other_form(name)?))
     }
 
     /// Every xattr but overlayfs's own markers, sorted by name (regular files and
@@ -161,7 +177,7 @@ impl Layer {
         };
         let mut out: Vec<(Vec<u8>, Vec<u8>)> = list
             .split(|&b| b == 0)
-            .filter(|k| !k.is_empty() && !k.starts_with(OVL))
+            .filter(|k| !k.is_empty() && !crate::host::union::is_marker(k))
             .filter_map(|k| self.xattr(n, k).map(|v| (k.to_vec(), v)))
             .collect();
         out.sort();

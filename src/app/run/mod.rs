@@ -92,12 +92,6 @@ struct Fence {
 fn fence(a: &RunArgs) -> Result<Fence, String> {
     let s = setup::setup(a)?;
     let root = s.uid == 0;
-    if !root && s.stage.is_some() {
-        return Err(
-            "staging as an ordinary user is not supported yet (it needs an overlay mount inside the user namespace): run with --live, or as root"
-                .into(),
-        );
-    }
     let ws_args = setup::workspace_mount(a, &s)?;
     let home_args = match &s.home {
         Some(h) => Some(setup::home_mount(&s, h)?),

@@ -68,7 +68,15 @@ impl Shared {
                 self.noted(note.take());
                 Err(Error(libc::ESTALE))
             }
-            r => Ok(r?),
+            // Not changed here (a stale node: the kernel repeats the call on the name's
+            // object now): the next attempt is built on what this one was.
+            Err(e) => {
+                if let (Some(b), Some(p)) = (self.bases.as_ref(), note.take()) {
+                    b.unnoted(p);
+                }
+                Err(e.into())
+            }
+            Ok(fd) => Ok(fd),
         }
     }
 }

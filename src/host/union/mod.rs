@@ -41,6 +41,36 @@ pub const TRUSTED: &[u8] = b"trusted.overlay.";
 /// The unprivileged form (overlayfs's `userxattr`).
 pub const USER: &[u8] = b"user.overlay.";
 
+/// The prefix this process writes markers under: `trusted.overlay.` with the host's root
+/// (uid 0 in the initial user namespace), `user.overlay.` otherwise (an ordinary user, or
+/// `fencefs run` inside its user namespace). Readers take either.
+pub fn prefix() -> &'static [u8] {
+    static P: std::sync::OnceLock<&'static [u8]> = std::sync::OnceLock::new();
+    P.get_or_init(|| {
+        let initial_ns = std::fs::read_to_string("/proc/self/uid_map")
+            .is_ok_and(|m| m.split_whitespace().collect::<Vec<_>>() == ["0", "0", "4294967295"]);
+        if sys::geteuid() == 0 && initial_ns {
+            TRUSTED
+        } else {
+            USER
+        }
+    })
+}
+
+/// `name` in the other namespace (`trusted.overlay.X` ↔ `user.overlay.X`), if a marker.
+pub fn other_form(name: &[u8]) -> Option<Vec<u8>> {
+    if let Some(rest) = name.strip_prefix(TRUSTED) {
+        Some([USER, rest].concat())
+    } else {
+        name.strip_prefix(USER).map(|rest| [TRUSTED, rest].concat())
+    }
+}
+
+/// Whether `name` is one of overlayfs's markers (either namespace).
+pub fn is_marker(name: &[u8]) -> bool {
+    name.starts_with(TRUSTED) || name.starts_with(USER)
+}
+
 /// One real directory of a merged one: its layer, handle, and path in that layer.
 #[derive(Clone)]
 pub struct Part {
