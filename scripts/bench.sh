@@ -11,6 +11,9 @@
 #                   otherwise it is skipped (logged, noted in the header) and the other
 #                   fencefs targets run without the flag.
 #   fencefs-revoke  `fencefs ... --revoke` (with --transport dev-fuse when available)
+#   fencefs-stage-uring  fencefs-uring with `--stage DIR` (every change staged in DIR, a
+#                   fresh empty directory beside the mount point at every mount; SOURCE
+#                   untouched; only when asked for in --targets)
 #   passthrough_hp, passthrough_hp-uring (only when asked for in --targets)
 #                   libfuse's example/passthrough_hp, `--foreground SRC MNT`, the second
 #                   with `-o io_uring`: the low-level C peer, no policy. $PASSTHROUGH_HP, or
@@ -98,6 +101,7 @@ usage: scripts/bench.sh [options]
   --build           run 'cargo build --release' first
   --threads N       pass --threads N to fencefs
   --targets LIST    comma list out of native,bindfs,fencefs,fencefs-uring,fencefs-revoke,
+                    fencefs-stage-uring,
                     passthrough_hp,passthrough_hp-uring (\$PASSTHROUGH_HP or built, see the top)
                     (default all; fencefs-uring is skipped when the binary has no
                     --transport option)
@@ -152,11 +156,11 @@ mkdir -p "$WORK" "$OUT" || exit 1
 WORK=$(cd "$WORK" && pwd) OUT=$(cd "$OUT" && pwd)
 IFS=, read -r -a TARGETS <<<"$TARGETS_OPT"
 for t in "${TARGETS[@]}"; do
-    case $t in native | bindfs | fencefs | fencefs-uring | fencefs-revoke) ;;
+    case $t in native | bindfs | fencefs | fencefs-uring | fencefs-revoke | fencefs-stage-uring) ;;
     passthrough_hp | passthrough_hp-uring) ;; # built below when $PASSTHROUGH_HP is unset
     *) echo "bench.sh: unknown target $t" >&2; exit 2 ;; esac
 done
-ALL_TARGETS=(native bindfs passthrough_hp passthrough_hp-uring fencefs fencefs-uring fencefs-revoke)
+ALL_TARGETS=(native bindfs passthrough_hp passthrough_hp-uring fencefs fencefs-uring fencefs-stage-uring fencefs-revoke)
 # targets that are not fencefs: unmounted with fusermount3, their exit status not checked
 peer() { [[ $1 == bindfs || $1 == passthrough_hp* ]]; }
 if ((COUNT)); then # counting is about FUSE requests: native has none
@@ -195,7 +199,7 @@ DATASET=full; ((QUICK)) && DATASET=quick
 # agent group's prepared inputs (wheelhouse, npm cache, bare repository) stay in $CACHE
 LOOP_IMG=$WORK/loopfs.img LOOP_MNT=$WORK/loopfs CACHE=$WORK/cache
 ROOT=$WORK; ((LOOPFS)) && ROOT=$LOOP_MNT
-SRC=$ROOT/$DATASET/src DATA=$ROOT/$DATASET/data MNT=$ROOT/mnt BINDIR=$ROOT/bin
+SRC=$ROOT/$DATASET/src DATA=$ROOT/$DATASET/data MNT=$ROOT/mnt BINDIR=$ROOT/bin STAGE_DIR=$ROOT/stage
 STAMP_RUN=$(date +%Y%m%d-%H%M%S)
 RES=$OUT/bench-$STAMP_RUN
 LOGDIR=$RES.logs
@@ -268,6 +272,7 @@ cleanup() {
     for p in "${STARTED_PIDS[@]}"; do pid_is_ours "$p" && kill -KILL "$p" 2>/dev/null; done
     is_mounted "$MNT" && { umount -l "$MNT" 2>/dev/null || fusermount3 -u -z "$MNT" 2>/dev/null; }
     count_teardown
+    [[ -n ${STAGE_DIR:-} ]] && ! is_mounted "$MNT" && rm -rf "$STAGE_DIR"
     loopfs_teardown
     if [[ -n $URING_PREV ]]; then
         echo "$URING_PREV" >"$URING_PARAM" 2>/dev/null || log "WARNING: could not restore $URING_PARAM to $URING_PREV"
@@ -346,6 +351,9 @@ mount_target() {
     fencefs) ((HAS_TRANSPORT)) && args+=(--transport dev-fuse) ;;
     fencefs-uring) args+=(--transport io-uring); uring_enable || return 1 ;;
     fencefs-revoke) args+=(--revoke); ((HAS_TRANSPORT)) && args+=(--transport dev-fuse) ;;
+    fencefs-stage-uring) # a fresh staging area: what earlier mounts staged is not carried over
+        rm -rf "${STAGE_DIR:?}" || { err "$tgt: cannot remove $STAGE_DIR"; return 1; }
+        args+=(--transport io-uring --stage "$STAGE_DIR"); uring_enable || return 1 ;;
     esac
     case $tgt in
     bindfs) args=(bindfs -f) ;;
@@ -1024,7 +1032,7 @@ for t in "${ALL_TARGETS[@]}"; do
     COLS+=("$t")
     [[ $t != native ]] && RCOLS+=("$t")
 done
-short() { local x=${1/fencefs-revoke/revoke}; x=${x/passthrough_hp/pt_hp}; printf '%s' "${x/fencefs-uring/uring}"; }
+short() { local x=${1/fencefs-revoke/revoke}; x=${x/passthrough_hp/pt_hp}; x=${x/fencefs-stage-uring/stage-ur}; printf '%s' "${x/fencefs-uring/uring}"; }
 POLICY_NOTE="mode danger, policy 4 rules (+ a $NRULES-rule row)"
 case $POLICY_OPT in
 example) POLICY_NOTE="policy.example.toml, mode workspace-write (+ a $NRULES-rule danger row)" ;;
@@ -1038,10 +1046,8 @@ if ((COUNT)); then
         echo "fencefs benchmark --count  $(date -Is)  host $(uname -n) kernel $(uname -r) cpus $(nproc)"
         echo "binary $BIN_SRC (built $BIN_MTIME, sha256 $BIN_SHA)  $POLICY_NOTE${THREADS:+, --threads $THREADS}"
         echo "transport: $TRANSPORT_NOTE"
-        echo "transport checked at every mount from the daemon's fds (scripts/bench/uring-check.sh):$(for t in "${!RINGS[@]}"; do printf ' %s %s;' "$t" "${RINGS[$t]}"; done)"
+        echo "transport checked at every mount from the daemon's fds (scripts/bench/uring-check.sh):$(for t in "${!RINGS[@]}"; do printf ' %s %s;' "$t" "${RINGS[$t]}"; done) enable_uring=$(cat "$URING_PARAM" 2>/dev/null || echo missing)"
         [[ -n $PTHP_NOTE ]] && echo "$PTHP_NOTE"
-    echo "transport checked at every mount from the daemon's fds (scripts/bench/uring-check.sh):$(for t in "${!RINGS[@]}"; do printf ' %s %s;' "$t" "${RINGS[$t]}"; done) enable_uring=$(cat "$URING_PARAM" 2>/dev/null || echo missing)"
-    [[ -n $PTHP_NOTE ]] && echo "$PTHP_NOTE"
         echo "work dir $ROOT ($(df -T "$SRC" | awk 'NR == 2 { print $2 }'))$( ((LOOPFS)) && echo "  loopfs: private ext4 image $LOOP_IMG ($LOOPFS_SIZE) via $LOOP_DEV")"
         echo "FUSE requests per workload (one untimed round, counted with $COUNT_METHOD$([[ $COUNT_METHOD == strace ]] && echo ': successful read(2)s on /dev/fuse + io_uring_enter calls of the daemon'))"
         echo
@@ -1087,7 +1093,7 @@ fi
     echo "work dir $ROOT ($(df -T "$SRC" | awk 'NR == 2 { print $2 }'))$( ((DROP_OK)) || echo '  WARNING: drop_caches unavailable, cold = remount only')"
     ((LOOPFS)) && echo "loopfs in use: private ext4 image $LOOP_IMG ($LOOPFS_SIZE, sparse) loop-mounted via $LOOP_DEV on $LOOP_MNT"
     [[ ",$ONLY," == *,agent,* ]] && echo "agent inputs: $CACHE (wheelhouse $(find "$WHEELS" -name '*.whl' 2>/dev/null | wc -l) wheels, npm cache for $NPM_PKGS packages, git source: bare clone of $REPO, $GIT_SRC_FILES files at ${GIT_SRC_HEAD:0:12})"
-    for t in fencefs fencefs-uring fencefs-revoke; do
+    for t in fencefs fencefs-uring fencefs-stage-uring fencefs-revoke; do
         m=$(grep -h -m1 -o 'file I/O: .*' "$LOGDIR/$t.log" 2>/dev/null)
         [[ -n $m ]] && echo "$t $m"
     done

@@ -16,10 +16,14 @@
 #   create   open(O_CREAT|O_EXCL) + write 4 bytes + close   (LOOKUP CREATE GETXATTR RELEASE)
 #   lookup   lstat of every name after a remount + drop_caches   (LOOKUP)
 #   unlink   unlink of every name (names cached)             (UNLINK)
+#   setattr  chmod of every name just created (names cached)  (SETATTR)
+#   mkdir    mkdir of N new directories                      (LOOKUP MKDIR)
+#   rmdir    rmdir of them (names cached)                    (RMDIR)
 # and on a tree of N files, 16 to a directory, after a remount + drop_caches:
 #   find     `find` of the tree                              (OPENDIR READDIRPLUS RELEASEDIR)
 #   lslr     `ls -lR` of the tree                            (the same + LOOKUP, GETXATTR)
-# and, only when named in -w (a comma list; default create,lookup,unlink,find,lslr):
+# and, only when named in -w (a comma list; default create,lookup,unlink,find,lslr;
+# setattr needs create, rmdir needs mkdir):
 #   clone    `git clone -q --no-hardlinks` of a bare clone of this repository, from the
 #            mount into the mount (bench.sh's agent row): ms of daemon CPU per clone and
 #            the clone's wall ms through the mount, against its wall ms on the image itself
@@ -36,12 +40,13 @@ N=5000 ROUNDS=3 POLICY= AS=() WL=create,lookup,unlink,find,lslr SYS=0 EV=task-cl
 while getopts n:r:p:u:w:sx o; do case $o in n) N=$OPTARG ;; r) ROUNDS=$OPTARG ;; p) POLICY=$OPTARG ;; s) SYS=1 ;; x) EV=context-switches ;;
     u) AS=(setpriv --reuid="$OPTARG" --regid="$OPTARG" --clear-groups) ;; w) WL=$OPTARG ;; *) exit 2 ;; esac; done
 IFS=, read -ra WLS <<<"$WL"
-for w in "${WLS[@]}"; do case $w in create | lookup | unlink | find | lslr | clone) ;; *) echo "unknown workload $w" >&2; exit 2 ;; esac; done
-[[ ,$WL, =~ ,(lookup|unlink), && ,$WL, != *,create,* ]] && { echo "lookup and unlink use the files create makes: name create too" >&2; exit 2; }
+for w in "${WLS[@]}"; do case $w in create | lookup | unlink | setattr | mkdir | rmdir | find | lslr | clone) ;; *) echo "unknown workload $w" >&2; exit 2 ;; esac; done
+[[ ,$WL, =~ ,(lookup|unlink|setattr), && ,$WL, != *,create,* ]] && { echo "lookup, unlink and setattr use the files create makes: name create too" >&2; exit 2; }
+[[ ,$WL, == *,rmdir,* && ,$WL, != *,mkdir,* ]] && { echo "rmdir removes the directories mkdir makes: name mkdir too" >&2; exit 2; }
 OTHER=() # other users reach a root-mounted FUSE file system only with allow_other
 ((${#AS[@]})) && OTHER=(--allow-other)
 shift $((OPTIND - 1))
-(($#)) || { sed -n 2,25p "$0"; exit 2; }
+(($#)) || { sed -n 2,28p "$0"; exit 2; }
 HERE=$(cd "$(dirname "$0")/.." && pwd)
 # shellcheck source=scripts/bench/uring-check.sh
 source "$HERE/scripts/bench/uring-check.sh"
@@ -63,7 +68,7 @@ trap cleanup EXIT
 truncate -s 2G "$IMG"
 mkfs.ext4 -q -F "$IMG"
 mount -o loop "$IMG" "$WORK/fs"
-mkdir -p "$SRC/d"
+mkdir -p "$SRC/d" "$SRC/m"
 for ((i = 0; i < N / 16; i++)); do
     mkdir -p "$SRC/t/d$i"
     for ((j = 0; j < 16; j++)); do : >"$SRC/t/d$i/f$j"; done
@@ -72,7 +77,7 @@ if [[ ,$WL, == *,clone,* ]]; then
     git clone -q --bare --no-hardlinks "$HERE" "$SRC/repo.git"
     ((${#AS[@]})) && chown -R "${AS[1]#--reuid=}:${AS[1]#--reuid=}" "$SRC/repo.git"
 fi
-((${#AS[@]})) && chown -R "${AS[1]#--reuid=}:${AS[1]#--reuid=}" "$SRC/d" "$SRC/t"
+((${#AS[@]})) && chown -R "${AS[1]#--reuid=}:${AS[1]#--reuid=}" "$SRC/d" "$SRC/m" "$SRC/t"
 
 unmount() {
     [[ -n $PID ]] || return 0
@@ -131,7 +136,7 @@ cpu() {
     local pp=$! rp=
     if [[ -n ${PROFILE:-} ]]; then
         mkdir -p "$PROFILE"
-        perf record -q -g -p "$PID" -o "$PROFILE/$T-$1.data" 2>/dev/null &
+        perf record -q -g ${PERF_FREQ:+-F $PERF_FREQ} -p "$PID" -o "$PROFILE/$T-$1.data" 2>/dev/null &
         rp=$!
     fi
     sleep 0.3
@@ -170,6 +175,27 @@ for i in range(n):
     os.unlink(f"{d}/f{i}")
 EOF
 }
+run_setattr() { "${AS[@]}" /usr/bin/python3 - "$MNT/d" "$N" <<'EOF'
+import os, sys
+d, n = sys.argv[1], int(sys.argv[2])
+for i in range(n):
+    os.chmod(f"{d}/f{i}", 0o640)
+EOF
+}
+run_mkdir() { "${AS[@]}" /usr/bin/python3 - "$MNT/m" "$N" <<'EOF'
+import os, sys
+d, n = sys.argv[1], int(sys.argv[2])
+for i in range(n):
+    os.mkdir(f"{d}/d{i}", 0o755)
+EOF
+}
+run_rmdir() { "${AS[@]}" /usr/bin/python3 - "$MNT/m" "$N" <<'EOF'
+import os, sys
+d, n = sys.argv[1], int(sys.argv[2])
+for i in range(n):
+    os.rmdir(f"{d}/d{i}")
+EOF
+}
 run_clone() { "${AS[@]}" git clone -q --no-hardlinks "$MNT/repo.git" "$MNT/dst"; }
 run_find() { "${AS[@]}" find "$MNT/t" >/dev/null; }
 run_lslr() { "${AS[@]}" ls -lR "$MNT/t" >/dev/null; }
@@ -198,11 +224,14 @@ for t in "$@"; do
     for ((r = 0; r < ROUNDS; r++)); do
         mount_t "$t"
         has create && R[create]+=" $(cpu create)"
+        has setattr && R[setattr]+=" $(cpu setattr)"
         if has lookup || has unlink; then
             cold "$t"
             has lookup && R[lookup]+=" $(cpu lookup)"
             has unlink && R[unlink]+=" $(cpu unlink)"
         fi
+        has mkdir && R[mkdir]+=" $(cpu mkdir)"
+        has rmdir && R[rmdir]+=" $(cpu rmdir)"
         has find && { cold "$t"; R[find]+=" $(cpu find)"; }
         has lslr && { cold "$t"; R[lslr]+=" $(cpu lslr)"; }
         if has clone; then
@@ -211,6 +240,7 @@ for t in "$@"; do
             rm -rf "$MNT/dst"
         fi
         unmount
+        find "$SRC/d" "$SRC/m" -mindepth 1 -delete # what a workload list left (no unlink, rmdir)
     done
     printf '%s' "$t"
     for w in "${WLS[@]}"; do printf '\t%s' "$(echo ${R[$w]} | median)"; done

@@ -35,6 +35,7 @@ use std::path::Path;
 use globset::{GlobSet, GlobSetBuilder};
 
 use super::glob::{CompiledPattern, CoverSet, Pattern, compile_pattern};
+use super::memo::MemoId;
 use super::programs::ProgSel;
 use super::raw::{self, Located, RawError};
 use super::{Access, Mode, PolicyError, RuleInfo};
@@ -104,6 +105,8 @@ pub struct Layer {
     pub(super) protected_lines: Vec<Option<usize>>,
     pub(super) roots: CoverSet,
     pub(super) protect: CoverSet,
+    /// This layer as the decision memo knows it (`memo.rs`): renewed on every change.
+    pub(super) memo: MemoId,
 }
 
 fn parse_access(word: &str) -> Option<Access> {
@@ -470,6 +473,7 @@ impl Layer {
         }
         policy.has_id_rules |= progs.iter().any(Option::is_some);
         policy.prog = progs;
+        policy.memo = MemoId::fresh();
         Ok(policy)
     }
 
@@ -567,6 +571,7 @@ impl Layer {
             protected,
             roots: CoverSet::build(roots)?,
             protect: CoverSet::build(protect)?,
+            memo: MemoId::fresh(),
         })
     }
 
@@ -601,6 +606,8 @@ impl Layer {
     /// Overrides the mode (the CLI's `--mode`).
     pub fn set_mode(&mut self, mode: Mode) {
         self.mode = mode;
+        // `Policy::from_layers` changes program bits, then sets every layer's mode.
+        self.memo = MemoId::fresh();
     }
 
     /// The mode in force.

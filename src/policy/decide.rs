@@ -23,6 +23,7 @@ use super::glob::{Pattern, as_path, prefixes};
 use globset::Candidate;
 
 use super::build::Layer;
+use super::memo;
 use super::{Access, By, Caller, CeilingBy, Denial, Mode, Need, Special, Verdict};
 
 /// The rules that an `except` glob takes out at one path, computed on first need (most
@@ -419,14 +420,33 @@ impl Layer {
     /// (`is_dir == false`) it is skipped: a file under a `none` rule stays `none` even when
     /// some rule (say `**/*.md`) could match "below" it. Use this when the type is known.
     pub fn verdict_for(&self, path: &[u8], caller: Caller, is_dir: bool) -> Verdict {
-        let (grant, grant_by) = self.grant(path, caller, is_dir);
         // The ceiling is never below Read: only a mutating grant can be lowered.
-        let ceiling = if grant.mutates() {
-            self.ceiling(path)
-        } else {
-            Access::Read
-        };
+        let (grant, grant_by, ceiling) = self.decided(path, caller, is_dir, false);
         Self::combine(grant, grant_by, ceiling)
+    }
+
+    /// The grant at `path` for `caller` and the mode's ceiling there — computed only when
+    /// the grant mutates or `mutating` (the need does), else `Read` (the ceiling is never
+    /// lower) — through the per-thread memo of the last few answers (`memo.rs`).
+    fn decided(
+        &self,
+        path: &[u8],
+        caller: Caller,
+        is_dir: bool,
+        mutating: bool,
+    ) -> (Access, By, Access) {
+        let key = memo::Key {
+            layer: &self.memo,
+            caller,
+            is_dir,
+            path,
+        };
+        memo::decided(
+            &key,
+            || self.grant(path, caller, is_dir),
+            |grant| grant.mutates() || mutating,
+            || self.ceiling(path),
+        )
     }
 
     /// Decides one request on one path, errno in the spec's order:
@@ -460,12 +480,7 @@ impl Layer {
         is_dir: bool,
     ) -> Result<Verdict, Denial> {
         let needed = need.access();
-        let (grant, grant_by) = self.grant(path, caller, is_dir);
-        let ceiling = if grant.mutates() || need.mutates() {
-            self.ceiling(path)
-        } else {
-            Access::Read // the ceiling is never lower, so this cannot change the result
-        };
+        let (grant, grant_by, ceiling) = self.decided(path, caller, is_dir, need.mutates());
         let verdict = Self::combine(grant, grant_by, ceiling);
         let deny = |errno, by| Err(Denial { errno, verdict, by });
         if grant == Access::None {

@@ -329,6 +329,7 @@ pub mod ignore;
 mod lattice;
 mod layers;
 mod listing;
+mod memo;
 pub mod presets;
 mod program_set;
 mod programs;

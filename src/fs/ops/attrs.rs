@@ -78,10 +78,20 @@ impl Shared {
             mtime,
             fh,
         } = *s;
-        let st = self.stat_ino(ino)?;
+        let setid = libc::S_ISUID | libc::S_ISGID;
+        let asks_nothing = [mode, uid, gid].iter().all(Option::is_none)
+            && size.is_none()
+            && atime.is_none()
+            && mtime.is_none();
+        // The file's own mode and owner only matter for a mode with set-ID bits and for
+        // an empty request: a chown, a utimens or a plain chmod (tar, per file) needs no
+        // stat of its own. The type never changes: the node table has it.
+        let st = match mode.is_some_and(|m| m & setid != 0) || asks_nothing {
+            true => Some(self.stat_ino(ino)?),
+            false => None,
+        };
         let mut sp = Special::default();
-        if let Some(m) = mode {
-            let setid = libc::S_ISUID | libc::S_ISGID;
+        if let (Some(m), Some(st)) = (mode, &st) {
             // Only turning a set-ID bit on is "setting" it.
             sp.setid = (m & setid) & !(st.st_mode & setid) != 0;
         }
@@ -90,15 +100,11 @@ impl Shared {
         if let Some(sz) = size {
             self.cap(ino, sz)?;
         }
-        let kind = st.st_mode & libc::S_IFMT;
+        let kind = self.inodes.kind(ino)?;
         let handle = fh.and_then(|fh| self.handles.get(fh));
         let mut note = self.note_node(ino);
         // A staged mount changes the upper's copy (made now), never a lower layer's.
-        let changes = [mode, uid, gid].iter().any(Option::is_some)
-            || size.is_some()
-            || atime.is_some()
-            || mtime.is_some()
-            || st.st_mode & (libc::S_ISUID | libc::S_ISGID) != 0;
+        let changes = !asks_nothing || st.as_ref().is_some_and(|s| s.st_mode & setid != 0);
         let fd = if changes {
             self.for_change(ino, &mut note)?
         } else {
@@ -120,11 +126,9 @@ impl Shared {
         // leaves the clearing to the daemon; the reply then carries the new mode). Anyone
         // else's chown(-1, -1) changes nothing, as a local disk refuses it the mode change.
         // A truncate clears them too.
-        let nothing = [mode, uid, gid].iter().all(Option::is_none)
-            && size.is_none()
-            && atime.is_none()
-            && mtime.is_none()
-            && (st.st_uid == self.host_ids(ctx).0 || self.handles.any_on(ino, |h| h.write));
+        let nothing = asks_nothing
+            && (st.is_some_and(|st| st.st_uid == self.host_ids(ctx).0)
+                || self.handles.any_on(ino, |h| h.write));
         if (nothing || (size.is_some() && mode.is_none()))
             && kind == libc::S_IFREG
             && self.kills_setid(ctx)
