@@ -1,0 +1,120 @@
+//! Red-team tests of the daemon's own merged view (`src/host/union`): corner cases of
+//! renames, exchanges, whiteouts and opaque directories where the merged view must keep
+//! what kernel overlayfs (the oracle, as in tests/stage_fresh.rs) shows — never bring
+//! back what the agent deleted, never refuse what overlayfs allows.
+
+mod common;
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use common::stage::*;
+use common::*;
+
+/// The same DIR (upper and live layers) over SOURCE, mounted read-only by kernel
+/// overlayfs at `at` (as tests/stage_fresh.rs).
+struct Oracle {
+    at: PathBuf,
+}
+
+impl Oracle {
+    fn mount(dir: &Path, src: &Path, at: &Path) -> Oracle {
+        fs::create_dir_all(at).unwrap();
+        let mut lowers = vec![dir.join("upper")];
+        let mut layers: Vec<u64> = fs::read_dir(dir.join("layers"))
+            .map(|rd| {
+                rd.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+                    .collect()
+            })
+            .unwrap_or_default();
+        layers.sort_unstable_by(|a, b| b.cmp(a));
+        lowers.extend(
+            layers
+                .iter()
+                .map(|n| dir.join("layers").join(n.to_string())),
+        );
+        lowers.push(src.to_path_buf());
+        let lower: Vec<String> = lowers.iter().map(|p| p.display().to_string()).collect();
+        sh_in(
+            Path::new("/"),
+            &format!(
+                "mount -t overlay overlay -o ro,lowerdir={},redirect_dir=follow,index=off,metacopy=off {}",
+                lower.join(":"),
+                at.display()
+            ),
+        )
+        .assert_ok("kernel overlayfs oracle");
+        Oracle {
+            at: at.to_path_buf(),
+        }
+    }
+}
+
+impl Drop for Oracle {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(&self.at).status();
+    }
+}
+
+/// Entries as both views are compared: type, mode, size and contents, symlink targets.
+fn view(root: &Path) -> Vec<(Vec<u8>, String)> {
+    snapshot(root)
+        .into_iter()
+        .map(|(p, e)| (p, format!("{} {:o} {:?}", e.kind, e.mode, e.data)))
+        .collect()
+}
+
+/// The mount shows what kernel overlayfs shows over the same DIR.
+fn matches_oracle(m: &Mount, dir: &Path) -> Result<(), String> {
+    let at = m.host("").parent().unwrap().join("oracle");
+    let want = {
+        let o = Oracle::mount(dir, &m.host(""), &at);
+        view(&o.at)
+    };
+    let got = view(&m.mnt(""));
+    if got == want {
+        return Ok(());
+    }
+    let only = |a: &[(Vec<u8>, String)], b: &[(Vec<u8>, String)]| -> Vec<String> {
+        a.iter()
+            .filter(|x| !b.contains(x))
+            .map(|(p, e)| format!("{} {e}", String::from_utf8_lossy(p)))
+            .collect()
+    };
+    Err(format!(
+        "mount only: {:#?}\noracle only: {:#?}",
+        only(&got, &want),
+        only(&want, &got)
+    ))
+}
+
+fn names_in(p: &Path) -> Vec<String> {
+    let mut v: Vec<String> = fs::read_dir(p)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+/// `rm -rf build && mkdir tmp && mv -T tmp build`: a directory renamed onto a name the
+/// agent deleted (a whiteout in the upper). rename(2) of a directory onto the upper's
+/// whiteout (a character device) is ENOTDIR on the host; overlayfs replaces the whiteout.
+#[test]
+fn a_directory_renamed_onto_a_deleted_name_replaces_its_whiteout() {
+    let (mut m, dir, _sock) = staged_live("red-dir-over-wh", |src| {
+        put(&src.join("build/old.o"), b"old\n", 0o644);
+        put(&src.join("f"), b"f\n", 0o644);
+    });
+    m.sh("rm -rf build && mkdir tmp && echo new > tmp/new.o && mv -T tmp build")
+        .assert_ok("a directory renamed onto a deleted directory's name");
+    assert_eq!(names_in(&m.mnt("build")), ["new.o"]);
+    m.sh("rm f && mkdir t2 && mv -T t2 f")
+        .assert_ok("a directory renamed onto a deleted file's name");
+    assert!(m.mnt("f").is_dir());
+    matches_oracle(&m, &dir).unwrap();
+    stop(&mut m);
+    stage(&["apply"], &dir).assert_ok("apply");
+    assert_eq!(names_in(&m.host("build")), ["new.o"]);
+    assert!(m.host("f").is_dir());
+}
