@@ -190,13 +190,29 @@ impl Union {
             self.set_marker(d.as_fd(), b"opaque", b"y")?;
         }
         let flags = if old_lower { libc::RENAME_WHITEOUT } else { 0 };
-        // A lower-only destination has no upper entry; an upper whiteout there is replaced.
-        match sys::renameat2(up, name, nup, newname, flags) {
+        // A lower-only destination has no upper entry; an upper whiteout there is replaced
+        // — by a file in the rename itself; a directory cannot replace a device (ENOTDIR),
+        // so the whiteout goes first (the directory is opaque if it must be, set above)
+        // and is put back if the rename fails.
+        let over_whiteout = src_dir && dst.is_none() && self.upper_whiteout(nup, newname)?;
+        if over_whiteout {
+            sys::unlinkat(nup, newname, 0)?;
+        }
+        let moved = match sys::renameat2(up, name, nup, newname, flags) {
             Err(e) if flags != 0 && e.raw_os_error() == Some(libc::EINVAL) => {
-                sys::renameat2(up, name, nup, newname, 0)?;
-                self.whiteout(up, name)?;
+                sys::renameat2(up, name, nup, newname, 0).map(|()| true)
             }
-            r => r?,
+            r => r.map(|()| false),
+        };
+        match moved {
+            Ok(true) => self.whiteout(up, name)?,
+            Ok(false) => {}
+            Err(e) => {
+                if over_whiteout && let Err(e2) = self.whiteout(nup, newname) {
+                    log::error!("stage: putting a whiteout back: {e2}");
+                }
+                return Err(e);
+            }
         }
         if src_dir || dst.is_some_and(|d| kind(&d.st) == libc::S_IFDIR) {
             self.bump();
