@@ -118,3 +118,38 @@ fn a_directory_renamed_onto_a_deleted_name_replaces_its_whiteout() {
     assert_eq!(names_in(&m.host("build")), ["new.o"]);
     assert!(m.host("f").is_dir());
 }
+
+/// RENAME_EXCHANGE of a new (upper-only) directory with an opaque one made over a deleted
+/// lower directory: the directory moved to the deleted name must hide what SOURCE has
+/// there (overlayfs marks it opaque), or the deleted entries come back.
+#[test]
+fn an_exchange_never_brings_back_a_deleted_directorys_entries() {
+    let (mut m, dir, _sock) = staged_live("red-xchg-opaque", |src| {
+        put(&src.join("d/secret"), b"deleted by the agent\n", 0o644);
+        put(&src.join("e/gone"), b"deleted too\n", 0o644);
+    });
+    // d: deleted and made again (opaque); a: new.
+    m.sh("rm -rf d && mkdir d && mkdir a")
+        .assert_ok("rm -rf d; mkdir d a");
+    renameat2(&m.mnt("a"), &m.mnt("d"), libc::RENAME_EXCHANGE).unwrap();
+    assert_eq!(
+        names_in(&m.mnt("d")),
+        Vec::<String>::new(),
+        "d shows a deleted entry"
+    );
+    assert_eq!(names_in(&m.mnt("a")), Vec::<String>::new());
+    // e: deleted, a file made at its name; b: new directory, swapped in.
+    m.sh("rm -rf e && touch e && mkdir b")
+        .assert_ok("rm -rf e; touch e; mkdir b");
+    renameat2(&m.mnt("b"), &m.mnt("e"), libc::RENAME_EXCHANGE).unwrap();
+    assert_eq!(
+        names_in(&m.mnt("e")),
+        Vec::<String>::new(),
+        "e shows a deleted entry"
+    );
+    matches_oracle(&m, &dir).unwrap();
+    stop(&mut m);
+    stage(&["apply"], &dir).assert_ok("apply");
+    assert!(!m.host("d/secret").exists(), "apply keeps the deletion");
+    assert!(!m.host("e/gone").exists(), "apply keeps the deletion");
+}
