@@ -305,7 +305,12 @@ impl Inodes {
         drop((src_up, dst_up));
         if exchange {
             let d = dst.ok_or_else(|| err(libc::ENOENT))?;
-            return u.exchange((pup.as_fd(), name), (npup.as_fd(), newname), &src, &d);
+            return u.exchange(
+                (&ps, pup.as_fd(), name),
+                (&nps, npup.as_fd(), newname),
+                &src,
+                &d,
+            );
         }
         let noreplace = flags & libc::RENAME_NOREPLACE != 0;
         u.rename(

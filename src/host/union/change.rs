@@ -222,11 +222,13 @@ impl Union {
 
     /// `RENAME_EXCHANGE` of two merged entries, both copied up: allowed when neither is a
     /// directory with lower parts (those would need their redirects swapped: `EXDEV`, as
-    /// overlayfs without redirects answers, and `mv` copies instead).
+    /// overlayfs without redirects answers, and `mv` copies instead). A directory moved
+    /// onto a name a lower layer holds is made opaque first (as [`Union::rename`] does),
+    /// or what the agent deleted there would show through it again.
     pub fn exchange(
         &self,
-        (up, name): (BorrowedFd<'_>, &Name),
-        (nup, newname): (BorrowedFd<'_>, &Name),
+        (parent, up, name): (&Stack, BorrowedFd<'_>, &Name),
+        (newparent, nup, newname): (&Stack, BorrowedFd<'_>, &Name),
         a: &Found,
         b: &Found,
     ) -> io::Result<()> {
@@ -235,8 +237,17 @@ impl Union {
         if lower_dir(a) || lower_dir(b) {
             return Err(err(libc::EXDEV));
         }
+        let is_dir = |f: &Found| kind(&f.st) == libc::S_IFDIR;
+        if is_dir(a) && self.lower_positive_any(newparent, newname)? {
+            let d = sys::open_path(up, name)?;
+            self.set_marker(d.as_fd(), b"opaque", b"y")?;
+        }
+        if is_dir(b) && self.lower_positive_any(parent, name)? {
+            let d = sys::open_path(nup, newname)?;
+            self.set_marker(d.as_fd(), b"opaque", b"y")?;
+        }
         sys::renameat2(up, name, nup, newname, libc::RENAME_EXCHANGE)?;
-        if kind(&a.st) == libc::S_IFDIR || kind(&b.st) == libc::S_IFDIR {
+        if is_dir(a) || is_dir(b) {
             self.bump();
         }
         Ok(())
