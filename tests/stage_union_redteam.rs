@@ -153,3 +153,16 @@ fn an_exchange_never_brings_back_a_deleted_directorys_entries() {
     assert!(!m.host("d/secret").exists(), "apply keeps the deletion");
     assert!(!m.host("e/gone").exists(), "apply keeps the deletion");
 }
+
+/// renameat2 with RENAME_WHITEOUT: overlayfs refuses it (EINVAL); the merged view must
+/// not do a plain rename that leaves no whiteout behind.
+#[test]
+fn rename_whiteout_is_refused_as_overlayfs_does() {
+    let (m, _dir, _sock) = staged_live("red-rename-wh", |src| {
+        put(&src.join("a"), b"a\n", 0o644);
+    });
+    let r = renameat2(&m.mnt("a"), &m.mnt("b"), libc::RENAME_WHITEOUT);
+    assert_eq!(r.map_err(|e| e.raw_os_error()), Err(Some(libc::EINVAL)));
+    assert_eq!(fs::read(m.mnt("a")).unwrap(), b"a\n");
+    assert!(fs::symlink_metadata(m.mnt("b")).is_err());
+}
