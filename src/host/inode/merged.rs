@@ -279,6 +279,10 @@ impl Inodes {
             let npfd = self.fd(newparent)?;
             return sys::renameat2(pfd.as_fd(), name, npfd.as_fd(), newname, flags);
         };
+        // RENAME_WHITEOUT (the caller's own whiteout) is overlayfs's to refuse: EINVAL.
+        if flags & !(libc::RENAME_NOREPLACE | libc::RENAME_EXCHANGE) != 0 {
+            return Err(err(libc::EINVAL));
+        }
         let src = self
             .find(&u, parent, name.bytes())?
             .ok_or_else(|| err(libc::ENOENT))?;
