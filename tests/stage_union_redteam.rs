@@ -166,3 +166,62 @@ fn rename_whiteout_is_refused_as_overlayfs_does() {
     assert_eq!(fs::read(m.mnt("a")).unwrap(), b"a\n");
     assert!(fs::symlink_metadata(m.mnt("b")).is_err());
 }
+
+/// A deep tree the agent makes one directory at a time (no path is ever longer than a
+/// name): after a directory change anywhere (the union's generation moves), the next
+/// change deep down finds every parent's parts again — without running the worker out
+/// of stack.
+#[test]
+fn a_deep_tree_does_not_crash_the_daemon() {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    let (mut m, _dir, _sock) = staged_live("red-deep", |src| {
+        put(&src.join("lower/x"), b"x\n", 0o644);
+    });
+    let c = |s: &str| std::ffi::CString::new(s).unwrap();
+    let root = fs::File::open(m.mnt("")).unwrap();
+    // SAFETY: plain syscalls on descriptors this test owns; results checked.
+    let mut cur: OwnedFd = unsafe { OwnedFd::from_raw_fd(libc::dup(root.as_raw_fd())) };
+    let depth = 4000;
+    for i in 0..depth {
+        let n = c("d");
+        let r = unsafe { libc::mkdirat(cur.as_raw_fd(), n.as_ptr(), 0o755) };
+        if r != 0 {
+            let e = std::io::Error::last_os_error();
+            let st = m.wait_exit(std::time::Duration::from_secs(3));
+            panic!("mkdir at depth {i}: {e}; daemon {st:?}: {}", m.stderr());
+            panic!("mkdir at depth {i}: {e}");
+        }
+        let fd = unsafe {
+            libc::openat(
+                cur.as_raw_fd(),
+                n.as_ptr(),
+                libc::O_RDONLY | libc::O_DIRECTORY,
+            )
+        };
+        if fd < 0 {
+            let e = std::io::Error::last_os_error();
+            let st = m.wait_exit(std::time::Duration::from_secs(3));
+            panic!("open at depth {i}: {e}; daemon {st:?}: {}", m.stderr());
+            panic!("open at depth {i}: {e}");
+        }
+        cur = unsafe { OwnedFd::from_raw_fd(fd) };
+    }
+    // A directory change at the top: every cached stack is of an older generation.
+    m.sh("mv lower lower2").assert_ok("mv lower lower2");
+    let n = c("f");
+    let fd = unsafe {
+        libc::openat(
+            cur.as_raw_fd(),
+            n.as_ptr(),
+            libc::O_CREAT | libc::O_WRONLY,
+            0o644,
+        )
+    };
+    let err = std::io::Error::last_os_error();
+    m.assert_alive("after a create at depth 4000");
+    assert!(fd >= 0, "create at depth {depth}: {err}");
+    unsafe { libc::close(fd) };
+    drop(cur);
+    drop(root);
+    stop(&mut m);
+}
