@@ -189,7 +189,6 @@ fn a_deep_tree_does_not_crash_the_daemon() {
             let e = std::io::Error::last_os_error();
             let st = m.wait_exit(std::time::Duration::from_secs(3));
             panic!("mkdir at depth {i}: {e}; daemon {st:?}: {}", m.stderr());
-            panic!("mkdir at depth {i}: {e}");
         }
         let fd = unsafe {
             libc::openat(
@@ -202,7 +201,6 @@ fn a_deep_tree_does_not_crash_the_daemon() {
             let e = std::io::Error::last_os_error();
             let st = m.wait_exit(std::time::Duration::from_secs(3));
             panic!("open at depth {i}: {e}; daemon {st:?}: {}", m.stderr());
-            panic!("open at depth {i}: {e}");
         }
         cur = unsafe { OwnedFd::from_raw_fd(fd) };
     }

@@ -23,6 +23,9 @@ use crate::host::union::{Found, NewName, Stack, Union};
 /// Directory stacks kept at most (past it the cache starts over).
 const MAX_STACKS: usize = 8192;
 
+/// The deepest directory whose parts are found (deeper: ELOOP).
+const MAX_DEPTH: usize = 4096;
+
 /// The errno of [`Inodes::up_node`]'s "copied up to a new node: look the name up again".
 pub const MOVED: i32 = libc::ESTALE;
 
@@ -57,32 +60,42 @@ impl Inodes {
 
     /// The parts of merged directory `ino`.
     pub fn stack(&self, u: &Union, ino: u64) -> io::Result<Arc<Stack>> {
-        self.stack_at(u, ino, 0)
+        self.stack_at(u, ino)
     }
 
-    fn stack_at(&self, u: &Union, ino: u64, depth: usize) -> io::Result<Arc<Stack>> {
-        if ino == ROOT {
-            return u.root_stack();
-        }
-        if depth > 4096 {
-            return Err(err(libc::ELOOP));
-        }
+    /// Walks up to the nearest directory whose parts are known for this generation (or
+    /// the root), then finds each one below it again — a loop, not a recursion: an agent
+    /// may nest directories as deep as it likes, one name at a time.
+    fn stack_at(&self, u: &Union, ino: u64) -> io::Result<Arc<Stack>> {
         let generation = u.generation();
-        if let Some(s) = self.stacks.0.lock().get(&ino)
-            && s.generation == generation
-        {
-            return Ok(s.clone());
+        let mut below: Vec<(u64, Vec<u8>)> = Vec::new();
+        let mut cur = ino;
+        let mut s = loop {
+            if cur == ROOT {
+                break u.root_stack()?;
+            }
+            if let Some(s) = self.stacks.0.lock().get(&cur)
+                && s.generation == generation
+            {
+                break s.clone();
+            }
+            if below.len() > MAX_DEPTH {
+                return Err(err(libc::ELOOP));
+            }
+            let (parent, name) = self.alias(cur).ok_or_else(stale)?;
+            below.push((cur, name));
+            cur = parent;
+        };
+        while let Some((ino, name)) = below.pop() {
+            let f = u.lookup(&s, &name)?.ok_or_else(stale)?;
+            self.check_key(ino, &f)?;
+            s = Arc::new(f.stack.ok_or_else(|| err(libc::ENOTDIR))?);
+            let mut c = self.stacks.0.lock();
+            if c.len() >= MAX_STACKS {
+                c.clear();
+            }
+            c.insert(ino, s.clone());
         }
-        let (parent, name) = self.alias(ino).ok_or_else(stale)?;
-        let ps = self.stack_at(u, parent, depth + 1)?;
-        let f = u.lookup(&ps, &name)?.ok_or_else(stale)?;
-        self.check_key(ino, &f)?;
-        let s = Arc::new(f.stack.ok_or_else(|| err(libc::ENOTDIR))?);
-        let mut c = self.stacks.0.lock();
-        if c.len() >= MAX_STACKS {
-            c.clear();
-        }
-        c.insert(ino, s.clone());
         Ok(s)
     }
 
@@ -114,27 +127,38 @@ impl Inodes {
     /// Without a union: the node's handle.
     pub fn up_dir(&self, ino: u64) -> io::Result<Arc<OwnedFd>> {
         match self.union() {
-            Some(u) => self.up_dir_in(&u, ino, 0),
+            Some(u) => self.up_dir_in(&u, ino),
             None => self.fd(ino),
         }
     }
 
-    fn up_dir_in(&self, u: &Union, ino: u64, depth: usize) -> io::Result<Arc<OwnedFd>> {
-        if ino == ROOT {
-            return Ok(self.root_fd());
+    /// Walks up to the nearest directory with an upper part (or the root), then copies
+    /// each one below it up, parents first (a loop: see [`Inodes::stack_at`]). Each is
+    /// copied from its top part as found before its parents' copy-ups.
+    fn up_dir_in(&self, u: &Union, ino: u64) -> io::Result<Arc<OwnedFd>> {
+        let mut below: Vec<(u64, Arc<OwnedFd>)> = Vec::new();
+        let mut cur = ino;
+        let mut pup = loop {
+            if cur == ROOT {
+                break self.root_fd();
+            }
+            if below.len() > MAX_DEPTH {
+                return Err(err(libc::ELOOP));
+            }
+            let s = self.stack(u, cur)?;
+            let top = s.parts.first().ok_or_else(stale)?;
+            if top.layer == 0 {
+                break top.fd.clone();
+            }
+            below.push((cur, top.fd.clone()));
+            cur = self.alias(cur).ok_or_else(stale)?.0;
+        };
+        while let Some((ino, top)) = below.pop() {
+            let (_, name) = self.alias(ino).ok_or_else(stale)?;
+            let st = sys::fstat(top.as_fd())?;
+            pup = self.copied(u, ino, pup.as_fd(), &Name::new(&name)?, top.as_fd(), &st)?;
         }
-        if depth > 4096 {
-            return Err(err(libc::ELOOP));
-        }
-        let s = self.stack(u, ino)?;
-        let top = s.parts.first().ok_or_else(stale)?;
-        if top.layer == 0 {
-            return Ok(top.fd.clone());
-        }
-        let (parent, name) = self.alias(ino).ok_or_else(stale)?;
-        let pup = self.up_dir_in(u, parent, depth + 1)?;
-        let st = sys::fstat(top.fd.as_fd())?;
-        self.copied(u, ino, pup.as_fd(), &Name::new(&name)?, top.fd.as_fd(), &st)
+        Ok(pup)
     }
 
     /// Copies `fd` up as `pup/name` for node `ino` (or takes the upper's entry there, if
@@ -179,7 +203,7 @@ impl Inodes {
             return self.fd(ino);
         };
         if self.kind(ino)? == libc::S_IFDIR {
-            return self.up_dir_in(&u, ino, 0);
+            return self.up_dir_in(&u, ino);
         }
         let (parent, name) = self.alias(ino).ok_or_else(|| err(libc::ENOENT))?;
         let f = self.find(&u, parent, &name)?.ok_or_else(stale)?;
@@ -187,7 +211,7 @@ impl Inodes {
         if f.layer == 0 {
             return Ok(f.fd);
         }
-        let pup = self.up_dir_in(&u, parent, 0)?;
+        let pup = self.up_dir_in(&u, parent)?;
         let name = Name::new(&name)?;
         if busy {
             match u.copy_up(pup.as_fd(), &name, f.fd.as_fd(), &f.st) {
@@ -212,7 +236,7 @@ impl Inodes {
         if f.layer == 0 {
             return Ok(Some(f.fd));
         }
-        let pup = self.up_dir_in(&u, parent, 0)?;
+        let pup = self.up_dir_in(&u, parent)?;
         let new = match u.copy_up(pup.as_fd(), name, f.fd.as_fd(), &f.st) {
             Ok(f) => f,
             Err(e) if e.raw_os_error() == Some(libc::EEXIST) => sys::open_path(pup.as_fd(), name)?,
@@ -232,7 +256,7 @@ impl Inodes {
         let Some(u) = self.union() else {
             return Ok((self.fd(parent)?, None));
         };
-        let pup = self.up_dir_in(&u, parent, 0)?;
+        let pup = self.up_dir_in(&u, parent)?;
         let ps = self.stack(&u, parent)?;
         let n = u.prepare_new(&ps, pup.as_fd(), name)?;
         Ok((pup, Some(n)))
@@ -262,7 +286,7 @@ impl Inodes {
             (false, true) => return Err(err(libc::EISDIR)),
             _ => {}
         }
-        let pup = self.up_dir_in(&u, parent, 0)?;
+        let pup = self.up_dir_in(&u, parent)?;
         let ps = self.stack(&u, parent)?;
         u.remove(&ps, pup.as_fd(), name, &f)
     }
@@ -297,8 +321,8 @@ impl Inodes {
             (Some(d), true) => Some(self.up_entry(&u, newparent, newname, d)?),
             _ => None,
         };
-        let pup = self.up_dir_in(&u, parent, 0)?;
-        let npup = self.up_dir_in(&u, newparent, 0)?;
+        let pup = self.up_dir_in(&u, parent)?;
+        let npup = self.up_dir_in(&u, newparent)?;
         // Found again: the copy-ups changed the layers the entries are in.
         let ps = self.stack(&u, parent)?;
         let nps = self.stack(&u, newparent)?;
@@ -334,9 +358,9 @@ impl Inodes {
                     return Ok(f.fd.clone());
                 }
                 if f.stack.is_some() {
-                    return self.up_dir_in(u, ino, 0);
+                    return self.up_dir_in(u, ino);
                 }
-                let pup = self.up_dir_in(u, parent, 0)?;
+                let pup = self.up_dir_in(u, parent)?;
                 self.copied(u, ino, pup.as_fd(), name, f.fd.as_fd(), &f.st)
             }
             _ => self
