@@ -223,3 +223,89 @@ fn a_deep_tree_does_not_crash_the_daemon() {
     drop(root);
     stop(&mut m);
 }
+
+/// A small deterministic generator (xorshift64*).
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    fn pick<'a>(&mut self, v: &[&'a str]) -> &'a str {
+        v[(self.next() % v.len() as u64) as usize]
+    }
+}
+
+/// One random step of the agent's, heavy on names: renames of directories onto deleted
+/// names, exchanges, rmdir of emptied directories, directories made again.
+fn step(r: &mut Rng, m: &Mount, i: usize) -> String {
+    let names = [
+        "a", "b", "d", "e", "d/a", "d/b", "e/a", "e/d", "d/e", "d/e/a",
+    ];
+    let n = r.pick(&names);
+    let k = r.pick(&names);
+    let cmd = match r.next() % 12 {
+        0 => format!("echo w{i} > {n}"),
+        1 => format!("mkdir {n}"),
+        2 | 3 => format!("mv -T {n} {k}"),
+        4 => format!("rm -f {n}"),
+        5 => format!("rmdir {n}"),
+        6 => format!("rm -rf {n}"),
+        7 => format!("mkdir -p {n} && echo x{i} > {n}/x{i}"),
+        8 | 9 => {
+            let res = renameat2(&m.mnt(n), &m.mnt(k), libc::RENAME_EXCHANGE);
+            return format!("agent: exchange {n} {k} -> {res:?}");
+        }
+        10 => format!("mv -T --no-clobber {n} {k}"),
+        _ => format!("touch {n}"),
+    };
+    let o = m.sh(&format!("{cmd} 2>/dev/null"));
+    format!("agent: {cmd} -> {}", o.status)
+}
+
+fn oracle_run(name: &str, seed: u64, rounds: usize) -> Result<(), String> {
+    let (mut m, dir, sock) = staged_live(name, |src| {
+        put(&src.join("a"), b"a\n", 0o644);
+        put(&src.join("d/a"), b"da\n", 0o644);
+        put(&src.join("d/e/a"), b"dea\n", 0o644);
+        put(&src.join("e/a"), b"ea\n", 0o644);
+        put(&src.join("e/d/z"), b"edz\n", 0o644);
+    });
+    let mut r = Rng(seed);
+    let mut log = Vec::new();
+    let mut res = Ok(());
+    'out: for round in 0..rounds {
+        for i in 0..6 {
+            log.push(step(&mut r, &m, round * 100 + i));
+            if let Err(e) = matches_oracle(&m, &dir) {
+                res = Err(format!("round {round}: {e}\nsteps: {log:#?}"));
+                break 'out;
+            }
+        }
+        if round % 3 == 2 {
+            let mut v: Vec<std::ffi::OsString> = vec!["stage".into(), "checkpoint".into()];
+            v.push(sock.clone().into());
+            run_fencefs(v, LIMIT).assert_ok("checkpoint");
+            log.push("checkpoint".into());
+        }
+    }
+    stop(&mut m);
+    if std::env::var_os("RED_LOG").is_some() {
+        eprintln!("{log:#?}");
+    }
+    res
+}
+
+#[test]
+fn random_name_changes_match_kernel_overlayfs() {
+    let seeds: Vec<u64> = match std::env::var("RED_SEEDS") {
+        Ok(s) => s.split(',').map(|x| x.parse().unwrap()).collect(),
+        Err(_) => vec![1, 2, 3],
+    };
+    for seed in seeds {
+        oracle_run(&format!("red-oracle-{seed}"), seed, 12).unwrap();
+    }
+}
