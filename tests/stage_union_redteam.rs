@@ -309,3 +309,33 @@ fn random_name_changes_match_kernel_overlayfs() {
         oracle_run(&format!("red-oracle-{seed}"), seed, 12).unwrap();
     }
 }
+
+/// The agent nests directories past the staging tools' depth bound (`stage::tree::
+/// MAX_DEPTH`, 400: `mkdir -p` of 450 levels, which the merged view allows, as overlayfs
+/// does): `stage status`, `checkpoint`, `discard` and `apply` — live and offline — must
+/// still work, or an agent can take review, its checkpoints and the person's way back
+/// away with one command.
+#[test]
+#[ignore = "stage tools refuse a staged tree deeper than stage::tree::MAX_DEPTH (400) that the merged view lets the agent make: status/checkpoint/discard/apply all ELOOP"]
+fn a_tree_deeper_than_the_tools_bound_does_not_lock_the_person_out() {
+    let (mut m, dir, sock) = staged_live("red-deep-ctl", |src| {
+        put(&src.join("a"), b"a\n", 0o644);
+    });
+    let deep = "d/".repeat(450);
+    m.sh(&format!(
+        "mkdir -p {deep} && echo x > {deep}f && echo b > b"
+    ))
+    .assert_ok("mkdir -p of 450 levels");
+    let ctl = |op: &str| {
+        let v: Vec<std::ffi::OsString> = vec!["stage".into(), op.into(), sock.clone().into()];
+        run_fencefs(v, LIMIT)
+    };
+    ctl("status").assert_ok("status");
+    ctl("checkpoint").assert_ok("checkpoint");
+    ctl("discard").assert_ok("discard");
+    assert!(fs::symlink_metadata(m.mnt("d")).is_err(), "discarded");
+    m.sh(&format!("mkdir -p {deep} && echo b > b"))
+        .assert_ok("mkdir -p again");
+    stop(&mut m);
+    stage(&["discard"], &dir).assert_ok("offline discard");
+}
