@@ -339,3 +339,23 @@ fn a_tree_deeper_than_the_tools_bound_does_not_lock_the_person_out() {
     stop(&mut m);
     stage(&["discard"], &dir).assert_ok("offline discard");
 }
+
+/// A workspace of 9000 directories, a file written in each (a build's outputs, `touch
+/// */stamp`): each copied-up directory's parts (upper + SOURCE) are cached as `O_PATH`
+/// descriptors, 8192 directories' worth, outside the descriptor budget — the daemon
+/// reached RLIMIT_NOFILE and every request failed EMFILE from then on.
+#[test]
+fn copied_up_directories_do_not_exhaust_the_daemons_descriptors() {
+    let (mut m, _dir, _sock) = staged_live("red-fds", |src| {
+        for i in 0..9000 {
+            fs::create_dir_all(src.join(format!("d{i}"))).unwrap();
+        }
+    });
+    m.sh("for d in d*; do : > $d/new || exit 1; done")
+        .assert_ok("a file in each directory");
+    let o = m.sh("ls -R . | wc -l && echo more > last && cat last");
+    o.assert_ok("the mount still serves");
+    assert_eq!(o.stdout.lines().last(), Some("more"));
+    m.assert_alive("after the copy-ups");
+    stop(&mut m);
+}
