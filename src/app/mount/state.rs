@@ -107,7 +107,18 @@ pub(in crate::app) fn build_state(
         UNWATCHED_TTL
     });
     let fd_cap = (nofile / 3).clamp(64, 16_384) as usize;
-    let handles = handle_budget(nofile as usize, fd_cap, threads, a.max_open_per_uid);
+    // A staged mount's merged directories hold a descriptor per layer part (cached, see
+    // `host::inode::merged::Stacks`): their share comes out of the handles' budget.
+    let stack_fds = match union {
+        Some(_) => (fd_cap / 4).clamp(16, crate::host::inode::MAX_STACK_PARTS),
+        None => 0,
+    };
+    let handles = handle_budget(
+        nofile as usize,
+        fd_cap + stack_fds,
+        threads,
+        a.max_open_per_uid,
+    );
     if roots.iter().next().is_some() {
         // One root's flood of opens must not starve the others (host/budget.rs).
         handles.split();
@@ -119,7 +130,7 @@ pub(in crate::app) fn build_state(
     }
     if let Some(u) = union {
         inodes
-            .set_union(u)
+            .set_union(u, stack_fds)
             .map_err(|e| format!("staging: the merged view: {e}"))?;
     }
     let rules = policy.rules().len();

@@ -23,6 +23,9 @@ use crate::host::union::{Found, NewName, Stack, Union};
 /// Directory stacks kept at most (past it the cache starts over).
 const MAX_STACKS: usize = 8192;
 
+/// Descriptors the stacks cache holds at most unless told otherwise.
+pub const MAX_STACK_PARTS: usize = 4096;
+
 /// The deepest directory whose parts are found (deeper: ELOOP).
 const MAX_DEPTH: usize = 4096;
 
@@ -33,20 +36,72 @@ fn err(n: i32) -> io::Error {
     io::Error::from_raw_os_error(n)
 }
 
-/// The cache of merged directories' parts.
-#[derive(Default)]
-pub struct Stacks(parking_lot::Mutex<HashMap<u64, Arc<Stack>>>);
+/// The cache of merged directories' parts, bounded by the descriptors its parts hold
+/// (each part is an `O_PATH` handle: a directory in N layers holds N): past the bound it
+/// starts over. Its share of RLIMIT_NOFILE is set with the union ([`Inodes::set_union`]),
+/// and the open handles' budget is what is left.
+pub struct Stacks(parking_lot::Mutex<StackCache>);
+
+struct StackCache {
+    map: HashMap<u64, Arc<Stack>>,
+    /// Parts held by `map`.
+    parts: usize,
+    /// At most this many parts.
+    cap: usize,
+}
+
+impl Default for Stacks {
+    fn default() -> Stacks {
+        Stacks(parking_lot::Mutex::new(StackCache {
+            map: HashMap::new(),
+            parts: 0,
+            cap: MAX_STACK_PARTS,
+        }))
+    }
+}
 
 impl Stacks {
     /// Forgets every directory's parts.
     pub fn clear(&self) {
-        self.0.lock().clear();
+        let mut c = self.0.lock();
+        c.map.clear();
+        c.parts = 0;
+    }
+
+    fn get(&self, ino: u64, generation: u64) -> Option<Arc<Stack>> {
+        let c = self.0.lock();
+        c.map
+            .get(&ino)
+            .filter(|s| s.generation == generation)
+            .cloned()
+    }
+
+    fn insert(&self, ino: u64, s: Arc<Stack>) {
+        let mut c = self.0.lock();
+        let n = s.parts.len();
+        if c.map.len() >= MAX_STACKS || c.parts + n > c.cap {
+            c.map.clear();
+            c.parts = 0;
+        }
+        if let Some(old) = c.map.insert(ino, s) {
+            c.parts -= old.parts.len();
+        }
+        c.parts += n;
+    }
+
+    fn remove(&self, ino: u64) {
+        let mut c = self.0.lock();
+        if let Some(old) = c.map.remove(&ino) {
+            c.parts -= old.parts.len();
+        }
     }
 }
 
 impl Inodes {
     /// Serves the merged view `u` (before the mount): the root node is the upper's root.
-    pub fn set_union(&mut self, u: Arc<Union>) -> io::Result<()> {
+    /// The directories' parts cached hold at most `stack_fds` descriptors.
+    pub fn set_union(&mut self, u: Arc<Union>, stack_fds: usize) -> io::Result<()> {
+        self.stacks.0.lock().cap = stack_fds;
         let up = sys::reopen(self.proc_fd.as_fd(), u.upper_root().as_fd(), libc::O_PATH)?;
         *self.root_fd.lock() = Arc::new(up);
         *self.union.write() = Some(u);
@@ -74,10 +129,8 @@ impl Inodes {
             if cur == ROOT {
                 break u.root_stack()?;
             }
-            if let Some(s) = self.stacks.0.lock().get(&cur)
-                && s.generation == generation
-            {
-                break s.clone();
+            if let Some(s) = self.stacks.get(cur, generation) {
+                break s;
             }
             if below.len() > MAX_DEPTH {
                 return Err(err(libc::ELOOP));
@@ -90,11 +143,7 @@ impl Inodes {
             let f = u.lookup(&s, &name)?.ok_or_else(stale)?;
             self.check_key(ino, &f)?;
             s = Arc::new(f.stack.ok_or_else(|| err(libc::ENOTDIR))?);
-            let mut c = self.stacks.0.lock();
-            if c.len() >= MAX_STACKS {
-                c.clear();
-            }
-            c.insert(ino, s.clone());
+            self.stacks.insert(ino, s.clone());
         }
         Ok(s)
     }
@@ -182,7 +231,7 @@ impl Inodes {
             let nst = sys::fstat(new.as_fd())?;
             self.settle(ino, (nst.st_dev, nst.st_ino));
         }
-        self.stacks.0.lock().remove(&ino);
+        self.stacks.remove(ino);
         let new = Arc::new(new);
         let evicted = self.fds.lock().put(ino, new.clone());
         drop(evicted);
