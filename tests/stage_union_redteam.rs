@@ -173,54 +173,32 @@ fn rename_whiteout_is_refused_as_overlayfs_does() {
 /// of stack.
 #[test]
 fn a_deep_tree_does_not_crash_the_daemon() {
-    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    use std::os::fd::AsRawFd;
     let (mut m, _dir, _sock) = staged_live("red-deep", |src| {
         put(&src.join("lower/x"), b"x\n", 0o644);
     });
-    let c = |s: &str| std::ffi::CString::new(s).unwrap();
-    let root = fs::File::open(m.mnt("")).unwrap();
-    // SAFETY: plain syscalls on descriptors this test owns; results checked.
-    let mut cur: OwnedFd = unsafe { OwnedFd::from_raw_fd(libc::dup(root.as_raw_fd())) };
+    // Each level through the descriptor of the one above (`/proc/self/fd/N/d`): no
+    // path is longer than a few names.
+    let at =
+        |f: &fs::File, name: &str| PathBuf::from(format!("/proc/self/fd/{}/{name}", f.as_raw_fd()));
+    let mut cur = fs::File::open(m.mnt("")).unwrap();
     let depth = 4000;
     for i in 0..depth {
-        let n = c("d");
-        let r = unsafe { libc::mkdirat(cur.as_raw_fd(), n.as_ptr(), 0o755) };
-        if r != 0 {
-            let e = std::io::Error::last_os_error();
-            let st = m.wait_exit(std::time::Duration::from_secs(3));
-            panic!("mkdir at depth {i}: {e}; daemon {st:?}: {}", m.stderr());
+        let next = fs::create_dir(at(&cur, "d")).and_then(|()| fs::File::open(at(&cur, "d")));
+        match next {
+            Ok(f) => cur = f,
+            Err(e) => {
+                let st = m.wait_exit(std::time::Duration::from_secs(3));
+                panic!("mkdir at depth {i}: {e}; daemon {st:?}: {}", m.stderr());
+            }
         }
-        let fd = unsafe {
-            libc::openat(
-                cur.as_raw_fd(),
-                n.as_ptr(),
-                libc::O_RDONLY | libc::O_DIRECTORY,
-            )
-        };
-        if fd < 0 {
-            let e = std::io::Error::last_os_error();
-            let st = m.wait_exit(std::time::Duration::from_secs(3));
-            panic!("open at depth {i}: {e}; daemon {st:?}: {}", m.stderr());
-        }
-        cur = unsafe { OwnedFd::from_raw_fd(fd) };
     }
     // A directory change at the top: every cached stack is of an older generation.
     m.sh("mv lower lower2").assert_ok("mv lower lower2");
-    let n = c("f");
-    let fd = unsafe {
-        libc::openat(
-            cur.as_raw_fd(),
-            n.as_ptr(),
-            libc::O_CREAT | libc::O_WRONLY,
-            0o644,
-        )
-    };
-    let err = std::io::Error::last_os_error();
+    let made = fs::write(at(&cur, "f"), b"deep\n");
     m.assert_alive("after a create at depth 4000");
-    assert!(fd >= 0, "create at depth {depth}: {err}");
-    unsafe { libc::close(fd) };
+    made.unwrap();
     drop(cur);
-    drop(root);
     stop(&mut m);
 }
 
