@@ -171,7 +171,7 @@ impl Inodes {
     ///
     /// `busy`: files are open on the node. Their kernel inode may be passed through to
     /// the lower object, and the kernel serves no other host file behind one inode: the
-    /// copy is made, the node stays the lower object's, and the answer is [`Moved`] —
+    /// copy is made, the node stays the lower object's, and the answer is [`MOVED`] —
     /// `ESTALE`, on which the kernel looks the name up again (finding the copy, a new
     /// node) and repeats the call there. Readers keep the lower file, as on overlayfs.
     pub fn up_node(&self, ino: u64, busy: bool) -> io::Result<Arc<OwnedFd>> {
