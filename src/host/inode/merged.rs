@@ -55,6 +55,21 @@ impl Inodes {
         self.union.read().clone()
     }
 
+    /// The merged view that serves the entries of directory `parent`: none for a
+    /// directory of another root (`host/roots.rs`: served as it is, read-only when
+    /// staged, never merged).
+    pub fn union_for(&self, parent: u64) -> Option<Arc<Union>> {
+        let u = self.union()?;
+        let roots = self.roots();
+        if roots.is_empty() || parent == ROOT {
+            return Some(u);
+        }
+        match self.path(parent) {
+            Ok(p) if roots.root_of(&p).is_some() => None,
+            _ => Some(u),
+        }
+    }
+
     /// The parts of merged directory `ino`.
     pub fn stack(&self, u: &Union, ino: u64) -> io::Result<Arc<Stack>> {
         self.stack_at(u, ino, 0)
@@ -347,7 +362,7 @@ impl Inodes {
 
     /// The entries directory `ino` shows (merged), read from `file` when not staged.
     pub fn list(&self, ino: u64, file: &OwnedFd) -> io::Result<Vec<DirEntry>> {
-        match self.union() {
+        match self.union_for(ino) {
             Some(u) => u.read_dir(&*self.stack(&u, ino)?),
             None => sys::read_dir(file.as_fd()),
         }
@@ -355,7 +370,7 @@ impl Inodes {
 
     /// The entries directory `parent/name` shows (merged).
     pub fn list_child(&self, parent: u64, name: &Name) -> io::Result<Vec<DirEntry>> {
-        match self.union() {
+        match self.union_for(parent) {
             Some(u) => {
                 let f = self
                     .find(&u, parent, name.bytes())?
@@ -372,7 +387,7 @@ impl Inodes {
 
     /// The object `parent/name` shows now (`O_PATH`), not recorded.
     pub fn peek(&self, parent: u64, name: &Name) -> io::Result<Arc<OwnedFd>> {
-        match self.union() {
+        match self.union_for(parent) {
             Some(u) => Ok(self
                 .find(&u, parent, name.bytes())?
                 .ok_or_else(|| err(libc::ENOENT))?
