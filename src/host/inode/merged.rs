@@ -20,8 +20,10 @@ use super::{Inodes, ROOT, stale};
 use crate::host::sys::{self, DirEntry, Name};
 use crate::host::union::{Found, NewName, Stack, Union};
 
-/// Directory stacks kept at most (past it the cache starts over).
-const MAX_STACKS: usize = 8192;
+/// Directory parts (each an open `O_PATH` handle) the stack cache holds at most: past it
+/// the cache starts over. A bound apart from the handle cache's, so that an agent walking
+/// a huge tree cannot take the daemon's descriptors through it.
+const MAX_PARTS: usize = 2048;
 
 /// The errno of [`Inodes::up_node`]'s "copied up to a new node: look the name up again".
 pub const MOVED: i32 = libc::ESTALE;
@@ -30,14 +32,49 @@ fn err(n: i32) -> io::Error {
     io::Error::from_raw_os_error(n)
 }
 
-/// The cache of merged directories' parts.
+/// The cache of merged directories' parts, and how many parts it holds.
 #[derive(Default)]
-pub struct Stacks(parking_lot::Mutex<HashMap<u64, Arc<Stack>>>);
+pub struct Stacks(parking_lot::Mutex<(HashMap<u64, Arc<Stack>>, usize)>);
 
 impl Stacks {
     /// Forgets every directory's parts.
     pub fn clear(&self) {
-        self.0.lock().clear();
+        *self.0.lock() = (HashMap::new(), 0);
+    }
+
+    fn get(&self, ino: u64, generation: u64) -> Option<Arc<Stack>> {
+        self.0
+            .lock()
+            .0
+            .get(&ino)
+            .filter(|s| s.generation == generation)
+            .cloned()
+    }
+
+    /// Keeps `s` for `ino`; the handles the cache lets go are closed by the caller,
+    /// outside the lock.
+    fn put(&self, ino: u64, s: Arc<Stack>) -> Vec<Arc<Stack>> {
+        let mut c = self.0.lock();
+        let mut gone = Vec::new();
+        if c.1 + s.parts.len() > MAX_PARTS {
+            gone.extend(std::mem::take(&mut c.0).into_values());
+            c.1 = 0;
+        }
+        c.1 += s.parts.len();
+        if let Some(old) = c.0.insert(ino, s) {
+            c.1 -= old.parts.len();
+            gone.push(old);
+        }
+        gone
+    }
+
+    fn remove(&self, ino: u64) -> Option<Arc<Stack>> {
+        let mut c = self.0.lock();
+        let old = c.0.remove(&ino);
+        if let Some(o) = &old {
+            c.1 -= o.parts.len();
+        }
+        old
     }
 }
 
@@ -83,21 +120,16 @@ impl Inodes {
             return Err(err(libc::ELOOP));
         }
         let generation = u.generation();
-        if let Some(s) = self.stacks.0.lock().get(&ino)
-            && s.generation == generation
-        {
-            return Ok(s.clone());
+        if let Some(s) = self.stacks.get(ino, generation) {
+            return Ok(s);
         }
         let (parent, name) = self.alias(ino).ok_or_else(stale)?;
         let ps = self.stack_at(u, parent, depth + 1)?;
         let f = u.lookup(&ps, &name)?.ok_or_else(stale)?;
         self.check_key(ino, &f)?;
         let s = Arc::new(f.stack.ok_or_else(|| err(libc::ENOTDIR))?);
-        let mut c = self.stacks.0.lock();
-        if c.len() >= MAX_STACKS {
-            c.clear();
-        }
-        c.insert(ino, s.clone());
+        let gone = self.stacks.put(ino, s.clone());
+        drop(gone);
         Ok(s)
     }
 
@@ -173,7 +205,7 @@ impl Inodes {
             let nst = sys::fstat(new.as_fd())?;
             self.settle(ino, (nst.st_dev, nst.st_ino));
         }
-        self.stacks.0.lock().remove(&ino);
+        drop(self.stacks.remove(ino));
         let new = Arc::new(new);
         let evicted = self.fds.lock().put(ino, new.clone());
         drop(evicted);
