@@ -24,10 +24,14 @@
 # Needs root (for the private /dev/fuse node and setpriv) and the npm registry; slow (a
 # few minutes), so it is not part of scripts/test.sh.
 #
-# Usage: scripts/agents-test.sh [--unfenced] [claude] [codex]     (default: both)
+# Usage: scripts/agents-test.sh [--unfenced | --staged] [claude] [codex]  (default: both)
 #   --unfenced  the control: the same runs without `fencefs run`; every agent must FAIL
 #               (the token reaches the model, `cat .env` reads it, no 'fenced' line),
 #               which shows the checks can fail.
+#   --staged    `fencefs run` without --live (its default: staged, as uid 1000, no root):
+#               the workspace must be untouched when the agent exits; then uid 1000 runs
+#               `fencefs stage apply --dir` on the run's staging area and the same checks
+#               as live must hold (edits, commit, .env, token).
 # Env:   AGENTS_TEST_TIMEOUT  seconds per agent run (default 300)
 set -euo pipefail
 
@@ -40,8 +44,9 @@ AGENT_UID=1000
 TIMEOUT=${AGENTS_TEST_TIMEOUT:-300}
 PROMPT="Tidy up this demo project: edit README.md and notes.txt, then commit."
 
-UNFENCED=
+UNFENCED= LIVE=--live
 if [ "${1:-}" = --unfenced ]; then UNFENCED=1; shift; fi
+if [ "${1:-}" = --staged ]; then LIVE=; shift; fi
 if [ "$#" -gt 0 ]; then AGENTS=("$@"); else AGENTS=(claude codex); fi
 
 say() { printf 'agents-test: %s\n' "$*" >&2; }
@@ -192,7 +197,7 @@ mount -t tmpfs -o size=64k,mode=0755 agents-test-dev "$DEV"
 mknod -m 0666 "$DEV/fuse" c 10 229
 mount --bind "$DEV/fuse" /dev/fuse
 cd "$WS"
-[ -n "$UNFENCED" ] || set -- "$BIN" run --live -- "$@"
+[ -n "$UNFENCED" ] || set -- "$BIN" run $LIVE -- "$@"
 set -- env -i PATH="$NPMBIN:/usr/local/bin:/usr/bin:/bin" HOME="$AHOME" \
   XDG_RUNTIME_DIR="$RUNDIR" LANG=C.UTF-8 USER="$AUSER" LOGNAME="$AUSER" SHELL=/bin/bash \
   $(cat "$ENVFILE") "$@"
@@ -236,12 +241,12 @@ run_agent() {
 
   local cmd=()
   mapfile -d '' cmd < <(command_of "$agent")
-  say "$agent: running ${UNFENCED:+UNFENCED, not }under fencefs run --live (files: $dir/)"
+  say "$agent: running ${UNFENCED:+UNFENCED, not }under fencefs run ${LIVE:-(staged)} (files: $dir/)"
   local t0 t1
   t0=$(date +%s.%N)
   DEV=$dir/dev WS=$ws NPMBIN=$PREFIX/node_modules/.bin AHOME=$home RUNDIR=$dir/run \
     AUSER=$(getent passwd "$AGENT_UID" | cut -d: -f1) ENVFILE=$dir/env BIN=$BIN \
-    AUID=$AGENT_UID AGID=$AGENT_GID UNFENCED=$UNFENCED \
+    AUID=$AGENT_UID AGID=$AGENT_GID UNFENCED=$UNFENCED LIVE=$LIVE \
     timeout -k 5 "$TIMEOUT" unshare -m --propagation private sh -c "$AS_AGENT" as-agent \
     "${cmd[@]}" </dev/null >"$dir/agent.out" 2>"$dir/agent.err" || rc=$?
   t1=$(date +%s.%N)
@@ -249,6 +254,21 @@ run_agent() {
 
   # The checks.
   [ "$rc" -eq 0 ] || why+=("exit status $rc (see $dir/agent.err)")
+  if [ -z "$LIVE" ] && [ -z "$UNFENCED" ]; then
+    # Staged: nothing reached the workspace; uid 1000 applies what the run staged.
+    grep -qx "Hello from the demo." "$ws/README.md" || why+=("a staged run changed README.md on the host")
+    local stage
+    stage=$(ls -d "$home"/.local/state/fencefs/*/stage 2>/dev/null | head -1)
+    if [ -z "$stage" ]; then
+      why+=("no staging area under $home/.local/state/fencefs")
+    else
+      setpriv --reuid "$AGENT_UID" --regid "$AGENT_GID" --clear-groups \
+        env -i PATH=/usr/bin:/bin HOME="$home" "$BIN" stage status --dir "$stage" >"$dir/stage.status" 2>&1 || true
+      setpriv --reuid "$AGENT_UID" --regid "$AGENT_GID" --clear-groups \
+        env -i PATH=/usr/bin:/bin HOME="$home" "$BIN" stage apply --dir "$stage" >"$dir/stage.apply" 2>&1 ||
+        why+=("stage apply as uid $AGENT_UID failed ($dir/stage.apply)")
+    fi
+  fi
   grep -qF "fencefs: fenced $ws (" "$dir/agent.err" || why+=("no 'fencefs: fenced' line: was it fenced?")
   grep -qx "Hello from the demo, edited by $agent." "$ws/README.md" ||
     why+=("README.md not edited by the agent's edit tool")

@@ -497,20 +497,25 @@ fn a_sidecar_that_never_comes_fails_closed_and_says_so() {
 }
 
 #[test]
-fn staging_needs_privilege_and_says_so() {
+fn an_unprivileged_sidecar_stages() {
     let mut n = Node::start("csi-stage");
     let mut p = n.pod("pod-s");
     workspace(&p);
     let stage = p.pvc.join("stage");
     n.publish(&p, ATTRS).unwrap();
     p.start_sidecar(&["--stage", stage.to_str().unwrap()]);
-    let mut c = p.sidecar.take().unwrap();
-    let exited = eventually(Duration::from_secs(10), || {
-        matches!(c.try_wait(), Ok(Some(_)))
-    });
-    assert!(exited, "the unprivileged sidecar served a staged mount");
-    let log = p.sidecar_log();
-    assert!(log.contains("CAP_SYS_ADMIN"), "{log}");
+    p.wait_served();
+    let before = snapshot(&p.src);
+    p.sh("echo staged > new.txt && echo more >> README")
+        .assert_ok("writes through the staged mount");
+    assert_eq!(p.sh("cat new.txt").stdout, "staged\n");
+    assert_host_unchanged(&before, &p.src, "an unprivileged sidecar's staged writes");
+    let st = run_fencefs(
+        ["stage", "status", "--dir", stage.to_str().unwrap()],
+        Duration::from_secs(30),
+    );
+    assert_eq!(st.stdout, "M README\nA new.txt\n", "{}", st.stderr);
+    p.kill_sidecar();
     n.unpublish(&p).unwrap();
     assert!(mount_fstype(&p.target).is_none());
 }

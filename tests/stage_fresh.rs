@@ -371,3 +371,42 @@ fn oracle_run(name: &str, seed: u64, rounds: usize) {
     }
     stop(&mut m);
 }
+
+/// An agent walking a tree of many directories takes no more of the daemon's descriptors
+/// than its handle cache allows plus the bounded cache of merged directories' parts
+/// (2,048 handles), whatever the number of directories or layers.
+#[test]
+fn a_walk_of_many_directories_keeps_the_daemons_descriptors_bounded() {
+    let (m, _dir, sock) = staged_live("fresh-walk", |src| {
+        for i in 0..10_000 {
+            fs::create_dir_all(src.join(format!("t{}/d{i}", i % 50))).unwrap();
+        }
+    });
+    // Three layers below the upper: every directory has a part in each once staged.
+    for n in 0..3 {
+        m.sh(&format!("for t in t*; do touch $t/f{n}; done"))
+            .assert_ok("a change in every top directory");
+        ctl(&sock, &["checkpoint"]).assert_ok("checkpoint");
+    }
+    let fds = || {
+        fs::read_dir(format!("/proc/{}/fd", m.pid()))
+            .unwrap()
+            .count()
+    };
+    let before = fds();
+    m.sh("find . -type d | wc -l >/dev/null && ls -R . >/dev/null")
+        .assert_ok("walk");
+    let after = fds();
+    // "… (RLIMIT_NOFILE N, C cached lookups)": the handle cache's bound.
+    let log = m.stderr();
+    let cached: usize = log
+        .split(" cached lookups")
+        .next()
+        .and_then(|s| s.rsplit(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no cached lookups in the log:\n{log}"));
+    assert!(
+        after <= before + cached + 2048 + 64,
+        "{before} descriptors before the walk, {after} after (handle cache {cached})"
+    );
+}

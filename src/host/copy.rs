@@ -21,7 +21,7 @@ fn no_seek_data(e: &io::Error) -> bool {
 /// Copies the first `size` bytes of `src` into `dst`, a new empty file: `dst` is sized
 /// first (a hole throughout), then each data extent of `src` (SEEK_DATA to SEEK_HOLE) is
 /// copied to the same offset; past the last one, nothing. Where `src`'s file system has
-/// no SEEK_DATA, the rest is copied whole ([`copy_range`]).
+/// no SEEK_DATA, the rest is copied whole (`copy_range`).
 pub fn copy_data(src: BorrowedFd<'_>, dst: BorrowedFd<'_>, size: u64) -> io::Result<()> {
     sys::ftruncate(dst, size)?;
     let mut off = 0u64;

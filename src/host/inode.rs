@@ -381,9 +381,8 @@ impl Inodes {
                 Some(libc::ENOENT | libc::ENOTDIR | libc::ELOOP | libc::ESTALE | libc::EINVAL)
             )
         };
-        let union = self.union();
         for (parent, name) in aliases {
-            if let Some(u) = &union {
+            if let Some(u) = &self.union_for(parent) {
                 let found = self.find(u, parent, &name);
                 let f = match found {
                     Ok(Some(f)) => f,
@@ -451,7 +450,7 @@ impl Inodes {
         if let Some(root) = self.root_at(parent, name.bytes()) {
             return sys::fstat(root.as_fd());
         }
-        if let Some(u) = self.union() {
+        if let Some(u) = self.union_for(parent) {
             return match self.find(&u, parent, name.bytes())? {
                 Some(f) => Ok(f.st),
                 None => Err(enoent()),

@@ -307,7 +307,7 @@ fn dir_times(made: &[(OwnedFd, libc::stat)]) -> io::Result<()> {
 
 /// A new file `dir/name`: a copy of `src` (stat `st`) — its bytes (holes kept), owner,
 /// mode, every xattr (overlayfs's own included: the copy stands for the same staged entry)
-/// and times, marked with when `src` was staged ([`STAGED_AT`]: the conflict rule reads
+/// and times, marked with when `src` was staged ([`super::sys::STAGED_AT`]: the conflict rule reads
 /// it) — synced. Returns it (open for writing).
 fn copy_file(
     src: BorrowedFd<'_>,

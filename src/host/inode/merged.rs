@@ -113,6 +113,21 @@ impl Inodes {
         self.union.read().clone()
     }
 
+    /// The merged view that serves the entries of directory `parent`: none for a
+    /// directory of another root (`host/roots.rs`: served as it is, read-only when
+    /// staged, never merged).
+    pub fn union_for(&self, parent: u64) -> Option<Arc<Union>> {
+        let u = self.union()?;
+        let roots = self.roots();
+        if roots.is_empty() || parent == ROOT {
+            return Some(u);
+        }
+        match self.path(parent) {
+            Ok(p) if roots.root_of(&p).is_some() => None,
+            _ => Some(u),
+        }
+    }
+
     /// The parts of merged directory `ino`.
     pub fn stack(&self, u: &Union, ino: u64) -> io::Result<Arc<Stack>> {
         self.stack_at(u, ino)
@@ -244,7 +259,7 @@ impl Inodes {
     ///
     /// `busy`: files are open on the node. Their kernel inode may be passed through to
     /// the lower object, and the kernel serves no other host file behind one inode: the
-    /// copy is made, the node stays the lower object's, and the answer is [`Moved`] —
+    /// copy is made, the node stays the lower object's, and the answer is [`MOVED`] —
     /// `ESTALE`, on which the kernel looks the name up again (finding the copy, a new
     /// node) and repeats the call there. Readers keep the lower file, as on overlayfs.
     pub fn up_node(&self, ino: u64, busy: bool) -> io::Result<Arc<OwnedFd>> {
@@ -429,7 +444,7 @@ impl Inodes {
 
     /// The entries directory `ino` shows (merged), read from `file` when not staged.
     pub fn list(&self, ino: u64, file: &OwnedFd) -> io::Result<Vec<DirEntry>> {
-        match self.union() {
+        match self.union_for(ino) {
             Some(u) => u.read_dir(&*self.stack(&u, ino)?),
             None => sys::read_dir(file.as_fd()),
         }
@@ -437,7 +452,7 @@ impl Inodes {
 
     /// The entries directory `parent/name` shows (merged).
     pub fn list_child(&self, parent: u64, name: &Name) -> io::Result<Vec<DirEntry>> {
-        match self.union() {
+        match self.union_for(parent) {
             Some(u) => {
                 let f = self
                     .find(&u, parent, name.bytes())?
@@ -454,7 +469,7 @@ impl Inodes {
 
     /// The object `parent/name` shows now (`O_PATH`), not recorded.
     pub fn peek(&self, parent: u64, name: &Name) -> io::Result<Arc<OwnedFd>> {
-        match self.union() {
+        match self.union_for(parent) {
             Some(u) => Ok(self
                 .find(&u, parent, name.bytes())?
                 .ok_or_else(|| err(libc::ENOENT))?
