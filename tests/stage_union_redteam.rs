@@ -173,6 +173,17 @@ fn rename_whiteout_is_refused_as_overlayfs_does() {
 /// of stack.
 #[test]
 fn a_deep_tree_does_not_crash_the_daemon() {
+    // The test's own clean-up of a 4,000-level tree recurses (a debug build's frames
+    // overflow the default 2 MiB test thread): the body runs on a thread with room.
+    std::thread::Builder::new()
+        .stack_size(256 << 20)
+        .spawn(deep_tree)
+        .unwrap()
+        .join()
+        .unwrap();
+}
+
+fn deep_tree() {
     use std::os::fd::AsRawFd;
     let (mut m, _dir, _sock) = staged_live("red-deep", |src| {
         put(&src.join("lower/x"), b"x\n", 0o644);
