@@ -292,7 +292,9 @@ impl Union {
     /// Looks `name` up in the merged directory `parent`: the object shown, or `None`
     /// (absent or whited out).
     pub fn lookup(&self, parent: &Stack, name: &[u8]) -> io::Result<Option<Found>> {
-        let generation = self.generation();
+        // A directory found through `parent` is as current as `parent` is: a change of
+        // the parts made after `parent` was found makes both stale at once.
+        let generation = parent.generation.min(self.generation());
         let mut look = Name::new(name)?;
         let mut top: Option<(usize, Arc<OwnedFd>, libc::stat)> = None;
         let mut parts: Vec<Part> = Vec::new();
