@@ -444,16 +444,31 @@ fn approve_auto_drives_a_bubblewrap_agent() {
         .spawn()
         .unwrap();
     wait_for_approvers(&sock, 1);
+    // What the approver prints, line by line (its decision's line may come a moment
+    // after the request it allowed went on).
+    let printed = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let reader = {
+        let printed = printed.clone();
+        let out = approver.stdout.take().unwrap();
+        thread::spawn(move || {
+            for l in BufReader::new(out).lines().map_while(Result::ok) {
+                let mut p = printed.lock().unwrap();
+                p.push_str(&l);
+                p.push('\n');
+            }
+        })
+    };
     let o = agent_sed(&m);
     o.assert_ok("sed -i under --auto allow");
     assert_eq!(std::fs::read(m.host("docs/a.md")).unwrap(), b"ALPHA\n");
+    let decided = eventually(Duration::from_secs(10), || {
+        printed.lock().unwrap().contains("allowed")
+    });
     approver.kill().unwrap();
-    let out = approver.wait_with_output().unwrap();
-    let shown = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        shown.contains("docs/") && shown.contains("allowed"),
-        "{shown}"
-    );
+    let _ = approver.wait();
+    reader.join().unwrap();
+    let shown = printed.lock().unwrap().clone();
+    assert!(decided && shown.contains("docs/"), "{shown}");
     assert!(shown.contains("sed"), "the command line is shown: {shown}");
 
     let mut denier = Command::new(BIN)
