@@ -27,7 +27,8 @@ pub struct BackingFile {
     /// The id the kernel knows the host file by.
     pub id: u32,
     dev: Arc<OwnedFd>,
-    /// The host file's identity (a staged node's object changes at its copy-up).
+    /// The host file's identity on a staged mount (a node's object changes at its
+    /// copy-up); `(0, 0)` elsewhere.
     key: (u64, u64),
 }
 
@@ -128,10 +129,16 @@ impl Core {
         let Some(dev) = self.dev.get() else {
             return Served::Daemon;
         };
-        let Ok(st) = sys::fstat(file.as_fd()) else {
-            return Served::Daemon;
+        // Only a staged mount served by the daemon changes the host file behind a node
+        // (its copy-up): elsewhere no open pays for the identity check.
+        let key = if self.shared.inodes.union().is_some() {
+            match sys::fstat(file.as_fd()) {
+                Ok(st) => (st.st_dev, st.st_ino),
+                Err(_) => return Served::Daemon,
+            }
+        } else {
+            (0, 0)
         };
-        let key = (st.st_dev, st.st_ino);
         let mut b = self.backing.lock();
         let id = match b.by_ino.get(&ino).and_then(Weak::upgrade) {
             Some(id) if id.key != key => return Served::Direct,
