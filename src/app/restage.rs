@@ -40,7 +40,7 @@ use serde_json::Value;
 
 use crate::fs::ops::Shared;
 use crate::stage::seal::{self, Writer};
-use crate::stage::{Area, layers, tree_mount};
+use crate::stage::{Area, StageError, layers, tree_mount};
 
 /// How long a swap waits for the requests in flight.
 const DRAIN: Duration = Duration::from_secs(10);
@@ -306,8 +306,8 @@ impl crate::stage::control::Live for Restage {
     fn swap(
         &self,
         same_view: bool,
-        change: &mut dyn FnMut() -> Result<Value, String>,
-    ) -> Result<Value, String> {
+        change: &mut dyn FnMut() -> Result<Value, StageError>,
+    ) -> Result<Value, StageError> {
         let mut swap = self.shared.kcache.swap();
         let started = Instant::now();
         let Some(gate) = self.shared.gate.as_ref() else {
@@ -317,7 +317,8 @@ impl crate::stage::control::Live for Restage {
             return Err(format!(
                 "requests stayed in flight for {} s (held in the kernel?); nothing was changed, try again",
                 DRAIN.as_secs()
-            ));
+            )
+            .into());
         }
         if !same_view {
             swap.open_window();
@@ -345,7 +346,7 @@ impl crate::stage::control::Live for Restage {
             .max();
         let doomed = self.doomed();
         self.keep_sealed(sealed, &doomed);
-        let rebuilt = recovered.and_then(|_| self.rebuild(&doomed));
+        let rebuilt = recovered.and_then(|_| self.rebuild(&doomed).map_err(StageError::from));
         gate.open();
         if same_view && res.is_ok() && rebuilt.is_ok() {
             // The same contents at every path: what the kernel holds stays true.
@@ -365,7 +366,7 @@ impl crate::stage::control::Live for Restage {
         );
         if let Err(e) = rebuilt {
             log::error!("stage: {e}; the previous view is still served");
-            return Err(format!("{e}; the previous view is still served"));
+            return Err(format!("{e}; the previous view is still served").into());
         }
         res
     }

@@ -326,7 +326,8 @@ pub(super) fn start_checkpoint(
     };
     let l = crate::control::checkpoint::bind(&path)
         .map_err(|e| format!("checkpoint socket '{}': {e}", path.display()))?;
-    let seal = Box::new(move |m: &str| crate::stage::agent::seal(&dir, &*live, m));
+    let seal =
+        Box::new(move |m: &str| crate::stage::agent::seal(&dir, &*live, m).map_err(String::from));
     crate::control::checkpoint::start(l, seal).map_err(|e| e.to_string())?;
     log::info!("checkpoint channel at {}", path.display());
     Ok(Some(path))

@@ -12,6 +12,7 @@
 //! - It runs through [`Live::swap`] like the control socket's `checkpoint`, serialised
 //!   with every other staging operation of this daemon ([`super::control::serial`]).
 
+use super::StageError;
 use std::path::Path;
 
 use serde_json::{Value, json};
@@ -26,14 +27,15 @@ pub const MAX_CHECKPOINTS: usize = 1000;
 /// Seals checkpoint N with `message` (already cut and cleaned by the channel) in the
 /// staging area `dir`, or says why not. The answer: `{"checkpoint":{…},"sealed":true}`,
 /// or `{"checkpoint":N,"sealed":false}` when nothing changed since checkpoint N.
-pub fn seal(dir: &Path, live: &dyn Live, message: &str) -> Result<Value, String> {
+pub fn seal(dir: &Path, live: &dyn Live, message: &str) -> Result<Value, StageError> {
     let _one = super::control::serial();
     let area = Area::open(dir)?;
     let log = layers::log(&area.dir)?;
     if log.len() >= MAX_CHECKPOINTS {
         return Err(format!(
             "refused: this staging area holds {MAX_CHECKPOINTS} checkpoints, the most the agent's channel seals (a person can apply or discard and start a new staging area)"
-        ));
+        )
+        .into());
     }
     let last = layers::live(&area.dir)?.last().copied();
     let n = super::session::count_since_last(&area)?;

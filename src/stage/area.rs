@@ -13,6 +13,7 @@
 //! a part is refused with one line naming the path. DIR is created 0700 and must lie
 //! outside SOURCE and the mount point (checked on canonical paths).
 
+use super::StageError;
 use std::fs;
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
@@ -37,8 +38,8 @@ pub struct Area {
     lock: OwnedFd,
 }
 
-fn err(dir: &Path, what: impl std::fmt::Display) -> String {
-    format!("stage '{}': {what}", dir.display())
+fn err(dir: &Path, what: impl std::fmt::Display) -> StageError {
+    StageError::at(dir, what)
 }
 
 fn inside(a: &Path, b: &Path) -> bool {
@@ -48,7 +49,7 @@ fn inside(a: &Path, b: &Path) -> bool {
 impl Area {
     /// Creates (mode 0700) or opens the staging area `dir` for SOURCE `src` mounted at `mnt`
     /// (both canonical), and checks it is one for `src`.
-    pub fn create_or_open(dir: &Path, src: &Path, mnt: &Path) -> Result<Area, String> {
+    pub fn create_or_open(dir: &Path, src: &Path, mnt: &Path) -> Result<Area, StageError> {
         // Checked before anything is created: a DIR inside SOURCE is never made there.
         let canon = match dir.canonicalize() {
             Ok(c) => c,
@@ -83,9 +84,9 @@ impl Area {
             fs::DirBuilder::new()
                 .mode(0o700)
                 .create(&canon)
-                .map_err(|e| err(dir, e))?;
+                .map_err(StageError::io(dir))?;
         }
-        let md = fs::symlink_metadata(&canon).map_err(|e| err(dir, e))?;
+        let md = fs::symlink_metadata(&canon).map_err(StageError::io(dir))?;
         if !md.is_dir() {
             return Err(err(dir, "is not a directory"));
         }
@@ -93,7 +94,7 @@ impl Area {
         let marker = canon.join(MARKER);
         if !marker.exists() {
             let empty = fs::read_dir(&canon)
-                .map_err(|e| err(dir, e))?
+                .map_err(StageError::io(dir))?
                 .next()
                 .is_none();
             if !empty {
@@ -119,12 +120,12 @@ impl Area {
     }
 
     /// Opens an existing staging area (for `fencefs stage … --dir DIR`).
-    pub fn open(dir: &Path) -> Result<Area, String> {
-        let dir = dir.canonicalize().map_err(|e| err(dir, e))?;
+    pub fn open(dir: &Path) -> Result<Area, StageError> {
+        let dir = dir.canonicalize().map_err(StageError::io(dir))?;
         let marker = dir.join(MARKER);
         let text = fs::read_to_string(&marker).map_err(|e| match e.kind() {
             io::ErrorKind::NotFound => err(&dir, "is not a staging area (no fencefs-stage file)"),
-            _ => err(&marker, e),
+            _ => StageError::io(&marker)(e),
         })?;
         let (version, source) = parse_marker(&text).ok_or_else(|| {
             err(
@@ -145,7 +146,7 @@ impl Area {
             .mode(0o600)
             .custom_flags(libc::O_CLOEXEC | libc::O_NOFOLLOW)
             .open(dir.join("lock"))
-            .map_err(|e| err(&dir.join("lock"), e))?;
+            .map_err(StageError::io(&dir.join("lock")))?;
         // A checkpoint, rewind or squash that a crash interrupted: finished here when no
         // one else holds the area (a running daemon finishes its own).
         if dir.join("intent").exists()
@@ -163,7 +164,8 @@ impl Area {
                 ));
             }
         }
-        let upper = crate::host::sys::open_root(&dir.join("upper")).map_err(|e| err(&dir, e))?;
+        let upper =
+            crate::host::sys::open_root(&dir.join("upper")).map_err(StageError::io(&dir))?;
         Ok(Area {
             dir,
             source,
@@ -173,22 +175,19 @@ impl Area {
     }
 
     /// Takes the area's lock (one daemon, or one apply/discard, at a time).
-    pub fn lock(&self) -> Result<(), String> {
+    pub fn lock(&self) -> Result<(), StageError> {
         match ssys::try_lock(self.lock.as_fd()) {
             Ok(true) => Ok(()),
-            Ok(false) => Err(err(
-                &self.dir,
-                "is in use by another fencefs (a running mount, or an apply or discard); one at a time",
-            )),
-            Err(e) => Err(err(&self.dir.join("lock"), e)),
+            Ok(false) => Err(StageError::Busy(self.dir.clone())),
+            Err(e) => Err(StageError::io(&self.dir.join("lock"))(e)),
         }
     }
 
     /// Gives the staged tree's root SOURCE's owner and mode: the overlay shows the upper
     /// root's attributes for the mount's root (and DIR itself stays 0700).
-    pub fn match_root(&self, source: &OwnedFd) -> Result<(), String> {
-        let st = crate::host::sys::fstat(source.as_fd()).map_err(|e| err(&self.dir, e))?;
-        let proc_fd = crate::host::sys::open_proc_self_fd().map_err(|e| err(&self.dir, e))?;
+    pub fn match_root(&self, source: &OwnedFd) -> Result<(), StageError> {
+        let st = crate::host::sys::fstat(source.as_fd()).map_err(StageError::io(&self.dir))?;
+        let proc_fd = crate::host::sys::open_proc_self_fd().map_err(StageError::io(&self.dir))?;
         crate::host::sys::fchown_fd(self.upper.as_fd(), st.st_uid, st.st_gid)
             .and_then(|_| {
                 crate::host::sys::fchmod_fd(
@@ -197,14 +196,14 @@ impl Area {
                     st.st_mode & 0o7777,
                 )
             })
-            .map_err(|e| err(&self.dir.join("upper"), e))
+            .map_err(StageError::io(&self.dir.join("upper")))
     }
 
     /// The same area with `DIR/upper` opened again (a checkpoint, rewind or squash
     /// replaced it); the lock stays held.
-    pub fn reopen(self) -> Result<Area, String> {
+    pub fn reopen(self) -> Result<Area, StageError> {
         let upper = crate::host::sys::open_root(&self.dir.join("upper"))
-            .map_err(|e| err(&self.dir.join("upper"), e))?;
+            .map_err(StageError::io(&self.dir.join("upper")))?;
         Ok(Area { upper, ..self })
     }
 
@@ -226,14 +225,14 @@ fn parse_marker(text: &str) -> Option<(u32, PathBuf)> {
     Some((version, source?))
 }
 
-fn init(dir: &Path, src: &Path) -> Result<(), String> {
+fn init(dir: &Path, src: &Path) -> Result<(), StageError> {
     for part in ["upper", "work"] {
         fs::DirBuilder::new()
             .mode(0o700)
             .create(dir.join(part))
-            .map_err(|e| err(&dir.join(part), e))?;
+            .map_err(StageError::io(&dir.join(part)))?;
     }
-    let md = fs::metadata(src).map_err(|e| err(src, e))?;
+    let md = fs::metadata(src).map_err(StageError::io(src))?;
     let text = format!(
         "{MARKER} {FORMAT}\nsource {}\nsource-id {}:{}\n",
         src.display(),
@@ -244,17 +243,17 @@ fn init(dir: &Path, src: &Path) -> Result<(), String> {
     let tmp = dir.join(".fencefs-stage.tmp");
     let mode = crate::private_file::FILE_MODE;
     crate::private_file::write_synced(&tmp, text.as_bytes(), mode, None)
-        .map_err(|e| err(&tmp, e))?;
-    fs::rename(&tmp, dir.join(MARKER)).map_err(|e| err(dir, e))?;
+        .map_err(StageError::io(&tmp))?;
+    fs::rename(&tmp, dir.join(MARKER)).map_err(StageError::io(dir))?;
     fs::File::open(dir)
         .and_then(|f| f.sync_all())
-        .map_err(|e| err(dir, e))
+        .map_err(StageError::io(dir))
 }
 
 /// Refuses network and FUSE file systems for DIR (the SPEC wants a local one).
-fn local_fs(dir: &Path) -> Result<(), String> {
+fn local_fs(dir: &Path) -> Result<(), StageError> {
     const REMOTE: [i64; 5] = [0x6969, 0x65735546, 0xFF534D42, 0xFE534D42, 0x517B];
-    let fd = crate::host::sys::open_root(dir).map_err(|e| err(dir, e))?;
+    let fd = crate::host::sys::open_root(dir).map_err(StageError::io(dir))?;
     let f = nix::sys::statfs::fstatfs(&fd).map_err(|e| err(dir, e))?;
     if REMOTE.contains(&(f.filesystem_type().0 as i64)) {
         return Err(err(

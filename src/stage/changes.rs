@@ -15,6 +15,7 @@
 //!
 //! Invariants: read-only; paths are workspace-relative bytes; the list is sorted by path.
 
+use super::StageError;
 use std::collections::HashSet;
 use std::io;
 use std::os::fd::AsFd;
@@ -185,10 +186,10 @@ fn conflict(path: &[u8], u: &Node, l: Option<&Node>, at: i128) -> bool {
 
 impl Layers {
     /// The changes that concern one of `paths` (all when empty).
-    pub fn selected(&self, paths: &[Vec<u8>]) -> Result<Vec<Change>, String> {
+    pub fn selected(&self, paths: &[Vec<u8>]) -> Result<Vec<Change>, StageError> {
         let all = self
             .changes()
-            .map_err(|e| format!("reading the staged tree: {e}"))?;
+            .map_err(StageError::op("reading the staged tree"))?;
         Ok(all
             .into_iter()
             .filter(|c| paths.is_empty() || paths.iter().any(|p| c.touches(p)))

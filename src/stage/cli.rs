@@ -7,6 +7,7 @@
 //! SOCKET). Names are printed quoted as git quotes them (no byte of a name reaches the
 //! terminal raw).
 
+use super::StageError;
 use std::ffi::OsString;
 use std::io::Write;
 use std::os::unix::ffi::OsStrExt;
@@ -153,10 +154,10 @@ fn paths(args: &[OsString]) -> Vec<Vec<u8>> {
 
 /// Opens the area named by `at` and `args` (without --dir the first argument is a
 /// control socket); returns it with the remaining arguments.
-fn area(at: &At, args: &[OsString]) -> Result<(Area, Vec<Vec<u8>>), String> {
+fn area(at: &At, args: &[OsString]) -> Result<(Area, Vec<Vec<u8>>), StageError> {
     match &at.dir {
         Some(d) => Ok((Area::open(d)?, paths(args))),
-        None => Err("give the staging area: a mount's control SOCKET or --dir DIR".to_string()),
+        None => Err("give the staging area: a mount's control SOCKET or --dir DIR".into()),
     }
 }
 
@@ -178,7 +179,8 @@ const EXIT_ERR: i32 = 1;
 pub fn run(a: StageArgs) -> i32 {
     match run_op(a.op) {
         Ok(code) => code,
-        Err(msg) => fail(msg),
+        Err(StageError::Usage(msg)) => usage(msg),
+        Err(e) => fail(e.to_string()),
     }
 }
 
@@ -196,7 +198,7 @@ struct Req {
 
 /// Through a running mount's control socket: `args[0]` is SOCKET (then the paths, or N
 /// for rewind).
-fn via_socket(op: &str, args: &[OsString], o: Req) -> Result<i32, String> {
+fn via_socket(op: &str, args: &[OsString], o: Req) -> Result<i32, StageError> {
     let socket = PathBuf::from(&args[0]);
     let ps: Vec<String> = paths(&args[1..])
         .iter()
@@ -234,7 +236,7 @@ fn via_socket(op: &str, args: &[OsString], o: Req) -> Result<i32, String> {
     }
     let a = crate::control::client::call_once(&socket, &req)?;
     if a["ok"] != serde_json::Value::Bool(true) {
-        return Err(a["error"].as_str().unwrap_or("refused").to_string());
+        return Err(a["error"].as_str().unwrap_or("refused").into());
     }
     let esc = |s: &str| crate::quote::escape(s.as_bytes()).into_owned();
     match op {
@@ -243,7 +245,7 @@ fn via_socket(op: &str, args: &[OsString], o: Req) -> Result<i32, String> {
         "hunks" => {
             let d = a["text"].as_str().unwrap_or_default();
             shown(std::io::stdout().lock(), |out| out.write_all(d.as_bytes()))
-                .map_err(|e| format!("hunks: {e}"))?;
+                .map_err(StageError::op("hunks"))?;
         }
         "status" => {
             for l in a["lines"].as_array().into_iter().flatten() {
@@ -253,11 +255,11 @@ fn via_socket(op: &str, args: &[OsString], o: Req) -> Result<i32, String> {
         "diff" => {
             let d = a["diff"].as_str().unwrap_or_default();
             shown(std::io::stdout().lock(), |out| out.write_all(d.as_bytes()))
-                .map_err(|e| format!("diff: {e}"))?;
+                .map_err(StageError::op("diff"))?;
         }
         "log" => {
-            let list: Vec<ckpt::Checkpoint> =
-                serde_json::from_value(a["checkpoints"].clone()).map_err(|e| e.to_string())?;
+            let list: Vec<ckpt::Checkpoint> = serde_json::from_value(a["checkpoints"].clone())
+                .map_err(|e| StageError::Invalid(e.to_string()))?;
             print_log(&list, o.json);
         }
         "checkpoint" => println!("checkpoint {}", a["checkpoint"]["n"]),
@@ -301,15 +303,17 @@ fn print_log(list: &[ckpt::Checkpoint], json: bool) {
     }
 }
 
-fn rewind_arg(args: &[OsString]) -> Result<u64, String> {
+fn rewind_arg(args: &[OsString]) -> Result<u64, StageError> {
     let [n] = args else {
-        return Err("rewind takes one checkpoint number N".into());
+        return Err(StageError::Usage(
+            "rewind takes one checkpoint number N".into(),
+        ));
     };
     n.to_str().and_then(|s| s.parse().ok()).ok_or_else(|| {
-        format!(
+        StageError::Usage(format!(
             "rewind: '{}' is not a checkpoint number",
             n.to_string_lossy()
-        )
+        ))
     })
 }
 
@@ -338,7 +342,7 @@ fn shown(
     }
 }
 
-fn run_op(op: StageOp) -> Result<i32, String> {
+fn run_op(op: StageOp) -> Result<i32, StageError> {
     let sock = |at: &At, args: &[OsString]| at.dir.is_none() && !args.is_empty();
     match &op {
         StageOp::Status {
@@ -407,10 +411,7 @@ fn run_op(op: StageOp) -> Result<i32, String> {
         }
         StageOp::Rewind { at, args } if sock(at, args) => {
             let o = Req {
-                to: Some(match rewind_arg(&args[1..]) {
-                    Ok(n) => n,
-                    Err(e) => return Ok(usage(e)),
-                }),
+                to: Some(rewind_arg(&args[1..])?),
                 ..Req::default()
             };
             return via_socket("rewind", &args[..1], o);
@@ -450,13 +451,13 @@ fn run_op(op: StageOp) -> Result<i32, String> {
             shown(std::io::stdout().lock(), |mut out| {
                 super::diff::write(&st.layers, &list, &mut out)
             })
-            .map_err(|e| format!("diff: {e}"))?;
+            .map_err(StageError::op("diff"))?;
             Ok(0)
         }
         StageOp::Hunks { at, json, args } => {
             let (area, ps) = area(&at, &args)?;
             let [p] = &ps[..] else {
-                return Ok(usage("hunks takes one PATH".into()));
+                return Err(StageError::Usage("hunks takes one PATH".into()));
             };
             let st = view::staged(&area, None)?;
             if json {
@@ -466,7 +467,7 @@ fn run_op(op: StageOp) -> Result<i32, String> {
             let mut buf = Vec::new();
             super::partial::write_list(&st.layers, p, &mut buf)?;
             shown(std::io::stdout().lock(), |out| out.write_all(&buf))
-                .map_err(|e| format!("hunks: {e}"))?;
+                .map_err(StageError::op("hunks"))?;
             Ok(0)
         }
         StageOp::Apply {
@@ -523,10 +524,7 @@ fn run_op(op: StageOp) -> Result<i32, String> {
             Ok(0)
         }
         StageOp::Rewind { at, args } => {
-            let to = match rewind_arg(&args) {
-                Ok(n) => n,
-                Err(e) => return Ok(usage(e)),
-            };
+            let to = rewind_arg(&args)?;
             let (area, _) = area(&at, &[])?;
             area.lock()?;
             let area = recover(area)?;

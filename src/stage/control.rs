@@ -17,6 +17,7 @@
 //! whatever a change did, the daemon serves DIR's state afterwards (an interrupted change
 //! is finished or rolled back by [`layers::recover`] first).
 
+use super::StageError;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -57,8 +58,8 @@ pub trait Live: Send + Sync {
     fn swap(
         &self,
         same_view: bool,
-        change: &mut dyn FnMut() -> Result<Value, String>,
-    ) -> Result<Value, String>;
+        change: &mut dyn FnMut() -> Result<Value, StageError>,
+    ) -> Result<Value, StageError>;
 }
 
 fn paths(r: &StageRequest) -> Vec<Vec<u8>> {
@@ -88,15 +89,26 @@ pub fn answer(dir: &Path, live: Option<&dyn Live>, r: &StageRequest, uid: u32) -
     let _one = serial();
     match run(dir, live, r, uid) {
         Ok(v) => proto::ok(v),
-        Err(e) => proto::error(&e),
+        Err(e) => proto::error(&e.to_string()),
     }
 }
 
-fn run(dir: &Path, live: Option<&dyn Live>, r: &StageRequest, uid: u32) -> Result<Value, String> {
+fn run(
+    dir: &Path,
+    live: Option<&dyn Live>,
+    r: &StageRequest,
+    uid: u32,
+) -> Result<Value, StageError> {
     let area = Area::open(dir)?;
     let changing = matches!(r.op.as_str(), "checkpoint" | "rewind" | "apply" | "discard");
     if changing && live.is_none() {
-        return Err(format!("{} needs the running mount", r.op));
+        let op = match r.op.as_str() {
+            "checkpoint" => "checkpoint",
+            "rewind" => "rewind",
+            "apply" => "apply",
+            _ => "discard",
+        };
+        return Err(StageError::NeedsLiveMount(op));
     }
     match r.op.as_str() {
         "status" => {
@@ -118,9 +130,10 @@ fn run(dir: &Path, live: Option<&dyn Live>, r: &StageRequest, uid: u32) -> Resul
                         "the diff is over {} MiB: read it with `fencefs stage diff --dir {}`",
                         MAX_DIFF >> 20,
                         area.dir.display()
-                    ));
+                    )
+                    .into());
                 }
-                Err(e) => return Err(format!("diff: {e}")),
+                Err(e) => return Err(StageError::op("diff")(e)),
             }
             Ok(json!({"diff": String::from_utf8_lossy(&out.0)}))
         }
@@ -173,13 +186,13 @@ fn run(dir: &Path, live: Option<&dyn Live>, r: &StageRequest, uid: u32) -> Resul
             layers::empty_trash_later(&area.dir, true);
             v
         }
-        other => Err(format!("unknown stage op '{other}'")),
+        other => Err(format!("unknown stage op '{other}'").into()),
     }
 }
 
 /// `hunks`: the one path's numbered hunks (`hunks`, as `stage hunks --json` prints them)
 /// and their text (`text`, as `stage hunks` prints it), at most [`MAX_DIFF`] bytes.
-fn hunks(area: &Area, r: &StageRequest) -> Result<Value, String> {
+fn hunks(area: &Area, r: &StageRequest) -> Result<Value, StageError> {
     let ps = paths(r);
     let [p] = &ps[..] else {
         return Err("hunks takes one path".into());
@@ -187,11 +200,12 @@ fn hunks(area: &Area, r: &StageRequest) -> Result<Value, String> {
     let st = view::staged(area, None)?;
     let mut text = Capped(Vec::new());
     super::partial::write_list(&st.layers, p, &mut text).map_err(|e| {
-        if e.contains("File too large") || e.contains("file too large") {
+        if e.io_kind() == Some(std::io::ErrorKind::FileTooLarge) {
             format!(
                 "the hunks are over {} MiB: use `fencefs stage hunks --dir`",
                 MAX_DIFF >> 20
             )
+            .into()
         } else {
             e
         }
@@ -214,7 +228,7 @@ pub fn hook(hooks: &mut Hooks, dir: Option<&Path>, live: Option<Arc<dyn Live>>) 
         Area::open(&dir)
             .and_then(|a| {
                 let st = view::staged(&a, None)?;
-                st.layers.changes().map_err(|e| e.to_string())
+                Ok(st.layers.changes()?)
             })
             .map_or(Value::Null, |c| Value::from(c.len() as u64))
     }));

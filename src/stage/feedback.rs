@@ -11,6 +11,7 @@
 //! parse is skipped. A failure to write is logged, never fails the apply or discard it
 //! records.
 
+use super::StageError;
 use std::fs::OpenOptions;
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::OpenOptionsExt;
@@ -108,14 +109,12 @@ pub fn append_one(
     hunks: &[usize],
     decision: &str,
     note: &str,
-) -> Result<(), String> {
+) -> Result<(), StageError> {
     let word = match decision {
         "apply" | "applied" => "applied",
         "discard" | "discarded" => "discarded",
         _ => {
-            return Err(format!(
-                "feedback: decision '{decision}' is not apply or discard"
-            ));
+            return Err(format!("feedback: decision '{decision}' is not apply or discard").into());
         }
     };
     let mut cut = note.len().min(MAX_NOTE);

@@ -17,6 +17,7 @@
 //! Invariants: SOURCE is reached through directory handles walked without following
 //! symlinks; only entries with the two temporary names of a logged path are removed.
 
+use super::StageError;
 use std::fs;
 use std::io;
 use std::os::fd::AsFd;
@@ -33,8 +34,8 @@ fn path(dir: &Path) -> PathBuf {
     dir.join("apply-intent")
 }
 
-fn err(p: &Path, e: impl std::fmt::Display) -> String {
-    format!("stage '{}': {e}", p.display())
+fn err(p: &Path, e: impl std::fmt::Display) -> StageError {
+    StageError::at(p, e)
 }
 
 /// The temporary name beside `n` of the apply with process id `pid` (`what`: `apply` or
@@ -58,7 +59,7 @@ pub fn tmp_name(n: &[u8], what: &str, pid: u32) -> io::Result<Name> {
 }
 
 /// Records that this process is about to write temporary entries beside `paths`.
-pub fn write(dir: &Path, paths: &[&[u8]]) -> Result<(), String> {
+pub fn write(dir: &Path, paths: &[&[u8]]) -> Result<(), StageError> {
     let p = path(dir);
     let tmp = dir.join("apply-intent.tmp");
     let res = (|| -> io::Result<()> {
@@ -71,27 +72,27 @@ pub fn write(dir: &Path, paths: &[&[u8]]) -> Result<(), String> {
         fs::rename(&tmp, &p)?;
         sync_path(dir)
     })();
-    res.map_err(|e| err(&p, e))
+    res.map_err(StageError::io(&p))
 }
 
 /// The apply is over: no temporary entry of it is left.
-pub fn clear(dir: &Path) -> Result<(), String> {
+pub fn clear(dir: &Path) -> Result<(), StageError> {
     let p = path(dir);
     match fs::remove_file(&p) {
-        Ok(()) => sync_path(dir).map_err(|e| err(dir, e)),
+        Ok(()) => sync_path(dir).map_err(StageError::io(dir)),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(err(&p, e)),
+        Err(e) => Err(StageError::io(&p)(e)),
     }
 }
 
 /// Removes what an apply a crash interrupted left beside its paths in SOURCE (`l.lower`),
 /// then the log. Returns what it did, for the log.
-pub fn recover(dir: &Path, l: &Layers) -> Result<Option<String>, String> {
+pub fn recover(dir: &Path, l: &Layers) -> Result<Option<String>, StageError> {
     let p = path(dir);
     let data = match fs::read(&p) {
         Ok(d) => d,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(err(&p, e)),
+        Err(e) => return Err(StageError::io(&p)(e)),
     };
     let damaged = || err(&p, "damaged (not an apply intent log); nothing was changed");
     let nl = data.iter().position(|&b| b == b'\n').ok_or_else(damaged)?;
@@ -111,7 +112,7 @@ pub fn recover(dir: &Path, l: &Layers) -> Result<Option<String>, String> {
             continue;
         };
         for what in ["apply", "delete"] {
-            let t = tmp_name(last, what, pid).map_err(|e| err(&p, e))?;
+            let t = tmp_name(last, what, pid).map_err(StageError::io(&p))?;
             match sys::fstatat_nofollow(d.fd.as_fd(), &t) {
                 Ok(_) => {
                     super::remove::remove_tree(&l.lower, d.fd.as_fd(), &t)
@@ -119,7 +120,7 @@ pub fn recover(dir: &Path, l: &Layers) -> Result<Option<String>, String> {
                     removed += 1;
                 }
                 Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
-                Err(e) => return Err(err(&p, e)),
+                Err(e) => return Err(StageError::io(&p)(e)),
             }
         }
     }

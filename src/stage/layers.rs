@@ -18,6 +18,7 @@
 //! Invariants: the caller holds the area's lock or quiesces the daemon's requests (no
 //! overlay writes into `upper` while it is renamed); nothing outside DIR is touched.
 
+use super::StageError;
 use std::fs;
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
@@ -70,8 +71,8 @@ enum Intent {
     Drop,
 }
 
-fn err(p: &Path, e: impl std::fmt::Display) -> String {
-    format!("stage '{}': {e}", p.display())
+fn err(p: &Path, e: impl std::fmt::Display) -> StageError {
+    StageError::at(p, e)
 }
 
 fn exists(p: &Path) -> bool {
@@ -79,24 +80,24 @@ fn exists(p: &Path) -> bool {
 }
 
 /// Writes `text` to `p` whole (beside, synced, renamed).
-fn write_whole(p: &Path, text: &str) -> Result<(), String> {
+fn write_whole(p: &Path, text: &str) -> Result<(), StageError> {
     let tmp = p.with_extension("tmp");
     let mode = crate::private_file::FILE_MODE;
     crate::private_file::write_synced(&tmp, text.as_bytes(), mode, None)
-        .map_err(|e| err(&tmp, e))?;
-    fs::rename(&tmp, p).map_err(|e| err(p, e))?;
+        .map_err(StageError::io(&tmp))?;
+    fs::rename(&tmp, p).map_err(StageError::io(p))?;
     let parent = p.parent().unwrap_or(Path::new("/"));
-    sync_path(parent).map_err(|e| err(parent, e))
+    sync_path(parent).map_err(StageError::io(parent))
 }
 
-fn mkdir(p: &Path) -> Result<(), String> {
+fn mkdir(p: &Path) -> Result<(), StageError> {
     fs::DirBuilder::new()
         .mode(crate::private_file::DIR_MODE)
         .create(p)
-        .map_err(|e| err(p, e))
+        .map_err(StageError::io(p))
 }
 
-fn rename(a: &Path, b: &Path) -> Result<(), String> {
+fn rename(a: &Path, b: &Path) -> Result<(), StageError> {
     fs::rename(a, b).map_err(|e| err(a, format!("rename to {}: {e}", b.display())))
 }
 
@@ -119,22 +120,22 @@ pub fn next_path(a: &Path) -> PathBuf {
 }
 
 /// The log, oldest first (empty when no checkpoint was ever taken).
-pub fn log(a: &Path) -> Result<Vec<Checkpoint>, String> {
+pub fn log(a: &Path) -> Result<Vec<Checkpoint>, StageError> {
     let p = log_path(a);
     match fs::read_to_string(&p) {
         Ok(t) => serde_json::from_str(&t).map_err(|e| err(&p, format!("damaged: {e}"))),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Vec::new()),
-        Err(e) => Err(err(&p, e)),
+        Err(e) => Err(StageError::io(&p)(e)),
     }
 }
 
-fn write_log(a: &Path, log: &[Checkpoint]) -> Result<(), String> {
-    let text = serde_json::to_string_pretty(log).map_err(|e| e.to_string())?;
+fn write_log(a: &Path, log: &[Checkpoint]) -> Result<(), StageError> {
+    let text = serde_json::to_string_pretty(log).map_err(|e| StageError::Invalid(e.to_string()))?;
     write_whole(&log_path(a), &text)
 }
 
 /// The live checkpoints' numbers, oldest first, each checked to have its layer.
-pub fn live(a: &Path) -> Result<Vec<u64>, String> {
+pub fn live(a: &Path) -> Result<Vec<u64>, StageError> {
     let mut out = Vec::new();
     for c in log(a)?.iter().filter(|c| !c.ended) {
         let p = layer_path(a, c.n);
@@ -150,17 +151,17 @@ pub fn live(a: &Path) -> Result<Vec<u64>, String> {
 }
 
 /// Handles of the live layers, oldest first.
-pub fn open_layers(a: &Path) -> Result<Vec<OwnedFd>, String> {
+pub fn open_layers(a: &Path) -> Result<Vec<OwnedFd>, StageError> {
     live(a)?
         .into_iter()
         .map(|n| {
             let p = layer_path(a, n);
-            crate::host::sys::open_root(&p).map_err(|e| err(&p, e))
+            crate::host::sys::open_root(&p).map_err(StageError::io(&p))
         })
         .collect()
 }
 
-fn trash(a: &Path, what: &Path) -> Result<(), String> {
+fn trash(a: &Path, what: &Path) -> Result<(), StageError> {
     let t = a.join("trash");
     if !exists(&t) {
         mkdir(&t)?;
@@ -178,15 +179,15 @@ fn trash(a: &Path, what: &Path) -> Result<(), String> {
 }
 
 /// Deletes what the operations dropped (`DIR/trash`): cost grows with the dropped changes.
-pub fn empty_trash(a: &Path) -> Result<(), String> {
+pub fn empty_trash(a: &Path) -> Result<(), StageError> {
     let t = a.join("trash");
     if !exists(&t) {
         return Ok(());
     }
-    let root = crate::host::sys::open_root(a).map_err(|e| err(a, e))?;
-    let layer = super::tree::Layer::new(root).map_err(|e| err(a, e))?;
-    let n = crate::host::sys::Name::new(b"trash").map_err(|e| err(&t, e))?;
-    super::remove::remove_tree(&layer, layer.root.as_fd(), &n).map_err(|e| err(&t, e))
+    let root = crate::host::sys::open_root(a).map_err(StageError::io(a))?;
+    let layer = super::tree::Layer::new(root).map_err(StageError::io(a))?;
+    let n = crate::host::sys::Name::new(b"trash").map_err(StageError::io(&t))?;
+    super::remove::remove_tree(&layer, layer.root.as_fd(), &n).map_err(StageError::io(&t))
 }
 
 /// Removes what is in `DIR/trash` now, entry by entry, leaving the directory (so that an
@@ -194,21 +195,21 @@ pub fn empty_trash(a: &Path) -> Result<(), String> {
 /// background after an apply, without DIR's lock. A concurrent removal of the same
 /// entries (another one, or the recovery of a later command) is harmless: an entry
 /// already gone is skipped. Only entries of the trash are touched.
-pub fn empty_trash_entries(a: &Path) -> Result<usize, String> {
+pub fn empty_trash_entries(a: &Path) -> Result<usize, StageError> {
     let t = a.join("trash");
     if !exists(&t) {
         return Ok(0);
     }
-    let root = crate::host::sys::open_root(&t).map_err(|e| err(&t, e))?;
-    let layer = super::tree::Layer::new(root).map_err(|e| err(&t, e))?;
+    let root = crate::host::sys::open_root(&t).map_err(StageError::io(&t))?;
+    let layer = super::tree::Layer::new(root).map_err(StageError::io(&t))?;
     let top = super::tree::Node {
-        fd: layer.root.try_clone().map_err(|e| err(&t, e))?,
-        st: crate::host::sys::fstat(layer.root.as_fd()).map_err(|e| err(&t, e))?,
+        fd: layer.root.try_clone().map_err(StageError::io(&t))?,
+        st: crate::host::sys::fstat(layer.root.as_fd()).map_err(StageError::io(&t))?,
     };
-    let names = layer.list(&top).map_err(|e| err(&t, e))?;
+    let names = layer.list(&top).map_err(StageError::io(&t))?;
     for n in &names {
-        let n = crate::host::sys::Name::new(n).map_err(|e| err(&t, e))?;
-        super::remove::remove_tree(&layer, layer.root.as_fd(), &n).map_err(|e| err(&t, e))?;
+        let n = crate::host::sys::Name::new(n).map_err(StageError::io(&t))?;
+        super::remove::remove_tree(&layer, layer.root.as_fd(), &n).map_err(StageError::io(&t))?;
     }
     Ok(names.len())
 }
@@ -276,7 +277,7 @@ pub fn empty_trash_later(a: &Path, in_daemon: bool) {
 /// removal ([`empty_trash_entries`]) can run after the command answered. Crash-safe as a
 /// rewind: the intent is written first and recovery finishes it. Refused (nothing done)
 /// while checkpoint layers exist (an apply squashes them first).
-pub fn drop_upper(a: &Path) -> Result<(), String> {
+pub fn drop_upper(a: &Path) -> Result<(), StageError> {
     if !live(a)?.is_empty() {
         return Err(err(a, "checkpoint layers exist"));
     }
@@ -286,7 +287,7 @@ pub fn drop_upper(a: &Path) -> Result<(), String> {
 }
 
 /// A fresh, empty `DIR/next` (any leftover one, never named by an intent, goes first).
-pub fn fresh_next(a: &Path) -> Result<PathBuf, String> {
+pub fn fresh_next(a: &Path) -> Result<PathBuf, StageError> {
     let next = next_path(a);
     if exists(&next) {
         trash(a, &next)?;
@@ -295,15 +296,15 @@ pub fn fresh_next(a: &Path) -> Result<PathBuf, String> {
     Ok(next)
 }
 
-fn write_intent(a: &Path, i: &Intent) -> Result<(), String> {
+fn write_intent(a: &Path, i: &Intent) -> Result<(), StageError> {
     write_whole(
         &intent_path(a),
-        &serde_json::to_string(i).map_err(|e| e.to_string())?,
+        &serde_json::to_string(i).map_err(|e| StageError::Invalid(e.to_string()))?,
     )
 }
 
 /// Replaces `upper` by `next` (the old one goes to `to`, or the trash): idempotent.
-fn swap_upper(a: &Path, to: Option<&Path>) -> Result<(), String> {
+fn swap_upper(a: &Path, to: Option<&Path>) -> Result<(), StageError> {
     let (up, next) = (a.join("upper"), next_path(a));
     if exists(&next) {
         if exists(&up) {
@@ -319,7 +320,7 @@ fn swap_upper(a: &Path, to: Option<&Path>) -> Result<(), String> {
 
 /// Finishes the operation a crash interrupted (its intent exists), or drops a `DIR/next`
 /// that no intent names. Returns what it did, for the log.
-pub fn recover(a: &Path) -> Result<Option<String>, String> {
+pub fn recover(a: &Path) -> Result<Option<String>, StageError> {
     let ip = intent_path(a);
     let text = match fs::read_to_string(&ip) {
         Ok(t) => t,
@@ -331,18 +332,18 @@ pub fn recover(a: &Path) -> Result<Option<String>, String> {
             }
             return Ok(None);
         }
-        Err(e) => return Err(err(&ip, e)),
+        Err(e) => return Err(StageError::io(&ip)(e)),
     };
     let intent: Intent =
         serde_json::from_str(&text).map_err(|e| err(&ip, format!("damaged: {e}")))?;
     let what = finish(a, &intent)?;
-    fs::remove_file(&ip).map_err(|e| err(&ip, e))?;
-    sync_path(a).map_err(|e| err(a, e))?;
+    fs::remove_file(&ip).map_err(StageError::io(&ip))?;
+    sync_path(a).map_err(StageError::io(a))?;
     empty_trash(a)?;
     Ok(Some(what))
 }
 
-fn finish(a: &Path, intent: &Intent) -> Result<String, String> {
+fn finish(a: &Path, intent: &Intent) -> Result<String, StageError> {
     let mut log = log(a)?;
     match intent {
         Intent::Checkpoint { entry } => {
@@ -397,21 +398,19 @@ fn finish(a: &Path, intent: &Intent) -> Result<String, String> {
     }
 }
 
-fn run(a: &Path, intent: Intent) -> Result<(), String> {
+fn run(a: &Path, intent: Intent) -> Result<(), StageError> {
     write_intent(a, &intent)?;
     finish(a, &intent)?;
-    fs::remove_file(intent_path(a)).map_err(|e| err(&intent_path(a), e))?;
-    sync_path(a).map_err(|e| err(a, e))
+    fs::remove_file(intent_path(a)).map_err(StageError::io(&intent_path(a)))?;
+    sync_path(a).map_err(StageError::io(a))
 }
 
 /// Seals `upper` as checkpoint N (`changes`: the paths it changed) and opens an empty
 /// one. The caller prepared nothing; no write may reach `upper` meanwhile.
-pub fn checkpoint(a: &Path, message: &str, changes: u64) -> Result<Checkpoint, String> {
+pub fn checkpoint(a: &Path, message: &str, changes: u64) -> Result<Checkpoint, StageError> {
     let log = log(a)?;
     if live(a)?.len() as u64 >= MAX_LAYERS {
-        return Err(format!(
-            "{MAX_LAYERS} checkpoints already: rewind, apply or discard before taking another"
-        ));
+        return Err(StageError::TooManyLayers(MAX_LAYERS));
     }
     let n = log.iter().map(|c| c.n).max().unwrap_or(0) + 1;
     let entry = Checkpoint {
@@ -434,18 +433,14 @@ pub fn checkpoint(a: &Path, message: &str, changes: u64) -> Result<Checkpoint, S
 
 /// Makes the staged state what it was at checkpoint `to`: the upper and every layer above
 /// it are dropped (moved to the trash; the caller empties it).
-pub fn rewind(a: &Path, to: u64) -> Result<(), String> {
+pub fn rewind(a: &Path, to: u64) -> Result<(), StageError> {
     let log = log(a)?;
     match log.iter().find(|c| c.n == to) {
         None => {
-            return Err(format!(
-                "no checkpoint {to} (`fencefs stage log` lists them)"
-            ));
+            return Err(StageError::NoSuchCheckpoint(to));
         }
         Some(c) if c.ended => {
-            return Err(format!(
-                "checkpoint {to} was ended by an apply or discard (staged changes were carried into SOURCE or dropped since): it is no longer a rewind target"
-            ));
+            return Err(StageError::Ended(to));
         }
         Some(_) => {}
     }
@@ -457,7 +452,7 @@ pub fn rewind(a: &Path, to: u64) -> Result<(), String> {
 
 /// Replaces the whole stack by `DIR/next` (a flattened tree the caller built there) and
 /// ends every checkpoint as a rewind target.
-pub fn squash(a: &Path) -> Result<(), String> {
+pub fn squash(a: &Path) -> Result<(), StageError> {
     run(a, Intent::Squash { from: None })
 }
 
@@ -465,11 +460,11 @@ pub fn squash(a: &Path) -> Result<(), String> {
 /// anything (the usual case: a turn ended with a checkpoint, then `apply`): that one is
 /// already the squashed tree, so the squash is a few renames whatever the number of
 /// staged paths. Returns false (nothing done) when a flatten is needed.
-pub fn squash_trivial(a: &Path) -> Result<bool, String> {
+pub fn squash_trivial(a: &Path) -> Result<bool, StageError> {
     let empty = |p: &Path| {
         fs::read_dir(p)
             .map(|mut d| d.next().is_none())
-            .map_err(|e| err(p, e))
+            .map_err(StageError::io(p))
     };
     let live = live(a)?;
     if live.is_empty() {
@@ -497,9 +492,10 @@ pub fn squash_trivial(a: &Path) -> Result<bool, String> {
 
 /// The new upper root gets the old one's owner and mode (the overlay shows them for the
 /// mount's root).
-pub fn copy_root_attrs(from: &Path, to: &Path) -> Result<(), String> {
+pub fn copy_root_attrs(from: &Path, to: &Path) -> Result<(), StageError> {
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
-    let md = fs::metadata(from).map_err(|e| err(from, e))?;
-    std::os::unix::fs::chown(to, Some(md.uid()), Some(md.gid())).map_err(|e| err(to, e))?;
-    fs::set_permissions(to, fs::Permissions::from_mode(md.mode() & 0o7777)).map_err(|e| err(to, e))
+    let md = fs::metadata(from).map_err(StageError::io(from))?;
+    std::os::unix::fs::chown(to, Some(md.uid()), Some(md.gid())).map_err(StageError::io(to))?;
+    fs::set_permissions(to, fs::Permissions::from_mode(md.mode() & 0o7777))
+        .map_err(StageError::io(to))
 }

@@ -36,6 +36,7 @@ pub mod control;
 mod copy;
 pub mod diff;
 mod discard;
+pub mod error;
 pub mod feedback;
 mod flatten;
 mod guard;
@@ -59,6 +60,7 @@ pub mod view;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 pub use area::Area;
+pub use error::StageError;
 
 /// SOURCE as the daemon opened it before mounting (set once, by a staged daemon).
 static SOURCE: std::sync::OnceLock<std::os::fd::OwnedFd> = std::sync::OnceLock::new();
@@ -74,12 +76,15 @@ pub fn set_source(fd: &std::os::fd::OwnedFd) {
 
 /// SOURCE of `area`: the descriptor [`set_source`] recorded in a daemon, else opened by
 /// path (the CLI's `--dir`).
-pub fn open_source(area: &Area) -> Result<std::os::fd::OwnedFd, String> {
+pub fn open_source(area: &Area) -> Result<std::os::fd::OwnedFd, StageError> {
     match SOURCE.get() {
         Some(fd) => fd.try_clone(),
         None => crate::host::sys::open_root(&area.source),
     }
-    .map_err(|e| format!("source '{}': {e}", area.source.display()))
+    .map_err(StageError::op(format!(
+        "source '{}'",
+        area.source.display()
+    )))
 }
 pub use session::{recover, start, start_union};
 

@@ -22,6 +22,7 @@
 //! the checkpoints (one staged tree over SOURCE); `@ID` is checked against that tree
 //! before anything is written; a refused request writes nothing.
 
+use super::StageError;
 use std::io::{self, Write};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::Path;
@@ -93,22 +94,22 @@ fn binary(b: &[u8]) -> bool {
 }
 
 /// The staged text file at `path` of `l` (an error says why it has no hunks).
-pub fn text(l: &Layers, path: &[u8]) -> Result<Text, String> {
+pub fn text(l: &Layers, path: &[u8]) -> Result<Text, StageError> {
     let q = quote(path);
     let list = l
         .changes()
-        .map_err(|e| format!("reading the staged tree: {e}"))?;
+        .map_err(StageError::op("reading the staged tree"))?;
     let c = list
         .into_iter()
         .find(|c| c.path == path)
         .ok_or_else(|| format!("{q}: nothing staged there"))?;
-    let whole = |what: &str| {
-        format!("{q}: {what}: only the whole path can be applied or discarded (no #N)")
+    let whole = |what: &str| -> StageError {
+        format!("{q}: {what}: only the whole path can be applied or discarded (no #N)").into()
     };
     if c.kind != Kind::Modified || c.dir {
         return Err(whole(&format!("a {} change has no hunks", c.word())));
     }
-    let io = |e: io::Error| format!("{q}: {e}");
+    let io = |e: io::Error| StageError::op(q.clone())(e);
     let low = l
         .lower
         .get(path)
@@ -144,12 +145,12 @@ pub fn text(l: &Layers, path: &[u8]) -> Result<Text, String> {
 
 /// `stage hunks PATH`: `PATH@ID: N hunks`, then each hunk as `#N @@ … @@` and its lines
 /// as `stage diff` writes them.
-pub fn write_list(l: &Layers, path: &[u8], out: &mut impl Write) -> Result<(), String> {
+pub fn write_list(l: &Layers, path: &[u8], out: &mut impl Write) -> Result<(), StageError> {
     let t = text(l, path)?;
-    let id = ids::id(l, &t.change).map_err(|e| format!("review id: {e}"))?;
+    let id = ids::id(l, &t.change).map_err(StageError::op("review id"))?;
     let f = FileDiff::new(&t.old, &t.new);
     let n = f.hunks().len();
-    let w = |e: io::Error| e.to_string();
+    let w = StageError::Sys;
     writeln!(
         out,
         "{}@{id}: {n} hunk{}",
@@ -167,9 +168,9 @@ pub fn write_list(l: &Layers, path: &[u8], out: &mut impl Write) -> Result<(), S
 /// `stage hunks PATH --json` (and the control socket's answer): the path, its id and
 /// change, and each hunk's number, header and lines (a tag, then the line escaped for a
 /// terminal without its newline; `\` for git's "No newline at end of file").
-pub fn list_json(l: &Layers, path: &[u8]) -> Result<serde_json::Value, String> {
+pub fn list_json(l: &Layers, path: &[u8]) -> Result<serde_json::Value, StageError> {
     let t = text(l, path)?;
-    let id = ids::id(l, &t.change).map_err(|e| format!("review id: {e}"))?;
+    let id = ids::id(l, &t.change).map_err(StageError::op("review id"))?;
     let f = FileDiff::new(&t.old, &t.new);
     let hunks: Vec<serde_json::Value> = f
         .hunks()
@@ -217,7 +218,7 @@ pub fn run(l: &Layers, dir: &Path, apply: bool, a: &HunkArg, force: bool) -> Out
     let refused = |why: String| Outcome::Refused(format!("refused {shown}: {why}"));
     let t = match text(l, &a.path) {
         Ok(t) => t,
-        Err(e) => return refused(e),
+        Err(e) => return refused(e.to_string()),
     };
     let line = format!("{} {shown}", t.change.letters());
     if let Some(want) = &a.id {

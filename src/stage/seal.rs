@@ -21,6 +21,7 @@
 //! turn), and a walk of the layer only when a file is no longer at the path it was last
 //! seen at or has several names.
 
+use super::StageError;
 use std::collections::{HashMap, HashSet};
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -45,8 +46,8 @@ pub struct Writer {
     pub hint: Vec<u8>,
 }
 
-fn err(what: &str, e: io::Error) -> String {
-    format!("stage: keeping the checkpoint sealed: {what}: {e}")
+fn err(what: &str, e: io::Error) -> StageError {
+    StageError::op(format!("stage: keeping the checkpoint sealed: {what}"))(e)
 }
 
 /// The regular file at `path` in DIR's upper, if there is one: its identity.
@@ -66,7 +67,7 @@ pub fn unseal(
     n: u64,
     keep: &[Writer],
     cut: &[Writer],
-) -> Result<HashMap<Key, Vec<u8>>, String> {
+) -> Result<HashMap<Key, Vec<u8>>, StageError> {
     let path = layers::layer_path(&area.dir, n);
     let tree = sys::open_root(&path)
         .and_then(Layer::new)
@@ -83,7 +84,7 @@ pub fn unseal(
 
 /// Replaces each file of `cut` in the upper by a copy: whoever still writes the old inode
 /// (a revoked passthrough file) no longer reaches the staged tree.
-pub fn cut_off(area: &Area, cut: &[Writer]) -> Result<(), String> {
+pub fn cut_off(area: &Area, cut: &[Writer]) -> Result<(), StageError> {
     if cut.is_empty() {
         return Ok(());
     }

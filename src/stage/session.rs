@@ -9,6 +9,7 @@
 //! rolled back (`recover`, `layers::recover`, `intent::recover`) before any other runs;
 //! a failure to record in `DIR/audit.jsonl` is logged, never a reason to undo the work.
 
+use super::StageError;
 use std::io::Write;
 use std::os::fd::{AsFd, OwnedFd};
 
@@ -27,7 +28,7 @@ use super::{discard, ids, intent, layers as ckpt, partial, tree_mount};
 /// Opens, validates and locks `dir` for a mount of `src` at `mnt` (canonical), then builds
 /// the merged view. The lock is held for the daemon's lifetime (its descriptor stays open
 /// until the process exits, whatever way it exits).
-pub fn start(dir: &Path, src: &Path, mnt: &Path, source: &OwnedFd) -> Result<OwnedFd, String> {
+pub fn start(dir: &Path, src: &Path, mnt: &Path, source: &OwnedFd) -> Result<OwnedFd, StageError> {
     let area = prepare(dir, src, mnt, source)?;
     let (root, _gen) = tree_mount::attach(engine(&area, source)?)?;
     started(area, src);
@@ -41,7 +42,7 @@ pub fn start_union(
     src: &Path,
     mnt: &Path,
     source: &OwnedFd,
-) -> Result<std::sync::Arc<Union>, String> {
+) -> Result<std::sync::Arc<Union>, StageError> {
     let area = prepare(dir, src, mnt, source)?;
     let u = union_of(&area, source)?;
     started(area, src);
@@ -51,8 +52,8 @@ pub fn start_union(
 /// The merged view of `area` over `source` as the daemon serves it: the upper, the live
 /// layers (newest first), SOURCE; markers in the daemon's namespace (`trusted.` as root,
 /// `user.` otherwise).
-pub fn union_of(area: &Area, source: &OwnedFd) -> Result<Union, String> {
-    let fail = |e: std::io::Error| format!("stage '{}': {e}", area.dir.display());
+pub fn union_of(area: &Area, source: &OwnedFd) -> Result<Union, StageError> {
+    let fail = |e: std::io::Error| StageError::io(&area.dir)(e);
     let open = |fd: &OwnedFd| {
         crate::host::sys::reopen(
             crate::host::sys::open_proc_self_fd()?.as_fd(),
@@ -71,7 +72,7 @@ pub fn union_of(area: &Area, source: &OwnedFd) -> Result<Union, String> {
 
 /// What every start does before the merged view is built: DIR created or opened,
 /// locked, recovered, matched to SOURCE and repaired.
-fn prepare(dir: &Path, src: &Path, mnt: &Path, source: &OwnedFd) -> Result<Area, String> {
+fn prepare(dir: &Path, src: &Path, mnt: &Path, source: &OwnedFd) -> Result<Area, StageError> {
     let area = Area::create_or_open(dir, src, mnt)?;
     area.lock()?;
     let area = recover(area)?;
@@ -103,7 +104,7 @@ fn started(area: Area, src: &Path) {
 /// Finishes what a crash interrupted (a checkpoint, rewind or squash: see
 /// [`super::layers`]) and drops scratch trees; returns the area reopened (its `upper` may
 /// have been replaced).
-pub fn recover(area: Area) -> Result<Area, String> {
+pub fn recover(area: Area) -> Result<Area, StageError> {
     view::clear_scratch(&area)?;
     match ckpt::recover(&area.dir)? {
         Some(what) => {
@@ -118,20 +119,20 @@ pub fn recover(area: Area) -> Result<Area, String> {
 }
 
 /// The layers of an area: its staged tree and the SOURCE it records.
-pub fn layers(a: &Area) -> Result<Layers, String> {
+pub fn layers(a: &Area) -> Result<Layers, StageError> {
     let src = super::open_source(a)?;
-    let up = a.upper.try_clone().map_err(|e| e.to_string())?;
+    let up = a.upper.try_clone().map_err(StageError::Sys)?;
     Ok(Layers {
-        upper: Layer::new(up).map_err(|e| e.to_string())?,
-        lower: Layer::new(src).map_err(|e| e.to_string())?,
+        upper: Layer::new(up).map_err(StageError::Sys)?,
+        lower: Layer::new(src).map_err(StageError::Sys)?,
     })
 }
 
 /// Repairs what an interrupted apply left (see [`Layers::repair`]), saying so.
-pub fn repair(l: &Layers) -> Result<(), String> {
+pub fn repair(l: &Layers) -> Result<(), StageError> {
     for p in l
         .repair()
-        .map_err(|e| format!("repairing the staged tree: {e}"))?
+        .map_err(StageError::op("repairing the staged tree"))?
     {
         log::warn!(
             "stage: the rename of {} was already in SOURCE (an apply stopped midway): redirect dropped",
@@ -180,13 +181,13 @@ pub fn record_line(area: &Area, op: &str, uid: u32, paths: &[Vec<u8>], extra: &s
 
 /// The paths changed since the last live checkpoint (since SOURCE when none): what a new
 /// checkpoint records in the log.
-pub fn count_since_last(area: &Area) -> Result<u64, String> {
+pub fn count_since_last(area: &Area) -> Result<u64, StageError> {
     let last = ckpt::live(&area.dir)?.last().copied();
     let st = view::staged(area, last)?;
     Ok(st
         .layers
         .changes()
-        .map_err(|e| format!("reading the staged tree: {e}"))?
+        .map_err(StageError::op("reading the staged tree"))?
         .len() as u64)
 }
 
@@ -211,7 +212,7 @@ pub fn apply_or_discard(
     ps: &[Vec<u8>],
     o: Opts,
     uid: u32,
-) -> Result<Report, String> {
+) -> Result<Report, StageError> {
     let force = o.force;
     let area = Area::open(dir)?;
     if let Some(what) = ckpt::recover(&area.dir)? {
@@ -288,10 +289,10 @@ fn whole(
     op: &str,
     kept: Vec<ids::Kept>,
     force: bool,
-) -> Result<(Report, Vec<Change>), String> {
+) -> Result<(Report, Vec<Change>), StageError> {
     let list = l
         .changes()
-        .map_err(|e| format!("reading the staged tree: {e}"))?;
+        .map_err(StageError::op("reading the staged tree"))?;
     if op == "apply" {
         // A PATH@ID applies the change it names and nothing below it (`--at N`: a later
         // write below a directory N changed is not N's).
@@ -353,7 +354,7 @@ fn hunks(
     apply: bool,
     args: &[partial::HunkArg],
     force: bool,
-) -> Result<Report, String> {
+) -> Result<Report, StageError> {
     let mut report = Report::default();
     for a in args {
         match partial::run(l, dir, apply, a, force) {
@@ -368,7 +369,7 @@ fn hunks(
             partial::Outcome::Whole(c) => {
                 let list = l
                     .changes()
-                    .map_err(|e| format!("reading the staged tree: {e}"))?;
+                    .map_err(StageError::op("reading the staged tree"))?;
                 merge(&mut report, discard::discard(l, &list, &[c.path]));
             }
         }

@@ -8,6 +8,7 @@
 //! is detached (its mount point removed: the mount goes with its last descriptor, so a
 //! process holding a file of it open keeps it); the tree holds directories only.
 
+use super::StageError;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -32,16 +33,17 @@ pub fn attached() -> usize {
     ATTACHED.load(Ordering::Relaxed)
 }
 
-fn tree() -> Result<&'static Tree, String> {
+fn tree() -> Result<&'static Tree, StageError> {
     if let Some(t) = TREE.get() {
         return Ok(t);
     }
-    let fs = sys::fsopen("tmpfs").map_err(|e| format!("stage mount tree: {e}"))?;
+    let fs = sys::fsopen("tmpfs").map_err(StageError::op("stage mount tree"))?;
     for (k, v) in [("mode", "0700"), ("size", "1m"), ("nr_inodes", "1024")] {
-        sys::fsconfig_str(fs.as_fd(), k, v).map_err(|e| format!("stage mount tree: {k}: {e}"))?;
+        sys::fsconfig_str(fs.as_fd(), k, v)
+            .map_err(StageError::op(format!("stage mount tree: {k}")))?;
     }
-    sys::fsconfig_create(fs.as_fd()).map_err(|e| format!("stage mount tree: {e}"))?;
-    let root = sys::fsmount(fs.as_fd()).map_err(|e| format!("stage mount tree: {e}"))?;
+    sys::fsconfig_create(fs.as_fd()).map_err(StageError::op("stage mount tree"))?;
+    let root = sys::fsmount(fs.as_fd()).map_err(StageError::op("stage mount tree"))?;
     let _ = TREE.set(Tree {
         root,
         next: Mutex::new(0),
@@ -55,19 +57,19 @@ fn name(g: u64) -> Name {
 
 /// Attaches the detached overlay `view` to the tree; returns its root handle (`O_PATH`)
 /// and its generation (for [`detach`]).
-pub fn attach(view: OwnedFd) -> Result<(OwnedFd, u64), String> {
+pub fn attach(view: OwnedFd) -> Result<(OwnedFd, u64), StageError> {
     let t = tree()?;
     let mut next = t.next.lock();
     let g = *next;
     let n = name(g);
     crate::host::sys::mkdirat(t.root.as_fd(), &n, 0o700)
-        .map_err(|e| format!("stage mount tree: mkdir: {e}"))?;
+        .map_err(StageError::op("stage mount tree: mkdir"))?;
     if let Err(e) = sys::move_mount(view.as_fd(), t.root.as_fd(), &n) {
         let _ = crate::host::sys::unlinkat(t.root.as_fd(), &n, libc::AT_REMOVEDIR);
-        return Err(format!("stage mount tree: attaching the overlay: {e}"));
+        return Err(StageError::op("stage mount tree: attaching the overlay")(e));
     }
     let root = crate::host::sys::open_path(t.root.as_fd(), &n)
-        .map_err(|e| format!("stage mount tree: {e}"))?;
+        .map_err(StageError::op("stage mount tree"))?;
     *next = g + 1;
     ATTACHED.fetch_add(1, Ordering::Relaxed);
     Ok((root, g))

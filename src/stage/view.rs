@@ -9,6 +9,7 @@
 //! `DIR/scratch/` and are deleted when their [`Staged`] is dropped (and at the next
 //! start after a crash).
 
+use super::StageError;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
@@ -26,14 +27,14 @@ pub fn overlay(
     dir: &Path,
     lowers: &[&OwnedFd],
     upper: Option<(&OwnedFd, &OwnedFd)>,
-) -> Result<OwnedFd, String> {
+) -> Result<OwnedFd, StageError> {
     let fail = |what: &str, e: std::io::Error| {
         let hint = match e.raw_os_error() {
             Some(libc::EPERM) => " (kernel overlayfs needs CAP_SYS_ADMIN: run the daemon as root)",
             Some(libc::ENODEV) => " (no overlay file system in this kernel: modprobe overlay)",
             _ => "",
         };
-        format!("stage '{}': {what}: {e}{hint}", dir.display())
+        StageError::Invalid(format!("stage '{}': {what}: {e}{hint}", dir.display()))
     };
     let fs = sys::fsopen("overlay").map_err(|e| fail("overlay", e))?;
     let lower: Vec<String> = lowers.iter().map(|f| fd_path(f)).collect();
@@ -64,9 +65,11 @@ pub fn overlay(
 }
 
 /// The merged view the daemon serves: `upper : layers/N : … : layers/1 : SOURCE`.
-pub fn engine(area: &Area, source: &OwnedFd) -> Result<OwnedFd, String> {
-    let work = crate::host::sys::open_root(&area.work())
-        .map_err(|e| format!("stage '{}': work: {e}", area.dir.display()))?;
+pub fn engine(area: &Area, source: &OwnedFd) -> Result<OwnedFd, StageError> {
+    let work = crate::host::sys::open_root(&area.work()).map_err(StageError::op(format!(
+        "stage '{}': work",
+        area.dir.display()
+    )))?;
     let ls = layers::open_layers(&area.dir)?;
     let mut lowers: Vec<&OwnedFd> = ls.iter().rev().collect();
     lowers.push(source);
@@ -75,7 +78,7 @@ pub fn engine(area: &Area, source: &OwnedFd) -> Result<OwnedFd, String> {
 
 /// The view at checkpoint position `upto` (the first `upto` live layers over SOURCE; 0 is
 /// SOURCE itself).
-fn view(area: &Area, source: OwnedFd, ls: &[OwnedFd], upto: usize) -> Result<OwnedFd, String> {
+fn view(area: &Area, source: OwnedFd, ls: &[OwnedFd], upto: usize) -> Result<OwnedFd, StageError> {
     if upto == 0 {
         return Ok(source);
     }
@@ -105,30 +108,30 @@ impl Drop for Scratch {
     }
 }
 
-fn remove(area_dir: &Path, p: &Path) -> Result<(), String> {
+fn remove(area_dir: &Path, p: &Path) -> Result<(), StageError> {
     if std::fs::symlink_metadata(p).is_err() {
         return Ok(());
     }
     let parent = p.parent().unwrap_or(area_dir);
-    let d = crate::host::sys::open_root(parent).map_err(|e| e.to_string())?;
-    let layer = Layer::new(d).map_err(|e| e.to_string())?;
+    let d = crate::host::sys::open_root(parent).map_err(StageError::Sys)?;
+    let layer = Layer::new(d).map_err(StageError::Sys)?;
     let n = crate::host::sys::Name::from_os(p.file_name().unwrap_or_default())
-        .map_err(|e| e.to_string())?;
-    super::remove::remove_tree(&layer, layer.root.as_fd(), &n).map_err(|e| e.to_string())
+        .map_err(StageError::Sys)?;
+    super::remove::remove_tree(&layer, layer.root.as_fd(), &n).map_err(StageError::Sys)
 }
 
 /// Drops every scratch tree (a crash may leave some).
-pub fn clear_scratch(area: &Area) -> Result<(), String> {
+pub fn clear_scratch(area: &Area) -> Result<(), StageError> {
     remove(&area.dir, &area.dir.join("scratch"))
 }
 
-fn scratch(area: &Area) -> Result<Scratch, String> {
+fn scratch(area: &Area) -> Result<Scratch, StageError> {
     scratch_dir(&area.dir)
 }
 
 /// A scratch directory of the staging area `dir` (under `DIR/scratch`, on DIR's file
 /// system), deleted on drop.
-pub(super) fn scratch_dir(dir: &Path) -> Result<Scratch, String> {
+pub(super) fn scratch_dir(dir: &Path) -> Result<Scratch, StageError> {
     use std::os::unix::fs::DirBuilderExt;
     use std::sync::atomic::{AtomicU64, Ordering};
     static NEXT: AtomicU64 = AtomicU64::new(0);
@@ -137,7 +140,7 @@ pub(super) fn scratch_dir(dir: &Path) -> Result<Scratch, String> {
         std::fs::DirBuilder::new()
             .mode(0o700)
             .create(p)
-            .map_err(|e| format!("stage '{}': {e}", p.display()))
+            .map_err(StageError::io(p))
     };
     if std::fs::symlink_metadata(&base).is_err() {
         mk(&base)?;
@@ -157,10 +160,10 @@ pub(super) fn scratch_dir(dir: &Path) -> Result<Scratch, String> {
     Ok(s)
 }
 
-fn open_layer(p: &Path) -> Result<Layer, String> {
+fn open_layer(p: &Path) -> Result<Layer, StageError> {
     crate::host::sys::open_root(p)
         .and_then(Layer::new)
-        .map_err(|e| format!("stage '{}': {e}", p.display()))
+        .map_err(StageError::io(p))
 }
 
 /// The staged changes to compare: one staged tree over the view it applies to.
@@ -175,7 +178,7 @@ pub struct Staged {
 
 impl Staged {
     /// The changes concerning one of `paths` (all when empty), sorted.
-    pub fn selected(&self, paths: &[Vec<u8>]) -> Result<Vec<super::changes::Change>, String> {
+    pub fn selected(&self, paths: &[Vec<u8>]) -> Result<Vec<super::changes::Change>, StageError> {
         let mut list = self.layers.selected(paths)?;
         if let Some(c) = &self.conflicts {
             for ch in &mut list {
@@ -194,8 +197,8 @@ pub fn json_list(
     st: &Staged,
     list: &[super::changes::Change],
     since: Option<u64>,
-) -> Result<Vec<serde_json::Value>, String> {
-    let id_err = |e: std::io::Error| format!("review id: {e}");
+) -> Result<Vec<serde_json::Value>, StageError> {
+    let id_err = |e| StageError::op("review id")(e);
     let full = match since {
         Some(_) => Some(staged(area, None)?),
         None => None,
@@ -220,21 +223,21 @@ pub fn json_list(
 }
 
 /// Where live checkpoint `n` is in `live`, or why it is not a live one.
-fn position(area: &Area, live: &[u64], n: u64) -> Result<usize, String> {
+fn position(area: &Area, live: &[u64], n: u64) -> Result<usize, StageError> {
     if let Some(i) = live.iter().position(|&c| c == n) {
         return Ok(i);
     }
     let ended = layers::log(&area.dir)?.iter().any(|c| c.n == n && c.ended);
     Err(if ended {
-        format!("checkpoint {n} was ended by an apply or discard")
+        format!("checkpoint {n} was ended by an apply or discard").into()
     } else {
-        format!("no checkpoint {n} (`fencefs stage log` lists them)")
+        StageError::NoSuchCheckpoint(n)
     })
 }
 
 /// The staged state since checkpoint `since` (`None`: since SOURCE), as one staged tree
 /// over the view at that checkpoint.
-pub fn staged(area: &Area, since: Option<u64>) -> Result<Staged, String> {
+pub fn staged(area: &Area, since: Option<u64>) -> Result<Staged, StageError> {
     let live = layers::live(&area.dir)?;
     let base = match since {
         None => 0,
@@ -242,12 +245,12 @@ pub fn staged(area: &Area, since: Option<u64>) -> Result<Staged, String> {
     };
     let source = super::open_source(area)?;
     let ls = layers::open_layers(&area.dir)?;
-    let lower = Layer::new(view(area, source, &ls, base)?).map_err(|e| e.to_string())?;
-    let up = || area.upper.try_clone().map_err(|e| e.to_string());
+    let lower = Layer::new(view(area, source, &ls, base)?).map_err(StageError::Sys)?;
+    let up = || area.upper.try_clone().map_err(StageError::Sys);
     if base == live.len() {
         return Ok(Staged {
             layers: Layers {
-                upper: Layer::new(up()?).map_err(|e| e.to_string())?,
+                upper: Layer::new(up()?).map_err(StageError::Sys)?,
                 lower,
             },
             conflicts: conflicts(area, base)?,
@@ -259,11 +262,11 @@ pub fn staged(area: &Area, since: Option<u64>) -> Result<Staged, String> {
     for n in &live[base..] {
         stack.push(open_layer(&layers::layer_path(&area.dir, *n))?);
     }
-    stack.push(Layer::new(up()?).map_err(|e| e.to_string())?);
+    stack.push(Layer::new(up()?).map_err(StageError::Sys)?);
     let tree = open_layer(&s.path.join("tree"))?;
     let stash = open_layer(&s.path.join("stash"))?;
     super::flatten::flatten(&stack, &tree, &stash)
-        .map_err(|e| format!("flattening the checkpoints: {e}"))?;
+        .map_err(StageError::op("flattening the checkpoints"))?;
     Ok(Staged {
         layers: Layers { upper: tree, lower },
         conflicts: conflicts(area, base)?,
@@ -274,7 +277,7 @@ pub fn staged(area: &Area, since: Option<u64>) -> Result<Staged, String> {
 /// `apply --at N`: each change checkpoint `n` sealed (layers 1..=N over SOURCE) that
 /// concerns one of `paths` (all when empty), as a `PATH@ID` argument: what a diff at N
 /// showed, which the apply then checks against the whole staged state.
-pub fn sealed_args(area: &Area, n: u64, paths: &[Vec<u8>]) -> Result<Vec<Vec<u8>>, String> {
+pub fn sealed_args(area: &Area, n: u64, paths: &[Vec<u8>]) -> Result<Vec<Vec<u8>>, StageError> {
     let live = layers::live(&area.dir)?;
     let i = position(area, &live, n)?;
     let source = super::open_source(area)?;
@@ -286,12 +289,12 @@ pub fn sealed_args(area: &Area, n: u64, paths: &[Vec<u8>]) -> Result<Vec<Vec<u8>
     let tree = open_layer(&s.path.join("tree"))?;
     let stash = open_layer(&s.path.join("stash"))?;
     super::flatten::flatten(&stack, &tree, &stash)
-        .map_err(|e| format!("flattening the checkpoints: {e}"))?;
+        .map_err(StageError::op("flattening the checkpoints"))?;
     let l = Layers {
         upper: tree,
-        lower: Layer::new(source).map_err(|e| e.to_string())?,
+        lower: Layer::new(source).map_err(StageError::Sys)?,
     };
-    let id_err = |e: std::io::Error| format!("review id: {e}");
+    let id_err = |e| StageError::op("review id")(e);
     l.selected(paths)?
         .iter()
         .map(|c| {
@@ -305,14 +308,14 @@ pub fn sealed_args(area: &Area, n: u64, paths: &[Vec<u8>]) -> Result<Vec<Vec<u8>
 fn conflicts(
     area: &Area,
     base: usize,
-) -> Result<Option<std::collections::HashSet<Vec<u8>>>, String> {
+) -> Result<Option<std::collections::HashSet<Vec<u8>>>, StageError> {
     if base == 0 {
         return Ok(None);
     }
     let all = staged(area, None)?
         .layers
         .changes()
-        .map_err(|e| format!("reading the staged tree: {e}"))?;
+        .map_err(StageError::op("reading the staged tree"))?;
     Ok(Some(
         all.into_iter()
             .filter(|c| c.conflict)
@@ -324,7 +327,7 @@ fn conflicts(
 /// Flattens every layer and the upper into one staged tree that replaces them, ending
 /// every checkpoint as a rewind target (what `apply` and `discard` start with). Nothing
 /// to do without checkpoints. The caller holds the lock or has quiesced the mount.
-pub fn squash(area: &Area) -> Result<bool, String> {
+pub fn squash(area: &Area) -> Result<bool, StageError> {
     let live = layers::live(&area.dir)?;
     if live.is_empty() {
         return Ok(false);
@@ -339,17 +342,16 @@ pub fn squash(area: &Area) -> Result<bool, String> {
         stack.push(open_layer(&layers::layer_path(&area.dir, *n))?);
     }
     stack.push(
-        Layer::new(area.upper.try_clone().map_err(|e| e.to_string())?)
-            .map_err(|e| e.to_string())?,
+        Layer::new(area.upper.try_clone().map_err(StageError::Sys)?).map_err(StageError::Sys)?,
     );
     let tree = open_layer(&next)?;
     let stash = open_layer(&s.path.join("stash"))?;
     super::flatten::flatten(&stack, &tree, &stash)
-        .map_err(|e| format!("flattening the checkpoints: {e}"))?;
+        .map_err(StageError::op("flattening the checkpoints"))?;
     layers::copy_root_attrs(&area.dir.join("upper"), &next)?;
     std::fs::File::open(&next)
         .and_then(|f| sys::syncfs(f.as_fd()))
-        .map_err(|e| format!("syncfs: {e}"))?;
+        .map_err(StageError::op("syncfs"))?;
     layers::squash(&area.dir)?;
     layers::empty_trash(&area.dir)?;
     Ok(true)
