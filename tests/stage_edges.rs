@@ -272,8 +272,12 @@ fn type_changes_are_t_and_apply_replaces_what_is_in_the_way() {
     assert_eq!(stage(&["status"], &dir).stdout, "");
 }
 
+/// A staged tree deeper than the stage tools once walked (400 levels): status answers on
+/// the socket and offline, and the daemon lives (the walks have no recursion; past
+/// `stage::tree::MAX_DEPTH`, 8,192 levels, more than the mount lets anyone make, they
+/// refuse with ELOOP: the unit tests in `src/stage/deep_tests.rs`).
 #[test]
-fn a_staged_tree_too_deep_to_walk_is_refused_and_the_daemon_lives() {
+fn a_deep_staged_tree_is_walked_and_the_daemon_lives() {
     let b = Mount::builder("stage-deep").policy(WRITE);
     let dir = stage_dir(&b);
     let sock = b.root().join("ctl.sock");
@@ -287,19 +291,16 @@ fn a_staged_tree_too_deep_to_walk_is_refused_and_the_daemon_lives() {
     m.sh(&format!("mkdir -p {deep} && echo x > {deep}/f"))
         .assert_ok("a 450-level tree");
     let s = ctl(&sock, serde_json::json!({"cmd":"stage","op":"status"}));
-    assert_eq!(s["ok"], false, "{s}");
-    assert!(
-        s["error"].as_str().unwrap().contains("deeper than 400"),
-        "{s}"
-    );
+    assert_eq!(s["ok"], true, "{s}");
+    assert_eq!(s["lines"], serde_json::json!(["A d/ (450 entries)"]), "{s}");
     assert_eq!(
         ctl(&sock, serde_json::json!({"cmd":"status"}))["staged"],
-        serde_json::Value::Null
+        serde_json::json!(1)
     );
-    m.assert_alive("after walking a too-deep staged tree");
+    m.assert_alive("after walking a deep staged tree");
     let o = stage(&["status"], &dir);
-    o.assert_fail("offline status");
-    assert!(o.stderr.contains("deeper than 400"), "{}", o.stderr);
+    o.assert_ok("offline status");
+    assert_eq!(o.stdout, "A d/ (450 entries)\n");
     assert_eq!(fs::read(m.mnt(format!("{deep}/f"))).unwrap(), b"x\n");
 }
 

@@ -299,13 +299,13 @@ fn random_name_changes_match_kernel_overlayfs() {
     }
 }
 
-/// The agent nests directories past the staging tools' depth bound (`stage::tree::
-/// MAX_DEPTH`, 400: `mkdir -p` of 450 levels, which the merged view allows, as overlayfs
-/// does): `stage status`, `checkpoint`, `discard` and `apply` — live and offline — must
+/// The agent nests directories past the staging tools' old depth bound (400: `mkdir -p`
+/// of 450 levels, which the merged view allows, as overlayfs does; the tools now walk
+/// without recursion to `stage::tree::MAX_DEPTH`, 8,192): `stage status`, `checkpoint`,
+/// `discard` and `apply` — live and offline — must
 /// still work, or an agent can take review, its checkpoints and the person's way back
 /// away with one command.
 #[test]
-#[ignore = "stage tools refuse a staged tree deeper than stage::tree::MAX_DEPTH (400) that the merged view lets the agent make: status/checkpoint/discard/apply all ELOOP"]
 fn a_tree_deeper_than_the_tools_bound_does_not_lock_the_person_out() {
     let (mut m, dir, sock) = staged_live("red-deep-ctl", |src| {
         put(&src.join("a"), b"a\n", 0o644);

@@ -10,7 +10,8 @@
 
 use std::path::Path;
 
-use super::tree::{Layer, Node, depth_ok, join, kind};
+use super::tree::{Layer, Node, join, kind};
+use super::walk::{Event, Flow};
 
 /// At most this many names are handed on.
 pub const MAX: usize = 65_536;
@@ -28,7 +29,7 @@ pub fn names(dir: &Path) -> Vec<Vec<u8>> {
             continue;
         };
         if let Ok(Some(root)) = l.get(b"") {
-            walk(&l, b"", &root, 0, &mut out);
+            walk(&l, root, &mut out);
         }
     }
     out.sort();
@@ -36,28 +37,28 @@ pub fn names(dir: &Path) -> Vec<Vec<u8>> {
     out
 }
 
-fn walk(l: &Layer, path: &[u8], d: &Node, depth: usize, out: &mut Vec<Vec<u8>>) {
-    if depth_ok(depth).is_err() || out.len() >= MAX {
+fn walk(l: &Layer, root: Node, out: &mut Vec<Vec<u8>>) {
+    if out.len() >= MAX {
         return;
     }
-    let Ok(names) = l.list(d) else {
-        return;
-    };
-    for name in names {
-        let Ok(Some(c)) = l.child(d, &name) else {
-            continue;
+    // Past the depth bound (or a directory that cannot be read) the walk ends: the rest
+    // is left to the kernel's entry timeout.
+    let _ = super::walk::walk(l, root, b"", (), |ev| {
+        let Event::Entry { dir, path, name } = ev else {
+            return Ok(Flow::Next);
         };
-        let p = join(path, &name);
+        let Ok(Some(c)) = l.child(&dir.node, name) else {
+            return Ok(Flow::Next);
+        };
+        let mut flow = Flow::Next;
         if l.is_whiteout(&c) {
-            out.push(p);
+            out.push(join(path, name));
         } else if kind(&c.st) == libc::S_IFDIR {
             if l.is_opaque(&c) {
-                out.push(p.clone());
+                out.push(join(path, name));
             }
-            walk(l, &p, &c, depth + 1, out);
+            flow = Flow::Enter(c, ());
         }
-        if out.len() >= MAX {
-            return;
-        }
-    }
+        Ok(if out.len() >= MAX { Flow::Stop } else { flow })
+    });
 }

@@ -36,7 +36,8 @@ use super::remove::{drop_staged, remove_tree, sync_dir, unstage_path};
 use super::render::{quote, status_line};
 use super::standin;
 use super::sys::file;
-use super::tree::{Layer, Node, depth_of, depth_ok, kind, split};
+use super::tree::{Layer, Node, kind, split};
+use super::walk::{Event, Flow, walk};
 use crate::host::sys::{self, Name, SetTime};
 
 /// Paths written (or deleted) between two `syncfs` of SOURCE: bounds the directory
@@ -413,7 +414,7 @@ fn prepare<'a>(l: &Layers, c: &'a Change, links: &mut Links) -> io::Result<Ready
     }
     let dir = lower_dir(l, parent)?;
     let t = tmp_name(last, "apply")?;
-    if let Err(e) = copy_entry(l, &u, dir.as_fd(), &t, depth_of(&c.path), links) {
+    if let Err(e) = copy_entry(l, &u, dir.as_fd(), &t, &c.path, links) {
         remove_tmp(l, dir.as_fd(), &t);
         return Err(e);
     }
@@ -516,74 +517,108 @@ impl Node {
     }
 }
 
-/// Copies the staged entry `u` (a whole tree for a directory) to `dir/t` in SOURCE, with
-/// its mode, owner, xattrs and times; not synced (the batch's `syncfs` does that before
-/// the rename makes it visible).
+/// Copies the staged entry `u` at `path` (a whole tree for a directory, walked without
+/// recursion: [`super::walk`]) to `dir/t` in SOURCE, with its mode, owner, xattrs and
+/// times; not synced (the batch's `syncfs` does that before the rename makes it visible).
 fn copy_entry(
     l: &Layers,
     u: &Node,
     dir: BorrowedFd<'_>,
     t: &Name,
-    depth: usize,
+    path: &[u8],
     links: &mut Links,
 ) -> io::Result<()> {
-    depth_ok(depth)?;
-    let mode = u.st.st_mode & 0o7777;
+    let Some(d) = copy_one(l, u, dir, t, links)? else {
+        return Ok(());
+    };
     let proc_fd = l.upper.proc_fd.as_fd();
+    walk(&l.upper, u.try_clone()?, path, d, |ev| match ev {
+        Event::Entry {
+            dir, name: child, ..
+        } => {
+            let (u, d) = (&dir.node, &dir.state);
+            let cname = name(child)?;
+            // A regular file (most of a new tree) is copied through descriptors.
+            if let Some((src, st)) = open_regular(u.fd.as_fd(), &cname)? {
+                let marked = |n: &[u8]| file::get(src.as_fd(), n).is_ok();
+                let whiteout = marked(WHITEOUT) || marked(b"user.overlay.whiteout");
+                if !(st.st_size == 0 && whiteout) {
+                    links.write(proc_fd, src.as_fd(), &st, d.as_fd(), &cname)?;
+                }
+                return Ok(Flow::Next);
+            }
+            let Some(cn) = l.upper.child(u, child)? else {
+                return Ok(Flow::Next);
+            };
+            if l.upper.is_whiteout(&cn) {
+                return Ok(Flow::Next);
+            }
+            Ok(match copy_one(l, &cn, d.as_fd(), &cname, links)? {
+                Some(nd) => Flow::Enter(cn, nd),
+                None => Flow::Next,
+            })
+        }
+        // A directory's own metadata once its entries are in.
+        Event::Leave { dir, .. } => {
+            let mode = dir.node.st.st_mode & 0o7777;
+            set_meta(
+                &l.upper,
+                &dir.node,
+                &l.lower,
+                dir.state.as_fd(),
+                Some(mode),
+                true,
+            )?;
+            Ok(Flow::Next)
+        }
+    })
+    .map(drop)
+}
+
+/// Copies the staged entry `u` alone to `dir/t`: a directory is made (empty, mode 0700,
+/// its handle returned for its entries), anything else copied whole.
+fn copy_one(
+    l: &Layers,
+    u: &Node,
+    dir: BorrowedFd<'_>,
+    t: &Name,
+    links: &mut Links,
+) -> io::Result<Option<OwnedFd>> {
+    let proc_fd = l.upper.proc_fd.as_fd();
+    let at = |s: i64, n: i64| SetTime::At(s, n);
     match kind(&u.st) {
         libc::S_IFREG => {
             let src = sys::reopen(proc_fd, u.fd.as_fd(), libc::O_RDONLY)?;
-            links.write(proc_fd, src.as_fd(), &u.st, dir, t)
+            links.write(proc_fd, src.as_fd(), &u.st, dir, t)?;
         }
         libc::S_IFLNK => {
             let target = sys::readlink_fd(u.fd.as_fd())?;
             sys::symlinkat(&target, dir, t)?;
             sys::fchownat_nofollow(dir, t, u.st.st_uid, u.st.st_gid)?;
-            let at = |s: i64, n: i64| SetTime::At(s, n);
             sys::utimens_nofollow(
                 dir,
                 t,
                 at(u.st.st_atime, u.st.st_atime_nsec),
                 at(u.st.st_mtime, u.st.st_mtime_nsec),
-            )
+            )?;
         }
         libc::S_IFDIR => {
             sys::mkdirat(dir, t, 0o700)?;
-            let d = sys::open_path(dir, t)?;
-            for child in l.upper.list(u)? {
-                let cname = name(&child)?;
-                // A regular file (most of a new tree) is copied through descriptors.
-                if let Some((src, st)) = open_regular(u.fd.as_fd(), &cname)? {
-                    let marked = |n: &[u8]| file::get(src.as_fd(), n).is_ok();
-                    let whiteout = marked(WHITEOUT) || marked(b"user.overlay.whiteout");
-                    if !(st.st_size == 0 && whiteout) {
-                        links.write(proc_fd, src.as_fd(), &st, d.as_fd(), &cname)?;
-                    }
-                    continue;
-                }
-                let Some(cn) = l.upper.child(u, &child)? else {
-                    continue;
-                };
-                if l.upper.is_whiteout(&cn) {
-                    continue;
-                }
-                copy_entry(l, &cn, d.as_fd(), &cname, depth + 1, links)?;
-            }
-            set_meta(&l.upper, u, &l.lower, d.as_fd(), Some(mode), true)
+            return sys::open_path(dir, t).map(Some);
         }
         _ => {
             // A stand-in becomes the character device 0/0 it stands for.
             sys::mknodat(dir, t, u.st.st_mode, standin::rdev(&u.st))?;
             sys::fchownat_nofollow(dir, t, u.st.st_uid, u.st.st_gid)?;
-            let at = |s: i64, n: i64| SetTime::At(s, n);
             sys::utimens_nofollow(
                 dir,
                 t,
                 at(u.st.st_atime, u.st.st_atime_nsec),
                 at(u.st.st_mtime, u.st.st_mtime_nsec),
-            )
+            )?;
         }
     }
+    Ok(None)
 }
 
 const WHITEOUT: &[u8] = b"trusted.overlay.whiteout";

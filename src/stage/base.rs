@@ -369,6 +369,11 @@ fn private_whiteout(up: &Layer, p: &Pending) -> io::Result<()> {
     done
 }
 
+/// How deep [`staged_below`] recurses: a read path deeper than this counts as staged
+/// (its base is not kept), which only costs a conflict check its shortcut. A recursion,
+/// unlike the stage tools' walks ([`super::walk`]), because it never refuses anything.
+const MAX_BELOW: usize = 400;
+
 /// Marks in `hit` each of `paths` (sorted, all below the directory `dir`, their first
 /// `off` bytes its path and a `/`) that has an entry in that layer directory — a whiteout
 /// included; one that cannot be looked up counts as staged (its read is dropped).
@@ -411,7 +416,7 @@ fn staged_below(
         if deeper.is_empty() {
             continue;
         }
-        if depth >= super::tree::MAX_DEPTH {
+        if depth >= MAX_BELOW {
             hit.extend(deeper.iter().map(|p| p.to_vec()));
             continue;
         }

@@ -23,7 +23,8 @@ use std::os::fd::AsFd;
 use super::base;
 use super::standin;
 use super::sys as ssys;
-use super::tree::{Layer, Node, depth_of, depth_ok, join, kind, split};
+use super::tree::{Layer, Node, join, kind, split};
+use super::walk::{Event, Flow, Frame, walk};
 use crate::host::sys::{self, Name};
 
 /// The kind of one change.
@@ -184,6 +185,13 @@ fn conflict(path: &[u8], u: &Node, l: Option<&Node>, at: i128) -> bool {
     }
 }
 
+/// The walk's state for a staged directory: its SOURCE counterpart, and whether it is
+/// or lies below an opaque directory.
+struct Lower {
+    low: Option<Node>,
+    under: bool,
+}
+
 impl Layers {
     /// The changes that concern one of `paths` (all when empty).
     pub fn selected(&self, paths: &[Vec<u8>]) -> Result<Vec<Change>, StageError> {
@@ -205,7 +213,7 @@ impl Layers {
             .get(b"")?
             .ok_or_else(|| io::Error::from_raw_os_error(libc::ENOENT))?;
         let lower = self.lower.get(b"")?;
-        self.walk(b"", &root, lower.as_ref(), false, &mut out, &mut sources)?;
+        self.walk(root, lower, &mut out, &mut sources)?;
         // A SOURCE entry a rename took along (it or a directory above it is a rename's
         // source) is not deleted, whatever whiteout or opaque directory now stands at its
         // old path: `mv w/a w/x; mkdir w/a` hides SOURCE's `w/a/*` but deletes none of it.
@@ -297,7 +305,7 @@ impl Layers {
             kind: Kind::Added,
             conflict: at.as_ref().is_some_and(|c| c.conflict),
             dir: true,
-            entries: Some(self.count(&u, depth_of(s))?),
+            entries: Some(self.count(&u, s)?),
             under_opaque: at.as_ref().is_some_and(|c| c.under_opaque),
             lower_id: None,
             lower_st: None,
@@ -305,70 +313,104 @@ impl Layers {
         Ok(())
     }
 
-    /// Compares staged directory `up` (at `path`) with its SOURCE counterpart `low`.
+    /// Compares the staged tree `root` with SOURCE's `low`, each staged directory with
+    /// its SOURCE counterpart ([`super::walk`]: no recursion, whatever the depth).
     fn walk(
         &self,
-        path: &[u8],
-        up: &Node,
-        low: Option<&Node>,
-        under_opaque: bool,
+        root: Node,
+        low: Option<Node>,
         out: &mut Vec<Change>,
         sources: &mut HashSet<Vec<u8>>,
     ) -> io::Result<()> {
-        depth_ok(depth_of(path))?;
-        let opaque = self.upper.is_opaque(up);
-        let under = under_opaque || opaque;
-        let names = self.upper.list(up)?;
-        for name in &names {
-            let Some(u) = self.upper.child(up, name)? else {
-                continue;
-            };
-            let l = self.lower_at(low, name)?;
-            let at = staged_at(up, name, &u.st);
-            // A SOURCE directory the staged entry deletes or replaces (a whiteout, a
-            // file): what the host changed below it counts (its own ctime does not move).
-            let gone_dir = l.as_ref().is_some_and(|l| kind(&l.st) == libc::S_IFDIR)
-                && kind(&u.st) != libc::S_IFDIR;
-            let conflict = conflict(&join(path, name), &u, l.as_ref(), at)
-                || (gone_dir
-                    && match &l {
-                        Some(l) => self.changed_since(l, at, depth_of(path) + 1)?,
-                        None => false,
-                    });
-            let base = Change {
-                path: join(path, name),
-                kind: Kind::Added,
-                conflict,
-                dir: false,
-                entries: None,
-                under_opaque: under,
-                lower_id: None,
-                lower_st: l.as_ref().map(|l| lower_ident(&l.st)),
-            };
-            if self.upper.is_whiteout(&u) {
-                if let Some(l) = &l {
-                    out.push(Change {
-                        kind: Kind::Deleted,
-                        dir: kind(&l.st) == libc::S_IFDIR,
-                        lower_id: Some((l.st.st_dev, l.st.st_ino)),
-                        ..base
-                    });
+        let under = self.upper.is_opaque(&root);
+        walk(
+            &self.upper,
+            root,
+            b"",
+            Lower { low, under },
+            |ev| match ev {
+                Event::Entry { dir, path, name } => self.entry(dir, path, name, out, sources),
+                Event::Leave { dir, path, .. } => {
+                    // An opaque directory hides what SOURCE has there.
+                    if self.upper.is_opaque(&dir.node)
+                        && let Some(low) = dir.state.low.filter(|l| kind(&l.st) == libc::S_IFDIR)
+                    {
+                        let names = self.upper.list(&dir.node)?;
+                        let at = ssys::dir_staged_at(&self.upper, &dir.node);
+                        self.hidden_by_opaque(path, &low, &names, at, out)?;
+                    }
+                    Ok(Flow::Next)
                 }
-            } else if kind(&u.st) == libc::S_IFDIR {
-                self.dir_entry(base, &u, l, out, sources)?;
-            } else if let Some(c) = self.file_entry(base, &u, l.as_ref())? {
-                out.push(c);
+            },
+        )
+        .map(drop)
+    }
+
+    /// Entry `name` of staged directory `dir` (at `path`) against SOURCE's counterpart.
+    fn entry(
+        &self,
+        dir: &Frame<Lower>,
+        path: &[u8],
+        name: &[u8],
+        out: &mut Vec<Change>,
+        sources: &mut HashSet<Vec<u8>>,
+    ) -> io::Result<Flow<Lower>> {
+        let (up, under) = (&dir.node, dir.state.under);
+        let Some(u) = self.upper.child(up, name)? else {
+            return Ok(Flow::Next);
+        };
+        let l = self.lower_at(dir.state.low.as_ref(), name)?;
+        let at = staged_at(up, name, &u.st);
+        let p = join(path, name);
+        // A SOURCE directory the staged entry deletes or replaces (a whiteout, a
+        // file): what the host changed below it counts (its own ctime does not move).
+        let gone_dir = l.as_ref().is_some_and(|l| kind(&l.st) == libc::S_IFDIR)
+            && kind(&u.st) != libc::S_IFDIR;
+        let conflict = conflict(&p, &u, l.as_ref(), at)
+            || (gone_dir
+                && match &l {
+                    Some(l) => self.changed_since(l, at, &p)?,
+                    None => false,
+                });
+        let base = Change {
+            path: p,
+            kind: Kind::Added,
+            conflict,
+            dir: false,
+            entries: None,
+            under_opaque: under,
+            lower_id: None,
+            lower_st: l.as_ref().map(|l| lower_ident(&l.st)),
+        };
+        if self.upper.is_whiteout(&u) {
+            if let Some(l) = &l {
+                out.push(Change {
+                    kind: Kind::Deleted,
+                    dir: kind(&l.st) == libc::S_IFDIR,
+                    lower_id: Some((l.st.st_dev, l.st.st_ino)),
+                    ..base
+                });
             }
+        } else if kind(&u.st) == libc::S_IFDIR {
+            if let Some(o) = self.dir_entry(base, &u, l, out, sources)? {
+                let under = under || self.upper.is_opaque(&u);
+                return Ok(Flow::Enter(
+                    u,
+                    Lower {
+                        low: Some(o),
+                        under,
+                    },
+                ));
+            }
+        } else if let Some(c) = self.file_entry(base, &u, l.as_ref())? {
+            out.push(c);
         }
-        if opaque && let Some(low) = low.filter(|l| kind(&l.st) == libc::S_IFDIR) {
-            let at = ssys::dir_staged_at(&self.upper, up);
-            self.hidden_by_opaque(path, low, &names, at, out)?;
-        }
-        Ok(())
+        Ok(Flow::Next)
     }
 
     /// A staged directory: renamed (a redirect names its SOURCE contents), changed in
-    /// place (then walked), or new / replacing a non-directory (one line).
+    /// place (then walked: its SOURCE counterpart is returned), or new / replacing a
+    /// non-directory (one line).
     fn dir_entry(
         &self,
         base: Change,
@@ -376,8 +418,7 @@ impl Layers {
         l: Option<Node>,
         out: &mut Vec<Change>,
         sources: &mut HashSet<Vec<u8>>,
-    ) -> io::Result<()> {
-        let under = base.under_opaque;
+    ) -> io::Result<Option<Node>> {
         let ldir = |l: Option<Node>| l.filter(|l| kind(&l.st) == libc::S_IFDIR);
         let lower_here = l.is_some();
         let (origin, from) = match self.upper.redirect(u) {
@@ -409,7 +450,7 @@ impl Layers {
                     lower_st: Some(lower_ident(&o.st)),
                     ..base
                 });
-                self.walk(&p, u, Some(&o), under, out, sources)
+                Ok(Some(o))
             }
             (Some(o), None) => {
                 if self.dir_meta_differs(u, &o) {
@@ -419,16 +460,16 @@ impl Layers {
                         ..base
                     });
                 }
-                self.walk(&p, u, Some(&o), under, out, sources)
+                Ok(Some(o))
             }
             (None, _) => {
                 out.push(Change {
                     kind: if lower_here { Kind::Type } else { Kind::Added },
                     dir: true,
-                    entries: Some(self.count(u, depth_of(&p))?),
+                    entries: Some(self.count(u, &p)?),
                     ..base
                 });
-                Ok(())
+                Ok(None)
             }
         }
     }
@@ -481,22 +522,24 @@ impl Layers {
 
     /// Whether SOURCE's entry `l`, or anything below it, changed (ctime) at or after `at`:
     /// a host edit or a new file below a directory changes none of the directory's times.
-    fn changed_since(&self, l: &Node, at: i128, depth: usize) -> io::Result<bool> {
-        depth_ok(depth)?;
+    fn changed_since(&self, l: &Node, at: i128, path: &[u8]) -> io::Result<bool> {
         if ctime_ns(&l.st) >= at {
             return Ok(true);
         }
         if kind(&l.st) != libc::S_IFDIR {
             return Ok(false);
         }
-        for name in self.lower.list(l)? {
-            if let Some(c) = self.lower.child(l, &name)?
-                && self.changed_since(&c, at, depth + 1)?
-            {
-                return Ok(true);
-            }
-        }
-        Ok(false)
+        let all_before = walk(&self.lower, l.try_clone()?, path, (), |ev| {
+            let Event::Entry { dir, name, .. } = ev else {
+                return Ok(Flow::Next);
+            };
+            Ok(match self.lower.child(&dir.node, name)? {
+                Some(c) if ctime_ns(&c.st) >= at => Flow::Stop,
+                Some(c) if kind(&c.st) == libc::S_IFDIR => Flow::Enter(c, ()),
+                _ => Flow::Next,
+            })
+        })?;
+        Ok(!all_before)
     }
 
     /// SOURCE entries an opaque staged directory (made at `at`) hides: deleted; a
@@ -518,7 +561,7 @@ impl Layers {
                 out.push(Change {
                     path: join(path, &name),
                     kind: Kind::Deleted,
-                    conflict: self.changed_since(&l, at, depth_of(path) + 1)?,
+                    conflict: self.changed_since(&l, at, &join(path, &name))?,
                     dir: kind(&l.st) == libc::S_IFDIR,
                     entries: None,
                     under_opaque: true,
@@ -573,32 +616,30 @@ impl Layers {
     /// and before apply/discard; returns the paths repaired.
     pub fn repair(&self) -> io::Result<Vec<Vec<u8>>> {
         let mut out = Vec::new();
-        if let Some(root) = self.upper.get(b"")? {
-            self.repair_in(b"", &root, &mut out)?;
-        }
-        Ok(out)
-    }
-
-    fn repair_in(&self, path: &[u8], d: &Node, out: &mut Vec<Vec<u8>>) -> io::Result<()> {
-        depth_ok(depth_of(path))?;
-        for name in self.upper.list(d)? {
-            let Some(c) = self.upper.child(d, &name)? else {
-                continue;
+        let Some(root) = self.upper.get(b"")? else {
+            return Ok(out);
+        };
+        walk(&self.upper, root, b"", (), |ev| {
+            let Event::Entry { dir, path, name } = ev else {
+                return Ok(Flow::Next);
+            };
+            let Some(c) = self.upper.child(&dir.node, name)? else {
+                return Ok(Flow::Next);
             };
             if kind(&c.st) != libc::S_IFDIR {
-                continue;
+                return Ok(Flow::Next);
             }
-            let p = join(path, &name);
+            let p = join(path, name);
             if let Some(r) = self.upper.redirect(&c)
                 && self.lower.dir(&redirect_path(&p, &r))?.is_none()
                 && self.lower.dir(&p)?.is_some()
             {
                 super::tree::remove_marker(c.fd.as_fd(), b"redirect");
-                out.push(p.clone());
+                out.push(p);
             }
-            self.repair_in(&p, &c, out)?;
-        }
-        Ok(())
+            Ok(Flow::Enter(c, ()))
+        })?;
+        Ok(out)
     }
 
     fn lower_at(&self, low: Option<&Node>, name: &[u8]) -> io::Result<Option<Node>> {
@@ -611,13 +652,15 @@ impl Layers {
     /// Entries below staged directory `d` (whiteouts not counted). An entry that can be
     /// neither a directory nor a whiteout is counted from its `fstatat` alone (no open:
     /// a new tree of 10,000 files costs 10,000 fewer opens).
-    fn count(&self, d: &Node, depth: usize) -> io::Result<u64> {
-        depth_ok(depth)?;
+    fn count(&self, d: &Node, path: &[u8]) -> io::Result<u64> {
         let mut n = 0;
-        for name in self.upper.list(d)? {
-            let st = match sys::fstatat_nofollow(d.fd.as_fd(), &Name::new(&name)?) {
+        walk(&self.upper, d.try_clone()?, path, (), |ev| {
+            let Event::Entry { dir, name, .. } = ev else {
+                return Ok(Flow::Next);
+            };
+            let st = match sys::fstatat_nofollow(dir.node.fd.as_fd(), &Name::new(name)?) {
                 Ok(st) => st,
-                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => continue,
+                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(Flow::Next),
                 Err(e) => return Err(e),
             };
             let plain = match kind(&st) {
@@ -628,18 +671,21 @@ impl Layers {
             };
             if plain {
                 n += 1;
-                continue;
+                return Ok(Flow::Next);
             }
-            if let Some(c) = self.upper.child(d, &name)? {
-                if self.upper.is_whiteout(&c) {
-                    continue;
-                }
-                n += 1;
-                if kind(&c.st) == libc::S_IFDIR {
-                    n += self.count(&c, depth + 1)?;
-                }
+            let Some(c) = self.upper.child(&dir.node, name)? else {
+                return Ok(Flow::Next);
+            };
+            if self.upper.is_whiteout(&c) {
+                return Ok(Flow::Next);
             }
-        }
+            n += 1;
+            Ok(if kind(&c.st) == libc::S_IFDIR {
+                Flow::Enter(c, ())
+            } else {
+                Flow::Next
+            })
+        })?;
         Ok(n)
     }
 

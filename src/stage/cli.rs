@@ -177,6 +177,8 @@ const EXIT_ERR: i32 = 1;
 
 /// Runs `fencefs stage …`; returns the exit code.
 pub fn run(a: StageArgs) -> i32 {
+    // A walk holds a descriptor per level of a deep tree.
+    crate::host::sys::raise_nofile_limit();
     match run_op(a.op) {
         Ok(code) => code,
         Err(StageError::Usage(msg)) => usage(msg),

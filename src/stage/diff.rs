@@ -12,7 +12,8 @@ use std::io::{self, Write};
 use super::changes::{Change, Kind, Layers};
 use super::render::quote;
 use super::space::Space;
-use super::tree::{Layer, Node, depth_of, depth_ok, join, kind};
+use super::tree::{Layer, Node, join, kind};
+use super::walk::{Event, Flow, walk};
 use crate::host::sys;
 
 /// Past this size a file is shown as binary.
@@ -119,24 +120,24 @@ pub fn write(l: &Layers, list: &[Change], out: &mut impl Write) -> io::Result<()
 
 /// Every file below `path` in `layer`, as added (`new`) or deleted files.
 fn tree(layer: &Layer, path: &[u8], new: bool, out: &mut impl Write) -> io::Result<()> {
-    depth_ok(depth_of(path))?;
     let Some(d) = layer.dir(path)? else {
         return Ok(());
     };
-    for name in layer.list(&d)? {
-        let p = join(path, &name);
-        let Some(n) = layer.child(&d, &name)? else {
-            continue;
+    walk(layer, d, path, (), |ev| {
+        let Event::Entry { dir, path, name } = ev else {
+            return Ok(Flow::Next);
+        };
+        let Some(n) = layer.child(&dir.node, name)? else {
+            return Ok(Flow::Next);
         };
         if new && layer.is_whiteout(&n) {
-            continue;
+            return Ok(Flow::Next);
         }
         if kind(&n.st) == libc::S_IFDIR {
-            tree(layer, &p, new, out)?;
-            continue;
+            return Ok(Flow::Enter(n, ()));
         }
         let s = Some(Side {
-            path: p,
+            path: join(path, name),
             node: n,
             layer,
         });
@@ -145,12 +146,14 @@ fn tree(layer: &Layer, path: &[u8], new: bool, out: &mut impl Write) -> io::Resu
         } else {
             file(s, None, out)?;
         }
-    }
-    Ok(())
+        Ok(Flow::Next)
+    })
+    .map(drop)
 }
 
 /// A directory renamed `from` → `to`: every file it had, renamed (with its changes) or
-/// deleted; the changes below `to` written here are marked `handled`.
+/// deleted; the changes below `to` written here are marked `handled`. Each directory's
+/// deletions are written once its entries are (as the recursive walk this was did).
 fn renamed(
     l: &Layers,
     from: &[u8],
@@ -159,46 +162,77 @@ fn renamed(
     handled: &mut HashSet<Vec<u8>>,
     out: &mut impl Write,
 ) -> io::Result<()> {
-    depth_ok(depth_of(to))?;
     let Some(d) = l.lower.dir(from)? else {
         return Ok(());
     };
-    for name in l.lower.list(&d)? {
-        let (pf, pt) = (join(from, &name), join(to, &name));
-        let Some(n) = l.lower.child(&d, &name)? else {
-            continue;
-        };
-        let changed = list.iter().find(|c| c.path == pt);
-        if matches!(changed.map(|c| &c.kind), Some(Kind::Deleted)) {
-            continue; // written as a deletion by the main loop
-        }
-        if kind(&n.st) == libc::S_IFDIR {
-            renamed(l, &pf, &pt, list, handled, out)?;
-            continue;
-        }
-        let new = match changed {
-            Some(_) => {
-                handled.insert(pt.clone());
-                l.upper.get(&pt)?.map(|node| Side {
-                    path: pt.clone(),
-                    node,
-                    layer: &l.upper,
-                })
+    let to_of = |pf: &[u8]| [to, &pf[from.len()..]].concat();
+    walk(&l.lower, d, from, (), |ev| match ev {
+        Event::Entry { dir, path, name } => {
+            let (pf, pt) = (join(path, name), to_of(&join(path, name)));
+            let Some(n) = l.lower.child(&dir.node, name)? else {
+                return Ok(Flow::Next);
+            };
+            let changed = list.iter().find(|c| c.path == pt);
+            if matches!(changed.map(|c| &c.kind), Some(Kind::Deleted)) {
+                return Ok(Flow::Next); // written as a deletion by the main loop
             }
-            None => Some(Side {
-                path: pt.clone(),
-                node: l.lower.get(&pf)?.unwrap_or(n),
-                layer: &l.lower,
-            }),
-        };
-        let old = l.lower.get(&pf)?.map(|node| Side {
-            path: pf.clone(),
+            if kind(&n.st) == libc::S_IFDIR {
+                return Ok(Flow::Enter(n, ()));
+            }
+            moved_file(l, &pf, &pt, n, changed.is_some(), handled, out)?;
+            Ok(Flow::Next)
+        }
+        Event::Leave { path, .. } => {
+            deleted_inside(l, path, &to_of(path), list, handled, out)?;
+            Ok(Flow::Next)
+        }
+    })
+    .map(drop)
+}
+
+/// SOURCE's file `n` at `pf`, renamed to `pt` with the rename of a directory above it
+/// (`changed`: staged there too).
+fn moved_file(
+    l: &Layers,
+    pf: &[u8],
+    pt: &[u8],
+    n: Node,
+    changed: bool,
+    handled: &mut HashSet<Vec<u8>>,
+    out: &mut impl Write,
+) -> io::Result<()> {
+    let new = if changed {
+        handled.insert(pt.to_vec());
+        l.upper.get(pt)?.map(|node| Side {
+            path: pt.to_vec(),
             node,
+            layer: &l.upper,
+        })
+    } else {
+        Some(Side {
+            path: pt.to_vec(),
+            node: l.lower.get(pf)?.unwrap_or(n),
             layer: &l.lower,
-        });
-        file(old, new, out)?;
-    }
-    // A deletion inside the renamed directory names the file at its SOURCE path.
+        })
+    };
+    let old = l.lower.get(pf)?.map(|node| Side {
+        path: pf.to_vec(),
+        node,
+        layer: &l.lower,
+    });
+    file(old, new, out)
+}
+
+/// A deletion inside the directory renamed `from` → `to` names the file at its SOURCE
+/// path.
+fn deleted_inside(
+    l: &Layers,
+    from: &[u8],
+    to: &[u8],
+    list: &[Change],
+    handled: &mut HashSet<Vec<u8>>,
+    out: &mut impl Write,
+) -> io::Result<()> {
     for c in list {
         if c.kind == Kind::Deleted && !c.dir && c.path.starts_with(to) {
             let rest = &c.path[to.len()..];

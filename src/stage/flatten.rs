@@ -12,15 +12,16 @@
 //! (over a non-directory it becomes opaque); a redirected (renamed) directory takes the
 //! tree below at its old path along and points at the base with an absolute redirect.
 //!
-//! Invariants: the layers are only read (and hard-linked); every walk is bounded by
-//! [`MAX_DEPTH`](super::tree::MAX_DEPTH); a name that vanishes meanwhile (the live upper
+//! Invariants: the layers are only read (and hard-linked); every walk is iterative and
+//! bounded by [`MAX_DEPTH`](super::tree::MAX_DEPTH) ([`super::walk`]); a name that vanishes meanwhile (the live upper
 //! changes under a status) is skipped, not an error.
 
 use std::collections::HashMap;
 use std::io;
 use std::os::fd::AsFd;
 
-use super::tree::{Layer, Node, OVL, depth_ok, join, kind};
+use super::tree::{Layer, Node, OVL, join, kind};
+use super::walk::{Event, Flow, walk};
 use crate::host::sys::{self, Name, SetTime};
 
 fn missing(e: &io::Error) -> bool {
@@ -56,7 +57,7 @@ fn merge_layer(h: &Layer, f: &Layer, stash: &Layer) -> io::Result<()> {
     };
     // Renamed directories: where each one's old contents are in the flattened tree so far.
     let mut redirects = Vec::new();
-    collect(h, &root, b"", Some(Vec::new()), 0, &mut redirects)?;
+    collect(h, root.try_clone()?, &mut redirects)?;
     // (redirected dir, its old contents' path if the flattened tree has them, base path)
     type Resolved = (Vec<u8>, Option<Vec<u8>>, Option<Vec<u8>>);
     let mut resolved: Vec<Resolved> = Vec::new();
@@ -109,7 +110,7 @@ fn merge_layer(h: &Layer, f: &Layer, stash: &Layer) -> io::Result<()> {
     let froot = f
         .get(b"")?
         .ok_or_else(|| io::Error::from_raw_os_error(libc::ENOENT))?;
-    merge_dir(h, &root, b"", f, &froot, stash, &mut taken, 0)?;
+    merge_dir(h, root, f, froot, stash, &mut taken)?;
     // Stashed trees whose redirected directory vanished meanwhile.
     let sroot = stash
         .get(b"")?
@@ -123,23 +124,18 @@ fn merge_layer(h: &Layer, f: &Layer, stash: &Layer) -> io::Result<()> {
 /// The redirected directories of layer `h` below `d` (at `path`; `below`: the path its
 /// contents have in the view under `h`, `None` when nothing is below it), with the path
 /// of each one's old contents in that view.
-fn collect(
-    h: &Layer,
-    d: &Node,
-    path: &[u8],
-    below: Option<Vec<u8>>,
-    depth: usize,
-    out: &mut Vec<(Vec<u8>, Option<Vec<u8>>)>,
-) -> io::Result<()> {
-    depth_ok(depth)?;
-    for name in h.list(d)? {
-        let Some(c) = h.child(d, &name)? else {
-            continue;
+fn collect(h: &Layer, d: Node, out: &mut Vec<(Vec<u8>, Option<Vec<u8>>)>) -> io::Result<()> {
+    walk(h, d, b"", Some(Vec::new()), |ev| {
+        let Event::Entry { dir, path, name } = ev else {
+            return Ok(Flow::Next);
+        };
+        let Some(c) = h.child(&dir.node, name)? else {
+            return Ok(Flow::Next);
         };
         if kind(&c.st) != libc::S_IFDIR {
-            continue;
+            return Ok(Flow::Next);
         }
-        let p = join(path, &name);
+        let below = &dir.state;
         let b = if h.is_opaque(&c) {
             None
         } else if let Some(r) = h.redirect(&c) {
@@ -147,14 +143,14 @@ fn collect(
                 Some(abs) => Some(abs.to_vec()),
                 None => below.as_ref().map(|b| join(b, &r)),
             };
-            out.push((p.clone(), t.clone()));
+            out.push((join(path, name), t.clone()));
             t
         } else {
-            below.as_ref().map(|b| join(b, &name))
+            below.as_ref().map(|b| join(b, name))
         };
-        collect(h, &c, &p, b, depth + 1, out)?;
-    }
-    Ok(())
+        Ok(Flow::Enter(c, b))
+    })
+    .map(drop)
 }
 
 /// Walks `target` in the flattened tree `f` the way overlayfs's lookup does: whether `f`
@@ -205,24 +201,27 @@ fn remove_entry(f: &Layer, d: &Node, name: &Name) -> io::Result<()> {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
+/// Merges layer `h`'s tree (`root`) into the flattened tree `f` (`froot`): its
+/// non-directories linked over, its directories made, renamed back from the stash or
+/// kept, with their markers and attributes ([`super::walk`]: no recursion).
 fn merge_dir(
     h: &Layer,
-    hd: &Node,
-    path: &[u8],
+    root: Node,
     f: &Layer,
-    fd: &Node,
+    froot: Node,
     stash: &Layer,
     taken: &mut HashMap<Vec<u8>, Taken>,
-    depth: usize,
 ) -> io::Result<()> {
-    depth_ok(depth)?;
-    for name in h.list(hd)? {
-        let Some(hn) = h.child(hd, &name)? else {
-            continue;
+    walk(h, root, b"", froot, |ev| {
+        let Event::Entry { dir, path, name } = ev else {
+            return Ok(Flow::Next);
         };
-        let p = join(path, &name);
-        let n = Name::new(&name)?;
+        let (hd, fd) = (&dir.node, &dir.state);
+        let Some(hn) = h.child(hd, name)? else {
+            return Ok(Flow::Next);
+        };
+        let p = join(path, name);
+        let n = Name::new(name)?;
         if kind(&hn.st) != libc::S_IFDIR {
             remove_entry(f, fd, &n)?;
             tolerate(sys::linkat_fd(
@@ -231,9 +230,9 @@ fn merge_dir(
                 fd.fd.as_fd(),
                 &n,
             ))?;
-            continue;
+            return Ok(Flow::Next);
         }
-        let fe = f.child(fd, &name)?;
+        let fe = f.child(fd, name)?;
         let mut made = true;
         // (fresh directory, its marker: Some(Some(lower)) redirect, Some(None) opaque)
         let marker: Option<Option<Vec<u8>>> = if let Some(t) = taken.remove(&p) {
@@ -274,25 +273,31 @@ fn merge_dir(
                 }
             }
         };
-        let Some(nd) = f.child(fd, &name)? else {
-            continue;
+        let Some(nd) = f.child(fd, name)? else {
+            return Ok(Flow::Next);
         };
         if let Some(m) = &marker {
-            super::tree::remove_marker(nd.fd.as_fd(), b"redirect");
-            super::tree::remove_marker(nd.fd.as_fd(), b"opaque");
-            match m {
-                Some(lower) => {
-                    let mut v = b"/".to_vec();
-                    v.extend_from_slice(lower);
-                    sys::setxattr_fd(nd.fd.as_fd(), &super::tree::ovl(b"redirect"), &v, 0)?;
-                }
-                None => sys::setxattr_fd(nd.fd.as_fd(), &super::tree::ovl(b"opaque"), b"y", 0)?,
-            }
+            set_marker(&nd, m.as_deref())?;
         }
         dir_attrs(h, &hn, f, &nd, made)?;
-        merge_dir(h, &hn, &p, f, &nd, stash, taken, depth + 1)?;
+        Ok(Flow::Enter(hn, nd))
+    })
+    .map(drop)
+}
+
+/// Marks the fresh flattened directory `nd` redirected to `lower` (absolute), or opaque
+/// (`None`), instead of whatever it had.
+fn set_marker(nd: &Node, lower: Option<&[u8]>) -> io::Result<()> {
+    super::tree::remove_marker(nd.fd.as_fd(), b"redirect");
+    super::tree::remove_marker(nd.fd.as_fd(), b"opaque");
+    match lower {
+        Some(lower) => {
+            let mut v = b"/".to_vec();
+            v.extend_from_slice(lower);
+            sys::setxattr_fd(nd.fd.as_fd(), &super::tree::ovl(b"redirect"), &v, 0)
+        }
+        None => sys::setxattr_fd(nd.fd.as_fd(), &super::tree::ovl(b"opaque"), b"y", 0),
     }
-    Ok(())
 }
 
 /// Gives the flattened directory `nd` the layer directory `hn`'s owner, mode, times and

@@ -10,7 +10,8 @@
 //! upper, a flattened scratch tree, the squashed one): files there are hard links of one
 //! inode, and directory times are left out (they follow their entries).
 //!
-//! Invariants: read-only; every walk is bounded by [`super::tree::MAX_DEPTH`].
+//! Invariants: read-only; every walk is iterative and bounded by
+//! [`super::tree::MAX_DEPTH`] (`stage/walk.rs`).
 
 use std::io;
 use std::os::fd::AsFd;
@@ -18,7 +19,8 @@ use std::os::fd::AsFd;
 use sha2::{Digest, Sha256};
 
 use super::changes::{Change, Kind, Layers};
-use super::tree::{Layer, Node, depth_ok, kind};
+use super::tree::{Layer, Node, kind};
+use super::walk::{Event, Flow, walk};
 use crate::host::sys;
 
 /// The length of an id in hex digits.
@@ -48,15 +50,42 @@ pub fn id(l: &Layers, c: &Change) -> io::Result<String> {
     }
     match (&c.kind, l.upper.get(&c.path)?) {
         (Kind::Deleted, _) | (_, None) => put(&mut h, b"-"),
-        (_, Some(u)) => staged(&l.upper, &u, c.entries.is_some(), &mut h, 0)?,
+        (_, Some(u)) => staged(&l.upper, &u, c.entries.is_some(), &mut h, &c.path)?,
     }
     let d = h.finalize();
     Ok(d.iter().take(LEN / 2).map(|b| format!("{b:02x}")).collect())
 }
 
-/// The staged object `n` (with `tree`: a new directory, every entry below it too).
-fn staged(up: &Layer, n: &Node, tree: bool, h: &mut Sha256, depth: usize) -> io::Result<()> {
-    depth_ok(depth)?;
+/// The staged object `n` at `path` (with `tree`: a new directory, every entry below it
+/// too, each name before its object, depth first: [`super::walk`]).
+fn staged(up: &Layer, n: &Node, tree: bool, h: &mut Sha256, path: &[u8]) -> io::Result<()> {
+    object(up, n, h)?;
+    if !(tree && kind(&n.st) == libc::S_IFDIR) {
+        return Ok(());
+    }
+    walk(up, n.try_clone()?, path, (), |ev| {
+        let Event::Entry { dir, name, .. } = ev else {
+            return Ok(Flow::Next);
+        };
+        let Some(c) = up.child(&dir.node, name)? else {
+            return Ok(Flow::Next);
+        };
+        if up.is_whiteout(&c) {
+            return Ok(Flow::Next);
+        }
+        put(h, name);
+        object(up, &c, h)?;
+        Ok(if kind(&c.st) == libc::S_IFDIR {
+            Flow::Enter(c, ())
+        } else {
+            Flow::Next
+        })
+    })
+    .map(drop)
+}
+
+/// One staged object without what is below it.
+fn object(up: &Layer, n: &Node, h: &mut Sha256) -> io::Result<()> {
     let st = &n.st;
     for v in [st.st_mode as i128, st.st_uid as i128, st.st_gid as i128] {
         num(h, v);
@@ -76,17 +105,6 @@ fn staged(up: &Layer, n: &Node, tree: bool, h: &mut Sha256, depth: usize) -> io:
         }
         libc::S_IFLNK => put(h, &sys::readlink_fd(n.fd.as_fd())?),
         libc::S_IFCHR | libc::S_IFBLK => num(h, st.st_rdev as i128),
-        libc::S_IFDIR if tree => {
-            for name in up.list(n)? {
-                if let Some(c) = up.child(n, &name)? {
-                    if up.is_whiteout(&c) {
-                        continue;
-                    }
-                    put(h, &name);
-                    staged(up, &c, true, h, depth + 1)?;
-                }
-            }
-        }
         _ => {}
     }
     Ok(())

@@ -34,6 +34,8 @@ pub mod changes;
 pub mod cli;
 pub mod control;
 mod copy;
+#[cfg(test)]
+mod deep_tests;
 pub mod diff;
 mod discard;
 pub mod error;
@@ -56,6 +58,7 @@ mod sys;
 pub mod tree;
 pub mod tree_mount;
 pub mod view;
+mod walk;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 

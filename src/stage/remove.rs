@@ -5,7 +5,8 @@
 //! [`sync_path`] for a directory of DIR). Every engine file imports these from here.
 //!
 //! Invariants: directories are entered by `O_PATH | O_NOFOLLOW` handles and symlinks are
-//! removed themselves, never followed; recursion stops at the staged tree's depth limit.
+//! removed themselves, never followed; trees are walked without recursion
+//! ([`super::walk`]), to the staged tree's depth limit.
 //! A primitive: it depends on the tree and stand-in helpers only, never on the engine's
 //! operations.
 
@@ -14,10 +15,11 @@ use std::io;
 use std::os::fd::{AsFd, BorrowedFd};
 use std::path::Path;
 
-use super::tree::{Layer, Node, depth_ok, split};
+use super::tree::{Layer, Node, split};
+use super::walk::{Event, Flow, walk};
 use crate::host::sys::{self, Name};
 
-fn name(n: &[u8]) -> io::Result<Name> {
+fn name_of(n: &[u8]) -> io::Result<Name> {
     Name::new(n)
 }
 
@@ -41,37 +43,58 @@ pub(super) fn sync_path(p: &Path) -> io::Result<()> {
 /// An entry already gone counts as removed (a concurrent removal of the same tree, such
 /// as the background removal of the trash and a later command's recovery, is harmless).
 pub(super) fn remove_tree(layer: &Layer, dir: BorrowedFd<'_>, n: &Name) -> io::Result<()> {
-    remove_tree_at(layer, dir, n, 0)
-}
-
-fn remove_tree_at(layer: &Layer, dir: BorrowedFd<'_>, n: &Name, depth: usize) -> io::Result<()> {
-    depth_ok(depth)?;
     let gone = |r: io::Result<()>| match r {
         Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(()),
         r => r,
     };
+    let Some(top) = open_dir(dir, n)? else {
+        return gone(sys::unlinkat(dir, n, 0));
+    };
+    // Each directory is removed once its entries are: on leaving it, from its parent.
+    walk(layer, top, b"", (), |ev| {
+        match ev {
+            Event::Entry { dir: d, name, .. } => {
+                let n = name_of(name)?;
+                match open_dir(d.node.fd.as_fd(), &n)? {
+                    Some(c) => return Ok(Flow::Enter(c, ())),
+                    None => gone(sys::unlinkat(d.node.fd.as_fd(), &n, 0))?,
+                }
+            }
+            Event::Leave {
+                path,
+                parent: Some(p),
+                ..
+            } => {
+                let n = name_of(split(path).1)?;
+                gone(sys::unlinkat(p.node.fd.as_fd(), &n, libc::AT_REMOVEDIR))?;
+            }
+            Event::Leave { parent: None, .. } => {}
+        }
+        Ok(Flow::Next)
+    })?;
+    gone(sys::unlinkat(dir, n, libc::AT_REMOVEDIR))
+}
+
+/// `dir/n` when it is a directory (`Ok(None)`: it is something else, or gone; a stat
+/// that finds it gone counts as a non-directory, whose removal then finds it gone too).
+fn open_dir(dir: BorrowedFd<'_>, n: &Name) -> io::Result<Option<Node>> {
     let st = match sys::fstatat_nofollow(dir, n) {
         Ok(st) => st,
-        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(()),
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(None),
         Err(e) => return Err(e),
     };
-    if st.st_mode & libc::S_IFMT == libc::S_IFDIR {
-        let d = match sys::open_path(dir, n) {
-            Ok(d) => d,
-            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(()),
-            Err(e) => return Err(e),
-        };
-        let node = Node {
-            st: sys::fstat(d.as_fd())?,
-            fd: d,
-        };
-        for child in layer.list(&node)? {
-            remove_tree_at(layer, node.fd.as_fd(), &name(&child)?, depth + 1)?;
-        }
-        gone(sys::unlinkat(dir, n, libc::AT_REMOVEDIR))
-    } else {
-        gone(sys::unlinkat(dir, n, 0))
+    if st.st_mode & libc::S_IFMT != libc::S_IFDIR {
+        return Ok(None);
     }
+    let d = match sys::open_path(dir, n) {
+        Ok(d) => d,
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    Ok(Some(Node {
+        st: sys::fstat(d.as_fd())?,
+        fd: d,
+    }))
 }
 
 /// Drops the staged entry at `path` of the staged tree `upper` (a whole tree for a
@@ -98,7 +121,7 @@ fn drop_staged_in(upper: &Layer, path: &[u8], keep_stand_in: bool) -> io::Result
     let Some(d) = upper.dir(parent)? else {
         return Ok(None);
     };
-    let n = name(last)?;
+    let n = name_of(last)?;
     match sys::fstatat_nofollow(d.fd.as_fd(), &n) {
         Ok(st) if keep_stand_in && super::standin::is_stand_in(&st) => return Ok(None),
         Ok(_) => {}

@@ -30,7 +30,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::remove::sync_dir;
 use super::sys::{STAGED, file};
-use super::tree::{Layer, Node, depth_ok, join, kind, split};
+use super::tree::{Layer, Node, join, kind, split};
+use super::walk::{Event, Flow};
 use super::{Area, layers};
 use crate::host::sys::{self, Name};
 
@@ -122,33 +123,35 @@ fn find(tree: &Layer, ws: &[Writer]) -> io::Result<HashMap<Key, Vec<Vec<u8>>>> {
     if !pending.is_empty()
         && let Some(root) = tree.get(b"")?
     {
-        walk(tree, &root, b"", &pending, &mut out)?;
+        walk(tree, root, &pending, &mut out)?;
     }
     Ok(out)
 }
 
 fn walk(
     tree: &Layer,
-    dir: &Node,
-    path: &[u8],
+    root: Node,
     want: &HashSet<Key>,
     out: &mut HashMap<Key, Vec<Vec<u8>>>,
 ) -> io::Result<()> {
-    depth_ok(super::tree::depth_of(path))?;
-    for name in tree.list(dir)? {
-        let Some(c) = tree.child(dir, &name)? else {
-            continue;
+    super::walk::walk(tree, root, b"", (), |ev| {
+        let Event::Entry { dir, path, name } = ev else {
+            return Ok(Flow::Next);
         };
-        let p = join(path, &name);
-        match kind(&c.st) {
-            libc::S_IFREG if want.contains(&(c.st.st_dev, c.st.st_ino)) => {
-                out.entry((c.st.st_dev, c.st.st_ino)).or_default().push(p);
+        let Some(c) = tree.child(&dir.node, name)? else {
+            return Ok(Flow::Next);
+        };
+        let key = (c.st.st_dev, c.st.st_ino);
+        Ok(match kind(&c.st) {
+            libc::S_IFREG if want.contains(&key) => {
+                out.entry(key).or_default().push(join(path, name));
+                Flow::Next
             }
-            libc::S_IFDIR => walk(tree, &c, &p, want, out)?,
-            _ => {}
-        }
-    }
-    Ok(())
+            libc::S_IFDIR => Flow::Enter(c, ()),
+            _ => Flow::Next,
+        })
+    })
+    .map(drop)
 }
 
 /// `DIR/scratch` (made if missing).

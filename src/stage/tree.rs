@@ -27,9 +27,12 @@ pub fn remove_marker(fd: BorrowedFd<'_>, what: &[u8]) {
     }
 }
 
-/// How deep the offline commands and the control socket walk a tree: deeper trees are
-/// refused (ELOOP) rather than recursed into without a bound.
-pub const MAX_DEPTH: usize = 400;
+/// How deep the stage tools walk a tree (without recursion: `stage/walk.rs`): twice the
+/// 4,096 levels the merged view lets an agent make (`host/inode/merged.rs`), so no tree
+/// made through the mount, nor SOURCE's below it, locks a person out of status,
+/// checkpoint, discard or apply; deeper trees are refused (ELOOP). A walk holds one
+/// descriptor per level (`fencefs stage` raises its RLIMIT_NOFILE to the hard limit).
+pub const MAX_DEPTH: usize = 8192;
 
 /// `Err(ELOOP)` past [`MAX_DEPTH`] levels.
 pub fn depth_ok(depth: usize) -> io::Result<()> {
@@ -64,6 +67,16 @@ pub struct Node {
     pub fd: OwnedFd,
     /// Its attributes (not following a symlink).
     pub st: libc::stat,
+}
+
+impl Node {
+    /// Another handle on the same file.
+    pub fn try_clone(&self) -> io::Result<Node> {
+        Ok(Node {
+            fd: self.fd.try_clone()?,
+            st: self.st,
+        })
+    }
 }
 
 /// `S_IFMT` of a stat.
