@@ -17,6 +17,7 @@ use clap::Subcommand;
 
 use super::Area;
 use super::render::status_line;
+use super::request::Op;
 use super::session::{Opts, apply_or_discard, count_since_last, record_line, recover};
 use super::{layers as ckpt, view};
 
@@ -186,97 +187,57 @@ pub fn run(a: StageArgs) -> i32 {
     }
 }
 
-/// The CLI's arguments for one operation, as the control socket takes them.
-#[derive(Default)]
-struct Req {
-    json: bool,
-    force: bool,
-    at: Option<u64>,
-    since: Option<u64>,
-    message: Option<String>,
-    to: Option<u64>,
-    note: Option<String>,
-}
-
-/// Through a running mount's control socket: `args[0]` is SOCKET (then the paths, or N
-/// for rewind).
-fn via_socket(op: &str, args: &[OsString], o: Req) -> Result<i32, StageError> {
-    let socket = PathBuf::from(&args[0]);
-    let ps: Vec<String> = paths(&args[1..])
+/// The paths after SOCKET, as the control socket takes them.
+fn socket_paths(args: &[OsString]) -> Vec<String> {
+    paths(&args[1..])
         .iter()
         .map(|p| String::from_utf8_lossy(p).into_owned())
-        .collect();
-    let mut req = serde_json::json!({"cmd": "stage", "op": op});
-    match op {
-        "hunks" => req["paths"] = ps.into(),
-        "status" | "diff" => {
-            req["paths"] = ps.into();
-            if let Some(n) = o.since {
-                req["since"] = n.into();
-            }
-        }
-        "apply" => {
-            req["paths"] = ps.into();
-            req["force"] = o.force.into();
-            if let Some(n) = o.at {
-                req["at"] = n.into();
-            }
-        }
-        "discard" => {
-            req["paths"] = ps.into();
-            if let Some(n) = &o.note {
-                req["note"] = n.clone().into();
-            }
-        }
-        "checkpoint" => {
-            if let Some(m) = &o.message {
-                req["message"] = m.clone().into();
-            }
-        }
-        "rewind" => req["to"] = o.to.into(),
-        _ => {}
-    }
-    let a = crate::control::client::call_once(&socket, &req)?;
+        .collect()
+}
+
+/// `op` through the running mount's control socket `socket`; its answer printed (`json`:
+/// as JSON).
+fn via_socket(socket: &OsString, op: Op, json: bool) -> Result<i32, StageError> {
+    let a = crate::control::client::call_once(&PathBuf::from(socket), &op.request())?;
     if a["ok"] != serde_json::Value::Bool(true) {
         return Err(a["error"].as_str().unwrap_or("refused").into());
     }
     let esc = |s: &str| crate::quote::escape(s.as_bytes()).into_owned();
+    let lines = || {
+        for l in a["lines"].as_array().into_iter().flatten() {
+            println!("{}", esc(l.as_str().unwrap_or_default()));
+        }
+    };
     match op {
-        "status" if o.json => println!("{}", json_text(&a["changes"])),
-        "hunks" if o.json => println!("{}", json_text(&a["hunks"])),
-        "hunks" => {
+        Op::Status { .. } if json => println!("{}", json_text(&a["changes"])),
+        Op::Hunks { .. } if json => println!("{}", json_text(&a["hunks"])),
+        Op::Hunks { .. } => {
             let d = a["text"].as_str().unwrap_or_default();
             shown(std::io::stdout().lock(), |out| out.write_all(d.as_bytes()))
                 .map_err(StageError::op("hunks"))?;
         }
-        "status" => {
-            for l in a["lines"].as_array().into_iter().flatten() {
-                println!("{}", esc(l.as_str().unwrap_or_default()));
-            }
-        }
-        "diff" => {
+        Op::Status { .. } => lines(),
+        Op::Diff { .. } => {
             let d = a["diff"].as_str().unwrap_or_default();
             shown(std::io::stdout().lock(), |out| out.write_all(d.as_bytes()))
                 .map_err(StageError::op("diff"))?;
         }
-        "log" => {
+        Op::Log => {
             let list: Vec<ckpt::Checkpoint> = serde_json::from_value(a["checkpoints"].clone())
                 .map_err(|e| StageError::Invalid(e.to_string()))?;
-            print_log(&list, o.json);
+            print_log(&list, json);
         }
-        "checkpoint" => println!("checkpoint {}", a["checkpoint"]["n"]),
-        "rewind" => println!("rewound to checkpoint {}", a["rewound_to"]),
-        "apply" | "discard" => {
-            for l in a["lines"].as_array().into_iter().flatten() {
-                println!("{}", esc(l.as_str().unwrap_or_default()));
-            }
+        Op::Checkpoint { .. } => println!("checkpoint {}", a["checkpoint"]["n"]),
+        Op::Rewind { .. } => println!("rewound to checkpoint {}", a["rewound_to"]),
+        Op::Apply { .. } | Op::Discard { .. } => {
+            lines();
             return Ok(if a["refused"].as_u64().unwrap_or(0) > 0 {
                 1
             } else {
                 0
             });
         }
-        _ => println!("{}", json_text(&a)),
+        Op::Feedback { .. } => println!("{}", json_text(&a)),
     }
     Ok(0)
 }
@@ -346,6 +307,7 @@ fn shown(
 
 fn run_op(op: StageOp) -> Result<i32, StageError> {
     let sock = |at: &At, args: &[OsString]| at.dir.is_none() && !args.is_empty();
+    let ps = socket_paths;
     match &op {
         StageOp::Status {
             at,
@@ -353,26 +315,29 @@ fn run_op(op: StageOp) -> Result<i32, StageError> {
             since,
             args,
         } if sock(at, args) => {
-            let o = Req {
-                json: *json,
-                since: *since,
-                ..Req::default()
-            };
-            return via_socket("status", args, o);
+            let since = *since;
+            return via_socket(
+                &args[0],
+                Op::Status {
+                    paths: ps(args),
+                    since,
+                },
+                *json,
+            );
         }
         StageOp::Hunks { at, json, args } if sock(at, args) => {
-            let o = Req {
-                json: *json,
-                ..Req::default()
-            };
-            return via_socket("hunks", args, o);
+            return via_socket(&args[0], Op::Hunks { paths: ps(args) }, *json);
         }
         StageOp::Diff { at, since, args } if sock(at, args) => {
-            let o = Req {
-                since: *since,
-                ..Req::default()
-            };
-            return via_socket("diff", args, o);
+            let since = *since;
+            return via_socket(
+                &args[0],
+                Op::Diff {
+                    paths: ps(args),
+                    since,
+                },
+                false,
+            );
         }
         StageOp::Apply {
             at,
@@ -380,43 +345,38 @@ fn run_op(op: StageOp) -> Result<i32, StageError> {
             force,
             checkpoint,
         } if sock(at, args) => {
-            let o = Req {
+            let op = Op::Apply {
+                paths: ps(args),
                 force: *force,
                 at: *checkpoint,
-                ..Req::default()
+                note: None,
             };
-            return via_socket("apply", args, o);
+            return via_socket(&args[0], op, false);
         }
         StageOp::Discard { at, args, note } if sock(at, args) => {
-            let o = Req {
-                note: note.clone(),
-                ..Req::default()
-            };
-            return via_socket("discard", args, o);
+            let note = note.clone();
+            return via_socket(
+                &args[0],
+                Op::Discard {
+                    paths: ps(args),
+                    note,
+                },
+                false,
+            );
         }
         StageOp::Checkpoint { at, message, args } if sock(at, args) => {
             if args.len() > 1 {
                 return Err("checkpoint takes no paths".into());
             }
-            let o = Req {
-                message: message.clone(),
-                ..Req::default()
-            };
-            return via_socket("checkpoint", args, o);
+            let message = message.clone();
+            return via_socket(&args[0], Op::Checkpoint { message }, false);
         }
         StageOp::Log { at, json, args } if sock(at, args) => {
-            let o = Req {
-                json: *json,
-                ..Req::default()
-            };
-            return via_socket("log", args, o);
+            return via_socket(&args[0], Op::Log, *json);
         }
         StageOp::Rewind { at, args } if sock(at, args) => {
-            let o = Req {
-                to: Some(rewind_arg(&args[1..])?),
-                ..Req::default()
-            };
-            return via_socket("rewind", &args[..1], o);
+            let to = Some(rewind_arg(&args[1..])?);
+            return via_socket(&args[0], Op::Rewind { to }, false);
         }
         _ => {}
     }

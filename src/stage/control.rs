@@ -24,6 +24,8 @@ use std::sync::Arc;
 use serde_json::{Value, json};
 
 use super::Area;
+use super::request::Op;
+use super::session::Opts;
 use super::{layers, view};
 use crate::control::proto::{self, StageRequest};
 use crate::control::server::Hooks;
@@ -62,9 +64,8 @@ pub trait Live: Send + Sync {
     ) -> Result<Value, StageError>;
 }
 
-fn paths(r: &StageRequest) -> Vec<Vec<u8>> {
-    r.paths
-        .iter()
+fn paths(ps: &[String]) -> Vec<Vec<u8>> {
+    ps.iter()
         .map(|p| {
             p.trim_start_matches("./")
                 .trim_end_matches('/')
@@ -87,82 +88,68 @@ pub fn serial() -> parking_lot::MutexGuard<'static, ()> {
 /// daemon.
 pub fn answer(dir: &Path, live: Option<&dyn Live>, r: &StageRequest, uid: u32) -> Value {
     let _one = serial();
-    match run(dir, live, r, uid) {
+    let res = Area::open(dir).and_then(|area| run(&area, live, Op::decode(r)?, uid));
+    match res {
         Ok(v) => proto::ok(v),
         Err(e) => proto::error(&e.to_string()),
     }
 }
 
-fn run(
-    dir: &Path,
-    live: Option<&dyn Live>,
-    r: &StageRequest,
-    uid: u32,
-) -> Result<Value, StageError> {
-    let area = Area::open(dir)?;
-    let changing = matches!(r.op.as_str(), "checkpoint" | "rewind" | "apply" | "discard");
-    if changing && live.is_none() {
-        let op = match r.op.as_str() {
-            "checkpoint" => "checkpoint",
-            "rewind" => "rewind",
-            "apply" => "apply",
-            _ => "discard",
-        };
-        return Err(StageError::NeedsLiveMount(op));
+/// The answer to `op` for a staging area no daemon serves (`fencefs review --dir`: its
+/// reads; its changes take DIR's lock and go through `session`).
+pub fn answer_offline(dir: &Path, op: Op, uid: u32) -> Value {
+    match Area::open(dir).and_then(|area| run(&area, None, op, uid)) {
+        Ok(v) => proto::ok(v),
+        Err(e) => proto::error(&e.to_string()),
     }
-    match r.op.as_str() {
-        "status" => {
-            let st = view::staged(&area, r.since)?;
-            let list = st.selected(&paths(r))?;
+}
+
+fn run(area: &Area, live: Option<&dyn Live>, op: Op, uid: u32) -> Result<Value, StageError> {
+    // A change of the layer stack runs through the live mount's swap (checked first).
+    let live = |op: &'static str| live.ok_or(StageError::NeedsLiveMount(op));
+    match op {
+        Op::Status { paths: ps, since } => {
+            let st = view::staged(area, since)?;
+            let list = st.selected(&paths(&ps))?;
             Ok(json!({
-                "changes": view::json_list(&area, &st, &list, r.since)?,
+                "changes": view::json_list(area, &st, &list, since)?,
                 "lines": list.iter().map(super::render::status_line).collect::<Vec<_>>(),
             }))
         }
-        "diff" => {
-            let st = view::staged(&area, r.since)?;
-            let list = st.selected(&paths(r))?;
-            let mut out = Capped(Vec::new());
-            match super::diff::write(&st.layers, &list, &mut out) {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::FileTooLarge => {
-                    return Err(format!(
-                        "the diff is over {} MiB: read it with `fencefs stage diff --dir {}`",
-                        MAX_DIFF >> 20,
-                        area.dir.display()
-                    )
-                    .into());
-                }
-                Err(e) => return Err(StageError::op("diff")(e)),
-            }
-            Ok(json!({"diff": String::from_utf8_lossy(&out.0)}))
-        }
-        "hunks" => hunks(&area, r),
-        "feedback" => {
-            let p = r.paths.first().ok_or("feedback needs the path")?;
-            let d = r.decision.as_deref().unwrap_or_default();
-            let note = r.message.as_deref().unwrap_or_default();
-            super::feedback::append_one(&area.dir, p, &r.hunks, d, note)?;
+        Op::Diff { paths: ps, since } => diff(area, &paths(&ps), since),
+        Op::Hunks { paths: ps } => hunks(area, &paths(&ps)),
+        Op::Feedback {
+            paths: ps,
+            decision,
+            hunks,
+            message,
+        } => {
+            let p = ps.first().ok_or("feedback needs the path")?;
+            let d = decision.as_deref().unwrap_or_default();
+            let note = message.as_deref().unwrap_or_default();
+            super::feedback::append_one(&area.dir, p, &hunks, d, note)?;
             Ok(json!({}))
         }
-        "log" => Ok(json!({"checkpoints": layers::log(&area.dir)?})),
-        "checkpoint" => {
+        Op::Log => Ok(json!({"checkpoints": layers::log(&area.dir)?})),
+        Op::Checkpoint { message } => {
+            let live = live("checkpoint")?;
             // Counted before the door closes (what changes meanwhile is sealed uncounted).
-            let n = super::session::count_since_last(&area)?;
-            let msg = r.message.clone().unwrap_or_default();
-            live.expect("checked").swap(true, &mut || {
+            let n = super::session::count_since_last(area)?;
+            let msg = message.unwrap_or_default();
+            live.swap(true, &mut || {
                 let c = layers::checkpoint(&area.dir, &msg, n)?;
                 Ok(json!({"checkpoint": c}))
             })
         }
-        "rewind" => {
-            let to = r.to.ok_or("rewind needs `to` (the checkpoint number)")?;
-            let v = live.expect("checked").swap(false, &mut || {
+        Op::Rewind { to } => {
+            let live = live("rewind")?;
+            let to = to.ok_or("rewind needs `to` (the checkpoint number)")?;
+            let v = live.swap(false, &mut || {
                 layers::rewind(&area.dir, to)?;
                 Ok(json!({"rewound_to": to}))
             });
             super::session::record_line(
-                &area,
+                area,
                 "stage-rewind",
                 uid,
                 &[],
@@ -171,30 +158,65 @@ fn run(
             let _ = layers::empty_trash(&area.dir);
             v
         }
-        "apply" | "discard" => {
-            let ps = paths(r);
-            let op = r.op.clone();
-            let o = super::session::Opts {
-                force: r.force,
-                at: r.at,
-                note: r.note.clone(),
-            };
-            let v = live.expect("checked").swap(false, &mut || {
-                let report = super::session::apply_or_discard(&area.dir, &op, &ps, o.clone(), uid)?;
-                Ok(json!({"lines": report.lines, "refused": report.refused}))
-            });
-            layers::empty_trash_later(&area.dir, true);
-            v
+        Op::Apply {
+            paths: ps,
+            force,
+            at,
+            note,
+        } => {
+            let o = Opts { force, at, note };
+            apply_or_discard(area, live("apply")?, "apply", &paths(&ps), o, uid)
         }
-        other => Err(format!("unknown stage op '{other}'").into()),
+        Op::Discard { paths: ps, note } => {
+            let o = Opts {
+                note,
+                ..Opts::default()
+            };
+            apply_or_discard(area, live("discard")?, "discard", &paths(&ps), o, uid)
+        }
     }
+}
+
+fn apply_or_discard(
+    area: &Area,
+    live: &dyn Live,
+    op: &str,
+    ps: &[Vec<u8>],
+    o: Opts,
+    uid: u32,
+) -> Result<Value, StageError> {
+    let v = live.swap(false, &mut || {
+        let report = super::session::apply_or_discard(&area.dir, op, ps, o.clone(), uid)?;
+        Ok(json!({"lines": report.lines, "refused": report.refused}))
+    });
+    layers::empty_trash_later(&area.dir, true);
+    v
+}
+
+/// `diff`: the changes of `ps` as git's diff, at most [`MAX_DIFF`] bytes.
+fn diff(area: &Area, ps: &[Vec<u8>], since: Option<u64>) -> Result<Value, StageError> {
+    let st = view::staged(area, since)?;
+    let list = st.selected(ps)?;
+    let mut out = Capped(Vec::new());
+    match super::diff::write(&st.layers, &list, &mut out) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::FileTooLarge => {
+            return Err(format!(
+                "the diff is over {} MiB: read it with `fencefs stage diff --dir {}`",
+                MAX_DIFF >> 20,
+                area.dir.display()
+            )
+            .into());
+        }
+        Err(e) => return Err(StageError::op("diff")(e)),
+    }
+    Ok(json!({"diff": String::from_utf8_lossy(&out.0)}))
 }
 
 /// `hunks`: the one path's numbered hunks (`hunks`, as `stage hunks --json` prints them)
 /// and their text (`text`, as `stage hunks` prints it), at most [`MAX_DIFF`] bytes.
-fn hunks(area: &Area, r: &StageRequest) -> Result<Value, StageError> {
-    let ps = paths(r);
-    let [p] = &ps[..] else {
+fn hunks(area: &Area, ps: &[Vec<u8>]) -> Result<Value, StageError> {
+    let [p] = ps else {
         return Err("hunks takes one path".into());
     };
     let st = view::staged(area, None)?;

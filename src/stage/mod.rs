@@ -50,6 +50,7 @@ mod moves;
 pub mod partial;
 mod remove;
 mod render;
+pub mod request;
 pub mod seal;
 pub mod session;
 mod space;

@@ -11,7 +11,7 @@ use std::path::PathBuf;
 
 use serde_json::{Value, json};
 
-use crate::control::proto::StageRequest;
+use crate::stage::request::Op;
 use crate::stage::session::{self, Opts};
 
 /// The staging area the UI works on.
@@ -32,27 +32,14 @@ fn checked(a: Value) -> Result<Value, String> {
 }
 
 impl Backend {
-    /// One `{"cmd":"stage","op":op,…}` request with the fields of `fields`; the answer
-    /// (`ok:false` as the error).
-    pub fn stage(&self, op: &str, fields: Value) -> Result<Value, String> {
-        let mut req = json!({"cmd": "stage", "op": op});
-        if let (Some(r), Some(f)) = (req.as_object_mut(), fields.as_object()) {
-            r.extend(f.clone());
-        }
+    /// One `{"cmd":"stage",…}` request for `op`; the answer (`ok:false` as the error).
+    pub fn stage(&self, op: Op) -> Result<Value, String> {
         match self {
-            Backend::Socket(s) => checked(crate::control::client::call_once(s, &req)?),
-            Backend::Dir(d) => {
-                // The socket's `stage` command without its `cmd` tag.
-                if let Some(r) = req.as_object_mut() {
-                    r.remove("cmd");
-                }
-                let r: StageRequest =
-                    serde_json::from_value(req).map_err(|e| format!("request: {e}"))?;
-                match op {
-                    "apply" | "discard" | "rewind" => offline_change(d, &r),
-                    _ => checked(crate::stage::control::answer(d, None, &r, uid())),
-                }
-            }
+            Backend::Socket(s) => checked(crate::control::client::call_once(s, &op.request())?),
+            Backend::Dir(d) => match op {
+                Op::Apply { .. } | Op::Discard { .. } | Op::Rewind { .. } => offline_change(d, op),
+                op => checked(crate::stage::control::answer_offline(d, op, uid())),
+            },
         }
     }
 
@@ -70,13 +57,13 @@ fn uid() -> u32 {
 }
 
 /// An apply, discard or rewind on a DIR no daemon serves: its lock held meanwhile.
-fn offline_change(dir: &std::path::Path, r: &StageRequest) -> Result<Value, String> {
+fn offline_change(dir: &std::path::Path, op: Op) -> Result<Value, String> {
     let area = crate::stage::Area::open(dir)?;
     area.lock()?;
     let area = session::recover(area)?;
-    match r.op.as_str() {
-        "rewind" => {
-            let to = r.to.ok_or("rewind needs a checkpoint number")?;
+    let (name, paths, note) = match op {
+        Op::Rewind { to } => {
+            let to = to.ok_or("rewind needs a checkpoint number")?;
             let res = crate::stage::layers::rewind(&area.dir, to);
             session::record_line(
                 &area,
@@ -87,17 +74,18 @@ fn offline_change(dir: &std::path::Path, r: &StageRequest) -> Result<Value, Stri
             );
             res?;
             let _ = crate::stage::layers::empty_trash(&area.dir);
-            Ok(json!({"rewound_to": to}))
+            return Ok(json!({"rewound_to": to}));
         }
-        op => {
-            let ps: Vec<Vec<u8>> = r.paths.iter().map(|p| p.as_bytes().to_vec()).collect();
-            let o = Opts {
-                note: r.note.clone(),
-                ..Opts::default()
-            };
-            let rep = session::apply_or_discard(&area.dir, op, &ps, o, uid())?;
-            crate::stage::layers::empty_trash_later(&area.dir, false);
-            Ok(json!({"lines": rep.lines, "refused": rep.refused}))
-        }
-    }
+        Op::Apply { paths, note, .. } => ("apply", paths, note),
+        Op::Discard { paths, note } => ("discard", paths, note),
+        _ => return Err("only apply, discard and rewind change a staging area".into()),
+    };
+    let ps: Vec<Vec<u8>> = paths.iter().map(|p| p.as_bytes().to_vec()).collect();
+    let o = Opts {
+        note,
+        ..Opts::default()
+    };
+    let rep = session::apply_or_discard(&area.dir, name, &ps, o, uid())?;
+    crate::stage::layers::empty_trash_later(&area.dir, false);
+    Ok(json!({"lines": rep.lines, "refused": rep.refused}))
 }

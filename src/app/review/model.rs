@@ -12,9 +12,10 @@ use std::sync::mpsc::{Receiver, channel};
 use std::time::Instant;
 
 use crossterm::event::{KeyCode, KeyEvent, KeyModifiers};
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use super::backend::Backend;
+use crate::stage::request::Op;
 
 /// One changed path.
 pub struct Entry {
@@ -143,11 +144,11 @@ impl Model {
     /// selected path's detail.
     pub fn reload(&mut self) {
         let keep = self.entries.get(self.sel).map(|e| e.path.clone());
-        let mut f = json!({"paths": []});
-        if let Some(n) = self.since {
-            f["since"] = n.into();
-        }
-        match self.backend.stage("status", f) {
+        let status = Op::Status {
+            paths: Vec::new(),
+            since: self.since,
+        };
+        match self.backend.stage(status) {
             Ok(a) => {
                 let lines = a["lines"].as_array().cloned().unwrap_or_default();
                 let changes = a["changes"].as_array().cloned().unwrap_or_default();
@@ -181,8 +182,10 @@ impl Model {
             self.detail = Detail::Note("nothing staged".into());
             return;
         };
-        let paths = json!({"paths": [e.path]});
-        if let Ok(a) = self.backend.stage("hunks", paths.clone()) {
+        let paths = vec![e.path.clone()];
+        if let Ok(a) = self.backend.stage(Op::Hunks {
+            paths: paths.clone(),
+        }) {
             let h = &a["hunks"];
             let hunks = h["hunks"].as_array().cloned().unwrap_or_default();
             self.detail = Detail::Hunks {
@@ -203,7 +206,7 @@ impl Model {
             };
             return;
         }
-        self.detail = match self.backend.stage("diff", paths) {
+        self.detail = match self.backend.stage(Op::Diff { paths, since: None }) {
             Ok(a) => Detail::Whole(
                 a["diff"]
                     .as_str()
@@ -267,7 +270,7 @@ impl Model {
     /// checkpoint).
     fn toggle_turn(&mut self) {
         if self.since.take().is_none() {
-            match self.backend.stage("log", json!({})) {
+            match self.backend.stage(Op::Log) {
                 Ok(a) => {
                     let live = a["checkpoints"].as_array().into_iter().flatten();
                     self.since = live
@@ -440,17 +443,30 @@ impl Model {
 
 /// Sends `r`; when it went through, appends its feedback line (`note` on a discard).
 fn run(b: &Backend, r: &Req, note: &str) -> Result<Value, String> {
-    let a = match r.op {
-        "rewind" => b.stage("rewind", json!({"to": r.to}))?,
-        // A whole path's decision (and its note) is recorded by the apply or discard.
-        op => b.stage(
-            op,
-            json!({"paths": [r.arg], "note": (!note.is_empty()).then_some(note)}),
-        )?,
+    let paths = vec![r.arg.clone()];
+    // A whole path's decision (and its note) is recorded by the apply or discard.
+    let note_for = || (!note.is_empty()).then(|| note.to_string());
+    let op = match r.op {
+        "rewind" => Op::Rewind { to: r.to },
+        "apply" => Op::Apply {
+            paths,
+            force: false,
+            at: None,
+            note: note_for(),
+        },
+        _ => Op::Discard {
+            paths,
+            note: note_for(),
+        },
     };
+    let a = b.stage(op)?;
     if r.op != "rewind" && !r.hunks.is_empty() && a["refused"].as_u64() == Some(0) {
-        let f = json!({"paths": [r.path], "decision": r.op, "hunks": r.hunks, "message": note});
-        b.stage("feedback", f)?;
+        b.stage(Op::Feedback {
+            paths: vec![r.path.clone()],
+            decision: Some(r.op.to_string()),
+            hunks: r.hunks.clone(),
+            message: Some(note.to_string()),
+        })?;
     }
     Ok(a)
 }
