@@ -19,21 +19,22 @@ use super::ops::Shared;
 use crate::approvals::Outcome;
 use crate::audit::{Event, errno_name};
 use crate::host::roots::Fence;
-use crate::policy::{Access, By, CeilingBy, Denial, Need, Special, Verdict};
+use crate::policy::{Access, By, CeilingBy, Denial, Need, Refusal, Special, Verdict};
 
 /// The errno a layout fence (`host/roots.rs`) gives `need`, if it refuses it: a hidden
 /// path is absent (EACCES for a create, as for `none`), a read-only one is EROFS, a kept
 /// one EROFS for any change but its creation.
 fn fenced(fence: Option<Fence>, need: Need) -> Option<i32> {
-    match (fence?, need) {
-        (Fence::Hidden, n) => Some(n.hidden_errno()),
+    let r = match (fence?, need) {
+        (Fence::Hidden, _) => Refusal::Hidden,
         // Every mutation: `append` and `create` as much as `write`.
-        (Fence::ReadOnly, n) if n.mutates() => Some(libc::EROFS),
-        (Fence::ReadOnly, _) => None,
+        (Fence::ReadOnly, n) if n.mutates() => Refusal::Mode,
+        (Fence::ReadOnly, _) => return None,
         // Made once, never changed nor removed afterwards.
-        (Fence::Kept, Need::Write | Need::Append) => Some(libc::EROFS),
-        (Fence::Kept, _) => None,
-    }
+        (Fence::Kept, Need::Write | Need::Append) => Refusal::Mode,
+        (Fence::Kept, _) => return None,
+    };
+    Some(r.errno(need))
 }
 
 /// One refusal an approver could lift: path, is_dir, need, the denial, the `ask` level.
@@ -322,8 +323,7 @@ impl Shared {
     /// session can neither plant what the host runs nor rewrite the policy deciding it.
     fn reports_only(&self, ctx: &Ctx, path: &[u8], need: Need, d: &Denial) -> bool {
         self.learning()
-            && d.verdict.grant != Access::None
-            && d.errno != libc::EPERM
+            && !matches!(d.refusal, Refusal::Hidden | Refusal::Special)
             && !(need.mutates() && ctx.snap.policy.pinned(path))
     }
 
@@ -342,12 +342,6 @@ impl Shared {
         op: &'static str,
         checks: &[(&[u8], bool, Need)],
     ) -> Res<()> {
-        let rank = |d: &Denial| match d.errno {
-            _ if d.verdict.grant == Access::None => 0,
-            libc::EPERM => 1,
-            libc::EROFS => 2,
-            _ => 3,
-        };
         for &(path, is_dir, need) in checks {
             self.fence(ctx, op, path, is_dir, need)?;
         }
@@ -369,7 +363,8 @@ impl Shared {
                         Some(a) => askable.push((path, is_dir, need, d, a)),
                         None => all_askable = false,
                     }
-                    if worst.as_ref().is_none_or(|(_, _, w)| rank(&d) < rank(w)) {
+                    // The spec's order: the first kind of refusal decides.
+                    if worst.as_ref().is_none_or(|(_, _, w)| d.refusal < w.refusal) {
                         worst = Some((path, need, d));
                     }
                 }

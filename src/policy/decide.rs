@@ -24,7 +24,7 @@ use globset::Candidate;
 
 use super::build::Layer;
 use super::memo;
-use super::{Access, By, Caller, CeilingBy, Denial, Mode, Need, Special, Verdict};
+use super::{Access, By, Caller, CeilingBy, Denial, Mode, Need, Refusal, Special, Verdict};
 
 /// The rules that an `except` glob takes out at one path, computed on first need (most
 /// decisions meet no rule with an `except` list and never compute it).
@@ -482,18 +482,18 @@ impl Layer {
         let needed = need.access();
         let (grant, grant_by, ceiling) = self.decided(path, caller, is_dir, need.mutates());
         let verdict = Self::combine(grant, grant_by, ceiling);
-        let deny = |errno, by| Err(Denial { errno, verdict, by });
+        let deny = |r, by| Err(Denial::new(r, need, verdict, by));
         if grant == Access::None {
-            return deny(need.hidden_errno(), grant_by);
+            return deny(Refusal::Hidden, grant_by);
         }
         if (special.device && !self.allow_devices) || (special.setid && !self.allow_setid) {
-            return deny(libc::EPERM, By::Mode);
+            return deny(Refusal::Special, By::Mode);
         }
         if need.mutates() && !ceiling.includes(needed) {
-            return deny(libc::EROFS, By::Mode);
+            return deny(Refusal::Mode, By::Mode);
         }
         if !grant.includes(needed) {
-            return deny(libc::EACCES, grant_by);
+            return deny(Refusal::Rule, grant_by);
         }
         Ok(verdict)
     }

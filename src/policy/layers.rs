@@ -23,9 +23,10 @@
 use std::path::Path;
 use std::sync::Arc;
 
+use super::Special;
 use super::build::Layer;
 use super::ignore::{IgnoreSet, IgnoreSource};
-use super::{Access, By, Caller, CeilingBy, Denial, Mode, Need, PolicyError, RuleInfo, Special};
+use super::{Access, By, Caller, CeilingBy, Denial, Mode, Need, PolicyError, Refusal, RuleInfo};
 use super::{Verdict, load_layer};
 
 /// The compiled set of layers. Cheap to query from many threads (`&self` only).
@@ -52,26 +53,10 @@ pub struct Policy {
     ignore: Arc<IgnoreSet>,
 }
 
-/// How a refusal ranks in the contract's order (lower decides): `none`, device/setid, the
-/// mode, then a rule that no approver can lift, then one an `ask` could lift.
-fn rank(layer: &Layer, d: &Denial, need: Need) -> u8 {
-    match d.errno {
-        _ if d.verdict.grant == Access::None => 0,
-        libc::EPERM => 1,
-        libc::EROFS => 2,
-        _ if local_askable(layer, d, need).is_some() => 4,
-        _ => 3,
-    }
-}
-
-/// [`Denial::askable`] for a denial with the layer's own rule indices.
-fn local_askable(layer: &Layer, d: &Denial, need: Need) -> Option<Access> {
-    let By::Rule(i) = d.by else { return None };
-    if d.errno != libc::EACCES {
-        return None;
-    }
-    let ask = layer.rule(i).ask?;
-    ask.includes(need.access()).then_some(ask)
+/// How a refusal ranks (lower decides): its kind in the contract's order ([`Refusal`]),
+/// and among rules one that no approver can lift before one an `ask` could lift.
+fn rank(layer: &Layer, d: &Denial, need: Need) -> (Refusal, bool) {
+    (d.refusal, d.ask_of(need, |i| layer.rule(i).ask).is_some())
 }
 
 fn shift_by(by: By, off: usize) -> By {
@@ -370,9 +355,9 @@ impl Policy {
 
     fn shift_denial(&self, k: usize, d: Denial) -> Denial {
         Denial {
-            errno: d.errno,
             verdict: self.shift(k, d.verdict),
             by: shift_by(d.by, self.rule_off[k]),
+            ..d
         }
     }
 
@@ -527,11 +512,7 @@ impl Policy {
         is_dir: bool,
     ) -> Result<Verdict, Denial> {
         if let Some(v) = self.ignored(path, is_dir) {
-            return Err(Denial {
-                errno: need.hidden_errno(),
-                verdict: v,
-                by: v.by,
-            });
+            return Err(Denial::new(Refusal::Hidden, need, v, v.by));
         }
         let answer = self.check_layers(path, caller, need, special, is_dir);
         if !need.mutates() || !self.pinned(path) {
@@ -539,16 +520,17 @@ impl Policy {
         }
         // The workspace layer's file: EROFS in every mode, after `none` and device/setid.
         match answer {
-            Err(d) if d.verdict.grant == Access::None || d.errno == libc::EPERM => Err(d),
-            Err(Denial { verdict, .. }) | Ok(verdict) => Err(Denial {
-                errno: libc::EROFS,
-                verdict: Verdict {
+            Err(d) if d.refusal < Refusal::Mode => Err(d),
+            Err(Denial { verdict, .. }) | Ok(verdict) => Err(Denial::new(
+                Refusal::Mode,
+                need,
+                Verdict {
                     effective: verdict.effective.meet(Access::Read),
                     by: By::Mode,
                     ..verdict
                 },
-                by: By::Mode,
-            }),
+                By::Mode,
+            )),
         }
     }
 
@@ -564,7 +546,7 @@ impl Policy {
             return self.layers[0].check_for(path, caller, need, special, is_dir);
         }
         let mut ok: Vec<(usize, Verdict)> = Vec::new();
-        let mut refused: Option<(usize, u8, Denial)> = None;
+        let mut refused: Option<(usize, (Refusal, bool), Denial)> = None;
         for (k, l) in self.layers.iter().enumerate() {
             match l.check_for(path, caller, need, special, is_dir) {
                 Ok(v) => ok.push((k, v)),

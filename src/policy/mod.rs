@@ -229,11 +229,43 @@ pub struct Verdict {
     pub layer: usize,
 }
 
-/// Why a request was refused; `errno` follows the spec's order
-/// (none → ENOENT (EACCES for `Need::Create`), device/setid → EPERM, mode → EROFS, rule → EACCES).
+/// What kind of refusal a denial is. The variants are in the spec's order: when several
+/// checks of one request refuse, the first kind decides (`Ord`); each kind has one errno
+/// ([`Refusal::errno`]), so nothing reads the kind back from an errno.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Refusal {
+    /// `none` (a rule's, the default's, an ignore file's): ENOENT, as if absent (EACCES
+    /// for a create).
+    Hidden,
+    /// A device node or set-ID bit the policy does not allow: EPERM.
+    Special,
+    /// Above the mode's ceiling, or a change of a pinned policy file: EROFS.
+    Mode,
+    /// The grant of a rule or the default does not include the need: EACCES, the one
+    /// kind an approver may lift ([`Denial::askable`]).
+    Rule,
+}
+
+impl Refusal {
+    /// Its errno for `need`.
+    pub fn errno(self, need: Need) -> i32 {
+        match self {
+            Refusal::Hidden => need.hidden_errno(),
+            Refusal::Special => libc::EPERM,
+            Refusal::Mode => libc::EROFS,
+            Refusal::Rule => libc::EACCES,
+        }
+    }
+}
+
+/// Why a request was refused: its [`Refusal`] kind and the errno that kind gives the need
+/// (none → ENOENT (EACCES for `Need::Create`), device/setid → EPERM, mode → EROFS, rule →
+/// EACCES), made together by [`Denial::new`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Denial {
-    /// libc errno value.
+    /// What kind of refusal.
+    pub refusal: Refusal,
+    /// libc errno value (`refusal.errno(need)`).
     pub errno: i32,
     /// The verdict of the refused path.
     pub verdict: Verdict,
@@ -242,16 +274,31 @@ pub struct Denial {
 }
 
 impl Denial {
+    /// A `refusal` of `need` with `verdict`, refused `by`.
+    pub fn new(refusal: Refusal, need: Need, verdict: Verdict, by: By) -> Denial {
+        Denial {
+            refusal,
+            errno: refusal.errno(need),
+            verdict,
+            by,
+        }
+    }
+
     /// The access an approver could grant for this refusal of `need`: only a refusal by
-    /// a rule (EACCES, not the mode, not `none`, not device/setid) whose `ask` covers what
-    /// was needed.
+    /// a rule (not the mode, not `none`, not device/setid) whose `ask` covers what was
+    /// needed.
     pub fn askable(&self, policy: &crate::policy::Policy, need: Need) -> Option<Access> {
+        self.ask_of(need, |i| policy.rule(i).ask)
+    }
+
+    /// [`Denial::askable`] with `ask` giving rule `i`'s `ask` (the set's indices, or one
+    /// layer's own).
+    pub fn ask_of(&self, need: Need, ask: impl Fn(usize) -> Option<Access>) -> Option<Access> {
         let By::Rule(i) = self.by else { return None };
-        if self.errno != libc::EACCES {
+        if self.refusal != Refusal::Rule {
             return None;
         }
-        let ask = policy.rule(i).ask?;
-        ask.includes(need.access()).then_some(ask)
+        ask(i).filter(|a| a.includes(need.access()))
     }
 }
 

@@ -96,6 +96,7 @@ fn check_errno_table() {
                     String::from_utf8_lossy(path)
                 );
                 assert_eq!(d.verdict, verdict, "case {i}");
+                assert_eq!(d.errno, d.refusal.errno(*need), "case {i}");
             }
             (got, want) => panic!(
                 "case {i}: {need:?} {special:?} on {:?}: got {got:?}, want {want:?}\n{src}",
@@ -175,4 +176,24 @@ fn dir_rename_table() {
             String::from_utf8_lossy(new)
         );
     }
+}
+
+/// A refusal's kind gives its errno and its rank: the contract's order is `Refusal`'s
+/// order (the table above checks every denial's errno is its kind's).
+#[test]
+fn refusal_kinds_are_in_the_contracts_order() {
+    use Refusal::*;
+    assert!(Hidden < Special && Special < Mode && Mode < Rule);
+    let errnos = |n| [Hidden, Special, Mode, Rule].map(|r| r.errno(n));
+    let (noent, perm, rofs, acces) = (libc::ENOENT, libc::EPERM, libc::EROFS, libc::EACCES);
+    assert_eq!(errnos(Need::Read), [noent, perm, rofs, acces]);
+    assert_eq!(errnos(Need::Create), [acces, perm, rofs, acces]);
+    let p = pol(
+        "mode = 'read-only'\n[[rule]]\npath='s'\naccess='none'\n[[rule]]\npath='d'\naccess='list'\n",
+    );
+    let kind = |path: &[u8], need, sp| p.check(path, ME, need, sp).unwrap_err().refusal;
+    assert_eq!(kind(b"s/x", Need::Create, NO_SPECIAL), Hidden);
+    assert_eq!(kind(b"x", Need::Create, DEVICE), Special);
+    assert_eq!(kind(b"x", Need::Write, NO_SPECIAL), Mode);
+    assert_eq!(kind(b"d/x", Need::Read, NO_SPECIAL), Rule);
 }
