@@ -13,6 +13,9 @@
 //! serves a new overlay built from DIR as it is then, and takes back the kernel's caches,
 //! so every process sees the new merged view at once.
 //!
+//! A request is decoded once into an [`Op`] (an unknown op refused there) and answered
+//! by its variant; the engine's [`StageError`] becomes the answer's text only here.
+//!
 //! Invariants: an error is an answer (`ok:false`), never a panic or a dropped connection;
 //! whatever a change did, the daemon serves DIR's state afterwards (an interrupted change
 //! is finished or rolled back by [`layers::recover`] first).
