@@ -19,7 +19,7 @@ use fuser::FileAttr;
 use super::{Ctx, Error, Lookup, Opened, Res, Shared};
 use crate::fs::attr;
 use crate::fs::kcache::Inval;
-use crate::host::inode::join;
+use crate::host::path::join;
 use crate::host::roots::Fence;
 use crate::host::sys::{self, Name};
 use crate::policy::{Access, By, Need, Special, Verdict};

@@ -27,6 +27,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 
+use super::path::join;
 use super::sys::{self, Name, Xattr};
 
 mod change;
@@ -134,17 +135,6 @@ fn kind(st: &libc::stat) -> u32 {
 
 fn missing(e: &io::Error) -> bool {
     matches!(e.raw_os_error(), Some(libc::ENOENT | libc::ENOTDIR))
-}
-
-/// `a/b` (`b` when `a` is empty).
-pub fn join(a: &[u8], b: &[u8]) -> Vec<u8> {
-    let mut p = Vec::with_capacity(a.len() + 1 + b.len());
-    p.extend_from_slice(a);
-    if !a.is_empty() {
-        p.push(b'/');
-    }
-    p.extend_from_slice(b);
-    p
 }
 
 impl Union {
