@@ -33,6 +33,7 @@ use super::sys::{self, Name, Xattr};
 mod change;
 mod copyup;
 mod list;
+mod remove;
 
 pub use change::NewName;
 pub use list::MergedEntry;
@@ -131,6 +132,20 @@ pub struct Union {
 
 fn kind(st: &libc::stat) -> u32 {
     st.st_mode & libc::S_IFMT
+}
+
+/// A name no one else makes, `#fencefs-WHAT.PID.N`: an object is made under it in
+/// `DIR/work` (or, for a new name made as the caller, in the upper directory itself) and
+/// renamed into place.
+fn temp_name(what: &str) -> Name {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let name = format!("#fencefs-{what}.{}.{n}", std::process::id());
+    Name::new(name.as_bytes()).expect("a valid name")
+}
+
+fn err(n: i32) -> io::Error {
+    io::Error::from_raw_os_error(n)
 }
 
 fn missing(e: &io::Error) -> bool {
