@@ -151,6 +151,7 @@ impl Union {
     ) -> io::Result<()> {
         let _g = self.names.lock();
         let src_dir = kind(&src.st) == libc::S_IFDIR;
+        let mut swapped = None;
         if let Some(d) = dst {
             if noreplace {
                 return Err(err(libc::EEXIST));
@@ -165,14 +166,34 @@ impl Union {
                         return Err(err(libc::ENOTEMPTY));
                     }
                     if d.layer == 0 {
-                        self.empty_in_place(nup, newname, d)?;
+                        swapped = self.empty_in_place(nup, newname, d)?;
                     }
                 }
                 (false, false) => {}
             }
         }
-        let src_stack = src.stack.as_ref();
-        let redirect = match src_stack {
+        let r = self.rename_in((parent, up, name), (newparent, nup, newname), src, dst);
+        if let Some(tmp) = swapped {
+            self.after_replace(nup, newname, &tmp, r.is_ok());
+        }
+        r?;
+        if src_dir || dst.is_some_and(|d| kind(&d.st) == libc::S_IFDIR) {
+            self.bump();
+        }
+        Ok(())
+    }
+
+    /// The rename itself, once what it replaces is known to be replaceable: markers on a
+    /// moved directory, then one rename (or exchange with a whiteout).
+    fn rename_in(
+        &self,
+        (parent, up, name): (&Stack, BorrowedFd<'_>, &Name),
+        (newparent, nup, newname): (&Stack, BorrowedFd<'_>, &Name),
+        src: &Found,
+        dst: Option<&Found>,
+    ) -> io::Result<()> {
+        let src_dir = kind(&src.st) == libc::S_IFDIR;
+        let redirect = match src.stack.as_ref() {
             Some(s) if s.has_lower() => {
                 s.parts.iter().find(|p| p.layer > 0).map(|p| p.path.clone())
             }
@@ -199,13 +220,10 @@ impl Union {
             if !old_lower && let Err(e) = sys::unlinkat(up, name, 0) {
                 log::warn!("stage: deleting a replaced whiteout: {e}");
             }
+            Ok(())
         } else {
-            self.move_entry((up, name), (nup, newname), old_lower)?;
+            self.move_entry((up, name), (nup, newname), old_lower)
         }
-        if src_dir || dst.is_some_and(|d| kind(&d.st) == libc::S_IFDIR) {
-            self.bump();
-        }
-        Ok(())
     }
 
     /// `up/name` renamed to `nup/newname`, leaving a whiteout behind if `whiteout`

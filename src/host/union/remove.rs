@@ -154,17 +154,17 @@ impl Union {
 
     /// Before a rename replaces the merged-empty upper directory `nup/newname` (found as
     /// `d`): if it holds whiteouts, it is swapped with an empty opaque directory of the
-    /// same attributes, made in `DIR/work` — the view is the same (a directory showing
-    /// nothing), and the rename that follows replaces an empty directory, so if it fails
-    /// the agent's deletions stay deleted. The old directory is deleted in `DIR/work`.
+    /// same attributes made in `DIR/work` — the view is the same (a directory showing
+    /// nothing), and the rename that follows replaces an empty directory. Returns where
+    /// the old directory is in `DIR/work`, for [`Union::after_replace`].
     pub(super) fn empty_in_place(
         &self,
         nup: BorrowedFd<'_>,
         newname: &Name,
         d: &Found,
-    ) -> io::Result<()> {
+    ) -> io::Result<Option<Name>> {
         if self.is_empty_dir(d.fd.as_fd())? {
-            return Ok(());
+            return Ok(None);
         }
         let work = self.work.as_fd();
         let tmp = temp_name("empty");
@@ -182,12 +182,29 @@ impl Union {
             return Err(e);
         }
         self.bump();
-        if let Err(e) = self.delete_dir(work, &tmp) {
-            // Not whiteouts only after all (made meanwhile): swapped back, refused.
-            self.put_back(nup, newname, &tmp, Some(libc::AT_REMOVEDIR));
-            return Err(e);
+        Ok(Some(tmp))
+    }
+
+    /// After the rename that replaced `nup/newname` (`renamed`), given what
+    /// [`Union::empty_in_place`] swapped out to `DIR/work/tmp`: deleted if the rename was
+    /// made, else swapped back (the agent's directory, with its identity and whiteouts,
+    /// as it was).
+    pub(super) fn after_replace(
+        &self,
+        nup: BorrowedFd<'_>,
+        newname: &Name,
+        tmp: &Name,
+        renamed: bool,
+    ) {
+        if !renamed {
+            self.put_back(nup, newname, tmp, Some(libc::AT_REMOVEDIR));
+        } else if let Err(e) = self.delete_dir(self.work.as_fd(), tmp) {
+            log::error!(
+                "stage: deleting a replaced directory from the work directory: {e}; it is \
+                 there as {}",
+                String::from_utf8_lossy(tmp.bytes())
+            );
         }
-        Ok(())
     }
 
     /// Whether upper directory `dir` has no entry at all.
