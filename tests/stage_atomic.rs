@@ -112,6 +112,13 @@ fn a_removal_whose_whiteout_cannot_be_made_changes_nothing() {
         "rm a without an inode left",
     );
     assert_eq!(read_all(&m.mnt("a")).unwrap(), b"agent\n", "a as staged");
+    // What the next lookup (or the next mount) finds: the kernel's cached entry would
+    // hide a resurrection.
+    assert_eq!(
+        fs::read(dir.join("upper/a")).unwrap(),
+        b"agent\n",
+        "the staged a is still in DIR/upper (else SOURCE's shows again)"
+    );
     fsys.unfill();
     unlink(&m.mnt("a")).expect("rm a once there is room");
     assert!(!m.mnt("a").exists(), "a deleted");
