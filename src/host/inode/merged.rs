@@ -7,7 +7,10 @@
 //! — never SOURCE's nor a sealed layer's.
 //!
 //! Invariants: a copy-up copies the object the merged view shows at the node's name now,
-//! and only if it is still the node's (else `ESTALE`: the kernel looks the name up again);
+//! and only if it is still the node's (else `ESTALE`: the kernel looks the name up again)
+//! — checked before the copy, and again under the union's names lock before the copy is
+//! put in place (the data is copied without the lock); a new name is made where
+//! [`Inodes::new_at`] says and put in place by [`Inodes::new_done`];
 //! a directory's parts are cached per node for one union generation, bounded; the table's
 //! lock is never held across a syscall.
 

@@ -2,10 +2,13 @@
 //! the same merged name, before its first change. The copy is made in `DIR/work` under a
 //! temporary name — data (holes kept), owner, mode, xattrs but overlayfs's markers,
 //! times — and renamed into place without replacing anything, so the upper never holds
-//! half a copy and a crash leaves at most a stray temporary in `DIR/work`.
+//! half a copy and a crash leaves at most a stray temporary in `DIR/work`. The copy is
+//! made without the union's names lock; the lock is taken for the rename only.
 //!
 //! Invariants: the object copied is the one the caller found *now* (its handle, never a
-//! path walked again); directories are copied without their entries (their lower parts
+//! path walked again), and the copy is put in place only if that object was not written
+//! while it was copied and the merged view still shows it at the name (checked under the
+//! lock; else `ESTALE`); directories are copied without their entries (their lower parts
 //! stay merged below them); the owner is kept where the daemon may set it (as root),
 //! else the copy is the daemon's.
 
@@ -113,25 +116,17 @@ impl Union {
     }
 }
 
-/// `fd` is still the object `st` was read from, and a file's size and times are as they
-/// were: else it was replaced or written while it was copied (`ESTALE`).
+/// `fd` is still the object `st` was read from, and a file's size and modification time
+/// are as they were: else it was written while it was copied (`ESTALE`: the copy may mix
+/// two versions). The change time is not compared: a hard link made to a sealed layer's
+/// file (`stage status` flattening the layers) changes it, not the bytes.
 fn unchanged(fd: BorrowedFd<'_>, st: &libc::stat) -> io::Result<()> {
     let now = sys::fstat(fd)?;
+    let file = kind(st) == libc::S_IFREG;
     let same = (now.st_dev, now.st_ino) == (st.st_dev, st.st_ino)
-        && (kind(st) != libc::S_IFREG
-            || (
-                now.st_size,
-                now.st_mtime,
-                now.st_mtime_nsec,
-                now.st_ctime,
-                now.st_ctime_nsec,
-            ) == (
-                st.st_size,
-                st.st_mtime,
-                st.st_mtime_nsec,
-                st.st_ctime,
-                st.st_ctime_nsec,
-            ));
+        && (!file
+            || (now.st_size, now.st_mtime, now.st_mtime_nsec)
+                == (st.st_size, st.st_mtime, st.st_mtime_nsec));
     if same {
         Ok(())
     } else {

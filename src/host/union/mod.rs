@@ -14,11 +14,14 @@
 //! Markers are written in the area's namespace (`trusted.overlay.` when the daemon runs as
 //! root, `user.overlay.` otherwise, so an ordinary user can stage) and read in both.
 //!
-//! Invariants: nothing here writes a layer but layer 0 (and `DIR/work`, where copies are
-//! made before they are renamed into place, so a crash never leaves half a file staged);
-//! SOURCE's entries are never taken for whiteouts (a real 0/0 device there is shown); the
-//! name changes of one merged directory are serialized by one lock; every path walked is
-//! walked one `O_PATH|O_NOFOLLOW` step at a time.
+//! Invariants: nothing here writes a layer but layer 0 (and `DIR/work`, where copies,
+//! whiteouts and opaque directories are made before they are renamed into place, and
+//! where removed objects are deleted, so a crash never leaves half a file staged nor
+//! shows again what the agent deleted: every change of a name a lower layer holds is one
+//! rename); SOURCE's entries are never taken for whiteouts (a real 0/0 device there is
+//! shown); the name changes of the union are serialized by one lock, which is never held
+//! while a file's data is copied; every path walked is walked one `O_PATH|O_NOFOLLOW`
+//! step at a time.
 
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
