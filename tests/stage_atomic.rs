@@ -5,7 +5,9 @@
 //! and leave SOURCE byte for byte as it was.
 //!
 //! Failures are injected for real: DIR on a small ext4 image whose inodes run out (a
-//! whiteout cannot be made), an upper directory made immutable (a rename fails EPERM).
+//! whiteout cannot be made), an upper directory made immutable (a rename fails EPERM), and
+//! the daemon aborted between two steps of a name change (`FENCEFS_FAULT_UNION_ABORT`),
+//! then a fresh daemon on the same DIR compared with kernel overlayfs.
 
 mod common;
 
@@ -19,6 +21,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use common::oracle::*;
 use common::stage::*;
 use common::*;
 
@@ -333,4 +336,103 @@ fn a_big_copy_up_holds_up_no_other_name_change() {
     stop(&mut m);
     let _ = fs::remove_file(m.host("big"));
     let _ = fs::remove_file(dir.join("upper/big"));
+}
+
+/// A staged mount whose daemon aborts (as `kill -9` ends it) at `step` of a name change
+/// (`FENCEFS_FAULT_UNION_ABORT`, see `src/host/union/mod.rs`): `before` is run, then `op`
+/// (which the abort fails), then a fresh daemon serves the same DIR. Returns the first
+/// mount (for its paths), DIR and the second daemon, whose view matched kernel overlayfs.
+fn crash_at(
+    name: &str,
+    step: &str,
+    setup: impl FnOnce(&Path),
+    before: &str,
+    op: &str,
+) -> (Mount, PathBuf, Second) {
+    let b = Mount::builder(name).policy(WRITE);
+    setup(&b.host(""));
+    let dir = stage_dir(&b);
+    let mut m = b
+        .arg("--stage")
+        .arg(&dir)
+        .env("FENCEFS_FAULT_UNION_ABORT", step)
+        .start();
+    let src = snapshot(&m.host(""));
+    m.sh(before).assert_ok("before the crash");
+    m.sh(op).assert_fail("the name change the daemon dies in");
+    let st = m
+        .wait_exit(Duration::from_secs(10))
+        .expect("the daemon ended");
+    assert!(!st.success(), "aborted: {st}");
+    assert!(
+        m.stderr().contains(&format!("abort at {step}")),
+        "the daemon died at {step}: {}",
+        m.stderr()
+    );
+    let _ = Command::new("fusermount3")
+        .args(["-u", "-z"])
+        .arg(m.mnt(""))
+        .status();
+    let second = Second::start(&m, &dir, &m.policy_path());
+    let want = Oracle::view_of(&m, &dir);
+    let got = view(&second.mnt(""));
+    assert!(got == want, "after the crash: {}", view_diff(&got, &want));
+    assert_host_unchanged(&src, &m.host(""), "a crash between steps");
+    (m, dir, second)
+}
+
+/// `rm a` dies once the whiteout is swapped in (the staged file is in DIR/work): `a` is
+/// deleted, SOURCE's never shows.
+#[test]
+fn a_crash_in_a_removal_leaves_the_name_deleted() {
+    let (_m, dir, s) = crash_at(
+        "atomic-crash-rm",
+        "removed",
+        |src| put(&src.join("a"), b"source\n", 0o644),
+        "echo agent > a",
+        "rm a",
+    );
+    assert!(!s.mnt("a").exists(), "a deleted, not SOURCE's again");
+    assert!(
+        names_str(&dir.join("work")).unwrap().len() == 1,
+        "the staged a in DIR/work"
+    );
+}
+
+/// `mkdir d` over a deleted `d` dies once the new directory is made under its temporary
+/// name: `d` is still deleted (its whiteout never went), the new directory is under the
+/// temporary name.
+#[test]
+fn a_crash_in_a_new_name_over_a_deleted_one_keeps_the_deletion() {
+    let (_m, _dir, s) = crash_at(
+        "atomic-crash-mkdir",
+        "new-made",
+        |src| put(&src.join("d/old"), b"old\n", 0o644),
+        "rm -r d",
+        "mkdir d",
+    );
+    assert!(!s.mnt("d").exists(), "d still deleted");
+    let left: Vec<String> = names_str(&s.mnt("")).unwrap();
+    assert!(
+        left.len() == 1 && left[0].starts_with("#fencefs-new."),
+        "the new directory under its temporary name: {left:?}"
+    );
+}
+
+/// `mv -T s/d t` over a merged-empty `t` dies once `t` is swapped with its empty opaque
+/// copy: `t` shows nothing (its deletions hold), `s/d` is where it was.
+#[test]
+fn a_crash_in_a_rename_over_an_emptied_directory_keeps_its_deletions() {
+    let (_m, _dir, s) = crash_at(
+        "atomic-crash-mv",
+        "emptied",
+        |src| {
+            put(&src.join("t/x"), b"x\n", 0o644);
+            put(&src.join("s/keep"), b"k\n", 0o644);
+        },
+        "rm t/x && mkdir s/d && echo n > s/d/n",
+        "mv -T s/d t",
+    );
+    assert_eq!(names_str(&s.mnt("t")).unwrap(), Vec::<String>::new());
+    assert_eq!(names_str(&s.mnt("s/d")).unwrap(), ["n"]);
 }

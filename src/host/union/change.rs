@@ -23,7 +23,7 @@
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd};
 
-use super::{Found, Stack, Union, err, kind, temp_name};
+use super::{Found, Stack, Union, crash_point, err, kind, temp_name};
 use crate::host::sys::{self, Name};
 
 /// What a new name needs (see [`Union::prepare_new`]).
@@ -79,6 +79,7 @@ impl Union {
         if !made {
             return Ok(());
         }
+        crash_point("new-made");
         let _g = self.names.lock();
         let r = self.put_new(up, tmp, name, dir && n.over_lower, dir);
         if r.is_err() {
@@ -171,6 +172,9 @@ impl Union {
                 }
                 (false, false) => {}
             }
+        }
+        if swapped.is_some() {
+            crash_point("emptied");
         }
         let r = self.rename_in((parent, up, name), (newparent, nup, newname), src, dst);
         if let Some(tmp) = swapped {

@@ -11,6 +11,10 @@
 //! below the upper is cached but `O_PATH` handles, re-found at every lookup — and a name
 //! removed from a lower layer gets a whiteout.
 //!
+//! Fault injection for tests/stage_atomic.rs: with `FENCEFS_FAULT_UNION_ABORT=STEP` the
+//! daemon aborts (as a `kill -9` would end it) at that step of a name change — between two
+//! of its renames — so the test can show what a crash there leaves.
+//!
 //! Markers are written in the area's namespace (`trusted.overlay.` when the daemon runs as
 //! root, `user.overlay.` otherwise, so an ordinary user can stage) and read in both.
 //!
@@ -145,6 +149,16 @@ fn temp_name(what: &str) -> Name {
     let n = NEXT.fetch_add(1, Ordering::Relaxed);
     let name = format!("#fencefs-{what}.{}.{n}", std::process::id());
     Name::new(name.as_bytes()).expect("a valid name")
+}
+
+/// Test-only: aborts the daemon at `step` when `FENCEFS_FAULT_UNION_ABORT` names it.
+fn crash_point(step: &str) {
+    static AT: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    let at = AT.get_or_init(|| std::env::var("FENCEFS_FAULT_UNION_ABORT").ok());
+    if at.as_deref() == Some(step) {
+        log::error!("fault injected: abort at {step} (FENCEFS_FAULT_UNION_ABORT)");
+        std::process::abort();
+    }
 }
 
 fn err(n: i32) -> io::Error {

@@ -14,7 +14,7 @@
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd};
 
-use super::{Found, Stack, Union, err, kind, temp_name};
+use super::{Found, Stack, Union, crash_point, err, kind, temp_name};
 use crate::host::sys::{self, Name};
 
 impl Union {
@@ -51,6 +51,7 @@ impl Union {
         }
         let tmp = temp_name("rm");
         self.take_out(up, name, &tmp, lower)?;
+        crash_point("removed");
         if dir {
             self.bump();
         }
