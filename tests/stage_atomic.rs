@@ -25,8 +25,12 @@ use common::oracle::*;
 use common::stage::*;
 use common::*;
 
-/// A small ext4 file system mounted from an image (loop device, freed on unmount).
+/// A small ext4 file system mounted from an image (loop device, freed on unmount) in a
+/// test's root. Declared before the test's [`Mount`], so dropped after it: then it is
+/// unmounted and the root (which the mount's clean-up could not remove while the image
+/// was mounted in it) is removed.
 struct Ext4 {
+    root: PathBuf,
     at: PathBuf,
 }
 
@@ -46,7 +50,10 @@ impl Ext4 {
             &format!("mount -o loop {} {}", img.display(), at.display()),
         )
         .assert_ok("mount the ext4 image");
-        Ext4 { at }
+        Ext4 {
+            root: root.to_path_buf(),
+            at,
+        }
     }
 
     /// Makes empty files under `at/fill` until the inodes run out; returns how many.
@@ -78,6 +85,10 @@ impl Drop for Ext4 {
             if !ok {
                 let _ = Command::new("umount").arg("-l").arg(&self.at).status();
             }
+        }
+        let mnt = self.root.join("mp/mnt");
+        if !is_mounted(&self.at) && !is_mounted(&mnt) {
+            let _ = fs::remove_dir_all(&self.root);
         }
     }
 }
