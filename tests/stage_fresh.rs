@@ -8,9 +8,10 @@ mod common;
 
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
+use common::oracle::*;
 use common::stage::*;
 use common::*;
 
@@ -204,81 +205,7 @@ fn a_copy_up_copies_what_source_holds_now() {
     assert_eq!(ctl(&sock, &["status"]).stdout, "m a.txt\n");
 }
 
-// --- the oracle -------------------------------------------------------------------------
-
-/// The same DIR (upper and live layers) over SOURCE, mounted read-only by kernel
-/// overlayfs at `at`.
-struct Oracle {
-    at: PathBuf,
-}
-
-impl Oracle {
-    fn mount(dir: &Path, src: &Path, at: &Path) -> Oracle {
-        fs::create_dir_all(at).unwrap();
-        let mut lowers = vec![dir.join("upper")];
-        let mut layers: Vec<u64> = fs::read_dir(dir.join("layers"))
-            .map(|rd| {
-                rd.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
-                    .collect()
-            })
-            .unwrap_or_default();
-        layers.sort_unstable_by(|a, b| b.cmp(a));
-        lowers.extend(
-            layers
-                .iter()
-                .map(|n| dir.join("layers").join(n.to_string())),
-        );
-        lowers.push(src.to_path_buf());
-        let lower: Vec<String> = lowers.iter().map(|p| p.display().to_string()).collect();
-        let o = sh_in(
-            Path::new("/"),
-            &format!(
-                "mount -t overlay overlay -o ro,lowerdir={},redirect_dir=follow,index=off,metacopy=off {}",
-                lower.join(":"),
-                at.display()
-            ),
-        );
-        o.assert_ok("kernel overlayfs oracle");
-        Oracle {
-            at: at.to_path_buf(),
-        }
-    }
-}
-
-impl Drop for Oracle {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("umount").arg(&self.at).status();
-    }
-}
-
-/// Entries as both views are compared: type, mode, size and contents, owner, symlink
-/// targets (times and xattrs differ by design: the oracle's own).
-fn view(root: &Path) -> Vec<(Vec<u8>, String)> {
-    snapshot(root)
-        .into_iter()
-        .map(|(p, e)| {
-            (
-                p,
-                format!("{} {:o} {}:{} {:?}", e.kind, e.mode, e.uid, e.gid, e.data),
-            )
-        })
-        .collect()
-}
-
-/// A small deterministic generator (xorshift64*).
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn pick<'a>(&mut self, v: &[&'a str]) -> &'a str {
-        v[(self.next() % v.len() as u64) as usize]
-    }
-}
+// --- the oracle (tests/common/oracle.rs) ----------------------------------------------
 
 /// One random step: an agent's operation through the mount, or a host edit of SOURCE.
 fn step(r: &mut Rng, m: &Mount, i: usize) -> String {
@@ -335,7 +262,6 @@ fn oracle_run(name: &str, seed: u64, rounds: usize) {
         put(&src.join("d/e/a"), b"dea\n", 0o644);
         put(&src.join("e/a"), b"ea\n", 0o644);
     });
-    let at = m.host("").parent().unwrap().join("oracle");
     let mut r = Rng(seed);
     let mut log = Vec::new();
     for round in 0..rounds {
@@ -347,25 +273,12 @@ fn oracle_run(name: &str, seed: u64, rounds: usize) {
             log.push("checkpoint".into());
         }
         // Past the cache time of names the host changed.
-        let want = {
-            let o = Oracle::mount(&dir, &m.host(""), &at);
-            let v = view(&o.at);
-            drop(o);
-            v
-        };
+        let want = Oracle::view_of(&m, &dir);
         let ok = eventually(Duration::from_secs(5), || view(&m.mnt("")) == want);
         if !ok {
-            let got = view(&m.mnt(""));
-            let only = |a: &[(Vec<u8>, String)], b: &[(Vec<u8>, String)]| -> Vec<String> {
-                a.iter()
-                    .filter(|x| !b.contains(x))
-                    .map(|(p, e)| format!("{} {e}", String::from_utf8_lossy(p)))
-                    .collect()
-            };
             panic!(
-                "round {round}: the merged view differs from kernel overlayfs\nmount only: {:#?}\noracle only: {:#?}\nsteps: {log:#?}",
-                only(&got, &want),
-                only(&want, &got)
+                "round {round}: the merged view differs from kernel overlayfs\n{}\nsteps: {log:#?}",
+                view_diff(&view(&m.mnt("")), &want)
             );
         }
     }

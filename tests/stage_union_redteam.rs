@@ -1,6 +1,6 @@
 //! Red-team tests of the daemon's own merged view (`src/host/union`): corner cases of
 //! renames, exchanges, whiteouts and opaque directories where the merged view must keep
-//! what kernel overlayfs (the oracle, as in tests/stage_fresh.rs) shows — never bring
+//! what kernel overlayfs (the oracle, tests/common/oracle.rs) shows — never bring
 //! back what the agent deleted, never refuse what overlayfs allows.
 
 mod common;
@@ -8,85 +8,9 @@ mod common;
 use std::fs;
 use std::path::{Path, PathBuf};
 
+use common::oracle::*;
 use common::stage::*;
 use common::*;
-
-/// The same DIR (upper and live layers) over SOURCE, mounted read-only by kernel
-/// overlayfs at `at` (as tests/stage_fresh.rs).
-struct Oracle {
-    at: PathBuf,
-}
-
-impl Oracle {
-    fn mount(dir: &Path, src: &Path, at: &Path) -> Oracle {
-        fs::create_dir_all(at).unwrap();
-        let mut lowers = vec![dir.join("upper")];
-        let mut layers: Vec<u64> = fs::read_dir(dir.join("layers"))
-            .map(|rd| {
-                rd.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
-                    .collect()
-            })
-            .unwrap_or_default();
-        layers.sort_unstable_by(|a, b| b.cmp(a));
-        lowers.extend(
-            layers
-                .iter()
-                .map(|n| dir.join("layers").join(n.to_string())),
-        );
-        lowers.push(src.to_path_buf());
-        let lower: Vec<String> = lowers.iter().map(|p| p.display().to_string()).collect();
-        sh_in(
-            Path::new("/"),
-            &format!(
-                "mount -t overlay overlay -o ro,lowerdir={},redirect_dir=follow,index=off,metacopy=off {}",
-                lower.join(":"),
-                at.display()
-            ),
-        )
-        .assert_ok("kernel overlayfs oracle");
-        Oracle {
-            at: at.to_path_buf(),
-        }
-    }
-}
-
-impl Drop for Oracle {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("umount").arg(&self.at).status();
-    }
-}
-
-/// Entries as both views are compared: type, mode, size and contents, symlink targets.
-fn view(root: &Path) -> Vec<(Vec<u8>, String)> {
-    snapshot(root)
-        .into_iter()
-        .map(|(p, e)| (p, format!("{} {:o} {:?}", e.kind, e.mode, e.data)))
-        .collect()
-}
-
-/// The mount shows what kernel overlayfs shows over the same DIR.
-fn matches_oracle(m: &Mount, dir: &Path) -> Result<(), String> {
-    let at = m.host("").parent().unwrap().join("oracle");
-    let want = {
-        let o = Oracle::mount(dir, &m.host(""), &at);
-        view(&o.at)
-    };
-    let got = view(&m.mnt(""));
-    if got == want {
-        return Ok(());
-    }
-    let only = |a: &[(Vec<u8>, String)], b: &[(Vec<u8>, String)]| -> Vec<String> {
-        a.iter()
-            .filter(|x| !b.contains(x))
-            .map(|(p, e)| format!("{} {e}", String::from_utf8_lossy(p)))
-            .collect()
-    };
-    Err(format!(
-        "mount only: {:#?}\noracle only: {:#?}",
-        only(&got, &want),
-        only(&want, &got)
-    ))
-}
 
 fn names_in(p: &Path) -> Vec<String> {
     let mut v: Vec<String> = fs::read_dir(p)
@@ -211,21 +135,6 @@ fn deep_tree() {
     made.unwrap();
     drop(cur);
     stop(&mut m);
-}
-
-/// A small deterministic generator (xorshift64*).
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn pick<'a>(&mut self, v: &[&'a str]) -> &'a str {
-        v[(self.next() % v.len() as u64) as usize]
-    }
 }
 
 /// One random step of the agent's, heavy on names: renames of directories onto deleted

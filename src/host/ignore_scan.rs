@@ -18,6 +18,7 @@
 use std::io::{self, Read};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
+use super::path::join;
 use super::sys::{self, Name};
 use crate::policy::IgnoreSource;
 
@@ -48,15 +49,6 @@ fn fail(path: &[u8], message: String) -> ScanError {
         path: String::from_utf8_lossy(path).into_owned(),
         message,
     }
-}
-
-fn join(dir: &[u8], name: &[u8]) -> Vec<u8> {
-    let mut p = dir.to_vec();
-    if !p.is_empty() {
-        p.push(b'/');
-    }
-    p.extend_from_slice(name);
-    p
 }
 
 /// One directory being walked: its handle, its path, the subdirectories still to visit.

@@ -24,6 +24,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use parking_lot::{Mutex, RwLock};
 
+use super::path::join;
 use super::roots::Roots;
 use super::sys::{self, Name};
 
@@ -657,17 +658,6 @@ impl Inodes {
         }
         (entries, inos)
     }
-}
-
-/// `parent/name` as a workspace path (`name` alone at the root).
-pub fn join(parent: &[u8], name: &[u8]) -> Vec<u8> {
-    let mut p = Vec::with_capacity(parent.len() + 1 + name.len());
-    p.extend_from_slice(parent);
-    if !parent.is_empty() {
-        p.push(b'/');
-    }
-    p.extend_from_slice(name);
-    p
 }
 
 fn dir_path(t: &Table, mut ino: u64) -> Option<Vec<u8>> {

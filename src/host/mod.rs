@@ -5,6 +5,7 @@ pub mod copy;
 pub mod handle;
 pub mod ignore_scan;
 pub mod inode;
+pub mod path;
 pub mod privilege;
 pub mod programs;
 pub mod roots;

@@ -94,7 +94,7 @@ pub fn split(path: &[u8]) -> (&[u8], &[u8]) {
 
 /// `a/b`, or `b` when `a` is empty.
 pub fn join(a: &[u8], b: &[u8]) -> Vec<u8> {
-    crate::host::inode::join(a, b)
+    crate::host::path::join(a, b)
 }
 
 fn missing(e: &io::Error) -> bool {

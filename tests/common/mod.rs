@@ -36,6 +36,7 @@ use std::time::{Duration, Instant};
 // some of them (hence the allows).
 mod control;
 mod mountinfo;
+pub mod oracle;
 pub mod run;
 mod snapshot;
 pub mod stage;

@@ -19,7 +19,8 @@ use fuser::FileAttr;
 use super::{Ctx, Error, Lookup, Opened, Res, Shared};
 use crate::fs::attr;
 use crate::fs::kcache::Inval;
-use crate::host::inode::join;
+use crate::host::inode::Inodes;
+use crate::host::path::join;
 use crate::host::roots::Fence;
 use crate::host::sys::{self, Name};
 use crate::policy::{Access, By, Need, Special, Verdict};
@@ -191,11 +192,12 @@ impl Shared {
         self.allow(ctx, "mknod", &path, false, Need::Create, sp)?;
         let note = self.note_name(&path, parent, name, true);
         let (pfd, new) = self.inodes.new_name(parent, name)?;
-        let made = self.create_as_caller(ctx, &pfd, name, false, || {
-            crate::stage::standin::mknodat(pfd.as_fd(), name, mode, rdev as u64)
+        let at = Inodes::new_at(&new, name);
+        let made = self.create_as_caller(ctx, &pfd, at, false, || {
+            crate::stage::standin::mknodat(pfd.as_fd(), at, mode, rdev as u64)
         });
-        self.inodes.new_done(&pfd, name, new, made.is_ok(), false);
-        made?;
+        let done = self.inodes.new_done(&pfd, name, new, made.is_ok(), false);
+        placed(made, done)?;
         self.noted(note);
         self.finish_create(ctx, parent, &pfd, name, false)
     }
@@ -209,11 +211,12 @@ impl Shared {
         };
         self.allow(ctx, "mkdir", &path, true, Need::Create, sp)?;
         let (pfd, new) = self.inodes.new_name(parent, name)?;
-        let made = self.create_as_caller(ctx, &pfd, name, true, || {
-            sys::mkdirat(pfd.as_fd(), name, mode & 0o7777)
+        let at = Inodes::new_at(&new, name);
+        let made = self.create_as_caller(ctx, &pfd, at, true, || {
+            sys::mkdirat(pfd.as_fd(), at, mode & 0o7777)
         });
-        self.inodes.new_done(&pfd, name, new, made.is_ok(), true);
-        made?;
+        let done = self.inodes.new_done(&pfd, name, new, made.is_ok(), true);
+        placed(made, done)?;
         self.finish_create(ctx, parent, &pfd, name, true)
     }
 
@@ -230,11 +233,12 @@ impl Shared {
         )?;
         let note = self.note_name(&path, parent, name, true);
         let (pfd, new) = self.inodes.new_name(parent, name)?;
-        let made = self.create_as_caller(ctx, &pfd, name, false, || {
-            sys::symlinkat(target, pfd.as_fd(), name)
+        let at = Inodes::new_at(&new, name);
+        let made = self.create_as_caller(ctx, &pfd, at, false, || {
+            sys::symlinkat(target, pfd.as_fd(), at)
         });
-        self.inodes.new_done(&pfd, name, new, made.is_ok(), false);
-        made?;
+        let done = self.inodes.new_done(&pfd, name, new, made.is_ok(), false);
+        placed(made, done)?;
         self.noted(note);
         self.finish_create(ctx, parent, &pfd, name, false)
     }
@@ -298,17 +302,19 @@ impl Shared {
         let base = attr::host_open_flags(flags);
         let (pfd, created) = match self.inodes.new_name(parent, name) {
             Ok((pfd, new)) => {
-                let created = self.create_as_caller(ctx, &pfd, name, false, || {
+                let at = Inodes::new_at(&new, name);
+                let created = self.create_as_caller(ctx, &pfd, at, false, || {
                     sys::openat(
                         pfd.as_fd(),
-                        name,
+                        at,
                         base | libc::O_CREAT | libc::O_EXCL,
                         mode & 0o7777,
                     )
                 });
-                self.inodes
+                let done = self
+                    .inodes
                     .new_done(&pfd, name, new, created.is_ok(), false);
-                (pfd, created)
+                (pfd, placed(created, done))
             }
             // The merged view of a staged mount shows the name.
             Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
@@ -670,13 +676,22 @@ impl Shared {
             self.inodes.proc_fd.as_fd(),
             fd.as_fd(),
             npfd.as_fd(),
-            newname,
+            Inodes::new_at(&new, newname),
         );
-        self.inodes
+        let done = self
+            .inodes
             .new_done(&npfd, newname, new, made.is_ok(), false);
-        made?;
+        placed(made.map_err(Into::into), done)?;
         self.noted(note);
         let (ino, st) = self.inodes.lookup(newparent, newname, true)?;
         Ok(self.attr(ctx, ino, &st))
     }
+}
+
+/// A new name's outcome: the create's, or the error of putting it in place
+/// ([`Inodes::new_done`]) when that failed after the create succeeded.
+fn placed<T>(made: Res<T>, done: io::Result<()>) -> Res<T> {
+    let v = made?;
+    done?;
+    Ok(v)
 }

@@ -35,7 +35,7 @@ use super::{Ctx, Error, Res, Shared};
 use crate::approvals::saves::{self, Target, Temps};
 use crate::approvals::{Outcome, Resume};
 use crate::fs::kcache::Inval;
-use crate::host::inode::join;
+use crate::host::path::join;
 use crate::host::sys::{self, Name};
 use crate::policy::{Need, Special, Verdict};
 

@@ -7,13 +7,16 @@
 //! — never SOURCE's nor a sealed layer's.
 //!
 //! Invariants: a copy-up copies the object the merged view shows at the node's name now,
-//! and only if it is still the node's (else `ESTALE`: the kernel looks the name up again);
+//! and only if it is still the node's (else `ESTALE`: the kernel looks the name up again)
+//! — checked before the copy, and again under the union's names lock before the copy is
+//! put in place (the data is copied without the lock); a new name is made where
+//! [`Inodes::new_at`] says and put in place by [`Inodes::new_done`];
 //! a directory's parts are cached per node for one union generation, bounded; the table's
 //! lock is never held across a syscall.
 
 use std::collections::HashMap;
 use std::io;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;
 
 use super::{Inodes, ROOT, stale};
@@ -200,7 +203,7 @@ impl Inodes {
     /// each one below it up, parents first (a loop: see [`Inodes::stack_at`]). Each is
     /// copied from its top part as found before its parents' copy-ups.
     fn up_dir_in(&self, u: &Union, ino: u64) -> io::Result<Arc<OwnedFd>> {
-        let mut below: Vec<(u64, Arc<OwnedFd>)> = Vec::new();
+        let mut below: Vec<(u64, u64, Arc<OwnedFd>)> = Vec::new();
         let mut cur = ino;
         let mut pup = loop {
             if cur == ROOT {
@@ -214,29 +217,32 @@ impl Inodes {
             if top.layer == 0 {
                 break top.fd.clone();
             }
-            below.push((cur, top.fd.clone()));
-            cur = self.alias(cur).ok_or_else(stale)?.0;
+            let parent = self.alias(cur).ok_or_else(stale)?.0;
+            below.push((cur, parent, top.fd.clone()));
+            cur = parent;
         };
-        while let Some((ino, top)) = below.pop() {
+        while let Some((ino, parent, top)) = below.pop() {
             let (_, name) = self.alias(ino).ok_or_else(stale)?;
             let st = sys::fstat(top.as_fd())?;
-            pup = self.copied(u, ino, pup.as_fd(), &Name::new(&name)?, top.as_fd(), &st)?;
+            let name = Name::new(&name)?;
+            pup = self.copied(u, (parent, ino), pup.as_fd(), &name, top.as_fd(), &st)?;
         }
         Ok(pup)
     }
 
-    /// Copies `fd` up as `pup/name` for node `ino` (or takes the upper's entry there, if
-    /// one was made meanwhile) and makes the copy the node's.
+    /// Copies `fd` up as `pup/name` for node `ino` of directory `parent` (or takes the
+    /// upper's entry there, if one was made meanwhile) and makes the copy the node's.
     fn copied(
         &self,
         u: &Union,
-        ino: u64,
-        pup: std::os::fd::BorrowedFd<'_>,
+        (parent, ino): (u64, u64),
+        pup: BorrowedFd<'_>,
         name: &Name,
-        fd: std::os::fd::BorrowedFd<'_>,
+        fd: BorrowedFd<'_>,
         st: &libc::stat,
     ) -> io::Result<Arc<OwnedFd>> {
-        let new = match u.copy_up(pup, name, fd, st) {
+        let still = || self.still_shows(u, parent, name, st);
+        let new = match u.copy_up(pup, name, fd, st, &still) {
             Ok(f) => f,
             Err(e) if e.raw_os_error() == Some(libc::EEXIST) => sys::open_path(pup, name)?,
             Err(e) => return Err(e),
@@ -251,6 +257,18 @@ impl Inodes {
         let evicted = self.fds.lock().put(ino, new.clone());
         drop(evicted);
         Ok(new)
+    }
+
+    /// The merged view shows the object `st` was read from at `parent/name` yet (checked
+    /// under the union's names lock before a copy is put in place): else `ESTALE`.
+    fn still_shows(&self, u: &Union, parent: u64, name: &Name, st: &libc::stat) -> io::Result<()> {
+        let f = self.find(u, parent, name.bytes())?.ok_or_else(stale)?;
+        let now = sys::fstat(f.fd.as_fd())?;
+        if (now.st_dev, now.st_ino) == (st.st_dev, st.st_ino) {
+            Ok(())
+        } else {
+            Err(stale())
+        }
     }
 
     /// The handle to change node `ino` through: its upper copy, made now from the object
@@ -278,14 +296,15 @@ impl Inodes {
         let pup = self.up_dir_in(&u, parent)?;
         let name = Name::new(&name)?;
         if busy {
-            match u.copy_up(pup.as_fd(), &name, f.fd.as_fd(), &f.st) {
+            let still = || self.still_shows(&u, parent, &name, &f.st);
+            match u.copy_up(pup.as_fd(), &name, f.fd.as_fd(), &f.st, &still) {
                 Ok(_) => {}
                 Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {}
                 Err(e) => return Err(e),
             }
             return Err(err(MOVED));
         }
-        self.copied(&u, ino, pup.as_fd(), &name, f.fd.as_fd(), &f.st)
+        self.copied(&u, (parent, ino), pup.as_fd(), &name, f.fd.as_fd(), &f.st)
     }
 
     /// The upper copy of whatever `parent/name` shows (not a recorded node: a create that
@@ -301,7 +320,8 @@ impl Inodes {
             return Ok(Some(f.fd));
         }
         let pup = self.up_dir_in(&u, parent)?;
-        let new = match u.copy_up(pup.as_fd(), name, f.fd.as_fd(), &f.st) {
+        let still = || self.still_shows(&u, parent, name, &f.st);
+        let new = match u.copy_up(pup.as_fd(), name, f.fd.as_fd(), &f.st, &still) {
             Ok(f) => f,
             Err(e) if e.raw_os_error() == Some(libc::EEXIST) => sys::open_path(pup.as_fd(), name)?,
             Err(e) => return Err(e),
@@ -326,11 +346,27 @@ impl Inodes {
         Ok((pup, Some(n)))
     }
 
-    /// After a new name was made (`made`) or not, in `pfd` (from [`Inodes::new_name`]).
-    pub fn new_done(&self, pfd: &OwnedFd, name: &Name, n: Option<NewName>, made: bool, dir: bool) {
-        if let (Some(u), Some(n)) = (self.union(), n) {
-            u.finish_new(pfd.as_fd(), name, &n, made, dir);
+    /// After a new name was made (`made`) or not, at [`Inodes::new_at`] in `pfd` (from
+    /// [`Inodes::new_name`]): one made under a temporary name is put in place (if that
+    /// fails it is deleted again, and the error is the create's).
+    pub fn new_done(
+        &self,
+        pfd: &OwnedFd,
+        name: &Name,
+        n: Option<NewName>,
+        made: bool,
+        dir: bool,
+    ) -> io::Result<()> {
+        match (self.union(), n) {
+            (Some(u), Some(n)) => u.finish_new(pfd.as_fd(), name, &n, made, dir),
+            _ => Ok(()),
         }
+    }
+
+    /// The name a new object is made at in its parent's upper directory: `name` itself,
+    /// or a temporary name [`Inodes::new_done`] renames over a whiteout.
+    pub fn new_at<'a>(n: &'a Option<NewName>, name: &'a Name) -> &'a Name {
+        n.as_ref().map_or(name, |n| n.at(name))
     }
 
     /// Removes `parent/name` (`dir`: a directory). Returns the parent's handle (the one
@@ -425,7 +461,7 @@ impl Inodes {
                     return self.up_dir_in(u, ino);
                 }
                 let pup = self.up_dir_in(u, parent)?;
-                self.copied(u, ino, pup.as_fd(), name, f.fd.as_fd(), &f.st)
+                self.copied(u, (parent, ino), pup.as_fd(), name, f.fd.as_fd(), &f.st)
             }
             _ => self
                 .up_child(parent, name)?

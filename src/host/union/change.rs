@@ -1,34 +1,51 @@
 //! The name changes of the merged view, made in the upper only: a new name (over a
-//! whiteout, an opaque directory over a lower one), a removal (a whiteout where a lower
-//! layer shows the name), a rename (a whiteout left behind, a redirect on a directory
-//! with lower parts, so its lower entries follow it).
+//! whiteout, an opaque directory over a lower one), a rename (a whiteout left behind, a
+//! redirect on a directory with lower parts, so its lower entries follow it), an exchange.
+//! Removals are in `remove.rs`.
+//!
+//! A new name over a whiteout, or one a lower layer holds, is made under a temporary name
+//! in the same upper directory (by the caller's own create, as the caller: permissions,
+//! owner and the directory's defaults are the same as at the name itself), marked opaque
+//! there if a directory, and then renamed over the whiteout (a directory, which rename(2)
+//! cannot put over a device, is swapped with it by `RENAME_EXCHANGE` and the whiteout
+//! deleted) or into the free name. A directory renamed onto a whiteout is swapped with it
+//! the same way; a merged-empty directory a rename replaces is first swapped with an
+//! empty opaque copy (`remove.rs`).
 //!
 //! Invariants: the caller holds the parent directories in the upper (copied up) and the
-//! moved or removed object copied up when it is a file; a directory is removed only when
-//! the merged view shows nothing in it; a whiteout taken away for a new name is put back
-//! when the new name could not be made.
+//! moved or removed object copied up when it is a file; every change of a name that a
+//! lower layer holds is one rename, so a failure or a crash at any step leaves the name
+//! as it was or as it should be — a whiteout is never taken away before what replaces it
+//! is complete (opaque included), and a rename that fails leaves every deletion in
+//! place. A crash may leave a temporary `#fencefs-new.*` entry in an upper directory (the
+//! agent's new object under its temporary name) or a whiteout under such a name (hidden).
 
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd};
 
-use super::{Found, Stack, Union, kind};
+use super::{Found, Stack, Union, crash_point, err, kind, temp_name};
 use crate::host::sys::{self, Name};
 
-fn err(n: i32) -> io::Error {
-    io::Error::from_raw_os_error(n)
+/// What a new name needs (see [`Union::prepare_new`]).
+pub struct NewName {
+    /// Made under this temporary name first, then put in place by
+    /// [`Union::finish_new`]; `None`: made at its own name.
+    temp: Option<Name>,
+    /// A lower layer holds this name: a new directory must be opaque.
+    over_lower: bool,
 }
 
-/// What a new name needs once made (see [`Union::prepare_new`]).
-pub struct NewName {
-    /// A whiteout was taken away for it (put back if the name is not made).
-    pub over_whiteout: bool,
-    /// A lower layer shows this name: a new directory must be opaque.
-    pub over_lower: bool,
+impl NewName {
+    /// The name the new object is to be made at (in the same upper directory).
+    pub fn at<'a>(&'a self, name: &'a Name) -> &'a Name {
+        self.temp.as_ref().unwrap_or(name)
+    }
 }
 
 impl Union {
     /// Before a new name `name` is made in merged directory `parent` (its upper part is
-    /// `up`): `EEXIST` if the merged view shows it, and a whiteout there is taken away.
+    /// `up`): `EEXIST` if the merged view shows it. Nothing changes yet; the object is
+    /// to be made at [`NewName::at`].
     pub fn prepare_new(
         &self,
         parent: &Stack,
@@ -40,34 +57,68 @@ impl Union {
         }
         let over_lower = self.lower_positive_any(parent, name)?;
         let over_whiteout = self.upper_whiteout(up, name)?;
-        if over_whiteout {
-            sys::unlinkat(up, name, 0)?;
-        }
         Ok(NewName {
-            over_whiteout,
+            temp: (over_lower || over_whiteout).then(|| temp_name("new")),
             over_lower,
         })
     }
 
-    /// After the new name was made (`made`) or not: a new directory over a lower name is
-    /// made opaque; a whiteout taken away for a name not made is put back.
-    pub fn finish_new(&self, up: BorrowedFd<'_>, name: &Name, n: &NewName, made: bool, dir: bool) {
+    /// After the new object was made (`made`) at [`NewName::at`], or not: one made under a
+    /// temporary name is put in place — a directory over a lower name opaque first — over
+    /// the whiteout if one is there, else only if the name is still free (`EEXIST`). If
+    /// that fails the object is deleted again and the error returned; the whiteout stays.
+    pub fn finish_new(
+        &self,
+        up: BorrowedFd<'_>,
+        name: &Name,
+        n: &NewName,
+        made: bool,
+        dir: bool,
+    ) -> io::Result<()> {
+        let Some(tmp) = &n.temp else { return Ok(()) };
         if !made {
-            if n.over_whiteout
-                && let Err(e) = self.whiteout(up, name)
-            {
-                log::error!("stage: putting a whiteout back: {e}");
-            }
-            return;
+            return Ok(());
         }
-        if dir && n.over_lower {
-            let r =
-                sys::open_path(up, name).and_then(|d| self.set_marker(d.as_fd(), b"opaque", b"y"));
-            if let Err(e) = r {
-                log::error!("stage: marking a new directory opaque: {e}");
+        crash_point("new-made");
+        let _g = self.names.lock();
+        let r = self.put_new(up, tmp, name, dir && n.over_lower, dir);
+        if r.is_err() {
+            let flags = if dir { libc::AT_REMOVEDIR } else { 0 };
+            if let Err(e) = sys::unlinkat(up, tmp, flags) {
+                log::error!("stage: deleting a new name that could not be put in place: {e}");
             }
+        }
+        if dir {
             self.bump();
         }
+        r
+    }
+
+    /// Renames `up/tmp` to `up/name`: over a whiteout, or into the free name.
+    fn put_new(
+        &self,
+        up: BorrowedFd<'_>,
+        tmp: &Name,
+        name: &Name,
+        opaque: bool,
+        dir: bool,
+    ) -> io::Result<()> {
+        if opaque {
+            let d = sys::open_path(up, tmp)?;
+            self.set_marker(d.as_fd(), b"opaque", b"y")?;
+        }
+        if !self.upper_whiteout(up, name)? {
+            return sys::renameat2(up, tmp, up, name, libc::RENAME_NOREPLACE);
+        }
+        if !dir {
+            return sys::renameat2(up, tmp, up, name, 0);
+        }
+        sys::renameat2(up, tmp, up, name, libc::RENAME_EXCHANGE)?;
+        // The whiteout is under the temporary name now, hiding nothing.
+        if let Err(e) = sys::unlinkat(up, tmp, 0) {
+            log::warn!("stage: deleting a replaced whiteout: {e}");
+        }
+        Ok(())
     }
 
     /// Whether any layer below the upper holds `name` in `parent` at all (whiteouts of a
@@ -81,57 +132,9 @@ impl Union {
         Ok(false)
     }
 
-    /// Makes a whiteout `name` in upper directory `up`.
-    pub fn whiteout(&self, up: BorrowedFd<'_>, name: &Name) -> io::Result<()> {
-        sys::mknodat(up, name, libc::S_IFCHR, 0)
-    }
-
-    /// Removes `name` (found as `f`) from merged directory `parent` (upper part `up`):
-    /// the upper's entry goes, and a whiteout stands where a lower layer shows the name.
-    /// A directory must show nothing (`ENOTEMPTY`); the whiteouts in its upper part go
-    /// with it.
-    pub fn remove(
-        &self,
-        parent: &Stack,
-        up: BorrowedFd<'_>,
-        name: &Name,
-        f: &Found,
-    ) -> io::Result<()> {
-        let _g = self.names.lock();
-        let dir = kind(&f.st) == libc::S_IFDIR;
-        if dir {
-            let stack = f.stack.as_ref().ok_or_else(|| err(libc::EIO))?;
-            if !self.read_dir(stack)?.is_empty() {
-                return Err(err(libc::ENOTEMPTY));
-            }
-        }
-        let lower = self.lower_positive(parent, name)?;
-        if f.layer == 0 {
-            if dir {
-                self.clear_whiteouts(f.fd.as_fd())?;
-                self.bump();
-            }
-            let flags = if dir { libc::AT_REMOVEDIR } else { 0 };
-            sys::unlinkat(up, name, flags)?;
-        }
-        if lower {
-            self.whiteout(up, name)?;
-        }
-        Ok(())
-    }
-
-    /// Removes the whiteouts a merged-empty directory's upper part holds.
-    fn clear_whiteouts(&self, dir: BorrowedFd<'_>) -> io::Result<()> {
-        let d = sys::reopen_dir(self.proc_fd.as_fd(), dir)?;
-        for e in sys::read_dir(d.as_fd())? {
-            let n = Name::new(&e.name)?;
-            if let Some((fd, st)) = self.child(dir, &n)?
-                && self.is_whiteout(0, fd.as_fd(), &st)
-            {
-                sys::unlinkat(dir, &n, 0)?;
-            }
-        }
-        Ok(())
+    /// Makes a whiteout `name` in directory `dir` (the upper, or `DIR/work`).
+    pub fn whiteout(&self, dir: BorrowedFd<'_>, name: &Name) -> io::Result<()> {
+        sys::mknodat(dir, name, libc::S_IFCHR, 0)
     }
 
     /// Renames `name` of merged directory `parent` (upper part `up`, the entry copied up
@@ -149,6 +152,7 @@ impl Union {
     ) -> io::Result<()> {
         let _g = self.names.lock();
         let src_dir = kind(&src.st) == libc::S_IFDIR;
+        let mut swapped = None;
         if let Some(d) = dst {
             if noreplace {
                 return Err(err(libc::EEXIST));
@@ -163,14 +167,37 @@ impl Union {
                         return Err(err(libc::ENOTEMPTY));
                     }
                     if d.layer == 0 {
-                        self.clear_whiteouts(d.fd.as_fd())?;
+                        swapped = self.empty_in_place(nup, newname, d)?;
                     }
                 }
                 (false, false) => {}
             }
         }
-        let src_stack = src.stack.as_ref();
-        let redirect = match src_stack {
+        if swapped.is_some() {
+            crash_point("emptied");
+        }
+        let r = self.rename_in((parent, up, name), (newparent, nup, newname), src, dst);
+        if let Some(tmp) = swapped {
+            self.after_replace(nup, newname, &tmp, r.is_ok());
+        }
+        r?;
+        if src_dir || dst.is_some_and(|d| kind(&d.st) == libc::S_IFDIR) {
+            self.bump();
+        }
+        Ok(())
+    }
+
+    /// The rename itself, once what it replaces is known to be replaceable: markers on a
+    /// moved directory, then one rename (or exchange with a whiteout).
+    fn rename_in(
+        &self,
+        (parent, up, name): (&Stack, BorrowedFd<'_>, &Name),
+        (newparent, nup, newname): (&Stack, BorrowedFd<'_>, &Name),
+        src: &Found,
+        dst: Option<&Found>,
+    ) -> io::Result<()> {
+        let src_dir = kind(&src.st) == libc::S_IFDIR;
+        let redirect = match src.stack.as_ref() {
             Some(s) if s.has_lower() => {
                 s.parts.iter().find(|p| p.layer > 0).map(|p| p.path.clone())
             }
@@ -189,35 +216,37 @@ impl Union {
             let d = up_dir()?;
             self.set_marker(d.as_fd(), b"opaque", b"y")?;
         }
-        let flags = if old_lower { libc::RENAME_WHITEOUT } else { 0 };
-        // A lower-only destination has no upper entry; an upper whiteout there is replaced
-        // — by a file in the rename itself; a directory cannot replace a device (ENOTDIR),
-        // so the whiteout goes first (the directory is opaque if it must be, set above)
-        // and is put back if the rename fails.
-        let over_whiteout = src_dir && dst.is_none() && self.upper_whiteout(nup, newname)?;
-        if over_whiteout {
-            sys::unlinkat(nup, newname, 0)?;
+        // A directory cannot replace the whiteout a deleted name left (ENOTDIR): it is
+        // swapped with it, and the whiteout lands on the old name — kept there if a lower
+        // layer shows that name, else deleted.
+        if src_dir && dst.is_none() && self.upper_whiteout(nup, newname)? {
+            sys::renameat2(up, name, nup, newname, libc::RENAME_EXCHANGE)?;
+            if !old_lower && let Err(e) = sys::unlinkat(up, name, 0) {
+                log::warn!("stage: deleting a replaced whiteout: {e}");
+            }
+            Ok(())
+        } else {
+            self.move_entry((up, name), (nup, newname), old_lower)
         }
-        let moved = match sys::renameat2(up, name, nup, newname, flags) {
+    }
+
+    /// `up/name` renamed to `nup/newname`, leaving a whiteout behind if `whiteout`
+    /// (`RENAME_WHITEOUT`; where the upper's file system has none, a rename then a
+    /// whiteout — two steps, the one non-atomic case: overlayfs refuses such an upper).
+    fn move_entry(
+        &self,
+        (up, name): (BorrowedFd<'_>, &Name),
+        (nup, newname): (BorrowedFd<'_>, &Name),
+        whiteout: bool,
+    ) -> io::Result<()> {
+        let flags = if whiteout { libc::RENAME_WHITEOUT } else { 0 };
+        match sys::renameat2(up, name, nup, newname, flags) {
             Err(e) if flags != 0 && e.raw_os_error() == Some(libc::EINVAL) => {
-                sys::renameat2(up, name, nup, newname, 0).map(|()| true)
+                sys::renameat2(up, name, nup, newname, 0)?;
+                self.whiteout(up, name)
             }
-            r => r.map(|()| false),
-        };
-        match moved {
-            Ok(true) => self.whiteout(up, name)?,
-            Ok(false) => {}
-            Err(e) => {
-                if over_whiteout && let Err(e2) = self.whiteout(nup, newname) {
-                    log::error!("stage: putting a whiteout back: {e2}");
-                }
-                return Err(e);
-            }
+            r => r,
         }
-        if src_dir || dst.is_some_and(|d| kind(&d.st) == libc::S_IFDIR) {
-            self.bump();
-        }
-        Ok(())
     }
 
     /// `RENAME_EXCHANGE` of two merged entries, both copied up: allowed when neither is a

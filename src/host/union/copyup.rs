@@ -2,42 +2,51 @@
 //! the same merged name, before its first change. The copy is made in `DIR/work` under a
 //! temporary name — data (holes kept), owner, mode, xattrs but overlayfs's markers,
 //! times — and renamed into place without replacing anything, so the upper never holds
-//! half a copy and a crash leaves at most a stray temporary in `DIR/work`.
+//! half a copy and a crash leaves at most a stray temporary in `DIR/work`. The copy is
+//! made without the union's names lock; the lock is taken for the rename only.
 //!
 //! Invariants: the object copied is the one the caller found *now* (its handle, never a
-//! path walked again); directories are copied without their entries (their lower parts
+//! path walked again), and the copy is put in place only if that object was not written
+//! while it was copied and the merged view still shows it at the name (checked under the
+//! lock; else `ESTALE`); directories are copied without their entries (their lower parts
 //! stay merged below them); the owner is kept where the daemon may set it (as root),
 //! else the copy is the daemon's.
 
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::{TRUSTED, USER, Union, kind};
+use super::{TRUSTED, USER, Union, kind, temp_name};
 use crate::host::sys::{self, Name, SetTime, Xattr};
-
-fn temp_name() -> Name {
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    let n = NEXT.fetch_add(1, Ordering::Relaxed);
-    Name::new(format!("#fencefs-up.{}.{n}", std::process::id()).as_bytes()).expect("a valid name")
-}
 
 impl Union {
     /// Copies the lower object `fd` (stat `st`) into the upper directory `up` as `name`;
     /// returns the copy's `O_PATH` handle. `EEXIST` if the upper has `name` already.
+    ///
+    /// The copy is made in `DIR/work` without the names lock — a big file's data takes
+    /// as long as it takes without holding up anyone else's name change — and the lock
+    /// is taken only to put it in place: if `fd` was changed while it was copied, or
+    /// `still` (the caller's check that the merged view shows `fd` at `name` yet) fails,
+    /// the copy is discarded and the answer is `ESTALE` (the kernel looks the name up
+    /// again and repeats the call on what it finds).
     pub fn copy_up(
         &self,
         up: BorrowedFd<'_>,
         name: &Name,
         fd: BorrowedFd<'_>,
         st: &libc::stat,
+        still: &dyn Fn() -> io::Result<()>,
     ) -> io::Result<OwnedFd> {
-        let _g = self.names.lock();
-        let tmp = temp_name();
+        let tmp = temp_name("up");
         let work = self.work.as_fd();
-        let made = self.make_copy(work, &tmp, fd, st);
+        let made = self.make_copy(work, &tmp, fd, st, true);
         let res = made.and_then(|()| {
+            unchanged(fd, st)?;
+            let _g = self.names.lock();
+            still()?;
             sys::renameat2(work, &tmp, up, name, libc::RENAME_NOREPLACE)?;
+            if kind(st) == libc::S_IFDIR {
+                self.bump();
+            }
             sys::open_path(up, name)
         });
         if res.is_err() {
@@ -48,18 +57,19 @@ impl Union {
             };
             let _ = sys::unlinkat(work, &tmp, flags);
         }
-        if kind(st) == libc::S_IFDIR {
-            self.bump();
-        }
         res
     }
 
-    fn make_copy(
+    /// Makes `work/tmp` a copy of `fd` (stat `st`): a file's data, a directory without
+    /// its entries, a symlink's target, a device; owner, mode, xattrs, times; overlayfs's
+    /// `origin` (the handle of `fd`) if `origin`.
+    pub(super) fn make_copy(
         &self,
         work: BorrowedFd<'_>,
         tmp: &Name,
         fd: BorrowedFd<'_>,
         st: &libc::stat,
+        origin: bool,
     ) -> io::Result<()> {
         let proc_fd = self.proc_fd.as_fd();
         let k = kind(st);
@@ -92,7 +102,7 @@ impl Union {
             copy_xattrs(fd, new.as_fd())?;
             // Where it was copied from, in overlayfs's form: `stage status` tells a host
             // replacement of the original from the agent's own rename by it.
-            if let Some(o) = origin(fd) {
+            if let Some(o) = origin.then(|| origin_of(fd)).flatten() {
                 self.set_marker(new.as_fd(), b"origin", &o)?;
             }
         }
@@ -103,6 +113,24 @@ impl Union {
         } else {
             sys::utimens_fd(proc_fd, new.as_fd(), at, mt)
         }
+    }
+}
+
+/// `fd` is still the object `st` was read from, and a file's size and modification time
+/// are as they were: else it was written while it was copied (`ESTALE`: the copy may mix
+/// two versions). The change time is not compared: a hard link made to a sealed layer's
+/// file (`stage status` flattening the layers) changes it, not the bytes.
+fn unchanged(fd: BorrowedFd<'_>, st: &libc::stat) -> io::Result<()> {
+    let now = sys::fstat(fd)?;
+    let file = kind(st) == libc::S_IFREG;
+    let same = (now.st_dev, now.st_ino) == (st.st_dev, st.st_ino)
+        && (!file
+            || (now.st_size, now.st_mtime, now.st_mtime_nsec)
+                == (st.st_size, st.st_mtime, st.st_mtime_nsec));
+    if same {
+        Ok(())
+    } else {
+        Err(io::Error::from_raw_os_error(libc::ESTALE))
     }
 }
 
@@ -133,7 +161,7 @@ fn copy_xattrs(from: BorrowedFd<'_>, to: BorrowedFd<'_>) -> io::Result<()> {
 /// The overlayfs origin of `fd`: version 0, magic 0xfb, length, flags, the handle type,
 /// a (null) file system uuid, then the file handle. `None` where the file system gives
 /// no handle.
-fn origin(fd: BorrowedFd<'_>) -> Option<Vec<u8>> {
+fn origin_of(fd: BorrowedFd<'_>) -> Option<Vec<u8>> {
     let h = sys::file_handle(fd).ok()?;
     let (kind, fid) = h.split_at(4);
     let kind = i32::from_ne_bytes(kind.try_into().ok()?);

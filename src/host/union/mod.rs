@@ -11,14 +11,21 @@
 //! below the upper is cached but `O_PATH` handles, re-found at every lookup — and a name
 //! removed from a lower layer gets a whiteout.
 //!
+//! Fault injection for tests/stage_atomic.rs: with `FENCEFS_FAULT_UNION_ABORT=STEP` the
+//! daemon aborts (as a `kill -9` would end it) at that step of a name change — between two
+//! of its renames — so the test can show what a crash there leaves.
+//!
 //! Markers are written in the area's namespace (`trusted.overlay.` when the daemon runs as
 //! root, `user.overlay.` otherwise, so an ordinary user can stage) and read in both.
 //!
-//! Invariants: nothing here writes a layer but layer 0 (and `DIR/work`, where copies are
-//! made before they are renamed into place, so a crash never leaves half a file staged);
-//! SOURCE's entries are never taken for whiteouts (a real 0/0 device there is shown); the
-//! name changes of one merged directory are serialized by one lock; every path walked is
-//! walked one `O_PATH|O_NOFOLLOW` step at a time.
+//! Invariants: nothing here writes a layer but layer 0 (and `DIR/work`, where copies,
+//! whiteouts and opaque directories are made before they are renamed into place, and
+//! where removed objects are deleted, so a crash never leaves half a file staged nor
+//! shows again what the agent deleted: every change of a name a lower layer holds is one
+//! rename); SOURCE's entries are never taken for whiteouts (a real 0/0 device there is
+//! shown); the name changes of the union are serialized by one lock, which is never held
+//! while a file's data is copied; every path walked is walked one `O_PATH|O_NOFOLLOW`
+//! step at a time.
 
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -27,11 +34,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 
+use super::path::join;
 use super::sys::{self, Name, Xattr};
 
 mod change;
 mod copyup;
 mod list;
+mod remove;
 
 pub use change::NewName;
 pub use list::MergedEntry;
@@ -132,19 +141,32 @@ fn kind(st: &libc::stat) -> u32 {
     st.st_mode & libc::S_IFMT
 }
 
-fn missing(e: &io::Error) -> bool {
-    matches!(e.raw_os_error(), Some(libc::ENOENT | libc::ENOTDIR))
+/// A name no one else makes, `#fencefs-WHAT.PID.N`: an object is made under it in
+/// `DIR/work` (or, for a new name made as the caller, in the upper directory itself) and
+/// renamed into place.
+fn temp_name(what: &str) -> Name {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let name = format!("#fencefs-{what}.{}.{n}", std::process::id());
+    Name::new(name.as_bytes()).expect("a valid name")
 }
 
-/// `a/b` (`b` when `a` is empty).
-pub fn join(a: &[u8], b: &[u8]) -> Vec<u8> {
-    let mut p = Vec::with_capacity(a.len() + 1 + b.len());
-    p.extend_from_slice(a);
-    if !a.is_empty() {
-        p.push(b'/');
+/// Test-only: aborts the daemon at `step` when `FENCEFS_FAULT_UNION_ABORT` names it.
+fn crash_point(step: &str) {
+    static AT: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    let at = AT.get_or_init(|| std::env::var("FENCEFS_FAULT_UNION_ABORT").ok());
+    if at.as_deref() == Some(step) {
+        log::error!("fault injected: abort at {step} (FENCEFS_FAULT_UNION_ABORT)");
+        std::process::abort();
     }
-    p.extend_from_slice(b);
-    p
+}
+
+fn err(n: i32) -> io::Error {
+    io::Error::from_raw_os_error(n)
+}
+
+fn missing(e: &io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::ENOENT | libc::ENOTDIR))
 }
 
 impl Union {

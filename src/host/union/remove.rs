@@ -1,0 +1,216 @@
+//! Removals from the upper, made atomic through `DIR/work` as overlayfs makes them
+//! (`ovl_remove_and_whiteout`, `ovl_clear_empty`): an upper object that must leave a
+//! whiteout is swapped with a whiteout made in `DIR/work` (`RENAME_EXCHANGE`), an object
+//! that leaves none is renamed into `DIR/work`, and only then is it deleted there — its
+//! whiteouts with it, for a directory. A merged-empty directory about to be replaced by a
+//! rename is first swapped with an empty opaque copy of itself.
+//!
+//! Invariants: the merged view changes in one rename — a crash or a failure at any step
+//! shows either the name as it was or the name removed, never SOURCE's entry in between
+//! (what the agent deleted is never shown again) and never a directory emptied of its
+//! whiteouts; a directory taken out that turns out to hold more than whiteouts is put
+//! back; what a crash leaves in `DIR/work` is outside the view.
+
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd};
+
+use super::{Found, Stack, Union, crash_point, err, kind, temp_name};
+use crate::host::sys::{self, Name};
+
+impl Union {
+    /// Removes `name` (found as `f`) from merged directory `parent` (upper part `up`):
+    /// the upper's entry goes, and a whiteout stands where a lower layer shows the name —
+    /// in one step. A directory must show nothing (`ENOTEMPTY`); the whiteouts in its
+    /// upper part go with it.
+    pub fn remove(
+        &self,
+        parent: &Stack,
+        up: BorrowedFd<'_>,
+        name: &Name,
+        f: &Found,
+    ) -> io::Result<()> {
+        let _g = self.names.lock();
+        let dir = kind(&f.st) == libc::S_IFDIR;
+        if dir {
+            let stack = f.stack.as_ref().ok_or_else(|| err(libc::EIO))?;
+            if !self.read_dir(stack)?.is_empty() {
+                return Err(err(libc::ENOTEMPTY));
+            }
+        }
+        let lower = self.lower_positive(parent, name)?;
+        if f.layer != 0 {
+            // Nothing of it in the upper: one mknod hides it.
+            return if lower {
+                self.whiteout(up, name)
+            } else {
+                Ok(())
+            };
+        }
+        if !dir && !lower {
+            return sys::unlinkat(up, name, 0);
+        }
+        let tmp = temp_name("rm");
+        self.take_out(up, name, &tmp, lower)?;
+        crash_point("removed");
+        if dir {
+            self.bump();
+        }
+        let work = self.work.as_fd();
+        if !dir {
+            if let Err(e) = sys::unlinkat(work, &tmp, 0) {
+                log::warn!("stage: deleting a removed file from the work directory: {e}");
+            }
+            return Ok(());
+        }
+        if let Err(e) = self.delete_dir(work, &tmp) {
+            // Something was made in it meanwhile: it stays, with what it holds.
+            self.put_back(up, name, &tmp, lower.then_some(0));
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// Moves upper entry `up/name` to `DIR/work/tmp`, leaving a whiteout in its place if
+    /// `whiteout` (swapped in with `RENAME_EXCHANGE`), else nothing. One rename: if it
+    /// fails, nothing changed.
+    fn take_out(
+        &self,
+        up: BorrowedFd<'_>,
+        name: &Name,
+        tmp: &Name,
+        whiteout: bool,
+    ) -> io::Result<()> {
+        let work = self.work.as_fd();
+        if !whiteout {
+            return sys::renameat2(up, name, work, tmp, libc::RENAME_NOREPLACE);
+        }
+        self.whiteout(work, tmp)?;
+        let r = sys::renameat2(work, tmp, up, name, libc::RENAME_EXCHANGE);
+        if r.is_err() {
+            let _ = sys::unlinkat(work, tmp, 0);
+        }
+        r
+    }
+
+    /// Undoes [`Union::take_out`] (or [`Union::empty_in_place`]) of a directory that
+    /// could not be deleted: `DIR/work/tmp` goes back to `up/name`, swapped with what
+    /// stands there now when `swapped` (then deleted with `unlinkat` flags `swapped`).
+    fn put_back(&self, up: BorrowedFd<'_>, name: &Name, tmp: &Name, swapped: Option<i32>) {
+        let work = self.work.as_fd();
+        let flags = match swapped {
+            Some(_) => libc::RENAME_EXCHANGE,
+            None => libc::RENAME_NOREPLACE,
+        };
+        match sys::renameat2(work, tmp, up, name, flags) {
+            Ok(()) => {
+                if let Some(f) = swapped {
+                    let _ = sys::unlinkat(work, tmp, f);
+                }
+            }
+            Err(e) => log::error!(
+                "stage: putting back a directory that is not empty failed ({e}); it is in \
+                 the staging area's work directory as {}",
+                String::from_utf8_lossy(tmp.bytes())
+            ),
+        }
+        self.bump();
+    }
+
+    /// Deletes directory `at/name` if it holds whiteouts only (`ENOTEMPTY` otherwise,
+    /// before anything is deleted).
+    fn delete_dir(&self, at: BorrowedFd<'_>, name: &Name) -> io::Result<()> {
+        let d = sys::open_path(at, name)?;
+        if !self.only_whiteouts(d.as_fd())? {
+            return Err(err(libc::ENOTEMPTY));
+        }
+        self.clear_whiteouts(d.as_fd())?;
+        sys::unlinkat(at, name, libc::AT_REMOVEDIR)
+    }
+
+    /// Whether upper directory `dir` holds nothing but whiteouts.
+    fn only_whiteouts(&self, dir: BorrowedFd<'_>) -> io::Result<bool> {
+        let d = sys::reopen_dir(self.proc_fd.as_fd(), dir)?;
+        for e in sys::read_dir(d.as_fd())? {
+            match self.child(dir, &Name::new(&e.name)?)? {
+                Some((fd, st)) if !self.is_whiteout(0, fd.as_fd(), &st) => return Ok(false),
+                _ => {}
+            }
+        }
+        Ok(true)
+    }
+
+    /// Removes the whiteouts upper directory `dir` holds.
+    fn clear_whiteouts(&self, dir: BorrowedFd<'_>) -> io::Result<()> {
+        let d = sys::reopen_dir(self.proc_fd.as_fd(), dir)?;
+        for e in sys::read_dir(d.as_fd())? {
+            let n = Name::new(&e.name)?;
+            if let Some((fd, st)) = self.child(dir, &n)?
+                && self.is_whiteout(0, fd.as_fd(), &st)
+            {
+                sys::unlinkat(dir, &n, 0)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Before a rename replaces the merged-empty upper directory `nup/newname` (found as
+    /// `d`): if it holds whiteouts, it is swapped with an empty opaque directory of the
+    /// same attributes made in `DIR/work` — the view is the same (a directory showing
+    /// nothing), and the rename that follows replaces an empty directory. Returns where
+    /// the old directory is in `DIR/work`, for [`Union::after_replace`].
+    pub(super) fn empty_in_place(
+        &self,
+        nup: BorrowedFd<'_>,
+        newname: &Name,
+        d: &Found,
+    ) -> io::Result<Option<Name>> {
+        if self.is_empty_dir(d.fd.as_fd())? {
+            return Ok(None);
+        }
+        let work = self.work.as_fd();
+        let tmp = temp_name("empty");
+        let made = self.make_copy(work, &tmp, d.fd.as_fd(), &d.st, false);
+        let r = made.and_then(|()| {
+            let new = sys::open_path(work, &tmp)?;
+            if let Some(o) = self.marker(d.fd.as_fd(), b"origin") {
+                self.set_marker(new.as_fd(), b"origin", &o)?;
+            }
+            self.set_marker(new.as_fd(), b"opaque", b"y")?;
+            sys::renameat2(work, &tmp, nup, newname, libc::RENAME_EXCHANGE)
+        });
+        if let Err(e) = r {
+            let _ = sys::unlinkat(work, &tmp, libc::AT_REMOVEDIR);
+            return Err(e);
+        }
+        self.bump();
+        Ok(Some(tmp))
+    }
+
+    /// After the rename that replaced `nup/newname` (`renamed`), given what
+    /// [`Union::empty_in_place`] swapped out to `DIR/work/tmp`: deleted if the rename was
+    /// made, else swapped back (the agent's directory, with its identity and whiteouts,
+    /// as it was).
+    pub(super) fn after_replace(
+        &self,
+        nup: BorrowedFd<'_>,
+        newname: &Name,
+        tmp: &Name,
+        renamed: bool,
+    ) {
+        if !renamed {
+            self.put_back(nup, newname, tmp, Some(libc::AT_REMOVEDIR));
+        } else if let Err(e) = self.delete_dir(self.work.as_fd(), tmp) {
+            log::error!(
+                "stage: deleting a replaced directory from the work directory: {e}; it is \
+                 there as {}",
+                String::from_utf8_lossy(tmp.bytes())
+            );
+        }
+    }
+
+    /// Whether upper directory `dir` has no entry at all.
+    fn is_empty_dir(&self, dir: BorrowedFd<'_>) -> io::Result<bool> {
+        let d = sys::reopen_dir(self.proc_fd.as_fd(), dir)?;
+        Ok(sys::read_dir(d.as_fd())?.is_empty())
+    }
+}

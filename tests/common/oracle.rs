@@ -1,0 +1,118 @@
+//! Kernel overlayfs as the oracle of a staged mount's merged view (tests/stage_fresh.rs,
+//! tests/stage_union_redteam.rs): the same DIR mounted read-only by overlayfs over SOURCE,
+//! the views compared entry by entry, and the small generator the random runs draw from.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use super::{Mount, sh_in, snapshot};
+
+/// The same DIR (upper and live layers) over SOURCE, mounted read-only by kernel
+/// overlayfs at `at`; unmounted when dropped.
+pub struct Oracle {
+    pub at: PathBuf,
+}
+
+impl Oracle {
+    pub fn mount(dir: &Path, src: &Path, at: &Path) -> Oracle {
+        fs::create_dir_all(at).unwrap();
+        let mut lowers = vec![dir.join("upper")];
+        let mut layers: Vec<u64> = fs::read_dir(dir.join("layers"))
+            .map(|rd| {
+                rd.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+                    .collect()
+            })
+            .unwrap_or_default();
+        layers.sort_unstable_by(|a, b| b.cmp(a));
+        lowers.extend(
+            layers
+                .iter()
+                .map(|n| dir.join("layers").join(n.to_string())),
+        );
+        lowers.push(src.to_path_buf());
+        let lower: Vec<String> = lowers.iter().map(|p| p.display().to_string()).collect();
+        sh_in(
+            Path::new("/"),
+            &format!(
+                "mount -t overlay overlay -o ro,lowerdir={},redirect_dir=follow,index=off,metacopy=off {}",
+                lower.join(":"),
+                at.display()
+            ),
+        )
+        .assert_ok("kernel overlayfs oracle");
+        Oracle {
+            at: at.to_path_buf(),
+        }
+    }
+
+    /// What the oracle shows for `m`'s DIR now (mounted beside SOURCE, then unmounted).
+    pub fn view_of(m: &Mount, dir: &Path) -> View {
+        let at = m.host("").parent().unwrap().join("oracle");
+        let o = Oracle::mount(dir, &m.host(""), &at);
+        view(&o.at)
+    }
+}
+
+impl Drop for Oracle {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(&self.at).status();
+    }
+}
+
+/// A tree as the views are compared.
+pub type View = Vec<(Vec<u8>, String)>;
+
+/// Entries as both views are compared: type, mode, owner, size and contents, symlink
+/// targets (times and xattrs differ by design: the oracle's own).
+pub fn view(root: &Path) -> View {
+    snapshot(root)
+        .into_iter()
+        .map(|(p, e)| {
+            (
+                p,
+                format!("{} {:o} {}:{} {:?}", e.kind, e.mode, e.uid, e.gid, e.data),
+            )
+        })
+        .collect()
+}
+
+/// What only `got` and only `want` hold, for a failure message.
+pub fn view_diff(got: &View, want: &View) -> String {
+    let only = |a: &View, b: &View| -> Vec<String> {
+        a.iter()
+            .filter(|x| !b.contains(x))
+            .map(|(p, e)| format!("{} {e}", String::from_utf8_lossy(p)))
+            .collect()
+    };
+    format!(
+        "mount only: {:#?}\noracle only: {:#?}",
+        only(got, want),
+        only(want, got)
+    )
+}
+
+/// The mount shows what kernel overlayfs shows over the same DIR.
+pub fn matches_oracle(m: &Mount, dir: &Path) -> Result<(), String> {
+    let want = Oracle::view_of(m, dir);
+    let got = view(&m.mnt(""));
+    if got == want {
+        Ok(())
+    } else {
+        Err(view_diff(&got, &want))
+    }
+}
+
+/// A small deterministic generator (xorshift64*).
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    pub fn pick<'a>(&mut self, v: &[&'a str]) -> &'a str {
+        v[(self.next() % v.len() as u64) as usize]
+    }
+}
