@@ -181,6 +181,19 @@ impl Inodes {
         Err(stale())
     }
 
+    /// The upper part of merged directory `parent` now: `Some(None)` when it has none,
+    /// `None` when this mount has no merged view (or the directory cannot be found).
+    pub fn upper_part(&self, parent: u64) -> Option<Option<Arc<OwnedFd>>> {
+        let u = self.union()?;
+        let s = self.stack(&u, parent).ok()?;
+        Some(
+            s.parts
+                .first()
+                .filter(|p| p.layer == 0)
+                .map(|p| p.fd.clone()),
+        )
+    }
+
     /// `name` in merged directory `parent`: the object shown, not recorded.
     pub fn find(&self, u: &Union, parent: u64, name: &[u8]) -> io::Result<Option<Found>> {
         let ps = self.stack(u, parent)?;

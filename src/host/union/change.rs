@@ -35,11 +35,24 @@ impl Union {
         up: BorrowedFd<'_>,
         name: &Name,
     ) -> io::Result<NewName> {
-        if self.lookup(parent, name.bytes())?.is_some() {
-            return Err(err(libc::EEXIST));
+        // One look at each part, top down, by attributes only: an entry of the upper
+        // that is not a whiteout is shown; else the first lower part with an entry
+        // decides — shown unless the upper's whiteout or its own hides it.
+        let over_whiteout = match self.entry_at(0, up, name)? {
+            Some(false) => return Err(err(libc::EEXIST)),
+            Some(true) => true,
+            None => false,
+        };
+        let mut over_lower = false;
+        for p in parent.parts.iter().filter(|p| p.layer > 0) {
+            if let Some(whiteout) = self.entry_at(p.layer, p.fd.as_fd(), name)? {
+                if !over_whiteout && !whiteout {
+                    return Err(err(libc::EEXIST));
+                }
+                over_lower = true;
+                break;
+            }
         }
-        let over_lower = self.lower_positive_any(parent, name)?;
-        let over_whiteout = self.upper_whiteout(up, name)?;
         if over_whiteout {
             sys::unlinkat(up, name, 0)?;
         }
@@ -74,7 +87,7 @@ impl Union {
     /// sealed layer included: a directory made there must hide what is below).
     fn lower_positive_any(&self, parent: &Stack, name: &Name) -> io::Result<bool> {
         for p in parent.parts.iter().filter(|p| p.layer > 0) {
-            if self.child(p.fd.as_fd(), name)?.is_some() {
+            if self.entry_at(p.layer, p.fd.as_fd(), name)?.is_some() {
                 return Ok(true);
             }
         }
@@ -99,17 +112,24 @@ impl Union {
     ) -> io::Result<()> {
         let _g = self.names.lock();
         let dir = kind(&f.st) == libc::S_IFDIR;
+        let mut whiteouts = Vec::new();
         if dir {
             let stack = f.stack.as_ref().ok_or_else(|| err(libc::EIO))?;
-            if !self.read_dir(stack)?.is_empty() {
+            if !self.read_dir_whiteouts(stack, &mut whiteouts)?.is_empty() {
                 return Err(err(libc::ENOTEMPTY));
             }
         }
         let lower = self.lower_positive(parent, name)?;
         if f.layer == 0 {
             if dir {
-                self.clear_whiteouts(f.fd.as_fd())?;
-                self.bump();
+                for w in &whiteouts {
+                    sys::unlinkat(f.fd.as_fd(), &Name::new(w)?, 0)?;
+                }
+                // A directory with lower parts: a stack cached for it (a process's cwd)
+                // must not show them. One in the upper only shows nothing once removed.
+                if f.stack.as_ref().is_some_and(Stack::has_lower) {
+                    self.bump();
+                }
             }
             let flags = if dir { libc::AT_REMOVEDIR } else { 0 };
             sys::unlinkat(up, name, flags)?;
@@ -125,9 +145,7 @@ impl Union {
         let d = sys::reopen_dir(self.proc_fd.as_fd(), dir)?;
         for e in sys::read_dir(d.as_fd())? {
             let n = Name::new(&e.name)?;
-            if let Some((fd, st)) = self.child(dir, &n)?
-                && self.is_whiteout(0, fd.as_fd(), &st)
-            {
+            if self.entry_at(0, dir, &n)? == Some(true) {
                 sys::unlinkat(dir, &n, 0)?;
             }
         }

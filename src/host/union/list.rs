@@ -27,6 +27,15 @@ impl Union {
 
     /// The same, each with its layer.
     pub fn read_dir_layers(&self, s: &Stack) -> io::Result<Vec<MergedEntry>> {
+        self.read_dir_whiteouts(s, &mut Vec::new())
+    }
+
+    /// The same, and the names of the whiteouts the upper part holds (into `upper_wh`).
+    pub(super) fn read_dir_whiteouts(
+        &self,
+        s: &Stack,
+        upper_wh: &mut Vec<Vec<u8>>,
+    ) -> io::Result<Vec<MergedEntry>> {
         let mut seen: HashSet<Vec<u8>> = HashSet::new();
         let mut out = Vec::new();
         let n = s.parts.len();
@@ -41,9 +50,10 @@ impl Union {
                     && matches!(e.dtype, libc::DT_CHR | libc::DT_REG | libc::DT_UNKNOWN);
                 if maybe_whiteout {
                     let name = Name::new(&e.name)?;
-                    if let Some((fd, st)) = self.child(p.fd.as_fd(), &name)?
-                        && self.is_whiteout(p.layer, fd.as_fd(), &st)
-                    {
+                    if self.entry_at(p.layer, p.fd.as_fd(), &name)? == Some(true) {
+                        if p.layer == 0 {
+                            upper_wh.push(e.name.clone());
+                        }
                         if i + 1 < n {
                             seen.insert(e.name);
                         }
