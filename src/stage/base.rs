@@ -142,10 +142,15 @@ pub fn read(fd: BorrowedFd<'_>) -> Option<Base> {
 
 /// The record on staged node `n` (a whiteout included).
 pub fn of(n: &Node) -> Option<Base> {
-    if kind(&n.st) == libc::S_IFDIR {
+    of_entry(n.fd.as_fd(), &n.st)
+}
+
+/// The record on the staged entry held by `fd`, whose attributes are `st`.
+fn of_entry(fd: BorrowedFd<'_>, st: &libc::stat) -> Option<Base> {
+    if kind(st) == libc::S_IFDIR {
         return None;
     }
-    read(n.fd.as_fd())
+    read(fd)
 }
 
 /// What to record once a change went through: `base` onto the staged entry at `path`.
@@ -251,11 +256,12 @@ impl Bases {
         shown: Option<(u64, i128)>,
         replaces: bool,
         at: UpperDir<'_>,
+        below: Below<'_>,
     ) -> Option<Pending> {
         if shown.is_none() && !replaces {
             return None;
         }
-        let r = self.find(path, shown, replaces, at);
+        let r = self.find(path, shown, replaces, at, below);
         r.unwrap_or_else(|e| {
             log::warn!(
                 "stage: base record of {}: {e}",
@@ -272,6 +278,10 @@ impl Bases {
     /// The upper's entry at `path`, found as `at` says.
     fn staged(&self, path: &[u8], at: UpperDir<'_>) -> io::Result<Option<Node>> {
         match at {
+            UpperDir::Entry(fd, st) => Ok(Some(Node {
+                fd: fd.try_clone_to_owned()?,
+                st,
+            })),
             UpperDir::Walk => self.upper()?.get(path),
             UpperDir::Parent(None) => Ok(None),
             UpperDir::Parent(Some(d)) => child(d, super::tree::split(path).1),
@@ -284,10 +294,15 @@ impl Bases {
         shown: Option<(u64, i128)>,
         replaces: bool,
         at: UpperDir<'_>,
+        below: Below<'_>,
     ) -> io::Result<Option<Base>> {
-        if let Some(n) = self.staged(path, at)? {
+        let staged = match at {
+            UpperDir::Entry(fd, st) => Some(of_entry(fd, &st)),
+            _ => self.staged(path, at)?.map(|n| of(&n)),
+        };
+        if let Some(record) = staged {
             // Staged already: its record stays where it is unless the entry is replaced.
-            return Ok(if replaces { of(&n) } else { None });
+            return Ok(if replaces { record } else { None });
         }
         // Nothing shown there: a new name (a name deleted in a sealed layer and made again
         // is judged by times).
@@ -296,14 +311,23 @@ impl Bases {
         };
         // Staged in a sealed layer: that layer's record (what was read of it is staged
         // work, not SOURCE's).
-        for l in super::layers::open_layers(&self.dir)
-            .map_err(io::Error::other)?
-            .into_iter()
-            .rev()
-        {
-            if let Some(n) = Layer::new(l)?.get(path)? {
+        match below {
+            Below::Source => {}
+            Below::Sealed(fd, st) => {
                 self.reads.lock().take(path);
-                return Ok(of(&n));
+                return Ok(of_entry(fd, &st));
+            }
+            Below::Unknown => {
+                for l in super::layers::open_layers(&self.dir)
+                    .map_err(io::Error::other)?
+                    .into_iter()
+                    .rev()
+                {
+                    if let Some(n) = Layer::new(l)?.get(path)? {
+                        self.reads.lock().take(path);
+                        return Ok(of(&n));
+                    }
+                }
             }
         }
         // Read before: the change is built on what was read (another object than the one
@@ -335,6 +359,7 @@ impl Bases {
                 let (parent, _) = super::tree::split(&p.path);
                 return match at {
                     UpperDir::Parent(Some(d)) => private_whiteout(d, &p),
+                    UpperDir::Entry(..) => Ok(()),
                     _ => match self.upper()?.dir(parent)? {
                         Some(d) => private_whiteout(d.fd.as_fd(), &p),
                         None => Ok(()),
@@ -362,6 +387,19 @@ pub enum UpperDir<'a> {
     /// it (the upper's paths are the merged view's): one lookup. `None`: the parent has
     /// no upper part, so nothing is staged at the path in the upper.
     Parent(Option<BorrowedFd<'a>>),
+    /// The upper's entry itself (the merged view just showed it), with its attributes.
+    Entry(BorrowedFd<'a>, libc::stat),
+}
+
+/// What [`Bases`] knows of the layers below the upper at a change's path.
+#[derive(Clone, Copy)]
+pub enum Below<'a> {
+    /// Nothing: each sealed layer is looked at, newest first.
+    Unknown,
+    /// The merged view shows SOURCE's entry there (no sealed layer holds the path).
+    Source,
+    /// The merged view shows this sealed layer's entry (with its attributes).
+    Sealed(BorrowedFd<'a>, libc::stat),
 }
 
 /// The entry `name` of the upper directory `dir`, if any.
@@ -506,6 +544,15 @@ pub fn shown(dir: BorrowedFd<'_>, name: &Name) -> Option<(u64, i128)> {
         return None;
     }
     let b = super::sys::btime_ns(dir, name).ok().flatten().unwrap_or(0);
+    Some((st.st_ino, b))
+}
+
+/// The same for an entry held by `fd` whose attributes are `st`.
+pub fn shown_st(fd: &OwnedFd, st: &libc::stat) -> Option<(u64, i128)> {
+    if kind(st) == libc::S_IFDIR {
+        return None;
+    }
+    let b = super::sys::btime_fd(fd.as_fd()).ok().flatten().unwrap_or(0);
     Some((st.st_ino, b))
 }
 

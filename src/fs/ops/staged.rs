@@ -13,9 +13,9 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
 
 use super::{Error, Res, Shared};
-use crate::host::inode::MOVED;
+use crate::host::inode::{MOVED, Place};
 use crate::host::sys::Name;
-use crate::stage::base::{self, Pending, UpperDir};
+use crate::stage::base::{self, Below, Pending, UpperDir};
 
 /// A note taken before a change (nothing without staging).
 pub type Note = Option<Noted>;
@@ -42,10 +42,24 @@ impl Shared {
     /// another entry will stand at `path` after it (unlink, rename, create).
     pub(super) fn note_name(&self, path: &[u8], parent: u64, name: &Name, replaces: bool) -> Note {
         let b = self.bases.as_ref()?;
-        let shown = self.inodes.peek(parent, name).ok();
-        let shown = shown.and_then(|f| base::shown_fd(&f));
+        let shown = self.inodes.peek_stat(parent, name).ok();
+        // The merged view just showed the entry: in the upper it is the staged one (no
+        // second lookup); below it, its layer says where its record is.
+        // (An entry shown from below has nothing of the upper's over it.)
+        let (at_entry, below) = match &shown {
+            Some((fd, st, Place::Upper)) => (Some(UpperDir::Entry(fd.as_fd(), *st)), Below::Source),
+            Some((fd, st, Place::Sealed)) => {
+                (Some(UpperDir::Parent(None)), Below::Sealed(fd.as_fd(), *st))
+            }
+            Some((_, _, Place::Source)) => (Some(UpperDir::Parent(None)), Below::Source),
+            _ => (None, Below::Unknown),
+        };
+        let seen = shown
+            .as_ref()
+            .and_then(|(fd, st, _)| base::shown_st(fd, st));
         let up = self.inodes.upper_part(parent);
-        let p = b.before(path, shown, replaces, upper_dir(&up))?;
+        let at = at_entry.unwrap_or_else(|| upper_dir(&up));
+        let p = b.before(path, seen, replaces, at, below)?;
         Some(Noted { p, parent })
     }
 
@@ -57,7 +71,13 @@ impl Shared {
         let path = crate::host::inode::join(&self.inodes.path(parent).ok()?, &name);
         let fd = self.inodes.fd(ino).ok()?;
         let up = self.inodes.upper_part(parent);
-        let p = b.before(&path, base::shown_fd(&fd), false, upper_dir(&up))?;
+        let p = b.before(
+            &path,
+            base::shown_fd(&fd),
+            false,
+            upper_dir(&up),
+            Below::Unknown,
+        )?;
         Some(Noted { p, parent })
     }
 

@@ -198,7 +198,8 @@ impl Union {
         &self.layers[self.layers.len() - 1]
     }
 
-    fn is_source(&self, layer: usize) -> bool {
+    /// Whether `layer` is SOURCE (the last one).
+    pub fn is_source(&self, layer: usize) -> bool {
         layer + 1 == self.layers.len()
     }
 
