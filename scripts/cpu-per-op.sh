@@ -6,8 +6,10 @@
 #
 #   sudo scripts/cpu-per-op.sh [-n N] [-r ROUNDS] [-p POLICY] [-u UID] [-w WORKLOADS] TARGET...
 #
-# TARGET: fencefs | fencefs-uring | fencefs-nowatch | passthrough_hp | passthrough_hp-uring
-# | bindfs (passthrough_hp: $PASSTHROUGH_HP, a libfuse example/passthrough_hp binary, else
+# TARGET: fencefs | fencefs-uring | fencefs-nowatch | fencefs-stage | fencefs-stage-uring
+# | passthrough_hp | passthrough_hp-uring | bindfs (fencefs-stage*: with `--stage DIR`, a
+# fresh DIR on the image every round, so every change is staged and SOURCE untouched;
+# passthrough_hp: passthrough_hp: $PASSTHROUGH_HP, a libfuse example/passthrough_hp binary, else
 # the one scripts/bench/passthrough-hp.sh builds with io_uring into
 # /tmp/fencefs-bench-work/cache/libfuse, as bench.sh does;
 # bindfs: `bindfs -f`, libfuse's high-level, path-based API; $FENCEFS_BIN: another
@@ -56,7 +58,7 @@ fi
 BIN=${FENCEFS_BIN:-$HERE/target/release/fencefs}
 POLICY=${POLICY:-$HERE/policy.example.toml}
 WORK=$HERE/target/tmp/cpu-per-op.$$
-IMG=$WORK/img SRC=$WORK/fs/src MNT=$WORK/mnt
+IMG=$WORK/img SRC=$WORK/fs/src MNT=$WORK/mnt STAGE=$WORK/fs/stage
 PID=
 mkdir -p "$WORK/fs" "$MNT"
 cleanup() {
@@ -97,6 +99,8 @@ mount_t() {
     fencefs) "$BIN" mount -p "$POLICY" "${OTHER[@]}" --transport dev-fuse "$SRC" "$MNT" 2>>"$WORK/log" & ;;
     fencefs-uring) "$BIN" mount -p "$POLICY" "${OTHER[@]}" --transport io-uring "$SRC" "$MNT" 2>>"$WORK/log" & ;;
     fencefs-nowatch) "$BIN" mount -p "$POLICY" "${OTHER[@]}" --no-watch --transport dev-fuse "$SRC" "$MNT" 2>>"$WORK/log" & ;;
+    fencefs-stage) "$BIN" mount -p "$POLICY" "${OTHER[@]}" --stage "$STAGE" --transport dev-fuse "$SRC" "$MNT" 2>>"$WORK/log" & ;;
+    fencefs-stage-uring) "$BIN" mount -p "$POLICY" "${OTHER[@]}" --stage "$STAGE" --transport io-uring "$SRC" "$MNT" 2>>"$WORK/log" & ;;
     passthrough_hp) "$PASSTHROUGH_HP" --foreground ${OTHER:+-o allow_other} "$SRC" "$MNT" 2>>"$WORK/log" & ;;
     passthrough_hp-uring) "$PASSTHROUGH_HP" --foreground -o io_uring ${OTHER:+-o allow_other} "$SRC" "$MNT" 2>>"$WORK/log" & ;;
     bindfs) bindfs -f ${OTHER:+-o allow_other} "$SRC" "$MNT" 2>>"$WORK/log" & ;;
@@ -222,6 +226,7 @@ for t in "$@"; do
     T=$t
     declare -A R=()
     for ((r = 0; r < ROUNDS; r++)); do
+        rm -rf "$STAGE"
         mount_t "$t"
         has create && R[create]+=" $(cpu create)"
         has setattr && R[setattr]+=" $(cpu setattr)"

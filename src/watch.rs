@@ -172,14 +172,6 @@ fn decode(buf: &[u8], shared: &Shared, me: u32, pages: bool) -> Batch {
                 match (kind, name) {
                     (_, Some(name)) => {
                         let moved_dir_in = mask & libc::FAN_ONDIR != 0 && mask & 0x80 != 0;
-                        // A directory made, removed or moved on the host: a staged mount's
-                        // merged directories may have gained or lost a part.
-                        if mask & libc::FAN_ONDIR != 0
-                            && mask & DIRENT != 0
-                            && let Some(u) = shared.inodes.union()
-                        {
-                            u.host_changed();
-                        }
                         if !b.ignore_changed
                             && !ignore.names().is_empty()
                             && (moved_dir_in || ignore.affects(&name))
@@ -187,6 +179,17 @@ fn decode(buf: &[u8], shared: &Shared, me: u32, pages: bool) -> Batch {
                             b.ignore_changed = true;
                         }
                         if let Some(dir) = shared.inodes.by_handle(&key) {
+                            // A directory made, removed or moved on the host in a directory
+                            // the mount knows: a staged mount's merged directories may have
+                            // gained or lost a part. (The watch covers the whole file
+                            // system: a directory made anywhere else — a build's, say —
+                            // must not throw away every merged directory's parts.)
+                            if mask & libc::FAN_ONDIR != 0
+                                && mask & DIRENT != 0
+                                && let Some(u) = shared.inodes.union()
+                            {
+                                u.host_changed();
+                            }
                             if dir == crate::host::inode::ROOT && !b.root_names.contains(&name) {
                                 b.root_names.push(name.clone());
                             }

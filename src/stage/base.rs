@@ -142,10 +142,15 @@ pub fn read(fd: BorrowedFd<'_>) -> Option<Base> {
 
 /// The record on staged node `n` (a whiteout included).
 pub fn of(n: &Node) -> Option<Base> {
-    if kind(&n.st) == libc::S_IFDIR {
+    of_entry(n.fd.as_fd(), &n.st)
+}
+
+/// The record on the staged entry held by `fd`, whose attributes are `st`.
+fn of_entry(fd: BorrowedFd<'_>, st: &libc::stat) -> Option<Base> {
+    if kind(st) == libc::S_IFDIR {
         return None;
     }
-    read(n.fd.as_fd())
+    read(fd)
 }
 
 /// What to record once a change went through: `base` onto the staged entry at `path`.
@@ -243,17 +248,20 @@ impl Bases {
     /// Before a change of the non-directory at `path`: `shown` is the merged view's entry
     /// there now (inode, birth time; `None`: no entry). `replaces`: the change puts another
     /// entry at `path` (unlink, rename, create over a deleted name), whose record must be
-    /// the one `path` has now. Returns what [`Bases::after`] must record, if anything.
+    /// the one `path` has now. `at`: where the upper's entry at `path` is. Returns what
+    /// [`Bases::after`] must record, if anything.
     pub fn before(
         &self,
         path: &[u8],
         shown: Option<(u64, i128)>,
         replaces: bool,
+        at: UpperDir<'_>,
+        below: Below<'_>,
     ) -> Option<Pending> {
         if shown.is_none() && !replaces {
             return None;
         }
-        let r = self.find(path, shown, replaces);
+        let r = self.find(path, shown, replaces, at, below);
         r.unwrap_or_else(|e| {
             log::warn!(
                 "stage: base record of {}: {e}",
@@ -267,15 +275,34 @@ impl Bases {
         })
     }
 
+    /// The upper's entry at `path`, found as `at` says.
+    fn staged(&self, path: &[u8], at: UpperDir<'_>) -> io::Result<Option<Node>> {
+        match at {
+            UpperDir::Entry(fd, st) => Ok(Some(Node {
+                fd: fd.try_clone_to_owned()?,
+                st,
+            })),
+            UpperDir::Walk => self.upper()?.get(path),
+            UpperDir::Parent(None) => Ok(None),
+            UpperDir::Parent(Some(d)) => child(d, super::tree::split(path).1),
+        }
+    }
+
     fn find(
         &self,
         path: &[u8],
         shown: Option<(u64, i128)>,
         replaces: bool,
+        at: UpperDir<'_>,
+        below: Below<'_>,
     ) -> io::Result<Option<Base>> {
-        if let Some(n) = self.upper()?.get(path)? {
+        let staged = match at {
+            UpperDir::Entry(fd, st) => Some(of_entry(fd, &st)),
+            _ => self.staged(path, at)?.map(|n| of(&n)),
+        };
+        if let Some(record) = staged {
             // Staged already: its record stays where it is unless the entry is replaced.
-            return Ok(if replaces { of(&n) } else { None });
+            return Ok(if replaces { record } else { None });
         }
         // Nothing shown there: a new name (a name deleted in a sealed layer and made again
         // is judged by times).
@@ -284,14 +311,23 @@ impl Bases {
         };
         // Staged in a sealed layer: that layer's record (what was read of it is staged
         // work, not SOURCE's).
-        for l in super::layers::open_layers(&self.dir)
-            .map_err(io::Error::other)?
-            .into_iter()
-            .rev()
-        {
-            if let Some(n) = Layer::new(l)?.get(path)? {
+        match below {
+            Below::Source => {}
+            Below::Sealed(fd, st) => {
                 self.reads.lock().take(path);
-                return Ok(of(&n));
+                return Ok(of_entry(fd, &st));
+            }
+            Below::Unknown => {
+                for l in super::layers::open_layers(&self.dir)
+                    .map_err(io::Error::other)?
+                    .into_iter()
+                    .rev()
+                {
+                    if let Some(n) = Layer::new(l)?.get(path)? {
+                        self.reads.lock().take(path);
+                        return Ok(of(&n));
+                    }
+                }
             }
         }
         // Read before: the change is built on what was read (another object than the one
@@ -310,18 +346,25 @@ impl Bases {
     }
 
     /// Records `p` on the staged entry now at its path (a non-directory), replacing what
-    /// that entry carried.
-    pub fn after(&self, p: Pending) {
+    /// that entry carried; `at`: where the upper's entry at the path is.
+    pub fn after(&self, p: Pending, at: UpperDir<'_>) {
         let r = (|| {
-            let up = self.upper()?;
-            let Some(n) = up.get(&p.path)? else {
+            let Some(n) = self.staged(&p.path, at)? else {
                 return Ok(());
             };
             if kind(&n.st) == libc::S_IFDIR || of(&n).as_ref() == Some(&p.base) {
                 return Ok(());
             }
             if kind(&n.st) == libc::S_IFCHR && n.st.st_rdev == 0 && n.st.st_nlink > 1 {
-                return private_whiteout(&up, &p);
+                let (parent, _) = super::tree::split(&p.path);
+                return match at {
+                    UpperDir::Parent(Some(d)) => private_whiteout(d, &p),
+                    UpperDir::Entry(..) => Ok(()),
+                    _ => match self.upper()?.dir(parent)? {
+                        Some(d) => private_whiteout(d.fd.as_fd(), &p),
+                        None => Ok(()),
+                    },
+                };
             }
             sys::setxattr_fd(n.fd.as_fd(), &xattr_name(), &p.base.encode(), 0)
         })();
@@ -334,17 +377,51 @@ impl Bases {
     }
 }
 
+/// Where [`Bases`] finds the upper's entry at a change's path.
+#[derive(Clone, Copy)]
+pub enum UpperDir<'a> {
+    /// Walked from `DIR/upper`'s root, component by component (a mount whose merged
+    /// view kernel overlayfs serves).
+    Walk,
+    /// The upper part of the path's parent directory as the daemon's merged view holds
+    /// it (the upper's paths are the merged view's): one lookup. `None`: the parent has
+    /// no upper part, so nothing is staged at the path in the upper.
+    Parent(Option<BorrowedFd<'a>>),
+    /// The upper's entry itself (the merged view just showed it), with its attributes.
+    Entry(BorrowedFd<'a>, libc::stat),
+}
+
+/// What [`Bases`] knows of the layers below the upper at a change's path.
+#[derive(Clone, Copy)]
+pub enum Below<'a> {
+    /// Nothing: each sealed layer is looked at, newest first.
+    Unknown,
+    /// The merged view shows SOURCE's entry there (no sealed layer holds the path).
+    Source,
+    /// The merged view shows this sealed layer's entry (with its attributes).
+    Sealed(BorrowedFd<'a>, libc::stat),
+}
+
+/// The entry `name` of the upper directory `dir`, if any.
+fn child(dir: BorrowedFd<'_>, name: &[u8]) -> io::Result<Option<Node>> {
+    match sys::open_path(dir, &Name::new(name)?) {
+        Ok(fd) => {
+            let st = sys::fstat(fd.as_fd())?;
+            Ok(Some(Node { fd, st }))
+        }
+        Err(e) if missing(&e) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
 /// overlayfs makes its whiteouts as hard links of one shared inode, so a record cannot
-/// go on one: the whiteout at `p.path` is replaced by a private one (a 0/0 character
-/// device, as overlayfs's own) carrying the record, renamed over it in one step.
-fn private_whiteout(up: &Layer, p: &Pending) -> io::Result<()> {
-    let (parent, last) = super::tree::split(&p.path);
-    let Some(d) = up.dir(parent)? else {
-        return Ok(());
-    };
+/// go on one: the whiteout at `p.path` (in the upper directory `dir`) is replaced by a
+/// private one (a 0/0 character device, as overlayfs's own) carrying the record, renamed
+/// over it in one step.
+fn private_whiteout(dir: BorrowedFd<'_>, p: &Pending) -> io::Result<()> {
+    let (_, last) = super::tree::split(&p.path);
     // The `O_PATH` handle serves the *at calls (no read open: outside the workers'
     // Landlock rights on DIR).
-    let dir = d.fd;
     static SEQ: AtomicU64 = AtomicU64::new(0);
     // A name taken already is someone's (the agent may have made a file of that name: it
     // is staged work, never removed here): the next one.
@@ -352,19 +429,19 @@ fn private_whiteout(up: &Layer, p: &Pending) -> io::Result<()> {
     let tmp = loop {
         let n = SEQ.fetch_add(1, Ordering::Relaxed);
         let tmp = Name::new(format!(".fencefs-wh-{}-{n}", std::process::id()).as_bytes())?;
-        match sys::mknodat(dir.as_fd(), &tmp, libc::S_IFCHR, 0) {
+        match sys::mknodat(dir, &tmp, libc::S_IFCHR, 0) {
             Err(e) if e.raw_os_error() == Some(libc::EEXIST) && tries < 64 => tries += 1,
             Err(e) => return Err(e),
             Ok(()) => break tmp,
         }
     };
     let done = (|| {
-        let fd = sys::open_path(dir.as_fd(), &tmp)?;
+        let fd = sys::open_path(dir, &tmp)?;
         sys::setxattr_fd(fd.as_fd(), &xattr_name(), &p.base.encode(), 0)?;
-        sys::renameat2(dir.as_fd(), &tmp, dir.as_fd(), &Name::new(last)?, 0)
+        sys::renameat2(dir, &tmp, dir, &Name::new(last)?, 0)
     })();
     if done.is_err() {
-        let _ = sys::unlinkat(dir.as_fd(), &tmp, 0);
+        let _ = sys::unlinkat(dir, &tmp, 0);
     }
     done
 }
@@ -472,6 +549,15 @@ pub fn shown(dir: BorrowedFd<'_>, name: &Name) -> Option<(u64, i128)> {
         return None;
     }
     let b = super::sys::btime_ns(dir, name).ok().flatten().unwrap_or(0);
+    Some((st.st_ino, b))
+}
+
+/// The same for an entry held by `fd` whose attributes are `st`.
+pub fn shown_st(fd: &OwnedFd, st: &libc::stat) -> Option<(u64, i128)> {
+    if kind(st) == libc::S_IFDIR {
+        return None;
+    }
+    let b = super::sys::btime_fd(fd.as_fd()).ok().flatten().unwrap_or(0);
     Some((st.st_ino, b))
 }
 

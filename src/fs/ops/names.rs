@@ -628,7 +628,7 @@ impl Shared {
         // A rename to a free name: the moved entry keeps the record of what it was made
         // from (`stage status` lists `mv a b` as `R a -> b` by it).
         let n = match (&n, &o) {
-            (None, Some(o)) if !exchange => Some(o.moved_to(&new)),
+            (None, Some(o)) if !exchange => Some(o.moved_to(&new, newparent)),
             _ => n,
         };
         [o, n].into_iter().for_each(|n| self.noted(n));

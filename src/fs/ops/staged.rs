@@ -9,32 +9,76 @@
 //! Invariants: never fails a request (a record that cannot be taken is logged by
 //! `stage::base`); directories get no note.
 
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
 
 use super::{Error, Res, Shared};
-use crate::host::inode::MOVED;
+use crate::host::inode::{MOVED, Place};
 use crate::host::sys::Name;
-use crate::stage::base::{self, Pending};
+use crate::stage::base::{self, Below, Pending, UpperDir};
 
 /// A note taken before a change (nothing without staging).
-pub type Note = Option<Pending>;
+pub type Note = Option<Noted>;
+
+/// What [`Shared::noted`] records once the change went through, and the merged directory
+/// its path is in.
+pub struct Noted {
+    p: Pending,
+    parent: u64,
+}
+
+impl Noted {
+    /// The same record for the entry a rename moved to `path` in directory `parent`.
+    pub fn moved_to(&self, path: &[u8], parent: u64) -> Noted {
+        Noted {
+            p: self.p.moved_to(path),
+            parent,
+        }
+    }
+}
 
 impl Shared {
     /// Before a change of the entry `name` in `pfd` (merged path `path`); `replaces`:
     /// another entry will stand at `path` after it (unlink, rename, create).
     pub(super) fn note_name(&self, path: &[u8], parent: u64, name: &Name, replaces: bool) -> Note {
         let b = self.bases.as_ref()?;
-        let shown = self.inodes.peek(parent, name).ok();
-        b.before(path, shown.and_then(|f| base::shown_fd(&f)), replaces)
+        let shown = self.inodes.peek_stat(parent, name).ok();
+        // The merged view just showed the entry: in the upper it is the staged one (no
+        // second lookup); below it, its layer says where its record is.
+        // (An entry shown from below has nothing of the upper's over it.)
+        let (at_entry, below) = match &shown {
+            Some((fd, st, Place::Upper)) => (Some(UpperDir::Entry(fd.as_fd(), *st)), Below::Source),
+            Some((fd, st, Place::Sealed)) => {
+                (Some(UpperDir::Parent(None)), Below::Sealed(fd.as_fd(), *st))
+            }
+            Some((_, _, Place::Source)) => (Some(UpperDir::Parent(None)), Below::Source),
+            _ => (None, Below::Unknown),
+        };
+        let seen = shown
+            .as_ref()
+            .and_then(|(fd, st, _)| base::shown_st(fd, st));
+        let up = self.inodes.upper_part(parent);
+        let at = at_entry.unwrap_or_else(|| upper_dir(&up));
+        let p = b.before(path, seen, replaces, at, below)?;
+        Some(Noted { p, parent })
     }
 
     /// Before a change of node `ino` in place (a write open, setattr, xattrs, a link).
     pub(super) fn note_node(&self, ino: u64) -> Note {
         let b = self.bases.as_ref()?;
-        let path = self.inodes.paths(ino).ok()?.into_iter().next()?;
+        // Its first name (a node unlinked meanwhile has none: nothing to record).
+        let (parent, name) = self.inodes.alias(ino)?;
+        let path = crate::host::path::join(&self.inodes.path(parent).ok()?, &name);
         let fd = self.inodes.fd(ino).ok()?;
-        b.before(&path, base::shown_fd(&fd), false)
+        let up = self.inodes.upper_part(parent);
+        let p = b.before(
+            &path,
+            base::shown_fd(&fd),
+            false,
+            upper_dir(&up),
+            Below::Unknown,
+        )?;
+        Some(Noted { p, parent })
     }
 
     /// An open for reading of node `ino`: what a later change of it may be built on.
@@ -52,8 +96,9 @@ impl Shared {
 
     /// After the change went through: records the note.
     pub(super) fn noted(&self, n: Note) {
-        if let (Some(b), Some(p)) = (self.bases.as_ref(), n) {
-            b.after(p);
+        if let (Some(b), Some(n)) = (self.bases.as_ref(), n) {
+            let up = self.inodes.upper_part(n.parent);
+            b.after(n.p, upper_dir(&up));
         }
     }
 
@@ -71,12 +116,21 @@ impl Shared {
             // Not changed here (a stale node: the kernel repeats the call on the name's
             // object now): the next attempt is built on what this one was.
             Err(e) => {
-                if let (Some(b), Some(p)) = (self.bases.as_ref(), note.take()) {
-                    b.unnoted(p);
+                if let (Some(b), Some(n)) = (self.bases.as_ref(), note.take()) {
+                    b.unnoted(n.p);
                 }
                 Err(e.into())
             }
             Ok(fd) => Ok(fd),
         }
+    }
+}
+
+/// Where the base records find the upper's entry: in the parent's upper part when the
+/// daemon serves the merged view, else walked from the upper's root.
+fn upper_dir(up: &Option<Option<Arc<OwnedFd>>>) -> UpperDir<'_> {
+    match up {
+        Some(d) => UpperDir::Parent(d.as_ref().map(|f| f.as_fd())),
+        None => UpperDir::Walk,
     }
 }

@@ -32,6 +32,19 @@ pub const MAX_STACK_PARTS: usize = 4096;
 /// The deepest directory whose parts are found (deeper: ELOOP).
 const MAX_DEPTH: usize = 4096;
 
+/// Which layer of the merged view shows an entry ([`Inodes::peek_stat`]).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Place {
+    /// The upper: a staged entry.
+    Upper,
+    /// A sealed checkpoint layer.
+    Sealed,
+    /// SOURCE.
+    Source,
+    /// Not a merged view the daemon serves (no staging, another root, kernel overlayfs).
+    Unmerged,
+}
+
 /// The errno of [`Inodes::up_node`]'s "copied up to a new node: look the name up again".
 pub const MOVED: i32 = libc::ESTALE;
 
@@ -182,6 +195,19 @@ impl Inodes {
             return Ok(());
         }
         Err(stale())
+    }
+
+    /// The upper part of merged directory `parent` now: `Some(None)` when it has none,
+    /// `None` when this mount has no merged view (or the directory cannot be found).
+    pub fn upper_part(&self, parent: u64) -> Option<Option<Arc<OwnedFd>>> {
+        let u = self.union()?;
+        let s = self.stack(&u, parent).ok()?;
+        Some(
+            s.parts
+                .first()
+                .filter(|p| p.layer == 0)
+                .map(|p| p.fd.clone()),
+        )
     }
 
     /// `name` in merged directory `parent`: the object shown, not recorded.
@@ -407,30 +433,38 @@ impl Inodes {
         if flags & !(libc::RENAME_NOREPLACE | libc::RENAME_EXCHANGE) != 0 {
             return Err(err(libc::EINVAL));
         }
-        let src = self
-            .find(&u, parent, name.bytes())?
-            .ok_or_else(|| err(libc::ENOENT))?;
-        let dst = self.find(&u, newparent, newname.bytes())?;
-        let exchange = flags & libc::RENAME_EXCHANGE != 0;
-        if exchange && dst.is_none() {
-            return Err(err(libc::ENOENT));
-        }
-        // Both parents and the moved entries in the upper.
-        let src_up = self.up_entry(&u, parent, name, &src)?;
-        let dst_up = match (&dst, exchange) {
-            (Some(d), true) => Some(self.up_entry(&u, newparent, newname, d)?),
-            _ => None,
-        };
-        let pup = self.up_dir_in(&u, parent)?;
-        let npup = self.up_dir_in(&u, newparent)?;
-        // Found again: the copy-ups changed the layers the entries are in.
         let ps = self.stack(&u, parent)?;
         let nps = self.stack(&u, newparent)?;
         let src = u
             .lookup(&ps, name.bytes())?
             .ok_or_else(|| err(libc::ENOENT))?;
         let dst = u.lookup(&nps, newname.bytes())?;
-        drop((src_up, dst_up));
+        let exchange = flags & libc::RENAME_EXCHANGE != 0;
+        if exchange && dst.is_none() {
+            return Err(err(libc::ENOENT));
+        }
+        // Both parents and the moved entries in the upper already (the usual case once
+        // an agent works in a directory): nothing to copy up, nothing to find again.
+        let settled = ps.in_upper()
+            && nps.in_upper()
+            && src.layer == 0
+            && (!exchange || dst.as_ref().is_some_and(|d| d.layer == 0));
+        let (ps, nps, src, dst) = if settled {
+            (ps, nps, src, dst)
+        } else {
+            self.rename_copy_up(
+                &u,
+                (parent, name),
+                (newparent, newname),
+                &src,
+                dst,
+                exchange,
+            )?
+        };
+        let (pup, npup) = match (ps.parts.first(), nps.parts.first()) {
+            (Some(a), Some(b)) if a.layer == 0 && b.layer == 0 => (a.fd.clone(), b.fd.clone()),
+            _ => return Err(stale()),
+        };
         if exchange {
             let d = dst.ok_or_else(|| err(libc::ENOENT))?;
             return u.exchange(
@@ -448,6 +482,35 @@ impl Inodes {
             dst.as_ref(),
             noreplace,
         )
+    }
+
+    /// Copies up both parents and the moved entries of a rename, then finds the entries
+    /// again (the copy-ups changed the layers they are in).
+    #[allow(clippy::type_complexity)]
+    fn rename_copy_up(
+        &self,
+        u: &Union,
+        (parent, name): (u64, &Name),
+        (newparent, newname): (u64, &Name),
+        src: &Found,
+        dst: Option<Found>,
+        exchange: bool,
+    ) -> io::Result<(Arc<Stack>, Arc<Stack>, Found, Option<Found>)> {
+        let src_up = self.up_entry(u, parent, name, src)?;
+        let dst_up = match (&dst, exchange) {
+            (Some(d), true) => Some(self.up_entry(u, newparent, newname, d)?),
+            _ => None,
+        };
+        self.up_dir_in(u, parent)?;
+        self.up_dir_in(u, newparent)?;
+        let ps = self.stack(u, parent)?;
+        let nps = self.stack(u, newparent)?;
+        let src = u
+            .lookup(&ps, name.bytes())?
+            .ok_or_else(|| err(libc::ENOENT))?;
+        let dst = u.lookup(&nps, newname.bytes())?;
+        drop((src_up, dst_up));
+        Ok((ps, nps, src, dst))
     }
 
     /// The upper copy of entry `f` shown as `parent/name` (a known node's id is kept).
@@ -511,6 +574,32 @@ impl Inodes {
                 .ok_or_else(|| err(libc::ENOENT))?
                 .fd),
             None => Ok(Arc::new(sys::open_path(self.fd(parent)?.as_fd(), name)?)),
+        }
+    }
+
+    /// The same with its attributes, and the layer that shows it.
+    pub fn peek_stat(
+        &self,
+        parent: u64,
+        name: &Name,
+    ) -> io::Result<(Arc<OwnedFd>, libc::stat, Place)> {
+        match self.union_for(parent) {
+            Some(u) => {
+                let f = self
+                    .find(&u, parent, name.bytes())?
+                    .ok_or_else(|| err(libc::ENOENT))?;
+                let place = match f.layer {
+                    0 => Place::Upper,
+                    l if u.is_source(l) => Place::Source,
+                    _ => Place::Sealed,
+                };
+                Ok((f.fd, f.st, place))
+            }
+            None => {
+                let fd = sys::open_path(self.fd(parent)?.as_fd(), name)?;
+                let st = sys::fstat(fd.as_fd())?;
+                Ok((Arc::new(fd), st, Place::Unmerged))
+            }
         }
     }
 }

@@ -52,11 +52,24 @@ impl Union {
         up: BorrowedFd<'_>,
         name: &Name,
     ) -> io::Result<NewName> {
-        if self.lookup(parent, name.bytes())?.is_some() {
-            return Err(err(libc::EEXIST));
+        // One look at each part, top down, by attributes only: an entry of the upper
+        // that is not a whiteout is shown; else the first lower part with an entry
+        // decides — shown unless the upper's whiteout or its own hides it.
+        let over_whiteout = match self.entry_at(0, up, name)? {
+            Some(false) => return Err(err(libc::EEXIST)),
+            Some(true) => true,
+            None => false,
+        };
+        let mut over_lower = false;
+        for p in parent.parts.iter().filter(|p| p.layer > 0) {
+            if let Some(whiteout) = self.entry_at(p.layer, p.fd.as_fd(), name)? {
+                if !over_whiteout && !whiteout {
+                    return Err(err(libc::EEXIST));
+                }
+                over_lower = true;
+                break;
+            }
         }
-        let over_lower = self.lower_positive_any(parent, name)?;
-        let over_whiteout = self.upper_whiteout(up, name)?;
         Ok(NewName {
             temp: (over_lower || over_whiteout).then(|| temp_name("new")),
             over_lower,
@@ -125,7 +138,7 @@ impl Union {
     /// sealed layer included: a directory made there must hide what is below).
     fn lower_positive_any(&self, parent: &Stack, name: &Name) -> io::Result<bool> {
         for p in parent.parts.iter().filter(|p| p.layer > 0) {
-            if self.child(p.fd.as_fd(), name)?.is_some() {
+            if self.entry_at(p.layer, p.fd.as_fd(), name)?.is_some() {
                 return Ok(true);
             }
         }

@@ -41,9 +41,7 @@ impl Union {
                     && matches!(e.dtype, libc::DT_CHR | libc::DT_REG | libc::DT_UNKNOWN);
                 if maybe_whiteout {
                     let name = Name::new(&e.name)?;
-                    if let Some((fd, st)) = self.child(p.fd.as_fd(), &name)?
-                        && self.is_whiteout(p.layer, fd.as_fd(), &st)
-                    {
+                    if self.entry_at(p.layer, p.fd.as_fd(), &name)? == Some(true) {
                         if i + 1 < n {
                             seen.insert(e.name);
                         }

@@ -220,7 +220,8 @@ impl Union {
         &self.layers[self.layers.len() - 1]
     }
 
-    fn is_source(&self, layer: usize) -> bool {
+    /// Whether `layer` is SOURCE (the last one).
+    pub fn is_source(&self, layer: usize) -> bool {
         layer + 1 == self.layers.len()
     }
 
@@ -252,13 +253,36 @@ impl Union {
 
     /// A marker of a staged directory or file (`None` when absent), in either namespace.
     fn marker(&self, fd: BorrowedFd<'_>, what: &[u8]) -> Option<Vec<u8>> {
-        for prefix in [self.xa, if self.xa == USER { TRUSTED } else { USER }] {
-            let name = [prefix, what].concat();
-            if let Ok(Xattr::Data(v)) = sys::getxattr_fd(fd, &name, 4096) {
-                return Some(v);
+        let [m] = self.markers(fd, [what]);
+        m
+    }
+
+    /// The markers `what` of a staged directory or file (each `None` when absent), in
+    /// either namespace (this process's first): one `listxattr` — most objects carry
+    /// none — then one `getxattr` per marker present.
+    fn markers<const N: usize>(
+        &self,
+        fd: BorrowedFd<'_>,
+        what: [&[u8]; N],
+    ) -> [Option<Vec<u8>>; N] {
+        let other = if self.xa == USER { TRUSTED } else { USER };
+        let listed = match sys::listxattr_fd(fd, 1024) {
+            Ok(Xattr::Data(v)) => Some(v),
+            // A list too long for the buffer (or none to be had): asked name by name.
+            _ => None,
+        };
+        what.map(|w| {
+            for prefix in [self.xa, other] {
+                let name = [prefix, w].concat();
+                let present = listed
+                    .as_ref()
+                    .is_none_or(|l| l.split(|&b| b == 0).any(|n| n == name.as_slice()));
+                if present && let Ok(Xattr::Data(v)) = sys::getxattr_fd(fd, &name, 4096) {
+                    return Some(v);
+                }
             }
-        }
-        None
+            None
+        })
     }
 
     fn set_marker(&self, fd: BorrowedFd<'_>, what: &[u8], value: &[u8]) -> io::Result<()> {
@@ -359,13 +383,12 @@ impl Union {
                     break;
                 }
             }
-            let last = self.is_source(layer);
-            let opaque = !last && self.marker(fd.as_fd(), b"opaque").as_deref() == Some(b"y");
-            let redirect = if last {
-                None
+            let [opaque, redirect] = if self.is_source(layer) {
+                [None, None]
             } else {
-                self.marker(fd.as_fd(), b"redirect")
+                self.markers(fd.as_fd(), [b"opaque".as_slice(), b"redirect"])
             };
+            let opaque = opaque.as_deref() == Some(b"y");
             bottom = (st.st_dev, st.st_ino);
             parts.push(Part { layer, fd, path });
             if opaque {
@@ -399,8 +422,8 @@ impl Union {
     /// or a rename away from it must leave a whiteout).
     pub fn lower_positive(&self, parent: &Stack, name: &Name) -> io::Result<bool> {
         for p in parent.parts.iter().filter(|p| p.layer > 0) {
-            if let Some((fd, st)) = self.child(p.fd.as_fd(), name)? {
-                return Ok(!self.is_whiteout(p.layer, fd.as_fd(), &st));
+            if let Some(whiteout) = self.entry_at(p.layer, p.fd.as_fd(), name)? {
+                return Ok(!whiteout);
             }
         }
         Ok(false)
@@ -408,10 +431,30 @@ impl Union {
 
     /// The upper's entry `name` in directory `up` is a whiteout.
     fn upper_whiteout(&self, up: BorrowedFd<'_>, name: &Name) -> io::Result<bool> {
-        Ok(match self.child(up, name)? {
-            Some((fd, st)) => self.is_whiteout(0, fd.as_fd(), &st),
-            None => false,
-        })
+        Ok(self.entry_at(0, up, name)? == Some(true))
+    }
+
+    /// Whether `dir` (a directory of `layer`) has an entry `name` (`None`: it has none),
+    /// and whether it is a whiteout: told by its attributes (one `fstatat`), an empty
+    /// regular file of a staged layer also by its marker.
+    fn entry_at(&self, layer: usize, dir: BorrowedFd<'_>, name: &Name) -> io::Result<Option<bool>> {
+        let st = match sys::fstatat_nofollow(dir, name) {
+            Ok(st) => st,
+            Err(e) if missing(&e) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        if self.is_source(layer) {
+            return Ok(Some(false));
+        }
+        Ok(Some(match kind(&st) {
+            libc::S_IFCHR => st.st_rdev == 0,
+            libc::S_IFREG if st.st_size == 0 => match sys::open_path(dir, name) {
+                Ok(fd) => self.is_whiteout(layer, fd.as_fd(), &st),
+                Err(e) if missing(&e) => return Ok(None),
+                Err(e) => return Err(e),
+            },
+            _ => false,
+        }))
     }
 }
 

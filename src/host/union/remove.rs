@@ -46,13 +46,29 @@ impl Union {
                 Ok(())
             };
         }
-        if !dir && !lower {
-            return sys::unlinkat(up, name, 0);
+        // A stack cached for a directory with lower parts (a process's cwd) must not
+        // show them once it is gone; one in the upper only shows nothing then anyway.
+        let has_lower = f.stack.as_ref().is_some_and(Stack::has_lower);
+        if !lower {
+            if !dir {
+                return sys::unlinkat(up, name, 0);
+            }
+            // An empty directory goes in one rmdir; one holding whiteouts, through work.
+            match sys::unlinkat(up, name, libc::AT_REMOVEDIR) {
+                Ok(()) => {
+                    if has_lower {
+                        self.bump();
+                    }
+                    return Ok(());
+                }
+                Err(e) if matches!(e.raw_os_error(), Some(libc::ENOTEMPTY | libc::EEXIST)) => {}
+                Err(e) => return Err(e),
+            }
         }
         let tmp = temp_name("rm");
         self.take_out(up, name, &tmp, lower)?;
         crash_point("removed");
-        if dir {
+        if dir && has_lower {
             self.bump();
         }
         let work = self.work.as_fd();
@@ -120,37 +136,29 @@ impl Union {
     /// before anything is deleted).
     fn delete_dir(&self, at: BorrowedFd<'_>, name: &Name) -> io::Result<()> {
         let d = sys::open_path(at, name)?;
-        if !self.only_whiteouts(d.as_fd())? {
-            return Err(err(libc::ENOTEMPTY));
+        let whiteouts = self
+            .only_whiteouts(d.as_fd())?
+            .ok_or_else(|| err(libc::ENOTEMPTY))?;
+        for w in &whiteouts {
+            sys::unlinkat(d.as_fd(), w, 0)?;
         }
-        self.clear_whiteouts(d.as_fd())?;
         sys::unlinkat(at, name, libc::AT_REMOVEDIR)
     }
 
-    /// Whether upper directory `dir` holds nothing but whiteouts.
-    fn only_whiteouts(&self, dir: BorrowedFd<'_>) -> io::Result<bool> {
+    /// The whiteouts upper directory `dir` holds, if it holds nothing else (one read of
+    /// it; each entry told by its attributes).
+    fn only_whiteouts(&self, dir: BorrowedFd<'_>) -> io::Result<Option<Vec<Name>>> {
         let d = sys::reopen_dir(self.proc_fd.as_fd(), dir)?;
-        for e in sys::read_dir(d.as_fd())? {
-            match self.child(dir, &Name::new(&e.name)?)? {
-                Some((fd, st)) if !self.is_whiteout(0, fd.as_fd(), &st) => return Ok(false),
-                _ => {}
-            }
-        }
-        Ok(true)
-    }
-
-    /// Removes the whiteouts upper directory `dir` holds.
-    fn clear_whiteouts(&self, dir: BorrowedFd<'_>) -> io::Result<()> {
-        let d = sys::reopen_dir(self.proc_fd.as_fd(), dir)?;
+        let mut out = Vec::new();
         for e in sys::read_dir(d.as_fd())? {
             let n = Name::new(&e.name)?;
-            if let Some((fd, st)) = self.child(dir, &n)?
-                && self.is_whiteout(0, fd.as_fd(), &st)
-            {
-                sys::unlinkat(dir, &n, 0)?;
+            match self.entry_at(0, dir, &n)? {
+                Some(false) => return Ok(None),
+                Some(true) => out.push(n),
+                None => {}
             }
         }
-        Ok(())
+        Ok(Some(out))
     }
 
     /// Before a rename replaces the merged-empty upper directory `nup/newname` (found as
