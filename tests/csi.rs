@@ -3,8 +3,11 @@
 //! (`fencefs mount --fuse-fd-from`, uid 1000, no capabilities) takes the FUSE descriptor
 //! from the emptyDir socket and serves it, and a process as uid 1000 uses the mount under
 //! the policy. Also: repeated publish, unpublish with the sidecar killed, bad attributes
-//! (exact gRPC codes), a sidecar that never comes, staging unprivileged, and the policy
-//! reloaded by the kubelet's ConfigMap `..data` swap (`--watch-policy`).
+//! (exact gRPC codes), a sidecar that never comes, staging unprivileged, the policy
+//! reloaded by the kubelet's ConfigMap `..data` swap (`--watch-policy`), and a sidecar
+//! killed with SIGKILL and restarted: the volume resumes (also in a container's
+//! `HostToContainer` view of it made before), the staged work is still there, and a second
+//! sidecar beside a live one is refused.
 //!
 //! Every test unpublishes (or detaches) what it published and kills only the children it
 //! spawned; no mount is left behind (checked at the end of each test).
@@ -183,8 +186,14 @@ impl Pod {
     /// The sidecar: uid/gid 1000, every capability dropped (as a pod's restricted
     /// securityContext), serving the descriptor it is handed.
     fn start_sidecar(&mut self, extra: &[&str]) {
-        let log = self.pvc.join("sidecar.stderr");
-        let child = Command::new("setpriv")
+        let child = self.spawn_sidecar(extra, "sidecar.stderr");
+        self.sidecar = Some(child);
+    }
+
+    /// A sidecar process logging to PVC/`log`; the caller owns it.
+    fn spawn_sidecar(&self, extra: &[&str], log: &str) -> Child {
+        let log = self.pvc.join(log);
+        Command::new("setpriv")
             .args([
                 "--reuid=1000",
                 "--regid=1000",
@@ -213,8 +222,7 @@ impl Pod {
             .stdin(Stdio::null())
             .stderr(fs::File::create(log).unwrap())
             .spawn()
-            .unwrap();
-        self.sidecar = Some(child);
+            .unwrap()
     }
 
     fn sidecar_log(&self) -> String {
@@ -382,6 +390,164 @@ fn unpublish_after_the_sidecar_died() {
     n.unpublish(&p).unwrap();
     assert!(mount_fstype(&p.target).is_none(), "mount left behind");
     assert!(!p.target.exists());
+}
+
+/// A container's view of the volume as the kubelet makes it for a `mountPropagation:
+/// HostToContainer` volume mount: a bind of the target, then a slave of it. Detached
+/// (with whatever reached it) when dropped, as its container's end would.
+struct View(PathBuf);
+
+impl Drop for View {
+    fn drop(&mut self) {
+        while mount_fstype(&self.0).is_some() {
+            let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+        }
+    }
+}
+
+fn container_view(target: &Path, view: &Path) -> View {
+    mkdirp(view);
+    let ok = Command::new("mount")
+        .arg("--bind")
+        .arg(target)
+        .arg(view)
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "bind the target");
+    let ok = Command::new("mount")
+        .arg("--make-slave")
+        .arg(view)
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "make the view a slave");
+    View(view.to_path_buf())
+}
+
+fn driver_log(n: &Node) -> String {
+    fs::read_to_string(n.root.join("driver.stderr")).unwrap_or_default()
+}
+
+#[test]
+fn a_restarted_sidecar_resumes_the_volume_and_a_second_one_is_refused() {
+    let mut n = Node::start("csi-resume");
+    let mut p = n.pod("pod-r");
+    workspace(&p);
+    let stage = p.pvc.join("stage");
+    let staged = ["--stage", stage.to_str().unwrap()];
+    n.publish(&p, ATTRS).unwrap();
+    p.start_sidecar(&staged);
+    p.wait_served();
+    // The agent container's view, made when it started (before any restart).
+    let view = n.root.join("pod-r-agent-view");
+    let _view = container_view(&p.target, &view);
+    let in_view = |script: &str| {
+        sh_as(
+            UID,
+            Path::new("/"),
+            &format!("cd '{}' && {script}", view.display()),
+        )
+    };
+    in_view("cat README").assert_ok("the container's view serves");
+    p.sh("echo first > first.txt && echo more >> README")
+        .assert_ok("the first sidecar stages");
+    // The sidecar dies hard (OOM, a node's kill): the volume answers ENOTCONN.
+    p.kill_sidecar();
+    let o = p.sh("cat README");
+    assert!(!o.ok(), "served after the sidecar died");
+    let dead = eventually(Duration::from_secs(10), || {
+        driver_log(&n).contains("the sidecar that served it is gone")
+    });
+    assert!(dead, "driver log:\n{}", driver_log(&n));
+    // Its restart (the kubelet's restartPolicy: Always) resumes it, on the same DIR.
+    p.start_sidecar(&staged);
+    p.wait_served();
+    assert!(
+        driver_log(&n).contains("mounted afresh on top of the dead mount (resume 1 of"),
+        "{}",
+        driver_log(&n)
+    );
+    assert_eq!(p.sh("cat first.txt").stdout, "first\n");
+    assert_eq!(p.sh("cat README").stdout, "hello\nmore\n");
+    // The container's view got the fresh mount too, with no remount of its own.
+    assert_eq!(in_view("cat first.txt").stdout, "first\n");
+    in_view("echo second > second.txt").assert_ok("write in the container's view");
+    assert_eq!(fs::read(p.src.join("README")).unwrap(), b"hello\n");
+    assert!(
+        !p.src.join("first.txt").exists(),
+        "staged work reached SOURCE"
+    );
+    // A second sidecar while the first serves: refused, it exits; the first serves on.
+    let mut second = p.spawn_sidecar(&[], "second.stderr");
+    let mut status = None;
+    let ended = eventually(Duration::from_secs(15), || {
+        status = second.try_wait().unwrap();
+        status.is_some()
+    });
+    if !ended {
+        // SAFETY: kill(2) on our own, not yet reaped child.
+        unsafe { libc::kill(second.id() as i32, libc::SIGKILL) };
+        let _ = second.wait();
+    }
+    let log2 = fs::read_to_string(p.pvc.join("second.stderr")).unwrap_or_default();
+    assert!(ended, "the second sidecar was not refused:\n{log2}");
+    assert!(!status.unwrap().success(), "{log2}");
+    assert!(
+        log2.contains("the mounter refused this daemon: another sidecar serves"),
+        "{log2}"
+    );
+    assert_eq!(p.sh("cat second.txt").stdout, "second\n");
+    let st = run_fencefs(
+        ["stage", "status", "--dir", stage.to_str().unwrap()],
+        Duration::from_secs(30),
+    );
+    assert_eq!(
+        st.stdout, "M README\nA first.txt\nA second.txt\n",
+        "{}",
+        st.stderr
+    );
+    // Unpublish detaches the live mount and the dead one beneath, and the sidecar ends.
+    n.unpublish(&p).unwrap();
+    assert!(mount_fstype(&p.target).is_none(), "mount left behind");
+    assert!(!p.target.exists());
+    let mut c = p.sidecar.take().unwrap();
+    let done = eventually(Duration::from_secs(10), || {
+        matches!(c.try_wait(), Ok(Some(_)))
+    });
+    assert!(done, "sidecar still running after unpublish");
+}
+
+#[test]
+fn unpublish_while_the_sidecar_is_dead_stops_the_resumption() {
+    let mut n = Node::start("csi-resume-gone");
+    let mut p = n.pod("pod-g");
+    workspace(&p);
+    n.publish(&p, ATTRS).unwrap();
+    p.start_sidecar(&[]);
+    p.wait_served();
+    p.kill_sidecar();
+    let dead = eventually(Duration::from_secs(10), || {
+        driver_log(&n).contains("the sidecar that served it is gone")
+    });
+    assert!(dead, "driver log:\n{}", driver_log(&n));
+    n.unpublish(&p).unwrap();
+    assert!(mount_fstype(&p.target).is_none(), "mount left behind");
+    // A sidecar that comes after the unpublish gets nothing mounted for it.
+    fs::create_dir_all(&p.target).unwrap();
+    p.start_sidecar(&[]);
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(
+        mount_fstype(&p.target).is_none(),
+        "mounted after the unpublish"
+    );
+    assert!(
+        !driver_log(&n).contains("resume 1 of"),
+        "{}",
+        driver_log(&n)
+    );
+    p.kill_sidecar();
+    fs::remove_dir(&p.target).unwrap();
 }
 
 #[test]
