@@ -435,7 +435,13 @@ fn a_restarted_sidecar_resumes_the_volume_and_a_second_one_is_refused() {
     let mut p = n.pod("pod-r");
     workspace(&p);
     let stage = p.pvc.join("stage");
-    let staged = ["--stage", stage.to_str().unwrap()];
+    let control = p.pvc.join("control.sock");
+    let staged = [
+        "--stage",
+        stage.to_str().unwrap(),
+        "--control",
+        control.to_str().unwrap(),
+    ];
     n.publish(&p, ATTRS).unwrap();
     p.start_sidecar(&staged);
     p.wait_served();
@@ -478,8 +484,9 @@ fn a_restarted_sidecar_resumes_the_volume_and_a_second_one_is_refused() {
         !p.src.join("first.txt").exists(),
         "staged work reached SOURCE"
     );
-    // A second sidecar while the first serves: refused, it exits; the first serves on.
-    let mut second = p.spawn_sidecar(&[], "second.stderr");
+    // A second sidecar while the first serves (not staging: the staging area's lock would
+    // stop it first): refused, it exits; the first serves on, its control socket too.
+    let mut second = p.spawn_sidecar(&["--control", control.to_str().unwrap()], "second.stderr");
     let mut status = None;
     let ended = eventually(Duration::from_secs(15), || {
         status = second.try_wait().unwrap();
@@ -499,7 +506,7 @@ fn a_restarted_sidecar_resumes_the_volume_and_a_second_one_is_refused() {
     );
     assert_eq!(p.sh("cat second.txt").stdout, "second\n");
     let st = run_fencefs(
-        ["stage", "status", "--dir", stage.to_str().unwrap()],
+        ["stage", "status", control.to_str().unwrap()],
         Duration::from_secs(30),
     );
     assert_eq!(
