@@ -504,6 +504,20 @@ fn a_restarted_sidecar_resumes_the_volume_and_a_second_one_is_refused() {
         log2.contains("the mounter refused this daemon: another sidecar serves"),
         "{log2}"
     );
+    // One with the same staging area stops at its lock, before it binds anything.
+    let mut third = p.spawn_sidecar(&staged, "third.stderr");
+    let ended = eventually(Duration::from_secs(15), || {
+        status = third.try_wait().unwrap();
+        status.is_some()
+    });
+    if !ended {
+        // SAFETY: kill(2) on our own, not yet reaped child.
+        unsafe { libc::kill(third.id() as i32, libc::SIGKILL) };
+        let _ = third.wait();
+    }
+    let log3 = fs::read_to_string(p.pvc.join("third.stderr")).unwrap_or_default();
+    assert!(ended && !status.unwrap().success(), "{log3}");
+    assert!(log3.contains("is in use by another fencefs"), "{log3}");
     assert_eq!(p.sh("cat second.txt").stdout, "second\n");
     let st = run_fencefs(
         ["stage", "status", control.to_str().unwrap()],
