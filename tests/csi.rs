@@ -48,7 +48,7 @@ impl Node {
         let root = ws.root.clone();
         std::mem::forget(ws);
         let sock = root.join("csi.sock");
-        let driver = Command::new(BIN)
+        let mut driver = Command::new(BIN)
             .args(["csi", "--node-id", "test-node", "--endpoint"])
             .arg(format!("unix://{}", sock.display()))
             .env("RUST_LOG", "info")
@@ -64,15 +64,34 @@ impl Node {
             .enable_all()
             .build()
             .unwrap();
-        let ch = rt.block_on(async {
-            Endpoint::try_from("http://[::]:50051")
-                .unwrap()
-                .connect_with_connector(tower::service_fn(move |_: Uri| {
-                    tokio::net::UnixStream::connect(sock.clone())
-                }))
-                .await
-                .unwrap()
+        // The socket's name exists a moment before it listens (bind, then listen): a
+        // connection refused then is tried again.
+        let connected = rt.block_on(async {
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            loop {
+                let s = sock.clone();
+                let r = Endpoint::try_from("http://[::]:50051")
+                    .unwrap()
+                    .connect_with_connector(tower::service_fn(move |_: Uri| {
+                        tokio::net::UnixStream::connect(s.clone())
+                    }))
+                    .await;
+                match r {
+                    Err(_) if std::time::Instant::now() < deadline => {
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                    r => break r,
+                }
+            }
         });
+        let ch = match connected {
+            Ok(ch) => ch,
+            Err(e) => {
+                let _ = driver.kill();
+                let _ = driver.wait();
+                panic!("cannot connect to the driver: {e}")
+            }
+        };
         Node {
             root,
             driver,
