@@ -408,3 +408,33 @@ fn give(conn: &UnixStream, dev: &OwnedFd, target: &Path) -> Result<(), String> {
         other => Err(format!("the sidecar refused the descriptor: {other:?}")),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_hang_up_is_seen_and_an_open_connection_is_not() {
+        let (mut a, mut b) = UnixStream::pair().unwrap_or_else(|e| panic!("{e}"));
+        assert!(!hung_up(&mut a));
+        // Bytes the peer sends are read and ignored: it is still there.
+        b.write_all(b"noise").unwrap_or_else(|e| panic!("{e}"));
+        assert!(!hung_up(&mut a));
+        drop(b);
+        assert!(hung_up(&mut a));
+    }
+
+    #[test]
+    fn a_refusal_is_one_line_naming_why() {
+        let (a, b) = UnixStream::pair().unwrap_or_else(|e| panic!("{e}"));
+        refuse(a, "another sidecar serves /t and is alive");
+        let mut line = String::new();
+        BufReader::new(b)
+            .read_line(&mut line)
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            line,
+            "fencefs-fuse-fd/1 refused: another sidecar serves /t and is alive\n"
+        );
+    }
+}
