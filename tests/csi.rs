@@ -448,6 +448,26 @@ fn driver_log(n: &Node) -> String {
     fs::read_to_string(n.root.join("driver.stderr")).unwrap_or_default()
 }
 
+/// Starts a sidecar that must exit by itself, unsuccessfully, within 15 s; its log.
+fn sidecar_that_exits(p: &Pod, args: &[&str], name: &str) -> String {
+    let log = format!("{name}.stderr");
+    let mut c = p.spawn_sidecar(args, &log);
+    let mut status = None;
+    let ended = eventually(Duration::from_secs(15), || {
+        status = c.try_wait().unwrap();
+        status.is_some()
+    });
+    if !ended {
+        // SAFETY: kill(2) on our own, not yet reaped child.
+        unsafe { libc::kill(c.id() as i32, libc::SIGKILL) };
+        let _ = c.wait();
+    }
+    let text = fs::read_to_string(p.pvc.join(&log)).unwrap_or_default();
+    assert!(ended, "the {name} sidecar did not exit:\n{text}");
+    assert!(!status.unwrap().success(), "{text}");
+    text
+}
+
 #[test]
 fn a_restarted_sidecar_resumes_the_volume_and_a_second_one_is_refused() {
     let mut n = Node::start("csi-resume");
@@ -505,37 +525,13 @@ fn a_restarted_sidecar_resumes_the_volume_and_a_second_one_is_refused() {
     );
     // A second sidecar while the first serves (not staging: the staging area's lock would
     // stop it first): refused, it exits; the first serves on, its control socket too.
-    let mut second = p.spawn_sidecar(&["--control", control.to_str().unwrap()], "second.stderr");
-    let mut status = None;
-    let ended = eventually(Duration::from_secs(15), || {
-        status = second.try_wait().unwrap();
-        status.is_some()
-    });
-    if !ended {
-        // SAFETY: kill(2) on our own, not yet reaped child.
-        unsafe { libc::kill(second.id() as i32, libc::SIGKILL) };
-        let _ = second.wait();
-    }
-    let log2 = fs::read_to_string(p.pvc.join("second.stderr")).unwrap_or_default();
-    assert!(ended, "the second sidecar was not refused:\n{log2}");
-    assert!(!status.unwrap().success(), "{log2}");
+    let log2 = sidecar_that_exits(&p, &["--control", control.to_str().unwrap()], "second");
     assert!(
         log2.contains("the mounter refused this daemon: another sidecar serves"),
         "{log2}"
     );
     // One with the same staging area stops at its lock, before it binds anything.
-    let mut third = p.spawn_sidecar(&staged, "third.stderr");
-    let ended = eventually(Duration::from_secs(15), || {
-        status = third.try_wait().unwrap();
-        status.is_some()
-    });
-    if !ended {
-        // SAFETY: kill(2) on our own, not yet reaped child.
-        unsafe { libc::kill(third.id() as i32, libc::SIGKILL) };
-        let _ = third.wait();
-    }
-    let log3 = fs::read_to_string(p.pvc.join("third.stderr")).unwrap_or_default();
-    assert!(ended && !status.unwrap().success(), "{log3}");
+    let log3 = sidecar_that_exits(&p, &staged, "third");
     assert!(log3.contains("is in use by another fencefs"), "{log3}");
     assert_eq!(p.sh("cat second.txt").stdout, "second\n");
     let st = run_fencefs(
