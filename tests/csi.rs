@@ -555,6 +555,40 @@ fn a_restarted_sidecar_resumes_the_volume_and_a_second_one_is_refused() {
 }
 
 #[test]
+fn only_root_can_refuse_a_waiting_sidecar() {
+    let mut n = Node::start("csi-refuse-uid");
+    let mut p = n.pod("pod-u");
+    workspace(&p);
+    p.start_sidecar(&[]);
+    assert!(
+        eventually(Duration::from_secs(10), || p.sock.exists()),
+        "{}",
+        p.sidecar_log()
+    );
+    // The pod's uid (the agent, were it given the emptyDir) sends the driver's refusal.
+    // (From the socket's directory: its full path is longer than a socket address.)
+    let o = sh_as(
+        UID,
+        p.sock.parent().unwrap(),
+        &format!(
+            "/usr/bin/python3 -c 'import socket; s = socket.socket(socket.AF_UNIX); \
+             s.connect(\"fencefs.sock\"); s.sendall(b\"fencefs-fuse-fd/1 refused: go away\\n\"); \
+             print(s.recv(200).decode())'"
+        ),
+    );
+    assert!(
+        o.stdout
+            .contains("error: a refusal from a process that is not root"),
+        "{o:?}"
+    );
+    // The sidecar still waits, and takes the driver's descriptor.
+    n.publish(&p, ATTRS).unwrap();
+    p.wait_served();
+    n.unpublish(&p).unwrap();
+    assert!(mount_fstype(&p.target).is_none());
+}
+
+#[test]
 fn unpublish_while_the_sidecar_is_dead_stops_the_resumption() {
     let mut n = Node::start("csi-resume-gone");
     let mut p = n.pod("pod-g");

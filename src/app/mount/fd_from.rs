@@ -6,7 +6,8 @@
 //! message carrying one descriptor (SCM_RIGHTS), check it is `/dev/fuse`, stop listening
 //! and remove SOCKET, answer `ok` (or `error: WHY`). A connection that sends something
 //! else is answered and dropped; the daemon keeps waiting. The mounter's refusal
-//! (`fusefd::REFUSED`: another daemon serves the volume) ends the daemon.
+//! (`fusefd::REFUSED`: another daemon serves the volume), from a root process, ends the
+//! daemon.
 //!
 //! The connection the descriptor came on stays open for the daemon's life
 //! ([`HANDOVER`]): `fencefs csi` reads its hang-up as this daemon's exit, and mounts
@@ -119,7 +120,12 @@ fn take(conn: &UnixStream) -> Result<Taken, String> {
     if fd.is_none()
         && let Some(why) = String::from_utf8_lossy(&msg).strip_prefix(fusefd::REFUSED)
     {
-        return Ok(Taken::Refused(why.trim().to_string()));
+        // Only the mounter (root: it mounts) may end this daemon; from anyone else it is
+        // a bad message like any other.
+        return match fusefd::peer_uid(conn.as_fd()) {
+            Ok(0) => Ok(Taken::Refused(why.trim().to_string())),
+            _ => Err("a refusal from a process that is not root".into()),
+        };
     }
     let fd = fd.ok_or("the message carried no descriptor")?;
     if !fusefd::is_fuse_dev(fd.as_fd()).map_err(|e| e.to_string())? {
