@@ -570,11 +570,9 @@ fn only_root_can_refuse_a_waiting_sidecar() {
     let o = sh_as(
         UID,
         p.sock.parent().unwrap(),
-        &format!(
-            "/usr/bin/python3 -c 'import socket; s = socket.socket(socket.AF_UNIX); \
-             s.connect(\"fencefs.sock\"); s.sendall(b\"fencefs-fuse-fd/1 refused: go away\\n\"); \
-             print(s.recv(200).decode())'"
-        ),
+        "/usr/bin/python3 -c 'import socket; s = socket.socket(socket.AF_UNIX); \
+         s.connect(\"fencefs.sock\"); s.sendall(b\"fencefs-fuse-fd/1 refused: go away\\n\"); \
+         print(s.recv(200).decode())'",
     );
     assert!(
         o.stdout
