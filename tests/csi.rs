@@ -7,7 +7,7 @@
 //! reloaded by the kubelet's ConfigMap `..data` swap (`--watch-policy`), and a sidecar
 //! killed with SIGKILL and restarted: the volume resumes (also in a container's
 //! `HostToContainer` view of it made before), the staged work is still there, and a second
-//! sidecar beside a live one is refused.
+//! sidecar beside a live one is refused (by the driver only: not by the pod's uid).
 //!
 //! Every test unpublishes (or detaches) what it published and kills only the children it
 //! spawned; no mount is left behind (checked at the end of each test).
