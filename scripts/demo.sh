@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # A guided tour: mount a small agent workspace with policy.example.toml and show, with
 # ordinary shell commands, what the policy allows and what it refuses (and with which
-# errno). Needs root (or a user allowed to use FUSE), /dev/fuse and fusermount3.
-# Always unmounts and cleans up, also on Ctrl-C or failure.
+# errno); then stage an agent's changes, and review one turn of them: a checkpoint sealed
+# by the agent's hook as a prompt arrives, `fencefs review` driven in a tmux pane (its
+# screens printed), and the reviewer's notes as the agent reads them.
+# Needs root (or a user allowed to use FUSE), /dev/fuse, fusermount3 and tmux.
+# Always unmounts and cleans up (its own tmux server included), also on Ctrl-C or failure.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 REPO=$PWD
@@ -11,6 +14,7 @@ REPO=$PWD
 need=()
 command -v fusermount3 >/dev/null 2>&1 || need+=(fuse3)
 command -v git >/dev/null 2>&1 || need+=(git)
+command -v tmux >/dev/null 2>&1 || need+=(tmux)
 if ((${#need[@]})); then
     echo "== installing ${need[*]}"
     if [[ $(id -u) -ne 0 ]]; then
@@ -32,9 +36,16 @@ WS=$TMP/workspace
 MNT=$TMP/mnt
 PID=
 APPROVER=
+# The review runs in a tmux server of the demo's own (a private socket in $TMP, -S); only
+# that server is ever killed, and its socket goes with $TMP.
+TMUX_SOCK=$TMP/tmux.sock
+TMUX_STARTED=
 
 cleanup() {
     local rc=$?
+    if [[ -n $TMUX_STARTED ]]; then
+        env -u TMUX tmux -S "$TMUX_SOCK" kill-server 2>/dev/null || true
+    fi
     if [[ -n $APPROVER ]]; then kill "$APPROVER" 2>/dev/null || true; wait "$APPROVER" 2>/dev/null || true; fi
     if [[ -n $PID ]] && kill -0 "$PID" 2>/dev/null; then
         kill -TERM "$PID" 2>/dev/null || true
@@ -197,6 +208,129 @@ show "ls; head -1 NOTES.md"
 stage discard                    # drop the rest (the mount shows the workspace again)
 kill -TERM "$PID"; wait "$PID" || true; PID=
 printf '    host now: %s\n' "$(cd "$WS" && ls -d NOTES.md lib src target 2>&1 | tr '\n' ' ')"
+echo
+echo "== reviewing one turn like a pull request: a checkpoint per prompt, then fencefs review"
+# The workspace gets a file for the agent to edit in three places and one to delete.
+{
+    printf '// Greetings, in three flavours.\n\n'
+    for f in hello welcome farewell; do
+        printf 'pub fn %s(name: &str) -> String {\n' "$f"
+        printf '    let who = name.trim();\n'
+        printf '    let text = "%s";\n' "$f"
+        printf '    format!("{text}, {who}!")\n'
+        printf '}\n\n'
+        printf '// (%s keeps its own lines apart from the next)\n\n\n' "$f"
+    done
+} >"$WS/src/greet.rs"
+printf 'pub fn legacy() {}\n' >"$WS/src/old.rs"
+git -C "$WS" add src/greet.rs src/old.rs
+git -C "$WS" -c user.name=demo -c user.email=demo@example.invalid commit -q -m "greetings"
+# agent_notes = true: the mount's read-only .fencefs/ shows the agent the reviewer's notes.
+NOTES_POLICY=$TMP/policy-notes.toml
+sed 's/^# agent_notes = true$/agent_notes = true/' "$POLICY" >"$NOTES_POLICY"
+grep -qx 'agent_notes = true' "$NOTES_POLICY" || { echo "policy.example.toml has no '# agent_notes = true' line" >&2; exit 1; }
+STAGE2=$TMP/stage-review
+SOCK2=$TMP/review.sock
+CKPT=$TMP/checkpoint.sock
+"$BIN" mount -p "$NOTES_POLICY" --stage "$STAGE2" --control "$SOCK2" --checkpoint-socket "$CKPT" \
+    "$WS" "$MNT" 2>"$TMP/daemon-review.log" &
+PID=$!
+for _ in $(seq 200); do grep -qF " $MNT " /proc/self/mountinfo && [ -S "$SOCK2" ] && [ -S "$CKPT" ] && break; sleep 0.05; done
+[ -S "$CKPT" ] || { cat "$TMP/daemon-review.log" >&2; exit 1; }
+SOCK=$SOCK2
+
+echo
+echo "   the agent's hook (here Claude Code's, installed into a settings file of the demo's own):"
+SETTINGS=$TMP/claude/settings.json
+printf '\n$ fencefs hooks install claude-code --settings %s\n' "${SETTINGS#"$TMP"/}"
+"$BIN" hooks install claude-code --settings "$SETTINGS" 2>&1 | sed "s|$TMP/||g; s/^/    /"
+HOOK=$(sed -n 's/^ *"command": "\(.*\)",\{0,1\}$/\1/p' "$SETTINGS")
+[[ $HOOK == *checkpoint-hook* ]] || { echo "no hook command in $SETTINGS" >&2; cat "$SETTINGS" >&2; exit 1; }
+printf '    the hook command: %s\n' "$HOOK"
+# Runs the hook as the agent does when a prompt is submitted: the event as JSON on stdin,
+# the checkpoint channel in $FENCEFS_CHECKPOINT (fencefs run sets it; a container gets it).
+prompt() {
+    printf '\n$ echo {"hook_event_name":"UserPromptSubmit","prompt":"%s",…} | FENCEFS_CHECKPOINT=… %s\n' "$1" "${HOOK##*/}"
+    local ev
+    ev=$(printf '{"session_id":"demo","transcript_path":"/tmp/demo.jsonl","cwd":"/workspace","hook_event_name":"UserPromptSubmit","prompt":"%s\\nTake your time."}' "$1")
+    # shellcheck disable=SC2086 # the hook command is words, as the agent runs it
+    printf '%s' "$ev" | FENCEFS_CHECKPOINT=$CKPT $HOOK 2>&1 | sed 's/^/    /'
+    echo "    [exit ${PIPESTATUS[1]}]"
+}
+prompt "Shout the greetings, add a util module, drop old.rs"
+echo "    (the hook prints nothing: Claude Code adds a hook's output to the model's context)"
+
+echo
+echo "   the agent's turn, through the staged mount:"
+show "sed -i -e 's/\"hello\"/\"HELLO\"/' -e 's/\"welcome\"/\"WELCOME\"/' -e 's/\"farewell\"/\"FAREWELL\"/' src/greet.rs && printf 'pub fn shout(s: &str) -> String {\n    s.to_uppercase()\n}\n' > src/util.rs && rm src/old.rs"
+stage log
+stage status --since 1         # exactly the last turn
+
+echo
+echo "   fencefs review in a terminal (a tmux pane of 80x24, driven with send-keys):"
+tm() { env -u TMUX tmux -f /dev/null -S "$TMUX_SOCK" "$@"; }
+# Waits (20 s at most) until the pane shows TEXT; then it is the screen to print.
+wait_screen() {
+    for _ in $(seq 200); do
+        tm capture-pane -p -t review 2>/dev/null | grep -qF -- "$1" && return 0
+        sleep 0.1
+    done
+    echo "demo.sh: the review never showed '$1'; the pane:" >&2
+    tm capture-pane -p -t review >&2 || true
+    exit 1
+}
+screen() { # prints the pane, framed, after a line saying what was pressed
+    printf '\n    [%s]\n' "$1"
+    tm capture-pane -p -t review | sed 's/^/    /'
+}
+TMUX_STARTED=1
+tm new-session -d -x 80 -y 24 -s review \
+    "$BIN review '$SOCK'; echo review-exit=\$?; exec sleep 600"
+wait_screen "3 changed"
+screen "fencefs review $(basename "$SOCK"): the changed paths, the selected one's hunks"
+tm send-keys -t review n
+wait_screen "hunk 2 of 3"
+screen "n: the next hunk"
+tm send-keys -t review a
+wait_screen "applied M src/greet.rs#2"
+wait_screen "hunk 1 of 2"
+tm send-keys -t review d
+wait_screen "note for the agent"
+tm send-keys -t review -l "keep hello as it was"
+wait_screen "keep hello as it was"
+screen "a: hunk 2 kept (it is in SOURCE now); d on hunk 1 asks for a note"
+tm send-keys -t review Enter
+wait_screen "discarded M src/greet.rs#1"
+tm send-keys -t review j
+wait_screen "D src/old.rs"
+tm send-keys -t review A
+wait_screen "applied D src/old.rs"
+tm send-keys -t review j
+wait_screen "A src/util.rs —"
+tm send-keys -t review A
+wait_screen "applied A src/util.rs"
+screen "Enter: hunk 1 discarded with the note; A on src/old.rs and src/util.rs: kept"
+tm send-keys -t review q
+wait_screen "review-exit=0"
+tm kill-server
+TMUX_STARTED=
+
+echo
+echo "   what reached SOURCE (the host's git sees it):"
+printf '\n$ git -C workspace status --short src\n'
+git -C "$WS" status --short src | sed 's/^/    /'
+printf '\n$ git -C workspace diff src/greet.rs\n'
+git -C "$WS" diff src/greet.rs | sed 's/^/    /'
+stage status                   # what stays staged: hunk 3, neither kept nor discarded
+echo
+echo "   the next prompt seals the next checkpoint; the agent reads the review's notes:"
+prompt "Go on"
+stage log
+# The daemon re-reads DIR/feedback.jsonl every 300 ms; wait for the discard to show.
+for _ in $(seq 100); do grep -q discarded "$MNT/.fencefs/feedback" 2>/dev/null && break; sleep 0.1; done
+show 'cat .fencefs/feedback'
+show 'grep "let text" src/greet.rs   # the merged view: hunk 1 gone, hunk 3 still staged'
+kill -TERM "$PID"; wait "$PID" || true; PID=
 echo
 echo "== a git linked worktree: git works through the mount with no host path"
 WT=$TMP/worktree

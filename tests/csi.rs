@@ -3,8 +3,11 @@
 //! (`fencefs mount --fuse-fd-from`, uid 1000, no capabilities) takes the FUSE descriptor
 //! from the emptyDir socket and serves it, and a process as uid 1000 uses the mount under
 //! the policy. Also: repeated publish, unpublish with the sidecar killed, bad attributes
-//! (exact gRPC codes), a sidecar that never comes, staging unprivileged, and the policy
-//! reloaded by the kubelet's ConfigMap `..data` swap (`--watch-policy`).
+//! (exact gRPC codes), a sidecar that never comes, staging unprivileged, the policy
+//! reloaded by the kubelet's ConfigMap `..data` swap (`--watch-policy`), and a sidecar
+//! killed with SIGKILL and restarted: the volume resumes (also in a container's
+//! `HostToContainer` view of it made before), the staged work is still there, and a second
+//! sidecar beside a live one is refused (by the driver only: not by the pod's uid).
 //!
 //! Every test unpublishes (or detaches) what it published and kills only the children it
 //! spawned; no mount is left behind (checked at the end of each test).
@@ -45,7 +48,7 @@ impl Node {
         let root = ws.root.clone();
         std::mem::forget(ws);
         let sock = root.join("csi.sock");
-        let driver = Command::new(BIN)
+        let mut driver = Command::new(BIN)
             .args(["csi", "--node-id", "test-node", "--endpoint"])
             .arg(format!("unix://{}", sock.display()))
             .env("RUST_LOG", "info")
@@ -61,15 +64,34 @@ impl Node {
             .enable_all()
             .build()
             .unwrap();
-        let ch = rt.block_on(async {
-            Endpoint::try_from("http://[::]:50051")
-                .unwrap()
-                .connect_with_connector(tower::service_fn(move |_: Uri| {
-                    tokio::net::UnixStream::connect(sock.clone())
-                }))
-                .await
-                .unwrap()
+        // The socket's name exists a moment before it listens (bind, then listen): a
+        // connection refused then is tried again.
+        let connected = rt.block_on(async {
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            loop {
+                let s = sock.clone();
+                let r = Endpoint::try_from("http://[::]:50051")
+                    .unwrap()
+                    .connect_with_connector(tower::service_fn(move |_: Uri| {
+                        tokio::net::UnixStream::connect(s.clone())
+                    }))
+                    .await;
+                match r {
+                    Err(_) if std::time::Instant::now() < deadline => {
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                    r => break r,
+                }
+            }
         });
+        let ch = match connected {
+            Ok(ch) => ch,
+            Err(e) => {
+                let _ = driver.kill();
+                let _ = driver.wait();
+                panic!("cannot connect to the driver: {e}")
+            }
+        };
         Node {
             root,
             driver,
@@ -183,8 +205,14 @@ impl Pod {
     /// The sidecar: uid/gid 1000, every capability dropped (as a pod's restricted
     /// securityContext), serving the descriptor it is handed.
     fn start_sidecar(&mut self, extra: &[&str]) {
-        let log = self.pvc.join("sidecar.stderr");
-        let child = Command::new("setpriv")
+        let child = self.spawn_sidecar(extra, "sidecar.stderr");
+        self.sidecar = Some(child);
+    }
+
+    /// A sidecar process logging to PVC/`log`; the caller owns it.
+    fn spawn_sidecar(&self, extra: &[&str], log: &str) -> Child {
+        let log = self.pvc.join(log);
+        Command::new("setpriv")
             .args([
                 "--reuid=1000",
                 "--regid=1000",
@@ -213,8 +241,7 @@ impl Pod {
             .stdin(Stdio::null())
             .stderr(fs::File::create(log).unwrap())
             .spawn()
-            .unwrap();
-        self.sidecar = Some(child);
+            .unwrap()
     }
 
     fn sidecar_log(&self) -> String {
@@ -382,6 +409,213 @@ fn unpublish_after_the_sidecar_died() {
     n.unpublish(&p).unwrap();
     assert!(mount_fstype(&p.target).is_none(), "mount left behind");
     assert!(!p.target.exists());
+}
+
+/// A container's view of the volume as the kubelet makes it for a `mountPropagation:
+/// HostToContainer` volume mount: a bind of the target, then a slave of it. Detached
+/// (with whatever reached it) when dropped, as its container's end would.
+struct View(PathBuf);
+
+impl Drop for View {
+    fn drop(&mut self) {
+        while mount_fstype(&self.0).is_some() {
+            let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+        }
+    }
+}
+
+fn container_view(target: &Path, view: &Path) -> View {
+    mkdirp(view);
+    let ok = Command::new("mount")
+        .arg("--bind")
+        .arg(target)
+        .arg(view)
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "bind the target");
+    let ok = Command::new("mount")
+        .arg("--make-slave")
+        .arg(view)
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "make the view a slave");
+    View(view.to_path_buf())
+}
+
+fn driver_log(n: &Node) -> String {
+    fs::read_to_string(n.root.join("driver.stderr")).unwrap_or_default()
+}
+
+/// Starts a sidecar that must exit by itself, unsuccessfully, within 15 s; its log.
+fn sidecar_that_exits(p: &Pod, args: &[&str], name: &str) -> String {
+    let log = format!("{name}.stderr");
+    let mut c = p.spawn_sidecar(args, &log);
+    let mut status = None;
+    let ended = eventually(Duration::from_secs(15), || {
+        status = c.try_wait().unwrap();
+        status.is_some()
+    });
+    if !ended {
+        // SAFETY: kill(2) on our own, not yet reaped child.
+        unsafe { libc::kill(c.id() as i32, libc::SIGKILL) };
+        let _ = c.wait();
+    }
+    let text = fs::read_to_string(p.pvc.join(&log)).unwrap_or_default();
+    assert!(ended, "the {name} sidecar did not exit:\n{text}");
+    assert!(!status.unwrap().success(), "{text}");
+    text
+}
+
+#[test]
+fn a_restarted_sidecar_resumes_the_volume_and_a_second_one_is_refused() {
+    let mut n = Node::start("csi-resume");
+    let mut p = n.pod("pod-r");
+    workspace(&p);
+    let stage = p.pvc.join("stage");
+    let control = p.pvc.join("control.sock");
+    let staged = [
+        "--stage",
+        stage.to_str().unwrap(),
+        "--control",
+        control.to_str().unwrap(),
+    ];
+    n.publish(&p, ATTRS).unwrap();
+    p.start_sidecar(&staged);
+    p.wait_served();
+    // The agent container's view, made when it started (before any restart).
+    let view = n.root.join("pod-r-agent-view");
+    let _view = container_view(&p.target, &view);
+    let in_view = |script: &str| {
+        sh_as(
+            UID,
+            Path::new("/"),
+            &format!("cd '{}' && {script}", view.display()),
+        )
+    };
+    in_view("cat README").assert_ok("the container's view serves");
+    p.sh("echo first > first.txt && echo more >> README")
+        .assert_ok("the first sidecar stages");
+    // The sidecar dies hard (OOM, a node's kill): the volume answers ENOTCONN.
+    p.kill_sidecar();
+    let o = p.sh("cat README");
+    assert!(!o.ok(), "served after the sidecar died");
+    let dead = eventually(Duration::from_secs(10), || {
+        driver_log(&n).contains("the sidecar that served it is gone")
+    });
+    assert!(dead, "driver log:\n{}", driver_log(&n));
+    // Its restart (the kubelet's restartPolicy: Always) resumes it, on the same DIR.
+    p.start_sidecar(&staged);
+    p.wait_served();
+    assert!(
+        driver_log(&n).contains("mounted afresh on top of the dead mount (resume 1 of"),
+        "{}",
+        driver_log(&n)
+    );
+    assert_eq!(p.sh("cat first.txt").stdout, "first\n");
+    assert_eq!(p.sh("cat README").stdout, "hello\nmore\n");
+    // The container's view got the fresh mount too, with no remount of its own.
+    assert_eq!(in_view("cat first.txt").stdout, "first\n");
+    in_view("echo second > second.txt").assert_ok("write in the container's view");
+    assert_eq!(fs::read(p.src.join("README")).unwrap(), b"hello\n");
+    assert!(
+        !p.src.join("first.txt").exists(),
+        "staged work reached SOURCE"
+    );
+    // A second sidecar while the first serves (not staging: the staging area's lock would
+    // stop it first): refused, it exits; the first serves on, its control socket too.
+    let log2 = sidecar_that_exits(&p, &["--control", control.to_str().unwrap()], "second");
+    assert!(
+        log2.contains("the mounter refused this daemon: another sidecar serves"),
+        "{log2}"
+    );
+    // One with the same staging area stops at its lock, before it binds anything.
+    let log3 = sidecar_that_exits(&p, &staged, "third");
+    assert!(log3.contains("is in use by another fencefs"), "{log3}");
+    assert_eq!(p.sh("cat second.txt").stdout, "second\n");
+    let st = run_fencefs(
+        ["stage", "status", control.to_str().unwrap()],
+        Duration::from_secs(30),
+    );
+    assert_eq!(
+        st.stdout, "M README\nA first.txt\nA second.txt\n",
+        "{}",
+        st.stderr
+    );
+    // Unpublish detaches the live mount and the dead one beneath, and the sidecar ends.
+    n.unpublish(&p).unwrap();
+    assert!(mount_fstype(&p.target).is_none(), "mount left behind");
+    assert!(!p.target.exists());
+    let mut c = p.sidecar.take().unwrap();
+    let done = eventually(Duration::from_secs(10), || {
+        matches!(c.try_wait(), Ok(Some(_)))
+    });
+    assert!(done, "sidecar still running after unpublish");
+}
+
+#[test]
+fn only_root_can_refuse_a_waiting_sidecar() {
+    let mut n = Node::start("csi-refuse-uid");
+    let mut p = n.pod("pod-u");
+    workspace(&p);
+    p.start_sidecar(&[]);
+    assert!(
+        eventually(Duration::from_secs(10), || p.sock.exists()),
+        "{}",
+        p.sidecar_log()
+    );
+    // The pod's uid (the agent, were it given the emptyDir) sends the driver's refusal.
+    // (From the socket's directory: its full path is longer than a socket address.)
+    let o = sh_as(
+        UID,
+        p.sock.parent().unwrap(),
+        "/usr/bin/python3 -c 'import socket; s = socket.socket(socket.AF_UNIX); \
+         s.connect(\"fencefs.sock\"); s.sendall(b\"fencefs-fuse-fd/1 refused: go away\\n\"); \
+         print(s.recv(200).decode())'",
+    );
+    assert!(
+        o.stdout
+            .contains("error: a refusal from a process that is not root"),
+        "{o:?}"
+    );
+    // The sidecar still waits, and takes the driver's descriptor.
+    n.publish(&p, ATTRS).unwrap();
+    p.wait_served();
+    n.unpublish(&p).unwrap();
+    assert!(mount_fstype(&p.target).is_none());
+}
+
+#[test]
+fn unpublish_while_the_sidecar_is_dead_stops_the_resumption() {
+    let mut n = Node::start("csi-resume-gone");
+    let mut p = n.pod("pod-g");
+    workspace(&p);
+    n.publish(&p, ATTRS).unwrap();
+    p.start_sidecar(&[]);
+    p.wait_served();
+    p.kill_sidecar();
+    let dead = eventually(Duration::from_secs(10), || {
+        driver_log(&n).contains("the sidecar that served it is gone")
+    });
+    assert!(dead, "driver log:\n{}", driver_log(&n));
+    n.unpublish(&p).unwrap();
+    assert!(mount_fstype(&p.target).is_none(), "mount left behind");
+    // A sidecar that comes after the unpublish gets nothing mounted for it.
+    fs::create_dir_all(&p.target).unwrap();
+    p.start_sidecar(&[]);
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(
+        mount_fstype(&p.target).is_none(),
+        "mounted after the unpublish"
+    );
+    assert!(
+        !driver_log(&n).contains("resume 1 of"),
+        "{}",
+        driver_log(&n)
+    );
+    p.kill_sidecar();
+    fs::remove_dir(&p.target).unwrap();
 }
 
 #[test]

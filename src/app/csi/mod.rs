@@ -4,7 +4,8 @@
 //! handed to the pod's unprivileged `fencefs mount --fuse-fd-from` sidecar, which serves it.
 //!
 //! The parts: `attrs` (the volume's attributes, the sidecar socket's place), `node` (the
-//! gRPC services, publish and unpublish), `handover` (the descriptor's way to the sidecar).
+//! gRPC services, publish and unpublish), `handover` (the descriptors' way to the
+//! sidecars, on one thread for all volumes, and a fresh mount when a sidecar restarts).
 //!
 //! Invariants: the gRPC server runs on a Tokio runtime of its own thread (nothing here
 //! serves FUSE; the daemon's FUSE paths have no async code); SIGINT/SIGTERM/SIGHUP are
@@ -65,7 +66,7 @@ fn serve(a: CsiArgs) -> Result<(), String> {
     std_listener
         .set_nonblocking(true)
         .map_err(|e| e.to_string())?;
-    let driver = Arc::new(node::Driver::new(a.driver_name, a.node_id));
+    let driver = Arc::new(node::Driver::new(a.driver_name, a.node_id)?);
     log::info!(
         "csi: {} on node {} listening on {}",
         driver.name,

@@ -1,22 +1,24 @@
 //! The CSI Identity and Node services (inline ephemeral volumes only): what the kubelet
 //! calls. NodePublishVolume checks the request, mounts a fresh `/dev/fuse` at the target
-//! (`nosuid,nodev,fd=N`, the volume's uid/gid) and starts the hand-over to the sidecar
-//! (`handover`); NodeUnpublishVolume stops a pending hand-over, detaches the mount and
-//! removes the target directory.
+//! (`nosuid,nodev,fd=N`, the volume's uid/gid, shared) and gives the volume to the
+//! hand-over supervisor (`handover`: the sidecar, and a restarted sidecar, get it);
+//! NodeUnpublishVolume ends the volume there, detaches every fencefs mount stacked at the
+//! target (a resumed volume has the dead ones beneath) and removes the target directory.
 //!
 //! Invariants: publish and unpublish are idempotent (a repeated publish of the same volume
 //! at the same target answers as the first did, or with the hand-over's failure; an
 //! unpublish of what is not there succeeds); the mount table is read, never the target
 //! (a FUSE mount nobody serves would hang or refuse a stat); only a `fuse.fencefs` mount
 //! is ever unmounted; every refusal is a gRPC status whose message names what was wrong.
-//! The volume table's lock is never held across a blocking call but the mount syscalls.
+//! The volume table's lock is never held across a blocking call but the mount syscalls
+//! (a volume's own lock, which a hand-over holds for a sidecar's answer, is taken after
+//! the table's is released).
 
 // tonic's `Status` is what every gRPC method returns: boxing it here would only be
 // unboxed again at the service boundary.
 #![allow(clippy::result_large_err)]
 
 use std::collections::HashMap;
-use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -25,15 +27,14 @@ use parking_lot::Mutex;
 use tonic::{Request, Response, Status};
 
 use super::attrs::{self, Attrs};
-use super::handover::{self, Handover, Outcome};
-use crate::host::sys::fusefd;
+use super::handover::{self, Outcome, Slot, Supervisor};
 
 /// One published volume.
 struct Volume {
     volume_id: String,
     context: HashMap<String, String>,
     readonly: bool,
-    handover: Handover,
+    slot: Arc<Slot>,
 }
 
 /// The driver: its name and node, and the volumes it published since it started.
@@ -41,15 +42,20 @@ pub struct Driver {
     pub name: String,
     pub node_id: String,
     volumes: Mutex<HashMap<PathBuf, Volume>>,
+    supervisor: Supervisor,
 }
 
 impl Driver {
-    pub fn new(name: String, node_id: String) -> Driver {
-        Driver {
+    /// The driver, its hand-over supervisor's thread started.
+    pub fn new(name: String, node_id: String) -> Result<Driver, String> {
+        let supervisor =
+            Supervisor::start().map_err(|e| format!("cannot start the hand-over thread: {e}"))?;
+        Ok(Driver {
             name,
             node_id,
             volumes: Mutex::new(HashMap::new()),
-        }
+            supervisor,
+        })
     }
 }
 
@@ -117,9 +123,11 @@ impl Driver {
                     v.volume_id
                 )));
             }
-            return match &*v.handover.outcome.lock() {
-                Outcome::Failed(e) => Err(Status::deadline_exceeded(e.clone())),
-                _ => Ok(()),
+            let slot = v.slot.clone();
+            drop(vols);
+            return match slot.outcome() {
+                Outcome::Failed(e) => Err(Status::deadline_exceeded(e)),
+                Outcome::Fine => Ok(()),
             };
         }
         if mount_type(&target).is_some_and(|t| t == "fuse.fencefs") {
@@ -135,19 +143,9 @@ impl Driver {
             }
             _ => {}
         }
-        let dev = fusefd::open_dev()
-            .map_err(|e| Status::internal(format!("cannot open /dev/fuse: {e}")))?;
         let fsname = format!("fencefs:{}", r.volume_id.replace([',', '\\', ' '], "_"));
-        let spec = fusefd::MountSpec {
-            fsname: &fsname,
-            uid: a.uid,
-            gid: a.gid,
-            allow_other: a.allow_other,
-            read_only: r.readonly,
-        };
-        fusefd::mount_dev(dev.as_fd(), &target, &spec).map_err(|e| {
-            Status::internal(format!("cannot mount FUSE at '{}': {e}", target.display()))
-        })?;
+        let dev =
+            handover::mount_fresh(&target, &fsname, &a, r.readonly).map_err(Status::internal)?;
         log::info!(
             "published volume {} at {} (uid {}, gid {}); handing it to {}",
             r.volume_id,
@@ -156,14 +154,15 @@ impl Driver {
             a.gid,
             dir.join(&a.socket).display()
         );
-        let h = handover::start(dev, dir, target.clone(), &a);
+        let slot = Arc::new(Slot::new(dev, dir, target.clone(), &a, fsname, r.readonly));
+        self.supervisor.add(slot.clone());
         vols.insert(
             target,
             Volume {
                 volume_id: r.volume_id,
                 context: r.volume_context,
                 readonly: r.readonly,
-                handover: h,
+                slot,
             },
         );
         Ok(())
@@ -174,13 +173,12 @@ impl Driver {
             return Err(invalid("volume_id is missing"));
         }
         let target = target_of(&r.target_path)?;
-        if let Some(v) = self.volumes.lock().remove(&target) {
-            v.handover
-                .cancel
-                .store(true, std::sync::atomic::Ordering::SeqCst);
+        let v = self.volumes.lock().remove(&target);
+        if let Some(v) = v {
+            v.slot.close();
         }
-        // Detach every fencefs mount stacked there (a repeated publish after a driver
-        // restart mounts none, but be thorough).
+        // Detach every fencefs mount stacked there: a resumed volume has its dead mounts
+        // beneath the live one.
         while mount_type(&target).is_some_and(|t| t == "fuse.fencefs") {
             crate::host::sys::ns::detach(&target).map_err(|e| {
                 Status::internal(format!("cannot unmount '{}': {e}", target.display()))

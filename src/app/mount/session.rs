@@ -7,8 +7,11 @@
 //! the core, the transport plan, the device and the bound control socket.
 //!
 //! Invariants: the control socket is bound before mounting (once the mount is there, so is
-//! the socket; a failed mount removes it again), and the transport plan is made before
-//! `Session::new` (it decides what INIT offers). No thread is started here.
+//! the socket; a failed mount removes it again) — with `--fuse-fd-from`, whose mount is
+//! the mounter's, once the descriptor arrived (a daemon the mounter refuses, because
+//! another one serves the volume, never replaces that one's control socket); the transport
+//! plan is made before `Session::new` (it decides what INIT offers). No thread is started
+//! here.
 
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
@@ -36,10 +39,15 @@ pub(super) struct Mounted {
     pub(super) control: Option<threads::Control>,
 }
 
-/// Binds the control socket, plans the transport, then mounts (in that order: the socket
-/// exists once the mount does; the plan decides what INIT offers).
+/// Takes a handed-over descriptor (`--fuse-fd-from`), binds the control socket, plans the
+/// transport, then mounts (in that order: the socket exists once the mount does; the plan
+/// decides what INIT offers).
 pub(super) fn mount_session(a: &MountArgs, state: &State) -> Result<Mounted, String> {
     let config = session_config(a, &state.src, state.threads);
+    let handed = match &a.fuse_fd_from {
+        Some(sock) => Some(super::fd_from::receive(sock)?),
+        None => None,
+    };
     let control = threads::bind_control(a)?;
     let plan = crate::transport::plan(a.transport)?;
     let fs = FenceFs::new(state.shared.clone());
@@ -47,10 +55,7 @@ pub(super) fn mount_session(a: &MountArgs, state: &State) -> Result<Mounted, Str
     if matches!(plan, Plan::Offer { .. }) {
         core.offer_uring.store(true, Ordering::Relaxed);
     }
-    let session = if let Some(sock) = &a.fuse_fd_from {
-        let dev = super::fd_from::receive(sock).inspect_err(|_| {
-            threads::remove_control(a.control.as_deref());
-        })?;
+    let session = if let Some(dev) = handed {
         let acl = config.acl;
         Session::from_fd(fs, dev, acl, config)
     } else if a.direct {

@@ -18,8 +18,13 @@ use nix::sys::socket::{
 };
 
 /// What the mounter sends with the descriptor (then a space and the volume's target path);
-/// the server answers `ok` or `error: WHY`, one line.
+/// the server answers `ok` or `error: WHY`, one line. The server keeps the connection open
+/// while it serves: the mounter reads its end's hang-up as the server's exit.
 pub const HELLO: &str = "fencefs-fuse-fd/1";
+
+/// What the mounter sends instead, without a descriptor, to a server it will not hand one
+/// (then a space and why: another server serves the volume); the server gives up.
+pub const REFUSED: &str = "fencefs-fuse-fd/1 refused:";
 
 /// `/dev/fuse`'s device number (misc major 10, minor 229).
 const FUSE_MAJOR: u32 = 10;
@@ -72,6 +77,21 @@ pub fn mount_dev(dev: BorrowedFd<'_>, target: &Path, spec: &MountSpec<'_>) -> io
         Some("fuse.fencefs"),
         flags,
         Some(data.as_str()),
+    )
+    .map_err(errno)
+}
+
+/// Makes the mount at `target` shared (its own peer group when its parent is private):
+/// a bind of it made with slave propagation (a container's `HostToContainer` volume mount)
+/// then receives the mounts made on top of it later, such as a fresh FUSE mount for a
+/// restarted server.
+pub fn make_shared(target: &Path) -> io::Result<()> {
+    mount(
+        None::<&str>,
+        target,
+        None::<&str>,
+        MsFlags::MS_SHARED,
+        None::<&str>,
     )
     .map_err(errno)
 }
