@@ -77,7 +77,7 @@ impl Links {
 }
 
 /// Copies the staged regular file `src` (stat `st`) to a new `dir/t`: its data
-/// ([`copy_data`]), owner, mode (after chown, which clears set-ID bits), xattrs but
+/// ([`crate::host::copy::copy_data`]), owner, mode (after chown, which clears set-ID bits), xattrs but
 /// overlayfs's own, and times; all through the two descriptors. Returns the new file.
 pub fn copy_file(
     src: BorrowedFd<'_>,
@@ -91,7 +91,7 @@ pub fn copy_file(
         libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW,
         0o600,
     )?;
-    copy_data(src, dst.as_fd(), st.st_size as u64)?;
+    crate::host::copy::copy_data(src, dst.as_fd(), st.st_size as u64)?;
     sys::fchown_fd(dst.as_fd(), st.st_uid, st.st_gid)?;
     file::fchmod(dst.as_fd(), st.st_mode & 0o7777)?;
     let names = |fd| -> io::Result<Vec<Vec<u8>>> {
@@ -118,5 +118,3 @@ pub fn copy_file(
     )?;
     Ok(dst)
 }
-
-pub use crate::host::copy::copy_data;

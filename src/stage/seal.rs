@@ -327,7 +327,7 @@ fn copy_file(
     )?;
     let size = st.st_size.max(0) as u64;
     // Holes stay holes (apply's copy: stage/copy.rs).
-    super::copy::copy_data(src, dst.as_fd(), size)?;
+    crate::host::copy::copy_data(src, dst.as_fd(), size)?;
     sys::ftruncate(dst.as_fd(), size)?;
     sys::fchown_fd(dst.as_fd(), st.st_uid, st.st_gid)?;
     file::fchmod(dst.as_fd(), st.st_mode & 0o7777)?;
