@@ -245,22 +245,20 @@ impl Bases {
         Layer::new(sys::open_root(&self.dir.join("upper"))?)
     }
 
-    /// Before a change of the non-directory at `path`: `shown` is the merged view's entry
-    /// there now (inode, birth time; `None`: no entry). `replaces`: the change puts another
-    /// entry at `path` (unlink, rename, create over a deleted name), whose record must be
-    /// the one `path` has now. `at`: where the upper's entry at `path` is. Returns what
-    /// [`Bases::after`] must record, if anything.
+    /// Before a change of the non-directory at `path`: `shown` gives the merged view's
+    /// entry there now (inode, birth time; `None`: no entry), asked only when the path is
+    /// not staged already. `replaces`: the change puts another entry at `path` (unlink,
+    /// rename, create over a deleted name), whose record must be the one `path` has now.
+    /// `at`: where the upper's entry at `path` is. Returns what [`Bases::after`] must
+    /// record, if anything.
     pub fn before(
         &self,
         path: &[u8],
-        shown: Option<(u64, i128)>,
+        shown: impl FnOnce() -> Option<(u64, i128)>,
         replaces: bool,
         at: UpperDir<'_>,
         below: Below<'_>,
     ) -> Option<Pending> {
-        if shown.is_none() && !replaces {
-            return None;
-        }
         let r = self.find(path, shown, replaces, at, below);
         r.unwrap_or_else(|e| {
             log::warn!(
@@ -291,22 +289,23 @@ impl Bases {
     fn find(
         &self,
         path: &[u8],
-        shown: Option<(u64, i128)>,
+        shown: impl FnOnce() -> Option<(u64, i128)>,
         replaces: bool,
         at: UpperDir<'_>,
         below: Below<'_>,
     ) -> io::Result<Option<Base>> {
-        let staged = match at {
-            UpperDir::Entry(fd, st) => Some(of_entry(fd, &st)),
-            _ => self.staged(path, at)?.map(|n| of(&n)),
-        };
-        if let Some(record) = staged {
-            // Staged already: its record stays where it is unless the entry is replaced.
-            return Ok(if replaces { record } else { None });
+        // Staged already: its record stays where it is unless the entry is replaced.
+        match at {
+            UpperDir::Entry(fd, st) => return Ok(replaces.then(|| of_entry(fd, &st)).flatten()),
+            _ => {
+                if let Some(n) = self.staged(path, at)? {
+                    return Ok(replaces.then(|| of(&n)).flatten());
+                }
+            }
         }
         // Nothing shown there: a new name (a name deleted in a sealed layer and made again
         // is judged by times).
-        let Some((ino, btime)) = shown else {
+        let Some((ino, btime)) = shown() else {
             return Ok(None);
         };
         // Staged in a sealed layer: that layer's record (what was read of it is staged

@@ -54,30 +54,36 @@ impl Shared {
             Some((_, _, Place::Source)) => (Some(UpperDir::Parent(None)), Below::Source),
             _ => (None, Below::Unknown),
         };
-        let seen = shown
-            .as_ref()
-            .and_then(|(fd, st, _)| base::shown_st(fd, st));
-        let up = self.inodes.upper_part(parent);
-        let at = at_entry.unwrap_or_else(|| upper_dir(&up));
-        let p = b.before(path, seen, replaces, at, below)?;
+        let seen = || {
+            shown
+                .as_ref()
+                .and_then(|(fd, st, _)| base::shown_st(fd, st))
+        };
+        let p = match at_entry {
+            Some(at) => b.before(path, seen, replaces, at, below)?,
+            None => {
+                let up = self.inodes.upper_part(parent);
+                b.before(path, seen, replaces, upper_dir(&up), below)?
+            }
+        };
         Some(Noted { p, parent })
     }
 
     /// Before a change of node `ino` in place (a write open, setattr, xattrs, a link).
     pub(super) fn note_node(&self, ino: u64) -> Note {
         let b = self.bases.as_ref()?;
+        // Directories get no note.
+        if self.inodes.kind(ino).ok()? == libc::S_IFDIR {
+            return None;
+        }
         // Its first name (a node unlinked meanwhile has none: nothing to record).
         let (parent, name) = self.inodes.alias(ino)?;
         let path = crate::host::path::join(&self.inodes.path(parent).ok()?, &name);
         let fd = self.inodes.fd(ino).ok()?;
         let up = self.inodes.upper_part(parent);
-        let p = b.before(
-            &path,
-            base::shown_fd(&fd),
-            false,
-            upper_dir(&up),
-            Below::Unknown,
-        )?;
+        // What it shows is asked only when it is not staged already.
+        let shown = || base::shown_fd(&fd);
+        let p = b.before(&path, shown, false, upper_dir(&up), Below::Unknown)?;
         Some(Noted { p, parent })
     }
 
