@@ -45,6 +45,13 @@
 #   --layers             every fencefs mount also loads conformance/second-layer.toml as a
 #                        second policy layer (an organisation floor: the `secrets` preset):
 #                        the same suites with the layered decision path
+#   --as-user UID        every fencefs daemon runs as UID, an ordinary user with no
+#                        capabilities (setpriv), mounting through fusermount3 with
+#                        --allow-other (the suites still run as root). The script runs in
+#                        a private mount namespace of its own where /dev/fuse is a 0666
+#                        node and /etc/fuse.conf says user_allow_other (the host's are
+#                        left alone); SOURCE, the mount point and DIR are UID's. With
+#                        --stage: DIR's markers are user.overlay.*
 #   -h, --help
 #
 # Exit status: 0 when every check passed, 1 when one failed, 2 on usage errors.
@@ -73,6 +80,8 @@ FSX_TIMEOUT=1800
 KEEP=0
 STAGE=0
 LAYERS=0
+AS_USER=
+ARGS=("$@")
 
 usage() { sed -n '2,/^$/{s/^# \{0,1\}//;p}' "$0"; }
 
@@ -92,11 +101,12 @@ while [ $# -gt 0 ]; do
         --keep) KEEP=1; shift ;;
         --stage) STAGE=1; shift ;;
         --layers) LAYERS=1; shift ;;
+        --as-user) AS_USER=$2; shift 2 ;;
         -h|--help) usage; exit 0 ;;
         *) echo "conformance: unknown argument '$1' (see --help)" >&2; exit 2 ;;
     esac
 done
-for n in "$OPS" "$PROCS" "$SEED" "$PJD_TIMEOUT" "$FSX_TIMEOUT" ${CONC_OPS:+"$CONC_OPS"}; do
+for n in "$OPS" "$PROCS" "$SEED" "$PJD_TIMEOUT" "$FSX_TIMEOUT" ${CONC_OPS:+"$CONC_OPS"} ${AS_USER:+"$AS_USER"}; do
     case "$n" in ''|*[!0-9]*) echo "conformance: '$n' is not a number" >&2; exit 2 ;; esac
 done
 case "$ONLY" in ''|pjdfstest|fsx) ;; *) echo "conformance: --only pjdfstest|fsx" >&2; exit 2 ;; esac
@@ -106,6 +116,12 @@ want() { [ -z "$ONLY" ] || [ "$ONLY" = "$1" ]; }
 if [ "$(id -u)" -ne 0 ]; then
     echo "conformance: must run as root (pjdfstest switches users, creates device nodes)" >&2
     exit 2
+fi
+
+# --as-user: the whole run in a private mount namespace (what it binds and mounts there
+# never reaches the host's; everything goes with the namespace).
+if [ -n "$AS_USER" ] && [ -z "${FENCEFS_CONFORMANCE_NS:-}" ]; then
+    exec env FENCEFS_CONFORMANCE_NS=1 unshare -m --propagation private "$0" "${ARGS[@]}"
 fi
 
 export PATH="$HOME/.cargo/bin:$PATH"
@@ -127,6 +143,19 @@ SHM=
 NMOUNT=0
 MOUNTS=()   # mount points this script mounted (index-aligned with PIDS)
 PIDS=()     # pids of the daemons this script started
+
+# --as-user: /dev/fuse usable by the user, and user_allow_other, in this namespace only.
+DEVD=
+if [ -n "$AS_USER" ]; then
+    DEVD=$(mktemp -d /tmp/fcf-dev.XXXXXX)
+    if ! { mount -t tmpfs -o size=64k,mode=0755 fencefs-conformance-dev "$DEVD" \
+        && mknod -m 0666 "$DEVD/fuse" c 10 229 \
+        && printf 'user_allow_other\n' >"$DEVD/fuse.conf" \
+        && mount --bind "$DEVD/fuse" /dev/fuse \
+        && mount --bind "$DEVD/fuse.conf" /etc/fuse.conf; }; then
+        echo "conformance: --as-user: cannot prepare /dev/fuse and fuse.conf" >&2; exit 1
+    fi
+fi
 
 mounted() { # MOUNTPOINT -> 0 if it is a mount point now
     awk -v m="$1" '$5 == m { f = 1 } END { exit !f }' /proc/self/mountinfo
@@ -195,6 +224,10 @@ cleanup() {
         find "$WORK" -mindepth 1 -maxdepth 1 ! -name logs -exec rm -rf {} + 2>/dev/null
     fi
     [ -n "$SHM" ] && rm -rf "$SHM"
+    if [ -n "$DEVD" ]; then
+        umount /etc/fuse.conf /dev/fuse "$DEVD" 2>/dev/null
+        rmdir "$DEVD" 2>/dev/null
+    fi
     echo "logs: $LOGS"
 }
 trap cleanup EXIT
@@ -228,7 +261,17 @@ start_fencefs() {
     [ "$STAGE" = 1 ] && stage=(--stage "$WORK/stage$NMOUNT")
     local layer=()
     [ "$LAYERS" = 1 ] && layer=(-p "$CONF/second-layer.toml")
-    RUST_LOG=${RUST_LOG:-warn} "$FENCEFS" mount "${stage[@]}" "$@" "${layer[@]}" "$SRC" "$MNT" >"$LOGS/$name.daemon.log" 2>&1 &
+    local other=() asuser=()
+    if [ -n "$AS_USER" ]; then
+        asuser=(setpriv --reuid "$AS_USER" --regid "$AS_USER" --clear-groups)
+        chown "$AS_USER:$AS_USER" "$SRC" "$MNT"
+        if [ "$STAGE" = 1 ]; then
+            mkdir -m 700 "$WORK/stage$NMOUNT" && chown "$AS_USER:$AS_USER" "$WORK/stage$NMOUNT"
+        fi
+        # The suites run as root: they reach the user's mount only with allow_other.
+        case " $* " in *" --allow-other "*) ;; *) other=(--allow-other) ;; esac
+    fi
+    RUST_LOG=${RUST_LOG:-warn} "${asuser[@]}" "$FENCEFS" mount "${stage[@]}" "$@" "${other[@]}" "${layer[@]}" "$SRC" "$MNT" >"$LOGS/$name.daemon.log" 2>&1 &
     local pid=$!
     MOUNTS+=("$MNT"); PIDS+=("$pid")
     wait_mounted "$MNT" "$pid" fuse.fencefs "$LOGS/$name.daemon.log"

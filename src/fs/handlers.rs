@@ -375,8 +375,9 @@ impl Core {
         // The kernel may keep a listing across opens (it drops it when the directory
         // changes through the mount, and the daemon drops it on host changes and
         // reloads) — but never when rules depend on the caller: listings are filtered
-        // per caller — nor from a reload's window.
-        let cache = if self.shared.ttl(&ctx).entry.is_zero() {
+        // per caller — nor from a reload's window, nor when host changes below a merged
+        // directory would go unnoticed (`listings_cacheable`).
+        let cache = if self.shared.ttl(&ctx).entry.is_zero() || !self.shared.listings_cacheable() {
             FopenFlags::empty()
         } else {
             FopenFlags::FOPEN_CACHE_DIR | FopenFlags::FOPEN_KEEP_CACHE

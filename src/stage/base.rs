@@ -88,6 +88,20 @@ impl Base {
         }
     }
 
+    /// The record of a whiteout that carries none (an ordinary user's: `user.*` xattrs
+    /// cannot be set on a device), for the entry that replaces it: SOURCE's object at
+    /// `path`, whichever it is (inode 0), unchanged since the whiteout was made — the
+    /// deletion's conflict judged by times, carried over to what replaces it (a swap's
+    /// `mv y x` over `x`'s whiteout). `None` for anything but a whiteout.
+    pub fn deleted(st: &libc::stat, path: &[u8]) -> Option<Base> {
+        (kind(st) == libc::S_IFCHR && st.st_rdev == 0).then(|| Base {
+            ino: 0,
+            btime: 0,
+            since: ns(st.st_ctime, st.st_ctime_nsec),
+            path: path.to_vec(),
+        })
+    }
+
     /// The xattr value: `1 INO BTIME SINCE PATH-HEX`.
     pub fn encode(&self) -> Vec<u8> {
         format!(
@@ -124,7 +138,9 @@ impl Base {
         match now {
             None => self.path == path,
             Some((st, btime)) => {
-                let same = st.st_ino == self.ino && (self.btime == 0 || btime == self.btime);
+                // Inode 0: any object ([`Base::deleted`]).
+                let same = self.ino == 0
+                    || (st.st_ino == self.ino && (self.btime == 0 || btime == self.btime));
                 !same || ns(st.st_ctime, st.st_ctime_nsec) >= self.since
             }
         }
@@ -299,7 +315,9 @@ impl Bases {
             UpperDir::Entry(fd, st) => return Ok(replaces.then(|| of_entry(fd, &st)).flatten()),
             _ => {
                 if let Some(n) = self.staged(path, at)? {
-                    return Ok(replaces.then(|| of(&n)).flatten());
+                    return Ok(replaces
+                        .then(|| of(&n).or_else(|| Base::deleted(&n.st, path)))
+                        .flatten());
                 }
             }
         }

@@ -181,14 +181,28 @@ pub fn record_line(area: &Area, op: &str, uid: u32, paths: &[Vec<u8>], extra: &s
 
 /// The paths changed since the last live checkpoint (since SOURCE when none): what a new
 /// checkpoint records in the log.
+///
+/// An ordinary user's daemon cannot mount the view at the last checkpoint (a kernel
+/// overlay: CAP_SYS_ADMIN), so there it counts the changes since SOURCE whose path the
+/// live upper holds (what changed after the last checkpoint, but for a path changed back
+/// to what SOURCE holds).
 pub fn count_since_last(area: &Area) -> Result<u64, StageError> {
     let last = ckpt::live(&area.dir)?.last().copied();
+    let read = |e| StageError::op("reading the staged tree")(e);
+    if last.is_some() && crate::host::union::prefix() == crate::host::union::USER {
+        let st = view::staged(area, None)?;
+        let up = super::tree::Layer::new(area.upper.try_clone().map_err(StageError::Sys)?)
+            .map_err(StageError::Sys)?;
+        let mut n = 0;
+        for c in st.layers.changes().map_err(read)? {
+            if up.get(&c.path).map_err(read)?.is_some() {
+                n += 1;
+            }
+        }
+        return Ok(n);
+    }
     let st = view::staged(area, last)?;
-    Ok(st
-        .layers
-        .changes()
-        .map_err(StageError::op("reading the staged tree"))?
-        .len() as u64)
+    Ok(st.layers.changes().map_err(read)?.len() as u64)
 }
 
 /// What an apply is asked for besides its paths.

@@ -41,6 +41,7 @@ pub mod run;
 mod snapshot;
 pub mod stage;
 mod syscalls;
+pub mod user;
 pub mod worktree;
 
 #[allow(unused_imports)]
@@ -157,6 +158,7 @@ pub struct MountBuilder {
     args: Vec<OsString>,
     envs: Vec<(OsString, OsString)>,
     watchdog: Duration,
+    user: Option<u32>,
 }
 
 impl MountBuilder {
@@ -185,6 +187,14 @@ impl MountBuilder {
         self.watchdog = d;
         self
     }
+    /// The daemon as `uid`, an ordinary user with no capabilities, mounting through
+    /// fusermount3 with `--allow-other` (so the test reads the mount as root): see
+    /// `user.rs`. The workspace root, SOURCE and the mount point become the user's.
+    pub fn daemon_as_user(mut self, uid: u32) -> Self {
+        self.user = Some(uid);
+        self.args.push("--allow-other".into());
+        self
+    }
     /// Host path under SOURCE, to populate before mounting.
     pub fn host(&self, rel: impl AsRef<Path>) -> PathBuf {
         join_rel(&self.ws.src(), rel.as_ref())
@@ -204,6 +214,7 @@ impl MountBuilder {
             mut args,
             envs,
             watchdog,
+            user,
         } = self;
         // scripts/test.sh runs the mount tests once per transport.
         if let Ok(t) = std::env::var("FENCEFS_TEST_TRANSPORT")
@@ -221,12 +232,20 @@ impl MountBuilder {
         let stderr_path = ws.root.join("daemon.stderr");
         let stderr = fs::File::create(&stderr_path).unwrap();
         let mnt = ws.mnt_dir();
-        let child = Command::new(BIN)
+        let mut cmd = match user {
+            Some(uid) => {
+                let mut all = args.clone();
+                all.extend([ws.src().into_os_string(), mnt.clone().into_os_string()]);
+                user::daemon_command(&ws.root, uid, &all)
+            }
+            None => {
+                let mut c = Command::new(BIN);
+                c.arg("mount").args(&args).arg(ws.src()).arg(&mnt);
+                c
+            }
+        };
+        let child = cmd
             .envs(envs)
-            .arg("mount")
-            .args(&args)
-            .arg(ws.src())
-            .arg(&mnt)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(stderr)
@@ -240,6 +259,7 @@ impl MountBuilder {
             stderr_path,
             mnt,
             dog: Arc::new((Mutex::new(false), Condvar::new())),
+            shared_bind: user.is_some(),
         };
         m.wait_ready(&args);
         m.start_watchdog(watchdog);
@@ -256,6 +276,8 @@ pub struct Mount {
     mnt: PathBuf,
     /// (stopped, cv) shared with the watchdog thread.
     dog: Arc<(Mutex<bool>, Condvar)>,
+    /// A daemon as an ordinary user: `ROOT/mp` is a shared bind to undo (`user.rs`).
+    shared_bind: bool,
 }
 
 impl Mount {
@@ -266,6 +288,7 @@ impl Mount {
             args: vec![],
             envs: vec![],
             watchdog: WATCHDOG,
+            user: None,
         }
     }
 
@@ -460,6 +483,9 @@ impl Drop for Mount {
                 .status();
         }
         if let Some(ws) = self.ws.take() {
+            if self.shared_bind && !is_mounted(&self.mnt) {
+                user::undo(&ws.root);
+            }
             drop(ws);
         }
     }

@@ -1,6 +1,13 @@
 //! Kernel overlayfs as the oracle of a staged mount's merged view (tests/stage_fresh.rs,
 //! tests/stage_union_redteam.rs): the same DIR mounted read-only by overlayfs over SOURCE,
 //! the views compared entry by entry, and the small generator the random runs draw from.
+//!
+//! A DIR made by a daemon as root has `trusted.overlay.*` markers (mounted with
+//! `redirect_dir=follow`); one made by an ordinary user's daemon has `user.overlay.*`
+//! markers, read by overlayfs only with `userxattr` — which implies `redirect_dir=nofollow`
+//! (the kernel refuses `userxattr` with `redirect_dir=on|follow`, and a lookup that meets a
+//! redirect fails EPERM, "refusing to follow redirect"): such a DIR's renamed directories
+//! with lower parts are beyond this oracle.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -13,8 +20,22 @@ pub struct Oracle {
     pub at: PathBuf,
 }
 
+/// Which markers DIR holds, so how the oracle reads them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Markers {
+    /// `trusted.overlay.*`: a daemon as root.
+    Trusted,
+    /// `user.overlay.*`: an ordinary user's daemon (`-o userxattr`, no redirects).
+    User,
+}
+
 impl Oracle {
     pub fn mount(dir: &Path, src: &Path, at: &Path) -> Oracle {
+        Oracle::mount_with(dir, src, at, Markers::Trusted)
+    }
+
+    /// [`Oracle::mount`] reading `markers`.
+    pub fn mount_with(dir: &Path, src: &Path, at: &Path, markers: Markers) -> Oracle {
         fs::create_dir_all(at).unwrap();
         let mut lowers = vec![dir.join("upper")];
         let mut layers: Vec<u64> = fs::read_dir(dir.join("layers"))
@@ -31,10 +52,14 @@ impl Oracle {
         );
         lowers.push(src.to_path_buf());
         let lower: Vec<String> = lowers.iter().map(|p| p.display().to_string()).collect();
+        let opts = match markers {
+            Markers::Trusted => "redirect_dir=follow,index=off,metacopy=off",
+            Markers::User => "userxattr,redirect_dir=nofollow,index=off,metacopy=off",
+        };
         sh_in(
             Path::new("/"),
             &format!(
-                "mount -t overlay overlay -o ro,lowerdir={},redirect_dir=follow,index=off,metacopy=off {}",
+                "mount -t overlay overlay -o ro,lowerdir={},{opts} {}",
                 lower.join(":"),
                 at.display()
             ),
@@ -47,8 +72,13 @@ impl Oracle {
 
     /// What the oracle shows for `m`'s DIR now (mounted beside SOURCE, then unmounted).
     pub fn view_of(m: &Mount, dir: &Path) -> View {
+        Oracle::view_with(m, dir, Markers::Trusted)
+    }
+
+    /// [`Oracle::view_of`] reading `markers`.
+    pub fn view_with(m: &Mount, dir: &Path, markers: Markers) -> View {
         let at = m.host("").parent().unwrap().join("oracle");
-        let o = Oracle::mount(dir, &m.host(""), &at);
+        let o = Oracle::mount_with(dir, &m.host(""), &at, markers);
         view(&o.at)
     }
 }

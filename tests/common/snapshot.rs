@@ -41,7 +41,7 @@ fn snap_into(base: &Path, rel: &Path, out: &mut Snapshot) {
     };
     let data = if ft.is_file() {
         if md.len() <= 1 << 20 {
-            fs::read(&p).unwrap()
+            fs::read(&p).unwrap_or_else(|e| panic!("read {}: {e}", p.display()))
         } else {
             use std::hash::{DefaultHasher, Hasher};
             let mut h = DefaultHasher::new();

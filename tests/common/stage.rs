@@ -60,7 +60,66 @@ pub fn staged(name: &str, policy: &str, setup: impl FnOnce(&Path)) -> (Mount, Pa
 /// A staged mount with a control socket, SOURCE populated by `setup`; returns it, DIR and
 /// SOCKET.
 pub fn staged_live(name: &str, setup: impl FnOnce(&Path)) -> (Mount, PathBuf, PathBuf) {
-    let b = Mount::builder(name).policy(WRITE);
+    staged_live_as(Who::Root, name, setup)
+}
+
+/// Who runs the daemon, the agent's commands and the host's edits: root, or an ordinary
+/// user ([`USER`]) for all three, as a person running `fencefs run` in their own
+/// workspace (the daemon then writes `user.overlay.*` markers; `common/user.rs`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Who {
+    Root,
+    User,
+}
+
+/// The ordinary user's uid.
+pub const USER: u32 = 1000;
+
+impl Who {
+    /// `sh -c script` as this one through the mount (the agent).
+    pub fn agent(self, m: &Mount, script: &str) -> Out {
+        match self {
+            Who::Root => m.sh(script),
+            Who::User => m.sh_as(USER, script),
+        }
+    }
+    /// `sh -c script` as this one in SOURCE (the person at the host).
+    pub fn host(self, m: &Mount, script: &str) -> Out {
+        match self {
+            Who::Root => sh_in(&m.host(""), script),
+            Who::User => super::sh_as(USER, &m.host(""), script),
+        }
+    }
+    /// Gives what the test wrote at `p` on the host (as root) to this one.
+    pub fn own(self, p: &Path) {
+        if self == Who::User {
+            std::os::unix::fs::lchown(p, Some(USER), Some(USER)).unwrap();
+        }
+    }
+    /// `fencefs stage ARGS[0] --dir DIR ARGS[1..]` as this one.
+    pub fn stage(self, args: &[&str], dir: &Path) -> Out {
+        let mut cmd = Command::new(BIN);
+        cmd.args(["stage", args[0], "--dir"])
+            .arg(dir)
+            .args(&args[1..]);
+        if self == Who::User {
+            use std::os::unix::process::CommandExt;
+            cmd.uid(USER).gid(USER);
+        }
+        super::run_bounded(cmd, LIMIT, "fencefs stage")
+    }
+}
+
+/// [`staged_live`] with the daemon run by `who`.
+pub fn staged_live_as(
+    who: Who,
+    name: &str,
+    setup: impl FnOnce(&Path),
+) -> (Mount, PathBuf, PathBuf) {
+    let mut b = Mount::builder(name).policy(WRITE);
+    if who == Who::User {
+        b = b.daemon_as_user(USER);
+    }
     setup(&b.host(""));
     let dir = stage_dir(&b);
     let sock = b.root().join("ctl.sock");

@@ -239,6 +239,15 @@ impl Shared {
     /// name or attribute cached for one caller never serves another; zero too while a
     /// reload takes back the kernel's caches, and for a request decided under a policy no
     /// longer in force (see `kcache`: call this after the reply's node is registered).
+    /// Whether the kernel may keep a directory's listing across opens (it drops it when
+    /// the directory's mtime changes, and the host watch drops it on host changes). Not
+    /// on a staged mount whose host changes are not watched (an ordinary user's daemon has
+    /// no fanotify): a merged directory shows its upper part's mtime, which a host change
+    /// below it leaves as it was, so a new host file would never be listed.
+    pub fn listings_cacheable(&self) -> bool {
+        self.inodes.union().is_none() || self.inodes.watching()
+    }
+
     pub fn ttl(&self, ctx: &Ctx) -> Ttl {
         if ctx.snap.policy.has_id_rules()
             || !self.kcache.caching()

@@ -42,7 +42,7 @@ impl Inodes {
         }
     }
 
-    pub(super) fn watching(&self) -> bool {
+    pub fn watching(&self) -> bool {
         self.watch_handles.load(Ordering::Relaxed)
     }
 
