@@ -69,6 +69,10 @@ pub struct Change {
     /// SOURCE's entry this change is against (a rename: its old directory), as
     /// [`lower_ident`] takes it: part of the change's review id ([`super::ids`]).
     pub lower_st: Option<[i128; 4]>,
+    /// A file rename of a cycle (`mv x t; mv y x; mv t y`: [`super::moves`]): SOURCE's
+    /// entry at the new path, which another rename of the cycle carries away, as
+    /// [`lower_ident`] takes it. `None` for every other change.
+    pub replaces: Option<[i128; 4]>,
 }
 
 /// What of SOURCE's entry a change's review id covers: inode, ctime (every change of it),
@@ -231,6 +235,7 @@ impl Layers {
             self.new_where_moved(s, &mut out)?;
         }
         self.pair_file_renames(&mut out)?;
+        super::cycles::pair(self, &mut out)?;
         out.sort_by(|a, b| a.path.cmp(&b.path));
         Ok(out)
     }
@@ -309,6 +314,7 @@ impl Layers {
             under_opaque: at.as_ref().is_some_and(|c| c.under_opaque),
             lower_id: None,
             lower_st: None,
+            replaces: None,
         });
         Ok(())
     }
@@ -381,6 +387,7 @@ impl Layers {
             under_opaque: under,
             lower_id: None,
             lower_st: l.as_ref().map(|l| lower_ident(&l.st)),
+            replaces: None,
         };
         if self.upper.is_whiteout(&u) {
             if let Some(l) = &l {
@@ -496,7 +503,7 @@ impl Layers {
 
     /// Staged `u`'s overlayfs origin and a SOURCE root handle to decode it with
     /// (open_by_handle_at takes no `O_PATH` descriptor); `None` without one.
-    fn origin(&self, u: &Node) -> Option<(Vec<u8>, std::os::fd::OwnedFd)> {
+    pub(super) fn origin(&self, u: &Node) -> Option<(Vec<u8>, std::os::fd::OwnedFd)> {
         let o = self.upper.xattr(u, b"trusted.overlay.origin")?;
         let d = sys::reopen(
             self.lower.proc_fd.as_fd(),
@@ -567,6 +574,7 @@ impl Layers {
                     under_opaque: true,
                     lower_id: None,
                     lower_st: Some(lower_ident(&l.st)),
+                    replaces: None,
                 });
             }
         }

@@ -48,6 +48,12 @@ pub fn id(l: &Layers, c: &Change) -> io::Result<String> {
         Some(s) => s.iter().for_each(|&n| num(&mut h, n)),
         None => put(&mut h, b"-"),
     }
+    // A rename of a cycle: also what it carries away at its new path (nothing else has
+    // this, so every other change keeps its id).
+    if let Some(s) = c.replaces {
+        put(&mut h, b"replaces");
+        s.iter().for_each(|&n| num(&mut h, n));
+    }
     match (&c.kind, l.upper.get(&c.path)?) {
         (Kind::Deleted, _) | (_, None) => put(&mut h, b"-"),
         (_, Some(u)) => staged(&l.upper, &u, c.entries.is_some(), &mut h, &c.path)?,

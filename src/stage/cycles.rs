@@ -1,0 +1,258 @@
+//! Cycles of file renames: `mv x t; mv y x; mv t y` (a swap of two names) and longer ones
+//! (`x -> y -> z -> x`), listed as one `R old -> new` per path (`R y -> x`, `R x -> y`)
+//! instead of an `M` at each path that shows the other's bytes.
+//!
+//! No path of a cycle is added or deleted, so [`super::moves`]'s pairing of a `D` with an
+//! `A` never sees one: here a changed file (`M` or `m`) is a rename of another changed
+//! path when its staged entry's overlayfs origin (the SOURCE object it was copied up
+//! from, which overlayfs keeps through renames) is SOURCE's object at that other path.
+//! Following those links from path to path, a chain that comes back to where it began,
+//! each path taken from exactly one other, is a cycle; anything else (a chain ending in
+//! an added or deleted path, two staged files made from one object) stays as it was
+//! listed.
+//!
+//! A rename of a cycle conflicts when its own path does (the base record there) or the
+//! path it came from does (a host edit of the object that moved), as a plain rename takes
+//! the conflict of its `D`. Its review id covers both SOURCE objects
+//! ([`Change::replaces`]).
+//!
+//! Apply and discard take a cycle whole: a PATH selects every rename of the cycles it
+//! touches ([`close`]); a cycle not wholly in the list (a `PATH@ID` of one of its
+//! renames), or with a rename refused, is refused whole. Apply writes each path's staged
+//! file over SOURCE's as it writes a modified file (beside, synced, renamed, checked
+//! against a host edit, named in the intent log), so a crash leaves each path applied or
+//! still staged and loses nothing: the other paths' SOURCE objects stay where they are
+//! until their own staged files replace them, and a path still staged keeps its bytes.
+//!
+//! Invariants: read-only; only ever turns `M`/`m` changes of non-directories into
+//! renames, never drops or adds a change.
+
+use std::collections::{HashMap, HashSet};
+use std::io;
+use std::os::fd::AsFd;
+
+use super::changes::{Change, Kind, Layers, lower_ident};
+use super::ids::Kept;
+use super::sys as ssys;
+
+/// Whether `c` is a rename of a cycle.
+pub fn member(c: &Change) -> bool {
+    c.replaces.is_some() && !c.dir && matches!(c.kind, Kind::Renamed { .. })
+}
+
+fn from(c: &Change) -> &[u8] {
+    match &c.kind {
+        Kind::Renamed { from } => from,
+        _ => &c.path,
+    }
+}
+
+/// Turns every cycle of file renames in `out` into `R` changes.
+pub fn pair(l: &Layers, out: &mut [Change]) -> io::Result<()> {
+    let cand: Vec<usize> = (0..out.len())
+        .filter(|&i| {
+            let c = &out[i];
+            matches!(c.kind, Kind::Modified | Kind::Metadata)
+                && !c.dir
+                && !c.under_opaque
+                && c.lower_st.is_some()
+        })
+        .collect();
+    if cand.len() < 2 {
+        return Ok(());
+    }
+    let mut by_ino: HashMap<i128, Vec<usize>> = HashMap::new();
+    for &i in &cand {
+        if let Some(s) = out[i].lower_st {
+            by_ino.entry(s[0]).or_default().push(i);
+        }
+    }
+    // came[i] = j: the staged file at i was copied up from SOURCE's object at j.
+    let mut came: HashMap<usize, usize> = HashMap::new();
+    for &i in &cand {
+        let Some(j) = came_from(l, out, i, &by_ino)? else {
+            continue;
+        };
+        came.insert(i, j);
+    }
+    let mut taken: HashMap<usize, usize> = HashMap::new();
+    for &j in came.values() {
+        *taken.entry(j).or_default() += 1;
+    }
+    let mut seen = HashSet::new();
+    let mut cycles = Vec::new();
+    for &start in &cand {
+        let mut walked = Vec::new();
+        let mut at = start;
+        while !seen.contains(&at) {
+            seen.insert(at);
+            walked.push(at);
+            match came.get(&at) {
+                Some(&j) => at = j,
+                None => break,
+            }
+        }
+        // The walk ran into a path it took itself: from there on, a cycle.
+        if let Some(k) = walked.iter().position(|&w| w == at)
+            && came.contains_key(&at)
+        {
+            let cyc = walked[k..].to_vec();
+            if cyc.len() >= 2 && cyc.iter().all(|i| taken.get(i) == Some(&1)) {
+                cycles.push(cyc);
+            }
+        }
+    }
+    for cyc in cycles {
+        let was: Vec<(usize, Change)> = cyc.iter().map(|&i| (i, out[i].clone())).collect();
+        let get = |i: usize| &was.iter().find(|(k, _)| *k == i).expect("in the cycle").1;
+        for &i in &cyc {
+            let j = came[&i];
+            let (own, src) = (get(i), get(j));
+            let c = &mut out[i];
+            c.kind = Kind::Renamed {
+                from: src.path.clone(),
+            };
+            c.conflict = own.conflict || src.conflict;
+            c.replaces = own.lower_st;
+            c.lower_st = src.lower_st;
+        }
+    }
+    Ok(())
+}
+
+/// The candidate (other than `i`) whose SOURCE object the staged file at `out[i]` was
+/// copied up from, if any.
+fn came_from(
+    l: &Layers,
+    out: &[Change],
+    i: usize,
+    by_ino: &HashMap<i128, Vec<usize>>,
+) -> io::Result<Option<usize>> {
+    let Some(u) = l.upper.get(&out[i].path)? else {
+        return Ok(None);
+    };
+    let Some((o, d)) = l.origin(&u) else {
+        return Ok(None);
+    };
+    let Some(st) = ssys::origin_stat(d.as_fd(), &o) else {
+        return Ok(None);
+    };
+    for &j in by_ino.get(&(st.st_ino as i128)).into_iter().flatten() {
+        if j == i {
+            continue;
+        }
+        let Some(low) = l.lower.get(&out[j].path)? else {
+            continue;
+        };
+        if (low.st.st_dev, low.st.st_ino) == (st.st_dev, st.st_ino)
+            && Some(lower_ident(&low.st)) == out[j].lower_st
+        {
+            return Ok(Some(j));
+        }
+    }
+    Ok(None)
+}
+
+/// The cycles of renames in `list`: each cycle `list` has whole, and the renames of the
+/// cycles it has only part of.
+pub fn split<'a>(list: &[&'a Change]) -> (Vec<Vec<&'a Change>>, Vec<&'a Change>) {
+    let members: Vec<&Change> = list.iter().copied().filter(|c| member(c)).collect();
+    let mut whole = Vec::new();
+    let mut part = Vec::new();
+    let mut done: HashSet<&[u8]> = HashSet::new();
+    for &c in &members {
+        if done.contains(c.path.as_slice()) {
+            continue;
+        }
+        // Follow from → the rename whose new path it is, back to `c`.
+        let mut cyc = vec![c];
+        let mut at = c;
+        let closed = loop {
+            match members.iter().find(|m| m.path == from(at)) {
+                Some(&m) if std::ptr::eq(m, c) => break true,
+                Some(&m)
+                    if !done.contains(m.path.as_slice())
+                        && !cyc.iter().any(|x| std::ptr::eq(*x, m)) =>
+                {
+                    cyc.push(m);
+                    at = m;
+                }
+                _ => break false,
+            }
+        };
+        for m in &cyc {
+            done.insert(m.path.as_slice());
+        }
+        if closed {
+            whole.push(cyc);
+        } else {
+            part.extend(cyc);
+        }
+    }
+    (whole, part)
+}
+
+/// `selected` (changes of `all`) with every rename of each cycle one of them is part of:
+/// a cycle is applied or discarded whole, whichever of its paths is named.
+pub fn close(all: &[Change], selected: &mut Vec<Change>) {
+    loop {
+        let more: Vec<Change> = all
+            .iter()
+            .filter(|c| member(c) && !selected.iter().any(|s| s.path == c.path))
+            .filter(|c| {
+                selected
+                    .iter()
+                    .any(|s| member(s) && (s.path == from(c) || from(s) == c.path))
+            })
+            .cloned()
+            .collect();
+        if more.is_empty() {
+            break;
+        }
+        selected.extend(more);
+    }
+    selected.sort_by(|a, b| a.path.cmp(&b.path));
+}
+
+/// The changes of `all` that the arguments `kept` of an apply select (all when none): a
+/// PATH@ID the change it names, a PATH every change it touches and every rename of each
+/// cycle one of those is part of.
+pub fn pick(all: &[Change], kept: &[Kept]) -> Vec<Change> {
+    let mut picked: Vec<Change> = all
+        .iter()
+        .filter(|c| kept.is_empty() || kept.iter().any(|k| !k.exact && k.selects(c)))
+        .cloned()
+        .collect();
+    close(all, &mut picked);
+    for c in all {
+        if kept.iter().any(|k| k.exact && k.selects(c)) && !picked.iter().any(|p| p.path == c.path)
+        {
+            picked.push(c.clone());
+        }
+    }
+    picked
+}
+
+/// For a discard: the PATH@ID arguments of `kept` that name a rename of a cycle the
+/// arguments do not name whole, each with its `refused …` line (discarding one staged
+/// file of a swap would leave the other name's bytes at both).
+pub fn part_by_ids(all: &[Change], kept: &[Kept]) -> Vec<(Vec<u8>, String)> {
+    if !kept.iter().any(|k| k.exact) {
+        return Vec::new();
+    }
+    let picked = pick(all, kept);
+    let refs: Vec<&Change> = picked.iter().collect();
+    let (_, part) = split(&refs);
+    part.into_iter()
+        .filter(|c| kept.iter().any(|k| k.exact && k.path == c.path))
+        .map(|c| {
+            (
+                c.path.clone(),
+                format!(
+                    "refused {}: part of a cycle of renames: discard all of its paths together",
+                    super::render::status_line(c)
+                ),
+            )
+        })
+        .collect()
+}
