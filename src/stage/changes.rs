@@ -5,7 +5,8 @@
 //! changed) is not a change; a directory is `m` only for mode, owner or xattrs (its times
 //! follow its entries); a new directory is one `A dir/ (N entries)`; a deleted directory
 //! one `D dir/`; a directory renamed with a redirect is `R old -> new`, its old name's
-//! whiteout not listed again; what a rename took along is never listed as deleted. A
+//! whiteout not listed again; what a rename took along is never listed as deleted; a
+//! file rename is paired by [`super::moves`], a cycle of them by [`super::cycles`]. A
 //! change is a **conflict** when, by the staged entry's base record ([`super::base`]),
 //! SOURCE's object at the path is not the one it was made from, changed since, or is
 //! gone; without a record (a directory, a path made new), when SOURCE's entry changed

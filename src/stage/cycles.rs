@@ -157,6 +157,8 @@ fn came_from(
 /// cycles it has only part of.
 pub fn split<'a>(list: &[&'a Change]) -> (Vec<Vec<&'a Change>>, Vec<&'a Change>) {
     let members: Vec<&Change> = list.iter().copied().filter(|c| member(c)).collect();
+    let at_path: HashMap<&[u8], &Change> =
+        members.iter().map(|c| (c.path.as_slice(), *c)).collect();
     let mut whole = Vec::new();
     let mut part = Vec::new();
     let mut done: HashSet<&[u8]> = HashSet::new();
@@ -168,7 +170,7 @@ pub fn split<'a>(list: &[&'a Change]) -> (Vec<Vec<&'a Change>>, Vec<&'a Change>)
         let mut cyc = vec![c];
         let mut at = c;
         let closed = loop {
-            match members.iter().find(|m| m.path == from(at)) {
+            match at_path.get(from(at)) {
                 Some(&m) if std::ptr::eq(m, c) => break true,
                 Some(&m)
                     if !done.contains(m.path.as_slice())
