@@ -3,7 +3,7 @@
 //! Apply carries each change into SOURCE, then unstages it (removes its staged entry), in
 //! an order that never loses data: renamed directories first (a rename is applied whole),
 //! then renamed files, then additions and modifications, deletions last. A cycle of file
-//! renames ([`super::cycles`]) is written with the modifications, each path's staged file
+//! renames (`cycles.rs`) is written with the modifications, each path's staged file
 //! over SOURCE's, or refused whole. Every file is written beside its
 //! destination (`.NAME.fencefs-apply-PID`) with the staged mode, owner, xattrs and times
 //! (its data extents only, holes left holes; a later name of a staged file with several

@@ -6,7 +6,8 @@
 //! follow its entries); a new directory is one `A dir/ (N entries)`; a deleted directory
 //! one `D dir/`; a directory renamed with a redirect is `R old -> new`, its old name's
 //! whiteout not listed again; what a rename took along is never listed as deleted; a
-//! file rename is paired by [`super::moves`], a cycle of them by [`super::cycles`]. A
+//! file rename is paired here (applied by `moves.rs`), a cycle of them by `cycles.rs`
+//! (which defines [`Layers::changes`] over [`Layers::listed`]). A
 //! change is a **conflict** when, by the staged entry's base record ([`super::base`]),
 //! SOURCE's object at the path is not the one it was made from, changed since, or is
 //! gone; without a record (a directory, a path made new), when SOURCE's entry changed
@@ -70,7 +71,7 @@ pub struct Change {
     /// SOURCE's entry this change is against (a rename: its old directory), as
     /// [`lower_ident`] takes it: part of the change's review id ([`super::ids`]).
     pub lower_st: Option<[i128; 4]>,
-    /// A file rename of a cycle (`mv x t; mv y x; mv t y`: [`super::moves`]): SOURCE's
+    /// A file rename of a cycle (`mv x t; mv y x; mv t y`: `cycles.rs`): SOURCE's
     /// entry at the new path, which another rename of the cycle carries away, as
     /// [`lower_ident`] takes it. `None` for every other change.
     pub replaces: Option<[i128; 4]>,
@@ -209,8 +210,9 @@ impl Layers {
             .collect())
     }
 
-    /// Every staged change, sorted by path.
-    pub fn changes(&self) -> io::Result<Vec<Change>> {
+    /// Every staged change, sorted by path, without cycles of renames paired (those are
+    /// `M`: [`Layers::changes`] pairs them).
+    pub fn listed(&self) -> io::Result<Vec<Change>> {
         let mut out = Vec::new();
         let mut sources = HashSet::new();
         let root = self
@@ -236,7 +238,6 @@ impl Layers {
             self.new_where_moved(s, &mut out)?;
         }
         self.pair_file_renames(&mut out)?;
-        super::cycles::pair(self, &mut out)?;
         out.sort_by(|a, b| a.path.cmp(&b.path));
         Ok(out)
     }

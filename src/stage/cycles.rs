@@ -2,8 +2,8 @@
 //! (`x -> y -> z -> x`), listed as one `R old -> new` per path (`R y -> x`, `R x -> y`)
 //! instead of an `M` at each path that shows the other's bytes.
 //!
-//! No path of a cycle is added or deleted, so [`super::moves`]'s pairing of a `D` with an
-//! `A` never sees one: here a changed file (`M` or `m`) is a rename of another changed
+//! No path of a cycle is added or deleted, so `changes.rs`'s pairing of a `D` with an `A`
+//! never sees one: here a changed file (`M` or `m`) is a rename of another changed
 //! path when its staged entry's overlayfs origin (the SOURCE object it was copied up
 //! from, which overlayfs keeps through renames) is SOURCE's object at that other path.
 //! Following those links from path to path, a chain that comes back to where it began,
@@ -47,8 +47,18 @@ fn from(c: &Change) -> &[u8] {
     }
 }
 
+impl Layers {
+    /// Every staged change, sorted by path ([`Layers::listed`], each cycle of file renames
+    /// paired). Defined here, not in `changes.rs`, so that module never imports this one.
+    pub fn changes(&self) -> io::Result<Vec<Change>> {
+        let mut out = self.listed()?;
+        pair(self, &mut out)?;
+        Ok(out)
+    }
+}
+
 /// Turns every cycle of file renames in `out` into `R` changes.
-pub fn pair(l: &Layers, out: &mut [Change]) -> io::Result<()> {
+fn pair(l: &Layers, out: &mut [Change]) -> io::Result<()> {
     let cand: Vec<usize> = (0..out.len())
         .filter(|&i| {
             let c = &out[i];

@@ -364,7 +364,7 @@ fn hunks(
                 report.refused += 1;
             }
             partial::Outcome::Whole(c) if apply => {
-                merge(&mut report, apply::apply(l, &[c], force, dir, false));
+                merge(&mut report, apply::apply(l, &[*c], force, dir, false));
             }
             partial::Outcome::Whole(c) => {
                 let list = l
