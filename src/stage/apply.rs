@@ -210,7 +210,7 @@ fn cycles<'a>(
     out: &mut Lines,
     rest: &mut Vec<Change>,
 ) {
-    let (whole, part) = super::cycles::split(list);
+    let (whole, part) = super::cycles::cycles_in(list);
     for c in part {
         out.refused(
             &status_line(c),

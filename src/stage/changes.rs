@@ -505,7 +505,7 @@ impl Layers {
 
     /// Staged `u`'s overlayfs origin and a SOURCE root handle to decode it with
     /// (open_by_handle_at takes no `O_PATH` descriptor); `None` without one.
-    pub(super) fn origin(&self, u: &Node) -> Option<(Vec<u8>, std::os::fd::OwnedFd)> {
+    fn origin(&self, u: &Node) -> Option<(Vec<u8>, std::os::fd::OwnedFd)> {
         let o = self.upper.xattr(u, b"trusted.overlay.origin")?;
         let d = sys::reopen(
             self.lower.proc_fd.as_fd(),

@@ -24,16 +24,21 @@
 //! still staged and loses nothing: the other paths' SOURCE objects stay where they are
 //! until their own staged files replace them, and a path still staged keeps its bytes.
 //!
+//! Cost: one overlayfs origin decoded (`open_by_handle_at`) per changed file a listing
+//! has, two or more of them (5000 modified files: about 0.1 s more in a debug build).
+//!
 //! Invariants: read-only; only ever turns `M`/`m` changes of non-directories into
 //! renames, never drops or adds a change.
 
 use std::collections::{HashMap, HashSet};
 use std::io;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, OwnedFd};
 
 use super::changes::{Change, Kind, Layers, lower_ident};
 use super::ids::Kept;
 use super::sys as ssys;
+use super::tree::{Node, split};
+use crate::host::sys;
 
 /// Whether `c` is a rename of a cycle.
 pub fn member(c: &Change) -> bool {
@@ -79,11 +84,14 @@ fn pair(l: &Layers, out: &mut [Change]) -> io::Result<()> {
     }
     // came[i] = j: the staged file at i was copied up from SOURCE's object at j.
     let mut came: HashMap<usize, usize> = HashMap::new();
+    let mut origins = Origins::new(l)?;
     for &i in &cand {
-        let Some(j) = came_from(l, out, i, &by_ino)? else {
+        let Some(st) = origins.of(&out[i].path)? else {
             continue;
         };
-        came.insert(i, j);
+        if let Some(j) = taken_from(l, out, i, &st, &by_ino)? {
+            came.insert(i, j);
+        }
     }
     let mut taken: HashMap<usize, usize> = HashMap::new();
     for &j in came.values() {
@@ -130,23 +138,59 @@ fn pair(l: &Layers, out: &mut [Change]) -> io::Result<()> {
     Ok(())
 }
 
-/// The candidate (other than `i`) whose SOURCE object the staged file at `out[i]` was
-/// copied up from, if any.
-fn came_from(
+/// The SOURCE objects staged files were copied up from (their overlayfs origins), read
+/// with one handle on SOURCE and each staged directory opened once for its files in a row
+/// (candidates come in the walk's order).
+struct Origins<'a> {
+    l: &'a Layers,
+    root: OwnedFd,
+    parent: Option<(Vec<u8>, Option<Node>)>,
+}
+
+impl<'a> Origins<'a> {
+    fn new(l: &'a Layers) -> io::Result<Origins<'a>> {
+        // open_by_handle_at takes no `O_PATH` descriptor.
+        let root = sys::reopen(
+            l.lower.proc_fd.as_fd(),
+            l.lower.root.as_fd(),
+            libc::O_RDONLY | libc::O_DIRECTORY,
+        )?;
+        Ok(Origins {
+            l,
+            root,
+            parent: None,
+        })
+    }
+
+    /// The attributes of the SOURCE object the staged file at `path` was copied up from.
+    fn of(&mut self, path: &[u8]) -> io::Result<Option<libc::stat>> {
+        let (dir, name) = split(path);
+        if self.parent.as_ref().is_none_or(|(p, _)| p != dir) {
+            self.parent = Some((dir.to_vec(), self.l.upper.dir(dir)?));
+        }
+        let Some((_, Some(d))) = &self.parent else {
+            return Ok(None);
+        };
+        let Some(u) = self.l.upper.child(d, name)? else {
+            return Ok(None);
+        };
+        Ok(self
+            .l
+            .upper
+            .xattr(&u, b"trusted.overlay.origin")
+            .and_then(|o| ssys::origin_stat(self.root.as_fd(), &o)))
+    }
+}
+
+/// The candidate (other than `i`) whose SOURCE object `st` (the one the staged file at
+/// `out[i]` was copied up from) is, if any.
+fn taken_from(
     l: &Layers,
     out: &[Change],
     i: usize,
+    st: &libc::stat,
     by_ino: &HashMap<i128, Vec<usize>>,
 ) -> io::Result<Option<usize>> {
-    let Some(u) = l.upper.get(&out[i].path)? else {
-        return Ok(None);
-    };
-    let Some((o, d)) = l.origin(&u) else {
-        return Ok(None);
-    };
-    let Some(st) = ssys::origin_stat(d.as_fd(), &o) else {
-        return Ok(None);
-    };
     for &j in by_ino.get(&(st.st_ino as i128)).into_iter().flatten() {
         if j == i {
             continue;
@@ -165,7 +209,7 @@ fn came_from(
 
 /// The cycles of renames in `list`: each cycle `list` has whole, and the renames of the
 /// cycles it has only part of.
-pub fn split<'a>(list: &[&'a Change]) -> (Vec<Vec<&'a Change>>, Vec<&'a Change>) {
+pub fn cycles_in<'a>(list: &[&'a Change]) -> (Vec<Vec<&'a Change>>, Vec<&'a Change>) {
     let members: Vec<&Change> = list.iter().copied().filter(|c| member(c)).collect();
     let at_path: HashMap<&[u8], &Change> =
         members.iter().map(|c| (c.path.as_slice(), *c)).collect();
@@ -254,7 +298,7 @@ pub fn part_by_ids(all: &[Change], kept: &[Kept]) -> Vec<(Vec<u8>, String)> {
     }
     let picked = pick(all, kept);
     let refs: Vec<&Change> = picked.iter().collect();
-    let (_, part) = split(&refs);
+    let (_, part) = cycles_in(&refs);
     part.into_iter()
         .filter(|c| kept.iter().any(|k| k.exact && k.path == c.path))
         .map(|c| {
