@@ -4,7 +4,7 @@
 //! SOURCE's other files alone, a host edit of one path of a cycle refuses the whole cycle,
 //! a PATH of a cycle applies or discards the whole cycle (a PATH@ID of one rename alone is
 //! refused), and SIGKILL in the middle of the apply of a long cycle leaves every path
-//! applied or still staged, nothing lost.
+//! applied or still staged, nothing lost; with the daemon's engine and the kernel one.
 
 mod common;
 
@@ -259,6 +259,35 @@ fn a_chain_of_renames_that_does_not_close_stays_as_it_was_listed() {
         assert_eq!(text(m.host(p)), w, "SOURCE {p}");
     }
     assert!(!m.host("y").exists());
+}
+
+#[test]
+fn the_kernel_engine_lists_and_applies_a_swap_as_renames_too() {
+    let b = Mount::builder("stage-cycles-kernel").policy(WRITE);
+    files(&b.host(""), &["x", "y"]);
+    let dir = stage_dir(&b);
+    let mut m = b
+        .arg("--stage")
+        .arg(&dir)
+        .arg("--stage-engine")
+        .arg("kernel")
+        .start();
+    m.sh("mv x t && mv y x && mv t y").assert_ok("swap");
+    stop(&mut m);
+    assert_eq!(stage(&["status"], &dir).stdout, "R y -> x\nR x -> y\n");
+    // The kernel engine's base record moves with the file: a host edit of y is judged by
+    // the one on staged x, and refuses both renames.
+    std::thread::sleep(Duration::from_millis(30));
+    fs::write(m.host("y"), b"y\nHOST\n").unwrap();
+    assert_eq!(stage(&["status"], &dir).stdout, "CR y -> x\nCR x -> y\n");
+    stage(&["apply"], &dir).assert_fail("a conflict");
+    assert_eq!(text(m.host("y")), "y\nHOST\n");
+    stage(&["apply", "--force"], &dir).assert_ok("apply");
+    assert_eq!(
+        (text(m.host("x")), text(m.host("y"))),
+        ("y\n".into(), "x\n".into())
+    );
+    assert_eq!(stage(&["status"], &dir).stdout, "");
 }
 
 const N: usize = 1500;

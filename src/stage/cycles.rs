@@ -11,9 +11,10 @@
 //! an added or deleted path, two staged files made from one object) stays as it was
 //! listed.
 //!
-//! A rename of a cycle conflicts when its own path does (the base record there) or the
-//! path it came from does (a host edit of the object that moved), as a plain rename takes
-//! the conflict of its `D`. Its review id covers both SOURCE objects
+//! A rename of a cycle conflicts when SOURCE's object at its new path (carried away by
+//! another rename of the cycle) or at its old path (the object that moved) changed since
+//! it was staged, by the base record that names that path ([`mark`]), as a plain rename
+//! takes the conflict of its `D`. Its review id covers both SOURCE objects
 //! ([`Change::replaces`]).
 //!
 //! Apply and discard take a cycle whole: a PATH selects every rename of the cycles it
@@ -34,6 +35,7 @@ use std::collections::{HashMap, HashSet};
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 
+use super::base::{self, Base};
 use super::changes::{Change, Kind, Layers, lower_ident};
 use super::ids::Kept;
 use super::sys as ssys;
@@ -84,22 +86,33 @@ fn pair(l: &Layers, out: &mut [Change]) -> io::Result<()> {
     }
     // came[i] = j: the staged file at i was copied up from SOURCE's object at j.
     let mut came: HashMap<usize, usize> = HashMap::new();
+    let mut records: HashMap<usize, Base> = HashMap::new();
     let mut origins = Origins::new(l)?;
     for &i in &cand {
-        let Some(st) = origins.of(&out[i].path)? else {
+        let Some((st, record)) = origins.of(&out[i].path)? else {
             continue;
         };
         if let Some(j) = taken_from(l, out, i, &st, &by_ino)? {
             came.insert(i, j);
+            records.extend(record.map(|r| (i, r)));
         }
     }
+    for cyc in find(&cand, &came) {
+        mark(l, out, &cyc, &came, &records)?;
+    }
+    Ok(())
+}
+
+/// The cycles of `came` (each path taken from `came[path]`) whose every path is taken
+/// from exactly once.
+fn find(cand: &[usize], came: &HashMap<usize, usize>) -> Vec<Vec<usize>> {
     let mut taken: HashMap<usize, usize> = HashMap::new();
     for &j in came.values() {
         *taken.entry(j).or_default() += 1;
     }
     let mut seen = HashSet::new();
     let mut cycles = Vec::new();
-    for &start in &cand {
+    for &start in cand {
         let mut walked = Vec::new();
         let mut at = start;
         while !seen.contains(&at) {
@@ -120,20 +133,53 @@ fn pair(l: &Layers, out: &mut [Change]) -> io::Result<()> {
             }
         }
     }
-    for cyc in cycles {
-        let was: Vec<(usize, Change)> = cyc.iter().map(|&i| (i, out[i].clone())).collect();
-        let get = |i: usize| &was.iter().find(|(k, _)| *k == i).expect("in the cycle").1;
-        for &i in &cyc {
-            let j = came[&i];
-            let (own, src) = (get(i), get(j));
-            let c = &mut out[i];
-            c.kind = Kind::Renamed {
-                from: src.path.clone(),
-            };
-            c.conflict = own.conflict || src.conflict;
-            c.replaces = own.lower_st;
-            c.lower_st = src.lower_st;
-        }
+    cycles
+}
+
+/// Turns the cycle `cyc` of `out` into renames. Whether SOURCE's object at a path of the
+/// cycle changed is judged by the base record that names that path — the daemon's engine
+/// keeps it on the staged file at the path (a rename over a whiteout takes the whiteout's
+/// record over), the kernel engine moves it along with the file to where it went; a path
+/// no record names keeps its listed conflict. A rename conflicts when its old or its new
+/// path does.
+fn mark(
+    l: &Layers,
+    out: &mut [Change],
+    cyc: &[usize],
+    came: &HashMap<usize, usize>,
+    records: &HashMap<usize, Base>,
+) -> io::Result<()> {
+    let mut bad: HashMap<usize, bool> = HashMap::new();
+    for &q in cyc {
+        let p = &out[q].path;
+        let named: Vec<&Base> = cyc
+            .iter()
+            .filter_map(|k| records.get(k))
+            .filter(|r| r.path == *p)
+            .collect();
+        let b = if named.is_empty() {
+            out[q].conflict
+        } else {
+            let low = l.lower.get(p)?;
+            let now = low.as_ref().map(|n| {
+                let bt = ssys::btime_fd(n.fd.as_fd()).ok().flatten().unwrap_or(0);
+                (&n.st, bt)
+            });
+            named.iter().any(|r| r.conflicts(p, now))
+        };
+        bad.insert(q, b);
+    }
+    let was: HashMap<usize, Change> = cyc.iter().map(|&i| (i, out[i].clone())).collect();
+    for &i in cyc {
+        let j = came[&i];
+        let (own, src) = (&was[&i], &was[&j]);
+        let c = &mut out[i];
+        c.kind = Kind::Renamed {
+            from: src.path.clone(),
+        };
+        c.conflict = bad[&i] || bad[&j];
+        c.replaces = own.lower_st;
+        c.lower_st = src.lower_st;
     }
     Ok(())
 }
@@ -162,8 +208,9 @@ impl<'a> Origins<'a> {
         })
     }
 
-    /// The attributes of the SOURCE object the staged file at `path` was copied up from.
-    fn of(&mut self, path: &[u8]) -> io::Result<Option<libc::stat>> {
+    /// The attributes of the SOURCE object the staged file at `path` was copied up from,
+    /// and the file's base record.
+    fn of(&mut self, path: &[u8]) -> io::Result<Option<(libc::stat, Option<Base>)>> {
         let (dir, name) = split(path);
         if self.parent.as_ref().is_none_or(|(p, _)| p != dir) {
             self.parent = Some((dir.to_vec(), self.l.upper.dir(dir)?));
@@ -178,7 +225,8 @@ impl<'a> Origins<'a> {
             .l
             .upper
             .xattr(&u, b"trusted.overlay.origin")
-            .and_then(|o| ssys::origin_stat(self.root.as_fd(), &o)))
+            .and_then(|o| ssys::origin_stat(self.root.as_fd(), &o))
+            .map(|st| (st, base::of(&u))))
     }
 }
 
