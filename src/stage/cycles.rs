@@ -299,23 +299,37 @@ pub fn cycles_in<'a>(list: &[&'a Change]) -> (Vec<Vec<&'a Change>>, Vec<&'a Chan
 /// `selected` (changes of `all`) with every rename of each cycle one of them is part of:
 /// a cycle is applied or discarded whole, whichever of its paths is named.
 pub fn close(all: &[Change], selected: &mut Vec<Change>) {
-    loop {
-        let more: Vec<Change> = all
-            .iter()
-            .filter(|c| member(c) && !selected.iter().any(|s| s.path == c.path))
-            .filter(|c| {
-                selected
-                    .iter()
-                    .any(|s| member(s) && (s.path == from(c) || from(s) == c.path))
-            })
-            .cloned()
-            .collect();
-        if more.is_empty() {
-            break;
-        }
-        selected.extend(more);
+    let at_path: HashMap<&[u8], &Change> = all
+        .iter()
+        .filter(|c| member(c))
+        .map(|c| (c.path.as_slice(), c))
+        .collect();
+    if at_path.is_empty() {
+        return;
     }
-    selected.sort_by(|a, b| a.path.cmp(&b.path));
+    let at_from: HashMap<&[u8], &Change> = at_path.values().map(|c| (from(c), *c)).collect();
+    let mut have: HashSet<Vec<u8>> = selected.iter().map(|c| c.path.clone()).collect();
+    let mut todo: Vec<&Change> = selected
+        .iter()
+        .filter_map(|c| at_path.get(c.path.as_slice()).copied())
+        .collect();
+    let mut more = Vec::new();
+    while let Some(c) = todo.pop() {
+        // The rename out of its new path, and the one into its old path.
+        for n in [at_from.get(c.path.as_slice()), at_path.get(from(c))]
+            .into_iter()
+            .flatten()
+        {
+            if have.insert(n.path.clone()) {
+                more.push((*n).clone());
+                todo.push(n);
+            }
+        }
+    }
+    if !more.is_empty() {
+        selected.extend(more);
+        selected.sort_by(|a, b| a.path.cmp(&b.path));
+    }
 }
 
 /// The changes of `all` that the arguments `kept` of an apply select (all when none): a
@@ -328,11 +342,13 @@ pub fn pick(all: &[Change], kept: &[Kept]) -> Vec<Change> {
         .cloned()
         .collect();
     close(all, &mut picked);
-    for c in all {
-        if kept.iter().any(|k| k.exact && k.selects(c)) && !picked.iter().any(|p| p.path == c.path)
-        {
-            picked.push(c.clone());
-        }
+    if kept.iter().any(|k| k.exact) {
+        let have: HashSet<Vec<u8>> = picked.iter().map(|c| c.path.clone()).collect();
+        picked.extend(
+            all.iter()
+                .filter(|c| kept.iter().any(|k| k.exact && k.selects(c)) && !have.contains(&c.path))
+                .cloned(),
+        );
     }
     picked
 }
