@@ -224,7 +224,16 @@ fn a_path_of_a_cycle_applies_or_discards_the_whole_cycle_and_an_id_alone_is_refu
         (text(m.host("x")), text(m.host("y"))),
         ("y\n".into(), "x\n".into())
     );
-    // One path of the 3-cycle: the whole cycle.
+    // One path of the 3-cycle: the whole cycle, in status, diff and apply.
+    assert_eq!(
+        ctl(&sock, &["status", "a"]).stdout,
+        "R c -> a\nR a -> b\nR b -> c\n"
+    );
+    assert!(
+        ctl(&sock, &["diff", "a"])
+            .stdout
+            .contains("rename from b\nrename to c\n")
+    );
     let a = ctl(&sock, &["apply", "a"]);
     a.assert_ok("apply a");
     assert!(a.stdout.contains("applied R b -> c\n"), "{}", a.stdout);

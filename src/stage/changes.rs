@@ -7,7 +7,7 @@
 //! one `D dir/`; a directory renamed with a redirect is `R old -> new`, its old name's
 //! whiteout not listed again; what a rename took along is never listed as deleted; a
 //! file rename is paired here (applied by `moves.rs`), a cycle of them by `cycles.rs`
-//! (which defines [`Layers::changes`] over [`Layers::listed`]). A
+//! (which defines [`Layers::changes`] over [`Layers::listed`], and `selected`). A
 //! change is a **conflict** when, by the staged entry's base record ([`super::base`]),
 //! SOURCE's object at the path is not the one it was made from, changed since, or is
 //! gone; without a record (a directory, a path made new), when SOURCE's entry changed
@@ -17,7 +17,6 @@
 //!
 //! Invariants: read-only; paths are workspace-relative bytes; the list is sorted by path.
 
-use super::StageError;
 use std::collections::HashSet;
 use std::io;
 use std::os::fd::AsFd;
@@ -199,17 +198,6 @@ struct Lower {
 }
 
 impl Layers {
-    /// The changes that concern one of `paths` (all when empty).
-    pub fn selected(&self, paths: &[Vec<u8>]) -> Result<Vec<Change>, StageError> {
-        let all = self
-            .changes()
-            .map_err(StageError::op("reading the staged tree"))?;
-        Ok(all
-            .into_iter()
-            .filter(|c| paths.is_empty() || paths.iter().any(|p| c.touches(p)))
-            .collect())
-    }
-
     /// Every staged change, sorted by path, without cycles of renames paired (those are
     /// `M`: [`Layers::changes`] pairs them).
     pub fn listed(&self) -> io::Result<Vec<Change>> {

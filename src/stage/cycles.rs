@@ -35,6 +35,7 @@ use std::collections::{HashMap, HashSet};
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 
+use super::StageError;
 use super::base::{self, Base};
 use super::changes::{Change, Kind, Layers, lower_ident};
 use super::ids::Kept;
@@ -61,6 +62,24 @@ impl Layers {
         let mut out = self.listed()?;
         pair(self, &mut out)?;
         Ok(out)
+    }
+
+    /// The changes that concern one of `paths` (all when empty), with every rename of a
+    /// cycle one of them is part of (what `apply PATH` takes).
+    pub fn selected(&self, paths: &[Vec<u8>]) -> Result<Vec<Change>, StageError> {
+        let all = self
+            .changes()
+            .map_err(StageError::op("reading the staged tree"))?;
+        if paths.is_empty() {
+            return Ok(all);
+        }
+        let mut picked: Vec<Change> = all
+            .iter()
+            .filter(|c| paths.iter().any(|p| c.touches(p)))
+            .cloned()
+            .collect();
+        close(&all, &mut picked);
+        Ok(picked)
     }
 }
 
