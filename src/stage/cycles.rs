@@ -395,3 +395,75 @@ pub fn part_by_ids(all: &[Change], kept: &[Kept]) -> Vec<(Vec<u8>, String)> {
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `R from -> path`, a rename of a cycle.
+    fn r(from: &str, path: &str) -> Change {
+        Change {
+            path: path.as_bytes().to_vec(),
+            kind: Kind::Renamed {
+                from: from.as_bytes().to_vec(),
+            },
+            conflict: false,
+            dir: false,
+            entries: None,
+            under_opaque: false,
+            lower_id: None,
+            lower_st: Some([1, 0, 0, 0]),
+            replaces: Some([2, 0, 0, 0]),
+        }
+    }
+
+    fn paths(v: &[&Change]) -> Vec<String> {
+        v.iter()
+            .map(|c| String::from_utf8_lossy(&c.path).into_owned())
+            .collect()
+    }
+
+    #[test]
+    fn whole_cycles_and_parts_are_told_apart() {
+        let all = [
+            r("c", "a"),
+            r("a", "b"),
+            r("b", "c"),
+            r("y", "x"),
+            r("x", "y"),
+        ];
+        let refs: Vec<&Change> = all.iter().collect();
+        let (whole, part) = cycles_in(&refs);
+        assert_eq!(whole.len(), 2);
+        assert!(part.is_empty());
+        // Without `R b -> c` the other two of that cycle are a part, in one place each.
+        let some: Vec<&Change> = [0, 1, 3, 4].iter().map(|&i| &all[i]).collect();
+        let (whole, part) = cycles_in(&some);
+        assert_eq!(whole.len(), 1);
+        assert_eq!(paths(&whole[0]), ["x", "y"]);
+        let mut p = paths(&part);
+        p.sort();
+        assert_eq!(p, ["a", "b"]);
+    }
+
+    #[test]
+    fn a_selection_is_closed_over_its_cycles() {
+        let all = [
+            r("c", "a"),
+            r("a", "b"),
+            r("b", "c"),
+            r("y", "x"),
+            r("x", "y"),
+        ];
+        let mut sel = vec![all[1].clone()];
+        close(&all, &mut sel);
+        let refs: Vec<&Change> = sel.iter().collect();
+        assert_eq!(paths(&refs), ["a", "b", "c"]);
+        // A plain rename is not a cycle's and takes nothing along.
+        let mut plain = r("k", "k2");
+        plain.replaces = None;
+        let mut sel = vec![plain.clone()];
+        close(&[plain], &mut sel);
+        assert_eq!(sel.len(), 1);
+    }
+}
