@@ -3,8 +3,9 @@
 //! SOURCE (the file keeps its inode there), together with whatever the agent changed in
 //! it afterwards, and is applied or discarded whole whichever of its names is given.
 //! A host edit of the old file is a conflict: `apply` refuses it and SOURCE keeps the
-//! host's bytes at the old name, nothing at the new one. Swapped names stay `M`, and
-//! `mv d d2; mkdir d; echo new > d/f` applies both.
+//! host's bytes at the old name, nothing at the new one. Swapped names are two renames
+//! (`R y -> x`, `R x -> y`: more in `stage_cycles.rs`), and `mv d d2; mkdir d; echo new >
+//! d/f` applies both.
 
 mod common;
 
@@ -39,7 +40,7 @@ fn file_renames_are_listed_and_applied_as_renames() {
     .assert_ok("renames through the mount");
     assert_eq!(
         ctl(&sock, &["status"]).stdout,
-        "A d/ (1 entry)\nR d/ -> d2/\nR k -> k2\nR m -> m2\nM x\nM y\n"
+        "A d/ (1 entry)\nR d/ -> d2/\nR k -> k2\nR m -> m2\nR y -> x\nR x -> y\n"
     );
     let json = ctl(&sock, &["status", "--json"]).stdout;
     let v: serde_json::Value = serde_json::from_str(&json).unwrap();

@@ -2,7 +2,9 @@
 //!
 //! Apply carries each change into SOURCE, then unstages it (removes its staged entry), in
 //! an order that never loses data: renamed directories first (a rename is applied whole),
-//! then additions and modifications, deletions last. Every file is written beside its
+//! then renamed files, then additions and modifications, deletions last. A cycle of file
+//! renames (`cycles.rs`) is written with the modifications, each path's staged file
+//! over SOURCE's, or refused whole. Every file is written beside its
 //! destination (`.NAME.fencefs-apply-PID`) with the staged mode, owner, xattrs and times
 //! (its data extents only, holes left holes; a later name of a staged file with several
 //! names made as a hard link of the SOURCE file written for its first: `copy.rs`),
@@ -98,6 +100,9 @@ pub fn apply(l: &Layers, list: &[Change], force: bool, dir: &Path, all: bool) ->
             }
         })
     });
+    // Cycles of file renames go after the other renames, whole ([`super::cycles`]).
+    let (cycle, order): (Vec<&Change>, Vec<&Change>) =
+        order.into_iter().partition(|c| super::cycles::member(c));
     // Renames refused: what lies below them stays staged too.
     let mut refused_renames: Vec<&Change> = Vec::new();
     // Renames applied so far (SOURCE path, new path): a rename inside a renamed directory
@@ -107,10 +112,7 @@ pub fn apply(l: &Layers, list: &[Change], force: bool, dir: &Path, all: bool) ->
     for c in order {
         let line = status_line(c);
         if c.conflict && !force {
-            out.refused(
-                &line,
-                "conflict (SOURCE changed after it was staged; --force applies the staged version)",
-            );
+            out.refused(&line, CONFLICT);
             if matches!(c.kind, Kind::Renamed { .. }) {
                 refused_renames.push(c);
             }
@@ -155,6 +157,7 @@ pub fn apply(l: &Layers, list: &[Change], force: bool, dir: &Path, all: bool) ->
             }
         }
     }
+    cycles(&cycle, force, &mut refused_renames, &mut out, &mut rest);
     if !rest.is_empty() {
         let paths: Vec<&[u8]> = rest.iter().map(|c| c.path.as_slice()).collect();
         match intent::write(dir, &paths) {
@@ -189,6 +192,59 @@ pub fn apply(l: &Layers, list: &[Change], force: bool, dir: &Path, all: bool) ->
     Report {
         refused: out.lines.iter().filter(|(_, r)| *r).count(),
         lines: out.lines.into_iter().map(|(s, _)| s).collect(),
+    }
+}
+
+const CONFLICT: &str =
+    "conflict (SOURCE changed after it was staged; --force applies the staged version)";
+
+/// The renames of cycles in `list` ([`super::cycles`]): each cycle goes on to `rest` as
+/// the files it writes (each over its path's SOURCE file, checked against the object its
+/// [`Change::replaces`] names; listed by its rename), or is refused whole — a conflict of
+/// one of its renames (without `force`), a rename it depends on refused, or only part of
+/// it in `list`.
+fn cycles<'a>(
+    list: &[&'a Change],
+    force: bool,
+    refused: &mut Vec<&'a Change>,
+    out: &mut Lines,
+    rest: &mut Vec<Change>,
+) {
+    let (whole, part) = super::cycles::cycles_in(list);
+    for c in part {
+        out.refused(
+            &status_line(c),
+            "part of a cycle of renames: apply all of its paths together",
+        );
+        refused.push(c);
+    }
+    for cyc in whole {
+        let why: Vec<Option<&str>> = cyc
+            .iter()
+            .map(|c| {
+                if c.conflict && !force {
+                    Some(CONFLICT)
+                } else if refused.iter().any(|x| depends_on(c, x)) {
+                    Some("its directory's rename was refused")
+                } else {
+                    None
+                }
+            })
+            .collect();
+        if why.iter().all(Option::is_none) {
+            rest.extend(cyc.iter().map(|c| Change {
+                lower_st: c.replaces,
+                ..(*c).clone()
+            }));
+            continue;
+        }
+        for (c, w) in cyc.iter().zip(why) {
+            out.refused(
+                &status_line(c),
+                w.unwrap_or("another rename of its cycle was refused"),
+            );
+        }
+        refused.extend(cyc);
     }
 }
 

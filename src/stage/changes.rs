@@ -5,7 +5,9 @@
 //! changed) is not a change; a directory is `m` only for mode, owner or xattrs (its times
 //! follow its entries); a new directory is one `A dir/ (N entries)`; a deleted directory
 //! one `D dir/`; a directory renamed with a redirect is `R old -> new`, its old name's
-//! whiteout not listed again; what a rename took along is never listed as deleted. A
+//! whiteout not listed again; what a rename took along is never listed as deleted; a
+//! file rename is paired here (applied by `moves.rs`), a cycle of them by `cycles.rs`
+//! (which defines [`Layers::changes`] over [`Layers::listed`], and `selected`). A
 //! change is a **conflict** when, by the staged entry's base record ([`super::base`]),
 //! SOURCE's object at the path is not the one it was made from, changed since, or is
 //! gone; without a record (a directory, a path made new), when SOURCE's entry changed
@@ -15,7 +17,6 @@
 //!
 //! Invariants: read-only; paths are workspace-relative bytes; the list is sorted by path.
 
-use super::StageError;
 use std::collections::HashSet;
 use std::io;
 use std::os::fd::AsFd;
@@ -69,6 +70,10 @@ pub struct Change {
     /// SOURCE's entry this change is against (a rename: its old directory), as
     /// [`lower_ident`] takes it: part of the change's review id ([`super::ids`]).
     pub lower_st: Option<[i128; 4]>,
+    /// A file rename of a cycle (`mv x t; mv y x; mv t y`: `cycles.rs`): SOURCE's
+    /// entry at the new path, which another rename of the cycle carries away, as
+    /// [`lower_ident`] takes it. `None` for every other change.
+    pub replaces: Option<[i128; 4]>,
 }
 
 /// What of SOURCE's entry a change's review id covers: inode, ctime (every change of it),
@@ -193,19 +198,9 @@ struct Lower {
 }
 
 impl Layers {
-    /// The changes that concern one of `paths` (all when empty).
-    pub fn selected(&self, paths: &[Vec<u8>]) -> Result<Vec<Change>, StageError> {
-        let all = self
-            .changes()
-            .map_err(StageError::op("reading the staged tree"))?;
-        Ok(all
-            .into_iter()
-            .filter(|c| paths.is_empty() || paths.iter().any(|p| c.touches(p)))
-            .collect())
-    }
-
-    /// Every staged change, sorted by path.
-    pub fn changes(&self) -> io::Result<Vec<Change>> {
+    /// Every staged change, sorted by path, without cycles of renames paired (those are
+    /// `M`: [`Layers::changes`] pairs them).
+    pub fn listed(&self) -> io::Result<Vec<Change>> {
         let mut out = Vec::new();
         let mut sources = HashSet::new();
         let root = self
@@ -309,6 +304,7 @@ impl Layers {
             under_opaque: at.as_ref().is_some_and(|c| c.under_opaque),
             lower_id: None,
             lower_st: None,
+            replaces: None,
         });
         Ok(())
     }
@@ -381,6 +377,7 @@ impl Layers {
             under_opaque: under,
             lower_id: None,
             lower_st: l.as_ref().map(|l| lower_ident(&l.st)),
+            replaces: None,
         };
         if self.upper.is_whiteout(&u) {
             if let Some(l) = &l {
@@ -567,6 +564,7 @@ impl Layers {
                     under_opaque: true,
                     lower_id: None,
                     lower_st: Some(lower_ident(&l.st)),
+                    replaces: None,
                 });
             }
         }

@@ -41,6 +41,7 @@ pub fn discard(l: &Layers, list: &[Change], paths: &[Vec<u8>]) -> Report {
         }
         return r;
     }
+    let mut cycles_done: Vec<Vec<u8>> = Vec::new();
     for p in paths {
         // A directory deleted and made again goes whole (SOURCE's contents come back).
         if let Ok(Some(n)) = l.upper.dir(p)
@@ -56,7 +57,20 @@ pub fn discard(l: &Layers, list: &[Change], paths: &[Vec<u8>]) -> Report {
             }
             continue;
         }
-        let inside: Vec<&Change> = list.iter().filter(|c| c.within(p)).collect();
+        // A cycle of renames goes whole, whichever of its paths is named (once).
+        let mut inside: Vec<Change> = list.iter().filter(|c| c.within(p)).cloned().collect();
+        super::cycles::close(list, &mut inside);
+        let named = !inside.is_empty();
+        inside.retain(|c| !cycles_done.contains(&c.path));
+        if named && inside.is_empty() {
+            continue;
+        }
+        cycles_done.extend(
+            inside
+                .iter()
+                .filter(|c| super::cycles::member(c))
+                .map(|c| c.path.clone()),
+        );
         if inside.is_empty() {
             // Part of a new, renamed or retyped directory: drop that part only.
             match list.iter().find(|c| c.touches(p)) {
@@ -87,6 +101,8 @@ pub fn discard(l: &Layers, list: &[Change], paths: &[Vec<u8>]) -> Report {
                 continue;
             }
             let res = match &c.kind {
+                // Its old name is another rename of the cycle, discarded on its own.
+                Kind::Renamed { .. } if super::cycles::member(c) => unstage_path(&l.upper, &c.path),
                 // Something made at the old name since (`mv d d2; mkdir d`) is staged work
                 // of its own: the rename goes back only once that is discarded.
                 Kind::Renamed { from } => match l.upper.get(from) {

@@ -89,6 +89,7 @@ mod tests {
             under_opaque: false,
             lower_id: None,
             lower_st: was.map(|n| lower_ident(&n.st)),
+            replaces: None,
         }
     }
 

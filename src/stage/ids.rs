@@ -4,7 +4,8 @@
 //! An id is a digest (SHA-256, 16 hex digits) of the change's kind and paths, of the
 //! staged object — a file's bytes, mode, owner, mtime and xattrs; a symlink's target; a
 //! device's number; a new directory's whole tree, entry by entry; a directory's mode, owner
-//! and xattrs — and of the SOURCE object it is against (inode, ctime, size, mode). The
+//! and xattrs — and of the SOURCE object it is against (inode, ctime, size, mode; for a
+//! rename of a cycle also the one it carries away at its new path). The
 //! agent writing one more byte, a `touch`, a chmod, or a host edit of the SOURCE side
 //! gives another id. Nothing of it depends on where the staged tree lives (the live
 //! upper, a flattened scratch tree, the squashed one): files there are hard links of one
@@ -47,6 +48,12 @@ pub fn id(l: &Layers, c: &Change) -> io::Result<String> {
     match c.lower_st {
         Some(s) => s.iter().for_each(|&n| num(&mut h, n)),
         None => put(&mut h, b"-"),
+    }
+    // A rename of a cycle: also what it carries away at its new path (nothing else has
+    // this, so every other change keeps its id).
+    if let Some(s) = c.replaces {
+        put(&mut h, b"replaces");
+        s.iter().for_each(|&n| num(&mut h, n));
     }
     match (&c.kind, l.upper.get(&c.path)?) {
         (Kind::Deleted, _) | (_, None) => put(&mut h, b"-"),

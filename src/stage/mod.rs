@@ -34,6 +34,7 @@ pub mod changes;
 pub mod cli;
 pub mod control;
 mod copy;
+mod cycles;
 #[cfg(test)]
 mod deep_tests;
 pub mod diff;

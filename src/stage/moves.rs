@@ -6,9 +6,9 @@
 //! A staged file at `b` that SOURCE does not have is a rename of `a` when its base record
 //! ([`super::base`]) was taken at `a`, and the staged tree deletes `a`, whose SOURCE object
 //! is the one the record names. Anything else stays as it was listed: a rename over an
-//! existing path is `D a` + `M b`, a swap of two names (`mv x t; mv y x; mv t y`) is
-//! `M x` + `M y` (what git shows too), a file moved into a new directory is part of that
-//! directory's `A dir/`.
+//! existing path is `D a` + `M b`, a file moved into a new directory is part of that
+//! directory's `A dir/`; a swap of two names (`mv x t; mv y x; mv t y`) and longer cycles
+//! have no added or deleted path, and are paired by [`super::cycles`].
 //!
 //! Invariants: pairing only merges two listed changes into one (a conflict of either is
 //! the rename's); apply renames with `RENAME_NOREPLACE` and checks that what moved is the

@@ -203,7 +203,7 @@ pub enum Outcome {
     /// Refused: the report line.
     Refused(String),
     /// Every hunk named: the whole path's apply or discard does it.
-    Whole(Change),
+    Whole(Box<Change>),
 }
 
 /// Applies (`apply`) or discards the hunks `a` names; `dir` is the staging area.
@@ -243,7 +243,7 @@ pub fn run(l: &Layers, dir: &Path, apply: bool, a: &HunkArg, force: bool) -> Out
         return Outcome::Refused(format!("refused {line}: no hunk {bad} (it has {total})"));
     }
     if a.hunks.len() == total {
-        return Outcome::Whole(t.change);
+        return Outcome::Whole(Box::new(t.change));
     }
     let keep = |n: usize| a.hunks.binary_search(&n).is_ok();
     let left = total - a.hunks.len();

@@ -309,19 +309,19 @@ fn whole(
         .map_err(StageError::op("reading the staged tree"))?;
     if op == "apply" {
         // A PATH@ID applies the change it names and nothing below it (`--at N`: a later
-        // write below a directory N changed is not N's).
-        let list: Vec<_> = list
-            .into_iter()
-            .filter(|c| kept.is_empty() || kept.iter().any(|k| k.selects(c)))
-            .collect();
+        // write below a directory N changed is not N's); a PATH, every rename of a cycle
+        // it touches (a cycle named only in part by ids is refused: `cycles`).
+        let list = super::cycles::pick(&list, &kept);
         let r = apply::apply(l, &list, force, dir, kept.is_empty());
         Ok((r, list))
     } else {
         // A directory's m or R id with changes below it is refused (it would take the
         // staged directory back whole, with agent work that id never showed).
-        let mut wide = Vec::new();
+        let part = super::cycles::part_by_ids(&list, &kept);
+        let mut wide: Vec<String> = part.iter().map(|(_, line)| line.clone()).collect();
         let kept: Vec<Vec<u8>> = kept
             .into_iter()
+            .filter(|k| !(k.exact && part.iter().any(|(p, _)| *p == k.path)))
             .filter(|k| match ids::too_wide_to_discard(k, &list) {
                 Some(line) => {
                     wide.push(line);
@@ -378,7 +378,7 @@ fn hunks(
                 report.refused += 1;
             }
             partial::Outcome::Whole(c) if apply => {
-                merge(&mut report, apply::apply(l, &[c], force, dir, false));
+                merge(&mut report, apply::apply(l, &[*c], force, dir, false));
             }
             partial::Outcome::Whole(c) => {
                 let list = l

@@ -262,6 +262,12 @@ pub fn origin_is(mount_fd: BorrowedFd<'_>, origin: &[u8], st: &libc::stat) -> Op
     })
 }
 
+/// The attributes of the object the overlayfs origin `origin` names (`None`: gone, or a
+/// value that cannot be read as one).
+pub fn origin_stat(mount_fd: BorrowedFd<'_>, origin: &[u8]) -> Option<libc::stat> {
+    crate::host::sys::fstat(open_origin(mount_fd, origin)??.as_fd()).ok()
+}
+
 /// The object an overlayfs origin names, opened `O_PATH` (`Some(None)`: gone).
 fn open_origin(mount_fd: BorrowedFd<'_>, origin: &[u8]) -> Option<Option<OwnedFd>> {
     const HEAD: usize = 5 + 16;
