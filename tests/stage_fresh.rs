@@ -148,9 +148,9 @@ fn discard_and_rewind_give_back_what_the_agent_deleted(who: Who) {
     );
 }
 
-/// Two names swapped (`mv x t; mv y x; mv t y`): each path's new bytes are a change of
-/// that path (`M`: a rename onto a name SOURCE has is a rewrite of it, as `sed -i`'s),
-/// and apply writes each path's bytes.
+/// Two names swapped (`mv x t; mv y x; mv t y`): listed as the two renames they are
+/// (each staged file's origin names the other path's SOURCE file: a cycle), and apply
+/// writes each path's bytes.
 fn swapped_file_names_apply_each_paths_bytes(who: Who) {
     let (mut m, dir, sock) = staged_live_as(who, "fresh-swap", |src| {
         put(&src.join("x"), b"ex\n", 0o644);
@@ -161,7 +161,7 @@ fn swapped_file_names_apply_each_paths_bytes(who: Who) {
     assert_eq!(fs::read(m.mnt("x")).unwrap(), b"why\n");
     assert_eq!(fs::read(m.mnt("y")).unwrap(), b"ex\n");
     let st = ctl(&sock, &["status"]).stdout;
-    assert_eq!(st, "M x\nM y\n", "{st}");
+    assert_eq!(st, "R y -> x\nR x -> y\n", "{st}");
     stop(&mut m);
     who.stage(&["apply"], &dir).assert_ok("apply");
     assert_eq!(fs::read(m.host("x")).unwrap(), b"why\n");

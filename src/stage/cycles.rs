@@ -107,11 +107,26 @@ fn pair(l: &Layers, out: &mut [Change]) -> io::Result<()> {
     let mut came: HashMap<usize, usize> = HashMap::new();
     let mut records: HashMap<usize, Base> = HashMap::new();
     let mut origins = Origins::new(l)?;
+    // SOURCE's handles of the candidates, made once if an origin cannot be opened.
+    let mut by_handle: Option<HashMap<Vec<u8>, usize>> = None;
     for &i in &cand {
-        let Some((st, record)) = origins.of(&out[i].path)? else {
+        let Some((origin, record)) = origins.of(&out[i].path)? else {
             continue;
         };
-        if let Some(j) = taken_from(l, out, i, &st, &by_ino)? {
+        let j = match origin {
+            Ok(st) => taken_from(l, out, i, &st, &by_ino)?,
+            Err(h) => {
+                if by_handle.is_none() {
+                    by_handle = Some(source_handles(l, out, &cand)?);
+                }
+                by_handle
+                    .as_ref()
+                    .and_then(|m| m.get(&h))
+                    .copied()
+                    .filter(|&j| j != i)
+            }
+        };
+        if let Some(j) = j {
             came.insert(i, j);
             records.extend(record.map(|r| (i, r)));
         }
@@ -227,9 +242,14 @@ impl<'a> Origins<'a> {
         })
     }
 
-    /// The attributes of the SOURCE object the staged file at `path` was copied up from,
-    /// and the file's base record.
-    fn of(&mut self, path: &[u8]) -> io::Result<Option<(libc::stat, Option<Base>)>> {
+    /// The attributes of the SOURCE object the staged file at `path` was copied up from
+    /// (or, where that object cannot be opened by its handle, the handle), and the
+    /// file's base record.
+    #[allow(clippy::type_complexity)]
+    fn of(
+        &mut self,
+        path: &[u8],
+    ) -> io::Result<Option<(Result<libc::stat, Vec<u8>>, Option<Base>)>> {
         let (dir, name) = split(path);
         if self.parent.as_ref().is_none_or(|(p, _)| p != dir) {
             self.parent = Some((dir.to_vec(), self.l.upper.dir(dir)?));
@@ -240,13 +260,40 @@ impl<'a> Origins<'a> {
         let Some(u) = self.l.upper.child(d, name)? else {
             return Ok(None);
         };
-        Ok(self
-            .l
-            .upper
-            .xattr(&u, b"trusted.overlay.origin")
-            .and_then(|o| ssys::origin_stat(self.root.as_fd(), &o))
-            .map(|st| (st, base::of(&u))))
+        let Some(o) = self.l.upper.xattr(&u, b"trusted.overlay.origin") else {
+            return Ok(None);
+        };
+        let origin = match ssys::origin_stat(self.root.as_fd(), &o) {
+            Some(st) => Ok(st),
+            None => match ssys::origin_handle(&o) {
+                Some(h) => Err(h),
+                None => return Ok(None),
+            },
+        };
+        Ok(Some((origin, base::of(&u))))
     }
+}
+
+/// SOURCE's object at each candidate's path, by its kernel file handle (the one listed
+/// for it: its identity is the change's).
+fn source_handles(
+    l: &Layers,
+    out: &[Change],
+    cand: &[usize],
+) -> io::Result<HashMap<Vec<u8>, usize>> {
+    let mut m = HashMap::new();
+    for &j in cand {
+        let Some(low) = l.lower.get(&out[j].path)? else {
+            continue;
+        };
+        if Some(lower_ident(&low.st)) != out[j].lower_st {
+            continue;
+        }
+        if let Ok(h) = crate::host::sys::file_handle(low.fd.as_fd()) {
+            m.insert(h, j);
+        }
+    }
+    Ok(m)
 }
 
 /// The candidate (other than `i`) whose SOURCE object `st` (the one the staged file at

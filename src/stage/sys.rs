@@ -268,6 +268,18 @@ pub fn origin_stat(mount_fd: BorrowedFd<'_>, origin: &[u8]) -> Option<libc::stat
     crate::host::sys::fstat(open_origin(mount_fd, origin)??.as_fd()).ok()
 }
 
+/// The kernel file handle an overlayfs origin names, in
+/// [`crate::host::sys::file_handle`]'s form (its type, then its bytes): compared with a
+/// SOURCE object's own handle where opening the origin is not allowed (an ordinary user
+/// lacks `CAP_DAC_READ_SEARCH` for `open_by_handle_at`).
+pub fn origin_handle(origin: &[u8]) -> Option<Vec<u8>> {
+    const HEAD: usize = 5 + 16;
+    if origin.len() <= HEAD || origin[1] != 0xfb || origin[2] as usize != origin.len() {
+        return None;
+    }
+    Some([&(origin[4] as i32).to_ne_bytes()[..], &origin[HEAD..]].concat())
+}
+
 /// The object an overlayfs origin names, opened `O_PATH` (`Some(None)`: gone).
 fn open_origin(mount_fd: BorrowedFd<'_>, origin: &[u8]) -> Option<Option<OwnedFd>> {
     const HEAD: usize = 5 + 16;
