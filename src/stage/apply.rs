@@ -597,8 +597,9 @@ fn copy_entry(
             // A regular file (most of a new tree) is copied through descriptors.
             if let Some((src, st)) = open_regular(u.fd.as_fd(), &cname)? {
                 let marked = |n: &[u8]| file::get(src.as_fd(), n).is_ok();
-                let whiteout = marked(WHITEOUT) || marked(b"user.overlay.whiteout");
-                if !(st.st_size == 0 && whiteout) {
+                // Only an empty file may be a whiteout (its marker asked only then).
+                let whiteout = || marked(WHITEOUT) || marked(b"user.overlay.whiteout");
+                if !(st.st_size == 0 && whiteout()) {
                     links.write(proc_fd, src.as_fd(), &st, d.as_fd(), &cname)?;
                 }
                 return Ok(Flow::Next);
