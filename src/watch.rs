@@ -157,6 +157,10 @@ fn decode(buf: &[u8], shared: &Shared, me: u32, pages: bool) -> Batch {
         off += len;
         if mask & FAN_Q_OVERFLOW != 0 {
             b.everything = true;
+            // Lost events may have been directories': every merged one is found again.
+            if let Some(u) = shared.inodes.union() {
+                u.host_changed();
+            }
             continue;
         }
         if pid == me {
@@ -178,18 +182,23 @@ fn decode(buf: &[u8], shared: &Shared, me: u32, pages: bool) -> Batch {
                         {
                             b.ignore_changed = true;
                         }
-                        if let Some(dir) = shared.inodes.by_handle(&key) {
-                            // A directory made, removed or moved on the host in a directory
-                            // the mount knows: a staged mount's merged directories may have
-                            // gained or lost a part. (The watch covers the whole file
-                            // system: a directory made anywhere else — a build's, say —
-                            // must not throw away every merged directory's parts.)
-                            if mask & libc::FAN_ONDIR != 0
-                                && mask & DIRENT != 0
-                                && let Some(u) = shared.inodes.union()
-                            {
-                                u.host_changed();
-                            }
+                        let known = shared.inodes.by_handle(&key);
+                        // A directory made, removed or moved on the host in a directory
+                        // the mount knows: a staged mount's merged directories may have
+                        // gained or lost a part. (The watch covers the whole file system:
+                        // a directory made anywhere else — a build's, say — must not throw
+                        // away every merged directory's parts. Unless a merged directory
+                        // has parts found through a redirect from a lower layer's root:
+                        // those lie below SOURCE directories the mount may never have
+                        // looked up.)
+                        if mask & libc::FAN_ONDIR != 0
+                            && mask & DIRENT != 0
+                            && let Some(u) = shared.inodes.union()
+                            && (known.is_some() || u.follows_redirects())
+                        {
+                            u.host_changed();
+                        }
+                        if let Some(dir) = known {
                             if dir == crate::host::inode::ROOT && !b.root_names.contains(&name) {
                                 b.root_names.push(name.clone());
                             }
@@ -216,6 +225,14 @@ fn decode(buf: &[u8], shared: &Shared, me: u32, pages: bool) -> Batch {
                         }
                     }
                     (INFO_FID | INFO_DFID, None) => {
+                        // A directory itself deleted or moved away (a merged directory's
+                        // part may be that one).
+                        if mask & libc::FAN_ONDIR != 0
+                            && mask & (libc::FAN_DELETE_SELF | libc::FAN_MOVE_SELF) != 0
+                            && let Some(u) = shared.inodes.union()
+                        {
+                            u.host_changed();
+                        }
                         if let Some(node) = shared.inodes.by_handle(&key)
                             && seen_i.insert(node)
                         {

@@ -270,6 +270,25 @@ fn a_chain_of_renames_that_does_not_close_stays_as_it_was_listed() {
     assert!(!m.host("y").exists());
 }
 
+/// Two hard links of one SOURCE file, both changed (as `chmod -R` does to a pnpm store's
+/// links): each staged copy's origin is that one object, which is SOURCE's at the file's
+/// own path — no move, no cycle: `M x`, `M y`, each applied and discarded on its own.
+#[test]
+fn two_changed_hard_links_of_one_file_are_not_a_cycle() {
+    let (m, _dir, sock) = staged_live("stage-cycles-links", |s| {
+        files(s, &["x", "z"]);
+        fs::hard_link(s.join("x"), s.join("y")).unwrap();
+    });
+    m.sh("echo more >> x && chmod 600 y")
+        .assert_ok("change both links");
+    assert_eq!(ctl(&sock, &["status"]).stdout, "M x\nm y\n");
+    ctl(&sock, &["discard", "y"]).assert_ok("discard y alone");
+    assert_eq!(ctl(&sock, &["status"]).stdout, "M x\n");
+    ctl(&sock, &["apply", "x"]).assert_ok("apply x alone");
+    assert_eq!(text(m.host("x")), "x\nmore\n");
+    assert_eq!(text(m.host("z")), "z\n");
+}
+
 #[test]
 fn the_kernel_engine_lists_and_applies_a_swap_as_renames_too() {
     let b = Mount::builder("stage-cycles-kernel").policy(WRITE);

@@ -119,11 +119,13 @@ fn pair(l: &Layers, out: &mut [Change]) -> io::Result<()> {
                 if by_handle.is_none() {
                     by_handle = Some(source_handles(l, out, &cand)?);
                 }
-                by_handle
-                    .as_ref()
-                    .and_then(|m| m.get(&h))
-                    .copied()
-                    .filter(|&j| j != i)
+                // (Not from the object at its own path: see taken_from.)
+                let own = l.lower.get(&out[i].path)?;
+                let own = own.and_then(|n| crate::host::sys::file_handle(n.fd.as_fd()).ok());
+                match by_handle.as_ref().and_then(|m| m.get(&h)) {
+                    Some(&j) if j != i && own.as_ref() != Some(&h) => Some(j),
+                    _ => None,
+                }
             }
         };
         if let Some(j) = j {
@@ -305,6 +307,13 @@ fn taken_from(
     st: &libc::stat,
     by_ino: &HashMap<i128, Vec<usize>>,
 ) -> io::Result<Option<usize>> {
+    // Copied from the object at its own path (two hard links of one SOURCE file, both
+    // changed, share their origin): not moved from anywhere.
+    if let Some(own) = l.lower.get(&out[i].path)?
+        && (own.st.st_dev, own.st.st_ino) == (st.st_dev, st.st_ino)
+    {
+        return Ok(None);
+    }
     for &j in by_ino.get(&(st.st_ino as i128)).into_iter().flatten() {
         if j == i {
             continue;

@@ -277,23 +277,22 @@ fn decode_args(h: &InHeader, a: Args<'_>, p: Args<'_>) -> Result<Req, Short> {
 }
 
 /// Runs a decoded request and answers through `reply`: on a worker of `pool` when it
-/// waits for the disk by nature (flushes, allocation, copies, truncation) or may copy a
-/// file up first on a staged mount (an open for writing, a rename, a link, an attribute
-/// or xattr change: the copy takes as long as the file is big, and would hold up every
-/// other request of the queue's CPU meanwhile), here otherwise (reads and writes through
-/// the daemon stay here: a hand-off per request would cost `--revoke` more than it
-/// saves).
+/// waits for the disk by nature (flushes, allocation, copies, truncation) or, on a
+/// staged mount served by the daemon, may copy a file up first (an open for writing, a
+/// rename, a link, an attribute or xattr change: the copy takes as long as the file is
+/// big, and would hold up every other request of the queue's CPU meanwhile), here
+/// otherwise (reads and writes through the daemon stay here: a hand-off per request
+/// would cost `--revoke` more than it saves; an unstaged mount copies nothing up, and
+/// its setattrs and renames are not worth a hand-off either).
 pub fn run<R: Answer>(core: &Arc<Core>, pool: &Pool, d: Decoded, reply: R) {
+    let copies_up = || core.shared.inodes.union().is_some();
     let slow = match &d.req {
         Req::Fsync(..) | Req::Fallocate(..) | Req::CopyFileRange(..) => true,
         Req::Open(_, flags) => {
-            flags & libc::O_ACCMODE != libc::O_RDONLY || flags & libc::O_TRUNC != 0
+            (flags & libc::O_ACCMODE != libc::O_RDONLY || flags & libc::O_TRUNC != 0) && copies_up()
         }
-        Req::SetAttr(..)
-        | Req::Rename(..)
-        | Req::Link(..)
-        | Req::SetXattr(..)
-        | Req::RemoveXattr(..) => true,
+        Req::SetAttr(_, s) => s.size.is_some() || copies_up(),
+        Req::Rename(..) | Req::Link(..) | Req::SetXattr(..) | Req::RemoveXattr(..) => copies_up(),
         _ => false,
     };
     if slow {

@@ -156,7 +156,9 @@ pub(in crate::app) fn build_state(
         kcache: KernelCache::default(),
         gate: a.stage.as_ref().map(|_| Default::default()),
         bases: a.stage.as_ref().map(|d| {
-            crate::stage::base::Bases::new(&std::fs::canonicalize(d).unwrap_or(d.clone()))
+            Arc::new(crate::stage::base::Bases::new(
+                &std::fs::canonicalize(d).unwrap_or(d.clone()),
+            ))
         }),
         approvals: Arc::new(approvals),
         stats: Stats::default(),

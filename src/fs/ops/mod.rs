@@ -116,7 +116,7 @@ pub struct Shared {
     /// without staging).
     pub gate: Option<Arc<crate::fs::gate::Gate>>,
     /// A staged mount's base records (`fs/ops/staged.rs`; `None` without staging).
-    pub bases: Option<crate::stage::base::Bases>,
+    pub bases: Option<Arc<crate::stage::base::Bases>>,
     /// Requests held for an approver.
     pub approvals: Arc<Approvals>,
     /// Decisions made (for `status`).

@@ -13,26 +13,39 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
 
 use super::{Error, Res, Shared};
-use crate::host::inode::{MOVED, Place};
+use crate::host::inode::{Place, Up};
 use crate::host::sys::Name;
-use crate::stage::base::{self, Below, Pending, UpperDir};
+use crate::stage::base::{self, Bases, Below, Pending, UpperDir};
 
 /// A note taken before a change (nothing without staging).
 pub type Note = Option<Noted>;
 
 /// What [`Shared::noted`] records once the change went through, and the merged directory
-/// its path is in.
+/// its path is in. Dropped without being recorded (the change failed, or the kernel
+/// repeats it on another node), what it was built on goes back as a read of the path
+/// ([`Bases::unnoted`]): the next attempt is built on what this one was, so a host edit
+/// meanwhile stays a conflict.
 pub struct Noted {
-    p: Pending,
+    p: Option<Pending>,
     parent: u64,
+    bases: Arc<Bases>,
 }
 
 impl Noted {
     /// The same record for the entry a rename moved to `path` in directory `parent`.
     pub fn moved_to(&self, path: &[u8], parent: u64) -> Noted {
         Noted {
-            p: self.p.moved_to(path),
+            p: self.p.as_ref().map(|p| p.moved_to(path)),
             parent,
+            bases: self.bases.clone(),
+        }
+    }
+}
+
+impl Drop for Noted {
+    fn drop(&mut self) {
+        if let Some(p) = self.p.take() {
+            self.bases.unnoted(p);
         }
     }
 }
@@ -66,7 +79,11 @@ impl Shared {
                 b.before(path, seen, replaces, upper_dir(&up), below)?
             }
         };
-        Some(Noted { p, parent })
+        Some(Noted {
+            p: Some(p),
+            parent,
+            bases: b.clone(),
+        })
     }
 
     /// Before a change of node `ino` in place (a write open, setattr, xattrs, a link).
@@ -84,7 +101,11 @@ impl Shared {
         // What it shows is asked only when it is not staged already.
         let shown = || base::shown_fd(&fd);
         let p = b.before(&path, shown, false, upper_dir(&up), Below::Unknown)?;
-        Some(Noted { p, parent })
+        Some(Noted {
+            p: Some(p),
+            parent,
+            bases: b.clone(),
+        })
     }
 
     /// An open for reading of node `ino`: what a later change of it may be built on.
@@ -102,9 +123,11 @@ impl Shared {
 
     /// After the change went through: records the note.
     pub(super) fn noted(&self, n: Note) {
-        if let (Some(b), Some(n)) = (self.bases.as_ref(), n) {
+        if let Some(mut n) = n
+            && let Some(p) = n.p.take()
+        {
             let up = self.inodes.upper_part(n.parent);
-            b.after(n.p, upper_dir(&up));
+            n.bases.after(p, upper_dir(&up));
         }
     }
 
@@ -114,20 +137,14 @@ impl Shared {
     /// ESTALE: the kernel looks the name up again and repeats the call on the copy.
     pub(super) fn for_change(&self, ino: u64, note: &mut Note) -> Res<Arc<OwnedFd>> {
         let busy = self.inodes.union().is_some() && self.handles.any_on(ino, |_| true);
-        match self.inodes.up_node(ino, busy) {
-            Err(e) if busy && e.raw_os_error() == Some(MOVED) => {
+        match self.inodes.up_node(ino, busy)? {
+            Up::Moved => {
                 self.noted(note.take());
                 Err(Error(libc::ESTALE))
             }
-            // Not changed here (a stale node: the kernel repeats the call on the name's
-            // object now): the next attempt is built on what this one was.
-            Err(e) => {
-                if let (Some(b), Some(n)) = (self.bases.as_ref(), note.take()) {
-                    b.unnoted(n.p);
-                }
-                Err(e.into())
-            }
-            Ok(fd) => Ok(fd),
+            // (On an error, `note` is dropped by the caller unrecorded: it goes back as
+            // a read, and the next attempt is built on what this one was.)
+            Up::Here(fd) => Ok(fd),
         }
     }
 }

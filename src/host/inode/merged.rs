@@ -45,8 +45,16 @@ pub enum Place {
     Unmerged,
 }
 
-/// The errno of [`Inodes::up_node`]'s "copied up to a new node: look the name up again".
-pub const MOVED: i32 = libc::ESTALE;
+/// What [`Inodes::up_node`] made of a node about to change.
+pub enum Up {
+    /// The handle to change it through.
+    Here(Arc<OwnedFd>),
+    /// Copied up to a new node (files are open on this one): the caller answers
+    /// `ESTALE`, and the kernel looks the name up again and repeats the call there. A
+    /// copy-up that failed (the host changed the object meanwhile: also `ESTALE`) is an
+    /// error, not this: nothing was changed.
+    Moved,
+}
 
 fn err(n: i32) -> io::Error {
     io::Error::from_raw_os_error(n)
@@ -303,21 +311,22 @@ impl Inodes {
     ///
     /// `busy`: files are open on the node. Their kernel inode may be passed through to
     /// the lower object, and the kernel serves no other host file behind one inode: the
-    /// copy is made, the node stays the lower object's, and the answer is [`MOVED`] —
-    /// `ESTALE`, on which the kernel looks the name up again (finding the copy, a new
-    /// node) and repeats the call there. Readers keep the lower file, as on overlayfs.
-    pub fn up_node(&self, ino: u64, busy: bool) -> io::Result<Arc<OwnedFd>> {
+    /// copy is made, the node stays the lower object's, and the answer is [`Up::Moved`]
+    /// (the caller's `ESTALE`, on which the kernel looks the name up again, finding the
+    /// copy, a new node, and repeats the call there). Readers keep the lower file, as on
+    /// overlayfs.
+    pub fn up_node(&self, ino: u64, busy: bool) -> io::Result<Up> {
         let Some(u) = self.union() else {
-            return self.fd(ino);
+            return self.fd(ino).map(Up::Here);
         };
         if self.kind(ino)? == libc::S_IFDIR {
-            return self.up_dir_in(&u, ino);
+            return self.up_dir_in(&u, ino).map(Up::Here);
         }
         let (parent, name) = self.alias(ino).ok_or_else(|| err(libc::ENOENT))?;
         let f = self.find(&u, parent, &name)?.ok_or_else(stale)?;
         self.check_key(ino, &f)?;
         if f.layer == 0 {
-            return Ok(f.fd);
+            return Ok(Up::Here(f.fd));
         }
         let pup = self.up_dir_in(&u, parent)?;
         let name = Name::new(&name)?;
@@ -328,9 +337,10 @@ impl Inodes {
                 Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {}
                 Err(e) => return Err(e),
             }
-            return Err(err(MOVED));
+            return Ok(Up::Moved);
         }
         self.copied(&u, (parent, ino), pup.as_fd(), &name, f.fd.as_fd(), &f.st)
+            .map(Up::Here)
     }
 
     /// The upper copy of whatever `parent/name` shows (not a recorded node: a create that

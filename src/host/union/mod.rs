@@ -135,6 +135,10 @@ pub struct Union {
     root: Mutex<Option<Arc<Stack>>>,
     /// Serializes the name changes (copy-ups, whiteouts, renames) of the union.
     names: Mutex<()>,
+    /// A lookup followed a redirect to a path walked from a lower layer's root: a
+    /// directory's parts may then lie below SOURCE directories the mount never looked
+    /// up, whose host events it cannot tell apart (see [`Union::follows_redirects`]).
+    redirects: std::sync::atomic::AtomicBool,
 }
 
 fn kind(st: &libc::stat) -> u32 {
@@ -184,6 +188,7 @@ impl Union {
             generation: AtomicU64::new(1),
             root: Mutex::new(None),
             names: Mutex::new(()),
+            redirects: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -197,6 +202,13 @@ impl Union {
     fn bump(&self) {
         self.generation.fetch_add(1, Ordering::AcqRel);
         *self.root.lock() = None;
+    }
+
+    /// Whether a lookup ever followed a redirect walked from a lower layer's root (a
+    /// directory with lower parts the agent renamed): from then on a directory made,
+    /// removed or moved anywhere on the host may concern a merged directory.
+    pub fn follows_redirects(&self) -> bool {
+        self.redirects.load(Ordering::Relaxed)
     }
 
     /// A directory of SOURCE was made, removed or moved by the host: every merged
@@ -395,7 +407,10 @@ impl Union {
                 break;
             }
             match redirect {
-                Some(r) if r.starts_with(b"/") => abs = Some(r[1..].to_vec()),
+                Some(r) if r.starts_with(b"/") => {
+                    self.redirects.store(true, Ordering::Relaxed);
+                    abs = Some(r[1..].to_vec())
+                }
                 Some(r) if abs.is_none() => look = Name::new(&r)?,
                 Some(r) => {
                     let base = abs.as_deref().map(parent_of).unwrap_or(b"");

@@ -142,7 +142,20 @@ impl Union {
         for w in &whiteouts {
             sys::unlinkat(d.as_fd(), w, 0)?;
         }
-        sys::unlinkat(at, name, libc::AT_REMOVEDIR)
+        let r = sys::unlinkat(at, name, libc::AT_REMOVEDIR);
+        if r.is_err() {
+            // Something landed in it after it was read: its whiteouts go back before the
+            // caller puts it back, or SOURCE's entries would show through it again.
+            for w in &whiteouts {
+                match self.whiteout(d.as_fd(), w) {
+                    Err(e) if e.raw_os_error() != Some(libc::EEXIST) => {
+                        log::error!("stage: putting a whiteout back: {e}")
+                    }
+                    _ => {}
+                }
+            }
+        }
+        r
     }
 
     /// The whiteouts upper directory `dir` holds, if it holds nothing else (one read of
