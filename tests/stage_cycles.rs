@@ -88,17 +88,7 @@ fn a_swap_and_a_three_cycle_are_listed_diffed_and_applied_as_renames() {
         assert!(diff.contains(block), "{block}\nnot in\n{diff}");
     }
     // git apply reproduces the cycles in a copy of SOURCE.
-    let copy = m.host("../gitcopy");
-    sh_in(
-        &m.host(""),
-        &format!(
-            "mkdir -p {0} && cp -a . {0}/ && cd {0} && git init -q .",
-            copy.display()
-        ),
-    )
-    .assert_ok("copy");
-    fs::write(copy.join("p.diff"), &diff).unwrap();
-    sh_in(&copy, "git apply p.diff && rm p.diff").assert_ok("git apply");
+    let copy = git_applied(&m, &diff);
     for (p, want) in [("x", "y\n"), ("y", "x\n"), ("a", "c\n"), ("b", "a\n")] {
         assert_eq!(text(copy.join(p)), want, "git apply: {p}");
     }

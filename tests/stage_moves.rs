@@ -62,17 +62,7 @@ fn file_renames_are_listed_and_applied_as_renames() {
         "{diff}"
     );
     // The diff reproduces the renames with git apply in a copy of SOURCE.
-    let copy = m.host("../gitcopy");
-    sh_in(
-        &m.host(""),
-        &format!(
-            "mkdir -p {0} && cp -a . {0}/ && cd {0} && git init -q .",
-            copy.display()
-        ),
-    )
-    .assert_ok("copy");
-    fs::write(copy.join("p.diff"), &diff).unwrap();
-    sh_in(&copy, "git apply p.diff && rm p.diff").assert_ok("git apply");
+    let copy = git_applied(&m, &diff);
     assert_eq!(fs::read(copy.join("m2")).unwrap(), b"one\ntwo\n");
     assert!(!copy.join("k").exists() && copy.join("k2").exists());
 

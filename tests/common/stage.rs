@@ -23,6 +23,23 @@ pub fn sample(src: &Path) {
 }
 
 /// `fencefs stage OP --dir DIR ARGS…`.
+/// A copy of `m`'s SOURCE (beside it, a git work tree) with `diff` applied by
+/// `git apply`: what a reviewer's tools make of a `stage diff`.
+pub fn git_applied(m: &Mount, diff: &str) -> PathBuf {
+    let copy = m.host("../gitcopy");
+    sh_in(
+        &m.host(""),
+        &format!(
+            "mkdir -p {0} && cp -a . {0}/ && cd {0} && git init -q .",
+            copy.display()
+        ),
+    )
+    .assert_ok("copy");
+    std::fs::write(copy.join("p.diff"), diff).unwrap();
+    sh_in(&copy, "git apply p.diff && rm p.diff").assert_ok("git apply");
+    copy
+}
+
 pub fn offline(dir: &Path, op: &str, args: &[&str]) -> Out {
     let mut v: Vec<std::ffi::OsString> = vec!["stage".into(), op.into(), "--dir".into()];
     v.push(dir.into());
