@@ -40,6 +40,11 @@ pub use explain::normalize;
 /// Set once the FUSE session has ended (the signal thread waits for it on SIGTERM).
 pub(crate) static SESSION_DONE: AtomicBool = AtomicBool::new(false);
 
+/// Set once a signal asked the daemon to unmount: the session's end that follows (the
+/// kernel may answer the last read with ECONNABORTED rather than ENODEV) is the asked-for
+/// one, not a failure.
+pub(crate) static UNMOUNT_ASKED: AtomicBool = AtomicBool::new(false);
+
 /// Writes the audit lines still pending (coalescing windows) before the daemon exits:
 /// at the end of the session (`mount/teardown.rs`) and at the signal thread's
 /// last-resort exit (`threads.rs`, `vhost.rs`), so it lives here, beside

@@ -443,6 +443,7 @@ pub(super) fn signal_loop(
             }
             _ => {
                 log::info!("{sig:?}: unmounting {}", mnt.display());
+                super::UNMOUNT_ASKED.store(true, Ordering::SeqCst);
                 // Held requests are answered (refused) first: no caller waits on a
                 // daemon that is going away.
                 shared.approvals.shutdown();

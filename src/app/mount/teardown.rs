@@ -11,7 +11,7 @@
 
 use std::sync::atomic::Ordering;
 
-use super::super::{SESSION_DONE, flush_audit};
+use super::super::{SESSION_DONE, UNMOUNT_ASKED, flush_audit};
 use super::serve::Served;
 use super::state::State;
 use crate::fs::ops::Shared;
@@ -25,8 +25,17 @@ pub(super) fn teardown(state: &State, served: Served) -> Result<(), String> {
     }
     let _ = exit.ended.send(());
     let _ = exit.handle.join();
-    run.map_err(|e| format!("session ended: {e}"))?;
-    Ok(())
+    match run {
+        // Unmounted as a signal asked: the connection going away is how it ends.
+        Err(e)
+            if UNMOUNT_ASKED.load(Ordering::SeqCst)
+                && matches!(e.raw_os_error(), Some(libc::ECONNABORTED | libc::ENODEV)) =>
+        {
+            log::info!("session ended with the unmount ({e})");
+            Ok(())
+        }
+        r => r.map_err(|e| format!("session ended: {e}")),
+    }
 }
 
 /// The session is over: say so, refuse every held request, flush the audit.
