@@ -58,6 +58,10 @@ struct Node {
     /// The view under the mount was replaced ([`Inodes::swap_root`]): the file now at
     /// the node's first alias, if of the same kind, is this node (its key is re-read).
     loose: bool,
+    /// Last seen as an object a change needs no copy-up of: an upper entry of the merged
+    /// view, or a file of a view that is not merged ([`Inodes::settled`]). Only a hint for
+    /// where a request is served; every change still finds its object under the lock.
+    settled: bool,
 }
 
 struct Table {
@@ -227,6 +231,7 @@ impl Inodes {
                 pinned: None,
                 gone: None,
                 loose: false,
+                settled: true,
             },
         );
         let mut by_key = HashMap::new();
@@ -288,6 +293,18 @@ impl Inodes {
             None => ino | SYNTH_BASE,
         })
         .collect()
+    }
+
+    /// Whether a change of node `ino` can need a copy of a file's data first (a regular
+    /// file last seen below the upper of a merged view): where the transport serves it.
+    /// A hint (the copy-up itself decides under the union's lock): a node not known, or
+    /// not seen since a view swap, may.
+    pub fn may_copy_up(&self, ino: u64) -> bool {
+        self.table
+            .lock()
+            .nodes
+            .get(&ino)
+            .is_none_or(|n| n.kind == libc::S_IFREG && !n.settled)
     }
 
     /// The node's file type (`S_IFMT` bits).
@@ -440,25 +457,30 @@ impl Inodes {
     /// Looks up `name` in directory `parent` on the host and records the alias. With
     /// `count`, the kernel gets a lookup reference.
     pub fn lookup(&self, parent: u64, name: &Name, count: bool) -> io::Result<(u64, libc::stat)> {
-        let st = self.probe(parent, name)?;
-        Ok((self.adopt(parent, name, &st, count), st))
+        let (st, at) = self.probe_at(parent, name)?;
+        Ok((self.adopt(parent, name, &st, count, at), st))
     }
 
     /// Stats `parent/name` without following a symlink and without recording it. No
     /// handle is opened: the node's `O_PATH` handle is resolved (and verified against
     /// this identity) only when an operation needs it.
     pub fn probe(&self, parent: u64, name: &Name) -> io::Result<libc::stat> {
+        self.probe_at(parent, name).map(|(st, _)| st)
+    }
+
+    /// The same, and which layer of the merged view shows it.
+    pub fn probe_at(&self, parent: u64, name: &Name) -> io::Result<(libc::stat, Place)> {
         if let Some(root) = self.root_at(parent, name.bytes()) {
-            return sys::fstat(root.as_fd());
+            return Ok((sys::fstat(root.as_fd())?, Place::Unmerged));
         }
         if let Some(u) = self.union_for(parent) {
             return match self.find(&u, parent, name.bytes())? {
-                Some(f) => Ok(f.st),
+                Some(f) => Ok((f.st, merged::place(&u, f.layer))),
                 None => Err(enoent()),
             };
         }
         let pfd = self.fd(parent)?;
-        sys::fstatat_nofollow(pfd.as_fd(), name)
+        Ok((sys::fstatat_nofollow(pfd.as_fd(), name)?, Place::Unmerged))
     }
 
     /// The handle of the root served at `parent/name`, if one is.
@@ -471,9 +493,11 @@ impl Inodes {
         roots.at(&join(&dir, name)).map(|r| r.fd.clone())
     }
 
-    /// Records a probed file as `parent/name` (with a kernel lookup reference if `count`).
-    pub fn adopt(&self, parent: u64, name: &Name, st: &libc::stat, count: bool) -> u64 {
-        let ino = self.insert(parent, name.bytes(), st, count);
+    /// Records a probed file as `parent/name` (with a kernel lookup reference if `count`),
+    /// shown by layer `at` (an object just made through the mount: [`Place::Upper`]).
+    pub fn adopt(&self, parent: u64, name: &Name, st: &libc::stat, count: bool, at: Place) -> u64 {
+        let settled = !matches!(at, Place::Source | Place::Sealed);
+        let ino = self.insert(parent, name.bytes(), st, count, settled);
         if st.st_mode & libc::S_IFMT == libc::S_IFDIR && self.watching() {
             self.record_dir(ino, parent, name);
         }
@@ -481,7 +505,14 @@ impl Inodes {
     }
 
     /// Records a host file seen as `parent/name`; returns its FUSE id.
-    pub fn insert(&self, parent: u64, name: &[u8], st: &libc::stat, count: bool) -> u64 {
+    pub fn insert(
+        &self,
+        parent: u64,
+        name: &[u8],
+        st: &libc::stat,
+        count: bool,
+        settled: bool,
+    ) -> u64 {
         let key = (st.st_dev, st.st_ino);
         let kind = st.st_mode & libc::S_IFMT;
         let mut t = self.table.lock();
@@ -538,6 +569,7 @@ impl Inodes {
                         pinned: None,
                         gone: None,
                         loose: false,
+                        settled,
                     },
                 );
                 t.by_key.insert(key, id);
@@ -562,8 +594,11 @@ impl Inodes {
             }
             t.add_alias(ino, parent, name);
         }
-        if count && let Some(n) = t.nodes.get_mut(&ino) {
-            n.nlookup += 1;
+        if let Some(n) = t.nodes.get_mut(&ino) {
+            n.settled = settled;
+            if count {
+                n.nlookup += 1;
+            }
         }
         let mut gone = Gone::default();
         for p in removed {

@@ -285,14 +285,20 @@ fn decode_args(h: &InHeader, a: Args<'_>, p: Args<'_>) -> Result<Req, Short> {
 /// would cost `--revoke` more than it saves; an unstaged mount copies nothing up, and
 /// its setattrs and renames are not worth a hand-off either).
 pub fn run<R: Answer>(core: &Arc<Core>, pool: &Pool, d: Decoded, reply: R) {
-    let copies_up = || core.shared.inodes.union().is_some();
+    let inodes = &core.shared.inodes;
+    let merged = || inodes.union().is_some();
+    // A file already in the upper (made or copied up through the mount: the usual case
+    // for an agent's own files) has nothing to copy: served here, no hand-off.
+    let copies_up = |ino: u64| merged() && inodes.may_copy_up(ino);
     let slow = match &d.req {
         Req::Fsync(..) | Req::Fallocate(..) | Req::CopyFileRange(..) => true,
-        Req::Open(_, flags) => {
-            (flags & libc::O_ACCMODE != libc::O_RDONLY || flags & libc::O_TRUNC != 0) && copies_up()
+        Req::Open(ino, flags) => {
+            (flags & libc::O_ACCMODE != libc::O_RDONLY || flags & libc::O_TRUNC != 0)
+                && copies_up(*ino)
         }
-        Req::SetAttr(_, s) => s.size.is_some() || copies_up(),
-        Req::Rename(..) | Req::Link(..) | Req::SetXattr(..) | Req::RemoveXattr(..) => copies_up(),
+        Req::SetAttr(ino, s) => s.size.is_some() || copies_up(*ino),
+        Req::Link(ino, ..) | Req::SetXattr(ino, ..) | Req::RemoveXattr(ino, ..) => copies_up(*ino),
+        Req::Rename(..) => merged(),
         _ => false,
     };
     if slow {

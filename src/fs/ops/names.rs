@@ -19,7 +19,7 @@ use fuser::FileAttr;
 use super::{Ctx, Error, Lookup, Opened, Res, Shared};
 use crate::fs::attr;
 use crate::fs::kcache::Inval;
-use crate::host::inode::Inodes;
+use crate::host::inode::{Inodes, Place};
 use crate::host::path::join;
 use crate::host::roots::Fence;
 use crate::host::sys::{self, Name};
@@ -104,7 +104,7 @@ impl Shared {
     ) -> Res<FileAttr> {
         match sys::fstatat_nofollow(pfd.as_fd(), name) {
             Ok(st) => {
-                let ino = self.inodes.adopt(parent, name, &st, true);
+                let ino = self.inodes.adopt(parent, name, &st, true, Place::Upper);
                 Ok(self.attr(ctx, ino, &st))
             }
             Err(e) => {
@@ -124,8 +124,8 @@ impl Shared {
             return found;
         }
         let path = self.child_path(parent, name)?;
-        let st = match self.inodes.probe(parent, name) {
-            Ok(st) => st,
+        let (st, at) = match self.inodes.probe_at(parent, name) {
+            Ok(found) => found,
             Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
                 // The same policy work as for a present name, so that the time of a
                 // lookup does not tell an absent name from a hidden one.
@@ -150,7 +150,7 @@ impl Shared {
             Err(Error(libc::ENOENT)) => return Ok(Lookup::Hidden),
             Err(e) => return Err(e),
         }
-        let ino = self.inodes.adopt(parent, name, &st, true);
+        let ino = self.inodes.adopt(parent, name, &st, true, at);
         Ok(Lookup::Found(self.attr(ctx, ino, &st)))
     }
 
@@ -346,8 +346,10 @@ impl Shared {
         };
         self.noted(note);
         let mut st = sys::fstat(file.as_fd())?;
-        // The open file is exactly what is under that name now.
-        let ino = self.inodes.adopt(parent, name, &st, true);
+        // The open file is exactly what is under that name now (a new one is the upper's;
+        // an existing one may be below it).
+        let at = if existed { Place::Source } else { Place::Upper };
+        let ino = self.inodes.adopt(parent, name, &st, true, at);
         if existed && flags & libc::O_TRUNC != 0 && self.kills_setid(ctx) {
             self.kill_setid(ino, file.as_fd())?;
             st = sys::fstat(file.as_fd())?;

@@ -45,6 +45,15 @@ pub enum Place {
     Unmerged,
 }
 
+/// Which [`Place`] layer `layer` of `u` is.
+pub(super) fn place(u: &Union, layer: usize) -> Place {
+    match layer {
+        0 => Place::Upper,
+        l if u.is_source(l) => Place::Source,
+        _ => Place::Sealed,
+    }
+}
+
 /// What [`Inodes::up_node`] made of a node about to change.
 pub enum Up {
     /// The handle to change it through.
@@ -285,6 +294,7 @@ impl Inodes {
         if st.st_mode & libc::S_IFMT != libc::S_IFDIR {
             let nst = sys::fstat(new.as_fd())?;
             self.settle(ino, (nst.st_dev, nst.st_ino));
+            self.mark_settled(ino);
         }
         self.stacks.remove(ino);
         let new = Arc::new(new);
@@ -598,11 +608,7 @@ impl Inodes {
                 let f = self
                     .find(&u, parent, name.bytes())?
                     .ok_or_else(|| err(libc::ENOENT))?;
-                let place = match f.layer {
-                    0 => Place::Upper,
-                    l if u.is_source(l) => Place::Source,
-                    _ => Place::Sealed,
-                };
+                let place = place(&u, f.layer);
                 Ok((f.fd, f.st, place))
             }
             None => {

@@ -75,6 +75,7 @@ impl Inodes {
                         n.key.0 = new_dev;
                     }
                     n.loose = true;
+                    n.settled = false;
                     n.pinned = None;
                 } else {
                     // Stays with the old view: never found by a new lookup.
@@ -119,6 +120,13 @@ impl Inodes {
     /// A loose node was found again as the file `key`.
     pub(super) fn settle(&self, ino: u64, key: Key) {
         settle_in(&mut self.table.lock(), ino, key);
+    }
+
+    /// Node `ino` is an upper object now (its copy-up is done): see [`Inodes::may_copy_up`].
+    pub(super) fn mark_settled(&self, ino: u64) {
+        if let Some(n) = self.table.lock().nodes.get_mut(&ino) {
+            n.settled = true;
+        }
     }
 }
 
