@@ -33,7 +33,7 @@ SQL=3000
 BIG=1024
 FLOOR=0
 LOOPFS=1
-BIN=${BIN:-target/release/fencefs}
+BIN=${BIN:-}
 while [ $# -gt 0 ]; do
   case "$1" in
     --files) N=$2; shift 2 ;;
@@ -46,6 +46,10 @@ while [ $# -gt 0 ]; do
     *) echo "usage: $0 [--files N] [--runs R] [--sql K] [--big MiB] [--floor] [--no-loopfs] [--bin PATH]" >&2; exit 2 ;;
   esac
 done
+if [ -z "$BIN" ]; then # the checkout's code, never a stale release build
+  (cd "$(dirname "$0")/.." && cargo build --release --locked --quiet) || { echo "cargo build failed" >&2; exit 1; }
+  BIN=$(dirname "$0")/../target/release/fencefs
+fi
 BIN=$(realpath "$BIN")
 W0=$(mktemp -d "${TMPDIR:-/tmp}/fencefs-bench-stage.XXXXXX")
 W=$W0

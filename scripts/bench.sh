@@ -96,9 +96,10 @@ usage: scripts/bench.sh [options]
                     later runs, delete the directory by hand)
   --out DIR         results directory (default /tmp/fencefs-bench)
   --bin PATH        fencefs binary (default \$REPO/target/release/fencefs, built with
-                    'cargo build --release' when missing); copied into DIR/bin first so
+                    'cargo build --release' first: the checkout's code); copied into DIR/bin first so
                     concurrent rebuilds cannot swap it mid-run
-  --build           run 'cargo build --release' first
+  --build           (kept for old command lines: the checkout's binary is always rebuilt
+                    when --bin is not given, cargo does nothing when it is fresh)
   --threads N       pass --threads N to fencefs
   --targets LIST    comma list out of native,bindfs,fencefs,fencefs-uring,fencefs-revoke,
                     fencefs-stage-uring,
@@ -612,10 +613,11 @@ mkdir -p "$SRC" "$MNT" "$DATA" "$BINDIR" || exit 1
 
 if [[ -z $BIN_SRC ]]; then
     BIN_SRC=$REPO/target/release/fencefs
-    if ((BUILD)) || [[ ! -x $BIN_SRC ]]; then
-        log "cargo build --release"
-        (cd "$REPO" && cargo build --release) >&2 || { echo "bench.sh: cargo build failed" >&2; exit 1; }
-    fi
+    # Always the checkout's code: a release binary older than the sources measured a
+    # different daemon once (an untar row 1.8x the peer that the current code does not
+    # have). cargo does nothing when the build is up to date.
+    log "cargo build --release (the checkout's code)"
+    (cd "$REPO" && cargo build --release --locked) >&2 || { echo "bench.sh: cargo build failed" >&2; exit 1; }
 fi
 [[ -x $BIN_SRC ]] || { echo "bench.sh: no fencefs binary at $BIN_SRC" >&2; exit 1; }
 BIN=$BINDIR/fencefs

@@ -55,6 +55,9 @@ source "$HERE/scripts/bench/uring-check.sh"
 if [[ " $* " == *" passthrough_hp"* && -z ${PASSTHROUGH_HP:-} ]]; then
     PASSTHROUGH_HP=$("$HERE/scripts/bench/passthrough-hp.sh" /tmp/fencefs-bench-work/cache/libfuse)
 fi
+if [[ -z ${FENCEFS_BIN:-} ]]; then # the checkout's code, never a stale release build
+    (cd "$HERE" && cargo build --release --locked --quiet) || { echo "cargo build failed" >&2; exit 1; }
+fi
 BIN=${FENCEFS_BIN:-$HERE/target/release/fencefs}
 POLICY=${POLICY:-$HERE/policy.example.toml}
 WORK=$HERE/target/tmp/cpu-per-op.$$
