@@ -490,3 +490,44 @@ fn a_host_edit_below_a_directory_deleted_and_made_again_is_a_conflict_after_chec
     stop(&mut m);
     assert_eq!(stage(&["status"], &dir).stdout, "CD g/f\n");
 }
+
+/// A staged file changes in place through its own handle (no lookup in the merged view),
+/// but only while it is the live upper's: a file open across a checkpoint is a sealed
+/// layer's, and a change of it copies it up again — the sealed layer keeps its mode and
+/// bytes, the mount shows the change, SOURCE is untouched.
+#[test]
+fn a_staged_file_changed_after_a_checkpoint_leaves_the_sealed_layer_alone() {
+    use std::os::unix::fs::PermissionsExt;
+    let (mut m, dir, sock) = staged_live("stage-id-settled", |src| {
+        put(&src.join("a.txt"), b"source\n", 0o644);
+    });
+    let before = snapshot(&m.host(""));
+    m.sh("echo new > n.txt && chmod 640 n.txt && echo more >> a.txt && chmod 600 a.txt")
+        .assert_ok("agent");
+    let mode = |p: &Path| fs::symlink_metadata(p).unwrap().permissions().mode() & 0o7777;
+    assert_eq!(mode(&dir.join("upper/n.txt")), 0o640);
+    let held = fs::File::open(m.mnt("n.txt")).unwrap();
+    ctl(&sock, &["checkpoint"]).assert_ok("checkpoint");
+    // Through the descriptor held across the checkpoint: its file is the sealed layer's
+    // now and is copied up for the change, which the kernel cannot move an open
+    // descriptor to (ESTALE, as for a file the host replaced); by path it goes through.
+    let e = held
+        .set_permissions(fs::Permissions::from_mode(0o604))
+        .unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::ESTALE), "{e}");
+    m.sh("chmod 604 n.txt && chmod 400 a.txt && echo after >> n.txt")
+        .assert_ok("after");
+    assert_eq!(mode(&dir.join("layers/1/n.txt")), 0o640, "sealed n.txt");
+    assert_eq!(fs::read(dir.join("layers/1/n.txt")).unwrap(), b"new\n");
+    assert_eq!(mode(&dir.join("layers/1/a.txt")), 0o600, "sealed a.txt");
+    assert_eq!(mode(&m.mnt("n.txt")), 0o604);
+    assert_eq!(mode(&m.mnt("a.txt")), 0o400);
+    assert_eq!(fs::read(m.mnt("n.txt")).unwrap(), b"new\nafter\n");
+    assert_eq!(
+        ctl(&sock, &["status", "--since", "1"]).stdout,
+        "m a.txt\nM n.txt\n"
+    );
+    drop(held);
+    stop(&mut m);
+    assert_host_unchanged(&before, &m.host(""), "changes after a checkpoint");
+}

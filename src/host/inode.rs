@@ -307,6 +307,17 @@ impl Inodes {
             .is_none_or(|n| n.kind == libc::S_IFREG && !n.settled)
     }
 
+    /// Whether node `ino` is a non-directory last seen as an upper object of the merged
+    /// view (made or copied up through the mount): its handle is the staged entry itself,
+    /// which only this daemon changes, and its base record was taken when it was made.
+    pub fn settled_file(&self, ino: u64) -> bool {
+        self.table
+            .lock()
+            .nodes
+            .get(&ino)
+            .is_some_and(|n| n.settled && n.kind != libc::S_IFDIR)
+    }
+
     /// The node's file type (`S_IFMT` bits).
     pub fn kind(&self, ino: u64) -> io::Result<u32> {
         self.table

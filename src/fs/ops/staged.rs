@@ -89,8 +89,11 @@ impl Shared {
     /// Before a change of node `ino` in place (a write open, setattr, xattrs, a link).
     pub(super) fn note_node(&self, ino: u64) -> Note {
         let b = self.bases.as_ref()?;
-        // Directories get no note.
-        if self.inodes.kind(ino).ok()? == libc::S_IFDIR {
+        // Directories get no note; nor does an entry staged already (made or copied up
+        // through the mount): its record was taken then, and a change in place keeps it.
+        if self.inodes.kind(ino).ok()? == libc::S_IFDIR
+            || (self.inodes.union().is_some() && self.inodes.settled_file(ino))
+        {
             return None;
         }
         // Its first name (a node unlinked meanwhile has none: nothing to record).

@@ -329,6 +329,10 @@ impl Inodes {
         let Some(u) = self.union() else {
             return self.fd(ino).map(Up::Here);
         };
+        // In the upper already: its own (verified) handle, no lookup.
+        if self.settled_file(ino) {
+            return self.fd(ino).map(Up::Here);
+        }
         if self.kind(ino)? == libc::S_IFDIR {
             return self.up_dir_in(&u, ino).map(Up::Here);
         }

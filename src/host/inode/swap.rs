@@ -68,6 +68,9 @@ impl Inodes {
             let t = &mut *t;
             let mut by_key = HashMap::with_capacity(t.by_key.len());
             for (&id, n) in t.nodes.iter_mut() {
+                // Nothing is known to be the new view's upper object yet: a kept file's
+                // inode may now be a sealed layer's (a checkpoint stays sealed).
+                n.settled = false;
                 if id == ROOT {
                     n.key = (st.st_dev, st.st_ino);
                 } else if !kept.contains(&id) {
@@ -75,7 +78,6 @@ impl Inodes {
                         n.key.0 = new_dev;
                     }
                     n.loose = true;
-                    n.settled = false;
                     n.pinned = None;
                 } else {
                     // Stays with the old view: never found by a new lookup.
