@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# soak.sh [--secs N] [--bin PATH] [--transport T] [--layers] [--stage] — mixed hostile load against one real mount while a
+# soak.sh [--secs N] [--bin PATH] [--transport T] [--layers] [--stage [--as-user UID]] — mixed hostile load against one real mount while a
 # well-behaved user builds a C project through it (issue 9's soak).
 #
 # Hostile uid 1000 (each loop its own process, killed by pid at the end):
@@ -25,7 +25,7 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 SECS=600
-STAGE=0
+STAGE=0 AS_USER=
 BIN=
 TRANSPORT=auto
 LAYERS=()
@@ -36,7 +36,8 @@ while (($#)); do
         --transport) TRANSPORT=$2; shift 2 ;;
         --layers) LAYERS=(-p "$PWD/conformance/second-layer.toml"); shift ;;
         --stage) STAGE=1; shift ;;
-        *) echo "usage: soak.sh [--secs N] [--bin PATH] [--transport auto|io-uring|dev-fuse] [--layers] [--stage]" >&2; exit 2 ;;
+        --as-user) AS_USER=$2; shift 2 ;;
+        *) echo "usage: soak.sh [--secs N] [--bin PATH] [--transport auto|io-uring|dev-fuse] [--layers] [--stage [--as-user UID]]" >&2; exit 2 ;;
     esac
 done
 if [[ -z $BIN ]]; then
@@ -53,6 +54,19 @@ if ((STAGE)); then
     ROOT=$(realpath -m "target/tmp/soak-$$")
     mkdir -p "$ROOT"
     trap 'rm -rf "$ROOT"' EXIT
+    # --as-user UID: the daemon, the agent, the host editor and the operator are all that
+    # ordinary user (a person's own workspace, no root anywhere: `user.overlay.*` markers).
+    # This machine's /dev/fuse is 0600 (Debian's fuse3 makes it 0666): a 0666 node is
+    # bound over it in a private mount namespace of the soak's own (tests/common/user.rs
+    # does the same), never on the host; the mount dies with that namespace.
+    if [[ -n $AS_USER ]]; then
+        chown "$AS_USER:$AS_USER" "$ROOT"
+        mknod -m 0666 "$ROOT/fuse" c 10 229
+        unshare -m --propagation private sh -c 'mount --bind "$1" /dev/fuse && shift && exec "$@"' \
+            sh "$ROOT/fuse" setpriv --reuid="$AS_USER" --regid="$AS_USER" --clear-groups \
+            "$PY" "$PWD/scripts/soak-stage.py" --bin "$BIN" --root "$ROOT" --secs "$SECS" --transport "$TRANSPORT"
+        exit
+    fi
     "$PY" scripts/soak-stage.py --bin "$BIN" --root "$ROOT" --secs "$SECS" --transport "$TRANSPORT"
     exit
 fi
