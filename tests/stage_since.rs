@@ -43,6 +43,7 @@ macro_rules! as_root_and_as_a_user {
 as_root_and_as_a_user!(
     status_and_diff_since_a_checkpoint_after_renames_and_deletions,
     apply_at_a_checkpoint_applies_what_it_sealed,
+    apply_at_a_checkpoint_through_the_socket,
 );
 
 /// SOURCE, three turns, a checkpoint after the first two; returns the mount, DIR and
@@ -170,6 +171,28 @@ fn apply_at_a_checkpoint_applies_what_it_sealed(who: Who) {
          @@ -0,0 +1 @@\n+3\n",
     );
     let out = who.stage(&["apply", "--at", "2"], &dir);
+    applied_at_2(&m, &out);
+    assert_eq!(
+        who.stage(&["status"], &dir).stdout,
+        "M b.txt\nA d2/three\n",
+        "what is left staged"
+    );
+}
+
+/// The same apply on the daemon's control socket (the daemon flattens and applies).
+fn apply_at_a_checkpoint_through_the_socket(who: Who) {
+    let name = format!("since-live-{who:?}").to_lowercase();
+    let (mut m, _dir, sock) = three_turns(who, &name);
+    let out = ctl(&sock, &["apply", "--at", "2"]);
+    applied_at_2(&m, &out);
+    assert_eq!(ctl(&sock, &["status"]).stdout, "M b.txt\nA d2/three\n");
+    assert_eq!(fs::read(m.mnt("b.txt")).unwrap(), b"b\nb2\nb3\n");
+    stop(&mut m);
+}
+
+/// What `apply --at 2` (answered `out`) leaves in SOURCE: checkpoint 2's state but for
+/// the path changed after it (refused, staged) and the one made after it.
+fn applied_at_2(m: &Mount, out: &Out) {
     let text = |p: &str| fs::read_to_string(m.host(p)).ok();
     // Changed again after checkpoint 2: refused, staged; the rest is checkpoint 2's.
     assert!(
@@ -193,9 +216,4 @@ fn apply_at_a_checkpoint_applies_what_it_sealed(who: Who) {
     assert_eq!(text("gone.txt"), None);
     assert_eq!(text("keep2/k").as_deref(), Some("k\n"));
     assert_eq!(text("d2/three"), None, "first made after checkpoint 2");
-    assert_eq!(
-        who.stage(&["status"], &dir).stdout,
-        "M b.txt\nA d2/three\n",
-        "what is left staged"
-    );
 }
