@@ -279,11 +279,6 @@ pub struct MountArgs {
     /// SOURCE stays untouched until `fencefs stage apply`.
     #[arg(long, value_name = "DIR")]
     pub stage: Option<PathBuf>,
-    /// What serves the merged view of a staged mount: `daemon` (copy-on-write in fencefs
-    /// itself: fresh after host edits, no root needed; the default) or `kernel` (a private
-    /// kernel overlayfs mount, root only; the engine of earlier versions).
-    #[arg(long, value_name = "ENGINE", value_enum, default_value_t = StageEngine::Daemon, requires = "stage")]
-    pub stage_engine: StageEngine,
     /// Serve the agent's checkpoint channel at SOCKET (mode 0600; needs --stage): it only
     /// seals checkpoints (`fencefs checkpoint-hook`), at most one a second and 1,000 per
     /// staging area. Hand it to an agent's container explicitly; keep --control away.
@@ -559,14 +554,4 @@ pub struct ReviewArgs {
     /// A running mount's control socket (without --dir; neither: the `fencefs run` of the
     /// current directory's workspace).
     pub socket: Option<PathBuf>,
-}
-
-/// What serves a staged mount's merged view (`mount --stage-engine`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Default)]
-pub enum StageEngine {
-    /// Copy-on-write in the daemon (`host::union`).
-    #[default]
-    Daemon,
-    /// A private kernel overlayfs mount (root only).
-    Kernel,
 }

@@ -24,8 +24,6 @@ const FS_REFER: u64 = 1 << 13; // v2
 const FS_TRUNCATE: u64 = 1 << 14; // v3
 const FS_IOCTL_DEV: u64 = 1 << 15; // v5
 const FS_READ_FILE: u64 = 1 << 2;
-const FS_REMOVE_FILE: u64 = 1 << 5;
-const FS_MAKE_CHAR: u64 = 1 << 6;
 const FS_WRITE_FILE: u64 = 1 << 1;
 
 #[repr(C)]
@@ -107,9 +105,6 @@ fn add_rule(ruleset: &OwnedFd, path_fd: BorrowedFd<'_>, access: u64) -> io::Resu
 pub enum Stage<'a> {
     /// Not staged.
     No,
-    /// Kernel overlayfs serves the merged view (`source` is the private tree it is
-    /// attached to); DIR gets only what the base records need.
-    Kernel(BorrowedFd<'a>),
     /// The daemon serves it (`host::union`): SOURCE is read only, DIR is written.
     Daemon {
         /// SOURCE.
@@ -159,9 +154,6 @@ fn landlock(source: BorrowedFd<'_>, roots: &[BorrowedFd<'_>], stage: Stage<'_>) 
     // device made and renamed over overlayfs's shared one in the same directory).
     match stage {
         Stage::No => {}
-        Stage::Kernel(dir) => {
-            add_rule(&ruleset, dir, FS_READ_FILE | FS_MAKE_CHAR | FS_REMOVE_FILE)?
-        }
         Stage::Daemon { source, dir } => {
             // A change through the mount can only ever reach DIR: SOURCE is read here.
             add_rule(&ruleset, source, FS_READ_ONLY & handled)?;

@@ -279,35 +279,6 @@ fn two_changed_hard_links_of_one_file_are_not_a_cycle() {
     assert_eq!(text(m.host("z")), "z\n");
 }
 
-#[test]
-fn the_kernel_engine_lists_and_applies_a_swap_as_renames_too() {
-    let b = Mount::builder("stage-cycles-kernel").policy(WRITE);
-    files(&b.host(""), &["x", "y"]);
-    let dir = stage_dir(&b);
-    let mut m = b
-        .arg("--stage")
-        .arg(&dir)
-        .arg("--stage-engine")
-        .arg("kernel")
-        .start();
-    m.sh("mv x t && mv y x && mv t y").assert_ok("swap");
-    stop(&mut m);
-    assert_eq!(stage(&["status"], &dir).stdout, "R y -> x\nR x -> y\n");
-    // The kernel engine's base record moves with the file: a host edit of y is judged by
-    // the one on staged x, and refuses both renames.
-    std::thread::sleep(Duration::from_millis(30));
-    fs::write(m.host("y"), b"y\nHOST\n").unwrap();
-    assert_eq!(stage(&["status"], &dir).stdout, "CR y -> x\nCR x -> y\n");
-    stage(&["apply"], &dir).assert_fail("a conflict");
-    assert_eq!(text(m.host("y")), "y\nHOST\n");
-    stage(&["apply", "--force"], &dir).assert_ok("apply");
-    assert_eq!(
-        (text(m.host("x")), text(m.host("y"))),
-        ("y\n".into(), "x\n".into())
-    );
-    assert_eq!(stage(&["status"], &dir).stdout, "");
-}
-
 const N: usize = 1500;
 
 fn cyc(i: usize) -> String {

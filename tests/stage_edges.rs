@@ -243,22 +243,6 @@ fn enospc_in_dir_fails_the_write_and_keeps_the_stage_consistent() {
 }
 
 #[test]
-fn a_daemon_without_root_is_told_the_kernel_engine_needs_it() {
-    let ws = Mount::builder("stage-nonroot");
-    let root = ws.root().to_path_buf();
-    sh_in(&root, "mkdir -p u/src u/mnt && chown -R 1000:1000 u").assert_ok("setup");
-    let o = sh_as(
-        1000,
-        &root.join("u"),
-        &format!("{BIN} mount -m workspace-write --stage st --stage-engine kernel src mnt"),
-    );
-    o.assert_fail("--stage as uid 1000");
-    assert_eq!(o.stderr.lines().count(), 1, "one line: {}", o.stderr);
-    assert!(o.stderr.contains("run the daemon as root"), "{}", o.stderr);
-    assert!(!is_mounted(&root.join("u/mnt")));
-}
-
-#[test]
 fn type_changes_are_t_and_apply_replaces_what_is_in_the_way() {
     let (mut m, dir) = staged("stage-type", WRITE, staged_sample);
     m.sh("set -e; rm a.txt; mkdir a.txt; echo in > a.txt/inner; rm -rf gone; ln -s sub gone")

@@ -3,10 +3,10 @@
 //!
 //! One swap, in order: (1) the request gate closes and the requests in flight finish (at
 //! most [`DRAIN`], else the change is refused and nothing happens); (2) the no-cache
-//! window opens; (3) the change runs on DIR; (4) a new overlay is built from DIR as it is
-//! now, attached to the private mount tree and served: every node the kernel knows is
-//! re-found at its path in the new view when next used (files open now stay with the view
-//! they were opened in: a process keeps its descriptor); (5) the gate opens; (6) the
+//! window opens; (3) the change runs on DIR; (4) a new union (`host::union`) is built from
+//! DIR as it is now and served: every node the kernel knows is re-found at its path in
+//! the new view when next used (files open now keep their descriptors: real files of DIR
+//! or SOURCE); (5) the gate opens; (6) the
 //! kernel's names, attributes and cached pages are taken back (the same passes as a
 //! policy reload) and the window closes. The command answers after (6): from then on
 //! every process sees the new merged view. A checkpoint keeps every path's contents, so
@@ -18,19 +18,13 @@
 //! inode of DIR each write handle reaches) and the passthrough handles opened in the view
 //! served are pinned to their files there. After it: if the change sealed the upper as a
 //! layer (a checkpoint), those files move to the new upper and the layer keeps a copy
-//! (`stage::seal`: a sealed layer never changes), and the files only revoked passthrough
-//! handles write are cut off the staged tree — both before the new view is mounted.
+//! (`stage::seal`: a sealed layer never changes), before the new view is served.
 //!
-//! Invariants: one swap or reload at a time; an old (*retired*) view is detached from the
-//! tree once no handle opened in it is open (the kernel reopens a passthrough backing file
-//! by its path, which needs the mount attached), checked at every swap; at most
-//! [`MAX_RETIRED`] retired views stay attached: past that the oldest one's handles are
-//! revoked (their next request answers EBADF) and it is detached, so no process holding
-//! files open across swaps pins more; a failed rebuild leaves the old view served and says
-//! so.
+//! Invariants: one swap or reload at a time; a failed rebuild leaves the old view served
+//! and says so.
 
 use std::collections::{HashMap, HashSet};
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::AsFd;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -40,44 +34,18 @@ use serde_json::Value;
 
 use crate::fs::ops::Shared;
 use crate::stage::seal::{self, Writer};
-use crate::stage::{Area, StageError, layers, tree_mount};
+use crate::stage::{Area, StageError, layers};
 
 /// How long a swap waits for the requests in flight.
 const DRAIN: Duration = Duration::from_secs(10);
 
-/// Retired views kept attached while handles opened in them are open (the oldest one's
-/// handles are revoked past that).
-pub const MAX_RETIRED: usize = 8;
-
-/// A file open for writing when a swap began (`stage::seal`): its inode in DIR, the path
-/// it was last seen at, the view its handle was opened in, and whether the kernel holds
-/// it as a passthrough backing file (then revoking the handle does not stop its writes).
-struct Rec {
-    w: Writer,
-    view: u64,
-    passthrough: bool,
-}
-
-/// A replaced view still attached: its mount tree generation and its number (the
-/// [`crate::host::handle::Handle::view`] of the handles opened in it).
-struct Retired {
-    g: u64,
-    view: u64,
-}
-
 pub(super) struct Restage {
     shared: Arc<Shared>,
     dir: PathBuf,
-    /// The mount tree generation served now.
-    current: Mutex<u64>,
-    /// Replaced generations still attached, oldest first: the kernel reopens a
-    /// passthrough backing file by its path for every later open of that inode, which
-    /// fails once its mount is detached, so a generation is detached when every handle
-    /// opened in it is closed, or revoked (at most [`MAX_RETIRED`] are kept).
-    old: Mutex<Vec<Retired>>,
     /// The files open for writing, by handle, recorded at each swap (for the handles
-    /// opened in the view served then); dropped once closed or no longer staged.
-    writers: Mutex<HashMap<u64, Rec>>,
+    /// opened in the view served then: each one's inode in DIR and the path it was last
+    /// seen at, `stage::seal`); dropped once closed or no longer staged.
+    writers: Mutex<HashMap<u64, Writer>>,
 }
 
 impl Restage {
@@ -85,8 +53,6 @@ impl Restage {
         Restage {
             shared,
             dir,
-            current: Mutex::new(0),
-            old: Mutex::new(Vec::new()),
             writers: Mutex::new(HashMap::new()),
         }
     }
@@ -94,62 +60,24 @@ impl Restage {
     /// Builds the merged view from DIR as it is now and serves it; returns the names of
     /// the files open now (they stay with the old view: the kernel must look those names
     /// up again).
-    fn rebuild(&self, doomed: &HashSet<u64>) -> Result<Vec<(u64, Vec<u8>)>, String> {
+    fn rebuild(&self) -> Result<Vec<(u64, Vec<u8>)>, String> {
         let area = Area::open(&self.dir)?;
         let source = crate::stage::open_source(&area)?;
         area.match_root(&source)?;
         let s = &self.shared;
-        if s.inodes.union().is_some() {
-            // The daemon's own engine: a new union over DIR as it is now. Files open now
-            // keep their descriptors (real files of DIR or SOURCE): nothing to retire.
-            let u = crate::stage::session::union_of(&area, &source)?;
-            let keep = |id: u64, kind: u32| kind != libc::S_IFDIR && s.handles.any_on(id, |_| true);
-            let kept = s
-                .inodes
-                .swap_union(Arc::new(u), &keep)
-                .map_err(|e| format!("serving the new view: {e}"))?;
-            s.handles.next_view();
-            return Ok(kept);
+        if s.inodes.union().is_none() {
+            return Err("this mount is not staged".into());
         }
-        let view: OwnedFd = crate::stage::engine(&area, &source)?;
-        let (root, g) = tree_mount::attach(view)?;
+        // A new union over DIR as it is now. Files open now keep their descriptors (real
+        // files of DIR or SOURCE).
+        let u = crate::stage::session::union_of(&area, &source)?;
         let keep = |id: u64, kind: u32| kind != libc::S_IFDIR && s.handles.any_on(id, |_| true);
         let kept = s
             .inodes
-            .swap_root(root, &keep)
+            .swap_union(Arc::new(u), &keep)
             .map_err(|e| format!("serving the new view: {e}"))?;
-        // New handles are the new view's (no request is in flight).
-        let view = s.handles.next_view();
-        let mut cur = self.current.lock();
-        let mut old = self.old.lock();
-        old.push(Retired { g: *cur, view });
-        *cur = g;
-        let open = s.handles.views_open();
-        old.retain(|r| {
-            let in_use = open.contains(&r.view);
-            if !in_use {
-                tree_mount::detach(r.g);
-            }
-            in_use
-        });
-        while old.len() > MAX_RETIRED || old.first().is_some_and(|r| doomed.contains(&r.view)) {
-            let r = old.remove(0);
-            self.revoke(&r);
-        }
+        s.handles.next_view();
         Ok(kept)
-    }
-
-    /// The views the coming swap will revoke (the oldest retired views in use past
-    /// [`MAX_RETIRED`], counting the one it retires), decided before the change so that
-    /// their writers are cut off before the new view is mounted.
-    fn doomed(&self) -> HashSet<u64> {
-        let s = &self.shared;
-        let open = s.handles.views_open();
-        let mut held: Vec<u64> = self.old.lock().iter().map(|r| r.view).collect();
-        held.push(s.handles.view_now());
-        held.retain(|v| open.contains(v));
-        let excess = held.len().saturating_sub(MAX_RETIRED);
-        held.into_iter().take(excess).collect()
     }
 
     /// Records the files open for writing in the view served now (those of older views
@@ -171,7 +99,7 @@ impl Restage {
         let Ok(area) = Area::open(&self.dir) else {
             return;
         };
-        for (fh, ino, view, passthrough) in fresh {
+        for (fh, ino, _view, _passthrough) in fresh {
             // Unlinked through the mount (in no layer), or not the view's node.
             if s.inodes.alias(ino).is_none() || s.inodes.fd(ino).is_err() {
                 continue;
@@ -183,14 +111,7 @@ impl Restage {
                 .into_iter()
                 .find_map(|p| seal::upper_key(&area, &p).map(|key| Writer { key, hint: p }));
             if let Some(w) = found {
-                ws.insert(
-                    fh,
-                    Rec {
-                        w,
-                        view,
-                        passthrough,
-                    },
-                );
+                ws.insert(fh, w);
             }
         }
     }
@@ -213,71 +134,37 @@ impl Restage {
 
     /// Keeps every sealed layer sealed from the files still open for writing: after a
     /// checkpoint sealed layer `sealed`, their inodes move to the new upper (a copy stays
-    /// in the layer); the ones only revoked passthrough handles write (`doomed` views)
-    /// leave the staged tree instead. Failures are logged (the checkpoint is made).
-    fn keep_sealed(&self, sealed: Option<u64>, doomed: &HashSet<u64>) {
+    /// in the layer). Failures are logged (the checkpoint is made).
+    fn keep_sealed(&self, sealed: Option<u64>) {
+        let Some(n) = sealed else { return };
         let mut ws = self.writers.lock();
-        let mut by_key: HashMap<seal::Key, (bool, bool)> = HashMap::new();
-        for r in ws.values() {
-            let e = by_key.entry(r.w.key).or_insert((false, false));
-            if doomed.contains(&r.view) {
-                e.1 |= r.passthrough;
-            } else {
-                e.0 = true;
-            }
-        }
-        let pick = |f: &dyn Fn(&(bool, bool)) -> bool| -> Vec<Writer> {
-            let mut seen = HashSet::new();
-            ws.values()
-                .filter(|r| by_key.get(&r.w.key).is_some_and(f) && seen.insert(r.w.key))
-                .map(|r| r.w.clone())
-                .collect()
-        };
-        let keep = pick(&|&(live, _)| live);
-        let cut = pick(&|&(live, pt)| !live && pt);
-        if cut.is_empty() && (sealed.is_none() || keep.is_empty()) {
+        let mut seen = HashSet::new();
+        let keep: Vec<Writer> = ws
+            .values()
+            .filter(|r| seen.insert(r.key))
+            .cloned()
+            .collect();
+        if keep.is_empty() {
             return;
         }
-        let res = Area::open(&self.dir).and_then(|area| match sealed {
-            Some(n) => seal::unseal(&area, n, &keep, &cut).map(Some),
-            None => seal::cut_off(&area, &cut).map(|()| None),
-        });
-        match res {
-            Ok(Some(moved)) => {
+        match Area::open(&self.dir).and_then(|area| seal::unseal(&area, n, &keep)) {
+            Ok(moved) => {
                 // Found and moved: the path in the upper now; not found: in no layer.
-                ws.retain(|_, r| moved.contains_key(&r.w.key));
+                ws.retain(|_, r| moved.contains_key(&r.key));
                 for r in ws.values_mut() {
-                    if let Some(p) = moved.get(&r.w.key) {
-                        r.w.hint = p.clone();
+                    if let Some(p) = moved.get(&r.key) {
+                        r.hint = p.clone();
                     }
                 }
                 if !moved.is_empty() {
                     log::info!(
-                        "stage: checkpoint {}: {} files open for writing moved to the live layer (the checkpoint keeps a copy)",
-                        sealed.unwrap_or(0),
+                        "stage: checkpoint {n}: {} files open for writing moved to the live layer (the checkpoint keeps a copy)",
                         moved.len()
                     );
                 }
             }
-            Ok(None) => ws.retain(|_, r| cut.iter().all(|c| c.key != r.w.key)),
             Err(e) => log::error!("{e}"),
         }
-    }
-
-    /// Revokes retired view `r`: every handle opened in it leaves the table (its next
-    /// request answers EBADF), its nodes let go of it, and it is detached.
-    fn revoke(&self, r: &Retired) {
-        let s = &self.shared;
-        let inos = s.handles.revoke_view(r.view);
-        s.inodes
-            .unpin(&inos, &|i| s.handles.any_on(i, |h| h.view != r.view));
-        tree_mount::detach(r.g);
-        log::warn!(
-            "stage: more than {MAX_RETIRED} replaced views were held by open files: the oldest (g{}) \
-             is released, its {} open handles revoked (their next use answers EBADF)",
-            r.g,
-            inos.len()
-        );
     }
 }
 
@@ -344,9 +231,8 @@ impl crate::stage::control::Live for Restage {
             .into_iter()
             .filter(|n| !before.contains(n))
             .max();
-        let doomed = self.doomed();
-        self.keep_sealed(sealed, &doomed);
-        let rebuilt = recovered.and_then(|_| self.rebuild(&doomed).map_err(StageError::from));
+        self.keep_sealed(sealed);
+        let rebuilt = recovered.and_then(|_| self.rebuild().map_err(StageError::from));
         gate.open();
         if same_view && res.is_ok() && rebuilt.is_ok() {
             // The same contents at every path: what the kernel holds stays true.

@@ -370,7 +370,7 @@ fn hooks(shared: &Arc<Shared>, started: Instant) -> Hooks {
                 .audit
                 .as_ref()
                 .map_or((0, 0), |a| (a.dropped_total(), a.coalesced_total()));
-            let mut v = json!({
+            json!({
                 "mode": snap.policy.mode().as_str(),
                 "policy": s1.policy.files().first().map(|p| p.display().to_string()),
                 "layers": s1.policy.files().iter().map(|p| p.display().to_string()).collect::<Vec<_>>(),
@@ -383,13 +383,7 @@ fn hooks(shared: &Arc<Shared>, started: Instant) -> Hooks {
                 "denied": s1.stats.denied.load(Ordering::Relaxed),
                 "audit_dropped": dropped,
                 "audit_coalesced": coalesced,
-            });
-            // Staged: the merged views attached, the one served and those files opened
-            // before a live change still hold (at most 1 + restage::MAX_RETIRED).
-            if crate::stage::tree_mount::root().is_some() {
-                v["stage_views"] = json!(crate::stage::tree_mount::attached());
-            }
-            v
+            })
         }),
         reload: Arc::new(move || match reload_now(&s2) {
             Ok(snap) => Ok(json!({

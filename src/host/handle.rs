@@ -59,9 +59,9 @@ pub struct Handle {
     /// The budget units this handle holds (the table entry; the fd while `file` is set).
     pub slots: Slots,
     /// The view it was opened in (set by [`Handles::insert`]: the number of views
-    /// replaced before, see [`Handles::next_view`]; always 0 without staging). A live
-    /// change retires a view, which stays attached while handles of it are open, and
-    /// [`Handles::revoke_view`] closes them.
+    /// replaced before, see [`Handles::next_view`]; always 0 without staging): a live
+    /// change pins the passthrough handles of the view it replaces (see
+    /// [`Handle::pin`]).
     pub view: u64,
     /// A handle without its own descriptor (kernel passthrough): the node reopened by its
     /// first `fsync` and kept, with a spare unit of the descriptor budget, so that the
@@ -191,25 +191,6 @@ impl Handles {
             .values()
             .filter(|h| h.view == view && h.file.is_none() && h.pin.get().is_none())
             .cloned()
-            .collect()
-    }
-    /// The views (see [`Handle::view`]) that open handles were opened in.
-    pub fn views_open(&self) -> std::collections::HashSet<u64> {
-        self.map.read().values().map(|h| h.view).collect()
-    }
-    /// Revokes every handle opened in `view`: each leaves the table (its descriptor closes
-    /// once no request in flight uses it), so its next request answers EBADF, as any `fh`
-    /// never given out does (ids are never reused). Returns the nodes they were open on.
-    pub fn revoke_view(&self, view: u64) -> Vec<u64> {
-        let gone: Vec<u64> = self
-            .map
-            .read()
-            .iter()
-            .filter(|(_, h)| h.view == view)
-            .map(|(&fh, _)| fh)
-            .collect();
-        gone.iter()
-            .filter_map(|&fh| self.remove(fh).map(|h| h.ino))
             .collect()
     }
     /// The handle for `fh`, if open.

@@ -55,7 +55,7 @@ struct Node {
     pinned: Option<Arc<OwnedFd>>,
     /// The last path of a node whose every name was removed through the mount.
     gone: Option<Box<[u8]>>,
-    /// The view under the mount was replaced ([`Inodes::swap_root`]): the file now at
+    /// The view under the mount was replaced ([`Inodes::swap_union`]): the file now at
     /// the node's first alias, if of the same kind, is this node (its key is re-read).
     loose: bool,
     /// Last seen as an object a change needs no copy-up of: an upper entry of the merged
@@ -190,7 +190,7 @@ pub struct Inodes {
     root_fd: Mutex<Arc<OwnedFd>>,
     root_dev: std::sync::atomic::AtomicU64,
     watch_handles: AtomicBool,
-    /// The view was swapped once ([`Inodes::swap_root`]): loose nodes may exist.
+    /// The view was swapped once ([`Inodes::swap_union`]): loose nodes may exist.
     swapped: AtomicBool,
     /// `/proc/self/fd`, to reopen `O_PATH` handles.
     pub proc_fd: OwnedFd,

@@ -310,8 +310,8 @@ fn rename_one(l: &Layers, c: &Change, from: &[u8]) -> io::Result<()> {
         &name(last)?,
         libc::RENAME_NOREPLACE,
     )?;
-    sync_dir(&l.lower, dst.as_fd())?;
-    sync_dir(&l.lower, src.as_fd())?;
+    sync_dir(l.lower.source(), dst.as_fd())?;
+    sync_dir(l.lower.source(), src.as_fd())?;
     // The staged directory now sits over its own SOURCE path: no redirect, and the
     // whiteout over the old name goes.
     if let Some(u) = l.upper.get(&c.path)? {
@@ -361,7 +361,7 @@ fn write_batch<'a>(
             Err(e) => out.refused(&status_line(c), e),
         }
     }
-    if let Err(e) = sync_fs(&l.lower) {
+    if let Err(e) = sync_fs(l.lower.source()) {
         for r in ready {
             drop_tmp(l, &r);
             out.refused(&status_line(r.c), format!("syncfs of SOURCE: {e}"));
@@ -400,7 +400,7 @@ fn unstage_all(l: &Layers, dir: &Path, p: Pending<'_>, out: &mut Lines) {
     if done.is_empty() || p.stand_ins || out.lines.iter().any(|(_, refused)| *refused) {
         return finish(l, done.into_iter(), out);
     }
-    if let Err(e) = sync_fs(&l.lower) {
+    if let Err(e) = sync_fs(l.lower.source()) {
         for c in done {
             out.refused(&status_line(c), format!("syncfs of SOURCE: {e}"));
         }
@@ -426,7 +426,7 @@ fn finish<'a>(l: &Layers, done: impl Iterator<Item = &'a Change>, out: &mut Line
     if done.is_empty() {
         return;
     }
-    if let Err(e) = sync_fs(&l.lower) {
+    if let Err(e) = sync_fs(l.lower.source()) {
         for c in done {
             out.refused(&status_line(c), format!("syncfs of SOURCE: {e}"));
         }
@@ -460,7 +460,7 @@ fn prepare<'a>(l: &Layers, c: &'a Change, links: &mut Links) -> io::Result<Ready
     let u = l.upper.get(&c.path)?.ok_or_else(einval)?;
     if c.kind == Kind::Metadata && c.dir {
         let low = l.lower.dir(&c.path)?.ok_or_else(einval)?;
-        set_meta(&l.upper, &u, &l.lower, low.fd.as_fd(), None, false)?;
+        set_meta(&l.upper, &u, l.lower.source(), low.fd.as_fd(), None, false)?;
         return Ok(Ready {
             c,
             dir: low.fd,
@@ -486,7 +486,7 @@ fn prepare<'a>(l: &Layers, c: &'a Change, links: &mut Links) -> io::Result<Ready
 /// for recovery otherwise).
 fn remove_tmp(l: &Layers, dir: BorrowedFd<'_>, t: &Name) {
     if sys::fstatat_nofollow(dir, t).is_ok()
-        && let Err(e) = remove_tree(&l.lower, dir, t)
+        && let Err(e) = remove_tree(l.lower.source(), dir, t)
     {
         log::warn!("stage apply: removing a temporary entry: {e}");
     }
@@ -516,7 +516,7 @@ fn place(l: &Layers, r: &Ready<'_>) -> io::Result<()> {
                 return Err(io::Error::other("conflict (SOURCE changed while applying)"));
             }
             sys::renameat2(r.dir.as_fd(), t, r.dir.as_fd(), &n, libc::RENAME_EXCHANGE)?;
-            remove_tree(&l.lower, r.dir.as_fd(), t)
+            remove_tree(l.lower.source(), r.dir.as_fd(), t)
         }
         o => super::guard::replace(r.c, r.dir.as_fd(), t, &n, o.as_ref()),
     }
@@ -556,7 +556,7 @@ fn delete_one(l: &Layers, c: &Change) -> io::Result<()> {
         if kind(&ln.st) == libc::S_IFDIR {
             let t = tmp_name(last, "delete")?;
             sys::renameat2(dir.as_fd(), &n, dir.as_fd(), &t, libc::RENAME_NOREPLACE)?;
-            remove_tree(&l.lower, dir.as_fd(), &t)?;
+            remove_tree(l.lower.source(), dir.as_fd(), &t)?;
         } else {
             sys::unlinkat(dir.as_fd(), &n, 0)?;
         }
@@ -566,10 +566,7 @@ fn delete_one(l: &Layers, c: &Change) -> io::Result<()> {
 
 impl Node {
     fn from_fd(fd: &OwnedFd) -> io::Result<Node> {
-        Ok(Node {
-            fd: fd.try_clone()?,
-            st: sys::fstat(fd.as_fd())?,
-        })
+        Ok(Node::of(fd.try_clone()?, sys::fstat(fd.as_fd())?))
     }
 }
 
@@ -621,7 +618,7 @@ fn copy_entry(
             set_meta(
                 &l.upper,
                 &dir.node,
-                &l.lower,
+                l.lower.source(),
                 dir.state.as_fd(),
                 Some(mode),
                 true,
@@ -716,10 +713,10 @@ fn set_meta(
         mode.unwrap_or(u.st.st_mode & 0o7777),
     )?;
     let want = up.xattrs(u);
-    let have = low.xattrs(&Node {
-        fd: sys::reopen(low.proc_fd.as_fd(), dst, libc::O_PATH)?,
-        st: sys::fstat(dst)?,
-    });
+    let have = low.xattrs(&Node::of(
+        sys::reopen(low.proc_fd.as_fd(), dst, libc::O_PATH)?,
+        sys::fstat(dst)?,
+    ));
     for (k, _) in &have {
         if !want.iter().any(|(w, _)| w == k) {
             sys::removexattr_fd(dst, k)?;

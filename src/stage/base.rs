@@ -292,10 +292,7 @@ impl Bases {
     /// The upper's entry at `path`, found as `at` says.
     fn staged(&self, path: &[u8], at: UpperDir<'_>) -> io::Result<Option<Node>> {
         match at {
-            UpperDir::Entry(fd, st) => Ok(Some(Node {
-                fd: fd.try_clone_to_owned()?,
-                st,
-            })),
+            UpperDir::Entry(fd, st) => Ok(Some(Node::of(fd.try_clone_to_owned()?, st))),
             UpperDir::Walk => self.upper()?.get(path),
             UpperDir::Parent(None) => Ok(None),
             UpperDir::Parent(Some(d)) => child(d, super::tree::split(path).1),
@@ -397,8 +394,8 @@ impl Bases {
 /// Where [`Bases`] finds the upper's entry at a change's path.
 #[derive(Clone, Copy)]
 pub enum UpperDir<'a> {
-    /// Walked from `DIR/upper`'s root, component by component (a mount whose merged
-    /// view kernel overlayfs serves).
+    /// Walked from `DIR/upper`'s root, component by component (a node the union did not
+    /// find: no parent part at hand).
     Walk,
     /// The upper part of the path's parent directory as the daemon's merged view holds
     /// it (the upper's paths are the merged view's): one lookup. `None`: the parent has
@@ -424,7 +421,7 @@ fn child(dir: BorrowedFd<'_>, name: &[u8]) -> io::Result<Option<Node>> {
     match sys::open_path(dir, &Name::new(name)?) {
         Ok(fd) => {
             let st = sys::fstat(fd.as_fd())?;
-            Ok(Some(Node { fd, st }))
+            Ok(Some(Node::of(fd, st)))
         }
         Err(e) if missing(&e) => Ok(None),
         Err(e) => Err(e),

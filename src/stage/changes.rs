@@ -22,6 +22,7 @@ use std::io;
 use std::os::fd::AsFd;
 
 use super::base;
+use super::lower::Lower;
 use super::standin;
 use super::sys as ssys;
 use super::tree::{Layer, Node, join, kind, split};
@@ -155,8 +156,9 @@ pub fn redirect_path(path: &[u8], r: &[u8]) -> Vec<u8> {
 pub struct Layers {
     /// The staged tree.
     pub upper: Layer,
-    /// SOURCE.
-    pub lower: Layer,
+    /// What it is compared against: SOURCE, or the view at a checkpoint (sealed layers
+    /// over SOURCE, [`Lower`]).
+    pub lower: Lower,
 }
 
 /// When the staged entry `dir/name` was made (ns), its birth time or else its ctime.
@@ -192,7 +194,7 @@ fn conflict(path: &[u8], u: &Node, l: Option<&Node>, at: i128) -> bool {
 
 /// The walk's state for a staged directory: its SOURCE counterpart, and whether it is
 /// or lies below an opaque directory.
-struct Lower {
+struct Counterpart {
     low: Option<Node>,
     under: bool,
 }
@@ -323,7 +325,7 @@ impl Layers {
             &self.upper,
             root,
             b"",
-            Lower { low, under },
+            Counterpart { low, under },
             |ev| match ev {
                 Event::Entry { dir, path, name } => self.entry(dir, path, name, out, sources),
                 Event::Leave { dir, path, .. } => {
@@ -345,12 +347,12 @@ impl Layers {
     /// Entry `name` of staged directory `dir` (at `path`) against SOURCE's counterpart.
     fn entry(
         &self,
-        dir: &Frame<Lower>,
+        dir: &Frame<Counterpart>,
         path: &[u8],
         name: &[u8],
         out: &mut Vec<Change>,
         sources: &mut HashSet<Vec<u8>>,
-    ) -> io::Result<Flow<Lower>> {
+    ) -> io::Result<Flow<Counterpart>> {
         let (up, under) = (&dir.node, dir.state.under);
         let Some(u) = self.upper.child(up, name)? else {
             return Ok(Flow::Next);
@@ -393,7 +395,7 @@ impl Layers {
                 let under = under || self.upper.is_opaque(&u);
                 return Ok(Flow::Enter(
                     u,
-                    Lower {
+                    Counterpart {
                         low: Some(o),
                         under,
                     },
@@ -496,8 +498,8 @@ impl Layers {
     fn origin(&self, u: &Node) -> Option<(Vec<u8>, std::os::fd::OwnedFd)> {
         let o = self.upper.xattr(u, b"trusted.overlay.origin")?;
         let d = sys::reopen(
-            self.lower.proc_fd.as_fd(),
-            self.lower.root.as_fd(),
+            self.lower.source().proc_fd.as_fd(),
+            self.lower.source().root.as_fd(),
             libc::O_RDONLY | libc::O_DIRECTORY,
         )
         .ok()?;
@@ -694,7 +696,7 @@ impl Layers {
 
     fn same_contents(&self, u: &Node, l: &Node) -> io::Result<bool> {
         match kind(&u.st) {
-            libc::S_IFREG => self.upper.same_bytes(u, &self.lower, l),
+            libc::S_IFREG => self.upper.same_bytes(u, l),
             libc::S_IFLNK => Ok(sys::readlink_fd(u.fd.as_fd())? == sys::readlink_fd(l.fd.as_fd())?),
             libc::S_IFCHR | libc::S_IFBLK => Ok(standin::rdev(&u.st) == standin::rdev(&l.st)),
             _ => Ok(true),

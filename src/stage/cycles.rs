@@ -233,8 +233,8 @@ impl<'a> Origins<'a> {
     fn new(l: &'a Layers) -> io::Result<Origins<'a>> {
         // open_by_handle_at takes no `O_PATH` descriptor.
         let root = sys::reopen(
-            l.lower.proc_fd.as_fd(),
-            l.lower.root.as_fd(),
+            l.lower.source().proc_fd.as_fd(),
+            l.lower.source().root.as_fd(),
             libc::O_RDONLY | libc::O_DIRECTORY,
         )?;
         Ok(Origins {

@@ -47,7 +47,7 @@ fn layers(upper: &Path, lower: &Path) -> Layers {
     let open = |p: &Path| Layer::new(sys::open_root(p).unwrap()).unwrap();
     Layers {
         upper: open(upper),
-        lower: open(lower),
+        lower: super::lower::Lower::plain(open(lower)),
     }
 }
 

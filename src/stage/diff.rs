@@ -10,6 +10,7 @@ use std::collections::HashSet;
 use std::io::{self, Write};
 
 use super::changes::{Change, Kind, Layers};
+use super::lower::Tree;
 use super::render::quote;
 use super::space::Space;
 use super::tree::{Layer, Node, join, kind};
@@ -67,7 +68,7 @@ pub fn write(l: &Layers, list: &[Change], out: &mut impl Write) -> io::Result<()
                 let old = l.lower.get(from)?.map(|node| Side {
                     path: from.clone(),
                     node,
-                    layer: &l.lower,
+                    layer: l.lower.reader(),
                 });
                 let new = l.upper.get(&c.path)?.map(|node| Side {
                     path: c.path.clone(),
@@ -96,12 +97,12 @@ pub fn write(l: &Layers, list: &[Change], out: &mut impl Write) -> io::Result<()
             Kind::Added if c.dir => tree(&l.upper, &c.path, true, out)?,
             Kind::Deleted if c.dir => tree(&l.lower, &c.path, false, out)?,
             Kind::Added => file(None, side(&l.upper, up()?), out)?,
-            Kind::Deleted => file(side(&l.lower, low()?), None, out)?,
+            Kind::Deleted => file(side(l.lower.reader(), low()?), None, out)?,
             Kind::Type => {
                 if l.lower.dir(&c.path)?.is_some() {
                     tree(&l.lower, &c.path, false, out)?;
                 } else {
-                    file(side(&l.lower, low()?), None, out)?;
+                    file(side(l.lower.reader(), low()?), None, out)?;
                 }
                 if l.upper.dir(&c.path)?.is_some() {
                     tree(&l.upper, &c.path, true, out)?;
@@ -110,7 +111,7 @@ pub fn write(l: &Layers, list: &[Change], out: &mut impl Write) -> io::Result<()
                 }
             }
             Kind::Modified | Kind::Metadata if !c.dir => {
-                file(side(&l.lower, low()?), side(&l.upper, up()?), out)?
+                file(side(l.lower.reader(), low()?), side(&l.upper, up()?), out)?
             }
             _ => {}
         }
@@ -119,18 +120,18 @@ pub fn write(l: &Layers, list: &[Change], out: &mut impl Write) -> io::Result<()
 }
 
 /// Every file below `path` in `layer`, as added (`new`) or deleted files.
-fn tree(layer: &Layer, path: &[u8], new: bool, out: &mut impl Write) -> io::Result<()> {
-    let Some(d) = layer.dir(path)? else {
+fn tree(layer: &impl Tree, path: &[u8], new: bool, out: &mut impl Write) -> io::Result<()> {
+    let Some(d) = layer.at(path)?.filter(|d| kind(&d.st) == libc::S_IFDIR) else {
         return Ok(());
     };
     walk(layer, d, path, (), |ev| {
         let Event::Entry { dir, path, name } = ev else {
             return Ok(Flow::Next);
         };
-        let Some(n) = layer.child(&dir.node, name)? else {
+        let Some(n) = layer.entry(&dir.node, name)? else {
             return Ok(Flow::Next);
         };
-        if new && layer.is_whiteout(&n) {
+        if new && layer.reader().is_whiteout(&n) {
             return Ok(Flow::Next);
         }
         if kind(&n.st) == libc::S_IFDIR {
@@ -139,7 +140,7 @@ fn tree(layer: &Layer, path: &[u8], new: bool, out: &mut impl Write) -> io::Resu
         let s = Some(Side {
             path: join(path, name),
             node: n,
-            layer,
+            layer: layer.reader(),
         });
         if new {
             file(None, s, out)?;
@@ -212,13 +213,13 @@ fn moved_file(
         Some(Side {
             path: pt.to_vec(),
             node: l.lower.get(pf)?.unwrap_or(n),
-            layer: &l.lower,
+            layer: l.lower.reader(),
         })
     };
     let old = l.lower.get(pf)?.map(|node| Side {
         path: pf.to_vec(),
         node,
-        layer: &l.lower,
+        layer: l.lower.reader(),
     });
     file(old, new, out)
 }
@@ -244,7 +245,7 @@ fn deleted_inside(
                         Some(Side {
                             path: pf,
                             node,
-                            layer: &l.lower,
+                            layer: l.lower.reader(),
                         }),
                         None,
                         out,

@@ -76,7 +76,7 @@ mod tests {
     fn node(dir: BorrowedFd<'_>, n: &Name) -> Option<Node> {
         let fd = sys::open_path(dir, n).ok()?;
         let st = sys::fstat(fd.as_fd()).ok()?;
-        Some(Node { fd, st })
+        Some(Node::of(fd, st))
     }
 
     fn change(was: Option<&Node>) -> Change {

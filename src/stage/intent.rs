@@ -115,7 +115,7 @@ pub fn recover(dir: &Path, l: &Layers) -> Result<Option<String>, StageError> {
             let t = tmp_name(last, what, pid).map_err(StageError::io(&p))?;
             match sys::fstatat_nofollow(d.fd.as_fd(), &t) {
                 Ok(_) => {
-                    super::remove::remove_tree(&l.lower, d.fd.as_fd(), &t)
+                    super::remove::remove_tree(l.lower.source(), d.fd.as_fd(), &t)
                         .map_err(|e| err(&p, format!("removing a temporary entry: {e}")))?;
                     removed += 1;
                 }
@@ -126,8 +126,8 @@ pub fn recover(dir: &Path, l: &Layers) -> Result<Option<String>, StageError> {
     }
     if removed > 0 {
         let root = sys::reopen(
-            l.lower.proc_fd.as_fd(),
-            l.lower.root.as_fd(),
+            l.lower.source().proc_fd.as_fd(),
+            l.lower.source().root.as_fd(),
             libc::O_RDONLY | libc::O_DIRECTORY,
         )
         .map_err(|e| err(&p, e))?;

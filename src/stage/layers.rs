@@ -1,6 +1,6 @@
 //! Checkpoints on disk ("seal and stack"): `checkpoint` seals the live staged tree
 //! `DIR/upper` as the read-only layer `DIR/layers/N` and opens an empty one; the merged
-//! view is then kernel overlayfs over `upper : layers/N : … : layers/1 : SOURCE`, so a
+//! view is then `upper : layers/N : … : layers/1 : SOURCE` (the daemon's union), so a
 //! checkpoint costs two renames, whatever the size of SOURCE or of the changes. `rewind N`
 //! drops the upper and every layer above N; `squash` (run by `apply` and `discard`)
 //! flattens every layer into one staged tree and ends the checkpoints as rewind targets.
@@ -30,8 +30,8 @@ use serde::{Deserialize, Serialize};
 
 use super::remove::sync_path;
 
-/// At most this many live checkpoints (kernel overlayfs stacks at most 500 layers, and
-/// every layer costs each lookup a step).
+/// At most this many live checkpoints (every layer costs each lookup a step; kernel
+/// overlayfs, which reads DIR by hand, stacks at most 500).
 pub const MAX_LAYERS: u64 = 100;
 
 /// One checkpoint in the log.
@@ -202,10 +202,10 @@ pub fn empty_trash_entries(a: &Path) -> Result<usize, StageError> {
     }
     let root = crate::host::sys::open_root(&t).map_err(StageError::io(&t))?;
     let layer = super::tree::Layer::new(root).map_err(StageError::io(&t))?;
-    let top = super::tree::Node {
-        fd: layer.root.try_clone().map_err(StageError::io(&t))?,
-        st: crate::host::sys::fstat(layer.root.as_fd()).map_err(StageError::io(&t))?,
-    };
+    let top = super::tree::Node::of(
+        layer.root.try_clone().map_err(StageError::io(&t))?,
+        crate::host::sys::fstat(layer.root.as_fd()).map_err(StageError::io(&t))?,
+    );
     let names = layer.list(&top).map_err(StageError::io(&t))?;
     for n in &names {
         let n = crate::host::sys::Name::new(n).map_err(StageError::io(&t))?;

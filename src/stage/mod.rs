@@ -1,8 +1,9 @@
 //! Staging (`mount --stage DIR`, `fencefs stage …`): every change made through the mount
 //! lands in the staging area DIR, SOURCE stays untouched until a person applies it.
 //!
-//! Job: validate and lock DIR ([`area`]), build the merged view the daemon serves
-//! ([`engine`], [`view`], [`tree_mount`]), keep checkpoints as sealed layers ([`layers`],
+//! Job: validate and lock DIR ([`area`]), open the layers of the merged view the daemon
+//! serves (`host::union`, started by [`session`]), resolve the view at a checkpoint
+//! ([`lower`], [`view`]), keep checkpoints as sealed layers ([`layers`],
 //! flattened by `flatten`), stand in for the character devices 0/0 overlayfs cannot hold
 //! ([`standin`]), and read, diff, apply and discard the staged tree ([`changes`],
 //! [`diff`], [`apply`]). [`session`] is the engine's entry (the daemon's `start`, the
@@ -11,11 +12,10 @@
 //! both show. No engine file imports a front-end.
 //!
 //! The staged tree is kept in kernel overlayfs's upper-directory format, so standard tools
-//! (and `mount -t overlay`) read it. This increment's engine is the kernel's own overlayfs,
-//! mounted *detached* (`fsopen`/`fsmount`, never attached to any mount namespace): only
-//! the daemon's descriptor reaches it, it disappears with the daemon (SIGKILL included),
-//! and the host layer (`host::`) serves it exactly as it serves SOURCE without staging, so
-//! the policy decides on the merged view with the same code, errnos and audit.
+//! (and `mount -t overlay`) read it; no kernel overlay is mounted at run time: the daemon
+//! serves the merged view itself (`host::union`) and the stage tools resolve the view at
+//! a checkpoint in user space ([`lower`]), so none of it needs root. The policy decides on
+//! the merged view with the same code, errnos and audit as without staging.
 //!
 //! Invariants:
 //! - SOURCE is written only by `apply` (never by the mount), through directory handles
@@ -47,6 +47,7 @@ pub mod hunks;
 pub mod ids;
 mod intent;
 pub mod layers;
+pub mod lower;
 mod moves;
 pub mod partial;
 mod remove;
@@ -58,7 +59,6 @@ mod space;
 pub mod standin;
 mod sys;
 pub mod tree;
-pub mod tree_mount;
 pub mod view;
 mod walk;
 
@@ -91,7 +91,7 @@ pub fn open_source(area: &Area) -> Result<std::os::fd::OwnedFd, StageError> {
         area.source.display()
     )))
 }
-pub use session::{recover, start, start_union};
+pub use session::{recover, start_union};
 
 /// Set once this daemon serves a staged mount (before the FUSE session starts).
 static ACTIVE: AtomicBool = AtomicBool::new(false);
@@ -107,5 +107,3 @@ pub fn stack_depth() -> u32 {
 fn set_active() {
     ACTIVE.store(true, Ordering::Relaxed);
 }
-
-pub use view::engine;

@@ -65,8 +65,8 @@ pub fn apply(l: &Layers, c: &Change, from: &[u8]) -> io::Result<Rest> {
             "conflict (SOURCE changed while applying; --force applies the staged version)",
         ));
     }
-    sync_dir(&l.lower, dst.fd.as_fd())?;
-    sync_dir(&l.lower, src.fd.as_fd())?;
+    sync_dir(l.lower.source(), dst.fd.as_fd())?;
+    sync_dir(l.lower.source(), src.fd.as_fd())?;
     if let Some(o) = l.upper.get(from)?
         && l.upper.is_whiteout(&o)
     {

@@ -129,7 +129,7 @@ pub fn text(l: &Layers, path: &[u8]) -> Result<Text, StageError> {
             .map_err(io)?
             .ok_or_else(|| whole(&format!("over {} MiB", MAX_FILE >> 20)))
     };
-    let old = read(&l.lower, &low)?;
+    let old = read(l.lower.source(), &low)?;
     let new = read(&l.upper, &up)?;
     if binary(&old) || binary(&new) {
         return Err(whole("a binary file"));
@@ -313,7 +313,7 @@ fn write_source(l: &Layers, dir: &Path, t: &Text, bytes: &[u8]) -> io::Result<()
         let _ = intent::clear(dir);
     }
     res?;
-    sync_dir(&l.lower, pdir.as_fd())?;
+    sync_dir(l.lower.source(), pdir.as_fd())?;
     // The staged copy is now based on the file just written: a host edit of it from now
     // on is a conflict (its ctime is past the record's time; the same clock tick as the
     // rename is not seen).

@@ -91,10 +91,8 @@ fn open_dir(dir: BorrowedFd<'_>, n: &Name) -> io::Result<Option<Node>> {
         Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(None),
         Err(e) => return Err(e),
     };
-    Ok(Some(Node {
-        st: sys::fstat(d.as_fd())?,
-        fd: d,
-    }))
+    let st = sys::fstat(d.as_fd())?;
+    Ok(Some(Node::of(d, st)))
 }
 
 /// Drops the staged entry at `path` of the staged tree `upper` (a whole tree for a

@@ -9,8 +9,7 @@
 //! copy made now** in its place under those names (the bytes, owner, mode, times and
 //! every xattr, overlayfs's own included; holes stay holes). The writes that follow land
 //! in the live upper: `status --since N` shows them, `rewind N` drops them, and layer N
-//! never changes. The same replacement inside the upper, without the move, cuts a
-//! revoked writer off the staged tree ([`cut_off`]).
+//! never changes.
 //!
 //! Invariants: a layer's entry is replaced by one rename (it names the old inode or the
 //! copy, never nothing); the original is never named in a layer and in the upper at once
@@ -59,16 +58,10 @@ pub fn upper_key(area: &Area, path: &[u8]) -> Option<Key> {
 }
 
 /// After a checkpoint sealed the upper as layer `n`: each file of `keep` moves to the
-/// new upper and layer `n` gets a copy (module header); each of `cut` (held only by
-/// revoked writers) only gets the copy, its inode leaves the staged tree. Returns the
+/// new upper and layer `n` gets a copy (module header). Returns the
 /// path each file of `keep` found has in the upper now (those not found are in no layer:
 /// nothing to keep sealed from them).
-pub fn unseal(
-    area: &Area,
-    n: u64,
-    keep: &[Writer],
-    cut: &[Writer],
-) -> Result<HashMap<Key, Vec<u8>>, StageError> {
+pub fn unseal(area: &Area, n: u64, keep: &[Writer]) -> Result<HashMap<Key, Vec<u8>>, StageError> {
     let path = layers::layer_path(&area.dir, n);
     let tree = sys::open_root(&path)
         .and_then(Layer::new)
@@ -78,25 +71,7 @@ pub fn unseal(
         .try_clone()
         .and_then(Layer::new)
         .map_err(|e| err("upper", e))?;
-    let moved = detach(&area.dir, &tree, Some(&up), keep).map_err(|e| err("moving", e))?;
-    detach(&area.dir, &tree, None, cut).map_err(|e| err("cutting off", e))?;
-    Ok(moved)
-}
-
-/// Replaces each file of `cut` in the upper by a copy: whoever still writes the old inode
-/// (a revoked passthrough file) no longer reaches the staged tree.
-pub fn cut_off(area: &Area, cut: &[Writer]) -> Result<(), StageError> {
-    if cut.is_empty() {
-        return Ok(());
-    }
-    let up = area
-        .upper
-        .try_clone()
-        .and_then(Layer::new)
-        .map_err(|e| err("upper", e))?;
-    detach(&area.dir, &up, None, cut)
-        .map(drop)
-        .map_err(|e| err("cutting off", e))
+    detach(&area.dir, &tree, Some(&up), keep).map_err(|e| err("moving", e))
 }
 
 /// Every name in `tree` of each writer's inode (by its hint, else by one walk).

@@ -22,21 +22,13 @@ use super::apply::{self, Report};
 use super::changes::{Change, Layers};
 use super::render::quote;
 use super::tree::Layer;
-use super::view::{self, engine};
-use super::{discard, ids, intent, layers as ckpt, partial, tree_mount};
+use super::view;
+use super::{discard, ids, intent, layers as ckpt, partial};
 
 /// Opens, validates and locks `dir` for a mount of `src` at `mnt` (canonical), then builds
-/// the merged view. The lock is held for the daemon's lifetime (its descriptor stays open
-/// until the process exits, whatever way it exits).
-pub fn start(dir: &Path, src: &Path, mnt: &Path, source: &OwnedFd) -> Result<OwnedFd, StageError> {
-    let area = prepare(dir, src, mnt, source)?;
-    let (root, _gen) = tree_mount::attach(engine(&area, source)?)?;
-    started(area, src);
-    Ok(root)
-}
-
-/// [`start`] for the daemon's own engine: the merged view as a [`Union`] the daemon
-/// serves (no mount, no root needed).
+/// the merged view the daemon serves: a [`Union`] (no mount, no root needed). The lock is
+/// held for the daemon's lifetime (its descriptor stays open until the process exits,
+/// whatever way it exits).
 pub fn start_union(
     dir: &Path,
     src: &Path,
@@ -124,7 +116,7 @@ pub fn layers(a: &Area) -> Result<Layers, StageError> {
     let up = a.upper.try_clone().map_err(StageError::Sys)?;
     Ok(Layers {
         upper: Layer::new(up).map_err(StageError::Sys)?,
-        lower: Layer::new(src).map_err(StageError::Sys)?,
+        lower: super::lower::Lower::plain(Layer::new(src).map_err(StageError::Sys)?),
     })
 }
 
@@ -180,27 +172,11 @@ pub fn record_line(area: &Area, op: &str, uid: u32, paths: &[Vec<u8>], extra: &s
 }
 
 /// The paths changed since the last live checkpoint (since SOURCE when none): what a new
-/// checkpoint records in the log.
-///
-/// An ordinary user's daemon cannot mount the view at the last checkpoint (a kernel
-/// overlay: CAP_SYS_ADMIN), so there it counts the changes since SOURCE whose path the
-/// live upper holds (what changed after the last checkpoint, but for a path changed back
-/// to what SOURCE holds).
+/// checkpoint records in the log. The view at the last checkpoint is resolved in user
+/// space (`stage::lower`), so this is the same count as root's for an ordinary user.
 pub fn count_since_last(area: &Area) -> Result<u64, StageError> {
     let last = ckpt::live(&area.dir)?.last().copied();
     let read = |e| StageError::op("reading the staged tree")(e);
-    if last.is_some() && crate::host::union::prefix() == crate::host::union::USER {
-        let st = view::staged(area, None)?;
-        let up = super::tree::Layer::new(area.upper.try_clone().map_err(StageError::Sys)?)
-            .map_err(StageError::Sys)?;
-        let mut n = 0;
-        for c in st.layers.changes().map_err(read)? {
-            if up.get(&c.path).map_err(read)?.is_some() {
-                n += 1;
-            }
-        }
-        return Ok(n);
-    }
     let st = view::staged(area, last)?;
     Ok(st.layers.changes().map_err(read)?.len() as u64)
 }

@@ -1,5 +1,4 @@
-//! The syscalls staging needs beyond `host::sys`: the new mount API (a *detached* overlay
-//! mount, reachable only through the daemon's descriptor), `flock` for the one-daemon lock, `syncfs`,
+//! The syscalls staging needs beyond `host::sys`: `flock` for the one-daemon lock, `syncfs`,
 //! `statx` for birth times, and whiteout creation.
 //!
 //! Invariants: like `host::sys`, every path argument is relative to a held handle or names
@@ -19,74 +18,6 @@ fn cvt(ret: libc::c_long) -> io::Result<libc::c_long> {
     } else {
         Ok(ret)
     }
-}
-
-fn own(ret: libc::c_long) -> io::Result<OwnedFd> {
-    let fd = cvt(ret)? as i32;
-    // SAFETY: the syscall just returned this new descriptor and nobody else owns it.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
-}
-
-const FSOPEN_CLOEXEC: u32 = 1;
-const FSCONFIG_SET_STRING: u32 = 1;
-const FSCONFIG_CMD_CREATE: u32 = 6;
-const FSMOUNT_CLOEXEC: u32 = 1;
-const MOUNT_ATTR_NOSUID: u32 = 0x2;
-const MOUNT_ATTR_NODEV: u32 = 0x4;
-
-/// A file-system context for `fstype` (`fsopen`).
-pub fn fsopen(fstype: &str) -> io::Result<OwnedFd> {
-    let t = CString::new(fstype).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
-    // SAFETY: NUL-terminated string; the result is checked.
-    own(unsafe { libc::syscall(libc::SYS_fsopen, t.as_ptr(), FSOPEN_CLOEXEC) })
-}
-
-/// `fsconfig(FSCONFIG_SET_STRING, key, value)`.
-pub fn fsconfig_str(fs: BorrowedFd<'_>, key: &str, value: &str) -> io::Result<()> {
-    let k = CString::new(key).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
-    let v = CString::new(value).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
-    // SAFETY: valid fd, NUL-terminated strings, aux 0 as documented for SET_STRING.
-    cvt(unsafe {
-        libc::syscall(
-            libc::SYS_fsconfig,
-            fs.as_raw_fd(),
-            FSCONFIG_SET_STRING,
-            k.as_ptr(),
-            v.as_ptr(),
-            0,
-        )
-    })
-    .map(drop)
-}
-
-/// `fsconfig(FSCONFIG_CMD_CREATE)`: builds the superblock from the options set.
-pub fn fsconfig_create(fs: BorrowedFd<'_>) -> io::Result<()> {
-    // SAFETY: valid fd; key and value null as documented for CMD_CREATE.
-    cvt(unsafe {
-        libc::syscall(
-            libc::SYS_fsconfig,
-            fs.as_raw_fd(),
-            FSCONFIG_CMD_CREATE,
-            std::ptr::null::<u8>(),
-            std::ptr::null::<u8>(),
-            0,
-        )
-    })
-    .map(drop)
-}
-
-/// `fsmount(nosuid, nodev)`: a detached mount of the created superblock; the returned
-/// descriptor is its root, and the mount lives exactly as long as a descriptor in it.
-pub fn fsmount(fs: BorrowedFd<'_>) -> io::Result<OwnedFd> {
-    // SAFETY: valid fd and flags; the result is checked.
-    own(unsafe {
-        libc::syscall(
-            libc::SYS_fsmount,
-            fs.as_raw_fd(),
-            FSMOUNT_CLOEXEC,
-            MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
-        )
-    })
 }
 
 /// `flock(LOCK_EX | LOCK_NB)`: false when another open file description holds it.
@@ -309,26 +240,6 @@ fn open_origin(mount_fd: BorrowedFd<'_>, origin: &[u8]) -> Option<Option<OwnedFd
         Some(libc::ESTALE | libc::ENOENT) => Some(None),
         _ => None,
     }
-}
-
-const MOVE_MOUNT_F_EMPTY_PATH: u32 = 0x4;
-
-/// `move_mount(mount, "", dir, name, MOVE_MOUNT_F_EMPTY_PATH)`: attaches the detached mount
-/// `mount` on `dir/name` (which may itself lie in a detached mount tree).
-pub fn move_mount(mount: BorrowedFd<'_>, dir: BorrowedFd<'_>, name: &Name) -> io::Result<()> {
-    let c = CString::new(name.bytes()).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
-    // SAFETY: valid fds, an empty and a NUL-terminated string; the result is checked.
-    cvt(unsafe {
-        libc::syscall(
-            libc::SYS_move_mount,
-            mount.as_raw_fd(),
-            c"".as_ptr(),
-            dir.as_raw_fd(),
-            c.as_ptr(),
-            MOVE_MOUNT_F_EMPTY_PATH,
-        )
-    })
-    .map(drop)
 }
 
 /// The calls `apply` makes on a regular file it holds open (no `/proc/self/fd` lookup

@@ -67,14 +67,27 @@ pub struct Node {
     pub fd: OwnedFd,
     /// Its attributes (not following a symlink).
     pub st: libc::stat,
+    /// A directory of a stacked view ([`super::lower::Lower`]): its parts in each layer,
+    /// top first. `None` in a plain layer.
+    pub merged: Option<std::sync::Arc<crate::host::union::Stack>>,
 }
 
 impl Node {
+    /// A node of a plain layer.
+    pub fn of(fd: OwnedFd, st: libc::stat) -> Node {
+        Node {
+            fd,
+            st,
+            merged: None,
+        }
+    }
+
     /// Another handle on the same file.
     pub fn try_clone(&self) -> io::Result<Node> {
         Ok(Node {
             fd: self.fd.try_clone()?,
             st: self.st,
+            merged: self.merged.clone(),
         })
     }
 }
@@ -116,7 +129,7 @@ impl Layer {
         let mut fd = sys::reopen(self.proc_fd.as_fd(), self.root.as_fd(), libc::O_PATH)?;
         let mut st = sys::fstat(fd.as_fd())?;
         if path.is_empty() {
-            return Ok(Some(Node { fd, st }));
+            return Ok(Some(Node::of(fd, st)));
         }
         for part in path.split(|&b| b == b'/') {
             if kind(&st) != libc::S_IFDIR {
@@ -130,7 +143,7 @@ impl Layer {
             };
             st = sys::fstat(fd.as_fd())?;
         }
-        Ok(Some(Node { fd, st }))
+        Ok(Some(Node::of(fd, st)))
     }
 
     /// The directory at `path`, if it is one.
@@ -159,7 +172,7 @@ impl Layer {
         match sys::open_path(dir.fd.as_fd(), &name) {
             Ok(fd) => {
                 let st = sys::fstat(fd.as_fd())?;
-                Ok(Some(Node { fd, st }))
+                Ok(Some(Node::of(fd, st)))
             }
             Err(e) if missing(&e) => Ok(None),
             Err(e) => Err(e),
@@ -238,13 +251,14 @@ impl Layer {
         Ok(Some(out))
     }
 
-    /// Whether two regular files hold the same bytes (compared in blocks).
-    pub fn same_bytes(&self, a: &Node, other: &Layer, b: &Node) -> io::Result<bool> {
+    /// Whether two regular files hold the same bytes (compared in blocks; `b` may be of
+    /// any layer).
+    pub fn same_bytes(&self, a: &Node, b: &Node) -> io::Result<bool> {
         if a.st.st_size != b.st.st_size {
             return Ok(false);
         }
         let fa = sys::reopen(self.proc_fd.as_fd(), a.fd.as_fd(), libc::O_RDONLY)?;
-        let fb = sys::reopen(other.proc_fd.as_fd(), b.fd.as_fd(), libc::O_RDONLY)?;
+        let fb = sys::reopen(self.proc_fd.as_fd(), b.fd.as_fd(), libc::O_RDONLY)?;
         let (mut ba, mut bb) = (vec![0u8; 256 * 1024], vec![0u8; 256 * 1024]);
         let mut off = 0u64;
         loop {

@@ -1,90 +1,27 @@
-//! Views of a staging area's layer stack: the overlay mounts the daemon serves and the
-//! offline commands compare against, and the flattened staged tree `status`/`diff`/
-//! `apply`/`discard` work on when checkpoints exist.
-//!
-//! Every overlay here is mounted *detached* (`fsopen`/`fsmount`): only this process's
-//! descriptor reaches it, and it goes away with the last descriptor (or the process).
+//! Views of a staging area's layer stack: the view `status`/`diff`/`apply` compare
+//! against (SOURCE, or with `--since N`/`--at N` the sealed layers 1..=N over SOURCE,
+//! resolved in user space by [`Lower`]: no kernel overlay is mounted, so none of it needs
+//! root), and the flattened staged tree they work on when checkpoints exist.
 //!
 //! Invariants: read-only on SOURCE and on the sealed layers; scratch trees live under
 //! `DIR/scratch/` and are deleted when their [`Staged`] is dropped (and at the next
 //! start after a crash).
 
 use super::StageError;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
 use super::changes::Layers;
+use super::lower::Lower;
 use super::tree::Layer;
 use super::{Area, layers, sys};
 
-fn fd_path(fd: &OwnedFd) -> String {
-    format!("/proc/self/fd/{}", fd.as_raw_fd())
-}
-
-/// A detached overlay of `lowers` (top first); with `upper` (upper dir, work dir) a
-/// writable one with redirects on, else a read-only view following redirects.
-pub fn overlay(
-    dir: &Path,
-    lowers: &[&OwnedFd],
-    upper: Option<(&OwnedFd, &OwnedFd)>,
-) -> Result<OwnedFd, StageError> {
-    let fail = |what: &str, e: std::io::Error| {
-        let hint = match e.raw_os_error() {
-            Some(libc::EPERM) => " (kernel overlayfs needs CAP_SYS_ADMIN: run the daemon as root)",
-            Some(libc::ENODEV) => " (no overlay file system in this kernel: modprobe overlay)",
-            _ => "",
-        };
-        StageError::Invalid(format!("stage '{}': {what}: {e}{hint}", dir.display()))
-    };
-    let fs = sys::fsopen("overlay").map_err(|e| fail("overlay", e))?;
-    let lower: Vec<String> = lowers.iter().map(|f| fd_path(f)).collect();
-    // fsconfig takes strings of at most 255 bytes: past that (about 13 layers), one
-    // `lowerdir+` per layer, top first (Linux 6.8+).
-    let joined = lower.join(":");
-    let mut opts = if joined.len() < 256 {
-        vec![("lowerdir", joined)]
-    } else {
-        lower.into_iter().map(|l| ("lowerdir+", l)).collect()
-    };
-    match upper {
-        Some((up, work)) => {
-            opts.push(("upperdir", fd_path(up)));
-            opts.push(("workdir", fd_path(work)));
-            opts.push(("redirect_dir", "on".into()));
-        }
-        None => opts.push(("redirect_dir", "follow".into())),
-    }
-    opts.push(("index", "off".into()));
-    opts.push(("metacopy", "off".into()));
-    for (k, v) in &opts {
-        sys::fsconfig_str(fs.as_fd(), k, v).map_err(|e| fail(&format!("overlay option {k}"), e))?;
-    }
-    sys::fsconfig_create(fs.as_fd())
-        .map_err(|e| fail("overlay (upper on a file system with trusted xattrs?)", e))?;
-    sys::fsmount(fs.as_fd()).map_err(|e| fail("overlay mount", e))
-}
-
-/// The merged view the daemon serves: `upper : layers/N : … : layers/1 : SOURCE`.
-pub fn engine(area: &Area, source: &OwnedFd) -> Result<OwnedFd, StageError> {
-    let work = crate::host::sys::open_root(&area.work()).map_err(StageError::op(format!(
-        "stage '{}': work",
-        area.dir.display()
-    )))?;
-    let ls = layers::open_layers(&area.dir)?;
-    let mut lowers: Vec<&OwnedFd> = ls.iter().rev().collect();
-    lowers.push(source);
-    overlay(&area.dir, &lowers, Some((&area.upper, &work)))
-}
-
 /// The view at checkpoint position `upto` (the first `upto` live layers over SOURCE; 0 is
-/// SOURCE itself).
-fn view(area: &Area, source: OwnedFd, ls: &[OwnedFd], upto: usize) -> Result<OwnedFd, StageError> {
-    if upto == 0 {
-        return Ok(source);
-    }
-    let mut lowers: Vec<&OwnedFd> = ls[..upto].iter().rev().collect();
-    lowers.push(&source);
-    overlay(&area.dir, &lowers, None)
+/// SOURCE itself), resolved in user space ([`Lower`]: no mount, no root).
+fn view(source: OwnedFd, ls: Vec<OwnedFd>, upto: usize) -> Result<Lower, StageError> {
+    let mut below: Vec<OwnedFd> = ls.into_iter().take(upto).collect();
+    below.reverse();
+    Lower::stacked(below, source).map_err(StageError::Sys)
 }
 
 /// A scratch directory under `DIR/scratch`, deleted on drop.
@@ -245,7 +182,7 @@ pub fn staged(area: &Area, since: Option<u64>) -> Result<Staged, StageError> {
     };
     let source = super::open_source(area)?;
     let ls = layers::open_layers(&area.dir)?;
-    let lower = Layer::new(view(area, source, &ls, base)?).map_err(StageError::Sys)?;
+    let lower = view(source, ls, base)?;
     let up = || area.upper.try_clone().map_err(StageError::Sys);
     if base == live.len() {
         return Ok(Staged {
@@ -292,7 +229,7 @@ pub fn sealed_args(area: &Area, n: u64, paths: &[Vec<u8>]) -> Result<Vec<Vec<u8>
         .map_err(StageError::op("flattening the checkpoints"))?;
     let l = Layers {
         upper: tree,
-        lower: Layer::new(source).map_err(StageError::Sys)?,
+        lower: Lower::plain(Layer::new(source).map_err(StageError::Sys)?),
     };
     let id_err = |e| StageError::op("review id")(e);
     l.selected(paths)?

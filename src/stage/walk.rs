@@ -15,7 +15,8 @@
 
 use std::io;
 
-use super::tree::{Layer, Node, depth_of, depth_ok};
+use super::lower::Tree;
+use super::tree::{Node, depth_of, depth_ok};
 
 /// A directory being walked.
 pub struct Frame<T> {
@@ -62,12 +63,12 @@ pub enum Flow<T> {
     Stop,
 }
 
-/// Walks the directory `top` of `layer` at `path` (with the caller's `state` for it):
+/// Walks the directory `top` of `layer` (a layer, or a stacked view) at `path` (with the caller's `state` for it):
 /// `f` gets every entry below it and every directory's leave, top's last. Returns
 /// `Ok(false)` when `f` stopped the walk (no leave follows a stop). One path buffer for
 /// the whole walk: a frame holds its directory's names, not its path.
-pub fn walk<T>(
-    layer: &Layer,
+pub fn walk<T, L: Tree + ?Sized>(
+    layer: &L,
     top: Node,
     path: &[u8],
     state: T,
@@ -75,7 +76,7 @@ pub fn walk<T>(
 ) -> io::Result<bool> {
     let base = depth_of(path);
     depth_ok(base)?;
-    let names = layer.list(&top)?.into_iter();
+    let names = layer.names(&top)?.into_iter();
     let mut path = path.to_vec();
     let mut stack = vec![Frame {
         node: top,
@@ -106,7 +107,7 @@ pub fn walk<T>(
             Flow::Stop => return Ok(false),
             Flow::Enter(node, state) => {
                 depth_ok(base + stack.len())?;
-                let names = layer.list(&node)?.into_iter();
+                let names = layer.names(&node)?.into_iter();
                 let cut = path.len();
                 if !path.is_empty() {
                     path.push(b'/');

@@ -36,14 +36,29 @@ impl Oracle {
 
     /// [`Oracle::mount`] reading `markers`.
     pub fn mount_with(dir: &Path, src: &Path, at: &Path, markers: Markers) -> Oracle {
+        Oracle::stack(dir, src, at, markers, None)
+    }
+
+    /// The view at checkpoint `n` of a root's DIR: its sealed layers `n … 1` over
+    /// SOURCE, without the upper or later layers (what `--since N` compares against).
+    pub fn at_checkpoint(dir: &Path, src: &Path, at: &Path, n: u64) -> Oracle {
+        Oracle::stack(dir, src, at, Markers::Trusted, Some(n))
+    }
+
+    /// The upper and every layer (`upto` `None`), or layers `upto … 1`, over SOURCE.
+    fn stack(dir: &Path, src: &Path, at: &Path, markers: Markers, upto: Option<u64>) -> Oracle {
         fs::create_dir_all(at).unwrap();
-        let mut lowers = vec![dir.join("upper")];
+        let mut lowers = match upto {
+            None => vec![dir.join("upper")],
+            Some(_) => Vec::new(),
+        };
         let mut layers: Vec<u64> = fs::read_dir(dir.join("layers"))
             .map(|rd| {
                 rd.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
                     .collect()
             })
             .unwrap_or_default();
+        layers.retain(|&l| upto.is_none_or(|n| l <= n));
         layers.sort_unstable_by(|a, b| b.cmp(a));
         lowers.extend(
             layers

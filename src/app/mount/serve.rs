@@ -133,7 +133,6 @@ fn start_transport(
 fn confine(shared: &Shared, src: &Path) {
     let roots: Vec<_> = shared.inodes.roots().iter().map(|r| r.fd.clone()).collect();
     let extra: Vec<_> = roots.iter().map(|fd| fd.as_fd()).collect();
-    // Staged: the rule goes on the private tree every merged view is attached to.
     let root = shared.inodes.root_fd();
     let union = shared.inodes.union();
     let dir = shared.bases.as_ref().and_then(|b| b.dir_fd());
@@ -142,14 +141,9 @@ fn confine(shared: &Shared, src: &Path) {
             source: u.source_root().as_fd(),
             dir,
         },
-        (None, Some(dir)) => crate::harden::Stage::Kernel(dir),
         _ => crate::harden::Stage::No,
     };
-    let c = crate::harden::confine(
-        crate::stage::tree_mount::root().unwrap_or(root.as_fd()),
-        &extra,
-        stage,
-    );
+    let c = crate::harden::confine(root.as_fd(), &extra, stage);
     let others = shared
         .inodes
         .roots()

@@ -85,11 +85,6 @@ pub(in crate::app) fn build_state(
     // Staging: the daemon serves the merged view (SOURCE with DIR's staged tree on top);
     // host changes are still watched on SOURCE itself.
     let (root_fd, event_source, union) = match &a.stage {
-        Some(dir) if a.stage_engine == crate::cli::StageEngine::Kernel => {
-            crate::stage::set_source(&root_fd);
-            let merged = crate::stage::start(dir, &src, &mnt, &root_fd)?;
-            (merged, Some(root_fd), None)
-        }
         Some(dir) => {
             crate::stage::set_source(&root_fd);
             let u = crate::stage::start_union(dir, &src, &mnt, &root_fd)?;

@@ -3,7 +3,7 @@
 //! node whose kernel caches to take back.
 //!
 //! Without staging a directory's handle is that of the file the node is (SOURCE's, or
-//! another root's). With staging the nodes are the merged view's (kernel overlayfs), whose
+//! another root's). With staging the nodes are the merged view's (upper or layer files), whose
 //! handles no host event carries: a directory's handle is then that of SOURCE's directory
 //! at the same path, reached from SOURCE's root one `O_PATH|O_NOFOLLOW` step per
 //! component (never following a symlink), so a host edit of an unstaged path reaches the

@@ -41,7 +41,7 @@ pub enum Place {
     Sealed,
     /// SOURCE.
     Source,
-    /// Not a merged view the daemon serves (no staging, another root, kernel overlayfs).
+    /// Not a merged view the daemon serves (no staging, another root).
     Unmerged,
 }
 

@@ -8,7 +8,7 @@
 
 use std::collections::HashMap;
 use std::io;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
@@ -16,42 +16,21 @@ use super::{Inodes, Key, ROOT, Table};
 use crate::host::sys;
 
 impl Inodes {
-    /// Serves `root` (a new merged view of a staged mount) from now on. Every node but
-    /// those `keep` names (files open now: they stay with the view they were opened in) is
-    /// marked loose: re-found at its path in the new view when next needed. Cached `O_PATH`
-    /// handles are dropped; directories' file handles for host change events are SOURCE's
-    /// and stay. O(nodes known), no syscall under the table's lock but one `fstat`.
-    /// Returns the names (parent, name) of the nodes kept: the kernel must look them up
-    /// again to reach the new view.
-    pub fn swap_root(
-        &self,
-        root: OwnedFd,
-        keep: &dyn Fn(u64, u32) -> bool,
-    ) -> io::Result<Vec<(u64, Vec<u8>)>> {
-        self.swap_view(root, keep, None)
-    }
-
-    /// [`Inodes::swap_root`] for a merged view the daemon serves itself: `u` from now on.
-    /// Node ids stay those of SOURCE's device.
+    /// Serves `u` (a new merged view of a staged mount, the daemon's own union) from now
+    /// on. Every node but those `keep` names (files open now: they keep their
+    /// descriptors) is marked loose: re-found at its path in the new view when next
+    /// needed. Cached `O_PATH` handles are dropped; directories' file handles for host
+    /// change events are SOURCE's and stay; node ids stay those of SOURCE's device.
+    /// O(nodes known), no syscall under the table's lock but one `fstat`. Returns the
+    /// names (parent, name) of the nodes kept: the kernel must look them up again to reach
+    /// the new view.
     pub fn swap_union(
         &self,
         u: Arc<crate::host::union::Union>,
         keep: &dyn Fn(u64, u32) -> bool,
     ) -> io::Result<Vec<(u64, Vec<u8>)>> {
         let root = sys::reopen(self.proc_fd.as_fd(), u.upper_root().as_fd(), libc::O_PATH)?;
-        self.swap_view(root, keep, Some(u))
-    }
-
-    fn swap_view(
-        &self,
-        root: OwnedFd,
-        keep: &dyn Fn(u64, u32) -> bool,
-        union: Option<Arc<crate::host::union::Union>>,
-    ) -> io::Result<Vec<(u64, Vec<u8>)>> {
         let st = sys::fstat(root.as_fd())?;
-        let old_dev = self.root_dev();
-        // A union keeps SOURCE's device for ids; a kernel overlay's root is the new one.
-        let new_dev = if union.is_some() { old_dev } else { st.st_dev };
         // `keep` may take other locks: asked outside the table's.
         let known: Vec<(u64, u32)> = {
             let t = self.table.lock();
@@ -74,9 +53,6 @@ impl Inodes {
                 if id == ROOT {
                     n.key = (st.st_dev, st.st_ino);
                 } else if !kept.contains(&id) {
-                    if n.key.0 == old_dev {
-                        n.key.0 = new_dev;
-                    }
                     n.loose = true;
                     n.pinned = None;
                 } else {
@@ -87,36 +63,15 @@ impl Inodes {
                 by_key.insert(n.key, id);
             }
             t.by_key = by_key;
-            // Directories' handles are SOURCE's (`handles.rs`): the same in every view.
-            self.root_dev.store(new_dev, Ordering::Relaxed);
             self.swapped.store(true, Ordering::Relaxed);
             *self.root_fd.lock() = Arc::new(root);
-            if union.is_some() {
-                *self.union.write() = union;
-                self.stacks.clear();
-            }
+            *self.union.write() = Some(u);
+            self.stacks.clear();
         }
         let mut f = self.fds.lock();
         f.map.clear();
         f.order.clear();
         Ok(names)
-    }
-
-    /// Lets go of the nodes `inos` of a retired view whose handles were revoked (those no
-    /// handle is open on now, `open` says): each drops the handle it pinned (a file
-    /// unlinked while open), which held the old view. Returns how many did.
-    pub fn unpin(&self, inos: &[u64], open: &dyn Fn(u64) -> bool) -> usize {
-        let inos: Vec<u64> = inos.iter().copied().filter(|&i| !open(i)).collect();
-        let mut t = self.table.lock();
-        let mut n = 0;
-        for i in inos {
-            if let Some(node) = t.nodes.get_mut(&i)
-                && node.pinned.take().is_some()
-            {
-                n += 1;
-            }
-        }
-        n
     }
 
     /// A loose node was found again as the file `key`.

@@ -37,7 +37,7 @@ impl Union {
         still: &dyn Fn() -> io::Result<()>,
     ) -> io::Result<OwnedFd> {
         let tmp = temp_name("up");
-        let work = self.work.as_fd();
+        let work = self.work()?;
         let made = self.make_copy(work, &tmp, fd, st, true);
         let res = made.and_then(|()| {
             unchanged(fd, st)?;

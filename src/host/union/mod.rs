@@ -128,7 +128,8 @@ pub struct Found {
 /// A staged mount's layers.
 pub struct Union {
     layers: Vec<OwnedFd>,
-    work: OwnedFd,
+    /// `None`: a read-only union ([`Union::read_only`]), which nothing changes.
+    work: Option<OwnedFd>,
     proc_fd: OwnedFd,
     xa: &'static [u8],
     generation: AtomicU64,
@@ -182,7 +183,7 @@ impl Union {
         }
         Ok(Union {
             layers,
-            work,
+            work: Some(work),
             proc_fd: sys::open_proc_self_fd()?,
             xa,
             generation: AtomicU64::new(1),
@@ -190,6 +191,34 @@ impl Union {
             names: Mutex::new(()),
             redirects: std::sync::atomic::AtomicBool::new(false),
         })
+    }
+
+    /// A read-only union of `layers` (top first, SOURCE last; at least two), reading
+    /// markers in either namespace (`xa`'s first): lookups and listings only, as the view
+    /// at a checkpoint (`stage::lower`, which exposes nothing else). It has no work
+    /// directory: a copy-up or a removal through it fails with EROFS.
+    pub fn read_only(layers: Vec<OwnedFd>, xa: &'static [u8]) -> io::Result<Union> {
+        if layers.len() < 2 {
+            return Err(io::Error::from_raw_os_error(libc::EINVAL));
+        }
+        Ok(Union {
+            layers,
+            work: None,
+            proc_fd: sys::open_proc_self_fd()?,
+            xa,
+            generation: AtomicU64::new(1),
+            root: Mutex::new(None),
+            names: Mutex::new(()),
+            redirects: std::sync::atomic::AtomicBool::new(false),
+        })
+    }
+
+    /// The work directory (EROFS for a read-only union).
+    fn work(&self) -> io::Result<BorrowedFd<'_>> {
+        match &self.work {
+            Some(w) => Ok(w.as_fd()),
+            None => Err(err(libc::EROFS)),
+        }
     }
 
     /// The generation: bumped whenever a directory's parts change (a directory copied up,

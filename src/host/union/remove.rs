@@ -71,7 +71,7 @@ impl Union {
         if dir && has_lower {
             self.bump();
         }
-        let work = self.work.as_fd();
+        let work = self.work()?;
         if !dir {
             if let Err(e) = sys::unlinkat(work, &tmp, 0) {
                 log::warn!("stage: deleting a removed file from the work directory: {e}");
@@ -96,7 +96,7 @@ impl Union {
         tmp: &Name,
         whiteout: bool,
     ) -> io::Result<()> {
-        let work = self.work.as_fd();
+        let work = self.work()?;
         if !whiteout {
             return sys::renameat2(up, name, work, tmp, libc::RENAME_NOREPLACE);
         }
@@ -112,7 +112,7 @@ impl Union {
     /// could not be deleted: `DIR/work/tmp` goes back to `up/name`, swapped with what
     /// stands there now when `swapped` (then deleted with `unlinkat` flags `swapped`).
     fn put_back(&self, up: BorrowedFd<'_>, name: &Name, tmp: &Name, swapped: Option<i32>) {
-        let work = self.work.as_fd();
+        let Ok(work) = self.work() else { return };
         let flags = match swapped {
             Some(_) => libc::RENAME_EXCHANGE,
             None => libc::RENAME_NOREPLACE,
@@ -188,7 +188,7 @@ impl Union {
         if self.is_empty_dir(d.fd.as_fd())? {
             return Ok(None);
         }
-        let work = self.work.as_fd();
+        let work = self.work()?;
         let tmp = temp_name("empty");
         let made = self.make_copy(work, &tmp, d.fd.as_fd(), &d.st, false);
         let r = made.and_then(|()| {
@@ -220,7 +220,7 @@ impl Union {
     ) {
         if !renamed {
             self.put_back(nup, newname, tmp, Some(libc::AT_REMOVEDIR));
-        } else if let Err(e) = self.delete_dir(self.work.as_fd(), tmp) {
+        } else if let Err(e) = self.work().and_then(|w| self.delete_dir(w, tmp)) {
             log::error!(
                 "stage: deleting a replaced directory from the work directory: {e}; it is \
                  there as {}",
