@@ -159,6 +159,15 @@ fn apply_at_a_checkpoint_applies_what_it_sealed(who: Who) {
     let since = ctl(&sock, &["status", "--since", "2"]);
     assert_eq!(since.stdout, SINCE_2);
     stop(&mut m);
+    // Root reads the person's area first (its scratch trees made and removed; no
+    // `scratch` there yet, as after a daemon's start): the person's own commands that
+    // need scratch space still work afterwards.
+    let _ = fs::remove_dir_all(dir.join("scratch"));
+    assert_eq!(
+        Who::Root.stage(&["status", "--since", "1"], &dir).stdout,
+        SINCE_1,
+        "offline, as root"
+    );
     assert_eq!(
         who.stage(&["status", "--since", "1"], &dir).stdout,
         SINCE_1,

@@ -81,6 +81,14 @@ pub(super) fn scratch_dir(dir: &Path) -> Result<Scratch, StageError> {
     };
     if std::fs::symlink_metadata(&base).is_err() {
         mk(&base)?;
+        // Root working on a person's area (`fencefs stage ... --dir`) leaves `scratch`
+        // theirs: else their own later commands could not make their scratch trees.
+        use std::os::unix::fs::MetadataExt;
+        let owner = std::fs::symlink_metadata(dir).map_err(StageError::io(dir))?;
+        if owner.uid() != nix::unistd::geteuid().as_raw() {
+            std::os::unix::fs::lchown(&base, Some(owner.uid()), Some(owner.gid()))
+                .map_err(StageError::io(&base))?;
+        }
     }
     let path = base.join(format!(
         "{}.{}",
