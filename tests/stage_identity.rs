@@ -531,3 +531,21 @@ fn a_staged_file_changed_after_a_checkpoint_leaves_the_sealed_layer_alone() {
     stop(&mut m);
     assert_host_unchanged(&before, &m.host(""), "changes after a checkpoint");
 }
+
+/// Two names of one SOURCE file (hard links), both looked up, one appended to (copied up)
+/// then removed: a change through the other name, within the kernel's entry cache time, is
+/// made to what that name shows (SOURCE's file, copied up now), never to the removed copy.
+#[test]
+fn a_change_through_the_other_name_of_a_hard_link_lands_in_what_it_shows() {
+    let (mut m, _dir, _sock) = staged_live("stage-id-links", |src| {
+        put(&src.join("x"), b"orig\n", 0o644);
+        fs::hard_link(src.join("x"), src.join("y")).unwrap();
+    });
+    let before = snapshot(&m.host(""));
+    m.sh("cat x y >/dev/null && echo a >> x && rm x && echo b >> y")
+        .assert_ok("agent");
+    assert_eq!(fs::read(m.mnt("y")).unwrap(), b"orig\nb\n");
+    assert!(!m.mnt("x").exists());
+    stop(&mut m);
+    assert_host_unchanged(&before, &m.host(""), "hard links");
+}

@@ -64,6 +64,14 @@ struct Node {
     settled: bool,
 }
 
+/// A node is the live upper's own object: seen there, and with at most one name. A node
+/// with two names may be two objects of the merged view (hard links of SOURCE, one of them
+/// copied up: the other name still shows SOURCE's; or a host inode number reused by a new
+/// upper file): its changes find it again by name.
+fn is_settled(n: &Node) -> bool {
+    n.settled && n.aliases.len() <= 1
+}
+
 struct Table {
     nodes: HashMap<u64, Node>,
     by_key: HashMap<Key, u64>,
@@ -115,6 +123,11 @@ impl Table {
         n.aliases.retain(|(p, nm)| !(*p == parent && **nm == *name));
         if n.aliases.len() == before {
             return false;
+        }
+        if !n.aliases.is_empty() {
+            // A name left of several: it may show another object than the one this node
+            // is now (a SOURCE hard link whose other name was copied up): found by name.
+            n.settled = false;
         }
         if n.aliases.is_empty() {
             // The path it was known under: kept, as its last name is gone (unlinked but
@@ -304,7 +317,7 @@ impl Inodes {
             .lock()
             .nodes
             .get(&ino)
-            .is_none_or(|n| n.kind == libc::S_IFREG && !n.settled)
+            .is_none_or(|n| n.kind == libc::S_IFREG && !is_settled(n))
     }
 
     /// Whether node `ino` is a non-directory last seen as an upper object of the merged
@@ -315,7 +328,7 @@ impl Inodes {
             .lock()
             .nodes
             .get(&ino)
-            .is_some_and(|n| n.settled && n.kind != libc::S_IFDIR)
+            .is_some_and(|n| is_settled(n) && n.kind != libc::S_IFDIR)
     }
 
     /// The node's file type (`S_IFMT` bits).
@@ -507,7 +520,8 @@ impl Inodes {
     /// Records a probed file as `parent/name` (with a kernel lookup reference if `count`),
     /// shown by layer `at` (an object just made through the mount: [`Place::Upper`]).
     pub fn adopt(&self, parent: u64, name: &Name, st: &libc::stat, count: bool, at: Place) -> u64 {
-        let settled = !matches!(at, Place::Source | Place::Sealed);
+        // Only the merged view's upper (another root's file is changed through no union).
+        let settled = at == Place::Upper;
         let ino = self.insert(parent, name.bytes(), st, count, settled);
         if st.st_mode & libc::S_IFMT == libc::S_IFDIR && self.watching() {
             self.record_dir(ino, parent, name);

@@ -10,7 +10,8 @@
 //! a `redirect` (absolute or relative) naming where its lower parts are; markers are read
 //! in both namespaces (`trusted.overlay.` and `user.overlay.`), whoever runs it. A node of
 //! a merged directory carries its parts ([`Node::merged`]); its attributes are its top
-//! part's, with the lowest part's device and inode number (as overlayfs reports them). A
+//! part's, with the lowest part's device and inode number (kernel overlayfs reports the
+//! topmost lower part's: nothing here compares that number with the kernel's). A
 //! non-directory's node is the one real object it resolves to, so its bytes and xattrs
 //! are read from it.
 //!

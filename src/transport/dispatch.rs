@@ -292,10 +292,9 @@ pub fn run<R: Answer>(core: &Arc<Core>, pool: &Pool, d: Decoded, reply: R) {
     let copies_up = |ino: u64| merged() && inodes.may_copy_up(ino);
     let slow = match &d.req {
         Req::Fsync(..) | Req::Fallocate(..) | Req::CopyFileRange(..) => true,
-        Req::Open(ino, flags) => {
-            (flags & libc::O_ACCMODE != libc::O_RDONLY || flags & libc::O_TRUNC != 0)
-                && copies_up(*ino)
-        }
+        // A truncation may free a big file's blocks: as a setattr of its size, on the pool.
+        Req::Open(_, flags) if flags & libc::O_TRUNC != 0 => merged(),
+        Req::Open(ino, flags) => flags & libc::O_ACCMODE != libc::O_RDONLY && copies_up(*ino),
         Req::SetAttr(ino, s) => s.size.is_some() || copies_up(*ino),
         Req::Link(ino, ..) | Req::SetXattr(ino, ..) | Req::RemoveXattr(ino, ..) => copies_up(*ino),
         Req::Rename(..) => merged(),

@@ -63,6 +63,12 @@ fn only_a_file_last_seen_below_the_upper_may_need_a_copy_up() {
     assert!(!t.may_copy_up(lower));
     t.mark_settled(upper);
     assert!(!t.may_copy_up(upper));
+    // A second name: two objects of the merged view may stand behind it.
+    t.insert(ROOT, b"upper2", &stat_of(dev, 6001), true, true);
+    assert!(t.may_copy_up(upper) && !t.settled_file(upper));
+    // ... and stays unsettled with one name left (it may show another object).
+    t.remove_alias(ROOT, b"upper", b"upper", None);
+    assert!(t.may_copy_up(upper) && !t.settled_file(upper));
     // A directory's copy-up copies no data: never handed off for it.
     let mut dst = stat_of(dev, 6002);
     dst.st_mode = libc::S_IFDIR | 0o755;
