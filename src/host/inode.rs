@@ -59,7 +59,7 @@ struct Node {
     /// the node's first alias, if of the same kind, is this node (its key is re-read).
     loose: bool,
     /// Last seen as an object a change needs no copy-up of: an upper entry of the merged
-    /// view, or a file of a view that is not merged ([`Inodes::settled`]). Only a hint for
+    /// view, or a file of a view that is not merged ([`Inodes::settled_file`]). Only a hint for
     /// where a request is served; every change still finds its object under the lock.
     settled: bool,
 }

@@ -140,7 +140,7 @@ fn root(u: &Union) -> io::Result<Node> {
 }
 
 /// Either kind of tree, for the code that goes down both a staged layer and the view
-/// below it ([`super::walk`], `diff`'s trees).
+/// below it (`stage::walk`, `diff`'s trees).
 pub trait Tree {
     /// The names in directory `n`, sorted.
     fn names(&self, n: &Node) -> io::Result<Vec<Vec<u8>>>;

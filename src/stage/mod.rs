@@ -96,14 +96,15 @@ pub use session::{recover, start_union};
 /// Set once this daemon serves a staged mount (before the FUSE session starts).
 static ACTIVE: AtomicBool = AtomicBool::new(false);
 
-/// The FUSE stack depth to announce for passthrough: backing files of a staged mount live
-/// on the overlay (depth 1), so they need 2 (and then nothing may stack on this mount);
-/// otherwise 1.
+/// The FUSE stack depth to announce for passthrough: 2 on a staged mount (as when a
+/// kernel overlay held its backing files; the daemon's own merged view needs only 1, but
+/// the stand-ins of `standin.rs` key on it, and nothing is gained by letting another
+/// stack on this mount), otherwise 1.
 pub fn stack_depth() -> u32 {
     if ACTIVE.load(Ordering::Relaxed) { 2 } else { 1 }
 }
 
-/// This daemon serves a staged mount now ([`session::start`], before the FUSE session).
+/// This daemon serves a staged mount now ([`session::start_union`], before the FUSE session).
 fn set_active() {
     ACTIVE.store(true, Ordering::Relaxed);
 }
