@@ -38,8 +38,10 @@ pub fn seal(dir: &Path, live: &dyn Live, message: &str) -> Result<Value, StageEr
         .into());
     }
     let last = layers::live(&area.dir)?.last().copied();
-    let n = super::session::count_since_last(&area)?;
-    if let (Some(last), 0) = (last, n) {
+    // A count that failed seals anyway (the turn may have changed something).
+    let counted = super::session::count_for_checkpoint(&area);
+    let n = counted.unwrap_or(0);
+    if let (Some(last), Some(0)) = (last, counted) {
         return Ok(json!({"checkpoint": last, "sealed": false}));
     }
     live.swap(true, &mut || {

@@ -18,7 +18,7 @@ use clap::Subcommand;
 use super::Area;
 use super::render::status_line;
 use super::request::Op;
-use super::session::{Opts, apply_or_discard, count_since_last, record_line, recover};
+use super::session::{Opts, apply_or_discard, count_for_checkpoint, record_line, recover};
 use super::{layers as ckpt, view};
 
 /// `fencefs stage`.
@@ -472,7 +472,7 @@ fn run_op(op: StageOp) -> Result<i32, StageError> {
             let (area, _) = area(&at, &args)?;
             area.lock()?;
             let area = recover(area)?;
-            let n = count_since_last(&area)?;
+            let n = count_for_checkpoint(&area).unwrap_or(0);
             let c = ckpt::checkpoint(&area.dir, message.as_deref().unwrap_or(""), n)?;
             println!("checkpoint {}", c.n);
             Ok(0)

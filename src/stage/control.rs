@@ -137,7 +137,7 @@ fn run(area: &Area, live: Option<&dyn Live>, op: Op, uid: u32) -> Result<Value, 
         Op::Checkpoint { message } => {
             let live = live("checkpoint")?;
             // Counted before the door closes (what changes meanwhile is sealed uncounted).
-            let n = super::session::count_since_last(area)?;
+            let n = super::session::count_for_checkpoint(area).unwrap_or(0);
             let msg = message.unwrap_or_default();
             live.swap(true, &mut || {
                 let c = layers::checkpoint(&area.dir, &msg, n)?;

@@ -181,6 +181,15 @@ pub fn count_since_last(area: &Area) -> Result<u64, StageError> {
     Ok(st.layers.changes().map_err(read)?.len() as u64)
 }
 
+/// The same for a checkpoint about to be taken: `None` (logged) when the count fails — a
+/// tree the agent made too deep or too wide to compare never stops the operator's
+/// checkpoints; the log then records no count (0).
+pub fn count_for_checkpoint(area: &Area) -> Option<u64> {
+    count_since_last(area)
+        .inspect_err(|e| log::warn!("stage: counting the changes for a checkpoint: {e}"))
+        .ok()
+}
+
 /// What an apply is asked for besides its paths.
 #[derive(Clone, Default)]
 pub struct Opts {
