@@ -14,6 +14,10 @@
 
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use parking_lot::{Condvar, Mutex};
 
 use super::{TRUSTED, USER, Union, kind, temp_name};
 use crate::host::sys::{self, Name, SetTime, Xattr};
@@ -36,6 +40,71 @@ impl Union {
         st: &libc::stat,
         still: &dyn Fn() -> io::Result<()>,
     ) -> io::Result<OwnedFd> {
+        // One copy of an object to a name at a time: a follower waits for the copy in
+        // flight and takes its result (the copy in place, or its errno) rather than copy
+        // the same data again next to it.
+        let up_st = sys::fstat(up)?;
+        let key = (
+            up_st.st_dev,
+            up_st.st_ino,
+            name.bytes().to_vec(),
+            st.st_dev,
+            st.st_ino,
+        );
+        let flight = {
+            let mut m = self.flights.lock();
+            match m.get(&key) {
+                Some(f) => Err(f.clone()),
+                None => {
+                    let f = Arc::new(Flight::default());
+                    m.insert(key.clone(), f.clone());
+                    Ok(f)
+                }
+            }
+        };
+        let flight = match flight {
+            Err(leader) => {
+                return match leader.wait() {
+                    Ok(()) => sys::open_path(up, name),
+                    Err(e) => Err(io::Error::from_raw_os_error(e)),
+                };
+            }
+            Ok(f) => f,
+        };
+        // Ends the flight however the copy ends (an unwinding panic too: followers get EIO).
+        let done = Landing {
+            union: self,
+            key,
+            flight,
+        };
+        let res = self.copy_up_once(up, name, fd, st, still);
+        done.land(
+            res.as_ref()
+                .map(|_| ())
+                .map_err(|e| e.raw_os_error().unwrap_or(libc::EIO)),
+        );
+        res
+    }
+
+    /// Copy-ups made (each one a copy into `DIR/work`), for the debug log and tests.
+    pub fn copies_made(&self) -> u64 {
+        self.copies.load(Ordering::Relaxed)
+    }
+
+    fn copy_up_once(
+        &self,
+        up: BorrowedFd<'_>,
+        name: &Name,
+        fd: BorrowedFd<'_>,
+        st: &libc::stat,
+        still: &dyn Fn() -> io::Result<()>,
+    ) -> io::Result<OwnedFd> {
+        let n = self.copies.fetch_add(1, Ordering::Relaxed) + 1;
+        log::debug!(
+            "stage: copy-up #{n} of {} ({} bytes)",
+            String::from_utf8_lossy(name.bytes()),
+            st.st_size
+        );
         let tmp = temp_name("up");
         let work = self.work.as_fd();
         let made = self.make_copy(work, &tmp, fd, st, true);
@@ -113,6 +182,56 @@ impl Union {
         } else {
             sys::utimens_fd(proc_fd, new.as_fd(), at, mt)
         }
+    }
+}
+
+/// A copy-up in flight: its result, once it has one (`Err`: its errno).
+#[derive(Default)]
+pub(super) struct Flight {
+    done: Mutex<Option<Result<(), i32>>>,
+    cv: Condvar,
+}
+
+/// What a copy-up in flight is keyed by: the upper directory (device, inode), the name,
+/// and the lower object (device, inode).
+pub(super) type FlightKey = (u64, u64, Vec<u8>, u64, u64);
+
+impl Flight {
+    /// Waits for the copy's result. Bounded by the leader's copy: [`Landing`] gives a
+    /// result however the leader's call ends.
+    fn wait(&self) -> Result<(), i32> {
+        let mut d = self.done.lock();
+        loop {
+            if let Some(r) = *d {
+                return r;
+            }
+            self.cv.wait(&mut d);
+        }
+    }
+}
+
+/// The leader's side of a [`Flight`]: removed from the union's table and its result
+/// given to the followers when landed or dropped (EIO then).
+struct Landing<'a> {
+    union: &'a Union,
+    key: FlightKey,
+    flight: Arc<Flight>,
+}
+
+impl Landing<'_> {
+    fn land(self, r: Result<(), i32>) {
+        *self.flight.done.lock() = Some(r);
+    }
+}
+
+impl Drop for Landing<'_> {
+    fn drop(&mut self) {
+        self.union.flights.lock().remove(&self.key);
+        let mut d = self.flight.done.lock();
+        if d.is_none() {
+            *d = Some(Err(libc::EIO));
+        }
+        self.flight.cv.notify_all();
     }
 }
 

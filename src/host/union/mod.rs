@@ -139,6 +139,10 @@ pub struct Union {
     /// directory's parts may then lie below SOURCE directories the mount never looked
     /// up, whose host events it cannot tell apart (see [`Union::follows_redirects`]).
     redirects: std::sync::atomic::AtomicBool,
+    /// The copy-ups in flight (one per object and name: see [`Union::copy_up`]).
+    flights: Mutex<std::collections::HashMap<copyup::FlightKey, Arc<copyup::Flight>>>,
+    /// Copy-ups made.
+    copies: AtomicU64,
 }
 
 fn kind(st: &libc::stat) -> u32 {
@@ -189,6 +193,8 @@ impl Union {
             root: Mutex::new(None),
             names: Mutex::new(()),
             redirects: std::sync::atomic::AtomicBool::new(false),
+            flights: Mutex::new(std::collections::HashMap::new()),
+            copies: AtomicU64::new(0),
         })
     }
 

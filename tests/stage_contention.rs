@@ -1,0 +1,138 @@
+//! Many callers at once on a staged mount (`src/host/union/copyup.rs`,
+//! `src/transport/pool.rs`): concurrent opens for writing of one big SOURCE file make one
+//! copy-up, which every writer then shares; one uid's slow copy-ups do not hold up
+//! another caller's rename.
+
+mod common;
+
+use std::fs;
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Barrier};
+use std::time::Duration;
+
+use common::stage::*;
+use common::*;
+
+const MIB: u64 = 1 << 20;
+
+/// A SOURCE file of `mib` MiB of real data (no holes: its copy takes its time).
+fn big_file(p: &Path, mib: u64, seed: u64) -> Vec<u8> {
+    let chunk = pseudo_random(MIB as usize, seed);
+    let mut f = fs::File::create(p).unwrap();
+    for _ in 0..mib {
+        f.write_all(&chunk).unwrap();
+    }
+    f.sync_all().unwrap();
+    chunk
+}
+
+/// Bytes held by the entries of `dir` (one level: copies are files made there).
+fn held(dir: &Path) -> u64 {
+    let Ok(rd) = fs::read_dir(dir) else { return 0 };
+    rd.filter_map(|e| e.ok())
+        .filter_map(|e| e.path().symlink_metadata().ok())
+        .map(|m| m.blocks() * 512)
+        .sum()
+}
+
+/// Samples `held(dir)` every 2 ms until stopped; gives the peak.
+struct Peak {
+    stop: Arc<AtomicBool>,
+    peak: Arc<AtomicU64>,
+    t: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Peak {
+    fn watch(dir: &Path) -> Peak {
+        let (stop, peak) = (
+            Arc::new(AtomicBool::new(false)),
+            Arc::new(AtomicU64::new(0)),
+        );
+        let (s, p, d) = (stop.clone(), peak.clone(), dir.to_path_buf());
+        let t = std::thread::spawn(move || {
+            while !s.load(Ordering::SeqCst) {
+                p.fetch_max(held(&d), Ordering::SeqCst);
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        });
+        Peak {
+            stop,
+            peak,
+            t: Some(t),
+        }
+    }
+    fn end(mut self) -> u64 {
+        self.stop.store(true, Ordering::SeqCst);
+        self.t.take().unwrap().join().unwrap();
+        self.peak.load(Ordering::SeqCst)
+    }
+}
+
+/// Eight threads open one 256 MiB SOURCE file for writing at once: one copy-up is made
+/// (the copy-up log line appears once; `DIR/work` never holds more than one copy), every
+/// writer writes the same staged file, and SOURCE is untouched.
+#[test]
+fn concurrent_writers_of_one_file_share_one_copy_up() {
+    const N: usize = 8;
+    const SIZE: u64 = 256;
+    let b = Mount::builder("copyup_once")
+        .policy(WRITE)
+        .env("RUST_LOG", "warn,fencefs::host::union::copyup=debug");
+    let chunk = big_file(&b.host("big"), SIZE, 11);
+    let dir = stage_dir(&b);
+    let m = b.arg("--stage").arg(&dir).start();
+    let peak = Peak::watch(&dir.join("work"));
+    let gate = Arc::new(Barrier::new(N));
+    let writers: Vec<_> = (0..N)
+        .map(|i| {
+            let (gate, path) = (gate.clone(), m.mnt("big"));
+            std::thread::spawn(move || {
+                gate.wait();
+                let mut f = fs::OpenOptions::new().write(true).open(&path).unwrap();
+                f.seek(SeekFrom::Start(i as u64 * 4096)).unwrap();
+                f.write_all(format!("writer {i}").as_bytes()).unwrap();
+                f.sync_all().unwrap();
+                f.metadata().unwrap().ino()
+            })
+        })
+        .collect();
+    let inos: Vec<u64> = writers.into_iter().map(|t| t.join().unwrap()).collect();
+    let peak = peak.end();
+    assert!(
+        peak <= (SIZE + SIZE / 4) * MIB,
+        "DIR/work held {} MiB at its peak: more than one copy in flight",
+        peak / MIB
+    );
+    let copies = m.stderr().matches("stage: copy-up #").count();
+    assert_eq!(copies, 1, "copy-ups made; daemon log:\n{}", m.stderr());
+    assert!(
+        inos.iter().all(|&i| i == inos[0]),
+        "every writer has the same file: {inos:?}"
+    );
+    // The staged file holds every writer's bytes over SOURCE's data.
+    let mut staged = fs::File::open(dir.join("upper/big")).unwrap();
+    assert_eq!(staged.metadata().unwrap().len(), SIZE * MIB);
+    let mut first = vec![0u8; MIB as usize];
+    staged.read_exact(&mut first).unwrap();
+    let mut want = chunk.clone();
+    for i in 0..N {
+        let s = format!("writer {i}");
+        want[i * 4096..i * 4096 + s.len()].copy_from_slice(s.as_bytes());
+    }
+    assert!(first == want, "the staged file's first MiB");
+    let mut rest = vec![0u8; MIB as usize];
+    for _ in 1..SIZE {
+        staged.read_exact(&mut rest).unwrap();
+        assert!(rest == chunk, "the staged file's data past the writes");
+    }
+    // SOURCE byte for byte as it was.
+    let mut src = fs::File::open(m.host("big")).unwrap();
+    for _ in 0..SIZE {
+        src.read_exact(&mut rest).unwrap();
+        assert!(rest == chunk, "SOURCE changed");
+    }
+    assert_eq!(held(&dir.join("work")), 0, "a copy left in DIR/work");
+}
