@@ -136,3 +136,65 @@ fn concurrent_writers_of_one_file_share_one_copy_up() {
     }
     assert_eq!(held(&dir.join("work")), 0, "a copy left in DIR/work");
 }
+
+/// The attack on the slow-request workers (FUSE over io_uring, where the queue threads
+/// hand copy-ups to them): uid 1000 opens 16 big SOURCE files for writing at once (a
+/// copy-up each); a rename by root made while they are copied completes well before they
+/// all are, instead of waiting in one queue behind them.
+#[test]
+fn one_uids_copy_ups_do_not_hold_up_anothers_rename() {
+    const FILES: usize = 16;
+    const SIZE: u64 = 128;
+    let b = Mount::builder("pool_fair").policy(WRITE);
+    for i in 0..FILES {
+        let p = b.host(format!("big{i}"));
+        big_file(&p, SIZE, i as u64);
+        std::os::unix::fs::chown(&p, Some(USER), Some(USER)).unwrap();
+    }
+    put(&b.host("x"), b"root's\n", 0o644);
+    let dir = stage_dir(&b);
+    let m = b
+        .arg("--allow-other")
+        .arg("--transport")
+        .arg("io-uring")
+        .arg("--stage")
+        .arg(&dir)
+        .start();
+    let before = fs::read(m.host("big0")).unwrap();
+    let t0 = std::time::Instant::now();
+    let script = format!(
+        "for i in $(seq 0 {}); do (: 1<>big$i) & done; wait",
+        FILES - 1
+    );
+    let mnt = m.mnt("");
+    let hostile = std::thread::spawn(move || {
+        let out = sh_as(USER, &mnt, &script);
+        (out, t0.elapsed())
+    });
+    // The opens are in the daemon's hands (copying, or queued for a worker).
+    assert!(
+        eventually(Duration::from_secs(10), || held(&dir.join("work")) > 0),
+        "no copy-up started"
+    );
+    // ... and all sixteen opens with it (forked at once by the shell).
+    std::thread::sleep(Duration::from_millis(100));
+    let t = std::time::Instant::now();
+    fs::rename(m.mnt("x"), m.mnt("y")).unwrap();
+    let rename = t.elapsed();
+    let renamed_at = t0.elapsed();
+    let (out, all) = hostile.join().unwrap();
+    eprintln!("rename {rename:?} done at {renamed_at:?}; copy-ups {all:?}");
+    out.assert_ok("uid 1000's opens");
+    assert_eq!(fs::read(m.mnt("y")).unwrap(), b"root's\n");
+    assert!(
+        renamed_at * 3 < all,
+        "root's rename took {rename:?} (done at {renamed_at:?}); uid 1000's copy-ups took {all:?}"
+    );
+    // Every copy made, SOURCE untouched.
+    for i in 0..FILES {
+        let st = fs::metadata(dir.join(format!("upper/big{i}"))).unwrap();
+        assert_eq!(st.len(), SIZE * MIB);
+    }
+    assert!(fs::read(m.host("big0")).unwrap() == before);
+    assert!(m.host("x").exists() && !m.host("y").exists());
+}
