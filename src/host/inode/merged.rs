@@ -182,6 +182,9 @@ impl Inodes {
             let f = u.lookup(&s, &name)?.ok_or_else(stale)?;
             self.check_key(ino, &f)?;
             s = Arc::new(f.stack.ok_or_else(|| err(libc::ENOTDIR))?);
+            if s.walked {
+                u.note_walked(ino);
+            }
             self.stacks.insert(ino, s.clone());
         }
         Ok(s)

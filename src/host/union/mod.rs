@@ -98,6 +98,9 @@ pub struct Stack {
     pub parts: Vec<Part>,
     /// The union generation it was found in (see [`Union::generation`]).
     pub generation: u64,
+    /// Some part was found through a redirect walked from a lower layer's root (here or
+    /// in a parent): host events in it name directories the mount may not know.
+    pub walked: bool,
 }
 
 impl Stack {
@@ -143,7 +146,15 @@ pub struct Union {
     flights: Mutex<std::collections::HashMap<copyup::FlightKey, Arc<copyup::Flight>>>,
     /// Copy-ups made.
     copies: AtomicU64,
+    /// Node ids of merged directories with parts found through a redirect walked from a
+    /// lower layer's root ([`Stack::walked`]): the kernel's listings and attributes of
+    /// these are dropped on the host events the watch cannot place (bounded).
+    walked: Mutex<std::collections::HashSet<u64>>,
 }
+
+/// Node ids [`Union::note_walked`] keeps at most (past it the oldest are not told apart:
+/// the set starts over).
+const MAX_WALKED: usize = 4096;
 
 fn kind(st: &libc::stat) -> u32 {
     st.st_mode & libc::S_IFMT
@@ -195,6 +206,7 @@ impl Union {
             redirects: std::sync::atomic::AtomicBool::new(false),
             flights: Mutex::new(std::collections::HashMap::new()),
             copies: AtomicU64::new(0),
+            walked: Mutex::new(std::collections::HashSet::new()),
         })
     }
 
@@ -215,6 +227,22 @@ impl Union {
     /// removed or moved anywhere on the host may concern a merged directory.
     pub fn follows_redirects(&self) -> bool {
         self.redirects.load(Ordering::Relaxed)
+    }
+
+    /// Node `ino` is a merged directory whose parts were found through a redirect walked
+    /// from a lower layer's root.
+    pub fn note_walked(&self, ino: u64) {
+        let mut w = self.walked.lock();
+        if w.len() >= MAX_WALKED && !w.contains(&ino) {
+            w.clear();
+        }
+        w.insert(ino);
+    }
+
+    /// The node ids noted by [`Union::note_walked`]: the watch drops the kernel's
+    /// listings and attributes of these when a host event may concern them.
+    pub fn walked_nodes(&self) -> Vec<u64> {
+        self.walked.lock().iter().copied().collect()
     }
 
     /// A directory of SOURCE was made, removed or moved by the host: every merged
@@ -262,7 +290,11 @@ impl Union {
                 break;
             }
         }
-        let s = Arc::new(Stack { parts, generation });
+        let s = Arc::new(Stack {
+            parts,
+            generation,
+            walked: false,
+        });
         if self.generation() == generation {
             *self.root.lock() = Some(s.clone());
         }
@@ -365,6 +397,7 @@ impl Union {
         let mut bottom = (0, 0);
         // A redirect to an absolute path: the layers below are walked from their roots.
         let mut abs: Option<Vec<u8>> = None;
+        let mut walked = false;
         let mut next = 0;
         let mut pi = 0;
         loop {
@@ -415,6 +448,7 @@ impl Union {
             match redirect {
                 Some(r) if r.starts_with(b"/") => {
                     self.redirects.store(true, Ordering::Relaxed);
+                    walked = true;
                     abs = Some(r[1..].to_vec())
                 }
                 Some(r) if abs.is_none() => look = Name::new(&r)?,
@@ -434,7 +468,11 @@ impl Union {
                 layer,
                 fd,
                 st,
-                stack: dir.then(|| Stack { parts, generation }),
+                stack: dir.then(|| Stack {
+                    parts,
+                    generation,
+                    walked: parent.walked || walked,
+                }),
             }
         }))
     }
