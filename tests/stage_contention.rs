@@ -198,3 +198,56 @@ fn one_uids_copy_ups_do_not_hold_up_anothers_rename() {
     assert!(fs::read(m.host("big0")).unwrap() == before);
     assert!(m.host("x").exists() && !m.host("y").exists());
 }
+
+/// A removal whose lookup found SOURCE's file, and a copy-up of that name landing before
+/// the removal takes the union's names lock (made wide by the test-only pause
+/// `FENCEFS_FAULT_UNION_PAUSE=remove:MS`): the removal looks the name up again under the
+/// lock and removes the copy (before: its whiteout collided with the copy, `rm: File
+/// exists`). On `/dev/fuse`, whose session threads serve the open while the removal's
+/// thread pauses.
+#[test]
+fn a_removal_removes_the_copy_up_that_landed_after_its_lookup() {
+    let b = Mount::builder("rm_race")
+        .policy(WRITE)
+        .env("FENCEFS_FAULT_UNION_PAUSE", "remove:1500");
+    put(&b.host("f"), b"source\n", 0o644);
+    let dir = stage_dir(&b);
+    let m = b
+        .arg("--transport")
+        .arg("dev-fuse")
+        .arg("--stage")
+        .arg(&dir)
+        .start();
+    let p = m.mnt("f");
+    let rm = std::thread::spawn(move || fs::remove_file(&p));
+    assert!(
+        eventually(Duration::from_secs(5), || m
+            .stderr()
+            .contains("pause of 1500 ms at remove")),
+        "the removal did not reach its pause:\n{}",
+        m.stderr()
+    );
+    // Opened for writing in the removal's window: the copy-up lands. (Not written: a
+    // write, and the close's flush, wait for the inode lock the unlink holds.)
+    let w = fs::OpenOptions::new().write(true).open(m.mnt("f")).unwrap();
+    assert!(
+        fs::symlink_metadata(dir.join("upper/f"))
+            .unwrap()
+            .file_type()
+            .is_file(),
+        "the copy-up landed while the removal paused"
+    );
+    rm.join().unwrap().expect("rm f");
+    drop(w);
+    assert_eq!(
+        fs::symlink_metadata(m.mnt("f"))
+            .map_err(|e| e.raw_os_error())
+            .err(),
+        Some(Some(libc::ENOENT))
+    );
+    // A whiteout stands for it in the upper; SOURCE is untouched.
+    let st = fs::symlink_metadata(dir.join("upper/f")).unwrap();
+    use std::os::unix::fs::FileTypeExt;
+    assert!(st.file_type().is_char_device() && st.rdev() == 0);
+    assert_eq!(fs::read(m.host("f")).unwrap(), b"source\n");
+}

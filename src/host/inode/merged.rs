@@ -427,6 +427,7 @@ impl Inodes {
         }
         let pup = self.up_dir_in(&u, parent)?;
         let ps = self.stack(&u, parent)?;
+        crate::host::union::pause_point("remove");
         u.remove(&ps, pup.as_fd(), name, &f)
     }
 

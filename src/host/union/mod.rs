@@ -15,6 +15,10 @@
 //! daemon aborts (as a `kill -9` would end it) at that step of a name change — between two
 //! of its renames — so the test can show what a crash there leaves.
 //!
+//! With `FENCEFS_FAULT_UNION_PAUSE=STEP:MS` the daemon sleeps at that step instead (see
+//! [`pause_point`]: `remove`, between a removal's lookup and the names lock), so a test can
+//! land a concurrent request in that window.
+//!
 //! Markers are written in the area's namespace (`trusted.overlay.` when the daemon runs as
 //! root, `user.overlay.` otherwise, so an ordinary user can stage) and read in both.
 //!
@@ -177,6 +181,23 @@ fn crash_point(step: &str) {
     if at.as_deref() == Some(step) {
         log::error!("fault injected: abort at {step} (FENCEFS_FAULT_UNION_ABORT)");
         std::process::abort();
+    }
+}
+
+/// Test-only: sleeps `MS` milliseconds at `step` when `FENCEFS_FAULT_UNION_PAUSE=STEP:MS`
+/// names it (a window another request can land in, made wide on purpose).
+pub fn pause_point(step: &str) {
+    static AT: std::sync::OnceLock<Option<(String, u64)>> = std::sync::OnceLock::new();
+    let at = AT.get_or_init(|| {
+        let v = std::env::var("FENCEFS_FAULT_UNION_PAUSE").ok()?;
+        let (s, ms) = v.split_once(':')?;
+        Some((s.to_string(), ms.parse().ok()?))
+    });
+    if let Some((s, ms)) = at
+        && s == step
+    {
+        log::warn!("fault injected: pause of {ms} ms at {step} (FENCEFS_FAULT_UNION_PAUSE)");
+        std::thread::sleep(std::time::Duration::from_millis(*ms));
     }
 }
 
