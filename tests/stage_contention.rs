@@ -251,3 +251,50 @@ fn a_removal_removes_the_copy_up_that_landed_after_its_lookup() {
     assert!(st.file_type().is_char_device() && st.rdev() == 0);
     assert_eq!(fs::read(m.host("f")).unwrap(), b"source\n");
 }
+
+/// A host writer that rewrites a SOURCE file (same size) and restores its modification
+/// time (`touch -d`) while the agent's copy-up of it is made (after the data was copied:
+/// the test-only pause `FENCEFS_FAULT_UNION_PAUSE=copy-up:MS`): the copy is refused by its
+/// change time (ESTALE, on which the kernel repeats the open on the host's bytes), so
+/// the staged file is the host's new bytes plus the agent's write — never the old bytes
+/// (before: size and mtime matched, and the stale copy was staged).
+#[test]
+fn a_copy_up_raced_by_a_host_write_that_restores_mtime_is_made_again() {
+    let b = Mount::builder("copyup_ctime")
+        .policy(WRITE)
+        .env("FENCEFS_FAULT_UNION_PAUSE", "copy-up:1000");
+    put(&b.host("f"), b"old content AAAA\n", 0o644);
+    sh_in(&b.host(""), "touch -d '2020-01-01 00:00:00' f").assert_ok("touch");
+    let dir = stage_dir(&b);
+    let m = b
+        .arg("--transport")
+        .arg("dev-fuse")
+        .arg("--stage")
+        .arg(&dir)
+        .start();
+    let p = m.mnt("f");
+    let agent = std::thread::spawn(move || -> std::io::Result<()> {
+        let mut f = fs::OpenOptions::new().append(true).open(&p)?;
+        f.write_all(b"agent\n")
+    });
+    assert!(
+        eventually(Duration::from_secs(5), || m
+            .stderr()
+            .contains("pause of 1000 ms at copy-up")),
+        "the copy-up did not reach its pause:\n{}",
+        m.stderr()
+    );
+    // The host rewrites it in place, same size, and puts the old mtime back.
+    sh_in(
+        &m.host(""),
+        "printf 'new content BBBB\\n' 1<>f && touch -d '2020-01-01 00:00:00' f",
+    )
+    .assert_ok("host rewrite");
+    agent.join().unwrap().expect("the agent's append");
+    assert_eq!(
+        fs::read(dir.join("upper/f")).unwrap(),
+        b"new content BBBB\nagent\n"
+    );
+    assert_eq!(fs::read(m.mnt("f")).unwrap(), b"new content BBBB\nagent\n");
+    assert_eq!(fs::read(m.host("f")).unwrap(), b"new content BBBB\n");
+}

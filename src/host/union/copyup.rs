@@ -24,7 +24,8 @@ use crate::host::sys::{self, Name, SetTime, Xattr};
 
 impl Union {
     /// Copies the lower object `fd` (stat `st`) into the upper directory `up` as `name`;
-    /// returns the copy's `O_PATH` handle. `EEXIST` if the upper has `name` already.
+    /// returns the copy's `O_PATH` handle. `EEXIST` if the upper has `name` already. `layer`:
+    /// the layer `fd` is in (a file of SOURCE is also checked by its change time).
     ///
     /// The copy is made in `DIR/work` without the names lock — a big file's data takes
     /// as long as it takes without holding up anyone else's name change — and the lock
@@ -36,8 +37,7 @@ impl Union {
         &self,
         up: BorrowedFd<'_>,
         name: &Name,
-        fd: BorrowedFd<'_>,
-        st: &libc::stat,
+        (fd, st, layer): (BorrowedFd<'_>, &libc::stat, usize),
         still: &dyn Fn() -> io::Result<()>,
     ) -> io::Result<OwnedFd> {
         // One copy of an object to a name at a time: a follower waits for the copy in
@@ -77,7 +77,7 @@ impl Union {
             key,
             flight,
         };
-        let res = self.copy_up_once(up, name, fd, st, still);
+        let res = self.copy_up_once(up, name, (fd, st, self.is_source(layer)), still);
         done.land(
             res.as_ref()
                 .map(|_| ())
@@ -95,8 +95,7 @@ impl Union {
         &self,
         up: BorrowedFd<'_>,
         name: &Name,
-        fd: BorrowedFd<'_>,
-        st: &libc::stat,
+        (fd, st, source): (BorrowedFd<'_>, &libc::stat, bool),
         still: &dyn Fn() -> io::Result<()>,
     ) -> io::Result<OwnedFd> {
         let n = self.copies.fetch_add(1, Ordering::Relaxed) + 1;
@@ -109,7 +108,8 @@ impl Union {
         let work = self.work.as_fd();
         let made = self.make_copy(work, &tmp, fd, st, true);
         let res = made.and_then(|()| {
-            unchanged(fd, st)?;
+            super::pause_point("copy-up");
+            unchanged(fd, st, source)?;
             let _g = self.names.lock();
             still()?;
             sys::renameat2(work, &tmp, up, name, libc::RENAME_NOREPLACE)?;
@@ -236,16 +236,22 @@ impl Drop for Landing<'_> {
 }
 
 /// `fd` is still the object `st` was read from, and a file's size and modification time
-/// are as they were: else it was written while it was copied (`ESTALE`: the copy may mix
-/// two versions). The change time is not compared: a hard link made to a sealed layer's
-/// file (`stage status` flattening the layers) changes it, not the bytes.
-fn unchanged(fd: BorrowedFd<'_>, st: &libc::stat) -> io::Result<()> {
+/// are as they were — and, for a file of SOURCE (`source`), its change time: else it was
+/// written while it was copied (`ESTALE`: the copy may mix two versions). The change time
+/// catches a host writer that restores the modification time (`touch -d`, `cp -p`,
+/// `rsync -t`) or a same-size rewrite within one timestamp tick: no write leaves it as it
+/// was. It is not compared for a sealed layer's file: a hard link made to it (`stage
+/// status` flattening the layers) changes it, not the bytes.
+fn unchanged(fd: BorrowedFd<'_>, st: &libc::stat, source: bool) -> io::Result<()> {
     let now = sys::fstat(fd)?;
     let file = kind(st) == libc::S_IFREG;
     let same = (now.st_dev, now.st_ino) == (st.st_dev, st.st_ino)
         && (!file
             || (now.st_size, now.st_mtime, now.st_mtime_nsec)
-                == (st.st_size, st.st_mtime, st.st_mtime_nsec));
+                == (st.st_size, st.st_mtime, st.st_mtime_nsec))
+        && (!file
+            || !source
+            || (now.st_ctime, now.st_ctime_nsec) == (st.st_ctime, st.st_ctime_nsec));
     if same {
         Ok(())
     } else {

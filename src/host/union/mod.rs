@@ -16,7 +16,8 @@
 //! of its renames — so the test can show what a crash there leaves.
 //!
 //! With `FENCEFS_FAULT_UNION_PAUSE=STEP:MS` the daemon sleeps at that step instead (see
-//! [`pause_point`]: `remove`, between a removal's lookup and the names lock), so a test can
+//! [`pause_point`]: `remove`, between a removal's lookup and the names lock; `copy-up`,
+//! between a copy's data and the check that its source was not changed meanwhile), so a test can
 //! land a concurrent request in that window.
 //!
 //! Markers are written in the area's namespace (`trusted.overlay.` when the daemon runs as
