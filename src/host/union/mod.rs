@@ -46,9 +46,11 @@ mod change;
 mod copyup;
 mod list;
 mod remove;
+mod sweep;
 
 pub use change::NewName;
 pub use list::MergedEntry;
+pub use sweep::sweep_new_leftovers;
 
 /// Prefixes of overlayfs's markers.
 pub const TRUSTED: &[u8] = b"trusted.overlay.";
