@@ -487,3 +487,49 @@ fn a_crash_in_a_rename_over_an_emptied_directory_keeps_its_deletions() {
     assert_eq!(names_str(&s.mnt("t")).unwrap(), Vec::<String>::new());
     assert_eq!(names_str(&s.mnt("s/d")).unwrap(), ["n"]);
 }
+
+/// A staging area on a file system that cannot leave a whiteout in a rename (ramfs:
+/// `renameat2(RENAME_WHITEOUT)` answers EINVAL) is refused at start with an error that
+/// says so — nothing mounted, SOURCE untouched — instead of renames away from SOURCE
+/// names made in two steps.
+#[test]
+fn a_staging_area_without_rename_whiteout_is_refused() {
+    struct Ramfs(PathBuf);
+    impl Drop for Ramfs {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg(&self.0).status();
+        }
+    }
+    let b = Mount::builder("atomic-ramfs").policy(WRITE);
+    put(&b.host("a"), b"source\n", 0o644);
+    let ram = b.root().join("ram");
+    fs::create_dir_all(&ram).unwrap();
+    sh_in(b.root(), &format!("mount -t ramfs ramfs {}", ram.display())).assert_ok("mount ramfs");
+    let _ram = Ramfs(ram.clone());
+    let policy = b.root().join("policy.toml");
+    fs::write(&policy, WRITE).unwrap();
+    let src = snapshot(&b.host(""));
+    let mnt = b.root().join("mp/mnt");
+    let out = run_fencefs(
+        [
+            "mount".as_ref(),
+            "-p".as_ref(),
+            policy.as_os_str(),
+            "--stage".as_ref(),
+            ram.join("st").as_os_str(),
+            b.host("").as_os_str(),
+            mnt.as_os_str(),
+        ],
+        LIMIT,
+    );
+    out.assert_fail("a mount staged on ramfs");
+    assert!(
+        out.stderr.contains("cannot leave a whiteout in a rename")
+            && out.stderr.contains("RENAME_WHITEOUT"),
+        "the refusal says why: {}",
+        out.stderr
+    );
+    assert!(!is_mounted(&mnt));
+    assert_host_unchanged(&src, &b.host(""), "a refused staging area");
+    assert_eq!(fs::read_dir(ram.join("st/work")).unwrap().count(), 0);
+}

@@ -244,8 +244,8 @@ impl Union {
     }
 
     /// `up/name` renamed to `nup/newname`, leaving a whiteout behind if `whiteout`
-    /// (`RENAME_WHITEOUT`; where the upper's file system has none, a rename then a
-    /// whiteout — two steps, the one non-atomic case: overlayfs refuses such an upper).
+    /// (`RENAME_WHITEOUT`, one step: a staging area whose file system has none is refused
+    /// at start, as overlayfs refuses such an upper).
     fn move_entry(
         &self,
         (up, name): (BorrowedFd<'_>, &Name),
@@ -253,13 +253,7 @@ impl Union {
         whiteout: bool,
     ) -> io::Result<()> {
         let flags = if whiteout { libc::RENAME_WHITEOUT } else { 0 };
-        match sys::renameat2(up, name, nup, newname, flags) {
-            Err(e) if flags != 0 && e.raw_os_error() == Some(libc::EINVAL) => {
-                sys::renameat2(up, name, nup, newname, 0)?;
-                self.whiteout(up, name)
-            }
-            r => r,
-        }
+        sys::renameat2(up, name, nup, newname, flags)
     }
 
     /// `RENAME_EXCHANGE` of two merged entries, both copied up: allowed when neither is a

@@ -177,6 +177,42 @@ fn temp_name(what: &str) -> Name {
     Name::new(name.as_bytes()).expect("a valid name")
 }
 
+/// Whether the work directory's file system makes a whiteout in the rename that moves an
+/// entry away (`renameat2(RENAME_WHITEOUT)`, tried once on a scratch file in `work`): a
+/// rename away from a name a lower layer holds must be that one step. Refused (an error
+/// that says so) where it answers EINVAL or EOPNOTSUPP (ramfs, minix, most FUSE file
+/// systems), as overlayfs refuses such an upper; another error is logged and the area used.
+fn can_rename_whiteout(work: BorrowedFd<'_>) -> io::Result<()> {
+    let (a, b) = (temp_name("probe"), temp_name("probe"));
+    drop(sys::openat(
+        work,
+        &a,
+        libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW,
+        0o600,
+    )?);
+    let r = sys::renameat2(work, &a, work, &b, libc::RENAME_WHITEOUT);
+    let _ = sys::unlinkat(work, &b, 0);
+    let _ = sys::unlinkat(work, &a, 0);
+    match r {
+        Ok(()) => Ok(()),
+        Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL | libc::EOPNOTSUPP)) => {
+            Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                format!(
+                    "its file system cannot leave a whiteout in a rename (renameat2 \
+                     RENAME_WHITEOUT in DIR/work: {e}), which every rename away from a \
+                     SOURCE name needs to be one step; put the staging area on ext4, xfs, \
+                     btrfs or tmpfs"
+                ),
+            ))
+        }
+        Err(e) => {
+            log::warn!("stage: trying RENAME_WHITEOUT in DIR/work: {e}");
+            Ok(())
+        }
+    }
+}
+
 /// Test-only: aborts the daemon at `step` when `FENCEFS_FAULT_UNION_ABORT` names it.
 fn crash_point(step: &str) {
     static AT: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
@@ -219,6 +255,7 @@ impl Union {
         if layers.len() < 2 {
             return Err(io::Error::from_raw_os_error(libc::EINVAL));
         }
+        can_rename_whiteout(work.as_fd())?;
         Ok(Union {
             layers,
             work,
