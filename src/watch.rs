@@ -22,6 +22,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::fs::ops::Shared;
+use crate::host::union::Union;
 
 /// The shortest time between two reads of the event queue.
 pub const COALESCE: Duration = Duration::from_millis(5);
@@ -198,6 +199,16 @@ fn decode(buf: &[u8], shared: &Shared, me: u32, pages: bool) -> Batch {
                         {
                             u.host_changed();
                         }
+                        // A name made, removed or moved in a directory the mount does not
+                        // know may be one a redirect-walked part of a merged directory
+                        // shows: its listing and attributes are dropped too.
+                        if mask & DIRENT != 0
+                            && known.is_none()
+                            && let Some(u) = shared.inodes.union()
+                            && u.follows_redirects()
+                        {
+                            walked(shared, &u, &mut b, (&mut seen_i, &mut seen_e));
+                        }
                         if let Some(dir) = known {
                             if dir == crate::host::inode::ROOT && !b.root_names.contains(&name) {
                                 b.root_names.push(name.clone());
@@ -232,6 +243,9 @@ fn decode(buf: &[u8], shared: &Shared, me: u32, pages: bool) -> Batch {
                             && let Some(u) = shared.inodes.union()
                         {
                             u.host_changed();
+                            if u.follows_redirects() {
+                                walked(shared, &u, &mut b, (&mut seen_i, &mut seen_e));
+                            }
                         }
                         if let Some(node) = shared.inodes.by_handle(&key)
                             && seen_i.insert(node)
@@ -246,6 +260,28 @@ fn decode(buf: &[u8], shared: &Shared, me: u32, pages: bool) -> Batch {
         }
     }
     b
+}
+
+/// Drops the kernel's listings, attributes and names of the merged directories with
+/// parts found through a redirect walked from a lower layer's root
+/// ([`Union::walked_nodes`]): their parts may have changed (a SOURCE part replaced gives
+/// the directory a new identity, so its name is looked up again).
+fn walked(
+    shared: &Shared,
+    u: &Union,
+    b: &mut Batch,
+    (seen_i, seen_e): (&mut HashSet<u64>, &mut HashSet<(u64, Vec<u8>)>),
+) {
+    for ino in u.walked_nodes() {
+        if seen_i.insert(ino) {
+            b.inodes.push((ino, 0));
+            if let Some((parent, name)) = shared.inodes.alias(ino)
+                && seen_e.insert((parent, name.clone()))
+            {
+                b.entries.push((parent, name));
+            }
+        }
+    }
 }
 
 /// Reads events forever, handing batches to `send`. `pages`: file contents are cached by

@@ -478,3 +478,51 @@ fn a_walk_of_many_directories_keeps_the_daemons_descriptors_bounded() {
         "{before} descriptors before the walk, {after} after (handle cache {cached})"
     );
 }
+
+/// A directory the agent renamed (`mv a/b/c c2`: its SOURCE part is found through an
+/// absolute redirect, walked from SOURCE's root), then replaced by the host after the
+/// kernel forgot `a/b/c` (`drop_caches`): the host's events name directories the mount
+/// does not know, yet `c2`'s cached name, attributes and listing are dropped — `ls c2`
+/// shows the host's new file well within the cache time (10 s), as `cat c2/f3` does
+/// (before: ESTALE for the cache time, the kernel's cached `c2` being the node of the
+/// directory's old identity, its old SOURCE part's).
+#[test]
+fn a_renamed_directorys_listing_follows_the_host_below_its_redirect() {
+    let (m, dir) = staged("fresh-redirect-listing", WRITE, |src| {
+        put(&src.join("a/b/c/f1"), b"1\n", 0o644);
+        put(&src.join("a/b/c/f2"), b"2\n", 0o644);
+    });
+    m.sh("mv a/b/c c2").assert_ok("agent renames");
+    // The listing, or the error reading it.
+    let names = || -> Result<Vec<String>, String> {
+        let mut v: Vec<String> = fs::read_dir(m.mnt("c2"))
+            .and_then(|d| {
+                d.map(|e| e.map(|e| e.file_name()))
+                    .collect::<Result<Vec<_>, _>>()
+            })
+            .map_err(|e| e.to_string())?
+            .into_iter()
+            .map(|n| n.to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        Ok(v)
+    };
+    fs::write("/proc/sys/vm/drop_caches", "3").unwrap();
+    // Listed (and cached by the kernel) after a/b/c was forgotten.
+    assert_eq!(names().unwrap(), ["f1", "f2"]);
+    sh_in(
+        &m.host(""),
+        "rm -rf a/b/c && mkdir a/b/c && echo x > a/b/c/f3",
+    )
+    .assert_ok("host replaces a/b/c");
+    assert!(
+        eventually(Duration::from_secs(3), || names()
+            .is_ok_and(|n| n == ["f3"])),
+        "c2's listing: {:?}",
+        names()
+    );
+    assert_eq!(fs::read(m.mnt("c2/f3")).unwrap(), b"x\n");
+    // Nothing of it was staged by the host's change; SOURCE is the host's.
+    assert!(!dir.join("upper/c2/f3").exists());
+    assert_eq!(fs::read(m.host("a/b/c/f3")).unwrap(), b"x\n");
+}

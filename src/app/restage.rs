@@ -251,8 +251,14 @@ impl crate::stage::control::Live for Restage {
             first.inodes + second.inodes
         );
         if let Err(e) = rebuilt {
-            log::error!("stage: {e}; the previous view is still served");
-            return Err(format!("{e}; the previous view is still served").into());
+            // The view served may no longer be DIR's (its upper sealed as a checkpoint's
+            // layer, say): it stays readable, and nothing changes through it until a live
+            // change serves DIR again.
+            if let Some(u) = self.shared.inodes.union() {
+                u.freeze();
+            }
+            log::error!("stage: {e}; the previous view is still served, read-only");
+            return Err(format!("{e}; the previous view is still served, read-only").into());
         }
         res
     }

@@ -36,6 +36,13 @@ pub fn start_union(
     source: &OwnedFd,
 ) -> Result<std::sync::Arc<Union>, StageError> {
     let area = prepare(dir, src, mnt, source)?;
+    // New names a crash left under their temporary name (`#fencefs-new.PID.N`).
+    if let Err(e) = crate::host::union::sweep_new_leftovers(area.upper.as_fd()) {
+        log::warn!(
+            "stage '{}': looking for leftovers of new names: {e}",
+            dir.display()
+        );
+    }
     let u = union_of(&area, source)?;
     started(area, src);
     Ok(std::sync::Arc::new(u))

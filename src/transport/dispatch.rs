@@ -302,7 +302,7 @@ pub fn run<R: Answer>(core: &Arc<Core>, pool: &Pool, d: Decoded, reply: R) {
     };
     if slow {
         let core = core.clone();
-        pool.run(move || run_here(&core, d, reply));
+        pool.run(d.rq.uid, move || run_here(&core, d, reply));
     } else {
         run_here(core, d, reply)
     }

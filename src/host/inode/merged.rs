@@ -191,6 +191,9 @@ impl Inodes {
             let f = u.lookup(&s, &name)?.ok_or_else(stale)?;
             self.check_key(ino, &f)?;
             s = Arc::new(f.stack.ok_or_else(|| err(libc::ENOTDIR))?);
+            if s.walked {
+                u.note_walked(ino);
+            }
             self.stacks.insert(ino, s.clone());
         }
         Ok(s)
@@ -246,7 +249,8 @@ impl Inodes {
     /// each one below it up, parents first (a loop: see [`Inodes::stack_at`]). Each is
     /// copied from its top part as found before its parents' copy-ups.
     fn up_dir_in(&self, u: &Union, ino: u64) -> io::Result<Arc<OwnedFd>> {
-        let mut below: Vec<(u64, u64, Arc<OwnedFd>)> = Vec::new();
+        u.writable()?;
+        let mut below: Vec<(u64, u64, Arc<OwnedFd>, usize)> = Vec::new();
         let mut cur = ino;
         let mut pup = loop {
             if cur == ROOT {
@@ -261,14 +265,20 @@ impl Inodes {
                 break top.fd.clone();
             }
             let parent = self.alias(cur).ok_or_else(stale)?.0;
-            below.push((cur, parent, top.fd.clone()));
+            below.push((cur, parent, top.fd.clone(), top.layer));
             cur = parent;
         };
-        while let Some((ino, parent, top)) = below.pop() {
+        while let Some((ino, parent, top, layer)) = below.pop() {
             let (_, name) = self.alias(ino).ok_or_else(stale)?;
             let st = sys::fstat(top.as_fd())?;
             let name = Name::new(&name)?;
-            pup = self.copied(u, (parent, ino), pup.as_fd(), &name, top.as_fd(), &st)?;
+            pup = self.copied(
+                u,
+                (parent, ino),
+                pup.as_fd(),
+                &name,
+                (top.as_fd(), &st, layer),
+            )?;
         }
         Ok(pup)
     }
@@ -281,11 +291,10 @@ impl Inodes {
         (parent, ino): (u64, u64),
         pup: BorrowedFd<'_>,
         name: &Name,
-        fd: BorrowedFd<'_>,
-        st: &libc::stat,
+        (fd, st, layer): (BorrowedFd<'_>, &libc::stat, usize),
     ) -> io::Result<Arc<OwnedFd>> {
         let still = || self.still_shows(u, parent, name, st);
-        let new = match u.copy_up(pup, name, fd, st, &still) {
+        let new = match u.copy_up(pup, name, (fd, st, layer), &still) {
             Ok(f) => f,
             Err(e) if e.raw_os_error() == Some(libc::EEXIST) => sys::open_path(pup, name)?,
             Err(e) => return Err(e),
@@ -329,6 +338,7 @@ impl Inodes {
         let Some(u) = self.union() else {
             return self.fd(ino).map(Up::Here);
         };
+        u.writable()?;
         // In the upper already: its own (verified) handle, no lookup.
         if self.settled_file(ino) {
             return self.fd(ino).map(Up::Here);
@@ -346,14 +356,15 @@ impl Inodes {
         let name = Name::new(&name)?;
         if busy {
             let still = || self.still_shows(&u, parent, &name, &f.st);
-            match u.copy_up(pup.as_fd(), &name, f.fd.as_fd(), &f.st, &still) {
+            match u.copy_up(pup.as_fd(), &name, (f.fd.as_fd(), &f.st, f.layer), &still) {
                 Ok(_) => {}
                 Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {}
                 Err(e) => return Err(e),
             }
             return Ok(Up::Moved);
         }
-        self.copied(&u, (parent, ino), pup.as_fd(), &name, f.fd.as_fd(), &f.st)
+        let lower = (f.fd.as_fd(), &f.st, f.layer);
+        self.copied(&u, (parent, ino), pup.as_fd(), &name, lower)
             .map(Up::Here)
     }
 
@@ -371,7 +382,7 @@ impl Inodes {
         }
         let pup = self.up_dir_in(&u, parent)?;
         let still = || self.still_shows(&u, parent, name, &f.st);
-        let new = match u.copy_up(pup.as_fd(), name, f.fd.as_fd(), &f.st, &still) {
+        let new = match u.copy_up(pup.as_fd(), name, (f.fd.as_fd(), &f.st, f.layer), &still) {
             Ok(f) => f,
             Err(e) if e.raw_os_error() == Some(libc::EEXIST) => sys::open_path(pup.as_fd(), name)?,
             Err(e) => return Err(e),
@@ -438,6 +449,7 @@ impl Inodes {
         }
         let pup = self.up_dir_in(&u, parent)?;
         let ps = self.stack(&u, parent)?;
+        crate::host::union::pause_point("remove");
         u.remove(&ps, pup.as_fd(), name, &f)
     }
 
@@ -548,7 +560,8 @@ impl Inodes {
                     return self.up_dir_in(u, ino);
                 }
                 let pup = self.up_dir_in(u, parent)?;
-                self.copied(u, (parent, ino), pup.as_fd(), name, f.fd.as_fd(), &f.st)
+                let lower = (f.fd.as_fd(), &f.st, f.layer);
+                self.copied(u, (parent, ino), pup.as_fd(), name, lower)
             }
             _ => self
                 .up_child(parent, name)?

@@ -52,6 +52,7 @@ impl Union {
         up: BorrowedFd<'_>,
         name: &Name,
     ) -> io::Result<NewName> {
+        self.writable()?;
         // One look at each part, top down, by attributes only: an entry of the upper
         // that is not a whiteout is shown; else the first lower part with an entry
         // decides — shown unless the upper's whiteout or its own hides it.
@@ -88,6 +89,7 @@ impl Union {
         made: bool,
         dir: bool,
     ) -> io::Result<()> {
+        self.writable()?;
         let Some(tmp) = &n.temp else { return Ok(()) };
         if !made {
             return Ok(());
@@ -147,6 +149,7 @@ impl Union {
 
     /// Makes a whiteout `name` in directory `dir` (the upper, or `DIR/work`).
     pub fn whiteout(&self, dir: BorrowedFd<'_>, name: &Name) -> io::Result<()> {
+        self.writable()?;
         sys::mknodat(dir, name, libc::S_IFCHR, 0)
     }
 
@@ -163,6 +166,7 @@ impl Union {
         dst: Option<&Found>,
         noreplace: bool,
     ) -> io::Result<()> {
+        self.writable()?;
         let _g = self.names.lock();
         let src_dir = kind(&src.st) == libc::S_IFDIR;
         let mut swapped = None;
@@ -244,8 +248,8 @@ impl Union {
     }
 
     /// `up/name` renamed to `nup/newname`, leaving a whiteout behind if `whiteout`
-    /// (`RENAME_WHITEOUT`; where the upper's file system has none, a rename then a
-    /// whiteout — two steps, the one non-atomic case: overlayfs refuses such an upper).
+    /// (`RENAME_WHITEOUT`, one step: a staging area whose file system has none is refused
+    /// at start, as overlayfs refuses such an upper).
     fn move_entry(
         &self,
         (up, name): (BorrowedFd<'_>, &Name),
@@ -253,13 +257,7 @@ impl Union {
         whiteout: bool,
     ) -> io::Result<()> {
         let flags = if whiteout { libc::RENAME_WHITEOUT } else { 0 };
-        match sys::renameat2(up, name, nup, newname, flags) {
-            Err(e) if flags != 0 && e.raw_os_error() == Some(libc::EINVAL) => {
-                sys::renameat2(up, name, nup, newname, 0)?;
-                self.whiteout(up, name)
-            }
-            r => r,
-        }
+        sys::renameat2(up, name, nup, newname, flags)
     }
 
     /// `RENAME_EXCHANGE` of two merged entries, both copied up: allowed when neither is a
@@ -274,6 +272,7 @@ impl Union {
         a: &Found,
         b: &Found,
     ) -> io::Result<()> {
+        self.writable()?;
         let _g = self.names.lock();
         let lower_dir = |f: &Found| f.stack.as_ref().is_some_and(Stack::has_lower);
         if lower_dir(a) || lower_dir(b) {

@@ -14,13 +14,18 @@
 
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use parking_lot::{Condvar, Mutex};
 
 use super::{TRUSTED, USER, Union, kind, temp_name};
 use crate::host::sys::{self, Name, SetTime, Xattr};
 
 impl Union {
     /// Copies the lower object `fd` (stat `st`) into the upper directory `up` as `name`;
-    /// returns the copy's `O_PATH` handle. `EEXIST` if the upper has `name` already.
+    /// returns the copy's `O_PATH` handle. `EEXIST` if the upper has `name` already. `layer`:
+    /// the layer `fd` is in (a file of SOURCE is also checked by its change time).
     ///
     /// The copy is made in `DIR/work` without the names lock — a big file's data takes
     /// as long as it takes without holding up anyone else's name change — and the lock
@@ -32,15 +37,79 @@ impl Union {
         &self,
         up: BorrowedFd<'_>,
         name: &Name,
-        fd: BorrowedFd<'_>,
-        st: &libc::stat,
+        (fd, st, layer): (BorrowedFd<'_>, &libc::stat, usize),
         still: &dyn Fn() -> io::Result<()>,
     ) -> io::Result<OwnedFd> {
+        // One copy of an object to a name at a time: a follower waits for the copy in
+        // flight and takes its result (the copy in place, or its errno) rather than copy
+        // the same data again next to it.
+        let up_st = sys::fstat(up)?;
+        let key = (
+            up_st.st_dev,
+            up_st.st_ino,
+            name.bytes().to_vec(),
+            st.st_dev,
+            st.st_ino,
+        );
+        let flight = {
+            let mut m = self.flights.lock();
+            match m.get(&key) {
+                Some(f) => Err(f.clone()),
+                None => {
+                    let f = Arc::new(Flight::default());
+                    m.insert(key.clone(), f.clone());
+                    Ok(f)
+                }
+            }
+        };
+        let flight = match flight {
+            Err(leader) => {
+                return match leader.wait() {
+                    Ok(()) => sys::open_path(up, name),
+                    Err(e) => Err(io::Error::from_raw_os_error(e)),
+                };
+            }
+            Ok(f) => f,
+        };
+        // Ends the flight however the copy ends (an unwinding panic too: followers get EIO).
+        let done = Landing {
+            union: self,
+            key,
+            flight,
+        };
+        let res = self.copy_up_once(up, name, (fd, st, self.is_source(layer)), still);
+        done.land(
+            res.as_ref()
+                .map(|_| ())
+                .map_err(|e| e.raw_os_error().unwrap_or(libc::EIO)),
+        );
+        res
+    }
+
+    /// Copy-ups made (each one a copy into `DIR/work`), for the debug log and tests.
+    pub fn copies_made(&self) -> u64 {
+        self.copies.load(Ordering::Relaxed)
+    }
+
+    fn copy_up_once(
+        &self,
+        up: BorrowedFd<'_>,
+        name: &Name,
+        (fd, st, source): (BorrowedFd<'_>, &libc::stat, bool),
+        still: &dyn Fn() -> io::Result<()>,
+    ) -> io::Result<OwnedFd> {
+        let n = self.copies.fetch_add(1, Ordering::Relaxed) + 1;
+        log::debug!(
+            "stage: copy-up #{n} of {} ({} bytes)",
+            String::from_utf8_lossy(name.bytes()),
+            st.st_size
+        );
         let tmp = temp_name("up");
         let work = self.work()?;
         let made = self.make_copy(work, &tmp, fd, st, true);
         let res = made.and_then(|()| {
-            unchanged(fd, st)?;
+            super::pause_point("copy-up");
+            unchanged(fd, st, source)?;
             let _g = self.names.lock();
             still()?;
             sys::renameat2(work, &tmp, up, name, libc::RENAME_NOREPLACE)?;
@@ -116,17 +185,73 @@ impl Union {
     }
 }
 
+/// A copy-up in flight: its result, once it has one (`Err`: its errno).
+#[derive(Default)]
+pub(super) struct Flight {
+    done: Mutex<Option<Result<(), i32>>>,
+    cv: Condvar,
+}
+
+/// What a copy-up in flight is keyed by: the upper directory (device, inode), the name,
+/// and the lower object (device, inode).
+pub(super) type FlightKey = (u64, u64, Vec<u8>, u64, u64);
+
+impl Flight {
+    /// Waits for the copy's result. Bounded by the leader's copy: [`Landing`] gives a
+    /// result however the leader's call ends.
+    fn wait(&self) -> Result<(), i32> {
+        let mut d = self.done.lock();
+        loop {
+            if let Some(r) = *d {
+                return r;
+            }
+            self.cv.wait(&mut d);
+        }
+    }
+}
+
+/// The leader's side of a [`Flight`]: removed from the union's table and its result
+/// given to the followers when landed or dropped (EIO then).
+struct Landing<'a> {
+    union: &'a Union,
+    key: FlightKey,
+    flight: Arc<Flight>,
+}
+
+impl Landing<'_> {
+    fn land(self, r: Result<(), i32>) {
+        *self.flight.done.lock() = Some(r);
+    }
+}
+
+impl Drop for Landing<'_> {
+    fn drop(&mut self) {
+        self.union.flights.lock().remove(&self.key);
+        let mut d = self.flight.done.lock();
+        if d.is_none() {
+            *d = Some(Err(libc::EIO));
+        }
+        self.flight.cv.notify_all();
+    }
+}
+
 /// `fd` is still the object `st` was read from, and a file's size and modification time
-/// are as they were: else it was written while it was copied (`ESTALE`: the copy may mix
-/// two versions). The change time is not compared: a hard link made to a sealed layer's
-/// file (`stage status` flattening the layers) changes it, not the bytes.
-fn unchanged(fd: BorrowedFd<'_>, st: &libc::stat) -> io::Result<()> {
+/// are as they were — and, for a file of SOURCE (`source`), its change time: else it was
+/// written while it was copied (`ESTALE`: the copy may mix two versions). The change time
+/// catches a host writer that restores the modification time (`touch -d`, `cp -p`,
+/// `rsync -t`) or a same-size rewrite within one timestamp tick: no write leaves it as it
+/// was. It is not compared for a sealed layer's file: a hard link made to it (`stage
+/// status` flattening the layers) changes it, not the bytes.
+fn unchanged(fd: BorrowedFd<'_>, st: &libc::stat, source: bool) -> io::Result<()> {
     let now = sys::fstat(fd)?;
     let file = kind(st) == libc::S_IFREG;
     let same = (now.st_dev, now.st_ino) == (st.st_dev, st.st_ino)
         && (!file
             || (now.st_size, now.st_mtime, now.st_mtime_nsec)
-                == (st.st_size, st.st_mtime, st.st_mtime_nsec));
+                == (st.st_size, st.st_mtime, st.st_mtime_nsec))
+        && (!file
+            || !source
+            || (now.st_ctime, now.st_ctime_nsec) == (st.st_ctime, st.st_ctime_nsec));
     if same {
         Ok(())
     } else {

@@ -15,6 +15,11 @@
 //! daemon aborts (as a `kill -9` would end it) at that step of a name change — between two
 //! of its renames — so the test can show what a crash there leaves.
 //!
+//! With `FENCEFS_FAULT_UNION_PAUSE=STEP:MS` the daemon sleeps at that step instead (see
+//! [`pause_point`]: `remove`, between a removal's lookup and the names lock; `copy-up`,
+//! between a copy's data and the check that its source was not changed meanwhile), so a test can
+//! land a concurrent request in that window.
+//!
 //! Markers are written in the area's namespace (`trusted.overlay.` when the daemon runs as
 //! root, `user.overlay.` otherwise, so an ordinary user can stage) and read in both.
 //!
@@ -41,9 +46,11 @@ mod change;
 mod copyup;
 mod list;
 mod remove;
+mod sweep;
 
 pub use change::NewName;
 pub use list::MergedEntry;
+pub use sweep::sweep_new_leftovers;
 
 /// Prefixes of overlayfs's markers.
 pub const TRUSTED: &[u8] = b"trusted.overlay.";
@@ -98,6 +105,9 @@ pub struct Stack {
     pub parts: Vec<Part>,
     /// The union generation it was found in (see [`Union::generation`]).
     pub generation: u64,
+    /// Some part was found through a redirect walked from a lower layer's root (here or
+    /// in a parent): host events in it name directories the mount may not know.
+    pub walked: bool,
 }
 
 impl Stack {
@@ -140,7 +150,21 @@ pub struct Union {
     /// directory's parts may then lie below SOURCE directories the mount never looked
     /// up, whose host events it cannot tell apart (see [`Union::follows_redirects`]).
     redirects: std::sync::atomic::AtomicBool,
+    /// Set by [`Union::freeze`]: nothing changes through it any more.
+    frozen: std::sync::atomic::AtomicBool,
+    /// The copy-ups in flight (one per object and name: see [`Union::copy_up`]).
+    flights: Mutex<std::collections::HashMap<copyup::FlightKey, Arc<copyup::Flight>>>,
+    /// Copy-ups made.
+    copies: AtomicU64,
+    /// Node ids of merged directories with parts found through a redirect walked from a
+    /// lower layer's root ([`Stack::walked`]): the kernel's listings and attributes of
+    /// these are dropped on the host events the watch cannot place (bounded).
+    walked: Mutex<std::collections::HashSet<u64>>,
 }
+
+/// Node ids [`Union::note_walked`] keeps at most (past it the oldest are not told apart:
+/// the set starts over).
+const MAX_WALKED: usize = 4096;
 
 fn kind(st: &libc::stat) -> u32 {
     st.st_mode & libc::S_IFMT
@@ -156,6 +180,42 @@ fn temp_name(what: &str) -> Name {
     Name::new(name.as_bytes()).expect("a valid name")
 }
 
+/// Whether the work directory's file system makes a whiteout in the rename that moves an
+/// entry away (`renameat2(RENAME_WHITEOUT)`, tried once on a scratch file in `work`): a
+/// rename away from a name a lower layer holds must be that one step. Refused (an error
+/// that says so) where it answers EINVAL or EOPNOTSUPP (ramfs, minix, most FUSE file
+/// systems), as overlayfs refuses such an upper; another error is logged and the area used.
+fn can_rename_whiteout(work: BorrowedFd<'_>) -> io::Result<()> {
+    let (a, b) = (temp_name("probe"), temp_name("probe"));
+    drop(sys::openat(
+        work,
+        &a,
+        libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW,
+        0o600,
+    )?);
+    let r = sys::renameat2(work, &a, work, &b, libc::RENAME_WHITEOUT);
+    let _ = sys::unlinkat(work, &b, 0);
+    let _ = sys::unlinkat(work, &a, 0);
+    match r {
+        Ok(()) => Ok(()),
+        Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL | libc::EOPNOTSUPP)) => {
+            Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                format!(
+                    "its file system cannot leave a whiteout in a rename (renameat2 \
+                     RENAME_WHITEOUT in DIR/work: {e}), which every rename away from a \
+                     SOURCE name needs to be one step; put the staging area on ext4, xfs, \
+                     btrfs or tmpfs"
+                ),
+            ))
+        }
+        Err(e) => {
+            log::warn!("stage: trying RENAME_WHITEOUT in DIR/work: {e}");
+            Ok(())
+        }
+    }
+}
+
 /// Test-only: aborts the daemon at `step` when `FENCEFS_FAULT_UNION_ABORT` names it.
 fn crash_point(step: &str) {
     static AT: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
@@ -163,6 +223,23 @@ fn crash_point(step: &str) {
     if at.as_deref() == Some(step) {
         log::error!("fault injected: abort at {step} (FENCEFS_FAULT_UNION_ABORT)");
         std::process::abort();
+    }
+}
+
+/// Test-only: sleeps `MS` milliseconds at `step` when `FENCEFS_FAULT_UNION_PAUSE=STEP:MS`
+/// names it (a window another request can land in, made wide on purpose).
+pub fn pause_point(step: &str) {
+    static AT: std::sync::OnceLock<Option<(String, u64)>> = std::sync::OnceLock::new();
+    let at = AT.get_or_init(|| {
+        let v = std::env::var("FENCEFS_FAULT_UNION_PAUSE").ok()?;
+        let (s, ms) = v.split_once(':')?;
+        Some((s.to_string(), ms.parse().ok()?))
+    });
+    if let Some((s, ms)) = at
+        && s == step
+    {
+        log::warn!("fault injected: pause of {ms} ms at {step} (FENCEFS_FAULT_UNION_PAUSE)");
+        std::thread::sleep(std::time::Duration::from_millis(*ms));
     }
 }
 
@@ -178,43 +255,55 @@ impl Union {
     /// A union of `layers` (top first: the upper, the sealed layers, SOURCE) with the work
     /// directory `work` (on the upper's file system), writing markers under `xa`.
     pub fn new(layers: Vec<OwnedFd>, work: OwnedFd, xa: &'static [u8]) -> io::Result<Union> {
-        if layers.len() < 2 {
-            return Err(io::Error::from_raw_os_error(libc::EINVAL));
-        }
-        Ok(Union {
-            layers,
-            work: Some(work),
-            proc_fd: sys::open_proc_self_fd()?,
-            xa,
-            generation: AtomicU64::new(1),
-            root: Mutex::new(None),
-            names: Mutex::new(()),
-            redirects: std::sync::atomic::AtomicBool::new(false),
-        })
+        can_rename_whiteout(work.as_fd())?;
+        Union::build(layers, Some(work), xa)
     }
 
     /// A read-only union of `layers` (top first, SOURCE last; at least two), reading
     /// markers in either namespace (`xa`'s first): lookups and listings only, as the view
     /// at a checkpoint (`stage::lower`, which exposes nothing else). It has no work
-    /// directory: a copy-up or a removal through it fails with EROFS.
+    /// directory: every change through it fails with EROFS.
     pub fn read_only(layers: Vec<OwnedFd>, xa: &'static [u8]) -> io::Result<Union> {
+        Union::build(layers, None, xa)
+    }
+
+    fn build(layers: Vec<OwnedFd>, work: Option<OwnedFd>, xa: &'static [u8]) -> io::Result<Union> {
         if layers.len() < 2 {
             return Err(io::Error::from_raw_os_error(libc::EINVAL));
         }
         Ok(Union {
             layers,
-            work: None,
+            work,
             proc_fd: sys::open_proc_self_fd()?,
             xa,
             generation: AtomicU64::new(1),
             root: Mutex::new(None),
             names: Mutex::new(()),
             redirects: std::sync::atomic::AtomicBool::new(false),
+            flights: Mutex::new(std::collections::HashMap::new()),
+            copies: AtomicU64::new(0),
+            walked: Mutex::new(std::collections::HashSet::new()),
+            frozen: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
-    /// The work directory (EROFS for a read-only union).
+    /// Stops every change through this union (EROFS from then on): its upper may no
+    /// longer be the live one (a live change sealed it, and serving the new view failed).
+    pub fn freeze(&self) {
+        self.frozen.store(true, Ordering::SeqCst);
+    }
+
+    /// EROFS once frozen or for a read-only union: checked by every change of the view.
+    pub fn writable(&self) -> io::Result<()> {
+        if self.work.is_none() || self.frozen.load(Ordering::SeqCst) {
+            return Err(err(libc::EROFS));
+        }
+        Ok(())
+    }
+
+    /// The work directory (EROFS for a read-only or frozen union).
     fn work(&self) -> io::Result<BorrowedFd<'_>> {
+        self.writable()?;
         match &self.work {
             Some(w) => Ok(w.as_fd()),
             None => Err(err(libc::EROFS)),
@@ -238,6 +327,22 @@ impl Union {
     /// removed or moved anywhere on the host may concern a merged directory.
     pub fn follows_redirects(&self) -> bool {
         self.redirects.load(Ordering::Relaxed)
+    }
+
+    /// Node `ino` is a merged directory whose parts were found through a redirect walked
+    /// from a lower layer's root.
+    pub fn note_walked(&self, ino: u64) {
+        let mut w = self.walked.lock();
+        if w.len() >= MAX_WALKED && !w.contains(&ino) {
+            w.clear();
+        }
+        w.insert(ino);
+    }
+
+    /// The node ids noted by [`Union::note_walked`]: the watch drops the kernel's
+    /// listings and attributes of these when a host event may concern them.
+    pub fn walked_nodes(&self) -> Vec<u64> {
+        self.walked.lock().iter().copied().collect()
     }
 
     /// A directory of SOURCE was made, removed or moved by the host: every merged
@@ -285,7 +390,11 @@ impl Union {
                 break;
             }
         }
-        let s = Arc::new(Stack { parts, generation });
+        let s = Arc::new(Stack {
+            parts,
+            generation,
+            walked: false,
+        });
         if self.generation() == generation {
             *self.root.lock() = Some(s.clone());
         }
@@ -388,6 +497,7 @@ impl Union {
         let mut bottom = (0, 0);
         // A redirect to an absolute path: the layers below are walked from their roots.
         let mut abs: Option<Vec<u8>> = None;
+        let mut walked = false;
         let mut next = 0;
         let mut pi = 0;
         loop {
@@ -438,6 +548,7 @@ impl Union {
             match redirect {
                 Some(r) if r.starts_with(b"/") => {
                     self.redirects.store(true, Ordering::Relaxed);
+                    walked = true;
                     abs = Some(r[1..].to_vec())
                 }
                 Some(r) if abs.is_none() => look = Name::new(&r)?,
@@ -457,7 +568,11 @@ impl Union {
                 layer,
                 fd,
                 st,
-                stack: dir.then(|| Stack { parts, generation }),
+                stack: dir.then(|| Stack {
+                    parts,
+                    generation,
+                    walked: parent.walked || walked,
+                }),
             }
         }))
     }
@@ -507,5 +622,36 @@ pub fn parent_of(path: &[u8]) -> &[u8] {
     match path.iter().rposition(|&b| b == b'/') {
         Some(i) => &path[..i],
         None => b"",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_frozen_or_read_only_union_changes_nothing() {
+        let root =
+            std::env::temp_dir().join(format!("fencefs-union-frozen-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        for d in ["upper", "lower", "work"] {
+            std::fs::create_dir_all(root.join(d)).unwrap();
+        }
+        let open = |d: &str| sys::open_root(&root.join(d)).unwrap();
+        let u = Union::new(vec![open("upper"), open("lower")], open("work"), prefix()).unwrap();
+        let name = Name::new(b"w").unwrap();
+        u.writable().unwrap();
+        u.freeze();
+        let up = open("upper");
+        let e = u.whiteout(up.as_fd(), &name).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EROFS));
+        assert!(u.work().is_err());
+        let ro = Union::read_only(vec![open("upper"), open("lower")], prefix()).unwrap();
+        assert_eq!(
+            ro.whiteout(up.as_fd(), &name).unwrap_err().raw_os_error(),
+            Some(libc::EROFS)
+        );
+        assert_eq!(std::fs::read_dir(root.join("upper")).unwrap().count(), 0);
+        std::fs::remove_dir_all(&root).unwrap();
     }
 }

@@ -5,7 +5,8 @@
 //! whiteouts with it, for a directory. A merged-empty directory about to be replaced by a
 //! rename is first swapped with an empty opaque copy of itself.
 //!
-//! Invariants: the merged view changes in one rename — a crash or a failure at any step
+//! Invariants: a removal acts on what the merged view shows at the name under the names
+//! lock (a lower entry found before it is looked up again there); the merged view changes in one rename — a crash or a failure at any step
 //! shows either the name as it was or the name removed, never SOURCE's entry in between
 //! (what the agent deleted is never shown again) and never a directory emptied of its
 //! whiteouts; a directory taken out that turns out to hold more than whiteouts is put
@@ -30,6 +31,21 @@ impl Union {
         f: &Found,
     ) -> io::Result<()> {
         let _g = self.names.lock();
+        // Found again under the lock when it was a lower layer's: a copy-up of the name
+        // may have landed since `f` was found (then it is the copy that goes; a whiteout
+        // made over it would fail EEXIST).
+        let again;
+        let f = if f.layer != 0 {
+            again = self
+                .lookup(parent, name.bytes())?
+                .ok_or_else(|| err(libc::ENOENT))?;
+            if kind(&again.st) != kind(&f.st) {
+                return Err(err(libc::ESTALE));
+            }
+            &again
+        } else {
+            f
+        };
         let dir = kind(&f.st) == libc::S_IFDIR;
         if dir {
             let stack = f.stack.as_ref().ok_or_else(|| err(libc::EIO))?;

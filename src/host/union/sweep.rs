@@ -1,0 +1,119 @@
+//! At daemon start: the new names a crash left under their temporary name. A name made
+//! over a lower one is created as `#fencefs-new.PID.N` in its upper directory and renamed
+//! into place ([`super::change`]); a crash in between leaves it there, shown and listed
+//! as added. The daemon's engine deletes these before it serves the area: only entries of
+//! `DIR/upper` (at any depth) whose name is exactly `#fencefs-new.<PID>.<N>` (decimal)
+//! and whose PID is not a live fencefs other than this one (`/proc/PID/comm`); a file
+//! goes, a directory only if empty (one that holds something stays, with a warning).
+//!
+//! Invariants: walked one `O_PATH|O_NOFOLLOW` step at a time from the upper's root
+//! (symlinks never followed); holds one directory's descriptors at a time (pending
+//! directories are kept as paths); nothing but such a leftover is deleted.
+
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+
+use crate::host::path::join;
+use crate::host::sys::{self, Name};
+
+/// The PID of a leftover's name `#fencefs-new.PID.N`, if `name` is exactly one.
+pub fn leftover_pid(name: &[u8]) -> Option<u32> {
+    let rest = name.strip_prefix(b"#fencefs-new.")?;
+    let dot = rest.iter().position(|&b| b == b'.')?;
+    let (pid, n) = (&rest[..dot], &rest[dot + 1..]);
+    let digits = |s: &[u8]| !s.is_empty() && s.len() <= 20 && s.iter().all(u8::is_ascii_digit);
+    if !digits(pid) || !digits(n) {
+        return None;
+    }
+    std::str::from_utf8(pid).ok()?.parse().ok()
+}
+
+/// Whether `pid` is a live fencefs process other than this one.
+fn live_fencefs(pid: u32) -> bool {
+    pid != std::process::id()
+        && std::fs::read(format!("/proc/{pid}/comm")).is_ok_and(|c| c.trim_ascii() == b"fencefs")
+}
+
+/// Deletes the leftovers of new names in the staged tree `upper`; returns how many.
+pub fn sweep_new_leftovers(upper: BorrowedFd<'_>) -> io::Result<usize> {
+    let proc_fd = sys::open_proc_self_fd()?;
+    let mut pending: Vec<Vec<u8>> = vec![Vec::new()];
+    let mut swept = 0;
+    while let Some(path) = pending.pop() {
+        let Some(dir) = walk_dir(upper, &path)? else {
+            continue;
+        };
+        let d = sys::reopen_dir(proc_fd.as_fd(), dir.as_fd())?;
+        for e in sys::read_dir(d.as_fd())? {
+            let name = Name::new(&e.name)?;
+            let st = match sys::fstatat_nofollow(dir.as_fd(), &name) {
+                Ok(st) => st,
+                Err(_) => continue,
+            };
+            let is_dir = st.st_mode & libc::S_IFMT == libc::S_IFDIR;
+            match leftover_pid(&e.name) {
+                Some(pid) if !live_fencefs(pid) => {
+                    let flags = if is_dir { libc::AT_REMOVEDIR } else { 0 };
+                    let shown = String::from_utf8_lossy(&join(&path, &e.name)).into_owned();
+                    match sys::unlinkat(dir.as_fd(), &name, flags) {
+                        Ok(()) => {
+                            log::warn!("stage: removed {shown}, left by a crash before its rename");
+                            swept += 1;
+                        }
+                        Err(err) => log::warn!(
+                            "stage: {shown}, left by a crash before its rename, stays: {err}"
+                        ),
+                    }
+                }
+                _ if is_dir => pending.push(join(&path, &e.name)),
+                _ => {}
+            }
+        }
+    }
+    Ok(swept)
+}
+
+/// The directory at relative `path` under `root` (`None`: not a directory any more).
+fn walk_dir(root: BorrowedFd<'_>, path: &[u8]) -> io::Result<Option<OwnedFd>> {
+    let proc_fd = sys::open_proc_self_fd()?;
+    let mut cur = sys::reopen(proc_fd.as_fd(), root, libc::O_PATH)?;
+    if path.is_empty() {
+        return Ok(Some(cur));
+    }
+    for part in path.split(|&b| b == b'/') {
+        match sys::open_path(cur.as_fd(), &Name::new(part)?) {
+            Ok(f) => cur = f,
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT | libc::ENOTDIR)) => {
+                return Ok(None);
+            }
+            Err(e) => return Err(e),
+        }
+        if sys::fstat(cur.as_fd())?.st_mode & libc::S_IFMT != libc::S_IFDIR {
+            return Ok(None);
+        }
+    }
+    Ok(Some(cur))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::leftover_pid;
+
+    #[test]
+    fn only_the_exact_pattern_is_a_leftover() {
+        assert_eq!(leftover_pid(b"#fencefs-new.123.0"), Some(123));
+        assert_eq!(leftover_pid(b"#fencefs-new.9.42"), Some(9));
+        for n in [
+            &b"#fencefs-new.123"[..],
+            b"#fencefs-new.123.",
+            b"#fencefs-new..1",
+            b"#fencefs-new.12a.1",
+            b"#fencefs-new.1.2.3",
+            b"#fencefs-up.1.2",
+            b"x#fencefs-new.1.2",
+            b"#fencefs-new.1.2 ",
+        ] {
+            assert_eq!(leftover_pid(n), None, "{}", String::from_utf8_lossy(n));
+        }
+    }
+}

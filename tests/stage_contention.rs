@@ -1,0 +1,300 @@
+//! Many callers at once on a staged mount (`src/host/union/copyup.rs`,
+//! `src/transport/pool.rs`): concurrent opens for writing of one big SOURCE file make one
+//! copy-up, which every writer then shares; one uid's slow copy-ups do not hold up
+//! another caller's rename.
+
+mod common;
+
+use std::fs;
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Barrier};
+use std::time::Duration;
+
+use common::stage::*;
+use common::*;
+
+const MIB: u64 = 1 << 20;
+
+/// A SOURCE file of `mib` MiB of real data (no holes: its copy takes its time).
+fn big_file(p: &Path, mib: u64, seed: u64) -> Vec<u8> {
+    let chunk = pseudo_random(MIB as usize, seed);
+    let mut f = fs::File::create(p).unwrap();
+    for _ in 0..mib {
+        f.write_all(&chunk).unwrap();
+    }
+    f.sync_all().unwrap();
+    chunk
+}
+
+/// Bytes held by the entries of `dir` (one level: copies are files made there).
+fn held(dir: &Path) -> u64 {
+    let Ok(rd) = fs::read_dir(dir) else { return 0 };
+    rd.filter_map(|e| e.ok())
+        .filter_map(|e| e.path().symlink_metadata().ok())
+        .map(|m| m.blocks() * 512)
+        .sum()
+}
+
+/// Samples `held(dir)` every 2 ms until stopped; gives the peak.
+struct Peak {
+    stop: Arc<AtomicBool>,
+    peak: Arc<AtomicU64>,
+    t: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Peak {
+    fn watch(dir: &Path) -> Peak {
+        let (stop, peak) = (
+            Arc::new(AtomicBool::new(false)),
+            Arc::new(AtomicU64::new(0)),
+        );
+        let (s, p, d) = (stop.clone(), peak.clone(), dir.to_path_buf());
+        let t = std::thread::spawn(move || {
+            while !s.load(Ordering::SeqCst) {
+                p.fetch_max(held(&d), Ordering::SeqCst);
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        });
+        Peak {
+            stop,
+            peak,
+            t: Some(t),
+        }
+    }
+    fn end(mut self) -> u64 {
+        self.stop.store(true, Ordering::SeqCst);
+        self.t.take().unwrap().join().unwrap();
+        self.peak.load(Ordering::SeqCst)
+    }
+}
+
+/// Eight threads open one 256 MiB SOURCE file for writing at once: one copy-up is made
+/// (the copy-up log line appears once; `DIR/work` never holds more than one copy), every
+/// writer writes the same staged file, and SOURCE is untouched.
+#[test]
+fn concurrent_writers_of_one_file_share_one_copy_up() {
+    const N: usize = 8;
+    const SIZE: u64 = 256;
+    let b = Mount::builder("copyup_once")
+        .policy(WRITE)
+        .env("RUST_LOG", "warn,fencefs::host::union::copyup=debug");
+    let chunk = big_file(&b.host("big"), SIZE, 11);
+    let dir = stage_dir(&b);
+    let m = b.arg("--stage").arg(&dir).start();
+    let peak = Peak::watch(&dir.join("work"));
+    let gate = Arc::new(Barrier::new(N));
+    let writers: Vec<_> = (0..N)
+        .map(|i| {
+            let (gate, path) = (gate.clone(), m.mnt("big"));
+            std::thread::spawn(move || {
+                gate.wait();
+                let mut f = fs::OpenOptions::new().write(true).open(&path).unwrap();
+                f.seek(SeekFrom::Start(i as u64 * 4096)).unwrap();
+                f.write_all(format!("writer {i}").as_bytes()).unwrap();
+                f.sync_all().unwrap();
+                f.metadata().unwrap().ino()
+            })
+        })
+        .collect();
+    let inos: Vec<u64> = writers.into_iter().map(|t| t.join().unwrap()).collect();
+    let peak = peak.end();
+    assert!(
+        peak <= (SIZE + SIZE / 4) * MIB,
+        "DIR/work held {} MiB at its peak: more than one copy in flight",
+        peak / MIB
+    );
+    let copies = m.stderr().matches("stage: copy-up #").count();
+    assert_eq!(copies, 1, "copy-ups made; daemon log:\n{}", m.stderr());
+    assert!(
+        inos.iter().all(|&i| i == inos[0]),
+        "every writer has the same file: {inos:?}"
+    );
+    // The staged file holds every writer's bytes over SOURCE's data.
+    let mut staged = fs::File::open(dir.join("upper/big")).unwrap();
+    assert_eq!(staged.metadata().unwrap().len(), SIZE * MIB);
+    let mut first = vec![0u8; MIB as usize];
+    staged.read_exact(&mut first).unwrap();
+    let mut want = chunk.clone();
+    for i in 0..N {
+        let s = format!("writer {i}");
+        want[i * 4096..i * 4096 + s.len()].copy_from_slice(s.as_bytes());
+    }
+    assert!(first == want, "the staged file's first MiB");
+    let mut rest = vec![0u8; MIB as usize];
+    for _ in 1..SIZE {
+        staged.read_exact(&mut rest).unwrap();
+        assert!(rest == chunk, "the staged file's data past the writes");
+    }
+    // SOURCE byte for byte as it was.
+    let mut src = fs::File::open(m.host("big")).unwrap();
+    for _ in 0..SIZE {
+        src.read_exact(&mut rest).unwrap();
+        assert!(rest == chunk, "SOURCE changed");
+    }
+    assert_eq!(held(&dir.join("work")), 0, "a copy left in DIR/work");
+}
+
+/// The attack on the slow-request workers (FUSE over io_uring, where the queue threads
+/// hand copy-ups to them): uid 1000 opens 16 big SOURCE files for writing at once (a
+/// copy-up each); a rename by root made while they are copied completes well before they
+/// all are, instead of waiting in one queue behind them.
+#[test]
+fn one_uids_copy_ups_do_not_hold_up_anothers_rename() {
+    const FILES: usize = 16;
+    const SIZE: u64 = 128;
+    let b = Mount::builder("pool_fair").policy(WRITE);
+    for i in 0..FILES {
+        let p = b.host(format!("big{i}"));
+        big_file(&p, SIZE, i as u64);
+        std::os::unix::fs::chown(&p, Some(USER), Some(USER)).unwrap();
+    }
+    put(&b.host("x"), b"root's\n", 0o644);
+    let dir = stage_dir(&b);
+    let m = b
+        .arg("--allow-other")
+        .arg("--transport")
+        .arg("io-uring")
+        .arg("--stage")
+        .arg(&dir)
+        .start();
+    let before = fs::read(m.host("big0")).unwrap();
+    let t0 = std::time::Instant::now();
+    let script = format!(
+        "for i in $(seq 0 {}); do (: 1<>big$i) & done; wait",
+        FILES - 1
+    );
+    let mnt = m.mnt("");
+    let hostile = std::thread::spawn(move || {
+        let out = sh_as(USER, &mnt, &script);
+        (out, t0.elapsed())
+    });
+    // The opens are in the daemon's hands (copying, or queued for a worker).
+    assert!(
+        eventually(Duration::from_secs(10), || held(&dir.join("work")) > 0),
+        "no copy-up started"
+    );
+    // ... and all sixteen opens with it (forked at once by the shell).
+    std::thread::sleep(Duration::from_millis(100));
+    let t = std::time::Instant::now();
+    fs::rename(m.mnt("x"), m.mnt("y")).unwrap();
+    let rename = t.elapsed();
+    let renamed_at = t0.elapsed();
+    let (out, all) = hostile.join().unwrap();
+    eprintln!("rename {rename:?} done at {renamed_at:?}; copy-ups {all:?}");
+    out.assert_ok("uid 1000's opens");
+    assert_eq!(fs::read(m.mnt("y")).unwrap(), b"root's\n");
+    assert!(
+        renamed_at * 3 < all,
+        "root's rename took {rename:?} (done at {renamed_at:?}); uid 1000's copy-ups took {all:?}"
+    );
+    // Every copy made, SOURCE untouched.
+    for i in 0..FILES {
+        let st = fs::metadata(dir.join(format!("upper/big{i}"))).unwrap();
+        assert_eq!(st.len(), SIZE * MIB);
+    }
+    assert!(fs::read(m.host("big0")).unwrap() == before);
+    assert!(m.host("x").exists() && !m.host("y").exists());
+}
+
+/// A removal whose lookup found SOURCE's file, and a copy-up of that name landing before
+/// the removal takes the union's names lock (made wide by the test-only pause
+/// `FENCEFS_FAULT_UNION_PAUSE=remove:MS`): the removal looks the name up again under the
+/// lock and removes the copy (before: its whiteout collided with the copy, `rm: File
+/// exists`). On `/dev/fuse`, whose session threads serve the open while the removal's
+/// thread pauses.
+#[test]
+fn a_removal_removes_the_copy_up_that_landed_after_its_lookup() {
+    let b = Mount::builder("rm_race")
+        .policy(WRITE)
+        .env("FENCEFS_FAULT_UNION_PAUSE", "remove:1500");
+    put(&b.host("f"), b"source\n", 0o644);
+    let dir = stage_dir(&b);
+    let m = b
+        .arg("--transport")
+        .arg("dev-fuse")
+        .arg("--stage")
+        .arg(&dir)
+        .start();
+    let p = m.mnt("f");
+    let rm = std::thread::spawn(move || fs::remove_file(&p));
+    assert!(
+        eventually(Duration::from_secs(5), || m
+            .stderr()
+            .contains("pause of 1500 ms at remove")),
+        "the removal did not reach its pause:\n{}",
+        m.stderr()
+    );
+    // Opened for writing in the removal's window: the copy-up lands. (Not written: a
+    // write, and the close's flush, wait for the inode lock the unlink holds.)
+    let w = fs::OpenOptions::new().write(true).open(m.mnt("f")).unwrap();
+    assert!(
+        fs::symlink_metadata(dir.join("upper/f"))
+            .unwrap()
+            .file_type()
+            .is_file(),
+        "the copy-up landed while the removal paused"
+    );
+    rm.join().unwrap().expect("rm f");
+    drop(w);
+    assert_eq!(
+        fs::symlink_metadata(m.mnt("f"))
+            .map_err(|e| e.raw_os_error())
+            .err(),
+        Some(Some(libc::ENOENT))
+    );
+    // A whiteout stands for it in the upper; SOURCE is untouched.
+    let st = fs::symlink_metadata(dir.join("upper/f")).unwrap();
+    use std::os::unix::fs::FileTypeExt;
+    assert!(st.file_type().is_char_device() && st.rdev() == 0);
+    assert_eq!(fs::read(m.host("f")).unwrap(), b"source\n");
+}
+
+/// A host writer that rewrites a SOURCE file (same size) and restores its modification
+/// time (`touch -d`) while the agent's copy-up of it is made (after the data was copied:
+/// the test-only pause `FENCEFS_FAULT_UNION_PAUSE=copy-up:MS`): the copy is refused by its
+/// change time (ESTALE, on which the kernel repeats the open on the host's bytes), so
+/// the staged file is the host's new bytes plus the agent's write — never the old bytes
+/// (before: size and mtime matched, and the stale copy was staged).
+#[test]
+fn a_copy_up_raced_by_a_host_write_that_restores_mtime_is_made_again() {
+    let b = Mount::builder("copyup_ctime")
+        .policy(WRITE)
+        .env("FENCEFS_FAULT_UNION_PAUSE", "copy-up:1000");
+    put(&b.host("f"), b"old content AAAA\n", 0o644);
+    sh_in(&b.host(""), "touch -d '2020-01-01 00:00:00' f").assert_ok("touch");
+    let dir = stage_dir(&b);
+    let m = b
+        .arg("--transport")
+        .arg("dev-fuse")
+        .arg("--stage")
+        .arg(&dir)
+        .start();
+    let p = m.mnt("f");
+    let agent = std::thread::spawn(move || -> std::io::Result<()> {
+        let mut f = fs::OpenOptions::new().append(true).open(&p)?;
+        f.write_all(b"agent\n")
+    });
+    assert!(
+        eventually(Duration::from_secs(5), || m
+            .stderr()
+            .contains("pause of 1000 ms at copy-up")),
+        "the copy-up did not reach its pause:\n{}",
+        m.stderr()
+    );
+    // The host rewrites it in place, same size, and puts the old mtime back.
+    sh_in(
+        &m.host(""),
+        "printf 'new content BBBB\\n' 1<>f && touch -d '2020-01-01 00:00:00' f",
+    )
+    .assert_ok("host rewrite");
+    agent.join().unwrap().expect("the agent's append");
+    assert_eq!(
+        fs::read(dir.join("upper/f")).unwrap(),
+        b"new content BBBB\nagent\n"
+    );
+    assert_eq!(fs::read(m.mnt("f")).unwrap(), b"new content BBBB\nagent\n");
+    assert_eq!(fs::read(m.host("f")).unwrap(), b"new content BBBB\n");
+}
