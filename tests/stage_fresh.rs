@@ -56,19 +56,7 @@ fn host_new(m: &Mount, who: Who, rel: &str, bytes: &[u8]) {
     who.own(&m.host(rel));
 }
 
-/// Each function named here is a test twice: `as_root::NAME` and `as_a_user::NAME`.
-macro_rules! as_root_and_as_a_user {
-    ($($name:ident),* $(,)?) => {
-        mod as_root {
-            $( #[test] fn $name() { super::$name(super::Who::Root) } )*
-        }
-        mod as_a_user {
-            $( #[test] fn $name() { super::$name(super::Who::User) } )*
-        }
-    };
-}
-
-as_root_and_as_a_user!(
+crate::as_root_and_as_a_user!(
     the_issues_reproduction_keeps_the_host_edit,
     new_host_files_and_host_deletions_show_after_lookups,
     discard_and_rewind_give_back_what_the_agent_deleted,

@@ -28,19 +28,7 @@ fn ctl(sock: &Path, args: &[&str]) -> Out {
     run_fencefs(v, LIMIT)
 }
 
-/// Each function named here is a test twice: `as_root::NAME` and `as_a_user::NAME`.
-macro_rules! as_root_and_as_a_user {
-    ($($name:ident),* $(,)?) => {
-        mod as_root {
-            $( #[test] fn $name() { super::$name(super::Who::Root) } )*
-        }
-        mod as_a_user {
-            $( #[test] fn $name() { super::$name(super::Who::User) } )*
-        }
-    };
-}
-
-as_root_and_as_a_user!(
+crate::as_root_and_as_a_user!(
     status_and_diff_since_a_checkpoint_after_renames_and_deletions,
     apply_at_a_checkpoint_applies_what_it_sealed,
     apply_at_a_checkpoint_through_the_socket,

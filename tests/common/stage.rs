@@ -249,3 +249,17 @@ impl Drop for Second {
         }
     }
 }
+
+/// Each function named here is a test twice: `as_root::NAME` and `as_a_user::NAME`
+/// (`crate::as_root_and_as_a_user!(a, b)` in a test file that has `Who` in scope).
+#[macro_export]
+macro_rules! as_root_and_as_a_user {
+    ($($name:ident),* $(,)?) => {
+        mod as_root {
+            $( #[test] fn $name() { super::$name(super::Who::Root) } )*
+        }
+        mod as_a_user {
+            $( #[test] fn $name() { super::$name(super::Who::User) } )*
+        }
+    };
+}
