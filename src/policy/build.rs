@@ -32,8 +32,9 @@
 
 use std::path::Path;
 
-use globset::{GlobSet, GlobSetBuilder};
+use globset::GlobSetBuilder;
 
+use super::ancestors::PrefixSet;
 use super::glob::{CompiledPattern, CoverSet, Pattern, compile_pattern};
 use super::memo::MemoId;
 use super::programs::ProgSel;
@@ -76,7 +77,7 @@ pub struct Layer {
     /// Parallel to `rules`: the rule's `exe` / `ancestor_exe` selector.
     pub(super) prog: Vec<Option<ProgSel>>,
     /// All rules except root-only ones (`.`), one `matches()` per depth.
-    pub(super) set: GlobSet,
+    pub(super) set: PrefixSet,
     /// Glob index in `set` → rule index.
     pub(super) set_to_rule: Vec<usize>,
     /// Rules that match the root `b""`.
@@ -86,7 +87,7 @@ pub struct Layer {
     /// Parallel to `rules`: the component forms of the rule's `except` globs.
     pub(super) excepts: Vec<Vec<Pattern>>,
     /// Every `except` glob of every rule, except root-only ones (`.`).
-    pub(super) except_set: GlobSet,
+    pub(super) except_set: PrefixSet,
     /// Glob index in `except_set` → (rule index, index in the rule's `except`).
     pub(super) except_to: Vec<(usize, usize)>,
     /// Rules with an `except` glob that matches the root: they cover nothing at all.
@@ -549,7 +550,7 @@ impl Layer {
             default,
             may_hide,
             excepts,
-            except_set: except_builder.build()?,
+            except_set: PrefixSet::new(except_builder.build()?),
             except_to,
             dead_rules,
             hole_rules,
@@ -562,7 +563,7 @@ impl Layer {
             noexec_rules,
             has_ids,
             patterns,
-            set: builder.build()?,
+            set: PrefixSet::new(builder.build()?),
             set_to_rule,
             root_rules,
             lift_rules,

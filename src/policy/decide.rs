@@ -19,8 +19,7 @@
 //! answered from the rules rather than the host ("could match below"), the answer is
 //! conservative: it may refuse a harmless rename, never allow a harmful one.
 
-use super::glob::{Pattern, as_path, prefixes};
-use globset::Candidate;
+use super::glob::Pattern;
 
 use super::build::Layer;
 use super::memo;
@@ -126,35 +125,25 @@ impl Layer {
         caller: Caller,
         excl: &mut Exclusions<'_>,
     ) -> Option<(Access, usize)> {
-        let mut hits = Vec::new();
-        for prefix in prefixes(path) {
-            let found = if prefix.is_empty() {
-                self.decide_among(
-                    self.root_rules
-                        .iter()
-                        .copied()
-                        .filter(|&i| !excl.takes_out(i)),
-                    caller,
-                )
-            } else {
-                // `hits` allocates only on a first match, i.e. at most once per call.
-                self.set
-                    .matches_candidate_into(&Candidate::new(as_path(prefix)), &mut hits);
-                if hits.is_empty() {
-                    continue;
-                }
-                self.decide_among(
-                    hits.iter()
-                        .map(|&g| self.set_to_rule[g])
-                        .filter(|&i| !excl.takes_out(i)),
-                    caller,
-                )
-            };
+        // The path and its ancestors with a match, deepest first, then the root.
+        for hits in self.set.hits(path).iter() {
+            let found = self.decide_among(
+                hits.iter()
+                    .map(|&g| self.set_to_rule[g])
+                    .filter(|&i| !excl.takes_out(i)),
+                caller,
+            );
             if found.is_some() {
                 return found;
             }
         }
-        None
+        self.decide_among(
+            self.root_rules
+                .iter()
+                .copied()
+                .filter(|&i| !excl.takes_out(i)),
+            caller,
+        )
     }
 
     /// What the grants give `path` (after the visibility lift when `lift`, before the mode).
@@ -256,10 +245,7 @@ impl Layer {
     /// `uid`/`gid` and `except`), sorted.
     fn covering_rules(&self, path: &[u8]) -> Vec<usize> {
         let mut out = self.root_rules.clone();
-        let mut hits = Vec::new();
-        for prefix in prefixes(path).filter(|p| !p.is_empty()) {
-            self.set
-                .matches_candidate_into(&Candidate::new(as_path(prefix)), &mut hits);
+        for hits in self.set.hits(path).iter() {
             out.extend(hits.iter().map(|&g| self.set_to_rule[g]));
         }
         out.sort_unstable();
@@ -276,10 +262,7 @@ impl Layer {
                 out.push((rule, k));
             }
         }
-        let mut hits = Vec::new();
-        for prefix in prefixes(path).filter(|p| !p.is_empty()) {
-            self.except_set
-                .matches_candidate_into(&Candidate::new(as_path(prefix)), &mut hits);
+        for hits in self.except_set.hits(path).iter() {
             out.extend(hits.iter().map(|&g| self.except_to[g]));
         }
         out.sort_unstable();

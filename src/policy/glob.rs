@@ -22,7 +22,9 @@ use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
-use globset::{Candidate, GlobBuilder, GlobSet, GlobSetBuilder};
+use globset::{GlobBuilder, GlobSet, GlobSetBuilder};
+
+use super::ancestors::{PrefixSet, as_path};
 
 /// One component of a pattern, for the prefix-feasibility check.
 #[derive(Clone, Debug)]
@@ -392,41 +394,10 @@ pub(super) fn compile_pattern(text: &str, what: &str) -> Result<CompiledPattern,
     })
 }
 
-/// Splits `path` into its prefixes, deepest first, ending with the root `b""`.
-pub(super) struct Prefixes<'a> {
-    path: &'a [u8],
-    end: Option<usize>,
-}
-
-pub(super) fn prefixes(path: &[u8]) -> Prefixes<'_> {
-    Prefixes {
-        path,
-        end: Some(path.len()),
-    }
-}
-
-impl<'a> Iterator for Prefixes<'a> {
-    type Item = &'a [u8];
-    fn next(&mut self) -> Option<&'a [u8]> {
-        let end = self.end?;
-        let prefix = &self.path[..end];
-        self.end = if end == 0 {
-            None
-        } else {
-            Some(prefix.iter().rposition(|&b| b == b'/').unwrap_or(0))
-        };
-        Some(prefix)
-    }
-}
-
-pub(super) fn as_path(bytes: &[u8]) -> &Path {
-    Path::new(OsStr::from_bytes(bytes))
-}
-
 /// A compiled list of "covers" patterns (`writable_roots`, `protected`).
 #[derive(Clone, Debug)]
 pub(super) struct CoverSet {
-    set: GlobSet,
+    set: PrefixSet,
     /// Glob index in `set` → entry index.
     set_to_entry: Vec<usize>,
     /// Some entry matches the root, hence covers everything.
@@ -449,7 +420,7 @@ impl CoverSet {
             patterns.push(item.pattern);
         }
         Ok(CoverSet {
-            set: builder.build()?,
+            set: PrefixSet::new(builder.build()?),
             set_to_entry,
             root,
             patterns,
@@ -459,21 +430,15 @@ impl CoverSet {
     /// The entry that covers `path`: the one matching the deepest of `path` and its
     /// ancestors (the root last); among several at that depth, the first in the file.
     pub(super) fn covering_entry(&self, path: &[u8]) -> Option<usize> {
-        for prefix in prefixes(path).filter(|p| !p.is_empty()) {
-            let hits = self.set.matches_candidate(&Candidate::new(as_path(prefix)));
-            if let Some(first) = hits.iter().map(|&g| self.set_to_entry[g]).min() {
-                return Some(first);
-            }
+        if let Some(hits) = self.set.hits(path).iter().next() {
+            return hits.iter().map(|&g| self.set_to_entry[g]).min();
         }
         self.patterns.iter().position(|p| p.root)
     }
 
     /// `path` is equal to or below a match of some entry.
     pub(super) fn covers(&self, path: &[u8]) -> bool {
-        self.root
-            || prefixes(path)
-                .filter(|p| !p.is_empty())
-                .any(|p| self.set.is_match_candidate(&Candidate::new(as_path(p))))
+        self.root || !self.set.hits(path).is_empty()
     }
 
     /// Some non-floating entry could match a strict descendant of `path`.

@@ -24,8 +24,8 @@
 //! Invariant: one [`Listing`] serves the names of one directory, for one caller, under
 //! one policy (the borrow ties it to the policy; a reload makes a new one).
 
+use super::ancestors::as_path;
 use super::build::Layer;
-use super::glob::as_path;
 use super::{Access, Caller, Policy};
 use globset::Candidate;
 

@@ -38,6 +38,11 @@ impl MemoId {
         static NEXT: AtomicU64 = AtomicU64::new(1);
         MemoId(NEXT.fetch_add(1, Ordering::Relaxed))
     }
+
+    /// The id as a number (for keys).
+    pub(crate) fn raw(&self) -> u64 {
+        self.0
+    }
 }
 
 impl Clone for MemoId {

@@ -369,6 +369,7 @@ impl fmt::Display for PolicyError {
     }
 }
 
+mod ancestors;
 pub(crate) mod build;
 mod decide;
 mod glob;

@@ -53,7 +53,7 @@ impl ProgSel {
 
     /// Whether a process running `exe`, with `ancestors` (parent first), matches.
     pub(crate) fn matches(&self, exe: &[u8], ancestors: &[Vec<u8>]) -> bool {
-        let hit = |set: &GlobSet, p: &[u8]| set.is_match(super::glob::as_path(p));
+        let hit = |set: &GlobSet, p: &[u8]| set.is_match(super::ancestors::as_path(p));
         self.exe.as_ref().is_some_and(|s| hit(s, exe))
             || self
                 .ancestor
