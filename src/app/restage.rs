@@ -190,6 +190,10 @@ impl Restage {
 }
 
 impl crate::stage::control::Live for Restage {
+    fn writers(&self) -> HashSet<crate::stage::seal::Key> {
+        self.writers.lock().values().map(|w| w.key).collect()
+    }
+
     fn swap(
         &self,
         same_view: bool,

@@ -122,6 +122,16 @@ pub fn apply(l: &Layers, list: &[Change], force: bool, dir: &Path, all: bool) ->
             out.refused(&line, "its directory's rename was refused");
             continue;
         }
+        if let Some(from) = moved_into_new(l, c) {
+            out.refused(
+                &line,
+                format!(
+                    "it holds SOURCE's {}/, moved into it, which a new directory (copied whole) cannot carry: kept staged",
+                    String::from_utf8_lossy(&from)
+                ),
+            );
+            continue;
+        }
         let Kind::Renamed { from } = &c.kind else {
             rest.push(c.clone());
             continue;
@@ -249,6 +259,22 @@ fn cycles<'a>(
 }
 
 /// `a` is `b` or below it.
+/// A new directory (or one replacing a file) that holds a directory the agent moved in
+/// from SOURCE: its old path (the first one found). Copied whole, it would land without
+/// what the move carried (its staged tree has none of it), so it is refused and stays
+/// staged, and the moved directory's old path is never listed as deleted (`changes.rs`).
+fn moved_into_new(l: &Layers, c: &Change) -> Option<Vec<u8>> {
+    if !c.dir || !matches!(c.kind, Kind::Added | Kind::Type) {
+        return None;
+    }
+    let u = l.upper.dir(&c.path).ok()??;
+    match l.moved_in(&u, &c.path) {
+        Ok(v) => v.into_iter().next().map(|(from, _)| from),
+        // Cannot tell: refused rather than risk a copy without the moved directory.
+        Err(_) => Some(b"?".to_vec()),
+    }
+}
+
 fn under(a: &[u8], b: &[u8]) -> bool {
     a == b || (a.starts_with(b) && a.get(b.len()) == Some(&b'/'))
 }

@@ -462,6 +462,13 @@ impl Layers {
                 Ok(Some(o))
             }
             (None, _) => {
+                // Directories the agent moved into the new one (`mkdir q; mv w/a q/a`):
+                // what they carried is not deleted from SOURCE (`apply` refuses the new
+                // directory while it holds them: [`Layers::moved_in`]).
+                for (from, o) in self.moved_in(u, &p)? {
+                    sources.insert(from);
+                    sources.insert(id_key(&o.st));
+                }
                 out.push(Change {
                     kind: if lower_here { Kind::Type } else { Kind::Added },
                     dir: true,
@@ -652,6 +659,33 @@ impl Layers {
     /// Entries below staged directory `d` (whiteouts not counted). An entry that can be
     /// neither a directory nor a whiteout is counted from its `fstatat` alone (no open:
     /// a new tree of 10,000 files costs 10,000 fewer opens).
+    /// The renamed directories below the staged directory `d` at `path` whose SOURCE
+    /// directory is still there (each one's old path and that directory): a new
+    /// directory holding such a rename (`mkdir q; mv w/a q/a`) cannot be copied into
+    /// SOURCE whole, as its staged tree has none of what the rename carried.
+    pub fn moved_in(&self, d: &Node, path: &[u8]) -> io::Result<Vec<(Vec<u8>, Node)>> {
+        let mut found = Vec::new();
+        walk(&self.upper, d.try_clone()?, path, (), |ev| {
+            let Event::Entry { dir, path, name } = ev else {
+                return Ok(Flow::Next);
+            };
+            let Some(c) = self.upper.child(&dir.node, name)? else {
+                return Ok(Flow::Next);
+            };
+            if kind(&c.st) != libc::S_IFDIR {
+                return Ok(Flow::Next);
+            }
+            if let Some(r) = self.upper.redirect(&c) {
+                let from = redirect_path(&join(path, name), &r);
+                if let Some(o) = self.lower.dir(&from)? {
+                    found.push((from, o));
+                }
+            }
+            Ok(Flow::Enter(c, ()))
+        })?;
+        Ok(found)
+    }
+
     fn count(&self, d: &Node, path: &[u8]) -> io::Result<u64> {
         let mut n = 0;
         walk(&self.upper, d.try_clone()?, path, (), |ev| {

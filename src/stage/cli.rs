@@ -443,7 +443,7 @@ fn run_op(op: StageOp) -> Result<i32, StageError> {
             let o = Opts {
                 force,
                 at: checkpoint,
-                note: None,
+                ..Opts::default()
             };
             let report = apply_or_discard(&area.dir, "apply", &ps, o, uid)?;
             for line in &report.lines {

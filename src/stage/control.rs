@@ -65,6 +65,12 @@ pub trait Live: Send + Sync {
         same_view: bool,
         change: &mut dyn FnMut() -> Result<Value, StageError>,
     ) -> Result<Value, StageError>;
+
+    /// During [`Live::swap`]'s change: the files (inodes in DIR) some handle holds open
+    /// for writing, recorded with the request gate closed.
+    fn writers(&self) -> std::collections::HashSet<super::seal::Key> {
+        std::collections::HashSet::new()
+    }
 }
 
 fn paths(ps: &[String]) -> Vec<Vec<u8>> {
@@ -167,7 +173,12 @@ fn run(area: &Area, live: Option<&dyn Live>, op: Op, uid: u32) -> Result<Value, 
             at,
             note,
         } => {
-            let o = Opts { force, at, note };
+            let o = Opts {
+                force,
+                at,
+                note,
+                ..Opts::default()
+            };
             apply_or_discard(area, live("apply")?, "apply", &paths(&ps), o, uid)
         }
         Op::Discard { paths: ps, note } => {
@@ -189,7 +200,11 @@ fn apply_or_discard(
     uid: u32,
 ) -> Result<Value, StageError> {
     let v = live.swap(false, &mut || {
-        let report = super::session::apply_or_discard(&area.dir, op, ps, o.clone(), uid)?;
+        let mut o = o.clone();
+        if op == "apply" {
+            o.held = live.writers();
+        }
+        let report = super::session::apply_or_discard(&area.dir, op, ps, o, uid)?;
         Ok(json!({"lines": report.lines, "refused": report.refused}))
     });
     layers::empty_trash_later(&area.dir, true);

@@ -43,6 +43,7 @@ pub mod error;
 pub mod feedback;
 mod flatten;
 mod guard;
+mod held;
 pub mod hunks;
 pub mod ids;
 mod intent;

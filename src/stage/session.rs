@@ -207,6 +207,9 @@ pub struct Opts {
     /// `--note TEXT`: the reviewer's note, recorded with each decision for the agent
     /// (`DIR/feedback.jsonl`).
     pub note: Option<String>,
+    /// The files (inodes in DIR) open for writing through the live mount: an apply
+    /// leaves their paths staged ([`super::held`]).
+    pub held: std::collections::HashSet<super::seal::Key>,
 }
 
 /// `apply` or `discard` of `paths` on the area `dir` (its lock held, or the mount
@@ -264,7 +267,7 @@ pub fn apply_or_discard(
     let only_hunks = !hunk_args.is_empty() && plain.is_empty();
     let mut before = Vec::new();
     if !only_hunks && (plain.is_empty() || !kept.is_empty()) {
-        let (r, list) = whole(&l, &area.dir, op, kept, force)?;
+        let (r, list) = whole(&l, &area.dir, op, kept, force, &o.held)?;
         merge(&mut report, r);
         before = list;
     }
@@ -295,6 +298,7 @@ fn whole(
     op: &str,
     kept: Vec<ids::Kept>,
     force: bool,
+    held: &std::collections::HashSet<super::seal::Key>,
 ) -> Result<(Report, Vec<Change>), StageError> {
     let list = l
         .changes()
@@ -304,7 +308,11 @@ fn whole(
         // write below a directory N changed is not N's); a PATH, every rename of a cycle
         // it touches (a cycle named only in part by ids is refused: `cycles`).
         let list = super::cycles::pick(&list, &kept);
-        let r = apply::apply(l, &list, force, dir, kept.is_empty());
+        // A file open for writing stays staged (its later writes would be lost).
+        let (list, open) = super::held::keep_open(l, list, held);
+        let mut r = apply::apply(l, &list, force, dir, kept.is_empty() && open.is_empty());
+        r.refused += open.len();
+        r.lines.extend(open);
         Ok((r, list))
     } else {
         // A directory's m or R id with changes below it is refused (it would take the

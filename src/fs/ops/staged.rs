@@ -111,7 +111,9 @@ impl Shared {
         })
     }
 
-    /// An open for reading of node `ino`: what a later change of it may be built on.
+    /// An open for reading of node `ino`: what a later change of it may be built on, at
+    /// each of its names (the names of a hard link are one node: a read through any of
+    /// them is what a rewrite of any of them is built on).
     pub(super) fn note_read(&self, ino: u64) {
         let Some(b) = self.bases.as_ref() else {
             return;
@@ -119,8 +121,9 @@ impl Shared {
         let (Ok(paths), Ok(fd)) = (self.inodes.paths(ino), self.inodes.fd(ino)) else {
             return;
         };
-        if let Some(path) = paths.into_iter().next() {
-            b.read(&path, base::shown_fd(&fd));
+        let shown = base::shown_fd(&fd);
+        for path in paths {
+            b.read(&path, shown);
         }
     }
 
