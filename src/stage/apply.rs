@@ -258,7 +258,6 @@ fn cycles<'a>(
     }
 }
 
-/// `a` is `b` or below it.
 /// A new directory (or one replacing a file) that holds a directory the agent moved in
 /// from SOURCE: its old path (the first one found). Copied whole, it would land without
 /// what the move carried (its staged tree has none of it), so it is refused and stays
@@ -275,6 +274,7 @@ fn moved_into_new(l: &Layers, c: &Change) -> Option<Vec<u8>> {
     }
 }
 
+/// `a` is `b` or below it.
 fn under(a: &[u8], b: &[u8]) -> bool {
     a == b || (a.starts_with(b) && a.get(b.len()) == Some(&b'/'))
 }

@@ -656,9 +656,6 @@ impl Layers {
         }
     }
 
-    /// Entries below staged directory `d` (whiteouts not counted). An entry that can be
-    /// neither a directory nor a whiteout is counted from its `fstatat` alone (no open:
-    /// a new tree of 10,000 files costs 10,000 fewer opens).
     /// The renamed directories below the staged directory `d` at `path` whose SOURCE
     /// directory is still there (each one's old path and that directory): a new
     /// directory holding such a rename (`mkdir q; mv w/a q/a`) cannot be copied into
@@ -686,6 +683,9 @@ impl Layers {
         Ok(found)
     }
 
+    /// Entries below staged directory `d` (whiteouts not counted). An entry that can be
+    /// neither a directory nor a whiteout is counted from its `fstatat` alone (no open:
+    /// a new tree of 10,000 files costs 10,000 fewer opens).
     fn count(&self, d: &Node, path: &[u8]) -> io::Result<u64> {
         let mut n = 0;
         walk(&self.upper, d.try_clone()?, path, (), |ev| {
