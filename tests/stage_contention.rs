@@ -301,3 +301,98 @@ fn a_copy_up_raced_by_a_host_write_that_restores_mtime_is_made_again() {
     assert_eq!(fs::read(m.mnt("f")).unwrap(), b"new content BBBB\nagent\n");
     assert_eq!(fs::read(m.host("f")).unwrap(), b"new content BBBB\n");
 }
+
+/// A follower of a copy-up in flight (a second open for writing of the same SOURCE file
+/// while the first one's copy is made: the test-only pause
+/// `FENCEFS_FAULT_UNION_PAUSE=copy-up:MS`) that, once the copy landed, finds another
+/// object at the name (`copy-up-follow:MS`: the copy renamed away and a new file made
+/// there by other requests meanwhile) does not take that object for the copy: it answers
+/// ESTALE, the kernel looks the name up again and opens what is there now, so what the
+/// follower writes lands in the file its descriptor is (before: the descriptor was the
+/// renamed copy's node while its writes went to the new file).
+#[test]
+fn a_copy_up_follower_does_not_take_another_object_at_the_name_for_the_copy() {
+    let b = Mount::builder("copyup_follow").policy(WRITE).env(
+        "FENCEFS_FAULT_UNION_PAUSE",
+        "copy-up:800,copy-up-follow:1500",
+    );
+    put(&b.host("f"), b"source\n", 0o644);
+    let dir = stage_dir(&b);
+    let m = b
+        .arg("--transport")
+        .arg("dev-fuse")
+        .arg("--stage")
+        .arg(&dir)
+        .start();
+    // The leader: its copy-up pauses after the data.
+    let p = m.mnt("f");
+    let leader = std::thread::spawn(move || fs::OpenOptions::new().write(true).open(&p).map(drop));
+    assert!(
+        eventually(Duration::from_secs(5), || m
+            .stderr()
+            .contains("pause of 800 ms at copy-up")),
+        "the leader's copy-up did not reach its pause:\n{}",
+        m.stderr()
+    );
+    // The follower waits for it, then pauses before it opens the copy by name.
+    let p = m.mnt("f");
+    let follower = std::thread::spawn(move || -> std::io::Result<(u64, u64)> {
+        use std::os::unix::fs::FileExt;
+        let f = fs::OpenOptions::new().write(true).open(&p)?;
+        f.write_all_at(b"FOLLOWER\n", 0)?;
+        f.sync_all()?;
+        let st = f.metadata()?;
+        Ok((st.ino(), st.len()))
+    });
+    assert!(
+        eventually(Duration::from_secs(5), || m
+            .stderr()
+            .contains("pause of 1500 ms at copy-up-follow")),
+        "the follower did not reach its pause:\n{}",
+        m.stderr()
+    );
+    leader.join().unwrap().expect("the leader's open");
+    // The copy is renamed away and a new file made at its name.
+    fs::rename(m.mnt("f"), m.mnt("g")).unwrap();
+    fs::write(m.mnt("f"), b"new\n").unwrap();
+    let (ino, _) = follower
+        .join()
+        .unwrap()
+        .expect("the follower's open and write");
+    // The follower's descriptor is the file its bytes are in.
+    let (f, g) = (
+        fs::metadata(m.mnt("f")).unwrap(),
+        fs::metadata(m.mnt("g")).unwrap(),
+    );
+    let (mine, other) = if ino == f.ino() {
+        ("f", "g")
+    } else {
+        assert_eq!(ino, g.ino(), "the follower's descriptor is neither f nor g");
+        ("g", "f")
+    };
+    // In the staged tree: the follower's bytes are in the file at that name, and only there.
+    let staged = |n: &str| fs::read(dir.join("upper").join(n)).unwrap();
+    let (mine_staged, other_staged) = (staged(mine), staged(other));
+    assert!(
+        mine_staged.starts_with(b"FOLLOWER\n") && !other_staged.starts_with(b"FOLLOWER"),
+        "the follower's descriptor is {mine}; staged {mine} holds {:?}, staged {other} {:?}",
+        String::from_utf8_lossy(&mine_staged),
+        String::from_utf8_lossy(&other_staged)
+    );
+    // And through the mount.
+    let mine_bytes = fs::read(m.mnt(mine)).unwrap();
+    let other_bytes = fs::read(m.mnt(other)).unwrap();
+    assert!(
+        mine_bytes.starts_with(b"FOLLOWER\n"),
+        "{mine}: {mine_bytes:?}"
+    );
+    assert!(
+        !other_bytes.starts_with(b"FOLLOWER"),
+        "{other}: {other_bytes:?}"
+    );
+    assert_eq!(
+        fs::read(m.host("f")).unwrap(),
+        b"source\n",
+        "SOURCE changed"
+    );
+}
