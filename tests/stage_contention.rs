@@ -202,6 +202,100 @@ fn one_uids_copy_ups_do_not_hold_up_anothers_rename() {
     assert!(m.host("x").exists() && !m.host("y").exists());
 }
 
+/// Runs the calling thread on CPU 0 only (FUSE over io_uring serves a request on the
+/// queue of the CPU its caller runs on).
+fn pin_to_cpu0() {
+    // SAFETY: a zeroed cpu_set_t is an empty set; the call reads it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(0, &mut set);
+        assert_eq!(
+            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set),
+            0
+        );
+    }
+}
+
+/// A flood past one uid's share of the slow-request workers (FUSE over io_uring): uid
+/// 1000, pinned to CPU 0, opens 40 SOURCE files for writing at once, each copy-up made
+/// slow by the test-only pause `FENCEFS_FAULT_UNION_PAUSE=copy-up:600` — far past the
+/// workers it may hold (3) and what once waited for one (16). Root, on the same CPU (so
+/// the same ring queue), looks up names meanwhile: each answered at once (before: the
+/// copy-ups past the bound ran on the queue thread itself, and root's lookups waited
+/// behind them), and every one of uid 1000's opens succeeds in its turn.
+#[test]
+fn a_flood_past_one_uids_share_does_not_stall_anothers_requests_on_its_queue() {
+    const FILES: usize = 40;
+    let b = Mount::builder("pool_flood")
+        .policy(WRITE)
+        .env("FENCEFS_FAULT_UNION_PAUSE", "copy-up:600");
+    for i in 0..FILES {
+        let p = b.host(format!("f{i}"));
+        put(&p, b"uid 1000's\n", 0o644);
+        std::os::unix::fs::chown(&p, Some(USER), Some(USER)).unwrap();
+    }
+    for i in 0..8 {
+        put(&b.host(format!("n{i}")), b"root's\n", 0o644);
+    }
+    let dir = stage_dir(&b);
+    let m = b
+        .arg("--allow-other")
+        .arg("--transport")
+        .arg("io-uring")
+        .arg("--stage")
+        .arg(&dir)
+        .start();
+    pin_to_cpu0();
+    let script = format!(
+        "taskset -c 0 sh -c 'for i in $(seq 0 {}); do (: 1<>f$i) & done; wait'",
+        FILES - 1
+    );
+    let mnt = m.mnt("");
+    let t0 = std::time::Instant::now();
+    let hostile = std::thread::spawn(move || {
+        let out = sh_as(USER, &mnt, &script);
+        (out, t0.elapsed())
+    });
+    // Its copy-ups hold the workers it may hold, and the rest of its opens have arrived.
+    assert!(
+        eventually(Duration::from_secs(10), || m
+            .stderr()
+            .matches("pause of 600 ms at copy-up")
+            .count()
+            >= 3),
+        "the copy-ups did not start:\n{}",
+        m.stderr()
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    let mut took = Vec::new();
+    for i in 0..8 {
+        let t = std::time::Instant::now();
+        let md = fs::metadata(m.mnt(format!("n{i}"))).unwrap();
+        took.push(t.elapsed());
+        assert_eq!(md.len(), 7);
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let looked_at = t0.elapsed();
+    let (out, all) = hostile.join().unwrap();
+    eprintln!("root's lookups took {took:?} (done at {looked_at:?}); uid 1000's opens {all:?}");
+    out.assert_ok("uid 1000's opens");
+    assert!(
+        looked_at < all,
+        "the lookups were made while the flood lasted"
+    );
+    let slowest = took.iter().max().unwrap();
+    assert!(
+        *slowest < Duration::from_millis(300),
+        "root's lookups on uid 1000's queue took {took:?} while its copy-ups ran"
+    );
+    for i in 0..FILES {
+        assert!(
+            dir.join(format!("upper/f{i}")).is_file(),
+            "f{i} was not copied up"
+        );
+    }
+}
+
 /// A removal whose lookup found SOURCE's file, and a copy-up of that name landing before
 /// the removal takes the union's names lock (made wide by the test-only pause
 /// `FENCEFS_FAULT_UNION_PAUSE=remove:MS`): the removal looks the name up again under the
