@@ -734,3 +734,58 @@ fn a_checkpoint_whose_view_cannot_be_built_freezes_the_union() {
     assert_host_unchanged(&layers, &dir.join("layers"), "DIR/layers");
     assert_host_unchanged(&upper, &dir.join("upper"), "DIR/upper");
 }
+
+/// A live checkpoint whose count of changes fails (the test-only
+/// `FENCEFS_FAULT_STAGE_COUNT=1` in the daemon's environment, standing in for a tree too
+/// deep or too wide to compare): the checkpoint is taken all the same — sealed, in the log
+/// with its message and no count (0), a rewind target — the failure is logged, and the
+/// mount stays writable.
+#[test]
+fn a_checkpoint_whose_count_fails_is_taken_and_logged() {
+    let b = Mount::builder("stage-live-nocount")
+        .policy(WRITE)
+        .env("FENCEFS_FAULT_STAGE_COUNT", "1");
+    sample(&b.host(""));
+    let dir = stage_dir(&b);
+    let sock = b.root().join("ctl.sock");
+    let m = b
+        .arg("--stage")
+        .arg(&dir)
+        .arg("--control")
+        .arg(&sock)
+        .start();
+    let source = snapshot(&m.host(""));
+    m.sh("echo first > t1.txt && sed -i 's/two/TWO/' a.txt")
+        .assert_ok("turn 1");
+    let c = via(&sock, "checkpoint", &["-m", "turn 1"]);
+    c.assert_ok("checkpoint");
+    assert_eq!(c.stdout, "checkpoint 1\n");
+    assert!(
+        m.stderr().contains(
+            "counting the changes for a checkpoint: fault injected (FENCEFS_FAULT_STAGE_COUNT)"
+        ),
+        "daemon log:\n{}",
+        m.stderr()
+    );
+    let log = via(&sock, "log", &["--json"]);
+    log.assert_ok("log");
+    let v: serde_json::Value = serde_json::from_str(&log.stdout).unwrap();
+    assert_eq!(v[0]["n"], 1, "{v}");
+    assert_eq!(v[0]["message"], "turn 1", "{v}");
+    assert_eq!(v[0]["changes"], 0, "{v}");
+    assert_eq!(v[0]["ended"], false, "{v}");
+    assert_eq!(
+        fs::read(dir.join("layers/1/t1.txt")).unwrap(),
+        b"first\n",
+        "the checkpoint's layer"
+    );
+    // Still writable; the next turn is told apart from the checkpoint.
+    m.sh("echo second > t2.txt").assert_ok("turn 2");
+    let since = via(&sock, "status", &["--since", "1"]);
+    since.assert_ok("status --since 1");
+    assert_eq!(since.stdout, "A t2.txt\n");
+    via(&sock, "rewind", &["1"]).assert_ok("rewind 1");
+    assert!(!m.mnt("t2.txt").exists());
+    assert_eq!(fs::read(m.mnt("t1.txt")).unwrap(), b"first\n");
+    assert_host_unchanged(&source, &m.host(""), "SOURCE");
+}
