@@ -202,6 +202,100 @@ fn one_uids_copy_ups_do_not_hold_up_anothers_rename() {
     assert!(m.host("x").exists() && !m.host("y").exists());
 }
 
+/// Runs the calling thread on CPU 0 only (FUSE over io_uring serves a request on the
+/// queue of the CPU its caller runs on).
+fn pin_to_cpu0() {
+    // SAFETY: a zeroed cpu_set_t is an empty set; the call reads it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(0, &mut set);
+        assert_eq!(
+            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set),
+            0
+        );
+    }
+}
+
+/// A flood past one uid's share of the slow-request workers (FUSE over io_uring): uid
+/// 1000, pinned to CPU 0, opens 40 SOURCE files for writing at once, each copy-up made
+/// slow by the test-only pause `FENCEFS_FAULT_UNION_PAUSE=copy-up:600` — far past the
+/// workers it may hold (3) and what once waited for one (16). Root, on the same CPU (so
+/// the same ring queue), looks up names meanwhile: each answered at once (before: the
+/// copy-ups past the bound ran on the queue thread itself, and root's lookups waited
+/// behind them), and every one of uid 1000's opens succeeds in its turn.
+#[test]
+fn a_flood_past_one_uids_share_does_not_stall_anothers_requests_on_its_queue() {
+    const FILES: usize = 40;
+    let b = Mount::builder("pool_flood")
+        .policy(WRITE)
+        .env("FENCEFS_FAULT_UNION_PAUSE", "copy-up:600");
+    for i in 0..FILES {
+        let p = b.host(format!("f{i}"));
+        put(&p, b"uid 1000's\n", 0o644);
+        std::os::unix::fs::chown(&p, Some(USER), Some(USER)).unwrap();
+    }
+    for i in 0..8 {
+        put(&b.host(format!("n{i}")), b"root's\n", 0o644);
+    }
+    let dir = stage_dir(&b);
+    let m = b
+        .arg("--allow-other")
+        .arg("--transport")
+        .arg("io-uring")
+        .arg("--stage")
+        .arg(&dir)
+        .start();
+    pin_to_cpu0();
+    let script = format!(
+        "taskset -c 0 sh -c 'for i in $(seq 0 {}); do (: 1<>f$i) & done; wait'",
+        FILES - 1
+    );
+    let mnt = m.mnt("");
+    let t0 = std::time::Instant::now();
+    let hostile = std::thread::spawn(move || {
+        let out = sh_as(USER, &mnt, &script);
+        (out, t0.elapsed())
+    });
+    // Its copy-ups hold the workers it may hold, and the rest of its opens have arrived.
+    assert!(
+        eventually(Duration::from_secs(10), || m
+            .stderr()
+            .matches("pause of 600 ms at copy-up")
+            .count()
+            >= 3),
+        "the copy-ups did not start:\n{}",
+        m.stderr()
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    let mut took = Vec::new();
+    for i in 0..8 {
+        let t = std::time::Instant::now();
+        let md = fs::metadata(m.mnt(format!("n{i}"))).unwrap();
+        took.push(t.elapsed());
+        assert_eq!(md.len(), 7);
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let looked_at = t0.elapsed();
+    let (out, all) = hostile.join().unwrap();
+    eprintln!("root's lookups took {took:?} (done at {looked_at:?}); uid 1000's opens {all:?}");
+    out.assert_ok("uid 1000's opens");
+    assert!(
+        looked_at < all,
+        "the lookups were made while the flood lasted"
+    );
+    let slowest = took.iter().max().unwrap();
+    assert!(
+        *slowest < Duration::from_millis(300),
+        "root's lookups on uid 1000's queue took {took:?} while its copy-ups ran"
+    );
+    for i in 0..FILES {
+        assert!(
+            dir.join(format!("upper/f{i}")).is_file(),
+            "f{i} was not copied up"
+        );
+    }
+}
+
 /// A removal whose lookup found SOURCE's file, and a copy-up of that name landing before
 /// the removal takes the union's names lock (made wide by the test-only pause
 /// `FENCEFS_FAULT_UNION_PAUSE=remove:MS`): the removal looks the name up again under the
@@ -300,4 +394,99 @@ fn a_copy_up_raced_by_a_host_write_that_restores_mtime_is_made_again() {
     );
     assert_eq!(fs::read(m.mnt("f")).unwrap(), b"new content BBBB\nagent\n");
     assert_eq!(fs::read(m.host("f")).unwrap(), b"new content BBBB\n");
+}
+
+/// A follower of a copy-up in flight (a second open for writing of the same SOURCE file
+/// while the first one's copy is made: the test-only pause
+/// `FENCEFS_FAULT_UNION_PAUSE=copy-up:MS`) that, once the copy landed, finds another
+/// object at the name (`copy-up-follow:MS`: the copy renamed away and a new file made
+/// there by other requests meanwhile) does not take that object for the copy: it answers
+/// ESTALE, the kernel looks the name up again and opens what is there now, so what the
+/// follower writes lands in the file its descriptor is (before: the descriptor was the
+/// renamed copy's node while its writes went to the new file).
+#[test]
+fn a_copy_up_follower_does_not_take_another_object_at_the_name_for_the_copy() {
+    let b = Mount::builder("copyup_follow").policy(WRITE).env(
+        "FENCEFS_FAULT_UNION_PAUSE",
+        "copy-up:800,copy-up-follow:1500",
+    );
+    put(&b.host("f"), b"source\n", 0o644);
+    let dir = stage_dir(&b);
+    let m = b
+        .arg("--transport")
+        .arg("dev-fuse")
+        .arg("--stage")
+        .arg(&dir)
+        .start();
+    // The leader: its copy-up pauses after the data.
+    let p = m.mnt("f");
+    let leader = std::thread::spawn(move || fs::OpenOptions::new().write(true).open(&p).map(drop));
+    assert!(
+        eventually(Duration::from_secs(5), || m
+            .stderr()
+            .contains("pause of 800 ms at copy-up")),
+        "the leader's copy-up did not reach its pause:\n{}",
+        m.stderr()
+    );
+    // The follower waits for it, then pauses before it opens the copy by name.
+    let p = m.mnt("f");
+    let follower = std::thread::spawn(move || -> std::io::Result<(u64, u64)> {
+        use std::os::unix::fs::FileExt;
+        let f = fs::OpenOptions::new().write(true).open(&p)?;
+        f.write_all_at(b"FOLLOWER\n", 0)?;
+        f.sync_all()?;
+        let st = f.metadata()?;
+        Ok((st.ino(), st.len()))
+    });
+    assert!(
+        eventually(Duration::from_secs(5), || m
+            .stderr()
+            .contains("pause of 1500 ms at copy-up-follow")),
+        "the follower did not reach its pause:\n{}",
+        m.stderr()
+    );
+    leader.join().unwrap().expect("the leader's open");
+    // The copy is renamed away and a new file made at its name.
+    fs::rename(m.mnt("f"), m.mnt("g")).unwrap();
+    fs::write(m.mnt("f"), b"new\n").unwrap();
+    let (ino, _) = follower
+        .join()
+        .unwrap()
+        .expect("the follower's open and write");
+    // The follower's descriptor is the file its bytes are in.
+    let (f, g) = (
+        fs::metadata(m.mnt("f")).unwrap(),
+        fs::metadata(m.mnt("g")).unwrap(),
+    );
+    let (mine, other) = if ino == f.ino() {
+        ("f", "g")
+    } else {
+        assert_eq!(ino, g.ino(), "the follower's descriptor is neither f nor g");
+        ("g", "f")
+    };
+    // In the staged tree: the follower's bytes are in the file at that name, and only there.
+    let staged = |n: &str| fs::read(dir.join("upper").join(n)).unwrap();
+    let (mine_staged, other_staged) = (staged(mine), staged(other));
+    assert!(
+        mine_staged.starts_with(b"FOLLOWER\n") && !other_staged.starts_with(b"FOLLOWER"),
+        "the follower's descriptor is {mine}; staged {mine} holds {:?}, staged {other} {:?}",
+        String::from_utf8_lossy(&mine_staged),
+        String::from_utf8_lossy(&other_staged)
+    );
+    // And through the mount.
+    let mine_bytes = fs::read(m.mnt(mine)).unwrap();
+    let other_bytes = fs::read(m.mnt(other)).unwrap();
+    assert!(
+        mine_bytes.starts_with(b"FOLLOWER\n"),
+        "{mine}: {mine_bytes:?}"
+    );
+    assert!(
+        !other_bytes.starts_with(b"FOLLOWER"),
+        "{other}: {other_bytes:?}"
+    );
+    assert_eq!(
+        fs::read(m.host("f")).unwrap(),
+        b"source\n",
+        "SOURCE changed"
+    );
 }

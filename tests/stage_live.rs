@@ -621,3 +621,171 @@ fn a_long_copy_file_range_loop_does_not_hold_a_live_checkpoint() {
     assert_eq!(host("big").unwrap(), before);
     assert!(host("copy").is_err(), "SOURCE got the copy");
 }
+
+/// A live checkpoint whose new view cannot be built (the test-only
+/// `FENCEFS_FAULT_STAGE_REBUILD=1` in the daemon's environment): the command fails and
+/// says the previous view is served read-only, and it is — every change through the mount
+/// answers EROFS (a write of a staged and of a SOURCE file, `O_TRUNC`, truncate, create,
+/// unlink, rename, chmod, utimes, mkdir, rmdir, symlink, link, setxattr), DIR's sealed
+/// layer (the old upper), its new upper and SOURCE stay byte for byte as they were, and
+/// reads and listings still work.
+#[test]
+fn a_checkpoint_whose_view_cannot_be_built_freezes_the_union() {
+    use libc::EROFS;
+    let b = Mount::builder("stage-live-frozen")
+        .policy(WRITE)
+        .env("FENCEFS_FAULT_STAGE_REBUILD", "1");
+    sample(&b.host(""));
+    put(&b.host("empty/.keep"), b"", 0o644);
+    let dir = stage_dir(&b);
+    let sock = b.root().join("ctl.sock");
+    let m = b
+        .arg("--stage")
+        .arg(&dir)
+        .arg("--control")
+        .arg(&sock)
+        .start();
+    let source = snapshot(&m.host(""));
+    m.sh("echo staged > t1.txt && sed -i 's/two/TWO/' a.txt && mkdir d && rm empty/.keep")
+        .assert_ok("turn 1");
+    let c = via(&sock, "checkpoint", &["-m", "turn 1"]);
+    assert!(!c.ok(), "the checkpoint answered success: {}", c.stdout);
+    assert!(
+        c.stderr.contains("still served, read-only"),
+        "checkpoint's stderr: {}",
+        c.stderr
+    );
+    assert!(
+        m.stderr().contains("FENCEFS_FAULT_STAGE_REBUILD"),
+        "daemon log:\n{}",
+        m.stderr()
+    );
+    assert!(
+        dir.join("layers/1").is_dir(),
+        "the checkpoint sealed no layer"
+    );
+    let layers = snapshot(&dir.join("layers"));
+    let upper = snapshot(&dir.join("upper"));
+
+    let w = |p: &str| fs::OpenOptions::new().write(true).open(m.mnt(p));
+    let _ = assert_errno(w("t1.txt"), EROFS, "open a staged file for writing");
+    let _ = assert_errno(w("sub/b.txt"), EROFS, "open a SOURCE file for writing");
+    let _ = assert_errno(
+        fs::OpenOptions::new().append(true).open(m.mnt("a.txt")),
+        EROFS,
+        "open for appending",
+    );
+    let _ = assert_errno(fs::File::create(m.mnt("a.txt")), EROFS, "O_TRUNC");
+    let _ = assert_errno(truncate(&m.mnt("sub/deep/c.txt"), 0), EROFS, "truncate");
+    let _ = assert_errno(fs::File::create(m.mnt("new.txt")), EROFS, "create");
+    let _ = assert_errno(
+        fs::File::create(m.mnt("sub/new.txt")),
+        EROFS,
+        "create in SOURCE's dir",
+    );
+    let _ = assert_errno(
+        fs::remove_file(m.mnt("t1.txt")),
+        EROFS,
+        "unlink a staged file",
+    );
+    let _ = assert_errno(
+        fs::remove_file(m.mnt("sub/b.txt")),
+        EROFS,
+        "unlink a SOURCE file",
+    );
+    let _ = assert_errno(fs::rename(m.mnt("a.txt"), m.mnt("a2.txt")), EROFS, "rename");
+    let _ = assert_errno(
+        fs::rename(m.mnt("t1.txt"), m.mnt("sub/t1.txt")),
+        EROFS,
+        "rename a staged file",
+    );
+    let _ = assert_errno(chmod(&m.mnt("a.txt"), 0o600), EROFS, "chmod");
+    let _ = assert_errno(
+        chmod(&m.mnt("sub/b.txt"), 0o600),
+        EROFS,
+        "chmod a SOURCE file",
+    );
+    let _ = assert_errno(utimes(&m.mnt("t1.txt"), 1), EROFS, "utimes");
+    let _ = assert_errno(fs::create_dir(m.mnt("newdir")), EROFS, "mkdir");
+    let _ = assert_errno(
+        fs::create_dir(m.mnt("sub/newdir")),
+        EROFS,
+        "mkdir in SOURCE's dir",
+    );
+    let _ = assert_errno(fs::remove_dir(m.mnt("d")), EROFS, "rmdir a staged dir");
+    let _ = assert_errno(fs::remove_dir(m.mnt("empty")), EROFS, "rmdir a SOURCE dir");
+    let _ = assert_errno(
+        std::os::unix::fs::symlink("a.txt", m.mnt("ln")),
+        EROFS,
+        "symlink",
+    );
+    let _ = assert_errno(fs::hard_link(m.mnt("a.txt"), m.mnt("hl")), EROFS, "link");
+    let _ = assert_errno(setxattr(&m.mnt("a.txt"), "user.k", b"v"), EROFS, "setxattr");
+    // Reads and listings as before.
+    assert_eq!(fs::read(m.mnt("t1.txt")).unwrap(), b"staged\n");
+    assert_eq!(fs::read(m.mnt("a.txt")).unwrap(), b"one\nTWO\nthree\n");
+    assert_eq!(fs::read(m.mnt("sub/deep/c.txt")).unwrap(), b"sea\n");
+    let mut top = names_str(&m.mnt("")).unwrap();
+    top.sort();
+    assert_eq!(top, ["a.txt", "d", "empty", "gone", "sub", "t1.txt"]);
+    assert!(names_str(&m.mnt("empty")).unwrap().is_empty());
+    // Nothing written anywhere.
+    assert_host_unchanged(&source, &m.host(""), "SOURCE");
+    assert_host_unchanged(&layers, &dir.join("layers"), "DIR/layers");
+    assert_host_unchanged(&upper, &dir.join("upper"), "DIR/upper");
+}
+
+/// A live checkpoint whose count of changes fails (the test-only
+/// `FENCEFS_FAULT_STAGE_COUNT=1` in the daemon's environment, standing in for a tree too
+/// deep or too wide to compare): the checkpoint is taken all the same — sealed, in the log
+/// with its message and no count (0), a rewind target — the failure is logged, and the
+/// mount stays writable.
+#[test]
+fn a_checkpoint_whose_count_fails_is_taken_and_logged() {
+    let b = Mount::builder("stage-live-nocount")
+        .policy(WRITE)
+        .env("FENCEFS_FAULT_STAGE_COUNT", "1");
+    sample(&b.host(""));
+    let dir = stage_dir(&b);
+    let sock = b.root().join("ctl.sock");
+    let m = b
+        .arg("--stage")
+        .arg(&dir)
+        .arg("--control")
+        .arg(&sock)
+        .start();
+    let source = snapshot(&m.host(""));
+    m.sh("echo first > t1.txt && sed -i 's/two/TWO/' a.txt")
+        .assert_ok("turn 1");
+    let c = via(&sock, "checkpoint", &["-m", "turn 1"]);
+    c.assert_ok("checkpoint");
+    assert_eq!(c.stdout, "checkpoint 1\n");
+    assert!(
+        m.stderr().contains(
+            "counting the changes for a checkpoint: fault injected (FENCEFS_FAULT_STAGE_COUNT)"
+        ),
+        "daemon log:\n{}",
+        m.stderr()
+    );
+    let log = via(&sock, "log", &["--json"]);
+    log.assert_ok("log");
+    let v: serde_json::Value = serde_json::from_str(&log.stdout).unwrap();
+    assert_eq!(v[0]["n"], 1, "{v}");
+    assert_eq!(v[0]["message"], "turn 1", "{v}");
+    assert_eq!(v[0]["changes"], 0, "{v}");
+    assert_eq!(v[0]["ended"], false, "{v}");
+    assert_eq!(
+        fs::read(dir.join("layers/1/t1.txt")).unwrap(),
+        b"first\n",
+        "the checkpoint's layer"
+    );
+    // Still writable; the next turn is told apart from the checkpoint.
+    m.sh("echo second > t2.txt").assert_ok("turn 2");
+    let since = via(&sock, "status", &["--since", "1"]);
+    since.assert_ok("status --since 1");
+    assert_eq!(since.stdout, "A t2.txt\n");
+    via(&sock, "rewind", &["1"]).assert_ok("rewind 1");
+    assert!(!m.mnt("t2.txt").exists());
+    assert_eq!(fs::read(m.mnt("t1.txt")).unwrap(), b"first\n");
+    assert_host_unchanged(&source, &m.host(""), "SOURCE");
+}

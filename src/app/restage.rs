@@ -21,7 +21,11 @@
 //! (`stage::seal`: a sealed layer never changes), before the new view is served.
 //!
 //! Invariants: one swap or reload at a time; a failed rebuild leaves the old view served
-//! and says so.
+//! and says so, frozen (`Union::freeze`: EROFS for every change, reads served) until a
+//! live change serves DIR again.
+//!
+//! Fault injection for tests/stage_live.rs: with `FENCEFS_FAULT_STAGE_REBUILD` set in the
+//! daemon's environment every rebuild fails (after the change itself ran).
 
 use std::collections::{HashMap, HashSet};
 use std::os::fd::AsFd;
@@ -61,6 +65,13 @@ impl Restage {
     /// the files open now (they stay with the old view: the kernel must look those names
     /// up again).
     fn rebuild(&self) -> Result<Vec<(u64, Vec<u8>)>, String> {
+        // Fault injection for tests/stage_live.rs (a test hook): the new view cannot be
+        // built, so the union served is frozen.
+        if std::env::var_os("FENCEFS_FAULT_STAGE_REBUILD").is_some() {
+            return Err(
+                "building the new view: fault injected (FENCEFS_FAULT_STAGE_REBUILD)".into(),
+            );
+        }
         let area = Area::open(&self.dir)?;
         let source = crate::stage::open_source(&area)?;
         area.match_root(&source)?;

@@ -191,8 +191,18 @@ pub fn count_since_last(area: &Area) -> Result<u64, StageError> {
 /// The same for a checkpoint about to be taken: `None` (logged) when the count fails — a
 /// tree the agent made too deep or too wide to compare never stops the operator's
 /// checkpoints; the log then records no count (0).
+///
+/// Fault injection for tests/stage_live.rs: with `FENCEFS_FAULT_STAGE_COUNT` set in the
+/// environment (a test hook) the count fails.
 pub fn count_for_checkpoint(area: &Area) -> Option<u64> {
-    count_since_last(area)
+    let counted = if std::env::var_os("FENCEFS_FAULT_STAGE_COUNT").is_some() {
+        Err(StageError::from(
+            "fault injected (FENCEFS_FAULT_STAGE_COUNT)",
+        ))
+    } else {
+        count_since_last(area)
+    };
+    counted
         .inspect_err(|e| log::warn!("stage: counting the changes for a checkpoint: {e}"))
         .ok()
 }

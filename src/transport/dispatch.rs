@@ -13,7 +13,7 @@ use fuser::{Errno, TimeOrNow};
 
 use super::abi::{self, Args, InHeader, Short, fattr, op};
 use super::encode::{Dir, Sink};
-use super::pool::Pool;
+use super::pool::{Pool, Turn};
 use super::ring::Incoming;
 use crate::fs::handlers::SetAttr;
 use crate::fs::ops::WriteKind;
@@ -302,7 +302,10 @@ pub fn run<R: Answer>(core: &Arc<Core>, pool: &Pool, d: Decoded, reply: R) {
     };
     if slow {
         let core = core.clone();
-        pool.run(d.rq.uid, move || run_here(&core, d, reply));
+        pool.run(d.rq.uid, move |turn| match turn {
+            Turn::Run => run_here(&core, d, reply),
+            Turn::Busy => reply.error(Errno::EAGAIN),
+        });
     } else {
         run_here(core, d, reply)
     }

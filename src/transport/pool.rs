@@ -9,10 +9,23 @@
 //! opening many big files for writing (a copy-up each) leaves a worker to everyone else's
 //! renames and setattrs, which wait behind at most one job per other uid.
 //!
-//! Invariants: bounded — at most [`WORKERS`] threads, [`BACKLOG`] waiting jobs in all and
-//! [`PER_UID_BACKLOG`] of one uid; past either bound the queue thread runs the job itself
-//! (back-pressure, never an unbounded queue, and nothing waits on a worker that cannot
-//! come: no deadlock); every job is run exactly once.
+//! A uid past its share waits for it: its job joins its own queue, and the request waits
+//! there holding its ring entry, never the queue thread (a queue thread serves every
+//! request of its CPU: running one uid's copy-up or fsync on it would stall every other
+//! uid's request there — the inline fallback this pool once had). What bounds the waiting
+//! is what the kernel lets a queue hold: a request is in the daemon only while it has a
+//! ring entry, and each queue has a fixed number of them ([`super::ring::Sizes::depth`]).
+//! So that one uid cannot take a queue's entries for itself, a uid holds at most
+//! [`PER_UID_HELD`] jobs (waiting and running, all queues together), and every queue has
+//! that many entries more than it needs otherwise: however one uid floods one CPU with
+//! slow requests, that CPU's queue keeps entries for everyone else's. A request of a uid
+//! past [`PER_UID_HELD`] is answered at once with `EAGAIN` ([`Turn::Busy`]): only a uid
+//! with that many slow requests in flight at once sees it — a flood, not a build.
+//!
+//! Invariants: at most [`WORKERS`] threads; at most [`PER_UID_HELD`] jobs of one uid held;
+//! no job ever runs on the thread that hands it over (the caller never waits for a disk);
+//! nothing waits on a job that has not started (a job waits at most on one running, a
+//! copy-up's leader: no deadlock); every job is called exactly once, to run or to refuse.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -21,14 +34,24 @@ use parking_lot::{Condvar, Mutex};
 
 /// Worker threads.
 pub const WORKERS: usize = 4;
-/// Jobs waiting for a worker, in all, before the queue threads run them themselves.
-pub const BACKLOG: usize = 64;
-/// Jobs of one uid waiting for a worker before that uid's jobs run on the queue thread.
-pub const PER_UID_BACKLOG: usize = 16;
+/// Jobs of one uid held at once (waiting for a worker and running), all queues together;
+/// past it its requests are refused with `EAGAIN`. Every ring queue has room for this many
+/// besides the rest ([`super::sizes`]).
+pub const PER_UID_HELD: usize = 256;
 /// Workers one uid may hold at once: the others stay free for the other uids.
 pub const PER_UID_RUNNING: usize = WORKERS - 1;
 
-type Job = Box<dyn FnOnce() + Send>;
+/// What a job is called with: run it (on a worker), or answer it busy (`EAGAIN`, on the
+/// caller's thread: its uid holds [`PER_UID_HELD`] jobs already).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Turn {
+    /// Do the work.
+    Run,
+    /// Answer `EAGAIN` without doing it.
+    Busy,
+}
+
+type Job = Box<dyn FnOnce(Turn) + Send>;
 
 #[derive(Default)]
 struct Queue {
@@ -42,8 +65,6 @@ struct State {
     uids: HashMap<u32, Queue>,
     /// The uids with waiting jobs, in the order they are served (each once).
     turn: VecDeque<u32>,
-    /// Waiting jobs in all.
-    waiting: usize,
     closed: bool,
 }
 
@@ -88,33 +109,26 @@ impl Pool {
         })
     }
 
-    /// Runs `job` (a request of `uid`) on a worker, or here when its uid's backlog or the
-    /// whole backlog is full.
-    pub fn run(&self, uid: u32, job: impl FnOnce() + Send + 'static) {
+    /// Queues `job` (a request of `uid`) for a worker: it is called with [`Turn::Run`]
+    /// there, in its uid's turn. When `uid` holds [`PER_UID_HELD`] jobs already it is
+    /// called here at once with [`Turn::Busy`] instead. Never runs the work here.
+    pub fn run(&self, uid: u32, job: impl FnOnce(Turn) + Send + 'static) {
         {
             let mut st = self.inner.state.lock();
-            let State {
-                uids,
-                turn,
-                waiting,
-                ..
-            } = &mut *st;
+            let State { uids, turn, .. } = &mut *st;
             let q = uids.entry(uid).or_default();
-            if *waiting < BACKLOG && q.jobs.len() < PER_UID_BACKLOG {
+            if q.jobs.len() + q.running < PER_UID_HELD {
                 if q.jobs.is_empty() {
                     turn.push_back(uid);
                 }
                 q.jobs.push_back(Box::new(job));
-                *waiting += 1;
                 drop(st);
                 self.inner.cv.notify_one();
                 return;
             }
-            if q.jobs.is_empty() && q.running == 0 {
-                uids.remove(&uid);
-            }
         }
-        job()
+        log::debug!("slow requests of uid {uid}: {PER_UID_HELD} held already; answered EAGAIN");
+        job(Turn::Busy)
     }
 }
 
@@ -129,7 +143,6 @@ fn next(st: &mut State) -> Option<(u32, Job)> {
     let q = st.uids.get_mut(&uid)?;
     let job = q.jobs.pop_front()?;
     q.running += 1;
-    st.waiting -= 1;
     if !q.jobs.is_empty() {
         st.turn.push_back(uid);
     }
@@ -151,7 +164,7 @@ fn work(inner: &Inner) {
             }
         };
         // A panicking job answers EIO as its reply unwinds; the worker goes on.
-        if std::panic::catch_unwind(std::panic::AssertUnwindSafe(job)).is_err() {
+        if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(Turn::Run))).is_err() {
             log::error!("a request handler panicked on a worker; answered EIO");
         }
         let mut st = inner.state.lock();
@@ -180,7 +193,7 @@ mod tests {
         let busy = Arc::new(AtomicUsize::new(0));
         for &u in uids {
             let (g, b) = (gate.clone(), busy.clone());
-            pool.run(u, move || {
+            pool.run(u, move |_| {
                 b.fetch_add(1, Ordering::SeqCst);
                 g.wait();
             });
@@ -191,20 +204,30 @@ mod tests {
         gate
     }
 
-    /// Submits `n` jobs of `uid`; gives how many ran on this thread.
-    fn submit(pool: &Pool, uid: u32, n: usize, done: &Arc<AtomicUsize>) -> usize {
+    /// How `n` jobs of `uid` went: (run on this thread, refused busy).
+    #[derive(Default)]
+    struct Went {
+        here: AtomicUsize,
+        busy: AtomicUsize,
+    }
+
+    /// Submits `n` jobs of `uid` (each counted in `done` when called).
+    fn submit(pool: &Pool, uid: u32, n: usize, done: &Arc<AtomicUsize>) -> Arc<Went> {
         let here = std::thread::current().id();
-        let inline = Arc::new(AtomicUsize::new(0));
+        let went = Arc::new(Went::default());
         for _ in 0..n {
-            let (d, r) = (done.clone(), inline.clone());
-            pool.run(uid, move || {
-                if std::thread::current().id() == here {
-                    r.fetch_add(1, Ordering::SeqCst);
+            let (d, w) = (done.clone(), went.clone());
+            pool.run(uid, move |turn| {
+                if turn == Turn::Run && std::thread::current().id() == here {
+                    w.here.fetch_add(1, Ordering::SeqCst);
+                }
+                if turn == Turn::Busy {
+                    w.busy.fetch_add(1, Ordering::SeqCst);
                 }
                 d.fetch_add(1, Ordering::SeqCst);
             });
         }
-        inline.load(Ordering::SeqCst)
+        went
     }
 
     fn wait_for(done: &AtomicUsize, n: usize) {
@@ -216,33 +239,88 @@ mod tests {
     }
 
     #[test]
-    fn slow_jobs_do_not_hold_the_caller_and_a_full_backlog_runs_inline() {
+    fn no_job_runs_on_the_callers_thread_however_many_wait() {
         let pool = Pool::start().unwrap();
         let done = Arc::new(AtomicUsize::new(0));
         let gate = occupy(&pool, &[100, 101, 102, 103]);
         let t = Instant::now();
-        // BACKLOG + 3 jobs over 8 uids (none past its own bound): the backlog takes
-        // BACKLOG, the rest run on the calling thread.
-        let mut inline = 0;
-        for i in 0..BACKLOG + 3 {
-            inline += submit(&pool, (i % 8) as u32, 1, &done);
+        // Many jobs over 8 uids, every worker busy: all wait for one, none runs here.
+        let mut went = Vec::new();
+        for i in 0..200 {
+            went.push(submit(&pool, (i % 8) as u32, 1, &done));
         }
         assert!(t.elapsed() < Duration::from_secs(1), "the caller was held");
-        assert_eq!(inline, 3);
+        for w in &went {
+            assert_eq!(
+                w.here.load(Ordering::SeqCst),
+                0,
+                "a job ran on the caller's thread"
+            );
+            assert_eq!(w.busy.load(Ordering::SeqCst), 0, "a job was refused");
+        }
         gate.wait();
-        wait_for(&done, BACKLOG + 3);
+        wait_for(&done, 200);
+        assert!(went.iter().all(|w| w.here.load(Ordering::SeqCst) == 0));
     }
 
     #[test]
-    fn one_uid_past_its_backlog_runs_inline() {
+    fn one_uid_past_its_share_waits_in_its_queue_and_past_its_bound_is_refused() {
         let pool = Pool::start().unwrap();
         let done = Arc::new(AtomicUsize::new(0));
-        let gate = occupy(&pool, &[100, 101, 102, 103]);
-        assert_eq!(submit(&pool, 7, PER_UID_BACKLOG + 2, &done), 2);
-        // Another uid still gets the backlog.
-        assert_eq!(submit(&pool, 8, 1, &done), 0);
+        // uid 7 holds the workers it may (and one more uid holds the last).
+        let gate = occupy(&pool, &[7, 7, 7, 8]);
+        let t = Instant::now();
+        // Far past the old inline bound: they wait, then the rest is refused, none here.
+        let w = submit(&pool, 7, PER_UID_HELD + 5, &done);
+        assert!(t.elapsed() < Duration::from_secs(1), "the caller was held");
+        assert_eq!(
+            w.here.load(Ordering::SeqCst),
+            0,
+            "a job ran on the caller's thread"
+        );
+        // The three running count: PER_UID_HELD - 3 wait, the other 8 are refused.
+        assert_eq!(w.busy.load(Ordering::SeqCst), PER_UID_RUNNING + 5);
+        // Another uid is not refused.
+        let other = submit(&pool, 9, 1, &done);
+        assert_eq!(other.busy.load(Ordering::SeqCst), 0);
         gate.wait();
-        wait_for(&done, PER_UID_BACKLOG + 3);
+        wait_for(&done, PER_UID_HELD + 5 + 1);
+        assert_eq!(w.here.load(Ordering::SeqCst), 0);
+    }
+
+    #[test]
+    fn a_flood_past_one_uids_share_does_not_delay_anothers_job() {
+        let pool = Pool::start().unwrap();
+        // uid 1000 floods with long jobs, far past its running share.
+        let gate = Arc::new(std::sync::Barrier::new(PER_UID_RUNNING + 1));
+        let started = Arc::new(AtomicUsize::new(0));
+        let t = Instant::now();
+        for _ in 0..PER_UID_RUNNING + 100 {
+            let (g, s) = (gate.clone(), started.clone());
+            pool.run(1000, move |turn| {
+                assert_eq!(turn, Turn::Run);
+                if s.fetch_add(1, Ordering::SeqCst) < PER_UID_RUNNING {
+                    g.wait();
+                }
+            });
+        }
+        assert!(
+            t.elapsed() < Duration::from_millis(500),
+            "the flood held the caller"
+        );
+        // uid 1001's job runs on the free worker at once.
+        let (tx, rx) = channel();
+        let t = Instant::now();
+        pool.run(1001, move |_| tx.send(()).unwrap());
+        rx.recv_timeout(Duration::from_secs(2))
+            .expect("uid 1001's job ran while uid 1000's flood waited");
+        assert!(t.elapsed() < Duration::from_millis(500));
+        gate.wait();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while started.load(Ordering::SeqCst) < PER_UID_RUNNING + 100 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(started.load(Ordering::SeqCst), PER_UID_RUNNING + 100);
     }
 
     #[test]
@@ -253,7 +331,7 @@ mod tests {
         let started = Arc::new(AtomicUsize::new(0));
         for _ in 0..PER_UID_RUNNING + 10 {
             let (g, s) = (gate.clone(), started.clone());
-            pool.run(1000, move || {
+            pool.run(1000, move |_| {
                 if s.fetch_add(1, Ordering::SeqCst) < PER_UID_RUNNING {
                     g.wait();
                 }
@@ -268,7 +346,7 @@ mod tests {
         // The last worker took none of the ones queued behind them.
         assert_eq!(started.load(Ordering::SeqCst), PER_UID_RUNNING);
         let (tx, rx) = channel();
-        pool.run(1001, move || tx.send(()).unwrap());
+        pool.run(1001, move |_| tx.send(()).unwrap());
         rx.recv_timeout(Duration::from_secs(2))
             .expect("uid 1001's job ran while uid 1000's held their workers");
         assert_eq!(started.load(Ordering::SeqCst), PER_UID_RUNNING);

@@ -292,7 +292,8 @@ pub struct Sizes {
     /// held for an approver keeps its entry, and the kernel hands requests that found no
     /// free entry to the queue only when one is committed (registering more does not pick
     /// them up), so a queue must never have all its entries held: it gets room for every
-    /// request the approvals table can hold, plus the ones that keep cycling.
+    /// request the approvals table can hold and for one uid's slow requests waiting for a
+    /// worker (`pool.rs`), plus the ones that keep cycling.
     pub depth: usize,
     /// Payload buffer per entry (at least what the kernel computed from INIT).
     pub payload: usize,

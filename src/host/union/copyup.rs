@@ -8,9 +8,11 @@
 //! Invariants: the object copied is the one the caller found *now* (its handle, never a
 //! path walked again), and the copy is put in place only if that object was not written
 //! while it was copied and the merged view still shows it at the name (checked under the
-//! lock; else `ESTALE`); directories are copied without their entries (their lower parts
-//! stay merged below them); the owner is kept where the daemon may set it (as root),
-//! else the copy is the daemon's.
+//! lock; else `ESTALE`); a caller that found the same copy in flight gets that copy —
+//! checked by its device and inode when it opens the name after the copy landed — or
+//! `ESTALE`, never another object at the name; directories are copied without their
+//! entries (their lower parts stay merged below them); the owner is kept where the daemon
+//! may set it (as root), else the copy is the daemon's.
 
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -42,7 +44,10 @@ impl Union {
     ) -> io::Result<OwnedFd> {
         // One copy of an object to a name at a time: a follower waits for the copy in
         // flight and takes its result (the copy in place, or its errno) rather than copy
-        // the same data again next to it.
+        // the same data again next to it. The copy is the object the leader put in place
+        // (its device and inode): what the follower finds at the name afterwards may be
+        // another (renamed or removed and made again by another request meanwhile), and is
+        // then `ESTALE` (the kernel looks the name up again), never taken for the copy.
         let up_st = sys::fstat(up)?;
         let key = (
             up_st.st_dev,
@@ -64,10 +69,9 @@ impl Union {
         };
         let flight = match flight {
             Err(leader) => {
-                return match leader.wait() {
-                    Ok(()) => sys::open_path(up, name),
-                    Err(e) => Err(io::Error::from_raw_os_error(e)),
-                };
+                let copy = leader.wait().map_err(io::Error::from_raw_os_error)?;
+                super::pause_point("copy-up-follow");
+                return follow(up, name, copy);
             }
             Ok(f) => f,
         };
@@ -78,11 +82,11 @@ impl Union {
             flight,
         };
         let res = self.copy_up_once(up, name, (fd, st, self.is_source(layer)), still);
-        done.land(
-            res.as_ref()
-                .map(|_| ())
-                .map_err(|e| e.raw_os_error().unwrap_or(libc::EIO)),
-        );
+        let copy = res.as_ref().map_err(errno).and_then(|f| {
+            let c = sys::fstat(f.as_fd()).map_err(|e| errno(&e))?;
+            Ok((c.st_dev, c.st_ino))
+        });
+        done.land(copy);
         res
     }
 
@@ -185,10 +189,11 @@ impl Union {
     }
 }
 
-/// A copy-up in flight: its result, once it has one (`Err`: its errno).
+/// A copy-up in flight: its result, once it has one (the copy's device and inode; `Err`:
+/// its errno).
 #[derive(Default)]
 pub(super) struct Flight {
-    done: Mutex<Option<Result<(), i32>>>,
+    done: Mutex<Option<Result<(u64, u64), i32>>>,
     cv: Condvar,
 }
 
@@ -199,7 +204,7 @@ pub(super) type FlightKey = (u64, u64, Vec<u8>, u64, u64);
 impl Flight {
     /// Waits for the copy's result. Bounded by the leader's copy: [`Landing`] gives a
     /// result however the leader's call ends.
-    fn wait(&self) -> Result<(), i32> {
+    fn wait(&self) -> Result<(u64, u64), i32> {
         let mut d = self.done.lock();
         loop {
             if let Some(r) = *d {
@@ -219,7 +224,7 @@ struct Landing<'a> {
 }
 
 impl Landing<'_> {
-    fn land(self, r: Result<(), i32>) {
+    fn land(self, r: Result<(u64, u64), i32>) {
         *self.flight.done.lock() = Some(r);
     }
 }
@@ -233,6 +238,27 @@ impl Drop for Landing<'_> {
         }
         self.flight.cv.notify_all();
     }
+}
+
+/// A follower's copy: what `up` holds at `name` if it is the leader's `copy` (device,
+/// inode), else `ESTALE` — also when the name is gone: the object the follower was to
+/// change was renamed or removed meanwhile, and the kernel looks the name up again.
+fn follow(up: BorrowedFd<'_>, name: &Name, copy: (u64, u64)) -> io::Result<OwnedFd> {
+    let stale = || io::Error::from_raw_os_error(libc::ESTALE);
+    let f = match sys::open_path(up, name) {
+        Err(e) if matches!(e.raw_os_error(), Some(libc::ENOENT)) => return Err(stale()),
+        r => r?,
+    };
+    let now = sys::fstat(f.as_fd())?;
+    if (now.st_dev, now.st_ino) == copy {
+        Ok(f)
+    } else {
+        Err(stale())
+    }
+}
+
+fn errno(e: &io::Error) -> i32 {
+    e.raw_os_error().unwrap_or(libc::EIO)
 }
 
 /// `fd` is still the object `st` was read from, and a file's size and modification time

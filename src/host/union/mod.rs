@@ -17,8 +17,9 @@
 //!
 //! With `FENCEFS_FAULT_UNION_PAUSE=STEP:MS` the daemon sleeps at that step instead (see
 //! [`pause_point`]: `remove`, between a removal's lookup and the names lock; `copy-up`,
-//! between a copy's data and the check that its source was not changed meanwhile), so a test can
-//! land a concurrent request in that window.
+//! between a copy's data and the check that its source was not changed meanwhile;
+//! `copy-up-follow`, between a follower's wait for the copy in flight and its open of the
+//! copy by name), so a test can land a concurrent request in that window.
 //!
 //! Markers are written in the area's namespace (`trusted.overlay.` when the daemon runs as
 //! root, `user.overlay.` otherwise, so an ordinary user can stage) and read in both.
@@ -227,17 +228,20 @@ fn crash_point(step: &str) {
 }
 
 /// Test-only: sleeps `MS` milliseconds at `step` when `FENCEFS_FAULT_UNION_PAUSE=STEP:MS`
-/// names it (a window another request can land in, made wide on purpose).
+/// names it (a window another request can land in, made wide on purpose); several steps
+/// are separated by commas (`copy-up:800,copy-up-follow:1500`).
 pub fn pause_point(step: &str) {
-    static AT: std::sync::OnceLock<Option<(String, u64)>> = std::sync::OnceLock::new();
+    static AT: std::sync::OnceLock<Vec<(String, u64)>> = std::sync::OnceLock::new();
     let at = AT.get_or_init(|| {
-        let v = std::env::var("FENCEFS_FAULT_UNION_PAUSE").ok()?;
-        let (s, ms) = v.split_once(':')?;
-        Some((s.to_string(), ms.parse().ok()?))
+        let v = std::env::var("FENCEFS_FAULT_UNION_PAUSE").unwrap_or_default();
+        v.split(',')
+            .filter_map(|p| {
+                let (s, ms) = p.split_once(':')?;
+                Some((s.to_string(), ms.parse().ok()?))
+            })
+            .collect()
     });
-    if let Some((s, ms)) = at
-        && s == step
-    {
+    if let Some((_, ms)) = at.iter().find(|(s, _)| s == step) {
         log::warn!("fault injected: pause of {ms} ms at {step} (FENCEFS_FAULT_UNION_PAUSE)");
         std::thread::sleep(std::time::Duration::from_millis(*ms));
     }
