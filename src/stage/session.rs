@@ -218,7 +218,7 @@ pub struct Opts {
     /// (`DIR/feedback.jsonl`).
     pub note: Option<String>,
     /// The files (inodes in DIR) open for writing through the live mount: an apply
-    /// leaves their paths staged ([`super::held`]).
+    /// leaves their paths staged (`stage/held.rs`).
     pub held: std::collections::HashSet<super::seal::Key>,
 }
 
