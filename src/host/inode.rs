@@ -135,7 +135,7 @@ impl Table {
             // built only here: other aliases name it still.
             let last = match path {
                 Some(p) => Some(p.into()),
-                None => dir_path(self, parent).map(|p| join(&p, name).into()),
+                None => path_below(self, parent, name).map(Vec::into_boxed_slice),
             };
             if let Some(n) = self.nodes.get_mut(&ino) {
                 n.gone = last;
@@ -352,7 +352,7 @@ impl Inodes {
         let mut out: Vec<Vec<u8>> = node
             .aliases
             .iter()
-            .filter_map(|(parent, name)| dir_path(&t, *parent).map(|p| join(&p, name)))
+            .filter_map(|(parent, name)| path_below(&t, *parent, name))
             .collect();
         if out.is_empty()
             && let Some(g) = &node.gone
@@ -720,26 +720,30 @@ impl Inodes {
     }
 }
 
-fn dir_path(t: &Table, mut ino: u64) -> Option<Vec<u8>> {
-    let mut parts: Vec<&[u8]> = Vec::new();
-    let mut guard = 0;
+/// The workspace path of `name` in directory `dir` (`dir`'s path, `/`, `name`; `name`
+/// alone in the root), built in one allocation of its exact length: every request on a
+/// node builds it (`paths_kind`), an untar three times a file.
+fn path_below(t: &Table, dir: u64, name: &[u8]) -> Option<Vec<u8>> {
+    // The directory's names, deepest first.
+    let mut parts: Vec<&[u8]> = Vec::with_capacity(16);
+    let mut len = name.len();
+    let mut ino = dir;
     while ino != ROOT {
         let n = t.nodes.get(&ino)?;
-        let (p, name) = n.aliases.first()?;
-        parts.push(name);
+        let (p, part) = n.aliases.first()?;
+        parts.push(part);
+        len += part.len() + 1;
         ino = *p;
-        guard += 1;
-        if guard > 4096 {
+        if parts.len() > 4096 {
             return None;
         }
     }
-    let mut out = Vec::new();
-    for (i, part) in parts.iter().rev().enumerate() {
-        if i > 0 {
-            out.push(b'/');
-        }
+    let mut out = Vec::with_capacity(len);
+    for part in parts.iter().rev() {
         out.extend_from_slice(part);
+        out.push(b'/');
     }
+    out.extend_from_slice(name);
     Some(out)
 }
 
