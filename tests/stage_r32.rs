@@ -40,6 +40,7 @@ fn editor_save(m: &Mount, who: Who, rel: &str, bytes: &[u8]) {
 
 crate::as_root_and_as_a_user!(
     writes_through_a_descriptor_held_across_a_live_apply_are_not_lost,
+    writes_through_a_descriptor_opened_but_unused_at_a_live_apply_are_not_lost,
     writes_through_a_descriptor_held_across_a_checkpoint_and_an_apply_at_it_are_not_lost,
     an_editor_save_between_an_open_for_writing_and_the_write_is_a_conflict,
     a_host_edit_then_a_rewrite_by_rename_of_a_file_held_open_is_a_conflict,
@@ -81,6 +82,42 @@ fn writes_through_a_descriptor_held_across_a_live_apply_are_not_lost(who: Who) {
     }
     apply_once_closed(&sock);
     assert_eq!(fs::read(m.host("a.txt")).unwrap(), b"a\none\ntwo\n");
+    stop(&mut m);
+    assert_eq!(who.stage(&["status"], &dir).stdout, "");
+}
+
+/// A descriptor opened for writing (the file copied up, still equal to SOURCE: no change
+/// to list) and first written after a live apply of the other changes: the apply must not
+/// drop the staged tree whole, or the bytes written next land in a dropped inode.
+fn writes_through_a_descriptor_opened_but_unused_at_a_live_apply_are_not_lost(who: Who) {
+    let (mut m, dir, sock) = staged_live_as(who, "r32-held-unused", |src| {
+        put(&src.join("a.txt"), b"a\n", 0o644);
+        put(&src.join("b.txt"), b"b\n", 0o644);
+    });
+    who.agent(&m, "echo b1 >> b.txt").assert_ok("stage b");
+    let mut held = fs::OpenOptions::new()
+        .append(true)
+        .open(m.mnt("a.txt"))
+        .unwrap();
+    let a = ctl(&sock, &["apply"]);
+    assert!(a.stdout.contains("applied M b.txt"), "{}", a.stdout);
+    assert_eq!(fs::read(m.host("b.txt")).unwrap(), b"b\nb1\n");
+    held.write_all(b"two\n").unwrap();
+    held.sync_all().unwrap();
+    drop(held);
+    assert_eq!(
+        fs::read(m.mnt("a.txt")).unwrap(),
+        b"a\ntwo\n",
+        "the write after the apply shows through the mount"
+    );
+    assert_eq!(ctl(&sock, &["status"]).stdout, "M a.txt\n");
+    assert_eq!(
+        fs::read(m.host("a.txt")).unwrap(),
+        b"a\n",
+        "not applied yet"
+    );
+    apply_once_closed(&sock);
+    assert_eq!(fs::read(m.host("a.txt")).unwrap(), b"a\ntwo\n");
     stop(&mut m);
     assert_eq!(who.stage(&["status"], &dir).stdout, "");
 }
@@ -232,6 +269,42 @@ fn a_directory_moved_into_a_new_one_deletes_nothing() {
     assert_host_unchanged(&before, &m.host(""), "a move into a new directory");
     assert_eq!(fs::read(m.host("w/a/secret")).unwrap(), b"hidden\n");
     assert_eq!(stage(&["status"], &dir).stdout, "A q/ (1 entry)\n");
+}
+
+/// Item 2 with a file moved in beside the directory (`mv w/b q/b`): while the new
+/// directory is refused, the file's deletion at its old path is kept staged too — applied
+/// alone it would leave the only copy in the refused directory, which a discard drops.
+#[test]
+fn a_file_moved_into_a_refused_new_directory_is_not_deleted_from_source() {
+    let (mut m, dir) = staged("r32-move-file-new", HIDES, |src| {
+        put(&src.join("w/a/f"), b"eff\n", 0o644);
+        put(&src.join("w/b"), b"bee\n", 0o644);
+        put(&src.join("w/keep"), b"k\n", 0o644);
+    });
+    m.sh("set -e; mkdir q; mv w/a q/a; mv w/b q/b")
+        .assert_ok("the agent's moves");
+    assert_eq!(fs::read(m.mnt("q/b")).unwrap(), b"bee\n");
+    stop(&mut m);
+    let before = snapshot(&m.host(""));
+    let a = stage(&["apply"], &dir);
+    a.assert_fail("the new directory is refused");
+    assert!(a.stdout.contains("refused A q/"), "{}", a.stdout);
+    assert!(
+        a.stdout.contains("refused D w/b: moved into q/"),
+        "{}",
+        a.stdout
+    );
+    assert!(!a.stdout.contains("applied D"), "{}", a.stdout);
+    assert_host_unchanged(
+        &before,
+        &m.host(""),
+        "a file moved into a refused new directory",
+    );
+    // The operator's next step, a discard, brings SOURCE's view back: nothing lost.
+    stage(&["discard"], &dir).assert_ok("discard");
+    assert_eq!(fs::read(m.host("w/b")).unwrap(), b"bee\n");
+    assert_eq!(fs::read(m.host("w/a/f")).unwrap(), b"eff\n");
+    assert_eq!(stage(&["status"], &dir).stdout, "");
 }
 
 /// Item 2, the same when the host made `q` as well (the two merge: a rename into the

@@ -109,6 +109,8 @@ pub fn apply(l: &Layers, list: &[Change], force: bool, dir: &Path, all: bool) ->
     // names its SOURCE path as it was before the outer one.
     let mut moved: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
     let mut rest: Vec<Change> = Vec::new();
+    // SOURCE files moved into a new directory refused below: their deletions stay staged.
+    let kept_in_new = super::moved_in::KeptInNew::of(l, &order);
     for c in order {
         let line = status_line(c);
         if c.conflict && !force {
@@ -122,12 +124,22 @@ pub fn apply(l: &Layers, list: &[Change], force: bool, dir: &Path, all: bool) ->
             out.refused(&line, "its directory's rename was refused");
             continue;
         }
-        if let Some(from) = moved_into_new(l, c) {
+        if let Some(q) = kept_in_new.holds(c) {
+            out.refused(
+                &line,
+                format!(
+                    "moved into {}/, a new directory kept staged: kept staged",
+                    String::from_utf8_lossy(q)
+                ),
+            );
+            continue;
+        }
+        if let Some(from) = kept_in_new.refused(c) {
             out.refused(
                 &line,
                 format!(
                     "it holds SOURCE's {}/, moved into it, which a new directory (copied whole) cannot carry: kept staged",
-                    String::from_utf8_lossy(&from)
+                    String::from_utf8_lossy(from)
                 ),
             );
             continue;
@@ -255,22 +267,6 @@ fn cycles<'a>(
             );
         }
         refused.extend(cyc);
-    }
-}
-
-/// A new directory (or one replacing a file) that holds a directory the agent moved in
-/// from SOURCE: its old path (the first one found). Copied whole, it would land without
-/// what the move carried (its staged tree has none of it), so it is refused and stays
-/// staged, and the moved directory's old path is never listed as deleted (`changes.rs`).
-fn moved_into_new(l: &Layers, c: &Change) -> Option<Vec<u8>> {
-    if !c.dir || !matches!(c.kind, Kind::Added | Kind::Type) {
-        return None;
-    }
-    let u = l.upper.dir(&c.path).ok()??;
-    match l.moved_in(&u, &c.path) {
-        Ok(v) => v.into_iter().next().map(|(from, _)| from),
-        // Cannot tell: refused rather than risk a copy without the moved directory.
-        Err(_) => Some(b"?".to_vec()),
     }
 }
 

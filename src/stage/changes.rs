@@ -88,6 +88,10 @@ pub fn lower_ident(st: &libc::stat) -> [i128; 4] {
     ]
 }
 
+/// What [`Layers::copies_in`] found: the SOURCE files copied (inode, path), and whether
+/// some copy's SOURCE file cannot be told.
+pub type Copies = (Vec<(u64, Vec<u8>)>, bool);
+
 /// The key of a renamed directory's SOURCE identity in `changes`'s set of rename sources
 /// (never a path: paths have no NUL).
 fn id_key(st: &libc::stat) -> Vec<u8> {
@@ -686,6 +690,32 @@ impl Layers {
     /// Entries below staged directory `d` (whiteouts not counted). An entry that can be
     /// neither a directory nor a whiteout is counted from its `fstatat` alone (no open:
     /// a new tree of 10,000 files costs 10,000 fewer opens).
+    /// The SOURCE files whose copies lie below the staged directory `d` at `path` (a file
+    /// the agent moved in: `mv w/b q/b`), as (inode, path) from their base records, and
+    /// whether some copy below has an overlayfs origin but no record (then which SOURCE
+    /// file it is cannot be told).
+    pub fn copies_in(&self, d: &Node, path: &[u8]) -> io::Result<Copies> {
+        let (mut found, mut unknown) = (Vec::new(), false);
+        walk(&self.upper, d.try_clone()?, path, (), |ev| {
+            let Event::Entry { dir, name, .. } = ev else {
+                return Ok(Flow::Next);
+            };
+            let Some(c) = self.upper.child(&dir.node, name)? else {
+                return Ok(Flow::Next);
+            };
+            match kind(&c.st) {
+                libc::S_IFDIR => return Ok(Flow::Enter(c, ())),
+                libc::S_IFREG => match base::of(&c) {
+                    Some(b) => found.push((b.ino, b.path)),
+                    None => unknown |= self.upper.xattr(&c, &super::tree::ovl(b"origin")).is_some(),
+                },
+                _ => {}
+            }
+            Ok(Flow::Next)
+        })?;
+        Ok((found, unknown))
+    }
+
     fn count(&self, d: &Node, path: &[u8]) -> io::Result<u64> {
         let mut n = 0;
         walk(&self.upper, d.try_clone()?, path, (), |ev| {

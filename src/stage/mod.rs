@@ -49,6 +49,7 @@ pub mod ids;
 mod intent;
 pub mod layers;
 pub mod lower;
+mod moved_in;
 mod moves;
 pub mod partial;
 mod remove;

@@ -320,7 +320,10 @@ fn whole(
         let list = super::cycles::pick(&list, &kept);
         // A file open for writing stays staged (its later writes would be lost).
         let (list, open) = super::held::keep_open(l, list, held);
-        let mut r = apply::apply(l, &list, force, dir, kept.is_empty() && open.is_empty());
+        // The staged tree is dropped whole only when no file in it is open for writing:
+        // a file copied up and not changed yet is no change, yet its writer's next bytes
+        // go to its staged inode (dropped whole, they would be lost).
+        let mut r = apply::apply(l, &list, force, dir, kept.is_empty() && held.is_empty());
         r.refused += open.len();
         r.lines.extend(open);
         Ok((r, list))

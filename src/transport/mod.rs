@@ -134,7 +134,7 @@ fn decide(
 /// (Address space: `depth` × `payload` per queue, mapped without reserving memory.)
 pub fn sizes(max_payload: usize) -> ring::Sizes {
     ring::Sizes {
-        depth: QUEUE_DEPTH + crate::approvals::MAX_HELD + pool::PER_UID_HELD,
+        depth: QUEUE_DEPTH + crate::approvals::MAX_HELD + pool::RING_ROOM,
         // A page multiple: pages of an entry are given back whole (`pages.rs`).
         payload: max_payload.max(8192).next_multiple_of(4096),
     }
@@ -142,8 +142,8 @@ pub fn sizes(max_payload: usize) -> ring::Sizes {
 
 /// Entries per queue besides those held requests may keep (see [`ring::Sizes::depth`]):
 /// the requests held for an approver (at most [`crate::approvals::MAX_HELD`] in all) and
-/// one uid's slow requests waiting for a worker (at most [`pool::PER_UID_HELD`]), so that
-/// neither takes a queue's last entries from everyone else's requests.
+/// one uid's slow requests waiting for a worker ([`pool::RING_ROOM`]), so that neither
+/// takes a queue's last entries from everyone else's requests.
 const QUEUE_DEPTH: usize = 16;
 
 /// The CPUs the kernel may queue requests for (`num_possible_cpus()`: one queue each).

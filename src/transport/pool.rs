@@ -14,13 +14,14 @@
 //! request of its CPU: running one uid's copy-up or fsync on it would stall every other
 //! uid's request there — the inline fallback this pool once had). What bounds the waiting
 //! is what the kernel lets a queue hold: a request is in the daemon only while it has a
-//! ring entry, and each queue has a fixed number of them ([`super::ring::Sizes::depth`]).
-//! So that one uid cannot take a queue's entries for itself, a uid holds at most
-//! [`PER_UID_HELD`] jobs (waiting and running, all queues together), and every queue has
-//! that many entries more than it needs otherwise: however one uid floods one CPU with
-//! slow requests, that CPU's queue keeps entries for everyone else's. A request of a uid
-//! past [`PER_UID_HELD`] is answered at once with `EAGAIN` ([`Turn::Busy`]): only a uid
-//! with that many slow requests in flight at once sees it — a flood, not a build.
+//! ring entry, and each queue has a fixed number of them ([`super::ring::Sizes::depth`]),
+//! [`RING_ROOM`] of them besides the rest for one uid's slow requests waiting: a uid with
+//! more in flight on one CPU at once takes entries the others' requests would have had,
+//! and those then wait in the kernel for one, served in turn as the workers finish (no
+//! thread of the daemon waits). Slow requests are never refused for being many (an fsync
+//! answered `EAGAIN` is data lost to a database): only past [`PER_UID_HELD`] held jobs of
+//! one uid — a bound on the memory the jobs take, which a program's own threads, each
+//! blocked in its call, do not reach — is a request answered `EAGAIN` ([`Turn::Busy`]).
 //!
 //! Invariants: at most [`WORKERS`] threads; at most [`PER_UID_HELD`] jobs of one uid held;
 //! no job ever runs on the thread that hands it over (the caller never waits for a disk);
@@ -35,9 +36,12 @@ use parking_lot::{Condvar, Mutex};
 /// Worker threads.
 pub const WORKERS: usize = 4;
 /// Jobs of one uid held at once (waiting for a worker and running), all queues together;
-/// past it its requests are refused with `EAGAIN`. Every ring queue has room for this many
-/// besides the rest ([`super::sizes`]).
-pub const PER_UID_HELD: usize = 256;
+/// past it its requests are refused with `EAGAIN`: a memory bound (a job is a few hundred
+/// bytes), far past what a program's threads have in flight.
+pub const PER_UID_HELD: usize = 65_536;
+/// Ring entries each queue has, besides the rest, for one uid's slow requests waiting for
+/// a worker ([`super::sizes`]).
+pub const RING_ROOM: usize = 256;
 /// Workers one uid may hold at once: the others stay free for the other uids.
 pub const PER_UID_RUNNING: usize = WORKERS - 1;
 
