@@ -30,6 +30,24 @@ fn apply_once_closed(sock: &Path) {
     assert!(ok, "{}", ctl(sock, &["apply"]).stdout);
 }
 
+/// A live staged mount over `a.txt` and `b.txt` (`who`'s), with `b.txt` staged by the
+/// agent and `a.txt` opened for appending through the mount (the descriptor returned).
+fn a_held_b_staged(
+    who: Who,
+    name: &str,
+) -> (Mount, std::path::PathBuf, std::path::PathBuf, fs::File) {
+    let (m, dir, sock) = staged_live_as(who, name, |src| {
+        put(&src.join("a.txt"), b"a\n", 0o644);
+        put(&src.join("b.txt"), b"b\n", 0o644);
+    });
+    who.agent(&m, "echo b1 >> b.txt").assert_ok("stage b");
+    let held = fs::OpenOptions::new()
+        .append(true)
+        .open(m.mnt("a.txt"))
+        .unwrap();
+    (m, dir, sock, held)
+}
+
 /// An editor's atomic save of `rel` on the host by `who`: a temporary file renamed over it.
 fn editor_save(m: &Mount, who: Who, rel: &str, bytes: &[u8]) {
     let tmp = m.host(format!("{rel}.swp"));
@@ -51,15 +69,7 @@ crate::as_root_and_as_a_user!(
 /// is either in SOURCE or still staged (the mount shows it, `status` lists it): never in
 /// a file that is in neither.
 fn writes_through_a_descriptor_held_across_a_live_apply_are_not_lost(who: Who) {
-    let (mut m, dir, sock) = staged_live_as(who, "r32-held-apply", |src| {
-        put(&src.join("a.txt"), b"a\n", 0o644);
-        put(&src.join("b.txt"), b"b\n", 0o644);
-    });
-    who.agent(&m, "echo b1 >> b.txt").assert_ok("stage b");
-    let mut held = fs::OpenOptions::new()
-        .append(true)
-        .open(m.mnt("a.txt"))
-        .unwrap();
+    let (mut m, dir, sock, mut held) = a_held_b_staged(who, "r32-held-apply");
     held.write_all(b"one\n").unwrap();
     let a = ctl(&sock, &["apply"]);
     // b.txt, closed, is applied whatever happens to a.txt.
@@ -90,15 +100,7 @@ fn writes_through_a_descriptor_held_across_a_live_apply_are_not_lost(who: Who) {
 /// to list) and first written after a live apply of the other changes: the apply must not
 /// drop the staged tree whole, or the bytes written next land in a dropped inode.
 fn writes_through_a_descriptor_opened_but_unused_at_a_live_apply_are_not_lost(who: Who) {
-    let (mut m, dir, sock) = staged_live_as(who, "r32-held-unused", |src| {
-        put(&src.join("a.txt"), b"a\n", 0o644);
-        put(&src.join("b.txt"), b"b\n", 0o644);
-    });
-    who.agent(&m, "echo b1 >> b.txt").assert_ok("stage b");
-    let mut held = fs::OpenOptions::new()
-        .append(true)
-        .open(m.mnt("a.txt"))
-        .unwrap();
+    let (mut m, dir, sock, mut held) = a_held_b_staged(who, "r32-held-unused");
     let a = ctl(&sock, &["apply"]);
     assert!(a.stdout.contains("applied M b.txt"), "{}", a.stdout);
     assert_eq!(fs::read(m.host("b.txt")).unwrap(), b"b\nb1\n");
@@ -125,15 +127,7 @@ fn writes_through_a_descriptor_opened_but_unused_at_a_live_apply_are_not_lost(wh
 /// The same across a checkpoint (the file moved to the live layer, the layer keeping a
 /// copy) and `apply --at 1`, then `apply` (the squash of the layers).
 fn writes_through_a_descriptor_held_across_a_checkpoint_and_an_apply_at_it_are_not_lost(who: Who) {
-    let (mut m, dir, sock) = staged_live_as(who, "r32-held-at", |src| {
-        put(&src.join("a.txt"), b"a\n", 0o644);
-        put(&src.join("b.txt"), b"b\n", 0o644);
-    });
-    who.agent(&m, "echo b1 >> b.txt").assert_ok("stage b");
-    let mut held = fs::OpenOptions::new()
-        .append(true)
-        .open(m.mnt("a.txt"))
-        .unwrap();
+    let (mut m, dir, sock, mut held) = a_held_b_staged(who, "r32-held-at");
     held.write_all(b"one\n").unwrap();
     ctl(&sock, &["checkpoint"]).assert_ok("checkpoint");
     let a = ctl(&sock, &["apply", "--at", "1"]);

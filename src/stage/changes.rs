@@ -630,13 +630,7 @@ impl Layers {
         let Some(root) = self.upper.get(b"")? else {
             return Ok(out);
         };
-        walk(&self.upper, root, b"", (), |ev| {
-            let Event::Entry { dir, path, name } = ev else {
-                return Ok(Flow::Next);
-            };
-            let Some(c) = self.upper.child(&dir.node, name)? else {
-                return Ok(Flow::Next);
-            };
+        self.each_below(root, b"", |path, name, c| {
             if kind(&c.st) != libc::S_IFDIR {
                 return Ok(Flow::Next);
             }
@@ -653,6 +647,26 @@ impl Layers {
         Ok(out)
     }
 
+    /// Every staged entry below `d` at `path`, looked up: `f(its directory's path, name,
+    /// entry)`, depth first; `f` returns [`Flow::Enter`] to walk into a directory.
+    fn each_below(
+        &self,
+        d: Node,
+        path: &[u8],
+        mut f: impl FnMut(&[u8], &[u8], Node) -> io::Result<Flow<()>>,
+    ) -> io::Result<()> {
+        walk(&self.upper, d, path, (), |ev| {
+            let Event::Entry { dir, path, name } = ev else {
+                return Ok(Flow::Next);
+            };
+            match self.upper.child(&dir.node, name)? {
+                Some(c) => f(path, name, c),
+                None => Ok(Flow::Next),
+            }
+        })
+        .map(drop)
+    }
+
     fn lower_at(&self, low: Option<&Node>, name: &[u8]) -> io::Result<Option<Node>> {
         match low {
             Some(d) if kind(&d.st) == libc::S_IFDIR => self.lower.child(d, name),
@@ -666,13 +680,7 @@ impl Layers {
     /// SOURCE whole, as its staged tree has none of what the rename carried.
     pub fn moved_in(&self, d: &Node, path: &[u8]) -> io::Result<Vec<(Vec<u8>, Node)>> {
         let mut found = Vec::new();
-        walk(&self.upper, d.try_clone()?, path, (), |ev| {
-            let Event::Entry { dir, path, name } = ev else {
-                return Ok(Flow::Next);
-            };
-            let Some(c) = self.upper.child(&dir.node, name)? else {
-                return Ok(Flow::Next);
-            };
+        self.each_below(d.try_clone()?, path, |path, name, c| {
             if kind(&c.st) != libc::S_IFDIR {
                 return Ok(Flow::Next);
             }
@@ -687,22 +695,13 @@ impl Layers {
         Ok(found)
     }
 
-    /// Entries below staged directory `d` (whiteouts not counted). An entry that can be
-    /// neither a directory nor a whiteout is counted from its `fstatat` alone (no open:
-    /// a new tree of 10,000 files costs 10,000 fewer opens).
     /// The SOURCE files whose copies lie below the staged directory `d` at `path` (a file
     /// the agent moved in: `mv w/b q/b`), as (inode, path) from their base records, and
     /// whether some copy below has an overlayfs origin but no record (then which SOURCE
     /// file it is cannot be told).
     pub fn copies_in(&self, d: &Node, path: &[u8]) -> io::Result<Copies> {
         let (mut found, mut unknown) = (Vec::new(), false);
-        walk(&self.upper, d.try_clone()?, path, (), |ev| {
-            let Event::Entry { dir, name, .. } = ev else {
-                return Ok(Flow::Next);
-            };
-            let Some(c) = self.upper.child(&dir.node, name)? else {
-                return Ok(Flow::Next);
-            };
+        self.each_below(d.try_clone()?, path, |_, _, c| {
             match kind(&c.st) {
                 libc::S_IFDIR => return Ok(Flow::Enter(c, ())),
                 libc::S_IFREG => match base::of(&c) {
@@ -716,6 +715,9 @@ impl Layers {
         Ok((found, unknown))
     }
 
+    /// Entries below staged directory `d` (whiteouts not counted). An entry that can be
+    /// neither a directory nor a whiteout is counted from its `fstatat` alone (no open:
+    /// a new tree of 10,000 files costs 10,000 fewer opens).
     fn count(&self, d: &Node, path: &[u8]) -> io::Result<u64> {
         let mut n = 0;
         walk(&self.upper, d.try_clone()?, path, (), |ev| {
