@@ -512,12 +512,17 @@ impl Shared {
         let v = self.allow(ctx, op, &path, dir, Need::Write, Special::default())?;
         let known = self.inodes.child(parent, name.bytes());
         let pin = known.and_then(|i| self.pin_handle(i));
+        // A staged unlink notes the entry the merged view shows, and removes that finding
+        // (one lookup of the name, not two).
+        let seen = (!dir && self.bases.is_some())
+            .then(|| self.inodes.peek_entry(parent, name).ok())
+            .flatten();
         let note = if dir {
             None
         } else {
-            self.note_name(&path, parent, name, true)
+            self.note_peeked(&path, parent, true, seen.as_ref())
         };
-        if let Err(e) = self.inodes.remove_name(parent, name, dir) {
+        if let Err(e) = self.inodes.remove_seen(parent, name, dir, seen) {
             return Err(if dir {
                 self.not_empty(ctx, op, &path, &v, parent, name, e)
             } else {

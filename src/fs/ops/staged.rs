@@ -13,7 +13,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
 
 use super::{Error, Res, Shared};
-use crate::host::inode::{Place, Up};
+use crate::host::inode::{Peek, Place, Up};
 use crate::host::sys::Name;
 use crate::stage::base::{self, Bases, Below, Pending, UpperDir};
 
@@ -54,8 +54,23 @@ impl Shared {
     /// Before a change of the entry `name` in `pfd` (merged path `path`); `replaces`:
     /// another entry will stand at `path` after it (unlink, rename, create).
     pub(super) fn note_name(&self, path: &[u8], parent: u64, name: &Name, replaces: bool) -> Note {
+        self.bases.as_ref()?;
+        let shown = self.inodes.peek_entry(parent, name).ok();
+        self.note_peeked(path, parent, replaces, shown.as_ref())
+    }
+
+    /// [`Shared::note_name`] of what the caller looked up itself (`shown`: `None` when
+    /// nothing is there), so that the change can act on the same finding (a staged
+    /// unlink: [`Inodes::remove_seen`](crate::host::inode::Inodes::remove_seen)).
+    pub(super) fn note_peeked(
+        &self,
+        path: &[u8],
+        parent: u64,
+        replaces: bool,
+        shown: Option<&Peek>,
+    ) -> Note {
         let b = self.bases.as_ref()?;
-        let shown = self.inodes.peek_stat(parent, name).ok();
+        let shown = shown.map(|p| (&p.fd, p.st, p.place));
         // The merged view just showed the entry: in the upper it is the staged one (no
         // second lookup); below it, its layer says where its record is.
         // (An entry shown from below has nothing of the upper's over it.)

@@ -32,7 +32,7 @@ pub const MAX_STACK_PARTS: usize = 4096;
 /// The deepest directory whose parts are found (deeper: ELOOP).
 const MAX_DEPTH: usize = 4096;
 
-/// Which layer of the merged view shows an entry ([`Inodes::peek_stat`]).
+/// Which layer of the merged view shows an entry ([`Inodes::peek_entry`]).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Place {
     /// The upper: a staged entry.
@@ -46,6 +46,18 @@ pub enum Place {
 }
 
 /// Which [`Place`] layer `layer` of `u` is.
+/// A name as the merged view showed it ([`Inodes::peek_entry`]).
+pub struct Peek {
+    /// The object shown (`O_PATH`).
+    pub fd: Arc<OwnedFd>,
+    /// Its attributes.
+    pub st: libc::stat,
+    /// Where it is.
+    pub place: Place,
+    /// The merged view's finding, for a removal of it ([`Inodes::remove_seen`]).
+    found: Option<Found>,
+}
+
 pub(super) fn place(u: &Union, layer: usize) -> Place {
     match layer {
         0 => Place::Upper,
@@ -433,14 +445,32 @@ impl Inodes {
     /// Removes `parent/name` (`dir`: a directory). Returns the parent's handle (the one
     /// changed) for the caller's messages.
     pub fn remove_name(&self, parent: u64, name: &Name, dir: bool) -> io::Result<()> {
+        self.remove_seen(parent, name, dir, None)
+    }
+
+    /// [`Inodes::remove_name`] of a name the same request looked up just before with
+    /// [`Inodes::peek_entry`] (a staged unlink notes the entry first): the removal acts on that
+    /// finding instead of looking the name up again — as it would on a second look a
+    /// moment later; a lower layer's entry is looked up again under the names lock all
+    /// the same (`union::remove`).
+    pub fn remove_seen(
+        &self,
+        parent: u64,
+        name: &Name,
+        dir: bool,
+        seen: Option<Peek>,
+    ) -> io::Result<()> {
         let Some(u) = self.union() else {
             let pfd = self.fd(parent)?;
             let flags = if dir { libc::AT_REMOVEDIR } else { 0 };
             return sys::unlinkat(pfd.as_fd(), name, flags);
         };
-        let f = self
-            .find(&u, parent, name.bytes())?
-            .ok_or_else(|| err(libc::ENOENT))?;
+        let f = match seen.and_then(|p| p.found) {
+            Some(f) => f,
+            None => self
+                .find(&u, parent, name.bytes())?
+                .ok_or_else(|| err(libc::ENOENT))?,
+        };
         let is_dir = f.st.st_mode & libc::S_IFMT == libc::S_IFDIR;
         match (dir, is_dir) {
             (true, false) => return Err(err(libc::ENOTDIR)),
@@ -614,24 +644,30 @@ impl Inodes {
         }
     }
 
-    /// The same with its attributes, and the layer that shows it.
-    pub fn peek_stat(
-        &self,
-        parent: u64,
-        name: &Name,
-    ) -> io::Result<(Arc<OwnedFd>, libc::stat, Place)> {
+    /// What `parent/name` shows now, kept for a removal by the same request
+    /// ([`Inodes::remove_seen`]).
+    pub fn peek_entry(&self, parent: u64, name: &Name) -> io::Result<Peek> {
         match self.union_for(parent) {
             Some(u) => {
                 let f = self
                     .find(&u, parent, name.bytes())?
                     .ok_or_else(|| err(libc::ENOENT))?;
-                let place = place(&u, f.layer);
-                Ok((f.fd, f.st, place))
+                Ok(Peek {
+                    fd: f.fd.clone(),
+                    st: f.st,
+                    place: place(&u, f.layer),
+                    found: Some(f),
+                })
             }
             None => {
                 let fd = sys::open_path(self.fd(parent)?.as_fd(), name)?;
                 let st = sys::fstat(fd.as_fd())?;
-                Ok((Arc::new(fd), st, Place::Unmerged))
+                Ok(Peek {
+                    fd: Arc::new(fd),
+                    st,
+                    place: Place::Unmerged,
+                    found: None,
+                })
             }
         }
     }
