@@ -75,6 +75,10 @@ pub struct Change {
     /// entry at the new path, which another rename of the cycle carries away, as
     /// [`lower_ident`] takes it. `None` for every other change.
     pub replaces: Option<[i128; 4]>,
+    /// A new directory holding a directory the agent moved in from SOURCE: that
+    /// directory's SOURCE path (the first found; [`Layers::moved_in`]). `apply` refuses
+    /// such a directory (`stage/moved_in.rs`).
+    pub moved_in: Option<Vec<u8>>,
 }
 
 /// What of SOURCE's entry a change's review id covers: inode, ctime (every change of it),
@@ -311,6 +315,11 @@ impl Layers {
             lower_id: None,
             lower_st: None,
             replaces: None,
+            moved_in: self
+                .moved_in(&u, s)?
+                .into_iter()
+                .next()
+                .map(|(from, _)| from),
         });
         Ok(())
     }
@@ -384,6 +393,7 @@ impl Layers {
             lower_id: None,
             lower_st: l.as_ref().map(|l| lower_ident(&l.st)),
             replaces: None,
+            moved_in: None,
         };
         if self.upper.is_whiteout(&u) {
             if let Some(l) = &l {
@@ -469,7 +479,9 @@ impl Layers {
                 // Directories the agent moved into the new one (`mkdir q; mv w/a q/a`):
                 // what they carried is not deleted from SOURCE (`apply` refuses the new
                 // directory while it holds them: [`Layers::moved_in`]).
-                for (from, o) in self.moved_in(u, &p)? {
+                let moved = self.moved_in(u, &p)?;
+                let first = moved.first().map(|(from, _)| from.clone());
+                for (from, o) in moved {
                     sources.insert(from);
                     sources.insert(id_key(&o.st));
                 }
@@ -477,6 +489,7 @@ impl Layers {
                     kind: if lower_here { Kind::Type } else { Kind::Added },
                     dir: true,
                     entries: Some(self.count(u, &p)?),
+                    moved_in: first,
                     ..base
                 });
                 Ok(None)
@@ -578,6 +591,7 @@ impl Layers {
                     lower_id: None,
                     lower_st: Some(lower_ident(&l.st)),
                     replaces: None,
+                    moved_in: None,
                 });
             }
         }

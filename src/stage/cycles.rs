@@ -470,6 +470,7 @@ mod tests {
             lower_id: None,
             lower_st: Some([1, 0, 0, 0]),
             replaces: Some([2, 0, 0, 0]),
+            moved_in: None,
         }
     }
 

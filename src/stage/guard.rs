@@ -90,6 +90,7 @@ mod tests {
             lower_id: None,
             lower_st: was.map(|n| lower_ident(&n.st)),
             replaces: None,
+            moved_in: None,
         }
     }
 

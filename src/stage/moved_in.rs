@@ -15,19 +15,15 @@
 use super::changes::{Change, Kind, Layers};
 
 /// A new directory (or one replacing a file) that holds a directory the agent moved in
-/// from SOURCE: its old path (the first one found). Copied whole, it would land without
-/// what the move carried (its staged tree has none of it), so it is refused and stays
-/// staged, and the moved directory's old path is never listed as deleted (`changes.rs`).
-fn moved_into_new(l: &Layers, c: &Change) -> Option<Vec<u8>> {
+/// from SOURCE: its old path (the first one found, when the change was listed). Copied
+/// whole, it would land without what the move carried (its staged tree has none of it),
+/// so it is refused and stays staged, and the moved directory's old path is never listed
+/// as deleted (`changes.rs`).
+fn moved_into_new(c: &Change) -> Option<&[u8]> {
     if !c.dir || !matches!(c.kind, Kind::Added | Kind::Type) {
         return None;
     }
-    let u = l.upper.dir(&c.path).ok()??;
-    match l.moved_in(&u, &c.path) {
-        Ok(v) => v.into_iter().next().map(|(from, _)| from),
-        // Cannot tell: refused rather than risk a copy without the moved directory.
-        Err(_) => Some(b"?".to_vec()),
-    }
+    c.moved_in.as_deref()
 }
 
 /// The SOURCE files copied into the new directories [`moved_into_new`] refuses.
@@ -72,10 +68,10 @@ impl KeptInNew {
     pub(super) fn of(l: &Layers, order: &[&Change]) -> KeptInNew {
         let mut k = KeptInNew::default();
         for c in order {
-            let Some(from) = moved_into_new(l, c) else {
+            let Some(from) = moved_into_new(c) else {
                 continue;
             };
-            k.dirs.push((c.path.clone(), from));
+            k.dirs.push((c.path.clone(), from.to_vec()));
             let got = l
                 .upper
                 .dir(&c.path)
