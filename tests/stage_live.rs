@@ -637,14 +637,7 @@ fn a_checkpoint_whose_view_cannot_be_built_freezes_the_union() {
         .env("FENCEFS_FAULT_STAGE_REBUILD", "1");
     sample(&b.host(""));
     put(&b.host("empty/.keep"), b"", 0o644);
-    let dir = stage_dir(&b);
-    let sock = b.root().join("ctl.sock");
-    let m = b
-        .arg("--stage")
-        .arg(&dir)
-        .arg("--control")
-        .arg(&sock)
-        .start();
+    let (m, dir, sock) = start_staged_live(b);
     let source = snapshot(&m.host(""));
     m.sh("echo staged > t1.txt && sed -i 's/two/TWO/' a.txt && mkdir d && rm empty/.keep")
         .assert_ok("turn 1");
@@ -746,14 +739,7 @@ fn a_checkpoint_whose_count_fails_is_taken_and_logged() {
         .policy(WRITE)
         .env("FENCEFS_FAULT_STAGE_COUNT", "1");
     sample(&b.host(""));
-    let dir = stage_dir(&b);
-    let sock = b.root().join("ctl.sock");
-    let m = b
-        .arg("--stage")
-        .arg(&dir)
-        .arg("--control")
-        .arg(&sock)
-        .start();
+    let (m, dir, sock) = start_staged_live(b);
     let source = snapshot(&m.host(""));
     m.sh("echo first > t1.txt && sed -i 's/two/TWO/' a.txt")
         .assert_ok("turn 1");

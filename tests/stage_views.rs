@@ -23,17 +23,10 @@ fn checkpoint(sock: &Path) {
 fn mount(name: &str, extra: &[&str]) -> (Mount, std::path::PathBuf) {
     let mut b = Mount::builder(name).policy(WRITE);
     sample(&b.host(""));
-    let dir = stage_dir(&b);
-    let sock = b.root().join("ctl.sock");
     for a in extra {
         b = b.arg(a);
     }
-    let m = b
-        .arg("--stage")
-        .arg(&dir)
-        .arg("--control")
-        .arg(&sock)
-        .start();
+    let (m, _, sock) = start_staged_live(b);
     (m, sock)
 }
 

@@ -138,6 +138,11 @@ pub fn staged_live_as(
         b = b.daemon_as_user(USER);
     }
     setup(&b.host(""));
+    start_staged_live(b)
+}
+
+/// Starts `b` staged (a fresh DIR) with a control socket: the mount, DIR and the socket.
+pub fn start_staged_live(b: MountBuilder) -> (Mount, PathBuf, PathBuf) {
     let dir = stage_dir(&b);
     let sock = b.root().join("ctl.sock");
     let m = b
