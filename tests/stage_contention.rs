@@ -308,21 +308,13 @@ fn a_removal_removes_the_copy_up_that_landed_after_its_lookup() {
         .policy(WRITE)
         .env("FENCEFS_FAULT_UNION_PAUSE", "remove:1500");
     put(&b.host("f"), b"source\n", 0o644);
-    let dir = stage_dir(&b);
-    let m = b
-        .arg("--transport")
-        .arg("dev-fuse")
-        .arg("--stage")
-        .arg(&dir)
-        .start();
+    let (m, dir) = staged_on_dev_fuse(b);
     let p = m.mnt("f");
     let rm = std::thread::spawn(move || fs::remove_file(&p));
-    assert!(
-        eventually(Duration::from_secs(5), || m
-            .stderr()
-            .contains("pause of 1500 ms at remove")),
-        "the removal did not reach its pause:\n{}",
-        m.stderr()
+    reaches(
+        &m,
+        "pause of 1500 ms at remove",
+        "the removal did not reach its pause",
     );
     // Opened for writing in the removal's window: the copy-up lands. (Not written: a
     // write, and the close's flush, wait for the inode lock the unlink holds.)
@@ -362,24 +354,16 @@ fn a_copy_up_raced_by_a_host_write_that_restores_mtime_is_made_again() {
         .env("FENCEFS_FAULT_UNION_PAUSE", "copy-up:1000");
     put(&b.host("f"), b"old content AAAA\n", 0o644);
     sh_in(&b.host(""), "touch -d '2020-01-01 00:00:00' f").assert_ok("touch");
-    let dir = stage_dir(&b);
-    let m = b
-        .arg("--transport")
-        .arg("dev-fuse")
-        .arg("--stage")
-        .arg(&dir)
-        .start();
+    let (m, dir) = staged_on_dev_fuse(b);
     let p = m.mnt("f");
     let agent = std::thread::spawn(move || -> std::io::Result<()> {
         let mut f = fs::OpenOptions::new().append(true).open(&p)?;
         f.write_all(b"agent\n")
     });
-    assert!(
-        eventually(Duration::from_secs(5), || m
-            .stderr()
-            .contains("pause of 1000 ms at copy-up")),
-        "the copy-up did not reach its pause:\n{}",
-        m.stderr()
+    reaches(
+        &m,
+        "pause of 1000 ms at copy-up",
+        "the copy-up did not reach its pause",
     );
     // The host rewrites it in place, same size, and puts the old mtime back.
     sh_in(
@@ -411,22 +395,14 @@ fn a_copy_up_follower_does_not_take_another_object_at_the_name_for_the_copy() {
         "copy-up:800,copy-up-follow:1500",
     );
     put(&b.host("f"), b"source\n", 0o644);
-    let dir = stage_dir(&b);
-    let m = b
-        .arg("--transport")
-        .arg("dev-fuse")
-        .arg("--stage")
-        .arg(&dir)
-        .start();
+    let (m, dir) = staged_on_dev_fuse(b);
     // The leader: its copy-up pauses after the data.
     let p = m.mnt("f");
     let leader = std::thread::spawn(move || fs::OpenOptions::new().write(true).open(&p).map(drop));
-    assert!(
-        eventually(Duration::from_secs(5), || m
-            .stderr()
-            .contains("pause of 800 ms at copy-up")),
-        "the leader's copy-up did not reach its pause:\n{}",
-        m.stderr()
+    reaches(
+        &m,
+        "pause of 800 ms at copy-up",
+        "the leader's copy-up did not reach its pause",
     );
     // The follower waits for it, then pauses before it opens the copy by name.
     let p = m.mnt("f");
@@ -438,12 +414,10 @@ fn a_copy_up_follower_does_not_take_another_object_at_the_name_for_the_copy() {
         let st = f.metadata()?;
         Ok((st.ino(), st.len()))
     });
-    assert!(
-        eventually(Duration::from_secs(5), || m
-            .stderr()
-            .contains("pause of 1500 ms at copy-up-follow")),
-        "the follower did not reach its pause:\n{}",
-        m.stderr()
+    reaches(
+        &m,
+        "pause of 1500 ms at copy-up-follow",
+        "the follower did not reach its pause",
     );
     leader.join().unwrap().expect("the leader's open");
     // The copy is renamed away and a new file made at its name.
@@ -488,5 +462,28 @@ fn a_copy_up_follower_does_not_take_another_object_at_the_name_for_the_copy() {
         fs::read(m.host("f")).unwrap(),
         b"source\n",
         "SOURCE changed"
+    );
+}
+
+/// Starts `b` staged (a fresh DIR) over `/dev/fuse`, whose session threads serve other
+/// requests while one pauses: the mount and DIR.
+fn staged_on_dev_fuse(b: MountBuilder) -> (Mount, std::path::PathBuf) {
+    let dir = stage_dir(&b);
+    let m = b
+        .arg("--transport")
+        .arg("dev-fuse")
+        .arg("--stage")
+        .arg(&dir)
+        .start();
+    (m, dir)
+}
+
+/// Waits until the daemon logged `pause` (a test-only pause reached); `what` is the
+/// failure's message.
+fn reaches(m: &Mount, pause: &str, what: &str) {
+    assert!(
+        eventually(Duration::from_secs(5), || m.stderr().contains(pause)),
+        "{what}:\n{}",
+        m.stderr()
     );
 }
