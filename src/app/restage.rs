@@ -248,6 +248,14 @@ impl crate::stage::control::Live for Restage {
             .max();
         self.keep_sealed(sealed);
         let rebuilt = recovered.and_then(|_| self.rebuild().map_err(StageError::from));
+        if rebuilt.is_err() {
+            // The view served may no longer be DIR's (its upper sealed as a checkpoint's
+            // layer, or moved to the trash by a rewind): frozen before any request may
+            // change it, so nothing lands in a sealed layer or a discarded upper.
+            if let Some(u) = self.shared.inodes.union() {
+                u.freeze();
+            }
+        }
         gate.open();
         if same_view && res.is_ok() && rebuilt.is_ok() {
             // The same contents at every path: what the kernel holds stays true.
@@ -266,12 +274,8 @@ impl crate::stage::control::Live for Restage {
             first.inodes + second.inodes
         );
         if let Err(e) = rebuilt {
-            // The view served may no longer be DIR's (its upper sealed as a checkpoint's
-            // layer, say): it stays readable, and nothing changes through it until a live
+            // Frozen above: it stays readable, and nothing changes through it until a live
             // change serves DIR again.
-            if let Some(u) = self.shared.inodes.union() {
-                u.freeze();
-            }
             log::error!("stage: {e}; the previous view is still served, read-only");
             return Err(format!("{e}; the previous view is still served, read-only").into());
         }

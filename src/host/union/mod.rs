@@ -186,19 +186,33 @@ fn temp_name(what: &str) -> Name {
 /// rename away from a name a lower layer holds must be that one step. Refused (an error
 /// that says so) where it answers EINVAL or EOPNOTSUPP (ramfs, minix, most FUSE file
 /// systems), as overlayfs refuses such an upper; another error is logged and the area used.
+/// Tried once per process: every view of a daemon has the same `DIR/work`.
 fn can_rename_whiteout(work: BorrowedFd<'_>) -> io::Result<()> {
+    static TRIED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if TRIED.load(Ordering::Acquire) {
+        return Ok(());
+    }
     let (a, b) = (temp_name("probe"), temp_name("probe"));
-    drop(sys::openat(
+    let made = sys::openat(
         work,
         &a,
         libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW,
         0o600,
-    )?);
+    );
+    if let Err(e) = made {
+        // A full disk, say: nothing to try the rename on; the area is used (a later view
+        // tries again).
+        log::warn!("stage: trying RENAME_WHITEOUT in DIR/work: {e}");
+        return Ok(());
+    }
     let r = sys::renameat2(work, &a, work, &b, libc::RENAME_WHITEOUT);
     let _ = sys::unlinkat(work, &b, 0);
     let _ = sys::unlinkat(work, &a, 0);
     match r {
-        Ok(()) => Ok(()),
+        Ok(()) => {
+            TRIED.store(true, Ordering::Release);
+            Ok(())
+        }
         Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL | libc::EOPNOTSUPP)) => {
             Err(io::Error::new(
                 io::ErrorKind::Unsupported,

@@ -82,12 +82,14 @@ impl Union {
             }
         }
         let tmp = temp_name("rm");
+        // Taken before anything moves: once the entry is out, what follows must not fail
+        // for want of it.
+        let work = self.work()?;
         self.take_out(up, name, &tmp, lower)?;
         crash_point("removed");
         if dir && has_lower {
             self.bump();
         }
-        let work = self.work()?;
         if !dir {
             if let Err(e) = sys::unlinkat(work, &tmp, 0) {
                 log::warn!("stage: deleting a removed file from the work directory: {e}");
@@ -128,7 +130,10 @@ impl Union {
     /// could not be deleted: `DIR/work/tmp` goes back to `up/name`, swapped with what
     /// stands there now when `swapped` (then deleted with `unlinkat` flags `swapped`).
     fn put_back(&self, up: BorrowedFd<'_>, name: &Name, tmp: &Name, swapped: Option<i32>) {
-        let Ok(work) = self.work() else { return };
+        // An undo: taken whether or not the union was frozen meanwhile.
+        let Some(work) = self.work.as_ref().map(|w| w.as_fd()) else {
+            return;
+        };
         let flags = match swapped {
             Some(_) => libc::RENAME_EXCHANGE,
             None => libc::RENAME_NOREPLACE,
