@@ -102,7 +102,7 @@ impl Restage {
         ws.retain(|fh, _| fhs.contains(fh));
         let fresh: Vec<_> = open
             .into_iter()
-            .filter(|&(fh, _, view, _)| view == now && !ws.contains_key(&fh))
+            .filter(|&(fh, _, view)| view == now && !ws.contains_key(&fh))
             .collect();
         if fresh.is_empty() {
             return;
@@ -110,7 +110,7 @@ impl Restage {
         let Ok(area) = Area::open(&self.dir) else {
             return;
         };
-        for (fh, ino, _view, _passthrough) in fresh {
+        for (fh, ino, _) in fresh {
             // Unlinked through the mount (in no layer), or not the view's node.
             if s.inodes.alias(ino).is_none() || s.inodes.fd(ino).is_err() {
                 continue;

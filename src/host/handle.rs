@@ -173,14 +173,13 @@ impl Handles {
     pub fn view_now(&self) -> u64 {
         self.view.load(Ordering::Relaxed)
     }
-    /// The open handles that may write: `(fh, node, view, passthrough)` (a passthrough
-    /// handle holds no descriptor: the kernel writes its backing file on its own).
-    pub fn writers(&self) -> Vec<(u64, u64, u64, bool)> {
+    /// The open handles that may write: `(fh, node, view)`.
+    pub fn writers(&self) -> Vec<(u64, u64, u64)> {
         self.map
             .read()
             .iter()
             .filter(|(_, h)| h.write)
-            .map(|(&fh, h)| (fh, h.ino, h.view, h.file.is_none()))
+            .map(|(&fh, h)| (fh, h.ino, h.view))
             .collect()
     }
     /// The open passthrough handles (holding no descriptor) opened in `view` and not

@@ -90,11 +90,6 @@ impl Union {
         res
     }
 
-    /// Copy-ups made (each one a copy into `DIR/work`), for the debug log and tests.
-    pub fn copies_made(&self) -> u64 {
-        self.copies.load(Ordering::Relaxed)
-    }
-
     fn copy_up_once(
         &self,
         up: BorrowedFd<'_>,
