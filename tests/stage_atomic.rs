@@ -432,6 +432,40 @@ fn a_crash_in_a_new_name_over_a_deleted_one_keeps_the_deletion() {
     );
 }
 
+/// A name of a temporary name's form (`#fencefs-new.PID.N`, which the sweep at the next
+/// start deletes from DIR/upper) is never made through a staged mount: create, mkdir,
+/// symlink, link and a rename to it answer EINVAL, and neither SOURCE nor DIR/upper gets
+/// it (an agent's file so named would be lost at the next start).
+#[test]
+fn a_temporary_names_form_is_refused_as_a_new_name() {
+    let (mut m, dir) = staged("atomic-reserved", WRITE, |src| {
+        put(&src.join("a"), b"a\n", 0o644)
+    });
+    m.sh("echo b > b").assert_ok("agent");
+    let source = snapshot(&m.host(""));
+    let upper = snapshot(&dir.join("upper"));
+    let bad = m.mnt("#fencefs-new.1.2");
+    let einval = |r: std::io::Result<()>, what: &str| {
+        assert_eq!(
+            r.map_err(|e| e.raw_os_error()),
+            Err(Some(libc::EINVAL)),
+            "{what}"
+        )
+    };
+    einval(fs::File::create(&bad).map(drop), "create");
+    einval(fs::create_dir(&bad), "mkdir");
+    einval(std::os::unix::fs::symlink("a", &bad), "symlink");
+    einval(fs::hard_link(m.mnt("b"), &bad), "link");
+    einval(fs::rename(m.mnt("b"), &bad), "rename of a staged file");
+    einval(fs::rename(m.mnt("a"), &bad), "rename of a SOURCE file");
+    // Names not exactly of the form are ordinary.
+    fs::write(m.mnt("#fencefs-new.1.x"), b"ok\n").unwrap();
+    fs::remove_file(m.mnt("#fencefs-new.1.x")).unwrap();
+    stop(&mut m);
+    assert_host_unchanged(&source, &m.host(""), "refused temporary-name forms");
+    assert_host_unchanged(&upper, &dir.join("upper"), "DIR/upper after the refusals");
+}
+
 /// Leftovers `#fencefs-new.PID.N` in DIR/upper (made by hand) at a daemon's start: those
 /// whose PID is no live fencefs are deleted (a file; an empty directory), one whose PID is
 /// a live fencefs (another mount's daemon) and names not exactly of the pattern stay.

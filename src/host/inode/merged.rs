@@ -413,6 +413,9 @@ impl Inodes {
         let Some(u) = self.union() else {
             return Ok((self.fd(parent)?, None));
         };
+        if crate::host::union::reserved(name.bytes()) {
+            return Err(err(libc::EINVAL));
+        }
         let pup = self.up_dir_in(&u, parent)?;
         let ps = self.stack(&u, parent)?;
         let n = u.prepare_new(&ps, pup.as_fd(), name)?;
@@ -495,8 +498,11 @@ impl Inodes {
             let npfd = self.fd(newparent)?;
             return sys::renameat2(pfd.as_fd(), name, npfd.as_fd(), newname, flags);
         };
-        // RENAME_WHITEOUT (the caller's own whiteout) is overlayfs's to refuse: EINVAL.
-        if flags & !(libc::RENAME_NOREPLACE | libc::RENAME_EXCHANGE) != 0 {
+        // RENAME_WHITEOUT (the caller's own whiteout) is overlayfs's to refuse: EINVAL; so
+        // is a temporary name's form as the new name (the next start would sweep it).
+        if flags & !(libc::RENAME_NOREPLACE | libc::RENAME_EXCHANGE) != 0
+            || crate::host::union::reserved(newname.bytes())
+        {
             return Err(err(libc::EINVAL));
         }
         let ps = self.stack(&u, parent)?;

@@ -51,7 +51,7 @@ mod sweep;
 
 pub use change::NewName;
 pub use list::MergedEntry;
-pub use sweep::sweep_new_leftovers;
+pub use sweep::{reserved, sweep_new_leftovers};
 
 /// Prefixes of overlayfs's markers.
 pub const TRUSTED: &[u8] = b"trusted.overlay.";

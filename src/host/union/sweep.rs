@@ -28,6 +28,12 @@ pub fn leftover_pid(name: &[u8]) -> Option<u32> {
     std::str::from_utf8(pid).ok()?.parse().ok()
 }
 
+/// A name the merged view never lets a caller make (EINVAL): the form of a new name's
+/// temporary name, which the sweep at the next start would take for a crash's leftover.
+pub fn reserved(name: &[u8]) -> bool {
+    leftover_pid(name).is_some()
+}
+
 /// Whether `pid` is a live fencefs process other than this one.
 fn live_fencefs(pid: u32) -> bool {
     pid != std::process::id()
