@@ -46,18 +46,25 @@ pub fn sweep_new_leftovers(upper: BorrowedFd<'_>) -> io::Result<usize> {
     let mut pending: Vec<Vec<u8>> = vec![Vec::new()];
     let mut swept = 0;
     while let Some(path) = pending.pop() {
-        let Some(dir) = walk_dir(upper, &path)? else {
+        let Some(dir) = walk_dir(proc_fd.as_fd(), upper, &path)? else {
             continue;
         };
         let d = sys::reopen_dir(proc_fd.as_fd(), dir.as_fd())?;
         for e in sys::read_dir(d.as_fd())? {
-            let name = Name::new(&e.name)?;
-            let st = match sys::fstatat_nofollow(dir.as_fd(), &name) {
-                Ok(st) => st,
-                Err(_) => continue,
+            let pid = leftover_pid(&e.name);
+            // The entry's type from the listing; a stat only where it says nothing.
+            let is_dir = match e.dtype {
+                libc::DT_DIR => true,
+                libc::DT_UNKNOWN => {
+                    match sys::fstatat_nofollow(dir.as_fd(), &Name::new(&e.name)?) {
+                        Ok(st) => st.st_mode & libc::S_IFMT == libc::S_IFDIR,
+                        Err(_) => continue,
+                    }
+                }
+                _ => false,
             };
-            let is_dir = st.st_mode & libc::S_IFMT == libc::S_IFDIR;
-            match leftover_pid(&e.name) {
+            let name = Name::new(&e.name)?;
+            match pid {
                 Some(pid) if !live_fencefs(pid) => {
                     let flags = if is_dir { libc::AT_REMOVEDIR } else { 0 };
                     let shown = String::from_utf8_lossy(&join(&path, &e.name)).into_owned();
@@ -80,9 +87,12 @@ pub fn sweep_new_leftovers(upper: BorrowedFd<'_>) -> io::Result<usize> {
 }
 
 /// The directory at relative `path` under `root` (`None`: not a directory any more).
-fn walk_dir(root: BorrowedFd<'_>, path: &[u8]) -> io::Result<Option<OwnedFd>> {
-    let proc_fd = sys::open_proc_self_fd()?;
-    let mut cur = sys::reopen(proc_fd.as_fd(), root, libc::O_PATH)?;
+fn walk_dir(
+    proc_fd: BorrowedFd<'_>,
+    root: BorrowedFd<'_>,
+    path: &[u8],
+) -> io::Result<Option<OwnedFd>> {
+    let mut cur = sys::reopen(proc_fd, root, libc::O_PATH)?;
     if path.is_empty() {
         return Ok(Some(cur));
     }
