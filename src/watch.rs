@@ -143,6 +143,9 @@ fn decode(buf: &[u8], shared: &Shared, me: u32, pages: bool) -> Batch {
     let mut seen_i: HashSet<u64> = HashSet::new();
     let snap = shared.policy.get();
     let ignore = snap.policy.ignore_set();
+    // Some event may have changed a part of a redirect-walked merged directory: their
+    // caches go, once for the whole buffer (a host build elsewhere sends thousands).
+    let mut walk_all = false;
     let mut off = 0;
     while off + 24 <= buf.len() {
         let Some(len) = u32_at(buf, off).map(|l| l as usize) else {
@@ -207,7 +210,7 @@ fn decode(buf: &[u8], shared: &Shared, me: u32, pages: bool) -> Batch {
                             && let Some(u) = shared.inodes.union()
                             && u.follows_redirects()
                         {
-                            walked(shared, &u, &mut b, (&mut seen_i, &mut seen_e));
+                            walk_all = true;
                         }
                         if let Some(dir) = known {
                             if dir == crate::host::inode::ROOT && !b.root_names.contains(&name) {
@@ -243,9 +246,7 @@ fn decode(buf: &[u8], shared: &Shared, me: u32, pages: bool) -> Batch {
                             && let Some(u) = shared.inodes.union()
                         {
                             u.host_changed();
-                            if u.follows_redirects() {
-                                walked(shared, &u, &mut b, (&mut seen_i, &mut seen_e));
-                            }
+                            walk_all |= u.follows_redirects();
                         }
                         if let Some(node) = shared.inodes.by_handle(&key)
                             && seen_i.insert(node)
@@ -258,6 +259,9 @@ fn decode(buf: &[u8], shared: &Shared, me: u32, pages: bool) -> Batch {
             }
             i += rlen;
         }
+    }
+    if walk_all && let Some(u) = shared.inodes.union() {
+        walked(shared, &u, &mut b, (&mut seen_i, &mut seen_e));
     }
     b
 }
