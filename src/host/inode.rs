@@ -58,9 +58,10 @@ struct Node {
     /// The view under the mount was replaced ([`Inodes::swap_union`]): the file now at
     /// the node's first alias, if of the same kind, is this node (its key is re-read).
     loose: bool,
-    /// Last seen as an object a change needs no copy-up of: an upper entry of the merged
-    /// view, or a file of a view that is not merged ([`Inodes::settled_file`]). Only a hint for
-    /// where a request is served; every change still finds its object under the lock.
+    /// Last seen as an upper entry of the merged view: a change needs no copy-up of it
+    /// ([`Inodes::settled_file`]). (Another root's files are never settled: on a staged
+    /// mount their changes go to the slow pool like a copy-up's.) Only a hint for where a
+    /// request is served; every change still finds its object under the lock.
     settled: bool,
 }
 
