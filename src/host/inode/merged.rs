@@ -54,8 +54,9 @@ pub struct Peek {
     pub st: libc::stat,
     /// Where it is.
     pub place: Place,
-    /// The merged view's finding, for a removal of it ([`Inodes::remove_seen`]).
-    found: Option<Found>,
+    /// The rest of the merged view's finding (its layer and, for a directory, its parts),
+    /// for a removal of it ([`Inodes::remove_seen`]); `None` unmerged.
+    merged: Option<(usize, Option<Stack>)>,
 }
 
 pub(super) fn place(u: &Union, layer: usize) -> Place {
@@ -468,7 +469,16 @@ impl Inodes {
             let flags = if dir { libc::AT_REMOVEDIR } else { 0 };
             return sys::unlinkat(pfd.as_fd(), name, flags);
         };
-        let f = match seen.and_then(|p| p.found) {
+        let seen = seen.and_then(|p| {
+            let (layer, stack) = p.merged?;
+            Some(Found {
+                layer,
+                fd: p.fd,
+                st: p.st,
+                stack,
+            })
+        });
+        let f = match seen {
             Some(f) => f,
             None => self
                 .find(&u, parent, name.bytes())?
@@ -659,10 +669,10 @@ impl Inodes {
                     .find(&u, parent, name.bytes())?
                     .ok_or_else(|| err(libc::ENOENT))?;
                 Ok(Peek {
-                    fd: f.fd.clone(),
-                    st: f.st,
                     place: place(&u, f.layer),
-                    found: Some(f),
+                    merged: Some((f.layer, f.stack)),
+                    fd: f.fd,
+                    st: f.st,
                 })
             }
             None => {
@@ -672,7 +682,7 @@ impl Inodes {
                     fd: Arc::new(fd),
                     st,
                     place: Place::Unmerged,
-                    found: None,
+                    merged: None,
                 })
             }
         }
