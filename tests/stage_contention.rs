@@ -341,6 +341,44 @@ fn a_removal_removes_the_copy_up_that_landed_after_its_lookup() {
     assert_eq!(fs::read(m.host("f")).unwrap(), b"source\n");
 }
 
+/// The removal's look again under the names lock (`union::remove`) when the SOURCE entry
+/// it found changed meanwhile (the pause `remove:MS` holds it between its lookup and the
+/// lock): the host deleting the file makes it ENOENT, the host replacing it with a
+/// directory makes it ESTALE, on which the kernel looks the name up again and the unlink
+/// ends EISDIR, as on a local disk — and in both cases no whiteout is made and nothing of
+/// SOURCE or DIR/upper is changed by the removal.
+#[test]
+fn a_removal_whose_source_entry_changed_meanwhile_is_refused() {
+    for (case, host_change, errno) in [
+        ("gone", "rm f", libc::ENOENT),
+        (
+            "a directory now",
+            "rm f && mkdir f && echo k > f/k",
+            libc::EISDIR,
+        ),
+    ] {
+        let b = Mount::builder(&format!("rm_race_{}", case.len()))
+            .policy(WRITE)
+            .env("FENCEFS_FAULT_UNION_PAUSE", "remove:1500");
+        put(&b.host("f"), b"source\n", 0o644);
+        let (m, dir) = staged_on_dev_fuse(b);
+        let p = m.mnt("f");
+        let rm = std::thread::spawn(move || fs::remove_file(&p));
+        reaches(
+            &m,
+            "pause of 1500 ms at remove",
+            "the removal did not reach its pause",
+        );
+        sh_in(&m.host(""), host_change).assert_ok("the host's change");
+        let source = snapshot(&m.host(""));
+        let upper = snapshot(&dir.join("upper"));
+        let r = rm.join().unwrap();
+        assert_eq!(r.map_err(|e| e.raw_os_error()), Err(Some(errno)), "{case}");
+        assert_host_unchanged(&source, &m.host(""), case);
+        assert_host_unchanged(&upper, &dir.join("upper"), case);
+    }
+}
+
 /// A host writer that rewrites a SOURCE file (same size) and restores its modification
 /// time (`touch -d`) while the agent's copy-up of it is made (after the data was copied:
 /// the test-only pause `FENCEFS_FAULT_UNION_PAUSE=copy-up:MS`): the copy is refused by its
