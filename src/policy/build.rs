@@ -108,6 +108,8 @@ pub struct Layer {
     pub(super) protect: CoverSet,
     /// This layer as the decision memo knows it (`memo.rs`): renewed on every change.
     pub(super) memo: MemoId,
+    /// The layer's recent answers (`memo.rs`), shared by every thread deciding with it.
+    pub(super) answers: super::memo::Shared,
 }
 
 fn parse_access(word: &str) -> Option<Access> {
@@ -573,6 +575,7 @@ impl Layer {
             roots: CoverSet::build(roots)?,
             protect: CoverSet::build(protect)?,
             memo: MemoId::fresh(),
+            answers: Default::default(),
         })
     }
 

@@ -410,7 +410,7 @@ impl Layer {
 
     /// The grant at `path` for `caller` and the mode's ceiling there — computed only when
     /// the grant mutates or `mutating` (the need does), else `Read` (the ceiling is never
-    /// lower) — through the per-thread memo of the last few answers (`memo.rs`).
+    /// lower) — through the layer's memo of the last few answers (`memo.rs`).
     fn decided(
         &self,
         path: &[u8],
@@ -425,6 +425,7 @@ impl Layer {
             path,
         };
         memo::decided(
+            &self.answers,
             &key,
             || self.grant(path, caller, is_dir),
             |grant| grant.mutates() || mutating,
