@@ -403,9 +403,13 @@ struct Reaped {
     error: Option<io::Error>,
 }
 
-/// Takes every completion off the ring.
-fn reap(ring: &mut Ring, qid: u16) -> Reaped {
-    let mut r = Reaped::default();
+/// Takes every completion off the ring into `r` (emptied first; its buffer is kept, so a
+/// queue's loop allocates nothing per wake-up).
+fn reap_into(ring: &mut Ring, qid: u16, r: &mut Reaped) {
+    r.ready.clear();
+    r.ended = 0;
+    r.woken = false;
+    r.error = None;
     for c in ring.completion() {
         if c.user_data() == WAKE {
             r.woken = true;
@@ -429,7 +433,6 @@ fn reap(ring: &mut Ring, qid: u16) -> Reaped {
         r.error.get_or_insert(io::Error::from_raw_os_error(e));
         r.ended += 1;
     }
-    r
 }
 
 /// The unique id of the request (or reply) in entry `i`'s header.
@@ -560,7 +563,8 @@ pub fn serve<R>(
     let fd = dev.as_raw_fd();
     register(&mut ring, &q, fd, qid, sizes.depth).map_err(|e| fail("register", e))?;
     // A registration completes only with a request or an error; errors show at once.
-    let mut got = reap(&mut ring, qid);
+    let mut got = Reaped::default();
+    reap_into(&mut ring, qid, &mut got);
     // Entries still alive (not ended by the connection going away).
     let mut live = sizes.depth - got.ended;
     match got.error.take() {
@@ -583,6 +587,7 @@ pub fn serve<R>(
         super::pages::LOW,
     );
     let mut ready = std::collections::VecDeque::new();
+    let mut answered: Vec<u16> = Vec::new();
     // The last wait ended after `REST` without a request; and whether the next may be
     // timed (not again after a rest, until a request comes: what stays resident then is
     // in entries the daemon holds).
@@ -603,8 +608,10 @@ pub fn serve<R>(
         if got.woken {
             push(&mut ring, &q.wake_read())?;
         }
-        // Commit what was answered (here or on other threads).
-        let answered = std::mem::take(&mut *q.done.lock());
+        // Commit what was answered (here or on other threads). The two lists swap
+        // buffers: neither is allocated again once grown.
+        answered.clear();
+        std::mem::swap(&mut answered, &mut *q.done.lock());
         for &i in &answered {
             pages.committed(i, payload_sz(&q, i));
             let commit = command(fd, CMD_COMMIT_AND_FETCH, qid, unique_of(&q, i), None);
@@ -618,7 +625,7 @@ pub fn serve<R>(
         may_rest &= !rested;
         let timed = may_rest && deferred && pages.resident() > super::pages::LOW;
         rested = enter(&mut ring, ready.is_empty(), timed)?;
-        got = reap(&mut ring, qid);
+        reap_into(&mut ring, qid, &mut got);
         live -= got.ended.min(live);
     }
 }
