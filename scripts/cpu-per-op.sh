@@ -6,7 +6,7 @@
 #
 #   sudo scripts/cpu-per-op.sh [-n N] [-r ROUNDS] [-p POLICY] [-u UID] [-w WORKLOADS] TARGET...
 #
-# TARGET: fencefs | fencefs-uring | fencefs-nowatch | fencefs-stage | fencefs-stage-uring
+# TARGET: fencefs | fencefs-uring | fencefs-nowatch | fencefs-nowatch-uring | fencefs-stage | fencefs-stage-uring
 # | passthrough_hp | passthrough_hp-uring | bindfs (fencefs-stage*: with `--stage DIR`, a
 # fresh DIR on the image every round, so every change is staged and SOURCE untouched;
 # passthrough_hp: passthrough_hp: $PASSTHROUGH_HP, a libfuse example/passthrough_hp binary, else
@@ -102,6 +102,7 @@ mount_t() {
     fencefs) "$BIN" mount -p "$POLICY" "${OTHER[@]}" --transport dev-fuse "$SRC" "$MNT" 2>>"$WORK/log" & ;;
     fencefs-uring) "$BIN" mount -p "$POLICY" "${OTHER[@]}" --transport io-uring "$SRC" "$MNT" 2>>"$WORK/log" & ;;
     fencefs-nowatch) "$BIN" mount -p "$POLICY" "${OTHER[@]}" --no-watch --transport dev-fuse "$SRC" "$MNT" 2>>"$WORK/log" & ;;
+    fencefs-nowatch-uring) "$BIN" mount -p "$POLICY" "${OTHER[@]}" --no-watch --transport io-uring "$SRC" "$MNT" 2>>"$WORK/log" & ;;
     fencefs-stage) "$BIN" mount -p "$POLICY" "${OTHER[@]}" --stage "$STAGE" --transport dev-fuse "$SRC" "$MNT" 2>>"$WORK/log" & ;;
     fencefs-stage-uring) "$BIN" mount -p "$POLICY" "${OTHER[@]}" --stage "$STAGE" --transport io-uring "$SRC" "$MNT" 2>>"$WORK/log" & ;;
     passthrough_hp) "$PASSTHROUGH_HP" --foreground ${OTHER:+-o allow_other} "$SRC" "$MNT" 2>>"$WORK/log" & ;;
@@ -143,7 +144,7 @@ cpu() {
     local pp=$! rp=
     if [[ -n ${PROFILE:-} ]]; then
         mkdir -p "$PROFILE"
-        perf record -q -g ${PERF_FREQ:+-F $PERF_FREQ} -p "$PID" -o "$PROFILE/$T-$1.data" 2>/dev/null &
+        perf record -q ${PERF_ARGS:--g} ${PERF_FREQ:+-F $PERF_FREQ} -p "$PID" -o "$PROFILE/$T-$1.data" 2>/dev/null &
         rp=$!
     fi
     sleep 0.3
