@@ -17,31 +17,32 @@
 //!   gid, program bits, unknown program), the same is-a-directory flag and the same path
 //!   bytes. A layer is only read (`&self`) once its id is set, and both functions are pure,
 //!   so a remembered answer is the answer the globs give.
-//! - Bounded: [`PATHS`] paths and [`BYTES`] bytes of paths per layer, [`PER_PATH`]
-//!   answers per path, each path at most [`MAX_PATH`] bytes (a longer one is decided
-//!   without the memo); past a bound the memo starts over. The lock is held only to look
-//!   or to store (a hash of the path, a copy of it), never while globs are matched. The
-//!   map's hasher is std's, keyed at random per process: paths a caller picks cannot be
-//!   made to collide.
+//! - Bounded: two fixed tables per layer (directories, files), set-associative, each
+//!   path at most [`INLINE`] bytes (a longer one is decided without the memo); one
+//!   allocation each, made at the first answer. The lock is held only to look or to store
+//!   (a hash of the path, a scan of one set, a copy of the path), never while globs are
+//!   matched. The hash is std's, keyed at random per process: a caller cannot aim its
+//!   paths at another's set (and filling a set only makes answers be computed again).
 //! - An entry is keyed by the caller: one caller's requests never find another's, so
 //!   no timing tells a caller which paths someone else has touched.
 
-use std::collections::HashMap;
+use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 
 use super::{Access, By, Caller};
 
-/// Paths per layer: a tree the size of a large repository's (its directories and the
-/// files a warm pass touches again) is decided once per pass, not once per request.
-const PATHS: usize = 32_768;
-/// Bytes of paths per layer (with the map's own, a few MiB at most).
-const BYTES: usize = 2 << 20;
-/// Answers per path (callers, layers, file or directory).
-const PER_PATH: usize = 4;
-/// Longest path memoised (PATH_MAX).
-const MAX_PATH: usize = 4096;
+/// Slots per set.
+const WAYS: usize = 4;
+/// Sets for directories: 4,096 directories' answers (a large repository's tree, decided
+/// again by every warm pass: OPENDIR, GETATTR, the lookups below them).
+const DIR_SETS: usize = 1024;
+/// Sets for files: 1,024 files' answers (a file's requests come in a run).
+const FILE_SETS: usize = 256;
+/// The longest path remembered (a longer one is decided without the memo); with it a
+/// slot is 192 bytes, a layer's two tables 960 KiB, allocated at its first answers.
+const INLINE: usize = 120;
 
 /// The identity of a compiled layer as the memo knows it: fresh for every layer built and
 /// for every clone (`Clone` draws a new one), renewed whenever the layer is changed.
@@ -76,65 +77,143 @@ pub(super) struct Key<'a> {
     pub path: &'a [u8],
 }
 
-/// What one path's entry remembers for one question about it.
-struct Answer {
+/// One remembered answer: the question (layer, caller, kind, path) and its answer.
+#[derive(Clone, Copy)]
+struct Slot {
+    used: bool,
     layer: u64,
     caller: Caller,
-    is_dir: bool,
+    len: u16,
+    path: [u8; INLINE],
     grant: (Access, By),
     ceiling: Option<Access>,
 }
 
-/// The answers kept: a map from the path to the few questions asked about it (callers,
-/// layers, file or directory), bounded in paths and in path bytes; when a new path would
-/// pass either bound the map starts over (empty), so its memory never grows past them.
-#[derive(Default)]
+const EMPTY: Slot = Slot {
+    used: false,
+    layer: 0,
+    caller: Caller {
+        uid: 0,
+        gid: 0,
+        progs: 0,
+        program_unknown: false,
+    },
+    len: 0,
+    path: [0; INLINE],
+    grant: (Access::None, By::Default),
+    ceiling: None,
+};
+
+impl Slot {
+    fn answers(&self, k: &Key<'_>) -> bool {
+        self.used
+            && self.layer == k.layer.0
+            && self.caller == k.caller
+            && usize::from(self.len) == k.path.len()
+            && self.path[..k.path.len()] == *k.path
+    }
+}
+
+/// A set-associative table of answers: a path hashes to one set of [`WAYS`] slots, the
+/// set's oldest slot is replaced. Its slots are one allocation made at the first answer
+/// and kept (a fixed amount of memory, never many small blocks pinning the heap's pages
+/// after a big walk).
+struct Table {
+    sets: usize,
+    slots: Vec<Slot>,
+    /// The way each set replaces next.
+    next: Vec<u8>,
+}
+
+impl Table {
+    const fn new(sets: usize) -> Table {
+        Table {
+            sets,
+            slots: Vec::new(),
+            next: Vec::new(),
+        }
+    }
+
+    fn set(&self, hash: u64) -> usize {
+        (hash % self.sets as u64) as usize * WAYS
+    }
+
+    fn find(&mut self, hash: u64, k: &Key<'_>) -> Option<&mut Slot> {
+        if self.slots.is_empty() {
+            return None;
+        }
+        let at = self.set(hash);
+        self.slots[at..at + WAYS].iter_mut().find(|s| s.answers(k))
+    }
+
+    fn insert(&mut self, hash: u64, k: &Key<'_>, grant: (Access, By), ceiling: Option<Access>) {
+        if self.slots.is_empty() {
+            self.slots = vec![EMPTY; self.sets * WAYS];
+            self.next = vec![0; self.sets];
+        }
+        let at = self.set(hash);
+        let ways = &self.slots[at..at + WAYS];
+        let way = match ways.iter().position(|s| s.answers(k) || !s.used) {
+            Some(w) => w,
+            None => {
+                let w = usize::from(self.next[at / WAYS]);
+                self.next[at / WAYS] = ((w + 1) % WAYS) as u8;
+                w
+            }
+        };
+        let slot = &mut self.slots[at + way];
+        *slot = Slot {
+            used: true,
+            layer: k.layer.0,
+            caller: k.caller,
+            len: k.path.len() as u16,
+            grant,
+            ceiling,
+            ..*slot
+        };
+        slot.path[..k.path.len()].copy_from_slice(k.path);
+    }
+}
+
+/// The answers kept: directories and files apart, so the thousands of files a cold walk
+/// decides never push out the directories a warm pass decides again.
 struct Memo {
-    paths: HashMap<Box<[u8]>, Vec<Answer>>,
-    /// The bytes of every path held.
-    bytes: usize,
+    hasher: RandomState,
+    dirs: Table,
+    files: Table,
+}
+
+impl Default for Memo {
+    fn default() -> Memo {
+        Memo {
+            hasher: RandomState::new(),
+            dirs: Table::new(DIR_SETS),
+            files: Table::new(FILE_SETS),
+        }
+    }
 }
 
 impl Memo {
-    fn find(&mut self, k: &Key<'_>) -> Option<&mut Answer> {
-        self.paths
-            .get_mut(k.path)?
-            .iter_mut()
-            .find(|e| e.layer == k.layer.0 && e.caller == k.caller && e.is_dir == k.is_dir)
+    fn table(&mut self, k: &Key<'_>) -> (u64, &mut Table) {
+        let h = self.hasher.hash_one(k.path);
+        (
+            h,
+            if k.is_dir {
+                &mut self.dirs
+            } else {
+                &mut self.files
+            },
+        )
+    }
+
+    fn find(&mut self, k: &Key<'_>) -> Option<&mut Slot> {
+        let (h, t) = self.table(k);
+        t.find(h, k)
     }
 
     fn insert(&mut self, k: &Key<'_>, grant: (Access, By), ceiling: Option<Access>) {
-        let fresh = Answer {
-            layer: k.layer.0,
-            caller: k.caller,
-            is_dir: k.is_dir,
-            grant,
-            ceiling,
-        };
-        if let Some(list) = self.paths.get_mut(k.path) {
-            if let Some(e) = list
-                .iter_mut()
-                .find(|e| e.layer == k.layer.0 && e.caller == k.caller && e.is_dir == k.is_dir)
-            {
-                *e = fresh;
-            } else {
-                // A path's oldest answer goes first.
-                if list.len() == PER_PATH {
-                    list.remove(0);
-                }
-                list.push(fresh);
-            }
-            return;
-        }
-        if self.paths.len() >= PATHS || self.bytes + k.path.len() > BYTES {
-            self.paths.clear();
-            self.bytes = 0;
-            if self.paths.capacity() > 2 * PATHS {
-                self.paths.shrink_to(PATHS);
-            }
-        }
-        self.bytes += k.path.len();
-        self.paths.insert(k.path.into(), vec![fresh]);
+        let (h, t) = self.table(k);
+        t.insert(h, k, grant, ceiling);
     }
 }
 
@@ -165,7 +244,7 @@ pub(super) fn decided(
     wants_ceiling: impl Fn(Access) -> bool,
     ceiling: impl FnOnce() -> Access,
 ) -> (Access, By, Access) {
-    if k.path.len() > MAX_PATH {
+    if k.path.len() > INLINE {
         let g = grant();
         let c = if wants_ceiling(g.0) {
             ceiling()
@@ -256,51 +335,54 @@ mod tests {
         assert_eq!(c, (g.0, g.1, Access::Write));
     }
 
-    /// At most PATHS paths (and BYTES bytes): past that the memo starts over; long paths
-    /// are never kept; a path keeps at most PER_PATH answers, the oldest going first.
+    /// Fixed tables: however many paths are decided, the slots stay the same allocation;
+    /// the newest answer is always found; the files a walk decides never push out a
+    /// directory's answer; long paths are never kept.
     #[test]
     fn bounded() {
+        assert!(
+            std::mem::size_of::<Slot>() <= 192,
+            "the docs say 960 KiB a layer"
+        );
         let m = Shared::default();
         let a = MemoId::fresh();
         let g = (Access::Read, By::Default);
         let other = (Access::None, By::Default);
-        let paths: Vec<Vec<u8>> = (0..=PATHS).map(|i| format!("p{i}").into_bytes()).collect();
-        for p in &paths[..PATHS] {
-            ask(&m, &key(&a, 9, p), g, None);
+        let dir = Key {
+            is_dir: true,
+            ..key(&a, 9, b"src/lib")
+        };
+        ask(&m, &dir, g, None);
+        for i in 0..100_000 {
+            let p = format!("src/lib/f{i}").into_bytes();
+            ask(&m, &key(&a, 9, &p), g, None);
+            let again = decided(&m, &key(&a, 9, &p), never, |_| false, || Access::Read);
+            assert_eq!(again.0, Access::Read);
         }
-        assert_eq!(m.0.lock().paths.len(), PATHS);
-        // Every one of them is remembered...
-        let hit = decided(
-            &m,
-            &key(&a, 9, &paths[0]),
-            never,
-            |_| false,
-            || Access::Read,
-        );
-        assert_eq!(hit.0, Access::Read);
-        // ...until one more path starts the memo over.
-        ask(&m, &key(&a, 9, &paths[PATHS]), g, None);
-        assert_eq!(m.0.lock().paths.len(), 1);
-        assert_eq!(ask(&m, &key(&a, 9, &paths[0]), other, None).0, Access::None);
-        // Bytes: paths of 4 KiB fill BYTES long before PATHS.
-        let big: Vec<Vec<u8>> = (0..BYTES / 4000 + 1)
-            .map(|i| format!("{i:04000}").into_bytes())
-            .collect();
-        for p in &big {
-            ask(&m, &key(&a, 9, p), g, None);
-            assert!(m.0.lock().bytes <= BYTES);
+        {
+            let memo = m.0.lock();
+            assert_eq!(memo.files.slots.len(), FILE_SETS * WAYS);
+            assert_eq!(memo.dirs.slots.len(), DIR_SETS * WAYS);
         }
-        let long = vec![b'l'; MAX_PATH + 1];
+        let kept = decided(&m, &dir, never, |_| false, || Access::Read);
+        assert_eq!(kept.0, Access::Read);
+        // Most of the 100,000 files are gone: the first one is computed again.
+        let first = ask(&m, &key(&a, 9, b"src/lib/f0"), other, None);
+        assert_eq!(first.0, Access::None);
+        let long = vec![b'l'; INLINE + 1];
         ask(&m, &key(&a, 9, &long), g, None);
         assert_eq!(ask(&m, &key(&a, 9, &long), other, None).0, Access::None);
-        // Per path: PER_PATH callers; a further one pushes the first out.
-        for uid in 0..=PER_PATH as u32 {
+        let just = vec![b'j'; INLINE];
+        ask(&m, &key(&a, 9, &just), g, None);
+        let fits = decided(&m, &key(&a, 9, &just), never, |_| false, || Access::Read);
+        assert_eq!(fits.0, Access::Read);
+        // More callers on one path than a set has ways: the newest is kept.
+        for uid in 0..=WAYS as u32 {
             ask(&m, &key(&a, 100 + uid, b"q"), g, None);
         }
-        assert_eq!(ask(&m, &key(&a, 100, b"q"), other, None).0, Access::None);
-        let last = 100 + PER_PATH as u32;
-        let kept = decided(&m, &key(&a, last, b"q"), never, |_| false, || Access::Read);
-        assert_eq!(kept.0, Access::Read);
+        let last = 100 + WAYS as u32;
+        let newest = decided(&m, &key(&a, last, b"q"), never, |_| false, || Access::Read);
+        assert_eq!(newest.0, Access::Read);
     }
 
     /// An answer one thread computed is found by another (the queue threads share it);
