@@ -579,6 +579,7 @@ row create "create $(k $CREATE_N) small files" time s
 row delete "delete $(k $CREATE_N) files" time s
 row untar "untar $(k $TAR_FILES)-file source tarball" time s
 row rmrf "rm -rf the untarred tree" time s
+row rmrf_host "rm -rf the tree made on the host" time s
 row dd_write "write $DD_MB MiB seq + fsync (dd)" time s
 row dd_read_cold "read $DD_MB MiB seq, cold (dd)" time s
 row dd_read_hot "read $DD_MB MiB seq, hot (dd)" time s
@@ -872,7 +873,7 @@ grp_git() {
 grp_write() {
     local t=$1 s=scratch/$1
     rm -rf "${SRC:?}/$s" && mkdir -p "$SRC/$s/c"
-    mount_target "$t" || { fail_rows "$t" "mount failed" create delete untar rmrf; return; }
+    mount_target "$t" || { fail_rows "$t" "mount failed" create delete untar rmrf rmrf_host; return; }
     sync
     timed create "$t" "$TP/$s" "$FSOPS create c $CREATE_N 100" "[[ \$(cat \$OUT_F) == $CREATE_N ]]"
     sync
@@ -882,6 +883,10 @@ grp_write() {
         { [[ $(find "$TP/$s/srctree" -type f | wc -l) == "$TAR_FILES" ]] || err "round $ROUND $t untar: wrong file count"; }
     sync
     timed rmrf "$t" "$TP/$s" 'rm -rf srctree' '[[ ! -e srctree ]]'
+    # The same tree made on the host (untimed, beside the mount), then removed through it:
+    # names the mount never looked up, files whose blocks the host frees at the unlink.
+    tar -xf "$DATA/src.tar" -C "$SRC/$s" && sync
+    timed rmrf_host "$t" "$TP/$s" 'rm -rf srctree' '[[ ! -e srctree ]]'
     unmount_current
     rm -rf "${SRC:?}/$s"
 }
