@@ -460,9 +460,9 @@ fn deleted_fds(pid: i32) -> Vec<String> {
         .collect()
 }
 
-/// An unlink through the mount holds the host file until the kernel's FORGET, so the host
-/// frees it (blocks, journal, discard) after the caller has its answer; that handle is
-/// closed then: files made on the host and removed through the mount leave no descriptor
+/// An unlink through the mount keeps a handle of the host file cached until the kernel's
+/// FORGET, so the host frees it (blocks, journal, discard) after the caller has its
+/// answer; that handle is closed then: files made on the host and removed through the mount leave no descriptor
 /// behind and give their space back, a file still open through the mount stays readable,
 /// and every removal's errno and host effect is what it was.
 #[test]

@@ -404,30 +404,31 @@ impl Shared {
 
     /// The handle to keep for a node about to lose its name: an operation on it after the
     /// unlink (fchmod on an open file, stat of a removed cwd) can no longer resolve it by
-    /// name. Opened for directories, files still open and (unstaged) every regular file;
-    /// for other kinds what is cached.
+    /// name. Opened for directories and files still open; for the rest what is cached.
     ///
-    /// A regular file is pinned also when nothing will use the handle: held until the
-    /// kernel's FORGET, it makes the host's unlink drop only the name, and the host frees
-    /// the file (its blocks, a journal transaction, on a `discard` mount one synchronous
-    /// discard per extent: 5–40 µs) when the handle closes on the FORGET path, after the
-    /// caller has its answer — as libfuse's passthrough does with the handle it holds for
-    /// every inode. Without it that work ran inside the UNLINK, in front of the caller
-    /// (`rm -rf` of files made on the host: 47 µs per unlink against 9 µs). Not on a
-    /// staged mount: there a SOURCE file only gets a whiteout (nothing is freed), and the
-    /// upper's files were made through the mount, their handles cached.
+    /// On an unstaged mount a regular file that has no cached handle gets one in the
+    /// handle cache (not pinned: the cache's bound holds): while it is open the host's
+    /// unlink drops only the name, and the host frees the file (its blocks, a journal
+    /// transaction, on a `discard` mount one synchronous discard per extent: 5–40 µs) when
+    /// the kernel's FORGET drops the node's handles, after the caller has its answer — as
+    /// libfuse's passthrough does with the handle it holds for every inode. Without it
+    /// that work ran inside the UNLINK, in front of the caller (`rm -rf` of files made on
+    /// the host: 47 µs per unlink against 9 µs). Not on a staged mount: there a SOURCE
+    /// file only gets a whiteout (nothing is freed), and the upper's files were made
+    /// through the mount, their handles cached.
     fn pin_handle(&self, ino: u64) -> Option<Arc<OwnedFd>> {
-        let file_freed = self.bases.is_none();
-        let needed = self
-            .inodes
-            .kind(ino)
-            .is_ok_and(|k| k == libc::S_IFDIR || (file_freed && k == libc::S_IFREG))
-            || self.handles.any_on(ino, |_| true);
+        let kind = self.inodes.kind(ino).ok();
+        let needed = kind == Some(libc::S_IFDIR) || self.handles.any_on(ino, |_| true);
         if needed {
-            self.inodes.fd(ino).ok()
-        } else {
-            self.inodes.cached_fd(ino)
+            return self.inodes.fd(ino).ok();
         }
+        let cached = self.inodes.cached_fd(ino);
+        if cached.is_none() && self.bases.is_none() && kind == Some(libc::S_IFREG) {
+            // Resolved into the cache only; a failure (the host removed it) changes
+            // nothing: the unlink answers as before.
+            let _ = self.inodes.fd(ino);
+        }
+        cached
     }
 
     /// The answer for a directory the host calls not empty (ENOTEMPTY, or EEXIST on some
