@@ -882,11 +882,17 @@ grp_write() {
     timed untar "$t" "$TP/$s" "tar -xf $DATA/src.tar" &&
         { [[ $(find "$TP/$s/srctree" -type f | wc -l) == "$TAR_FILES" ]] || err "round $ROUND $t untar: wrong file count"; }
     sync
-    timed rmrf "$t" "$TP/$s" 'rm -rf srctree' '[[ ! -e srctree ]]'
+    timed rmrf "$t" "$TP/$s" 'rm -rf srctree' "[[ ! -e $TP/$s/srctree ]]"
     # The same tree made on the host (untimed, beside the mount), then removed through it:
     # names the mount never looked up, files whose blocks the host frees at the unlink.
-    tar -xf "$DATA/src.tar" -C "$SRC/$s" && sync
-    timed rmrf_host "$t" "$TP/$s" 'rm -rf srctree' '[[ ! -e srctree ]]'
+    # Timed only when the host has the whole tree and the mount shows it (one LOOKUP).
+    rm -rf "${SRC:?}/$s/srctree"
+    if tar -xf "$DATA/src.tar" -C "$SRC/$s" && sync &&
+        [[ $(find "$SRC/$s/srctree" -type f | wc -l) == "$TAR_FILES" && -d $TP/$s/srctree ]]; then
+        timed rmrf_host "$t" "$TP/$s" 'rm -rf srctree' "[[ ! -e $TP/$s/srctree ]]"
+    else
+        fail_rows "$t" "the tree made on the host is not whole, or not shown by the mount" rmrf_host
+    fi
     unmount_current
     rm -rf "${SRC:?}/$s"
 }

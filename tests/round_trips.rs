@@ -489,8 +489,38 @@ fn removed_files_are_freed_after_the_forget_and_no_descriptor_stays() {
     // Removing again: ENOENT, as before.
     let e = std::fs::remove_file(m.mnt("keep/open.txt")).expect_err("a second unlink");
     assert_eq!(e.raw_os_error(), Some(libc::ENOENT));
-    // The kernel forgets what it dropped: nothing deleted stays open in the daemon.
+    // A file held through the mount by an O_PATH descriptor (no OPEN: the daemon holds no
+    // handle for it) and removed: the daemon keeps exactly that one deleted file open
+    // while the kernel holds its inode (the host frees it later, off the unlink), and
+    // closes it once the kernel forgets the inode.
     let pid = m.pid();
+    put(&m.host("held/big.bin"), &[b'y'; 70_000], 0o644);
+    let held = {
+        use std::os::unix::fs::OpenOptionsExt;
+        std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_PATH)
+            .open(m.mnt("held/big.bin"))
+            .expect("O_PATH open through the mount")
+    };
+    // The tree's FORGETs come in batches: wait until they are all handled.
+    assert!(
+        eventually(std::time::Duration::from_secs(10), || deleted_fds(pid)
+            .is_empty()),
+        "descriptors of the removed tree still held: {:?}",
+        deleted_fds(pid)
+    );
+    std::fs::remove_file(m.mnt("held/big.bin")).expect("unlink through the mount");
+    assert!(!m.host("held/big.bin").exists());
+    let one = deleted_fds(pid);
+    assert_eq!(
+        one.len(),
+        1,
+        "the removed file's handle, held until the FORGET: {one:?}"
+    );
+    assert!(one[0].contains("big.bin"), "{one:?}");
+    drop(held);
+    // The kernel forgets what it dropped: nothing deleted stays open in the daemon.
     assert!(
         eventually(std::time::Duration::from_secs(10), || deleted_fds(pid)
             .is_empty()),

@@ -20,11 +20,13 @@
 //! - Bounded: two fixed tables per layer (directories, files), set-associative, each
 //!   path at most [`INLINE`] bytes (a longer one is decided without the memo); one
 //!   allocation each, made at the first answer. The lock is held only to look or to store
-//!   (a hash of the path, a scan of one set, a copy of the path), never while globs are
-//!   matched. The hash is std's, keyed at random per process: a caller cannot aim its
-//!   paths at another's set (and filling a set only makes answers be computed again).
+//!   (a scan of one set, a copy of the path; the hash is taken before), never while globs
+//!   are matched.
 //! - An entry is keyed by the caller: one caller's requests never find another's, so
-//!   no timing tells a caller which paths someone else has touched.
+//!   no timing tells a caller which paths someone else has touched. The set an entry
+//!   lands in is a hash of the caller and the path under a key drawn at random per
+//!   process: a caller that fills sets and watches its own entries go learns that someone
+//!   decided something, never which path (no prime-and-probe on another's paths).
 
 use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -178,7 +180,6 @@ impl Table {
 /// The answers kept: directories and files apart, so the thousands of files a cold walk
 /// decides never push out the directories a warm pass decides again.
 struct Memo {
-    hasher: RandomState,
     dirs: Table,
     files: Table,
 }
@@ -186,7 +187,6 @@ struct Memo {
 impl Default for Memo {
     fn default() -> Memo {
         Memo {
-            hasher: RandomState::new(),
             dirs: Table::new(DIR_SETS),
             files: Table::new(FILE_SETS),
         }
@@ -194,33 +194,48 @@ impl Default for Memo {
 }
 
 impl Memo {
-    fn table(&mut self, k: &Key<'_>) -> (u64, &mut Table) {
-        let h = self.hasher.hash_one(k.path);
-        (
-            h,
-            if k.is_dir {
-                &mut self.dirs
-            } else {
-                &mut self.files
-            },
-        )
-    }
-
-    fn find(&mut self, k: &Key<'_>) -> Option<&mut Slot> {
-        let (h, t) = self.table(k);
-        t.find(h, k)
-    }
-
-    fn insert(&mut self, k: &Key<'_>, grant: (Access, By), ceiling: Option<Access>) {
-        let (h, t) = self.table(k);
-        t.insert(h, k, grant, ceiling);
+    fn table(&mut self, k: &Key<'_>) -> &mut Table {
+        if k.is_dir {
+            &mut self.dirs
+        } else {
+            &mut self.files
+        }
     }
 }
 
 /// One layer's memo, shared by every thread deciding with it. A clone (a layer copied to
 /// be changed) starts empty; its id is fresh anyway.
 #[derive(Default)]
-pub(crate) struct Shared(Mutex<Memo>);
+pub(crate) struct Shared {
+    /// Keyed at random per process. The set an answer lands in is a hash of the caller
+    /// and the path: a caller learns where its own answers land, never another's, so
+    /// filling a set and watching its own answers go tells it nothing of which paths
+    /// someone else decided.
+    hasher: RandomState,
+    tables: Mutex<Memo>,
+}
+
+impl Shared {
+    fn hash(&self, k: &Key<'_>) -> u64 {
+        self.hasher.hash_one((k.caller, k.path))
+    }
+
+    fn find(&self, h: u64, k: &Key<'_>) -> Option<(Access, By, Option<Access>)> {
+        let mut m = self.tables.lock();
+        let s = m.table(k).find(h, k)?;
+        Some((s.grant.0, s.grant.1, s.ceiling))
+    }
+
+    fn insert(&self, h: u64, k: &Key<'_>, grant: (Access, By), ceiling: Option<Access>) {
+        self.tables.lock().table(k).insert(h, k, grant, ceiling);
+    }
+
+    fn set_ceiling(&self, h: u64, k: &Key<'_>, c: Access) {
+        if let Some(s) = self.tables.lock().table(k).find(h, k) {
+            s.ceiling = Some(c);
+        }
+    }
+}
 
 impl Clone for Shared {
     fn clone(&self) -> Shared {
@@ -253,22 +268,20 @@ pub(super) fn decided(
         };
         return (g.0, g.1, c);
     }
-    // Nothing is computed while the memo is locked.
-    let hit = memo.0.lock().find(k).map(|e| (e.grant, e.ceiling));
-    match hit {
-        Some((g, _)) if !wants_ceiling(g.0) => (g.0, g.1, Access::Read),
-        Some((g, Some(c))) => (g.0, g.1, c),
-        Some((g, None)) => {
+    // Hashed once, unlocked; nothing is computed while the memo is locked.
+    let h = memo.hash(k);
+    match memo.find(h, k) {
+        Some((g, b, _)) if !wants_ceiling(g) => (g, b, Access::Read),
+        Some((g, b, Some(c))) => (g, b, c),
+        Some((g, b, None)) => {
             let c = ceiling();
-            if let Some(e) = memo.0.lock().find(k) {
-                e.ceiling = Some(c);
-            }
-            (g.0, g.1, c)
+            memo.set_ceiling(h, k, c);
+            (g, b, c)
         }
         None => {
             let g = grant();
             let c = wants_ceiling(g.0).then(ceiling);
-            memo.0.lock().insert(k, g, c);
+            memo.insert(h, k, g, c);
             (g.0, g.1, c.unwrap_or(Access::Read))
         }
     }
@@ -360,7 +373,7 @@ mod tests {
             assert_eq!(again.0, Access::Read);
         }
         {
-            let memo = m.0.lock();
+            let memo = m.tables.lock();
             assert_eq!(memo.files.slots.len(), FILE_SETS * WAYS);
             assert_eq!(memo.dirs.slots.len(), DIR_SETS * WAYS);
         }
@@ -404,5 +417,49 @@ mod tests {
         let copy = m.clone();
         let other = (Access::None, By::Default);
         assert_eq!(ask(&copy, &key(&a, 5, b"t/u"), other, None).0, Access::None);
+    }
+
+    /// Within one set, only the exact path answers: not its prefix, not a longer path
+    /// starting with it, not another path of the same length.
+    #[test]
+    fn one_set_tells_paths_apart() {
+        let a = MemoId::fresh();
+        let mut t = Table::new(1);
+        let g = (Access::Write, By::Rule(7));
+        t.insert(42, &key(&a, 1, b"x/y"), g, None);
+        for other in [&b"x"[..], b"x/y/z", b"x/z", b"x/", b""] {
+            assert!(t.find(42, &key(&a, 1, other)).is_none(), "{other:?}");
+        }
+        assert_eq!(t.find(42, &key(&a, 1, b"x/y")).map(|s| s.grant), Some(g));
+        // The others in the same set, each answered alone; the first stays in.
+        let n = (Access::None, By::Default);
+        t.insert(42, &key(&a, 1, b"x"), n, None);
+        t.insert(42, &key(&a, 1, b"x/y/z"), n, None);
+        t.insert(42, &key(&a, 1, b"x/z"), n, None);
+        assert_eq!(t.find(42, &key(&a, 1, b"x/y")).map(|s| s.grant), Some(g));
+        assert_eq!(t.find(42, &key(&a, 1, b"x")).map(|s| s.grant), Some(n));
+        // A fifth pushes out the oldest of the four.
+        t.insert(42, &key(&a, 1, b"w"), n, None);
+        assert!(t.find(42, &key(&a, 1, b"x/y")).is_none());
+    }
+
+    /// Nothing is computed under the lock: a grant that itself asks the memo (another
+    /// path) does not deadlock.
+    #[test]
+    fn computes_unlocked() {
+        let m = Shared::default();
+        let a = MemoId::fresh();
+        let inner = (Access::Read, By::Default);
+        let got = decided(
+            &m,
+            &key(&a, 3, b"outer"),
+            || {
+                ask(&m, &key(&a, 3, b"inner"), inner, None);
+                (Access::Write, By::Default)
+            },
+            |_| true,
+            || decided(&m, &key(&a, 3, b"inner"), never, |_| false, || Access::Read).0,
+        );
+        assert_eq!(got, (Access::Write, By::Default, Access::Read));
     }
 }

@@ -628,7 +628,8 @@ impl Shared {
         }
         let src = self.inodes.child(parent, name.bytes());
         let dst = self.inodes.child(newparent, newname.bytes());
-        let dst_pin = dst.and_then(|i| self.pin_handle(i));
+        // An exchange keeps both names: nothing is removed, nothing to pin.
+        let dst_pin = dst.filter(|_| !exchange).and_then(|i| self.pin_handle(i));
         let notes = [
             self.note_name(&old, parent, name, true),
             self.note_name(&new, newparent, newname, true),
