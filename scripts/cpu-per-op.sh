@@ -31,7 +31,9 @@
 #            the clone's wall ms through the mount, against its wall ms on the image itself
 # -u UID: the workloads run as UID (its files, created as the caller: setfsuid).
 # Prints µs of daemon CPU per file, the median of ROUNDS (default 3). With PROFILE=DIR,
-# each run is also recorded (`perf record -g`) to DIR/TARGET-WORKLOAD.data.
+# each run is also recorded (`perf record -g`; PERF_ARGS replaces `-g`, e.g.
+# PERF_ARGS="-e cpu-clock:u --call-graph dwarf"; PERF_FREQ sets -F) to
+# DIR/TARGET-WORKLOAD.data.
 # -x: the daemon's context switches per file instead (perf's context-switches event,
 # every thread): each is a sleep and a wake-up of a daemon thread.
 # -s: the daemon's syscalls per file instead (`strace -c -f -p`, every thread; strace

@@ -520,6 +520,34 @@ fn removed_files_are_freed_after_the_forget_and_no_descriptor_stays() {
     );
     assert!(one[0].contains("big.bin"), "{one:?}");
     drop(held);
+    assert!(
+        eventually(std::time::Duration::from_secs(10), || deleted_fds(pid)
+            .is_empty()),
+        "the unlinked file is still held after its FORGET: {:?}",
+        deleted_fds(pid)
+    );
+    // The same for a file a rename replaces (the editor's save): the old file is freed
+    // after the answer, the new one is in place, and its content is the new one.
+    put(&m.host("held/dst.bin"), &[b'z'; 70_000], 0o644);
+    let held = {
+        use std::os::unix::fs::OpenOptionsExt;
+        std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_PATH)
+            .open(m.mnt("held/dst.bin"))
+            .expect("O_PATH open through the mount")
+    };
+    std::fs::write(m.mnt("held/new.tmp"), b"saved\n").expect("write through the mount");
+    std::fs::rename(m.mnt("held/new.tmp"), m.mnt("held/dst.bin")).expect("rename over");
+    assert_eq!(std::fs::read(m.host("held/dst.bin")).unwrap(), b"saved\n");
+    let one = deleted_fds(pid);
+    assert_eq!(
+        one.len(),
+        1,
+        "the replaced file's handle, held until the FORGET: {one:?}"
+    );
+    assert!(one[0].contains("dst.bin"), "{one:?}");
+    drop(held);
     // The kernel forgets what it dropped: nothing deleted stays open in the daemon.
     assert!(
         eventually(std::time::Duration::from_secs(10), || deleted_fds(pid)
