@@ -885,11 +885,14 @@ grp_write() {
     timed rmrf "$t" "$TP/$s" 'rm -rf srctree' "[[ ! -e $TP/$s/srctree ]]"
     # The same tree made on the host (untimed, beside the mount), then removed through it:
     # names the mount never looked up, files whose blocks the host frees at the unlink.
-    # Timed only when the host has the whole tree and the mount shows it (one LOOKUP).
-    rm -rf "${SRC:?}/$s/srctree"
-    if tar -xf "$DATA/src.tar" -C "$SRC/$s" && sync &&
-        [[ $(find "$SRC/$s/srctree" -type f | wc -l) == "$TAR_FILES" && -d $TP/$s/srctree ]]; then
-        timed rmrf_host "$t" "$TP/$s" 'rm -rf srctree' "[[ ! -e $TP/$s/srctree ]]"
+    # Under a name the mount never looked up (a peer caching the negative entry of the
+    # removed srctree would not show a new one). Timed only when the host has the whole
+    # tree and the mount shows it (one LOOKUP).
+    rm -rf "${SRC:?}/$s/srctree" "${SRC:?}/$s/host"
+    if mkdir "$SRC/$s/host" && tar -xf "$DATA/src.tar" -C "$SRC/$s/host" && sync &&
+        [[ $(find "$SRC/$s/host/srctree" -type f | wc -l) == "$TAR_FILES" &&
+            -d $TP/$s/host/srctree ]]; then
+        timed rmrf_host "$t" "$TP/$s" 'rm -rf host/srctree' "[[ ! -e $TP/$s/host/srctree ]]"
     else
         fail_rows "$t" "the tree made on the host is not whole, or not shown by the mount" rmrf_host
     fi
