@@ -17,15 +17,19 @@ use common::*;
 
 type Line = serde_json::Value;
 
-/// Every line of `p` as JSON. A file that does not exist has no lines: during a rotation
-/// FILE is renamed to FILE.1 an instant before the fresh FILE is created.
+/// Every complete line of `p` as JSON. A file that does not exist has no lines: during a
+/// rotation FILE is renamed to FILE.1 an instant before the fresh FILE is created. A last
+/// line without its newline is one the daemon is still appending (read while polling):
+/// not a line yet.
 fn parse_lines(p: &Path) -> Vec<Line> {
     let text = match fs::read_to_string(p) {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
         Err(e) => panic!("read {}: {e}", p.display()),
     };
-    text.lines()
+    let complete = &text[..text.rfind('\n').map_or(0, |i| i + 1)];
+    complete
+        .lines()
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l:?}")))
         .collect()
 }
@@ -215,6 +219,8 @@ fn distinct_refusals_rotate_the_file_and_keep_only_n_old_ones() {
     let mut sizes = vec![];
     for p in &files {
         let text = fs::read_to_string(p).unwrap();
+        // Every line whole once the daemon is quiet (`parse_lines` skips a partial tail).
+        assert!(text.ends_with('\n'), "{}: a partial last line", p.display());
         longest = longest.max(text.lines().map(|l| l.len() as u64 + 1).max().unwrap_or(0));
         sizes.push(text.len() as u64);
         let lines = parse_lines(p);
