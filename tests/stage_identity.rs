@@ -125,6 +125,38 @@ fn deleting_a_file_the_host_replaced_is_a_conflict() {
     assert!(!m.host("b.txt").exists());
 }
 
+/// The record of a staged copy goes on to the whiteout its deletion leaves (read from the
+/// deleted copy after the unlink, not before it): a host edit after the agent's change
+/// stays a conflict once the agent deletes the file, and the host's bytes survive apply.
+#[test]
+fn deleting_a_staged_copy_after_a_host_edit_is_a_conflict() {
+    let (mut m, dir) = staged("stage-id-delete-staged", WRITE, |src| {
+        put(&src.join("a.txt"), b"one\n", 0o644);
+        put(&src.join("b.txt"), b"two\n", 0o644);
+        put(&src.join("c.txt"), b"three\n", 0o644);
+    });
+    m.sh("echo agent >> a.txt && echo agent >> b.txt && echo new > d.txt")
+        .assert_ok("stage a, b and a new d");
+    std::thread::sleep(Duration::from_millis(30));
+    // a.txt: edited in place on the host after the agent's change; c.txt never staged.
+    fs::write(m.host("a.txt"), b"one\nhost\n").unwrap();
+    m.sh("rm a.txt b.txt c.txt d.txt").assert_ok("rm");
+    stop(&mut m);
+    assert_eq!(
+        stage(&["status"], &dir).stdout,
+        "CD a.txt\nD b.txt\nD c.txt\n"
+    );
+    let a = stage(&["apply"], &dir);
+    a.assert_fail("the conflict is refused");
+    assert!(
+        a.stdout.contains("refused CD a.txt: conflict"),
+        "{}",
+        a.stdout
+    );
+    assert_eq!(fs::read(m.host("a.txt")).unwrap(), b"one\nhost\n");
+    assert!(!m.host("b.txt").exists() && !m.host("c.txt").exists());
+    assert!(!m.host("d.txt").exists());
+}
 #[test]
 fn a_refused_directory_rename_keeps_what_it_carried() {
     let policy = "mode = \"workspace-write\"\ndefault = \"write\"\n\

@@ -9,7 +9,10 @@
 //! [`XATTR`]. An entry that replaces a staged one (a rename over it: `sed -i`; a create
 //! over a whiteout) takes over the replaced entry's record, so a rewrite by rename keeps
 //! the base of the file it rewrote. A path already staged in a sealed checkpoint layer
-//! hands that layer's record on to its copy in the live upper.
+//! hands that layer's record on to its copy in the live upper. The replaced entry's record
+//! is read from the entry itself (held open) after the change, and only when something
+//! stands at the path then: an unlink of a file the agent made leaves nothing there and
+//! reads no xattr.
 //!
 //! A change is then a conflict when SOURCE's object at the path is not the recorded one
 //! (the host replaced it by rename, as editors and `git checkout` do, or deleted it — also
@@ -169,21 +172,50 @@ fn of_entry(fd: BorrowedFd<'_>, st: &libc::stat) -> Option<Base> {
     read(fd)
 }
 
-/// What to record once a change went through: `base` onto the staged entry at `path`.
+/// What to record once a change went through: `rec` onto the staged entry at `path`.
 #[derive(Debug)]
 pub struct Pending {
     path: Vec<u8>,
-    base: Base,
+    rec: Rec,
+}
+
+/// The record a [`Pending`] carries.
+#[derive(Debug)]
+enum Rec {
+    /// Known when the change was noted.
+    Known(Base),
+    /// The record of the staged entry the change replaces (held, with its attributes),
+    /// read only when something stands at the path after the change: an unlink of a file
+    /// the agent made, which leaves no whiteout, reads no xattr at all.
+    Of(OwnedFd, libc::stat),
+}
+
+impl Rec {
+    /// The record itself (`None`: the replaced entry carries none).
+    fn base(&self) -> Option<Base> {
+        match self {
+            Rec::Known(b) => Some(b.clone()),
+            Rec::Of(fd, st) => of_entry(fd.as_fd(), st),
+        }
+    }
 }
 
 impl Pending {
     /// The same record for the entry a rename moves to `path` (a name nothing stood at:
-    /// the moved entry is still built on what it was made from, at its old path).
-    pub fn moved_to(&self, path: &[u8]) -> Pending {
-        Pending {
+    /// the moved entry is still built on what it was made from, at its old path). `None`:
+    /// there is no record to carry.
+    pub fn moved_to(&self, path: &[u8]) -> Option<Pending> {
+        let rec = match &self.rec {
+            Rec::Known(b) => Rec::Known(b.clone()),
+            Rec::Of(fd, st) => match fd.try_clone() {
+                Ok(fd) => Rec::Of(fd, *st),
+                Err(_) => Rec::Known(self.rec.base()?),
+            },
+        };
+        Some(Pending {
             path: path.to_vec(),
-            base: self.base.clone(),
-        }
+            rec,
+        })
     }
 }
 
@@ -283,9 +315,9 @@ impl Bases {
             );
             None
         })
-        .map(|base| Pending {
+        .map(|rec| Pending {
             path: path.to_vec(),
-            base,
+            rec,
         })
     }
 
@@ -306,15 +338,23 @@ impl Bases {
         replaces: bool,
         at: UpperDir<'_>,
         below: Below<'_>,
-    ) -> io::Result<Option<Base>> {
-        // Staged already: its record stays where it is unless the entry is replaced.
+    ) -> io::Result<Option<Rec>> {
+        // Staged already: its record stays where it is unless the entry is replaced (then
+        // read once something stands at the path again).
         match at {
-            UpperDir::Entry(fd, st) => return Ok(replaces.then(|| of_entry(fd, &st)).flatten()),
+            UpperDir::Entry(fd, st) if replaces => {
+                return Ok(match fd.try_clone_to_owned() {
+                    Ok(fd) => Some(Rec::Of(fd, st)),
+                    Err(_) => of_entry(fd, &st).map(Rec::Known),
+                });
+            }
+            UpperDir::Entry(..) => return Ok(None),
             _ => {
                 if let Some(n) = self.staged(path, at)? {
                     return Ok(replaces
                         .then(|| of(&n).or_else(|| Base::deleted(&n.st, path)))
-                        .flatten());
+                        .flatten()
+                        .map(Rec::Known));
                 }
             }
         }
@@ -329,7 +369,7 @@ impl Bases {
             Below::Source => {}
             Below::Sealed(fd, st) => {
                 self.reads.lock().take(path);
-                return Ok(of_entry(fd, &st));
+                return Ok(of_entry(fd, &st).map(Rec::Known));
             }
             Below::Unknown => {
                 for l in super::layers::open_layers(&self.dir)
@@ -339,7 +379,7 @@ impl Bases {
                 {
                     if let Some(n) = Layer::new(l)?.get(path)? {
                         self.reads.lock().take(path);
-                        return Ok(of(&n));
+                        return Ok(of(&n).map(Rec::Known));
                     }
                 }
             }
@@ -347,16 +387,18 @@ impl Bases {
         // Read before: the change is built on what was read (another object than the one
         // shown now when the host replaced it meanwhile: a conflict).
         if let Some(r) = self.reads.lock().take(path) {
-            return Ok(Some(r));
+            return Ok(Some(Rec::Known(r)));
         }
-        Ok(Some(Base::now(ino, btime, path)))
+        Ok(Some(Rec::Known(Base::now(ino, btime, path))))
     }
 
     /// A change noted by [`Bases::before`] did not happen (the kernel repeats it on
     /// another node, or it failed): what it was built on stays what the path's next
     /// change is built on, as a read of it.
     pub fn unnoted(&self, p: Pending) {
-        self.reads.lock().put(p.base);
+        if let Some(b) = p.rec.base() {
+            self.reads.lock().put(b);
+        }
     }
 
     /// Records `p` on the staged entry now at its path (a non-directory), replacing what
@@ -366,21 +408,30 @@ impl Bases {
             let Some(n) = self.staged(&p.path, at)? else {
                 return Ok(());
             };
-            if kind(&n.st) == libc::S_IFDIR || of(&n).as_ref() == Some(&p.base) {
+            if kind(&n.st) == libc::S_IFDIR {
                 return Ok(());
             }
-            if kind(&n.st) == libc::S_IFCHR && n.st.st_rdev == 0 && n.st.st_nlink > 1 {
+            let Some(base) = p.rec.base() else {
+                return Ok(());
+            };
+            // A whiteout is the change's own (an unlink's, a rename's old name): it carries
+            // no record yet, so none is read to compare.
+            let whiteout = kind(&n.st) == libc::S_IFCHR && n.st.st_rdev == 0;
+            if whiteout && n.st.st_nlink > 1 {
                 let (parent, _) = super::tree::split(&p.path);
                 return match at {
-                    UpperDir::Parent(Some(d)) => private_whiteout(d, &p),
+                    UpperDir::Parent(Some(d)) => private_whiteout(d, &p.path, &base),
                     UpperDir::Entry(..) => Ok(()),
                     _ => match self.upper()?.dir(parent)? {
-                        Some(d) => private_whiteout(d.fd.as_fd(), &p),
+                        Some(d) => private_whiteout(d.fd.as_fd(), &p.path, &base),
                         None => Ok(()),
                     },
                 };
             }
-            sys::setxattr_fd(n.fd.as_fd(), &xattr_name(), &p.base.encode(), 0)
+            if !whiteout && of(&n).as_ref() == Some(&base) {
+                return Ok(());
+            }
+            sys::setxattr_fd(n.fd.as_fd(), &xattr_name(), &base.encode(), 0)
         })();
         if let Err(e) = r {
             log::warn!(
@@ -429,11 +480,11 @@ fn child(dir: BorrowedFd<'_>, name: &[u8]) -> io::Result<Option<Node>> {
 }
 
 /// overlayfs makes its whiteouts as hard links of one shared inode, so a record cannot
-/// go on one: the whiteout at `p.path` (in the upper directory `dir`) is replaced by a
+/// go on one: the whiteout at `path` (in the upper directory `dir`) is replaced by a
 /// private one (a 0/0 character device, as overlayfs's own) carrying the record, renamed
 /// over it in one step.
-fn private_whiteout(dir: BorrowedFd<'_>, p: &Pending) -> io::Result<()> {
-    let (_, last) = super::tree::split(&p.path);
+fn private_whiteout(dir: BorrowedFd<'_>, path: &[u8], base: &Base) -> io::Result<()> {
+    let (_, last) = super::tree::split(path);
     // The `O_PATH` handle serves the *at calls (no read open: outside the workers'
     // Landlock rights on DIR).
     static SEQ: AtomicU64 = AtomicU64::new(0);
@@ -451,7 +502,7 @@ fn private_whiteout(dir: BorrowedFd<'_>, p: &Pending) -> io::Result<()> {
     };
     let done = (|| {
         let fd = sys::open_path(dir, &tmp)?;
-        sys::setxattr_fd(fd.as_fd(), &xattr_name(), &p.base.encode(), 0)?;
+        sys::setxattr_fd(fd.as_fd(), &xattr_name(), &base.encode(), 0)?;
         sys::renameat2(dir, &tmp, dir, &Name::new(last)?, 0)
     })();
     if done.is_err() {

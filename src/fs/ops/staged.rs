@@ -35,7 +35,7 @@ impl Noted {
     /// The same record for the entry a rename moved to `path` in directory `parent`.
     pub fn moved_to(&self, path: &[u8], parent: u64) -> Noted {
         Noted {
-            p: self.p.as_ref().map(|p| p.moved_to(path)),
+            p: self.p.as_ref().and_then(|p| p.moved_to(path)),
             parent,
             bases: self.bases.clone(),
         }
