@@ -538,14 +538,19 @@ impl Shared {
         } else {
             self.note_peeked(&path, parent, true, seen.as_ref())
         };
-        if let Err(e) = self.inodes.remove_seen(parent, name, dir, seen) {
-            return Err(if dir {
-                self.not_empty(ctx, op, &path, &v, parent, name, e)
-            } else {
-                e.into()
-            });
+        match self.inodes.remove_seen(parent, name, dir, seen) {
+            // A whiteout of the merged view carries the removed entry's record on; nothing
+            // else stands there.
+            Ok(false) if self.inodes.union().is_some() => self.noted_nothing(note),
+            Ok(_) => self.noted(note),
+            Err(e) => {
+                return Err(if dir {
+                    self.not_empty(ctx, op, &path, &v, parent, name, e)
+                } else {
+                    e.into()
+                });
+            }
         }
-        self.noted(note);
         self.inodes.remove_alias(parent, name.bytes(), &path, pin);
         if !dir {
             self.provisional_gone(ctx, &path, true);

@@ -152,6 +152,14 @@ impl Shared {
         }
     }
 
+    /// After a change that went through and left nothing at the path (an unlink with no
+    /// whiteout): there is nothing to record on, and nothing goes back as a read.
+    pub(super) fn noted_nothing(&self, n: Note) {
+        if let Some(mut n) = n {
+            n.p = None;
+        }
+    }
+
     /// The handle to change node `ino` through: on a staged mount served by the daemon,
     /// its upper copy (`host::inode::merged`). When the copy had to become a new node
     /// (files are open on this one), `note` is recorded on it now and the answer is

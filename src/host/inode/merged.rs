@@ -449,25 +449,26 @@ impl Inodes {
     /// Removes `parent/name` (`dir`: a directory). Returns the parent's handle (the one
     /// changed) for the caller's messages.
     pub fn remove_name(&self, parent: u64, name: &Name, dir: bool) -> io::Result<()> {
-        self.remove_seen(parent, name, dir, None)
+        self.remove_seen(parent, name, dir, None).map(|_| ())
     }
 
     /// [`Inodes::remove_name`] of a name the same request looked up just before with
     /// [`Inodes::peek_entry`] (a staged unlink notes the entry first): the removal acts on that
     /// finding instead of looking the name up again — as it would on a second look a
     /// moment later; a lower layer's entry is looked up again under the names lock all
-    /// the same (`union::remove`).
+    /// the same (`union::remove`). Returns whether a whiteout stands at the name now
+    /// (never on an unstaged mount).
     pub fn remove_seen(
         &self,
         parent: u64,
         name: &Name,
         dir: bool,
         seen: Option<Peek>,
-    ) -> io::Result<()> {
+    ) -> io::Result<bool> {
         let Some(u) = self.union() else {
             let pfd = self.fd(parent)?;
             let flags = if dir { libc::AT_REMOVEDIR } else { 0 };
-            return sys::unlinkat(pfd.as_fd(), name, flags);
+            return sys::unlinkat(pfd.as_fd(), name, flags).map(|()| false);
         };
         let seen = seen.and_then(|p| {
             let (layer, stack) = p.merged?;

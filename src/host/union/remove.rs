@@ -22,14 +22,14 @@ impl Union {
     /// Removes `name` (found as `f`) from merged directory `parent` (upper part `up`):
     /// the upper's entry goes, and a whiteout stands where a lower layer shows the name —
     /// in one step. A directory must show nothing (`ENOTEMPTY`); the whiteouts in its
-    /// upper part go with it.
+    /// upper part go with it. Returns whether a whiteout stands at the name now.
     pub fn remove(
         &self,
         parent: &Stack,
         up: BorrowedFd<'_>,
         name: &Name,
         f: &Found,
-    ) -> io::Result<()> {
+    ) -> io::Result<bool> {
         let _g = self.names.lock();
         // Found again under the lock when it was a lower layer's: a copy-up of the name
         // may have landed since `f` was found (then it is the copy that goes; a whiteout
@@ -57,9 +57,9 @@ impl Union {
         if f.layer != 0 {
             // Nothing of it in the upper: one mknod hides it.
             return if lower {
-                self.whiteout(up, name)
+                self.whiteout(up, name).map(|()| true)
             } else {
-                Ok(())
+                Ok(false)
             };
         }
         // A stack cached for a directory with lower parts (a process's cwd) must not
@@ -67,7 +67,7 @@ impl Union {
         let has_lower = f.stack.as_ref().is_some_and(Stack::has_lower);
         if !lower {
             if !dir {
-                return sys::unlinkat(up, name, 0);
+                return sys::unlinkat(up, name, 0).map(|()| false);
             }
             // An empty directory goes in one rmdir; one holding whiteouts, through work.
             match sys::unlinkat(up, name, libc::AT_REMOVEDIR) {
@@ -75,7 +75,7 @@ impl Union {
                     if has_lower {
                         self.bump();
                     }
-                    return Ok(());
+                    return Ok(false);
                 }
                 Err(e) if matches!(e.raw_os_error(), Some(libc::ENOTEMPTY | libc::EEXIST)) => {}
                 Err(e) => return Err(e),
@@ -94,14 +94,14 @@ impl Union {
             if let Err(e) = sys::unlinkat(work, &tmp, 0) {
                 log::warn!("stage: deleting a removed file from the work directory: {e}");
             }
-            return Ok(());
+            return Ok(lower);
         }
         if let Err(e) = self.delete_dir(work, &tmp) {
             // Something was made in it meanwhile: it stays, with what it holds.
             self.put_back(up, name, &tmp, lower.then_some(0));
             return Err(e);
         }
-        Ok(())
+        Ok(lower)
     }
 
     /// Moves upper entry `up/name` to `DIR/work/tmp`, leaving a whiteout in its place if
