@@ -653,3 +653,37 @@ fn without_ids(mut v: serde_json::Value) -> serde_json::Value {
     }
     v
 }
+
+/// A file made through a staged mount keeps its handle in the daemon once made (the
+/// first write's `security.capability` question then needs no lookup through the
+/// layers): after a bare create and close, the daemon holds the staged file; the file
+/// then takes writes, and the host stays untouched.
+#[test]
+fn a_file_made_on_a_staged_mount_keeps_its_handle() {
+    let (mut m, dir) = staged("stage-made-handle", WRITE, |src| {
+        put(&src.join("a.txt"), b"a\n", 0o644);
+    });
+    drop(
+        fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(m.mnt("made.txt"))
+            .unwrap(),
+    );
+    let upper = dir.join("upper").join("made.txt");
+    let pid = m.pid();
+    let held = || {
+        fs::read_dir(format!("/proc/{pid}/fd"))
+            .unwrap()
+            .filter_map(|e| fs::read_link(e.ok()?.path()).ok())
+            .filter(|t| *t == upper)
+            .count()
+    };
+    // (The open file itself goes at the RELEASE, which may follow the close.)
+    eventually(Duration::from_secs(10), || held() == 1);
+    assert_eq!(held(), 1, "the daemon holds the made file's handle once");
+    m.sh("echo x >> made.txt").assert_ok("write");
+    assert_eq!(fs::read(m.mnt("made.txt")).unwrap(), b"x\n");
+    assert!(!m.host("made.txt").exists());
+    stop(&mut m);
+}

@@ -389,6 +389,16 @@ impl Inodes {
         self.paths(ino)?.into_iter().next().ok_or_else(enoent)
     }
 
+    /// Caches an `O_PATH` handle of node `ino`, reopened from `file`, an open descriptor
+    /// of exactly that object (a create's): the next request on the node finds it without
+    /// a lookup. Best effort (a failed reopen caches nothing).
+    pub fn cache_from(&self, ino: u64, file: std::os::fd::BorrowedFd<'_>) {
+        if let Ok(fd) = sys::reopen(self.proc_fd.as_fd(), file, libc::O_PATH) {
+            let evicted = self.fds.lock().put(ino, Arc::new(fd));
+            drop(evicted); // closed unlocked
+        }
+    }
+
     /// The `O_PATH` handle of a node, re-resolved from its parent when not cached.
     pub fn fd(&self, ino: u64) -> io::Result<Arc<OwnedFd>> {
         if ino == ROOT {

@@ -350,6 +350,11 @@ impl Shared {
         // an existing one may be below it).
         let at = if existed { Place::Source } else { Place::Upper };
         let ino = self.inodes.adopt(parent, name, &st, true, at);
+        // On a merged view, finding a node's handle again is a lookup through the layers:
+        // the first write's GETXATTR (`security.capability`) would pay it at once.
+        if !existed && self.inodes.union().is_some() {
+            self.inodes.cache_from(ino, file.as_fd());
+        }
         if existed && flags & libc::O_TRUNC != 0 && self.kills_setid(ctx) {
             self.kill_setid(ino, file.as_fd())?;
             st = sys::fstat(file.as_fd())?;
