@@ -66,18 +66,27 @@ impl PlusAdvisor {
         self.listings.fetch_add(1, Ordering::Relaxed) % PROBE != PROBE - 1
     }
 
-    /// `n` names of directory `dir` went out without attributes.
+    /// `n` names of directory `dir` went out without attributes. A listing of a directory
+    /// whose names went out plain before and are not looked up yet counts only the names
+    /// beyond those (`rm -rf` lists each directory twice before it removes a name: its
+    /// names are not twice as many names unread).
     pub fn sent_plain(&self, dir: u64, n: u32) {
         if n == 0 {
             return;
         }
-        {
+        let n = {
             let mut p = self.plain.lock();
             if p.len() >= MAX_DIRS && !p.contains_key(&dir) {
                 p.clear();
             }
-            *p.entry(dir).or_insert(0) += n;
+            let left = p.entry(dir).or_insert(0);
+            let new = n.saturating_sub(*left);
+            *left = (*left).max(n);
             self.tracking.store(true, Ordering::Relaxed);
+            new
+        };
+        if n == 0 {
+            return;
         }
         let sent = self.sent.fetch_add(n, Ordering::Relaxed) + n;
         if sent > WINDOW {
@@ -129,6 +138,32 @@ mod tests {
         }
         let wanted = (0..PROBE).filter(|_| a.attrs_wanted()).count() as u64;
         assert_eq!(wanted, PROBE - 1, "one listing in {PROBE} probes plain");
+    }
+
+    #[test]
+    fn a_directory_listed_again_before_its_names_are_looked_up_counts_once() {
+        let a = PlusAdvisor::default();
+        // `rm -rf`: each directory listed twice, then every name in it looked up once.
+        for d in 0..20 {
+            a.sent_plain(d, 25);
+            a.sent_plain(d, 25);
+            for _ in 0..25 {
+                a.looked_up(d);
+            }
+        }
+        assert!(
+            a.attrs_wanted(),
+            "a reader that looks up every name gets attributes"
+        );
+        // Listed again after some of its names were looked up: only the rest count anew.
+        let b = PlusAdvisor::default();
+        b.sent_plain(1, 10);
+        for _ in 0..4 {
+            b.looked_up(1);
+        }
+        b.sent_plain(1, 10);
+        assert_eq!(b.sent.load(Ordering::Relaxed), 14);
+        assert_eq!(*b.plain.lock().get(&1).unwrap(), 10);
     }
 
     #[test]
