@@ -556,3 +556,75 @@ fn removed_files_are_freed_after_the_forget_and_no_descriptor_stays() {
         deleted_fds(pid)
     );
 }
+
+/// The host directories the daemon holds open for reading (`O_PATH` handles left out).
+fn dirs_open_for_reading(pid: i32, under: &Path) -> Vec<String> {
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return Vec::new();
+    };
+    dir.flatten()
+        .filter_map(|e| {
+            let t = std::fs::read_link(e.path()).ok()?;
+            let info = std::fs::read_to_string(format!(
+                "/proc/{pid}/fdinfo/{}",
+                e.file_name().to_string_lossy()
+            ))
+            .ok()?;
+            let flags = info
+                .lines()
+                .find_map(|l| l.strip_prefix("flags:"))
+                .and_then(|v| u32::from_str_radix(v.trim(), 8).ok())?;
+            (t.starts_with(under) && t.is_dir() && flags & libc::O_PATH as u32 == 0)
+                .then(|| t.to_string_lossy().into_owned())
+        })
+        .collect()
+}
+
+/// An open directory costs the daemon no open descriptor until it is read: OPENDIR keeps
+/// the node's handle, and a listing opens the directory only while it is read. What a
+/// reader sees is unchanged: the entries, a rewind that lists again what is there now, and
+/// ENOENT from a directory removed while open — as on the host.
+#[test]
+fn an_open_directory_is_opened_on_the_host_only_while_it_is_listed() {
+    let b = Mount::builder("rt-opendir")
+        .policy("mode = \"workspace-write\"\ndefault = \"write\"\nwritable_roots = [\".\"]\n");
+    for i in 0..5 {
+        put(&b.host(format!("d/f{i}")), b"x", 0o644);
+    }
+    std::fs::create_dir_all(b.host("gone")).unwrap();
+    let m = b.start();
+    let (pid, src) = (m.pid(), m.host(""));
+    let list = |d: &mut std::fs::ReadDir| -> Vec<String> {
+        let mut v: Vec<String> = d
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    };
+    let mut d = std::fs::read_dir(m.mnt("d")).unwrap();
+    assert_eq!(
+        dirs_open_for_reading(pid, &src),
+        Vec::<String>::new(),
+        "an open directory not read yet holds nothing open"
+    );
+    assert_eq!(list(&mut d), ["f0", "f1", "f2", "f3", "f4"]);
+    assert!(dirs_open_for_reading(pid, &src).is_empty(), "nor once read");
+    // A rewind lists again what is there now.
+    put(&m.host("d/f5"), b"x", 0o644);
+    let mut again = std::fs::read_dir(m.mnt("d")).unwrap();
+    assert_eq!(list(&mut again).len(), 6);
+    // Removed while open, before its first read: ENOENT, as on the host.
+    let gone = std::ffi::CString::new(m.mnt("gone").into_os_string().into_encoded_bytes()).unwrap();
+    // SAFETY: a NUL-terminated path; the descriptor is closed below.
+    let fd = unsafe { libc::open(gone.as_ptr(), libc::O_RDONLY | libc::O_DIRECTORY) };
+    assert!(fd >= 0);
+    std::fs::remove_dir(m.mnt("gone")).unwrap();
+    let mut buf = vec![0u8; 4096];
+    // SAFETY: `buf` is writable for its length; `fd` is open.
+    let n = unsafe { libc::syscall(libc::SYS_getdents64, fd, buf.as_mut_ptr(), buf.len()) };
+    let e = std::io::Error::last_os_error().raw_os_error();
+    // SAFETY: `fd` is ours.
+    unsafe { libc::close(fd) };
+    assert_eq!((n, e), (-1, Some(libc::ENOENT)));
+    assert!(!m.host("gone").exists());
+}

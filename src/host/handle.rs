@@ -33,8 +33,13 @@ pub struct Handle {
     /// The node it was opened on.
     pub ino: u64,
     /// The open host file (a real fd, not `O_PATH`); `None` once the kernel holds it as a
-    /// passthrough backing file.
+    /// passthrough backing file, and for a directory (listed through [`Handle::node`]).
     pub file: Option<OwnedFd>,
+    /// For a directory: the node's `O_PATH` handle as OPENDIR found it (it holds the
+    /// handle's descriptor unit). The directory is opened for reading only when a listing
+    /// is read (the first READDIR, a rewind), and closed after it: a reader the kernel
+    /// answers from its cached listing (a warm `git status`, `find`) costs no open.
+    pub node: Option<Arc<OwnedFd>>,
     /// The caller that opened it (uid, gid, as the policy sees them). With `--revoke`, I/O
     /// the kernel does on its own (writeback of a shared map: no caller, uid 0) is
     /// re-decided for it.
@@ -188,7 +193,9 @@ impl Handles {
         self.map
             .read()
             .values()
-            .filter(|h| h.view == view && h.file.is_none() && h.pin.get().is_none())
+            .filter(|h| {
+                h.view == view && h.file.is_none() && h.node.is_none() && h.pin.get().is_none()
+            })
             .cloned()
             .collect()
     }

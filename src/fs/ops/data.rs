@@ -52,6 +52,7 @@ impl Shared {
             exec,
             fresh,
             append_only,
+            node: None,
             entries: None,
             slots,
             view: 0,
@@ -230,6 +231,10 @@ impl Shared {
         let fd = h.sync_fd(&self.handles.fds, || {
             if let Some(p) = h.pin.get() {
                 return sys::reopen(self.inodes.proc_fd.as_fd(), p.fd.as_fd(), read_or_write(&h));
+            }
+            // A directory: the object its OPENDIR found.
+            if let Some(n) = &h.node {
+                return sys::reopen(self.inodes.proc_fd.as_fd(), n.as_fd(), libc::O_RDONLY);
             }
             let node = self.inodes.fd(h.ino)?;
             sys::reopen(self.inodes.proc_fd.as_fd(), node.as_fd(), read_or_write(&h))

@@ -16,7 +16,7 @@ use crate::host::handle::{Handle, ListEntry};
 use crate::host::inode::ROOT;
 use crate::host::path::join;
 use crate::host::roots::Fence;
-use crate::host::sys::{self, Name};
+use crate::host::sys::Name;
 use crate::policy::{Access, Need, Special};
 
 impl Shared {
@@ -28,11 +28,12 @@ impl Shared {
         }
         let fd = self.inodes.fd(ino)?;
         let slots = self.handles.reserve(ctx.caller.uid, self.root_id(ino))?;
-        let file = sys::reopen_dir(self.inodes.proc_fd.as_fd(), fd.as_fd())?;
-        // The listing is read by the first readdir (and again on rewind), for its caller.
+        // The listing is read by the first readdir (and again on rewind), for its caller,
+        // through the node's handle kept here.
         Ok(self.handles.insert(Handle {
             ino,
-            file: Some(file),
+            file: None,
+            node: Some(fd),
             opener: (ctx.caller.uid, ctx.caller.gid),
             read: true,
             write: false,
@@ -47,10 +48,10 @@ impl Shared {
         }))
     }
 
-    fn list(&self, ctx: &Ctx, ino: u64, file: Option<&OwnedFd>) -> Res<Vec<ListEntry>> {
-        let file = file.ok_or(Error(libc::EBADF))?;
+    fn list(&self, ctx: &Ctx, ino: u64, node: Option<&Arc<OwnedFd>>) -> Res<Vec<ListEntry>> {
+        let node = node.ok_or(Error(libc::EBADF))?;
         let dir = self.inodes.path(ino)?;
-        let mut raw = self.inodes.list(ino, file)?;
+        let mut raw = self.inodes.list(ino, node.as_fd())?;
         let mut path = join(&dir, b"");
         let base = path.len();
         // A directory with a second name (`host/roots.rs`): entries hidden under it go too.
@@ -130,7 +131,7 @@ impl Shared {
         let listing = match &*cur {
             Some(l) if offset != 0 => l.clone(),
             _ => {
-                let fresh = Arc::new(self.list(ctx, h.ino, h.file.as_ref())?);
+                let fresh = Arc::new(self.list(ctx, h.ino, h.node.as_ref())?);
                 *cur = Some(fresh.clone());
                 fresh
             }

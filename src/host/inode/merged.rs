@@ -625,11 +625,12 @@ impl Inodes {
         sys::file_handle(part.fd.as_fd())
     }
 
-    /// The entries directory `ino` shows (merged), read from `file` when not staged.
-    pub fn list(&self, ino: u64, file: &OwnedFd) -> io::Result<Vec<DirEntry>> {
+    /// The entries directory `ino` shows (merged); not staged, its handle `node` opened
+    /// for this read (and closed after it).
+    pub fn list(&self, ino: u64, node: BorrowedFd<'_>) -> io::Result<Vec<DirEntry>> {
         match self.union_for(ino) {
             Some(u) => u.read_dir(&*self.stack(&u, ino)?),
-            None => sys::read_dir(file.as_fd()),
+            None => sys::read_dir(sys::reopen_dir(self.proc_fd.as_fd(), node)?.as_fd()),
         }
     }
 

@@ -53,7 +53,8 @@ impl Union {
                 return Err(err(libc::ENOTEMPTY));
             }
         }
-        let lower = self.lower_positive(parent, name)?;
+        // Found in a layer below the upper: one shows it (no second look).
+        let lower = f.layer != 0 || self.lower_positive(parent, name)?;
         if f.layer != 0 {
             // Nothing of it in the upper: one mknod hides it.
             return if lower {
