@@ -581,3 +581,44 @@ fn a_change_through_the_other_name_of_a_hard_link_lands_in_what_it_shows() {
     stop(&mut m);
     assert_host_unchanged(&before, &m.host(""), "hard links");
 }
+
+/// A rename over a staged file that carries no record (one the agent made) hands the moved
+/// file's record on: a file the host made at that name meanwhile is a conflict, never
+/// overwritten at apply.
+#[test]
+fn a_rename_over_an_agents_new_file_keeps_the_moved_files_record() {
+    let (mut m, dir) = staged("stage-id-mv-over-new", WRITE, |src| {
+        put(&src.join("x.txt"), b"x\n", 0o644);
+    });
+    m.sh("echo agent > y.txt").assert_ok("a new y");
+    std::thread::sleep(Duration::from_millis(30));
+    fs::write(m.host("y.txt"), b"the host's y\n").unwrap();
+    m.sh("mv x.txt y.txt").assert_ok("mv x y");
+    stop(&mut m);
+    let st = stage(&["status"], &dir).stdout;
+    assert!(st.contains("C") && st.contains("y.txt"), "{st}");
+    stage(&["apply"], &dir).assert_fail("the conflict is refused");
+    assert_eq!(fs::read(m.host("y.txt")).unwrap(), b"the host's y\n");
+}
+
+/// RENAME_EXCHANGE of two staged files is two moves: each file keeps its own record (both
+/// are read before either is written), so `status` shows the swap and no conflict.
+#[test]
+fn an_exchange_of_two_staged_files_keeps_each_names_record() {
+    let (mut m, dir) = staged("stage-id-exchange", WRITE, |src| {
+        put(&src.join("a.txt"), b"a\n", 0o644);
+        put(&src.join("b.txt"), b"b\n", 0o644);
+    });
+    m.sh("echo A >> a.txt && echo B >> b.txt")
+        .assert_ok("stage both");
+    renameat2(&m.mnt("a.txt"), &m.mnt("b.txt"), libc::RENAME_EXCHANGE).unwrap();
+    assert_eq!(fs::read(m.mnt("a.txt")).unwrap(), b"b\nB\n");
+    stop(&mut m);
+    assert_eq!(
+        stage(&["status"], &dir).stdout,
+        "R b.txt -> a.txt\nR a.txt -> b.txt\n"
+    );
+    stage(&["apply"], &dir).assert_ok("apply");
+    assert_eq!(fs::read(m.host("a.txt")).unwrap(), b"b\nB\n");
+    assert_eq!(fs::read(m.host("b.txt")).unwrap(), b"a\nA\n");
+}

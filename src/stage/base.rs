@@ -201,6 +201,21 @@ impl Rec {
 }
 
 impl Pending {
+    /// The record read now, if it was held to be read later (`None`: there is none). A
+    /// rename settles both of its notes before recording either: the record of what it
+    /// replaced must be read before the other name's record is written (an exchange
+    /// puts the replaced entry at the other name).
+    pub fn settle(self) -> Option<Pending> {
+        let rec = match self.rec {
+            Rec::Known(b) => Rec::Known(b),
+            r @ Rec::Of(..) => Rec::Known(r.base()?),
+        };
+        Some(Pending {
+            path: self.path,
+            rec,
+        })
+    }
+
     /// The same record for the entry a rename moves to `path` (a name nothing stood at:
     /// the moved entry is still built on what it was made from, at its old path). `None`:
     /// there is no record to carry.

@@ -658,9 +658,11 @@ impl Shared {
                 e.into()
             });
         }
-        let [o, n] = notes;
-        // A rename to a free name: the moved entry keeps the record of what it was made
-        // from (`stage status` lists `mv a b` as `R a -> b` by it).
+        // Both records read before either is written (an exchange swaps the entries).
+        let [o, n] = notes.map(|n| self.settled(n));
+        // A rename to a free name (or over an entry with no record): the moved entry keeps
+        // the record of what it was made from (`stage status` lists `mv a b` as
+        // `R a -> b` by it).
         let n = match (&n, &o) {
             (None, Some(o)) if !exchange => Some(o.moved_to(&new, newparent)),
             _ => n,

@@ -142,6 +142,15 @@ impl Shared {
         }
     }
 
+    /// A note whose record is read now rather than at [`Shared::noted`] (see
+    /// [`Pending::settle`]); `None` when there is nothing to record.
+    pub(super) fn settled(&self, n: Note) -> Note {
+        let mut n = n?;
+        let p = n.p.take()?.settle()?;
+        n.p = Some(p);
+        Some(n)
+    }
+
     /// After the change went through: records the note.
     pub(super) fn noted(&self, n: Note) {
         if let Some(mut n) = n
