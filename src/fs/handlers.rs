@@ -446,7 +446,7 @@ impl Core {
         // can, they go without. A batch after the first one comes as READDIRPLUS only
         // when the reader looked names up meanwhile: it gets attributes.
         let plain = reply.can_plain();
-        if plain && offset == 0 && !self.plus.attrs_wanted() {
+        if plain && offset == 0 && !self.plus.attrs_wanted(ino) {
             return self.readdir_plain(ino, &entries, reply);
         }
         let mut off = offset;
@@ -498,12 +498,13 @@ impl Core {
         {
             return reply.ok();
         }
+        // Counted: the names a reader could look up (the kernel holds nodes of the rest).
         let mut sent = 0;
         for (i, e) in entries.iter().enumerate() {
             if reply.add_plain(e.ino, i as u64 + 3, attr::kind(e.kind), &e.name) {
                 break;
             }
-            sent += 1;
+            sent += u32::from(!e.known);
         }
         self.plus.sent_plain(ino, sent);
         reply.ok();

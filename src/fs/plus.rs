@@ -9,12 +9,18 @@
 //! readers did with the names listed before:
 //!
 //! - names sent without attributes are counted, per directory (`plain`), and a LOOKUP of
-//!   a name in such a directory counts as "looked up";
+//!   a name in such a directory counts as "looked up" — names of nodes the kernel holds
+//!   already (looked up before, not forgotten) are not counted: no reader looks them up,
+//!   and a tree listed again after it was made through the mount (`rm -rf` after an
+//!   untar) would otherwise talk the estimate out of attributes for the next tree;
 //! - attributes are sent when at least half the names sent plain were looked up since
 //!   (`ls -l`, `find -ls`: the reader stats what it lists), over a window that halves
 //!   past [`WINDOW`] names, so the estimate follows the workload;
 //! - while attributes are sent, one directory in [`PROBE`] is listed plain anyway, or a
-//!   reader that stopped stat'ing would never be seen.
+//!   reader that stopped stat'ing would never be seen — but never one of the last
+//!   [`RECENT`] directories listed with attributes: the kernel holds entries for their
+//!   names already, so a plain listing of them again (`rm -rf` lists each directory twice)
+//!   would count names no reader needs to look up, and talk the estimate out of attributes.
 //!
 //! It starts plain: a cold walk sends no attributes, the first `ls -l` of a directory
 //! costs its first batch's names a LOOKUP each, and the next directories get attributes.
@@ -34,6 +40,8 @@ use parking_lot::Mutex;
 pub const WINDOW: u32 = 4096;
 /// While attributes are sent, every `PROBE`-th listing is sent plain.
 pub const PROBE: u64 = 8;
+/// How many directories listed with attributes a probe leaves out.
+pub const RECENT: usize = 64;
 /// Directories whose names sent plain are tracked at most; when full, the table starts
 /// over (the lookups of the dropped directories are not counted).
 pub const MAX_DIRS: usize = 4096;
@@ -49,21 +57,36 @@ pub struct PlusAdvisor {
     sent: AtomicU32,
     /// Of them, names looked up (in the window).
     looked: AtomicU32,
-    /// Listings answered with attributes (for the probe).
+    /// Listings of directories not in `recent` while attributes were wanted (for the
+    /// probe).
     listings: AtomicU64,
+    /// The last [`RECENT`] directories listed with attributes, oldest first.
+    recent: Mutex<std::collections::VecDeque<u64>>,
 }
 
 impl PlusAdvisor {
-    /// Whether the first batch of a listing of a directory should carry attributes.
+    /// Whether the first batch of a listing of directory `dir` should carry attributes.
     /// Called once per READDIRPLUS at offset 0.
-    pub fn attrs_wanted(&self) -> bool {
+    pub fn attrs_wanted(&self, dir: u64) -> bool {
         let sent = self.sent.load(Ordering::Relaxed);
         let looked = self.looked.load(Ordering::Relaxed);
         if sent == 0 || looked * 2 < sent {
             return false;
         }
-        // Attributes wanted: probe now and then whether they still are.
-        self.listings.fetch_add(1, Ordering::Relaxed) % PROBE != PROBE - 1
+        // Attributes wanted: probe now and then whether they still are (never on a
+        // directory just listed with them).
+        let mut r = self.recent.lock();
+        if r.contains(&dir) {
+            return true;
+        }
+        if self.listings.fetch_add(1, Ordering::Relaxed) % PROBE == PROBE - 1 {
+            return false;
+        }
+        if r.len() >= RECENT {
+            r.pop_front();
+        }
+        r.push_back(dir);
+        true
     }
 
     /// `n` names of directory `dir` went out without attributes. A listing of a directory
@@ -123,12 +146,12 @@ mod tests {
     #[test]
     fn starts_plain_and_follows_the_readers() {
         let a = PlusAdvisor::default();
-        assert!(!a.attrs_wanted(), "a cold walk sends no attributes");
+        assert!(!a.attrs_wanted(7), "a cold walk sends no attributes");
         // A walk that never stats: stays plain.
         for d in 0..100 {
             a.sent_plain(d, 30);
         }
-        assert!(!a.attrs_wanted());
+        assert!(!a.attrs_wanted(7));
         // `ls -l`: every name listed is looked up; attributes come back.
         for d in 1000..1100 {
             a.sent_plain(d, 30);
@@ -136,7 +159,7 @@ mod tests {
                 a.looked_up(d);
             }
         }
-        let wanted = (0..PROBE).filter(|_| a.attrs_wanted()).count() as u64;
+        let wanted = (0..PROBE).filter(|i| a.attrs_wanted(5000 + i)).count() as u64;
         assert_eq!(wanted, PROBE - 1, "one listing in {PROBE} probes plain");
     }
 
@@ -152,7 +175,7 @@ mod tests {
             }
         }
         assert!(
-            a.attrs_wanted(),
+            a.attrs_wanted(7),
             "a reader that looks up every name gets attributes"
         );
         // Listed again after some of its names were looked up: only the rest count anew.
@@ -167,13 +190,38 @@ mod tests {
     }
 
     #[test]
+    fn a_probe_never_lists_plain_a_directory_just_listed_with_attributes() {
+        let a = PlusAdvisor::default();
+        for d in 0..20 {
+            a.sent_plain(d, 25);
+            for _ in 0..25 {
+                a.looked_up(d);
+            }
+        }
+        // Each directory listed twice in a row: the second listing is never the probe,
+        // while first listings of new directories still are, now and then.
+        let mut probes = 0;
+        for d in 100..100 + 4 * PROBE {
+            let first = a.attrs_wanted(d);
+            let second = a.attrs_wanted(d);
+            assert!(
+                !first || second,
+                "directory {d} listed plain right after attributes"
+            );
+            probes += usize::from(!first);
+        }
+        assert!(probes >= 1, "new directories are still probed");
+        assert!(a.recent.lock().len() <= RECENT);
+    }
+
+    #[test]
     fn lookups_outside_plain_directories_do_not_count() {
         let a = PlusAdvisor::default();
         a.sent_plain(1, 10);
         for _ in 0..100 {
             a.looked_up(2);
         }
-        assert!(!a.attrs_wanted());
+        assert!(!a.attrs_wanted(7));
         // More lookups than names sent in a directory count once per name.
         for _ in 0..100 {
             a.looked_up(1);

@@ -26,6 +26,9 @@ pub struct ListEntry {
     pub kind: u32,
     /// Raw name.
     pub name: Vec<u8>,
+    /// Whether the daemon holds a node for it (the kernel looked it up and has not
+    /// forgotten it): no reader needs a LOOKUP of it (`fs/plus.rs`).
+    pub known: bool,
 }
 
 /// An open file or directory.

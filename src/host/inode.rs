@@ -296,15 +296,15 @@ impl Inodes {
     }
 
     /// The FUSE ids that host files of SOURCE's device with these inode numbers have or
-    /// would get (for readdir's `d_ino`), under one lock.
-    pub fn ids_for(&self, inos: impl Iterator<Item = u64>) -> Vec<u64> {
+    /// would get (for readdir's `d_ino`), under one lock, and whether each has a node.
+    pub fn ids_for(&self, inos: impl Iterator<Item = u64>) -> Vec<(u64, bool)> {
         let t = self.table.lock();
         let dev = self.root_dev();
         inos.map(|ino| match t.by_key.get(&(dev, ino)) {
-            Some(&id) => id,
-            None if ino != ROOT && ino != 0 && ino < SYNTH_BASE => ino,
+            Some(&id) => (id, true),
+            None if ino != ROOT && ino != 0 && ino < SYNTH_BASE => (ino, false),
             // Not a stable id, but only ever reported as d_ino.
-            None => ino | SYNTH_BASE,
+            None => (ino | SYNTH_BASE, false),
         })
         .collect()
     }

@@ -73,8 +73,9 @@ impl Shared {
         let mut listing: Vec<ListEntry> = raw
             .into_iter()
             .zip(ids)
-            .map(|(e, ino)| ListEntry {
+            .map(|(e, (ino, known))| ListEntry {
                 ino,
+                known,
                 kind: attr::dtype_to_mode(e.dtype),
                 name: e.name,
             })
@@ -107,10 +108,12 @@ impl Shared {
                 .effective
                 != Access::None;
             if visible {
+                let (ino, known) = self.inodes.ids_for(std::iter::once(r.key.1))[0];
                 out.push(ListEntry {
-                    ino: self.inodes.ids_for(std::iter::once(r.key.1))[0],
+                    ino,
                     kind: r.kind,
                     name: name.to_vec(),
+                    known,
                 });
             }
         }
