@@ -449,13 +449,30 @@ fn an_acl_changed_through_the_mount_shows_in_the_mode() {
     );
 }
 
-/// Descriptors of `pid` that name a deleted file.
-fn deleted_fds(pid: i32) -> Vec<String> {
+/// The descriptors of `pid`: what each names, and its open flags.
+fn fds_of(pid: i32) -> Vec<(std::path::PathBuf, u32)> {
     let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
         return Vec::new();
     };
-    dir.filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
-        .map(|t| t.to_string_lossy().into_owned())
+    dir.flatten()
+        .filter_map(|e| {
+            let target = std::fs::read_link(e.path()).ok()?;
+            let fd = e.file_name().to_string_lossy().into_owned();
+            let info = std::fs::read_to_string(format!("/proc/{pid}/fdinfo/{fd}")).ok()?;
+            let flags = info
+                .lines()
+                .find_map(|l| l.strip_prefix("flags:"))
+                .and_then(|v| u32::from_str_radix(v.trim(), 8).ok())?;
+            Some((target, flags))
+        })
+        .collect()
+}
+
+/// Descriptors of `pid` that name a deleted file.
+fn deleted_fds(pid: i32) -> Vec<String> {
+    fds_of(pid)
+        .into_iter()
+        .map(|(t, _)| t.to_string_lossy().into_owned())
         .filter(|t| t.ends_with("(deleted)"))
         .collect()
 }
@@ -559,24 +576,10 @@ fn removed_files_are_freed_after_the_forget_and_no_descriptor_stays() {
 
 /// The host directories the daemon holds open for reading (`O_PATH` handles left out).
 fn dirs_open_for_reading(pid: i32, under: &Path) -> Vec<String> {
-    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
-        return Vec::new();
-    };
-    dir.flatten()
-        .filter_map(|e| {
-            let t = std::fs::read_link(e.path()).ok()?;
-            let info = std::fs::read_to_string(format!(
-                "/proc/{pid}/fdinfo/{}",
-                e.file_name().to_string_lossy()
-            ))
-            .ok()?;
-            let flags = info
-                .lines()
-                .find_map(|l| l.strip_prefix("flags:"))
-                .and_then(|v| u32::from_str_radix(v.trim(), 8).ok())?;
-            (t.starts_with(under) && t.is_dir() && flags & libc::O_PATH as u32 == 0)
-                .then(|| t.to_string_lossy().into_owned())
-        })
+    fds_of(pid)
+        .into_iter()
+        .filter(|(t, flags)| t.starts_with(under) && t.is_dir() && flags & libc::O_PATH as u32 == 0)
+        .map(|(t, _)| t.to_string_lossy().into_owned())
         .collect()
 }
 
