@@ -53,16 +53,11 @@ impl Union {
                 return Err(err(libc::ENOTEMPTY));
             }
         }
-        // Found in a layer below the upper: one shows it (no second look).
-        let lower = f.layer != 0 || self.lower_positive(parent, name)?;
         if f.layer != 0 {
-            // Nothing of it in the upper: one mknod hides it.
-            return if lower {
-                self.whiteout(up, name).map(|()| true)
-            } else {
-                Ok(false)
-            };
+            // Nothing of it in the upper, and a lower layer shows it: one mknod hides it.
+            return self.whiteout(up, name).map(|()| true);
         }
+        let lower = self.lower_positive(parent, name)?;
         // A stack cached for a directory with lower parts (a process's cwd) must not
         // show them once it is gone; one in the upper only shows nothing then anyway.
         let has_lower = f.stack.as_ref().is_some_and(Stack::has_lower);
