@@ -19,6 +19,13 @@
 #                   with `-o io_uring`: the low-level C peer, no policy. $PASSTHROUGH_HP, or
 #                   else built once by scripts/bench/passthrough-hp.sh from Debian's fuse3
 #                   source (>= 3.18) with liburing into DIR/cache/libfuse.
+#   passthrough_hp-overlay-uring (only when asked for in --targets)
+#                   the peer doing what staging does: kernel overlayfs (lowerdir=SRC, a
+#                   fresh upperdir and workdir beside the mount point at every mount)
+#                   under passthrough_hp -o io_uring — every change lands in the upper,
+#                   SOURCE untouched, as fencefs-stage-uring. The fair column for the
+#                   staged rows (a host change to SOURCE while it is mounted is
+#                   undefined for overlayfs: the rmrf_host row may fail on it).
 # Every FUSE mount is checked from the daemon's descriptors (scripts/bench/uring-check.sh):
 # a *-uring target needs enable_uring=Y and anon_inode:[io_uring] fds, any other target
 # must hold none; a target that fails the check fails its cells (FAIL, reason in errors).
@@ -103,7 +110,8 @@ usage: scripts/bench.sh [options]
   --threads N       pass --threads N to fencefs
   --targets LIST    comma list out of native,bindfs,fencefs,fencefs-uring,fencefs-revoke,
                     fencefs-stage-uring,
-                    passthrough_hp,passthrough_hp-uring (\$PASSTHROUGH_HP or built, see the top)
+                    passthrough_hp,passthrough_hp-uring,passthrough_hp-overlay-uring
+                    (\$PASSTHROUGH_HP or built, see the top)
                     (default all; fencefs-uring is skipped when the binary has no
                     --transport option)
   --only GROUPS     comma list out of tree,git,write,dd,fio,build,agent (default all)
@@ -158,10 +166,10 @@ WORK=$(cd "$WORK" && pwd) OUT=$(cd "$OUT" && pwd)
 IFS=, read -r -a TARGETS <<<"$TARGETS_OPT"
 for t in "${TARGETS[@]}"; do
     case $t in native | bindfs | fencefs | fencefs-uring | fencefs-revoke | fencefs-stage-uring) ;;
-    passthrough_hp | passthrough_hp-uring) ;; # built below when $PASSTHROUGH_HP is unset
+    passthrough_hp | passthrough_hp-uring | passthrough_hp-overlay-uring) ;; # built below when $PASSTHROUGH_HP is unset
     *) echo "bench.sh: unknown target $t" >&2; exit 2 ;; esac
 done
-ALL_TARGETS=(native bindfs passthrough_hp passthrough_hp-uring fencefs fencefs-uring fencefs-stage-uring fencefs-revoke)
+ALL_TARGETS=(native bindfs passthrough_hp passthrough_hp-uring passthrough_hp-overlay-uring fencefs fencefs-uring fencefs-stage-uring fencefs-revoke)
 # targets that are not fencefs: unmounted with fusermount3, their exit status not checked
 peer() { [[ $1 == bindfs || $1 == passthrough_hp* ]]; }
 if ((COUNT)); then # counting is about FUSE requests: native has none
@@ -201,6 +209,7 @@ DATASET=full; ((QUICK)) && DATASET=quick
 LOOP_IMG=$WORK/loopfs.img LOOP_MNT=$WORK/loopfs CACHE=$WORK/cache
 ROOT=$WORK; ((LOOPFS)) && ROOT=$LOOP_MNT
 SRC=$ROOT/$DATASET/src DATA=$ROOT/$DATASET/data MNT=$ROOT/mnt BINDIR=$ROOT/bin STAGE_DIR=$ROOT/stage
+OVL_DIR=$ROOT/overlay OVL_MOUNTED=0
 STAMP_RUN=$(date +%Y%m%d-%H%M%S)
 RES=$OUT/bench-$STAMP_RUN
 LOGDIR=$RES.logs
@@ -260,7 +269,29 @@ unmount_current() {
             fusermount3 -u -z "$MNT" 2>/dev/null
     fi
     is_mounted "$MNT" && err "could not unmount $MNT"
+    ovl_unmount
     return 0
+}
+
+# the kernel overlayfs under passthrough_hp-overlay-uring: a fresh upper every mount
+ovl_mount() {
+    ovl_unmount
+    rm -rf "${OVL_DIR:?}" && mkdir -p "$OVL_DIR/upper" "$OVL_DIR/work" "$OVL_DIR/merged" || return 1
+    mount -t overlay overlay -o "lowerdir=$SRC,upperdir=$OVL_DIR/upper,workdir=$OVL_DIR/work" "$OVL_DIR/merged" ||
+        { err "passthrough_hp-overlay-uring: cannot mount overlayfs on $OVL_DIR/merged"; return 1; }
+    OVL_MOUNTED=1
+}
+ovl_unmount() {
+    local i
+    ((OVL_MOUNTED)) || return 0
+    OVL_MOUNTED=0
+    for ((i = 0; i < 20; i++)); do
+        is_mounted "$OVL_DIR/merged" || break
+        umount "$OVL_DIR/merged" 2>/dev/null && break
+        sleep 0.25
+    done
+    is_mounted "$OVL_DIR/merged" && { err "overlayfs on $OVL_DIR/merged busy: lazy unmount"; umount -l "$OVL_DIR/merged"; }
+    rm -rf "${OVL_DIR:?}"
 }
 
 cleanup() {
@@ -271,6 +302,7 @@ cleanup() {
     fi
     unmount_current
     for p in "${STARTED_PIDS[@]}"; do pid_is_ours "$p" && kill -KILL "$p" 2>/dev/null; done
+    ovl_unmount
     is_mounted "$MNT" && { umount -l "$MNT" 2>/dev/null || fusermount3 -u -z "$MNT" 2>/dev/null; }
     count_teardown
     [[ -n ${STAGE_DIR:-} ]] && ! is_mounted "$MNT" && rm -rf "$STAGE_DIR"
@@ -340,7 +372,7 @@ pol_mode() { if [[ $1 == "$POLICY_EXAMPLE" ]]; then echo workspace-write; else e
 
 # mount TARGET [POLICY]; sets TP (the path the workloads use). Returns 1 on failure.
 mount_target() {
-    local tgt=$1 pol=${2:-$(group_policy)} pid i args
+    local tgt=$1 pol=${2:-$(group_policy)} pid i args from=$SRC
     unmount_current
     if [[ $tgt == native ]]; then TP=$SRC; CUR_TARGET=native; return 0; fi
     TP=$MNT
@@ -360,10 +392,14 @@ mount_target() {
     bindfs) args=(bindfs -f) ;;
     passthrough_hp) args=("$PASSTHROUGH_HP" --foreground) ;;
     passthrough_hp-uring) args=("$PASSTHROUGH_HP" --foreground -o io_uring); uring_enable || return 1 ;;
+    passthrough_hp-overlay-uring)
+        args=("$PASSTHROUGH_HP" --foreground -o io_uring); uring_enable || return 1
+        ovl_mount || return 1
+        from=$OVL_DIR/merged ;;
     *) args=("$BIN" "${args[@]}") ;;
     esac
-    printf -- '--- %(%T)T %s\n' -1 "${args[*]}" >>"$log"
-    "${args[@]}" "$SRC" "$MNT" >>"$log" 2>&1 &
+    printf -- '--- %(%T)T %s\n' -1 "${args[*]} $from $MNT" >>"$log"
+    "${args[@]}" "$from" "$MNT" >>"$log" 2>&1 &
     pid=$!
     STARTED_PIDS+=("$pid")
     for ((i = 0; i < 400; i++)); do
@@ -1053,7 +1089,7 @@ for t in "${ALL_TARGETS[@]}"; do
     COLS+=("$t")
     [[ $t != native ]] && RCOLS+=("$t")
 done
-short() { local x=${1/fencefs-revoke/revoke}; x=${x/passthrough_hp/pt_hp}; x=${x/fencefs-stage-uring/stage-ur}; printf '%s' "${x/fencefs-uring/uring}"; }
+short() { local x=${1/fencefs-revoke/revoke}; x=${x/passthrough_hp/pt_hp}; x=${x/fencefs-stage-uring/stage-ur}; x=${x/pt_hp-overlay-uring/ovl-ur}; printf '%s' "${x/fencefs-uring/uring}"; }
 POLICY_NOTE="mode danger, policy 4 rules (+ a $NRULES-rule row)"
 case $POLICY_OPT in
 example) POLICY_NOTE="policy.example.toml, mode workspace-write (+ a $NRULES-rule danger row)" ;;
