@@ -622,3 +622,32 @@ fn an_exchange_of_two_staged_files_keeps_each_names_record() {
     assert_eq!(fs::read(m.host("a.txt")).unwrap(), b"b\nB\n");
     assert_eq!(fs::read(m.host("b.txt")).unwrap(), b"a\nA\n");
 }
+
+/// A deletion's record is kept compact on its whiteout (ext4 holds it in the inode: no
+/// xattr block per deleted file) and still names the deleted object: a host directory swap
+/// after the deletion (`mv d d.old; mv d.new d`, whose `f` is older than the deletion, so
+/// no time tells it) is a conflict, and apply leaves the host's file alone. A file made
+/// over the deleted name and moved on keeps that record: shown as the rename it is.
+#[test]
+fn a_deletions_compact_record_still_tells_a_host_directory_swap() {
+    let (mut m, dir) = staged("stage-id-compact", WRITE, |src| {
+        put(&src.join("d/f.txt"), b"old\n", 0o644);
+        put(&src.join("d.new/f.txt"), b"the host's new f\n", 0o644);
+        put(&src.join("a.txt"), b"a\n", 0o644);
+    });
+    std::thread::sleep(Duration::from_millis(30));
+    m.sh("rm d/f.txt && rm a.txt && echo again > a.txt && mv a.txt b.txt")
+        .assert_ok("rm, then a new a moved on");
+    let rec = lgetxattr(&dir.join("upper/d/f.txt"), b"trusted.overlay.fencefs-base")
+        .expect("the whiteout's record");
+    assert!(rec.len() <= 52 && rec[0] == 2, "a compact record: {rec:?}");
+    std::thread::sleep(Duration::from_millis(30));
+    fs::rename(m.host("d"), m.host("d.old")).unwrap();
+    fs::rename(m.host("d.new"), m.host("d")).unwrap();
+    stop(&mut m);
+    let st = stage(&["status"], &dir).stdout;
+    assert!(st.contains("CD d/f.txt\n"), "{st}");
+    assert!(st.contains("R a.txt -> b.txt\n"), "{st}");
+    stage(&["apply"], &dir).assert_fail("the conflict is refused");
+    assert_eq!(fs::read(m.host("d/f.txt")).unwrap(), b"the host's new f\n");
+}

@@ -19,7 +19,10 @@
 //! when the merged view still showed the replaced one), or changed at or after the record.
 //!
 //! The name is under overlayfs's private `trusted.overlay.` prefix: overlayfs never shows
-//! it through the merged view, never copies it up, and ignores it otherwise.
+//! it through the merged view, never copies it up, and ignores it otherwise. A record is
+//! text, or — on a whiteout, taken at the whiteout's own path — compact binary with a
+//! hash of the path ([`RecPath`]): small enough for ext4 to keep in the inode, as the one
+//! record written per deleted file should be.
 //!
 //! Invariants: only non-directories get records; the record is written on the staged
 //! tree (`DIR/upper`), never in SOURCE or a sealed layer; a failure to record is logged
@@ -55,8 +58,56 @@ pub struct Base {
     /// When the record was taken (ns): a change of the object at or after it conflicts.
     pub since: i128,
     /// The merged-view path it was recorded at.
-    pub path: Vec<u8>,
+    pub path: RecPath,
 }
+
+/// Where a record was taken: the path itself, or — on a whiteout recorded at its own path,
+/// the one record written per deleted file — a 128-bit hash of it, which keeps the record
+/// small enough for ext4 to hold in the inode (no 4 KiB xattr block to allocate, journal
+/// and free). The path of a record is only ever compared ([`RecPath::is`]); a hash equal
+/// for two paths could only add a conflict, or pair a rename whose inode also matches.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RecPath {
+    /// The path.
+    Plain(Vec<u8>),
+    /// Its [`path_hash`].
+    Hashed([u8; 16]),
+}
+
+impl RecPath {
+    /// Whether the record was taken at `path`.
+    pub fn is(&self, path: &[u8]) -> bool {
+        match self {
+            RecPath::Plain(p) => p == path,
+            RecPath::Hashed(h) => *h == path_hash(path),
+        }
+    }
+}
+
+impl From<&[u8]> for RecPath {
+    fn from(p: &[u8]) -> RecPath {
+        RecPath::Plain(p.to_vec())
+    }
+}
+
+/// The hash a compact record keeps of its path: SipHash-2-4 under two fixed keys (the
+/// on-disk format: never change them; `compact_records_round_trip` pins one value).
+pub fn path_hash(path: &[u8]) -> [u8; 16] {
+    #[allow(deprecated)]
+    let half = |k0: u64, k1: u64| {
+        use std::hash::Hasher;
+        let mut h = std::hash::SipHasher::new_with_keys(k0, k1);
+        h.write(path);
+        h.finish().to_le_bytes()
+    };
+    let mut out = [0u8; 16];
+    out[..8].copy_from_slice(&half(0x6665_6e63_6566_7331, 0x7265_636f_7264_7061));
+    out[8..].copy_from_slice(&half(0x7468_2d68_6173_6832, 0x6261_7365_2d76_3200));
+    out
+}
+
+/// The first byte of a compact record (a text record starts with `1`).
+const COMPACT: u8 = 2;
 
 fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
@@ -87,7 +138,7 @@ impl Base {
             ino,
             btime,
             since: t,
-            path: path.to_vec(),
+            path: path.into(),
         }
     }
 
@@ -101,24 +152,59 @@ impl Base {
             ino: 0,
             btime: 0,
             since: ns(st.st_ctime, st.st_ctime_nsec),
-            path: path.to_vec(),
+            path: path.into(),
         })
     }
 
-    /// The xattr value: `1 INO BTIME SINCE PATH-HEX`.
+    /// The same record kept compact when it was taken at `path`, the place it is written
+    /// to (a whiteout's: see [`RecPath`]); as it is otherwise.
+    pub fn compact_at(self, path: &[u8]) -> Base {
+        match &self.path {
+            RecPath::Plain(p) if p == path => Base {
+                path: RecPath::Hashed(path_hash(path)),
+                ..self
+            },
+            _ => self,
+        }
+    }
+
+    /// The xattr value: `1 INO BTIME SINCE PATH-HEX` (text), or compact: the byte 2, the
+    /// inode as a LEB128 varint, birth and record times as little-endian i64 nanoseconds,
+    /// the 16-byte path hash — at most 43 bytes, which ext4 keeps in a 256-byte inode
+    /// beside this name (52 bytes of value fit there).
     pub fn encode(&self) -> Vec<u8> {
-        format!(
-            "1 {} {} {} {}",
-            self.ino,
-            self.btime,
-            self.since,
-            hex(&self.path)
-        )
-        .into_bytes()
+        match &self.path {
+            RecPath::Plain(p) => {
+                format!("1 {} {} {} {}", self.ino, self.btime, self.since, hex(p)).into_bytes()
+            }
+            RecPath::Hashed(h) => {
+                let mut v = vec![COMPACT];
+                let mut ino = self.ino;
+                loop {
+                    let b = (ino & 0x7f) as u8;
+                    ino >>= 7;
+                    if ino == 0 {
+                        v.push(b);
+                        break;
+                    }
+                    v.push(b | 0x80);
+                }
+                // Out of an i64's range (centuries away): clamped, which only moves a
+                // time further from any file's, never hides a change.
+                let clamp = |t: i128| t.clamp(i64::MIN as i128, i64::MAX as i128) as i64;
+                v.extend_from_slice(&clamp(self.btime).to_le_bytes());
+                v.extend_from_slice(&clamp(self.since).to_le_bytes());
+                v.extend_from_slice(h);
+                v
+            }
+        }
     }
 
     /// Reads a value [`Base::encode`] made (`None` for anything else).
     pub fn decode(v: &[u8]) -> Option<Base> {
+        if v.first() == Some(&COMPACT) {
+            return Base::decode_compact(&v[1..]);
+        }
         let s = std::str::from_utf8(v).ok()?;
         let mut it = s.split(' ');
         if it.next()? != "1" {
@@ -128,9 +214,37 @@ impl Base {
             ino: it.next()?.parse().ok()?,
             btime: it.next()?.parse().ok()?,
             since: it.next()?.parse().ok()?,
-            path: unhex(it.next()?)?,
+            path: RecPath::Plain(unhex(it.next()?)?),
         };
         it.next().is_none().then_some(b)
+    }
+
+    fn decode_compact(v: &[u8]) -> Option<Base> {
+        let mut ino = 0u64;
+        let mut n = 0;
+        loop {
+            let b = *v.get(n)?;
+            let bits = u64::from(b & 0x7f);
+            if n == 9 && (b > 1) {
+                return None;
+            }
+            ino |= bits << (7 * n);
+            n += 1;
+            if b & 0x80 == 0 {
+                break;
+            }
+        }
+        let rest = v.get(n..)?;
+        if rest.len() != 32 {
+            return None;
+        }
+        let i64_at = |i: usize| i64::from_le_bytes(rest[i..i + 8].try_into().unwrap_or([0; 8]));
+        Some(Base {
+            ino,
+            btime: i64_at(0) as i128,
+            since: i64_at(8) as i128,
+            path: RecPath::Hashed(rest[16..32].try_into().ok()?),
+        })
     }
 
     /// Whether the staged entry at `path` with this record conflicts with SOURCE's entry
@@ -139,7 +253,7 @@ impl Base {
     /// what the agent built on); a record carried here by the agent's own rename is not.
     pub fn conflicts(&self, path: &[u8], now: Option<(&libc::stat, i128)>) -> bool {
         match now {
-            None => self.path == path,
+            None => self.path.is(path),
             Some((st, btime)) => {
                 // Inode 0: any object ([`Base::deleted`]).
                 let same = self.ino == 0
@@ -267,7 +381,7 @@ impl Bases {
     /// the record's time is the read's).
     pub fn read(&self, path: &[u8], shown: Option<(u64, i128)>) {
         if let Some((ino, btime)) = shown {
-            self.reads.lock().put(Base::now(ino, btime, path));
+            self.reads.lock().put(path, Base::now(ino, btime, path));
         }
     }
 
@@ -411,9 +525,19 @@ impl Bases {
     /// another node, or it failed): what it was built on stays what the path's next
     /// change is built on, as a read of it.
     pub fn unnoted(&self, p: Pending) {
-        if let Some(b) = p.rec.base() {
-            self.reads.lock().put(b);
-        }
+        let Some(b) = p.rec.base() else { return };
+        // Kept under the path it was taken at (a compact one is at the note's own path,
+        // or its path is not known: then it is not kept).
+        let path = match b.path {
+            RecPath::Plain(ref path) => path.clone(),
+            RecPath::Hashed(_) if b.path.is(&p.path) => p.path.clone(),
+            RecPath::Hashed(_) => return,
+        };
+        let b = Base {
+            path: RecPath::Plain(path.clone()),
+            ..b
+        };
+        self.reads.lock().put(&path, b);
     }
 
     /// Records `p` on the staged entry now at its path (a non-directory), replacing what
@@ -432,6 +556,13 @@ impl Bases {
             // A whiteout is the change's own (an unlink's, a rename's old name): it carries
             // no record yet, so none is read to compare.
             let whiteout = kind(&n.st) == libc::S_IFCHR && n.st.st_rdev == 0;
+            // A deletion's record is taken at the whiteout's own path: kept compact (one
+            // per deleted file; see `RecPath`).
+            let base = if whiteout {
+                base.compact_at(&p.path)
+            } else {
+                base
+            };
             if whiteout && n.st.st_nlink > 1 {
                 let (parent, _) = super::tree::split(&p.path);
                 return match at {
@@ -604,9 +735,9 @@ struct Reads {
 pub const MAX_READS: usize = 65_536;
 
 impl Reads {
-    fn put(&mut self, b: Base) {
-        if self.by_path.insert(b.path.clone(), b.clone()).is_none() {
-            self.order.push_back(b.path);
+    fn put(&mut self, path: &[u8], b: Base) {
+        if self.by_path.insert(path.to_vec(), b).is_none() {
+            self.order.push_back(path.to_vec());
             while self.order.len() > MAX_READS {
                 if let Some(old) = self.order.pop_front() {
                     self.by_path.remove(&old);
@@ -661,7 +792,7 @@ mod tests {
             ino: 42,
             btime: 1_700_000_000_123_456_789,
             since: 1_700_000_001_000_000_000,
-            path: b"dir/a b\n\xff".to_vec(),
+            path: RecPath::Plain(b"dir/a b\n\xff".to_vec()),
         };
         assert_eq!(Base::decode(&b.encode()), Some(b.clone()));
         for bad in [
@@ -716,7 +847,7 @@ mod tests {
             ino: 7,
             btime: 100,
             since: 50 * 1_000_000_000,
-            path: b"a.txt".to_vec(),
+            path: b"a.txt"[..].into(),
         };
         // The same object, untouched since: no conflict.
         assert!(!b.conflicts(b"a.txt", Some((&st(7, 40), 100))));
@@ -729,5 +860,59 @@ mod tests {
         // Gone: a conflict at the recorded path, not where the agent moved it.
         assert!(b.conflicts(b"a.txt", None));
         assert!(!b.conflicts(b"moved.txt", None));
+        // The compact form judges alike.
+        let c = b.clone().compact_at(b"a.txt");
+        assert!(matches!(c.path, RecPath::Hashed(_)));
+        assert!(!c.conflicts(b"a.txt", Some((&st(7, 40), 100))));
+        assert!(c.conflicts(b"a.txt", Some((&st(8, 10), 100))));
+        assert!(c.conflicts(b"a.txt", None));
+        assert!(!c.conflicts(b"moved.txt", None));
     }
+
+    #[test]
+    fn compact_records_round_trip() {
+        let plain = Base {
+            ino: u64::MAX,
+            btime: 1_700_000_000_123_456_789,
+            since: -5,
+            path: b"src/lib.rs"[..].into(),
+        };
+        // Only a record taken where it is written becomes compact.
+        assert_eq!(plain.clone().compact_at(b"src/main.rs"), plain);
+        let c = plain.clone().compact_at(b"src/lib.rs");
+        let v = c.encode();
+        assert_eq!(v.len(), 43, "the longest inode number");
+        assert_eq!(Base::decode(&v), Some(c.clone()));
+        assert!(c.path.is(b"src/lib.rs") && !c.path.is(b"src/lib.r"));
+        let small = Base {
+            ino: 300,
+            ..c.clone()
+        };
+        assert_eq!(small.encode().len(), 35);
+        assert_eq!(Base::decode(&small.encode()), Some(small.clone()));
+        // The hash is the on-disk format: pinned.
+        let h: String = path_hash(b"src/lib.rs")
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        assert_eq!(h, PINNED);
+        // Truncated, padded, or an inode number longer than 64 bits: nothing.
+        let mut long = v.clone();
+        long.push(0);
+        let mut wide = vec![COMPACT];
+        wide.extend_from_slice(&[0xff; 9]);
+        wide.push(0x02);
+        wide.extend_from_slice(&[0; 32]);
+        for bad in [
+            &v[..v.len() - 1],
+            &long[..],
+            &[COMPACT][..],
+            &[COMPACT, 0x80][..],
+            &wide[..],
+        ] {
+            assert_eq!(Base::decode(bad), None, "{bad:?}");
+        }
+    }
+
+    const PINNED: &str = "cf036d95baf31b75a7fca44b20bda9ec";
 }

@@ -94,7 +94,7 @@ pub fn lower_ident(st: &libc::stat) -> [i128; 4] {
 
 /// What [`Layers::copies_in`] found: the SOURCE files copied (inode, path), and whether
 /// some copy's SOURCE file cannot be told.
-pub type Copies = (Vec<(u64, Vec<u8>)>, bool);
+pub type Copies = (Vec<(u64, base::RecPath)>, bool);
 
 /// The key of a renamed directory's SOURCE identity in `changes`'s set of rename sources
 /// (never a path: paths have no NUL).
@@ -265,7 +265,7 @@ impl Layers {
             let Some(b) = base::of(&u) else { continue };
             let Some(&(j, _)) = deleted
                 .iter()
-                .find(|&&(j, ino)| ino == b.ino && out[j].path == b.path && !gone.contains(&j))
+                .find(|&&(j, ino)| ino == b.ino && b.path.is(&out[j].path) && !gone.contains(&j))
             else {
                 continue;
             };

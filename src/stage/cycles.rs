@@ -191,7 +191,7 @@ fn mark(
         let named: Vec<&Base> = cyc
             .iter()
             .filter_map(|k| records.get(k))
-            .filter(|r| r.path == *p)
+            .filter(|r| r.path.is(p))
             .collect();
         let b = if named.is_empty() {
             out[q].conflict

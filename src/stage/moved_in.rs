@@ -31,8 +31,8 @@ fn moved_into_new(c: &Change) -> Option<&[u8]> {
 pub(super) struct KeptInNew {
     /// The refused new directories, each with the SOURCE directory moved into it.
     dirs: Vec<(Vec<u8>, Vec<u8>)>,
-    /// (inode, SOURCE path, the new directory).
-    files: Vec<(u64, Vec<u8>, Vec<u8>)>,
+    /// (inode, SOURCE path as its record keeps it, the new directory).
+    files: Vec<(u64, super::base::RecPath, Vec<u8>)>,
     /// A refused new directory holds a copy of an unknown SOURCE file: every file's
     /// deletion stays staged (the new directory it names).
     unknown: Option<Vec<u8>>,
@@ -58,7 +58,7 @@ impl KeptInNew {
         let (_, ino) = c.lower_id?;
         self.files
             .iter()
-            .find(|(i, p, _)| *i == ino && *p == c.path)
+            .find(|(i, p, _)| *i == ino && p.is(&c.path))
             .map(|(_, _, q)| q.as_slice())
     }
 }

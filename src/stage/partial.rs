@@ -324,7 +324,7 @@ fn write_source(l: &Layers, dir: &Path, t: &Text, bytes: &[u8]) -> io::Result<()
         ino: st.st_ino,
         btime,
         since: base::ns(st.st_ctime, st.st_ctime_nsec) + 1,
-        path: path.clone(),
+        path: path.as_slice().into(),
     };
     sys::setxattr_fd(t.up.fd.as_fd(), &base::xattr_name(), &b.encode(), 0)?;
     // Its overlayfs origin was the file just replaced.
@@ -368,7 +368,7 @@ fn write_staged(l: &Layers, dir: &Path, t: &Text, bytes: &[u8]) -> io::Result<()
             ino: t.low.st.st_ino,
             btime: super::sys::btime_fd(t.low.fd.as_fd())?.unwrap_or(0),
             since: was,
-            path: path.clone(),
+            path: path.as_slice().into(),
         };
         super::sys::file::set(f.as_fd(), &base::xattr_name(), &b.encode())?;
     }
