@@ -277,21 +277,24 @@ unmount_current() {
 ovl_mount() {
     ovl_unmount
     rm -rf "${OVL_DIR:?}" && mkdir -p "$OVL_DIR/upper" "$OVL_DIR/work" "$OVL_DIR/merged" || return 1
+    OVL_MOUNTED=1 # before the mount: an interrupt right after it still unmounts it
     mount -t overlay overlay -o "lowerdir=$SRC,upperdir=$OVL_DIR/upper,workdir=$OVL_DIR/work" "$OVL_DIR/merged" ||
         { err "passthrough_hp-overlay-uring: cannot mount overlayfs on $OVL_DIR/merged"; return 1; }
-    OVL_MOUNTED=1
 }
+# unmounts what ovl_mount mounted (the flag is cleared only once it is gone: an interrupt
+# meanwhile leaves it to the cleanup trap), then removes its directory
 ovl_unmount() {
-    local i
+    local i m
     ((OVL_MOUNTED)) || return 0
-    OVL_MOUNTED=0
+    m=$(realpath -m "$OVL_DIR/merged") # mountinfo has the resolved path
     for ((i = 0; i < 20; i++)); do
-        is_mounted "$OVL_DIR/merged" || break
-        umount "$OVL_DIR/merged" 2>/dev/null && break
+        is_mounted "$m" || break
+        umount "$m" 2>/dev/null && break
         sleep 0.25
     done
-    is_mounted "$OVL_DIR/merged" && { err "overlayfs on $OVL_DIR/merged busy: lazy unmount"; umount -l "$OVL_DIR/merged"; }
-    rm -rf "${OVL_DIR:?}"
+    is_mounted "$m" && { err "overlayfs on $m busy: lazy unmount"; umount -l "$m"; }
+    OVL_MOUNTED=0
+    is_mounted "$m" || rm -rf "${OVL_DIR:?}"
 }
 
 cleanup() {

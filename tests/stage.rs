@@ -413,7 +413,7 @@ fn bad_stage_dirs_are_refused_at_startup_with_one_line() {
         let md = fs::metadata(&dir).unwrap();
         assert_eq!(md.permissions().mode() & 0o777, 0o700);
         let marker = fs::read_to_string(dir.join("fencefs-stage")).unwrap();
-        assert!(marker.starts_with("fencefs-stage 1\nsource "), "{marker}");
+        assert!(marker.starts_with("fencefs-stage 2\nsource "), "{marker}");
         assert!(marker.contains(&m.host("").display().to_string()));
         stop(&mut m);
         let other = m.root().join("outside");

@@ -651,3 +651,34 @@ fn a_deletions_compact_record_still_tells_a_host_directory_swap() {
     stage(&["apply"], &dir).assert_fail("the conflict is refused");
     assert_eq!(fs::read(m.host("d/f.txt")).unwrap(), b"the host's new f\n");
 }
+
+/// An area of format 1 (made before compact records) is read as before, and a daemon
+/// serving it marks it format 2 before it writes a compact record into it: a fencefs that
+/// reads only format 1 then refuses it rather than take those records for none.
+#[test]
+fn a_daemon_marks_an_older_area_with_the_format_its_records_need() {
+    let (mut m, dir) = staged("stage-id-format", WRITE, |src| {
+        put(&src.join("a.txt"), b"a\n", 0o644);
+    });
+    stop(&mut m);
+    let marker = dir.join("fencefs-stage");
+    let text = fs::read_to_string(&marker).unwrap();
+    let old = text.replacen("fencefs-stage 2\n", "fencefs-stage 1\n", 1);
+    assert_ne!(old, text, "{text}");
+    fs::write(&marker, &old).unwrap();
+    stage(&["status"], &dir).assert_ok("format 1 is read");
+    assert_eq!(
+        fs::read_to_string(&marker).unwrap(),
+        old,
+        "status leaves it"
+    );
+    let second = Second::start(&m, &dir, &m.policy_path());
+    assert_eq!(
+        fs::read_to_string(&marker).unwrap(),
+        text,
+        "marked 2, the rest kept"
+    );
+    fs::remove_file(second.mnt.join("a.txt")).unwrap();
+    drop(second);
+    assert_eq!(stage(&["status"], &dir).stdout, "D a.txt\n");
+}

@@ -22,8 +22,11 @@ use std::path::{Path, PathBuf};
 
 use super::sys as ssys;
 
-/// Format version written in `DIR/fencefs-stage`.
-pub const FORMAT: u32 = 1;
+/// Format version written in `DIR/fencefs-stage`: 2 since deletions' base records may be
+/// compact (`base::RecPath`), which a fencefs reading format 1 would take for no record.
+/// A daemon serving an area of an older format marks it with this one
+/// ([`Area::mark_current`]).
+pub const FORMAT: u32 = 2;
 const MARKER: &str = "fencefs-stage";
 
 /// An opened, validated staging area.
@@ -36,6 +39,8 @@ pub struct Area {
     pub upper: OwnedFd,
     /// The lock file, locked when [`Area::lock`] succeeded.
     lock: OwnedFd,
+    /// The format its marker says.
+    version: u32,
 }
 
 fn err(dir: &Path, what: impl std::fmt::Display) -> StageError {
@@ -171,7 +176,32 @@ impl Area {
             source,
             upper,
             lock: lock.into(),
+            version,
         })
+    }
+
+    /// Marks an area of an older format with [`FORMAT`] (what this daemon writes into it
+    /// from now on needs it), rewriting the marker's first line, whole or not at all.
+    /// Called with the lock held.
+    pub fn mark_current(&mut self) -> Result<(), StageError> {
+        if self.version >= FORMAT {
+            return Ok(());
+        }
+        let marker = self.dir.join(MARKER);
+        let text = fs::read_to_string(&marker).map_err(StageError::io(&marker))?;
+        let rest = text.split_once('\n').map_or("", |(_, r)| r);
+        let tmp = self.dir.join(".fencefs-stage.tmp");
+        let mode = crate::private_file::FILE_MODE;
+        crate::private_file::write_synced(
+            &tmp,
+            format!("{MARKER} {FORMAT}\n{rest}").as_bytes(),
+            mode,
+            None,
+        )
+        .map_err(StageError::io(&tmp))?;
+        fs::rename(&tmp, &marker).map_err(StageError::io(&self.dir))?;
+        self.version = FORMAT;
+        Ok(())
     }
 
     /// Takes the area's lock (one daemon, or one apply/discard, at a time).

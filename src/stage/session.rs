@@ -72,8 +72,9 @@ pub fn union_of(area: &Area, source: &OwnedFd) -> Result<Union, StageError> {
 /// What every start does before the merged view is built: DIR created or opened,
 /// locked, recovered, matched to SOURCE and repaired.
 fn prepare(dir: &Path, src: &Path, mnt: &Path, source: &OwnedFd) -> Result<Area, StageError> {
-    let area = Area::create_or_open(dir, src, mnt)?;
+    let mut area = Area::create_or_open(dir, src, mnt)?;
     area.lock()?;
+    area.mark_current()?;
     let area = recover(area)?;
     area.match_root(source)?;
     let l = layers(&area)?;

@@ -143,6 +143,8 @@ fn confine(shared: &Shared, src: &Path) {
         },
         _ => crate::harden::Stage::No,
     };
+    // Held from before the first request (no descriptor appears in the middle of serving).
+    crate::host::sys::prepare_xattr();
     let c = crate::harden::confine(root.as_fd(), &extra, stage);
     let others = shared
         .inodes

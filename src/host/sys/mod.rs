@@ -25,6 +25,8 @@ pub use process::{
     raise_nofile_limit, set_umask, trim_heap, write_and_close,
 };
 pub use procs::{effective_caps, open_proc, pidfd_id, pidfd_open, pidfd_pids, proc_link};
+/// Opens what the xattr calls hold (before serving: see [`xattr::prepare`]).
+pub use xattr::prepare as prepare_xattr;
 pub use xattr::{Xattr, getxattr_fd, listxattr_fd, removexattr_fd, setxattr_fd};
 
 use std::ffi::{CStr, CString, OsStr};

@@ -17,7 +17,8 @@ use std::sync::OnceLock;
 
 use super::{cvt, size_result};
 
-// The generic syscall table's numbers (the same on every architecture since 6.13).
+// The generic syscall table's numbers (alpha and mips number theirs otherwise: there the
+// path form is used, see `proc_dir`).
 const SYS_SETXATTRAT: libc::c_long = 463;
 const SYS_GETXATTRAT: libc::c_long = 464;
 const SYS_LISTXATTRAT: libc::c_long = 465;
@@ -31,10 +32,38 @@ struct XattrArgs {
     flags: u32,
 }
 
-/// The held `/proc/self/fd` when the kernel serves the `*xattrat` calls.
+/// Opens the held `/proc/self/fd` now (the daemon, once it will not fork any more, before
+/// it serves: its descriptor is then there from the start, not from the first xattr call).
+pub fn prepare() {
+    let _ = proc_dir();
+}
+
+/// The held `/proc/self/fd` when the kernel serves the `*xattrat` calls. It names the
+/// descriptors of the process that opened it: a process forked after that uses the path
+/// form.
 fn proc_dir() -> Option<BorrowedFd<'static>> {
-    static DIR: OnceLock<Option<OwnedFd>> = OnceLock::new();
-    DIR.get_or_init(|| {
+    static DIR: OnceLock<(u32, Option<OwnedFd>)> = OnceLock::new();
+    let (pid, d) = DIR.get_or_init(|| (std::process::id(), open_if_served()));
+    (*pid == std::process::id())
+        .then(|| d.as_ref().map(|d| d.as_fd()))
+        .flatten()
+}
+
+/// `/proc/self/fd`, if this kernel serves the `*xattrat` calls on it.
+fn open_if_served() -> Option<OwnedFd> {
+    if !cfg!(any(
+        target_arch = "x86_64",
+        target_arch = "aarch64",
+        target_arch = "riscv64",
+        target_arch = "loongarch64",
+        target_arch = "powerpc64",
+        target_arch = "s390x",
+        target_arch = "arm",
+        target_arch = "x86"
+    )) {
+        return None;
+    }
+    {
         let d = super::open_proc_self_fd().ok()?;
         // One probe: a name the directory has no value for answers ENODATA (or
         // EOPNOTSUPP); ENOSYS or a seccomp filter's EPERM means no such calls here.
@@ -57,9 +86,7 @@ fn proc_dir() -> Option<BorrowedFd<'static>> {
         };
         let e = io::Error::last_os_error().raw_os_error();
         (r >= 0 || !matches!(e, Some(libc::ENOSYS | libc::EPERM))).then_some(d)
-    })
-    .as_ref()
-    .map(|d| d.as_fd())
+    }
 }
 
 /// `fd`'s number as a name in `/proc/self/fd`.
@@ -264,10 +291,19 @@ mod tests {
         let f = super::super::open_root(&p).unwrap();
         let fd = f.as_fd();
         let forms = [None, proc_dir()];
-        assert!(
-            forms[1].is_some(),
-            "this kernel (6.13+) has the *xattrat calls"
+        // Since 6.13 the kernel has the *xattrat calls: they must be found then.
+        let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+        let mut v = release.trim().split(|c: char| !c.is_ascii_digit());
+        let (major, minor): (u32, u32) = (
+            v.next().unwrap().parse().unwrap(),
+            v.next().unwrap().parse().unwrap(),
         );
+        if (major, minor) >= (6, 13) {
+            assert!(
+                forms[1].is_some(),
+                "kernel {release}: the *xattrat calls not found"
+            );
+        }
         for (i, at) in forms.into_iter().enumerate() {
             let name = format!("user.fencefs-test-{i}");
             let n = name.as_bytes();
