@@ -52,6 +52,7 @@ pub mod lower;
 mod moved_in;
 mod moves;
 pub mod partial;
+pub mod record;
 mod remove;
 mod render;
 pub mod request;
