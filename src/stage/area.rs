@@ -181,8 +181,8 @@ impl Area {
     }
 
     /// Marks an area of an older format with [`FORMAT`] (what this daemon writes into it
-    /// from now on needs it), rewriting the marker's first line, whole or not at all.
-    /// Called with the lock held.
+    /// from now on needs it), rewriting the marker's first line, whole or not at all, and
+    /// durably before any such record is written. Called with the lock held.
     pub fn mark_current(&mut self) -> Result<(), StageError> {
         if self.version >= FORMAT {
             return Ok(());
@@ -190,16 +190,7 @@ impl Area {
         let marker = self.dir.join(MARKER);
         let text = fs::read_to_string(&marker).map_err(StageError::io(&marker))?;
         let rest = text.split_once('\n').map_or("", |(_, r)| r);
-        let tmp = self.dir.join(".fencefs-stage.tmp");
-        let mode = crate::private_file::FILE_MODE;
-        crate::private_file::write_synced(
-            &tmp,
-            format!("{MARKER} {FORMAT}\n{rest}").as_bytes(),
-            mode,
-            None,
-        )
-        .map_err(StageError::io(&tmp))?;
-        fs::rename(&tmp, &marker).map_err(StageError::io(&self.dir))?;
+        write_marker(&self.dir, &format!("{MARKER} {FORMAT}\n{rest}"))?;
         self.version = FORMAT;
         Ok(())
     }
@@ -269,7 +260,12 @@ fn init(dir: &Path, src: &Path) -> Result<(), StageError> {
         md.dev(),
         md.ino()
     );
-    // Written beside and renamed: a marker is whole or absent.
+    write_marker(dir, &text)
+}
+
+/// Writes `DIR/fencefs-stage` beside and renames it, then syncs DIR: a marker is whole or
+/// absent, and durable once this returns.
+fn write_marker(dir: &Path, text: &str) -> Result<(), StageError> {
     let tmp = dir.join(".fencefs-stage.tmp");
     let mode = crate::private_file::FILE_MODE;
     crate::private_file::write_synced(&tmp, text.as_bytes(), mode, None)

@@ -42,7 +42,7 @@ use super::tree::{Layer, Node, kind};
 use crate::host::sys::{self, Name};
 
 use super::record::of_entry;
-pub use super::record::{Base, RecPath, XATTR, ns, of, path_hash, read, xattr_name};
+pub use super::record::{Base, RecPath, XATTR, ns, of, xattr_name};
 
 /// What to record once a change went through: `rec` onto the staged entry at `path`.
 #[derive(Debug)]
