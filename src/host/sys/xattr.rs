@@ -14,6 +14,7 @@ use std::ffi::CString;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::{cvt, size_result};
 
@@ -40,13 +41,25 @@ pub fn prepare() {
 
 /// The held `/proc/self/fd` when the kernel serves the `*xattrat` calls. It names the
 /// descriptors of the process that opened it: a process forked after that uses the path
-/// form.
+/// form (told by a fork handler, not by a `getpid` per call).
 fn proc_dir() -> Option<BorrowedFd<'static>> {
-    static DIR: OnceLock<(u32, Option<OwnedFd>)> = OnceLock::new();
-    let (pid, d) = DIR.get_or_init(|| (std::process::id(), open_if_served()));
-    (*pid == std::process::id())
-        .then(|| d.as_ref().map(|d| d.as_fd()))
-        .flatten()
+    static DIR: OnceLock<Option<OwnedFd>> = OnceLock::new();
+    let d = DIR.get_or_init(|| {
+        // SAFETY: registers a child handler that only stores to an atomic.
+        let forks_seen = unsafe { libc::pthread_atfork(None, None, Some(forked)) } == 0;
+        forks_seen.then(open_if_served).flatten()
+    });
+    if FORKED.load(Ordering::Relaxed) {
+        return None;
+    }
+    d.as_ref().map(|d| d.as_fd())
+}
+
+/// Set in a child forked after [`proc_dir`] was first asked.
+static FORKED: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn forked() {
+    FORKED.store(true, Ordering::Relaxed);
 }
 
 /// `/proc/self/fd`, if this kernel serves the `*xattrat` calls on it.
@@ -323,5 +336,28 @@ mod tests {
             assert_eq!(e.raw_os_error(), Some(libc::ENODATA));
         }
         std::fs::remove_dir(&p).unwrap();
+    }
+
+    /// A child forked after the directory was opened never uses it (its descriptor numbers
+    /// would name the parent's files): the path form.
+    #[test]
+    fn a_forked_child_takes_the_path_form() {
+        let _ = proc_dir();
+        // SAFETY: the child only reads an initialised OnceLock and an atomic, then exits.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork");
+        if pid == 0 {
+            let code = if proc_dir().is_none() { 0 } else { 1 };
+            // SAFETY: ends the forked child without running the parent's destructors.
+            unsafe { libc::_exit(code) }
+        }
+        let mut status = 0;
+        // SAFETY: waits for the child just forked.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        assert!(
+            libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+            "{status}"
+        );
+        assert!(!FORKED.load(Ordering::Relaxed), "the parent keeps it");
     }
 }
