@@ -334,10 +334,14 @@ fn a_removal_removes_the_copy_up_that_landed_after_its_lookup() {
             .err(),
         Some(Some(libc::ENOENT))
     );
-    // A whiteout stands for it in the upper; SOURCE is untouched.
+    // A whiteout stands for it in the upper, swapped in with the deletion's record on it
+    // (set in `DIR/work` before the swap); SOURCE is untouched.
     let st = fs::symlink_metadata(dir.join("upper/f")).unwrap();
     use std::os::unix::fs::FileTypeExt;
     assert!(st.file_type().is_char_device() && st.rdev() == 0);
+    let rec = lgetxattr(&dir.join("upper/f"), b"trusted.overlay.fencefs-base")
+        .expect("the whiteout's record");
+    assert!(rec.len() <= 52 && rec[0] == 2, "a compact record: {rec:?}");
     assert_eq!(fs::read(m.host("f")).unwrap(), b"source\n");
 }
 

@@ -73,6 +73,17 @@ impl Rec {
 }
 
 impl Pending {
+    /// The record a whiteout left at this change's path carries, as (xattr name, value),
+    /// when it is known already: the removal that makes the whiteout sets it in the same
+    /// step (then [`Bases::after`] is not asked). `None` for the record of a staged entry
+    /// the change replaces (read only once a whiteout is known to stand there).
+    pub fn whiteout_record(&self) -> Option<(Vec<u8>, Vec<u8>)> {
+        match &self.rec {
+            Rec::Known(b) => Some((xattr_name(), b.clone().compact_at(&self.path).encode())),
+            Rec::Of(..) => None,
+        }
+    }
+
     /// The record read now, if it was held to be read later (`None`: there is none). A
     /// rename settles both of its notes before recording either: the record of what it
     /// replaced must be read before the other name's record is written (an exchange

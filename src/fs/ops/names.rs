@@ -543,11 +543,11 @@ impl Shared {
         } else {
             self.note_peeked(&path, parent, true, seen.as_ref())
         };
-        match self.inodes.remove_seen(parent, name, dir, seen) {
-            // A whiteout of the merged view carries the removed entry's record on; nothing
-            // else stands there.
-            Ok(false) if self.inodes.union().is_some() => self.noted_nothing(note),
-            Ok(_) => self.noted(note),
+        // A deletion's record, when known now, is set on its whiteout as it is made.
+        let rec = note.as_ref().and_then(|n| n.whiteout_record());
+        let label = rec.as_ref().map(|(n, v)| (n.as_slice(), v.as_slice()));
+        match self.inodes.remove_seen(parent, name, dir, seen, label) {
+            Ok(left) => self.noted_removal(note, left),
             Err(e) => {
                 return Err(if dir {
                     self.not_empty(ctx, op, &path, &v, parent, name, e)

@@ -15,6 +15,7 @@ use std::sync::Arc;
 use super::{Error, Res, Shared};
 use crate::host::inode::{Peek, Place, Up};
 use crate::host::sys::Name;
+use crate::host::union::Left;
 use crate::stage::base::{self, Bases, Below, Pending, UpperDir};
 
 /// A note taken before a change (nothing without staging).
@@ -39,6 +40,14 @@ impl Noted {
             parent,
             bases: self.bases.clone(),
         }
+    }
+}
+
+impl Noted {
+    /// The record a whiteout the change leaves carries, if known before the change (see
+    /// [`Pending::whiteout_record`]).
+    pub fn whiteout_record(&self) -> Option<(Vec<u8>, Vec<u8>)> {
+        self.p.as_ref()?.whiteout_record()
     }
 }
 
@@ -166,6 +175,19 @@ impl Shared {
     pub(super) fn noted_nothing(&self, n: Note) {
         if let Some(mut n) = n {
             n.p = None;
+        }
+    }
+
+    /// After a removal through the daemon's merged view (or the host's directory) that
+    /// left `left` at the path: a whiteout made with its record (its label) needs nothing
+    /// more, nor does a name the merged view left empty; anything else is recorded as
+    /// [`Shared::noted`] does (a mount whose staging the kernel's overlayfs serves: its
+    /// whiteout is found now).
+    pub(super) fn noted_removal(&self, n: Note, left: Left) {
+        match left {
+            Left::Whiteout { labelled: true } => self.noted_nothing(n),
+            Left::Nothing if self.inodes.union().is_some() => self.noted_nothing(n),
+            _ => self.noted(n),
         }
     }
 

@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 use super::{Inodes, ROOT, stale};
 use crate::host::sys::{self, DirEntry, Name};
-use crate::host::union::{Found, NewName, Stack, Union};
+use crate::host::union::{Found, Label, Left, NewName, Stack, Union};
 
 /// Directory stacks kept at most (past it the cache starts over).
 const MAX_STACKS: usize = 8192;
@@ -446,29 +446,30 @@ impl Inodes {
         n.as_ref().map_or(name, |n| n.at(name))
     }
 
-    /// Removes `parent/name` (`dir`: a directory). Returns the parent's handle (the one
-    /// changed) for the caller's messages.
+    /// Removes `parent/name` (`dir`: a directory).
     pub fn remove_name(&self, parent: u64, name: &Name, dir: bool) -> io::Result<()> {
-        self.remove_seen(parent, name, dir, None).map(|_| ())
+        self.remove_seen(parent, name, dir, None, None).map(|_| ())
     }
 
     /// [`Inodes::remove_name`] of a name the same request looked up just before with
     /// [`Inodes::peek_entry`] (a staged unlink notes the entry first): the removal acts on that
     /// finding instead of looking the name up again — as it would on a second look a
-    /// moment later; a lower layer's entry is looked up again under the names lock all
-    /// the same (`union::remove`). Returns whether a whiteout stands at the name now
-    /// (never on an unstaged mount).
+    /// moment later; a lower layer's entry is looked at again under the names lock all
+    /// the same (`union::remove`). A whiteout it leaves gets `label` (a staged deletion's
+    /// record) if it can. Returns what stands at the name now (never a whiteout on an
+    /// unstaged mount).
     pub fn remove_seen(
         &self,
         parent: u64,
         name: &Name,
         dir: bool,
         seen: Option<Peek>,
-    ) -> io::Result<bool> {
+        label: Option<Label<'_>>,
+    ) -> io::Result<Left> {
         let Some(u) = self.union() else {
             let pfd = self.fd(parent)?;
             let flags = if dir { libc::AT_REMOVEDIR } else { 0 };
-            return sys::unlinkat(pfd.as_fd(), name, flags).map(|()| false);
+            return sys::unlinkat(pfd.as_fd(), name, flags).map(|()| Left::Nothing);
         };
         let seen = seen.and_then(|p| {
             let (layer, stack) = p.merged?;
@@ -494,7 +495,7 @@ impl Inodes {
         let pup = self.up_dir_in(&u, parent)?;
         let ps = self.stack(&u, parent)?;
         crate::host::union::pause_point("remove");
-        u.remove(&ps, pup.as_fd(), name, &f)
+        u.remove(&ps, pup.as_fd(), name, &f, label)
     }
 
     /// renameat2 of `parent/name` to `newparent/newname` with `flags`.

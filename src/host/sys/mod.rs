@@ -27,7 +27,7 @@ pub use process::{
 pub use procs::{effective_caps, open_proc, pidfd_id, pidfd_open, pidfd_pids, proc_link};
 /// Opens what the xattr calls hold (before serving: see [`xattr::prepare`]).
 pub use xattr::prepare as prepare_xattr;
-pub use xattr::{Xattr, getxattr_fd, listxattr_fd, removexattr_fd, setxattr_fd};
+pub use xattr::{Xattr, getxattr_fd, listxattr_fd, lsetxattr_at, removexattr_fd, setxattr_fd};
 
 use std::ffi::{CStr, CString, OsStr};
 use std::io;

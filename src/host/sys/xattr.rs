@@ -6,8 +6,8 @@
 //! filter that does not know them, found by one probe), the path form.
 //!
 //! Invariant: only called on regular files and directories (never a symlink or a special
-//! file), but for the base records on whiteouts (`stage::base`); errors keep their raw
-//! errno.
+//! file), but for the base records on whiteouts (`stage::base`, and [`lsetxattr_at`] on a
+//! whiteout just made under the union's names lock); errors keep their raw errno.
 #![allow(unsafe_code)]
 
 use std::ffi::CString;
@@ -164,6 +164,56 @@ pub fn setxattr_fd(fd: BorrowedFd<'_>, name: &[u8], value: &[u8], flags: i32) ->
     set(proc_dir(), fd, name, value, flags)
 }
 
+/// `lsetxattr` of entry `entry` of directory `dir` (never following a symlink at
+/// `entry`): one `setxattrat` call where the kernel has it, no handle opened.
+pub fn lsetxattr_at(
+    dir: BorrowedFd<'_>,
+    entry: &super::Name,
+    name: &[u8],
+    value: &[u8],
+    flags: i32,
+) -> io::Result<()> {
+    lset(proc_dir().is_some(), dir, entry, name, value, flags)
+}
+
+/// [`lsetxattr_at`] in the `*xattrat` form (`served`) or the path form.
+fn lset(
+    served: bool,
+    dir: BorrowedFd<'_>,
+    entry: &super::Name,
+    name: &[u8],
+    value: &[u8],
+    flags: i32,
+) -> io::Result<()> {
+    let e = CString::new(entry.bytes()).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    if served {
+        return set_at(
+            dir,
+            &e,
+            libc::AT_SYMLINK_NOFOLLOW as u32,
+            name,
+            value,
+            flags,
+        );
+    }
+    let mut p = proc_path(dir).into_bytes();
+    p.push(b'/');
+    p.extend_from_slice(entry.bytes());
+    let p = CString::new(p).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    let n = xattr_name(name)?;
+    // SAFETY: NUL-terminated strings; value buffer with its length.
+    cvt(unsafe {
+        libc::lsetxattr(
+            p.as_ptr(),
+            n.as_ptr(),
+            value.as_ptr().cast(),
+            value.len(),
+            flags,
+        )
+    })
+    .map(drop)
+}
+
 /// `removexattr` on the inode behind an `O_PATH` handle.
 pub fn removexattr_fd(fd: BorrowedFd<'_>, name: &[u8]) -> io::Result<()> {
     remove(proc_dir(), fd, name)
@@ -231,31 +281,10 @@ fn set(
     value: &[u8],
     flags: i32,
 ) -> io::Result<()> {
-    let n = xattr_name(name)?;
     if let Some(d) = at {
-        let f = fd_name(fd);
-        // A value past a u32 is past every file system's limit: E2BIG, as setxattr says.
-        let size =
-            u32::try_from(value.len()).map_err(|_| io::Error::from_raw_os_error(libc::E2BIG))?;
-        let args = XattrArgs {
-            value: value.as_ptr() as u64,
-            size,
-            flags: flags as u32,
-        };
-        // SAFETY: NUL-terminated strings; `args.value` points to `size` readable bytes.
-        return cvt(unsafe {
-            libc::syscall(
-                SYS_SETXATTRAT,
-                d.as_raw_fd(),
-                f.as_ptr(),
-                0u32,
-                n.as_ptr(),
-                &args as *const XattrArgs,
-                std::mem::size_of::<XattrArgs>(),
-            ) as libc::c_int
-        })
-        .map(drop);
+        return set_at(d, &fd_name(fd), 0, name, value, flags);
     }
+    let n = xattr_name(name)?;
     let p = proc_path(fd);
     // SAFETY: NUL-terminated strings; value buffer with its length.
     cvt(unsafe {
@@ -266,6 +295,38 @@ fn set(
             value.len(),
             flags,
         )
+    })
+    .map(drop)
+}
+
+/// `setxattrat(dir, path, at_flags, name, value)`.
+fn set_at(
+    dir: BorrowedFd<'_>,
+    path: &std::ffi::CStr,
+    at_flags: u32,
+    name: &[u8],
+    value: &[u8],
+    flags: i32,
+) -> io::Result<()> {
+    let n = xattr_name(name)?;
+    // A value past a u32 is past every file system's limit: E2BIG, as setxattr says.
+    let size = u32::try_from(value.len()).map_err(|_| io::Error::from_raw_os_error(libc::E2BIG))?;
+    let args = XattrArgs {
+        value: value.as_ptr() as u64,
+        size,
+        flags: flags as u32,
+    };
+    // SAFETY: NUL-terminated strings; `args.value` points to `size` readable bytes.
+    cvt(unsafe {
+        libc::syscall(
+            SYS_SETXATTRAT,
+            dir.as_raw_fd(),
+            path.as_ptr(),
+            at_flags,
+            n.as_ptr(),
+            &args as *const XattrArgs,
+            std::mem::size_of::<XattrArgs>(),
+        ) as libc::c_int
     })
     .map(drop)
 }
@@ -336,6 +397,38 @@ mod tests {
             assert_eq!(e.raw_os_error(), Some(libc::ENODATA));
         }
         std::fs::remove_dir(&p).unwrap();
+    }
+
+    /// Both forms of [`lsetxattr_at`] set the value on the entry itself: a whiteout (a
+    /// 0/0 character device, as the union makes them) gets a trusted value; a symlink at the
+    /// name is never followed (its target keeps nothing); a missing entry is ENOENT.
+    #[test]
+    fn an_entry_gets_its_value_by_name_in_both_forms() {
+        let p = std::env::temp_dir().join(format!("fencefs-xattr-at-{}", std::process::id()));
+        std::fs::create_dir(&p).unwrap();
+        std::fs::write(p.join("target"), b"").unwrap();
+        std::os::unix::fs::symlink("target", p.join("link")).unwrap();
+        let d = super::super::open_root(&p).unwrap();
+        let name = |n: &str| super::super::Name::new(n.as_bytes()).unwrap();
+        for (i, served) in [false, proc_dir().is_some()].into_iter().enumerate() {
+            let wh = name(&format!("wh{i}"));
+            super::super::mknodat(d.as_fd(), &wh, libc::S_IFCHR, 0).unwrap();
+            let xa = format!("trusted.fencefs-test-{i}");
+            lset(served, d.as_fd(), &wh, xa.as_bytes(), b"rec", 0).unwrap();
+            let fd = super::super::open_path(d.as_fd(), &wh).unwrap();
+            assert_eq!(
+                get(None, fd.as_fd(), xa.as_bytes(), 64).unwrap(),
+                Xattr::Data(b"rec".to_vec())
+            );
+            // trusted.* on a symlink itself is allowed: the link gets it, not its target.
+            lset(served, d.as_fd(), &name("link"), xa.as_bytes(), b"l", 0).unwrap();
+            let t = super::super::open_path(d.as_fd(), &name("target")).unwrap();
+            let e = get(None, t.as_fd(), xa.as_bytes(), 64).unwrap_err();
+            assert_eq!(e.raw_os_error(), Some(libc::ENODATA));
+            let e = lset(served, d.as_fd(), &name("none"), xa.as_bytes(), b"x", 0).unwrap_err();
+            assert_eq!(e.raw_os_error(), Some(libc::ENOENT));
+        }
+        std::fs::remove_dir_all(&p).unwrap();
     }
 
     /// A child forked after the directory was opened never uses it (its descriptor numbers

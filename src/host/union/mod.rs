@@ -51,6 +51,7 @@ mod sweep;
 
 pub use change::NewName;
 pub use list::MergedEntry;
+pub use remove::{Label, Left};
 pub use sweep::{reserved, sweep_new_leftovers};
 
 /// Prefixes of overlayfs's markers.

@@ -10,7 +10,9 @@
 //! shows either the name as it was or the name removed, never SOURCE's entry in between
 //! (what the agent deleted is never shown again) and never a directory emptied of its
 //! whiteouts; a directory taken out that turns out to hold more than whiteouts is put
-//! back; what a crash leaves in `DIR/work` is outside the view.
+//! back; what a crash leaves in `DIR/work` is outside the view. A whiteout a removal makes
+//! gets the caller's label (a staged deletion's record) before the names lock is let go:
+//! nothing can stand at the name between the two.
 
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd};
@@ -18,19 +20,40 @@ use std::os::fd::{AsFd, BorrowedFd};
 use super::{Found, Stack, Union, crash_point, err, kind, temp_name};
 use crate::host::sys::{self, Name};
 
+/// An extended attribute (name, value) a whiteout made by [`Union::remove`] carries from
+/// the moment it stands at the name.
+pub type Label<'a> = (&'a [u8], &'a [u8]);
+
+/// What a removal left at the name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Left {
+    /// Nothing: no lower layer shows the name.
+    Nothing,
+    /// A whiteout; `labelled`: it carries the label asked for.
+    Whiteout { labelled: bool },
+}
+
 impl Union {
     /// Removes `name` (found as `f`) from merged directory `parent` (upper part `up`):
     /// the upper's entry goes, and a whiteout stands where a lower layer shows the name —
     /// in one step. A directory must show nothing (`ENOTEMPTY`); the whiteouts in its
-    /// upper part go with it. Returns whether a whiteout stands at the name now.
+    /// upper part go with it. A whiteout made gets `label` if it can (a failure to set it
+    /// is the caller's to report: `labelled: false`).
     pub fn remove(
         &self,
         parent: &Stack,
         up: BorrowedFd<'_>,
         name: &Name,
         f: &Found,
-    ) -> io::Result<bool> {
+        label: Option<Label<'_>>,
+    ) -> io::Result<Left> {
         let _g = self.names.lock();
+        if f.layer != 0
+            && kind(&f.st) != libc::S_IFDIR
+            && let Some(left) = self.hide_found(parent, up, name, f, label)?
+        {
+            return Ok(left);
+        }
         // Found again under the lock when it was a lower layer's: a copy-up of the name
         // may have landed since `f` was found (then it is the copy that goes; a whiteout
         // made over it would fail EEXIST).
@@ -55,7 +78,9 @@ impl Union {
         }
         if f.layer != 0 {
             // Nothing of it in the upper, and a lower layer shows it: one mknod hides it.
-            return self.whiteout(up, name).map(|()| true);
+            self.whiteout(up, name)?;
+            let labelled = self.label(up, name, label);
+            return Ok(Left::Whiteout { labelled });
         }
         let lower = self.lower_positive(parent, name)?;
         // A stack cached for a directory with lower parts (a process's cwd) must not
@@ -63,7 +88,7 @@ impl Union {
         let has_lower = f.stack.as_ref().is_some_and(Stack::has_lower);
         if !lower {
             if !dir {
-                return sys::unlinkat(up, name, 0).map(|()| false);
+                return sys::unlinkat(up, name, 0).map(|()| Left::Nothing);
             }
             // An empty directory goes in one rmdir; one holding whiteouts, through work.
             match sys::unlinkat(up, name, libc::AT_REMOVEDIR) {
@@ -71,7 +96,7 @@ impl Union {
                     if has_lower {
                         self.bump();
                     }
-                    return Ok(false);
+                    return Ok(Left::Nothing);
                 }
                 Err(e) if matches!(e.raw_os_error(), Some(libc::ENOTEMPTY | libc::EEXIST)) => {}
                 Err(e) => return Err(e),
@@ -81,45 +106,89 @@ impl Union {
         // Taken before anything moves: once the entry is out, what follows must not fail
         // for want of it.
         let work = self.work()?;
-        self.take_out(up, name, &tmp, lower)?;
+        let labelled = self.take_out(up, name, &tmp, lower.then_some(label))?;
         crash_point("removed");
         if dir && has_lower {
             self.bump();
         }
+        let left = match lower {
+            true => Left::Whiteout { labelled },
+            false => Left::Nothing,
+        };
         if !dir {
             if let Err(e) = sys::unlinkat(work, &tmp, 0) {
                 log::warn!("stage: deleting a removed file from the work directory: {e}");
             }
-            return Ok(lower);
+            return Ok(left);
         }
         if let Err(e) = self.delete_dir(work, &tmp) {
             // Something was made in it meanwhile: it stays, with what it holds.
             self.put_back(up, name, &tmp, lower.then_some(0));
             return Err(e);
         }
-        Ok(lower)
+        Ok(left)
+    }
+
+    /// A lower layer's non-directory `f`, found before the names lock was taken, hidden
+    /// with one mknod when nothing changed at the name since (the common case): the
+    /// upper still holds nothing there (the mknod fails `EEXIST` otherwise) and the layer
+    /// right below the upper in `parent` — no sealed layer between them could show
+    /// something else — still shows an entry of `f`'s kind there. `None`: something may
+    /// have changed, nothing was done; the caller looks the name up again.
+    fn hide_found(
+        &self,
+        parent: &Stack,
+        up: BorrowedFd<'_>,
+        name: &Name,
+        f: &Found,
+        label: Option<Label<'_>>,
+    ) -> io::Result<Option<Left>> {
+        let [top, below, ..] = parent.parts.as_slice() else {
+            return Ok(None);
+        };
+        if top.layer != 0 || below.layer != f.layer {
+            return Ok(None);
+        }
+        match sys::fstatat_nofollow(below.fd.as_fd(), name) {
+            Ok(st) if kind(&st) == kind(&f.st) => {}
+            _ => return Ok(None),
+        }
+        match self.whiteout(up, name) {
+            Ok(()) => Ok(Some(Left::Whiteout {
+                labelled: self.label(up, name, label),
+            })),
+            Err(e) if e.raw_os_error() == Some(libc::EEXIST) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Sets `label` on the whiteout `dir/name` just made; whether it was set.
+    fn label(&self, dir: BorrowedFd<'_>, name: &Name, label: Option<Label<'_>>) -> bool {
+        label.is_some_and(|(n, v)| sys::lsetxattr_at(dir, name, n, v, 0).is_ok())
     }
 
     /// Moves upper entry `up/name` to `DIR/work/tmp`, leaving a whiteout in its place if
-    /// `whiteout` (swapped in with `RENAME_EXCHANGE`), else nothing. One rename: if it
-    /// fails, nothing changed.
+    /// `whiteout` is given (made in `DIR/work` with the label it holds, swapped in with
+    /// `RENAME_EXCHANGE`), else nothing. One rename: if it fails, nothing changed.
+    /// Returns whether the whiteout carries its label.
     fn take_out(
         &self,
         up: BorrowedFd<'_>,
         name: &Name,
         tmp: &Name,
-        whiteout: bool,
-    ) -> io::Result<()> {
+        whiteout: Option<Option<Label<'_>>>,
+    ) -> io::Result<bool> {
         let work = self.work()?;
-        if !whiteout {
-            return sys::renameat2(up, name, work, tmp, libc::RENAME_NOREPLACE);
-        }
+        let Some(label) = whiteout else {
+            return sys::renameat2(up, name, work, tmp, libc::RENAME_NOREPLACE).map(|()| false);
+        };
         self.whiteout(work, tmp)?;
+        let labelled = self.label(work, tmp, label);
         let r = sys::renameat2(work, tmp, up, name, libc::RENAME_EXCHANGE);
         if r.is_err() {
             let _ = sys::unlinkat(work, tmp, 0);
         }
-        r
+        r.map(|()| labelled)
     }
 
     /// Undoes [`Union::take_out`] (or [`Union::empty_in_place`]) of a directory that
