@@ -31,7 +31,7 @@ use super::sys::{self, Name};
 mod forget;
 mod handles;
 mod merged;
-pub use merged::{MAX_STACK_PARTS, Peek, Place, Up};
+pub use merged::{MAX_STACK_PARTS, Peek, Peeked, Place, Up};
 mod swap;
 use forget::{Gone, maybe_remove};
 use swap::settle_in;

@@ -13,7 +13,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
 
 use super::{Error, Res, Shared};
-use crate::host::inode::{Peek, Place, Up};
+use crate::host::inode::{Peek, Peeked, Place, Up};
 use crate::host::sys::Name;
 use crate::host::union::Left;
 use crate::stage::base::{self, Bases, Below, Pending, UpperDir};
@@ -64,8 +64,12 @@ impl Shared {
     /// another entry will stand at `path` after it (unlink, rename, create).
     pub(super) fn note_name(&self, path: &[u8], parent: u64, name: &Name, replaces: bool) -> Note {
         self.bases.as_ref()?;
-        let shown = self.inodes.peek_entry(parent, name).ok();
-        self.note_peeked(path, parent, replaces, shown.as_ref())
+        let (shown, upper_free) = match self.inodes.peek_name(parent, name) {
+            Ok(Peeked::Shown(p)) => (Some(p), false),
+            Ok(Peeked::Nothing { upper_free }) => (None, upper_free),
+            Err(_) => (None, false),
+        };
+        self.note_seen(path, parent, replaces, shown.as_ref(), upper_free)
     }
 
     /// [`Shared::note_name`] of what the caller looked up itself (`shown`: `None` when
@@ -78,6 +82,20 @@ impl Shared {
         replaces: bool,
         shown: Option<&Peek>,
     ) -> Note {
+        self.note_seen(path, parent, replaces, shown, false)
+    }
+
+    /// [`Shared::note_peeked`]; `upper_free`: the lookup that found nothing shown saw
+    /// nothing at all in the upper either (no whiteout whose record a new entry takes
+    /// on), so the upper is not asked again.
+    fn note_seen(
+        &self,
+        path: &[u8],
+        parent: u64,
+        replaces: bool,
+        shown: Option<&Peek>,
+        upper_free: bool,
+    ) -> Note {
         let b = self.bases.as_ref()?;
         let shown = shown.map(|p| (&p.fd, p.st, p.place));
         // The merged view just showed the entry: in the upper it is the staged one (no
@@ -89,6 +107,7 @@ impl Shared {
                 (Some(UpperDir::Parent(None)), Below::Sealed(fd.as_fd(), *st))
             }
             Some((_, _, Place::Source)) => (Some(UpperDir::Parent(None)), Below::Source),
+            None if upper_free => (Some(UpperDir::Parent(None)), Below::Unknown),
             _ => (None, Below::Unknown),
         };
         let seen = || {

@@ -67,6 +67,17 @@ pub(super) fn place(u: &Union, layer: usize) -> Place {
     }
 }
 
+/// What the merged view shows at a name ([`Inodes::peek_name`]). (Returned once per
+/// request and taken apart at once: a box would cost an allocation per lookup.)
+#[allow(clippy::large_enum_variant)]
+pub enum Peeked {
+    /// An entry.
+    Shown(Peek),
+    /// Nothing; `upper_free`: the daemon's merged view saw nothing at all at the name in
+    /// the upper (no whiteout either), so nothing staged stands there.
+    Nothing { upper_free: bool },
+}
+
 /// What [`Inodes::up_node`] made of a node about to change.
 pub enum Up {
     /// The handle to change it through.
@@ -666,27 +677,43 @@ impl Inodes {
     /// What `parent/name` shows now, kept for a removal by the same request
     /// ([`Inodes::remove_seen`]).
     pub fn peek_entry(&self, parent: u64, name: &Name) -> io::Result<Peek> {
+        match self.peek_name(parent, name)? {
+            Peeked::Shown(p) => Ok(p),
+            Peeked::Nothing { .. } => Err(err(libc::ENOENT)),
+        }
+    }
+
+    /// [`Inodes::peek_entry`], telling what "nothing" is.
+    pub fn peek_name(&self, parent: u64, name: &Name) -> io::Result<Peeked> {
         match self.union_for(parent) {
             Some(u) => {
-                let f = self
-                    .find(&u, parent, name.bytes())?
-                    .ok_or_else(|| err(libc::ENOENT))?;
-                Ok(Peek {
+                let ps = self.stack(&u, parent)?;
+                let (f, upper_free) = u.lookup_in(&ps, name.bytes())?;
+                let Some(f) = f else {
+                    return Ok(Peeked::Nothing { upper_free });
+                };
+                Ok(Peeked::Shown(Peek {
                     place: place(&u, f.layer),
                     merged: Some((f.layer, f.stack)),
                     fd: f.fd,
                     st: f.st,
-                })
+                }))
             }
             None => {
-                let fd = sys::open_path(self.fd(parent)?.as_fd(), name)?;
+                let fd = match sys::open_path(self.fd(parent)?.as_fd(), name) {
+                    Ok(fd) => fd,
+                    Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
+                        return Ok(Peeked::Nothing { upper_free: false });
+                    }
+                    Err(e) => return Err(e),
+                };
                 let st = sys::fstat(fd.as_fd())?;
-                Ok(Peek {
+                Ok(Peeked::Shown(Peek {
                     fd: Arc::new(fd),
                     st,
                     place: Place::Unmerged,
                     merged: None,
-                })
+                }))
             }
         }
     }

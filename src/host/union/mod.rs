@@ -507,6 +507,13 @@ impl Union {
     /// Looks `name` up in the merged directory `parent`: the object shown, or `None`
     /// (absent or whited out).
     pub fn lookup(&self, parent: &Stack, name: &[u8]) -> io::Result<Option<Found>> {
+        self.lookup_in(parent, name).map(|(f, _)| f)
+    }
+
+    /// [`Union::lookup`], and whether the upper holds nothing at all at the name (no
+    /// object, no whiteout): the finding a change of the name is noted on.
+    pub fn lookup_in(&self, parent: &Stack, name: &[u8]) -> io::Result<(Option<Found>, bool)> {
+        let mut upper_free = true;
         // A directory found through `parent` is as current as `parent` is: a change of
         // the parts made after `parent` was found makes both stale at once.
         let generation = parent.generation.min(self.generation());
@@ -539,6 +546,9 @@ impl Union {
             };
             next = layer + 1;
             let Some((fd, st)) = got else { continue };
+            if layer == 0 {
+                upper_free = false;
+            }
             if self.is_whiteout(layer, fd.as_fd(), &st) {
                 break;
             }
@@ -578,7 +588,7 @@ impl Union {
                 None => {}
             }
         }
-        Ok(top.map(|(layer, fd, mut st)| {
+        let found = top.map(|(layer, fd, mut st)| {
             let dir = kind(&st) == libc::S_IFDIR;
             if dir {
                 (st.st_dev, st.st_ino) = bottom;
@@ -593,7 +603,8 @@ impl Union {
                     walked: parent.walked || walked,
                 }),
             }
-        }))
+        });
+        Ok((found, upper_free))
     }
 
     /// Whether a layer below the upper shows something at `name` in `parent` (a removal
