@@ -34,6 +34,7 @@ use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
@@ -58,8 +59,9 @@ enum Rec {
     Known(Base),
     /// The record of the staged entry the change replaces (held, with its attributes),
     /// read only when something stands at the path after the change: an unlink of a file
-    /// the agent made, which leaves no whiteout, reads no xattr at all.
-    Of(OwnedFd, libc::stat),
+    /// the agent made, which leaves no whiteout, reads no xattr at all (and, the handle
+    /// being the lookup's own, shared, makes no syscall for it).
+    Of(Arc<OwnedFd>, libc::stat),
 }
 
 impl Rec {
@@ -105,10 +107,7 @@ impl Pending {
     pub fn moved_to(&self, path: &[u8]) -> Option<Pending> {
         let rec = match &self.rec {
             Rec::Known(b) => Rec::Known(b.clone()),
-            Rec::Of(fd, st) => match fd.try_clone() {
-                Ok(fd) => Rec::Of(fd, *st),
-                Err(_) => Rec::Known(self.rec.base()?),
-            },
+            Rec::Of(fd, st) => Rec::Of(fd.clone(), *st),
         };
         Some(Pending {
             path: path.to_vec(),
@@ -222,7 +221,7 @@ impl Bases {
     /// The upper's entry at `path`, found as `at` says.
     fn staged(&self, path: &[u8], at: UpperDir<'_>) -> io::Result<Option<Node>> {
         match at {
-            UpperDir::Entry(fd, st) => Ok(Some(Node::of(fd.try_clone_to_owned()?, st))),
+            UpperDir::Entry(fd, st) => Ok(Some(Node::of(fd.as_fd().try_clone_to_owned()?, st))),
             UpperDir::Walk => self.upper()?.get(path),
             UpperDir::Parent(None) => Ok(None),
             UpperDir::Parent(Some(d)) => child(d, super::tree::split(path).1),
@@ -240,12 +239,7 @@ impl Bases {
         // Staged already: its record stays where it is unless the entry is replaced (then
         // read once something stands at the path again).
         match at {
-            UpperDir::Entry(fd, st) if replaces => {
-                return Ok(match fd.try_clone_to_owned() {
-                    Ok(fd) => Some(Rec::Of(fd, st)),
-                    Err(_) => of_entry(fd, &st).map(Rec::Known),
-                });
-            }
+            UpperDir::Entry(fd, st) if replaces => return Ok(Some(Rec::Of(fd.clone(), st))),
             UpperDir::Entry(..) => return Ok(None),
             _ => {
                 if let Some(n) = self.staged(path, at)? {
@@ -368,7 +362,7 @@ pub enum UpperDir<'a> {
     /// no upper part, so nothing is staged at the path in the upper.
     Parent(Option<BorrowedFd<'a>>),
     /// The upper's entry itself (the merged view just showed it), with its attributes.
-    Entry(BorrowedFd<'a>, libc::stat),
+    Entry(&'a Arc<OwnedFd>, libc::stat),
 }
 
 /// What [`Bases`] knows of the layers below the upper at a change's path.

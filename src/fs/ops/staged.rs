@@ -102,7 +102,7 @@ impl Shared {
         // second lookup); below it, its layer says where its record is.
         // (An entry shown from below has nothing of the upper's over it.)
         let (at_entry, below) = match &shown {
-            Some((fd, st, Place::Upper)) => (Some(UpperDir::Entry(fd.as_fd(), *st)), Below::Source),
+            Some((fd, st, Place::Upper)) => (Some(UpperDir::Entry(fd, *st)), Below::Source),
             Some((fd, st, Place::Sealed)) => {
                 (Some(UpperDir::Parent(None)), Below::Sealed(fd.as_fd(), *st))
             }
