@@ -383,6 +383,37 @@ fn a_removal_whose_source_entry_changed_meanwhile_is_refused() {
     }
 }
 
+/// The host replacing SOURCE's file with another file (`mv g f`: same kind, another
+/// inode) while a removal of it waits between its lookup and the names lock (the pause
+/// `remove:MS`): the removal goes through (the agent deleted what it saw), and its
+/// whiteout — made and given its record under the lock — names the file the agent saw,
+/// not the host's new one: `stage status` shows the deletion as a conflict and `apply`
+/// leaves the host's file alone.
+#[test]
+fn a_removal_records_the_file_it_saw_when_the_host_replaced_it_meanwhile() {
+    let b = Mount::builder("rm_race_replaced")
+        .policy(WRITE)
+        .env("FENCEFS_FAULT_UNION_PAUSE", "remove:1500");
+    put(&b.host("f"), b"source\n", 0o644);
+    let (mut m, dir) = staged_on_dev_fuse(b);
+    let p = m.mnt("f");
+    let rm = std::thread::spawn(move || fs::remove_file(&p));
+    reaches(
+        &m,
+        "pause of 1500 ms at remove",
+        "the removal did not reach its pause",
+    );
+    sh_in(&m.host(""), "printf 'the host\\n' > g && mv g f").assert_ok("the host's mv");
+    rm.join().unwrap().expect("rm f");
+    let rec = lgetxattr(&dir.join("upper/f"), b"trusted.overlay.fencefs-base")
+        .expect("the whiteout's record");
+    assert!(rec.len() <= 52 && rec[0] == 2, "a compact record: {rec:?}");
+    stop(&mut m);
+    assert_eq!(stage(&["status"], &dir).stdout, "CD f\n");
+    stage(&["apply"], &dir).assert_fail("the conflict is refused");
+    assert_eq!(fs::read(m.host("f")).unwrap(), b"the host\n");
+}
+
 /// A host writer that rewrites a SOURCE file (same size) and restores its modification
 /// time (`touch -d`) while the agent's copy-up of it is made (after the data was copied:
 /// the test-only pause `FENCEFS_FAULT_UNION_PAUSE=copy-up:MS`): the copy is refused by its

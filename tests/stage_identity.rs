@@ -682,3 +682,49 @@ fn a_daemon_marks_an_older_area_with_the_format_its_records_need() {
     drop(second);
     assert_eq!(stage(&["status"], &dir).stdout, "D a.txt\n");
 }
+
+/// Deletions below a sealed checkpoint layer: a file the first turn changed (sealed at
+/// checkpoint 1) is removed from that layer's entry — the removal's quick path, with the
+/// layer right below the upper — and carries the record the layer's copy carried (the
+/// SOURCE file it was made from); a SOURCE file in the same directory (a layer between)
+/// and one at the top take the full look under the lock. The host replacing all three
+/// afterwards makes each deletion a conflict: every record names the object the agent saw.
+#[test]
+fn deletions_below_a_checkpoint_carry_the_records_the_agent_saw() {
+    let (mut m, dir, sock) = staged_live("stage-id-sealed", |src| {
+        put(&src.join("d/a.txt"), b"a\n", 0o644);
+        put(&src.join("d/b.txt"), b"b\n", 0o644);
+        put(&src.join("top.txt"), b"t\n", 0o644);
+        put(&src.join("keep.txt"), b"k\n", 0o644);
+    });
+    m.sh("echo a1 >> d/a.txt").assert_ok("turn 1");
+    ctl(&sock, &["checkpoint", "-m", "turn 1"]).assert_ok("checkpoint 1");
+    m.sh("rm d/a.txt d/b.txt top.txt")
+        .assert_ok("turn 2: the deletions");
+    for w in ["d/a.txt", "d/b.txt", "top.txt"] {
+        let rec = lgetxattr(&dir.join("upper").join(w), b"trusted.overlay.fencefs-base")
+            .unwrap_or_else(|e| panic!("{w}: the whiteout's record: {e}"));
+        assert!(
+            rec.len() <= 52 && rec[0] == 2,
+            "{w}: a compact record: {rec:?}"
+        );
+    }
+    stop(&mut m);
+    assert_eq!(
+        stage(&["status"], &dir).stdout,
+        "D d/a.txt\nD d/b.txt\nD top.txt\n"
+    );
+    std::thread::sleep(Duration::from_millis(30));
+    for w in ["d/a.txt", "d/b.txt", "top.txt"] {
+        editor_save(&m, w, b"the host's\n");
+    }
+    assert_eq!(
+        stage(&["status"], &dir).stdout,
+        "CD d/a.txt\nCD d/b.txt\nCD top.txt\n"
+    );
+    stage(&["apply"], &dir).assert_fail("the conflicts are refused");
+    for w in ["d/a.txt", "d/b.txt", "top.txt"] {
+        assert_eq!(fs::read(m.host(w)).unwrap(), b"the host's\n", "{w}");
+    }
+    assert_eq!(fs::read(m.host("keep.txt")).unwrap(), b"k\n");
+}

@@ -80,8 +80,14 @@ impl Pending {
     /// step (then [`Bases::after`] is not asked). `None` for the record of a staged entry
     /// the change replaces (read only once a whiteout is known to stand there).
     pub fn whiteout_record(&self) -> Option<(Vec<u8>, Vec<u8>)> {
+        let name = xattr_name();
+        // A user namespace's `user.` xattrs are refused on a character device (EPERM):
+        // not asked for twice.
+        if name.starts_with(b"user.") {
+            return None;
+        }
         match &self.rec {
-            Rec::Known(b) => Some((xattr_name(), b.clone().compact_at(&self.path).encode())),
+            Rec::Known(b) => Some((name, b.clone().compact_at(&self.path).encode())),
             Rec::Of(..) => None,
         }
     }
@@ -358,8 +364,9 @@ pub enum UpperDir<'a> {
     /// find: no parent part at hand).
     Walk,
     /// The upper part of the path's parent directory as the daemon's merged view holds
-    /// it (the upper's paths are the merged view's): one lookup. `None`: the parent has
-    /// no upper part, so nothing is staged at the path in the upper.
+    /// it (the upper's paths are the merged view's): one lookup. `None`: nothing is
+    /// staged at the path in the upper — the parent has no upper part, or the merged
+    /// view's lookup just saw nothing there (no entry, no whiteout).
     Parent(Option<BorrowedFd<'a>>),
     /// The upper's entry itself (the merged view just showed it), with its attributes.
     Entry(&'a Arc<OwnedFd>, libc::stat),

@@ -4,7 +4,9 @@
 //!
 //! Each changing operation asks for a note before it touches the merged view and hands it
 //! back after it succeeded; both are no-ops without staging. The note is taken inside the
-//! request gate, so a checkpoint never falls between the two halves.
+//! request gate, so a checkpoint never falls between the two halves. A removal's record
+//! known before it ([`Noted::whiteout_record`]) goes onto its whiteout as the union makes
+//! it; only one not set there is handed back after.
 //!
 //! Invariants: never fails a request (a record that cannot be taken is logged by
 //! `stage::base`); directories get no note.

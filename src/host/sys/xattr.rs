@@ -400,10 +400,14 @@ mod tests {
     }
 
     /// Both forms of [`lsetxattr_at`] set the value on the entry itself: a whiteout (a
-    /// 0/0 character device, as the union makes them) gets a trusted value; a symlink at the
-    /// name is never followed (its target keeps nothing); a missing entry is ENOENT.
+    /// 0/0 character device, as the union makes them) gets a trusted value (as root; an
+    /// ordinary user's run, which may set neither, uses an empty file and a `user.` value);
+    /// a symlink at the name is never followed (its target keeps nothing); a missing
+    /// entry is ENOENT.
     #[test]
     fn an_entry_gets_its_value_by_name_in_both_forms() {
+        // SAFETY: geteuid has no preconditions.
+        let root = unsafe { libc::geteuid() } == 0;
         let p = std::env::temp_dir().join(format!("fencefs-xattr-at-{}", std::process::id()));
         std::fs::create_dir(&p).unwrap();
         std::fs::write(p.join("target"), b"").unwrap();
@@ -412,16 +416,26 @@ mod tests {
         let name = |n: &str| super::super::Name::new(n.as_bytes()).unwrap();
         for (i, served) in [false, proc_dir().is_some()].into_iter().enumerate() {
             let wh = name(&format!("wh{i}"));
-            super::super::mknodat(d.as_fd(), &wh, libc::S_IFCHR, 0).unwrap();
-            let xa = format!("trusted.fencefs-test-{i}");
+            let xa = if root {
+                super::super::mknodat(d.as_fd(), &wh, libc::S_IFCHR, 0).unwrap();
+                format!("trusted.fencefs-test-{i}")
+            } else {
+                std::fs::write(p.join(format!("wh{i}")), b"").unwrap();
+                format!("user.fencefs-test-{i}")
+            };
             lset(served, d.as_fd(), &wh, xa.as_bytes(), b"rec", 0).unwrap();
             let fd = super::super::open_path(d.as_fd(), &wh).unwrap();
             assert_eq!(
                 get(None, fd.as_fd(), xa.as_bytes(), 64).unwrap(),
                 Xattr::Data(b"rec".to_vec())
             );
-            // trusted.* on a symlink itself is allowed: the link gets it, not its target.
-            lset(served, d.as_fd(), &name("link"), xa.as_bytes(), b"l", 0).unwrap();
+            // trusted.* on a symlink itself is allowed: the link gets it, not its target
+            // (user.* on a symlink is EPERM: the call still never reaches the target).
+            let r = lset(served, d.as_fd(), &name("link"), xa.as_bytes(), b"l", 0);
+            assert_eq!(
+                r.map_err(|e| e.raw_os_error()),
+                if root { Ok(()) } else { Err(Some(libc::EPERM)) }
+            );
             let t = super::super::open_path(d.as_fd(), &name("target")).unwrap();
             let e = get(None, t.as_fd(), xa.as_bytes(), 64).unwrap_err();
             assert_eq!(e.raw_os_error(), Some(libc::ENODATA));

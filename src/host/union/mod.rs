@@ -659,6 +659,36 @@ pub fn parent_of(path: &[u8]) -> &[u8] {
 mod tests {
     use super::*;
 
+    /// `lookup_in` says the upper holds nothing at a name only when it holds neither an
+    /// object nor a whiteout there: a whiteout (what a create over a deleted name must
+    /// take the record of) or a staged file is something; a lower layer's entry alone,
+    /// or no entry at all, is not. (As root: a whiteout is a 0/0 character device.)
+    #[test]
+    fn the_upper_is_free_at_a_name_only_with_nothing_there() {
+        let root = std::env::temp_dir().join(format!("fencefs-union-free-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        for d in ["upper", "lower", "work"] {
+            std::fs::create_dir_all(root.join(d)).unwrap();
+        }
+        for f in ["lower/low", "lower/gone", "upper/staged"] {
+            std::fs::write(root.join(f), b"x").unwrap();
+        }
+        let open = |d: &str| sys::open_root(&root.join(d)).unwrap();
+        let u = Union::new(vec![open("upper"), open("lower")], open("work"), prefix()).unwrap();
+        u.whiteout(open("upper").as_fd(), &Name::new(b"gone").unwrap())
+            .unwrap();
+        let s = u.root_stack().unwrap();
+        let look = |n: &[u8]| {
+            let (f, free) = u.lookup_in(&s, n).unwrap();
+            (f.map(|f| f.layer), free)
+        };
+        assert_eq!(look(b"low"), (Some(1), true));
+        assert_eq!(look(b"none"), (None, true));
+        assert_eq!(look(b"gone"), (None, false));
+        assert_eq!(look(b"staged"), (Some(0), false));
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+
     #[test]
     fn a_frozen_or_read_only_union_changes_nothing() {
         let root =

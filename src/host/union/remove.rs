@@ -6,7 +6,10 @@
 //! rename is first swapped with an empty opaque copy of itself.
 //!
 //! Invariants: a removal acts on what the merged view shows at the name under the names
-//! lock (a lower entry found before it is looked up again there); the merged view changes in one rename — a crash or a failure at any step
+//! lock (a lower non-directory found before it is looked at again there — one `fstatat`
+//! of the layer below the upper, and the whiteout's `mknod` failing `EEXIST` if the upper
+//! gained the name — and anything else looked up again in full); the merged view changes
+//! in one step — a crash or a failure at any step
 //! shows either the name as it was or the name removed, never SOURCE's entry in between
 //! (what the agent deleted is never shown again) and never a directory emptied of its
 //! whiteouts; a directory taken out that turns out to hold more than whiteouts is put
@@ -54,9 +57,10 @@ impl Union {
         {
             return Ok(left);
         }
-        // Found again under the lock when it was a lower layer's: a copy-up of the name
-        // may have landed since `f` was found (then it is the copy that goes; a whiteout
-        // made over it would fail EEXIST).
+        // Found again under the lock when it was a lower layer's (and `hide_found` could
+        // not tell that nothing changed): a copy-up of the name may have landed since `f`
+        // was found (then it is the copy that goes; a whiteout made over it would fail
+        // EEXIST).
         let again;
         let f = if f.layer != 0 {
             again = self
