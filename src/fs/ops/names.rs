@@ -190,8 +190,9 @@ impl Shared {
             setid: mode & (libc::S_ISUID | libc::S_ISGID) != 0,
         };
         self.allow(ctx, "mknod", &path, false, Need::Create, sp)?;
-        let note = self.note_name(&path, parent, name, true);
         let (pfd, new) = self.inodes.new_name(parent, name)?;
+        let fresh = new.as_ref().is_some_and(|n| n.is_fresh());
+        let note = self.note_unless_fresh(&path, parent, name, fresh);
         let at = Inodes::new_at(&new, name);
         let made = self.create_as_caller(ctx, &pfd, at, false, || {
             crate::stage::standin::mknodat(pfd.as_fd(), at, mode, rdev as u64)
@@ -231,8 +232,9 @@ impl Shared {
             Need::Create,
             Special::default(),
         )?;
-        let note = self.note_name(&path, parent, name, true);
         let (pfd, new) = self.inodes.new_name(parent, name)?;
+        let fresh = new.as_ref().is_some_and(|n| n.is_fresh());
+        let note = self.note_unless_fresh(&path, parent, name, fresh);
         let at = Inodes::new_at(&new, name);
         let made = self.create_as_caller(ctx, &pfd, at, false, || {
             sys::symlinkat(target, pfd.as_fd(), at)
@@ -298,9 +300,13 @@ impl Shared {
         }
         let root = self.inodes.roots().id_of(&path);
         let slots = self.handles.reserve(ctx.caller.uid, root)?;
-        let note = self.note_name(&path, parent, name, true);
+        let prepared = self.inodes.new_name(parent, name);
+        // A name no layer holds anything at needs no note (`note_unless_fresh`); one is
+        // taken if the create finds the name taken after all.
+        let untouched = matches!(&prepared, Ok((_, Some(n))) if n.is_fresh());
+        let mut note = self.note_unless_fresh(&path, parent, name, untouched);
         let base = attr::host_open_flags(flags);
-        let (pfd, created) = match self.inodes.new_name(parent, name) {
+        let (pfd, created) = match prepared {
             Ok((pfd, new)) => {
                 let at = Inodes::new_at(&new, name);
                 let created = self.create_as_caller(ctx, &pfd, at, false, || {
@@ -339,6 +345,9 @@ impl Shared {
                 if let Err(e) = self.fence(ctx, "create", &path, false, need) {
                     self.forget_entry(parent, name);
                     return Err(e);
+                }
+                if untouched {
+                    note = self.note_name(&path, parent, name, true);
                 }
                 (self.open_existing(ctx, parent, &pfd, name, base)?, true)
             }

@@ -74,6 +74,24 @@ impl Shared {
         self.note_seen(path, parent, replaces, shown.as_ref(), upper_free)
     }
 
+    /// [`Shared::note_name`] before a new name is made, but none when the merged view's
+    /// preparation of it found nothing in any layer (`fresh`): no whiteout's record to
+    /// carry on, nothing shown to be built on — the record [`Bases::before`] would find
+    /// is none, and the lookup is spared. (Prepared before the note: the preparation
+    /// changes nothing but the parent's copy-up, which no record depends on.)
+    pub(super) fn note_unless_fresh(
+        &self,
+        path: &[u8],
+        parent: u64,
+        name: &Name,
+        fresh: bool,
+    ) -> Note {
+        if fresh {
+            return None;
+        }
+        self.note_name(path, parent, name, true)
+    }
+
     /// [`Shared::note_name`] of what the caller looked up itself (`shown`: `None` when
     /// nothing is there), so that the change can act on the same finding (a staged
     /// unlink: [`Inodes::remove_seen`](crate::host::inode::Inodes::remove_seen)).

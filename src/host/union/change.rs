@@ -36,6 +36,12 @@ pub struct NewName {
 }
 
 impl NewName {
+    /// Whether no layer held anything at the name when it was prepared (no entry, no
+    /// whiteout): the object is made at the name itself, over nothing anyone staged.
+    pub fn is_fresh(&self) -> bool {
+        self.temp.is_none()
+    }
+
     /// The name the new object is to be made at (in the same upper directory).
     pub fn at<'a>(&'a self, name: &'a Name) -> &'a Name {
         self.temp.as_ref().unwrap_or(name)
