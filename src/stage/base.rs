@@ -535,11 +535,16 @@ pub fn shown(dir: BorrowedFd<'_>, name: &Name) -> Option<(u64, i128)> {
 
 /// The same for an entry held by `fd` whose attributes are `st`.
 pub fn shown_st(fd: &OwnedFd, st: &libc::stat) -> Option<(u64, i128)> {
-    if kind(st) == libc::S_IFDIR {
+    if is_dir(st) {
         return None;
     }
     let b = super::sys::btime_fd(fd.as_fd()).ok().flatten().unwrap_or(0);
     Some((st.st_ino, b))
+}
+
+/// Whether `st` is a directory's (which takes no base record).
+pub fn is_dir(st: &libc::stat) -> bool {
+    kind(st) == libc::S_IFDIR
 }
 
 /// The same for an entry held by `fd`.

@@ -117,6 +117,7 @@ impl Shared {
         upper_free: bool,
     ) -> Note {
         let b = self.bases.as_ref()?;
+        let shown_peek = shown;
         let shown = shown.map(|p| (&p.fd, p.st, p.place));
         // The merged view just showed the entry: in the upper it is the staged one (no
         // second lookup); below it, its layer says where its record is.
@@ -130,10 +131,13 @@ impl Shared {
             None if upper_free => (Some(UpperDir::Parent(None)), Below::Unknown),
             _ => (None, Below::Unknown),
         };
+        // The entry's identity: its birth time as the lookup learnt it, or asked now.
+        let btime = shown_peek.and_then(|p| p.btime);
         let seen = || {
-            shown
-                .as_ref()
-                .and_then(|(fd, st, _)| base::shown_st(fd, st))
+            shown.as_ref().and_then(|(fd, st, _)| match btime {
+                Some(b) if !base::is_dir(st) => Some((st.st_ino, b)),
+                _ => base::shown_st(fd, st),
+            })
         };
         let p = match at_entry {
             Some(at) => b.before(path, seen, replaces, at, below)?,

@@ -54,6 +54,9 @@ pub struct Peek {
     pub st: libc::stat,
     /// Where it is.
     pub place: Place,
+    /// Its birth time (ns; 0 where the file system keeps none), when the lookup learnt
+    /// it (the merged view's does, in the call that stats it).
+    pub btime: Option<i128>,
     /// The rest of the merged view's finding (its layer and, for a directory, its parts),
     /// for a removal of it ([`Inodes::remove_seen`]); `None` unmerged.
     merged: Option<(usize, Option<Stack>)>,
@@ -489,6 +492,7 @@ impl Inodes {
                 fd: p.fd,
                 st: p.st,
                 stack,
+                btime: p.btime,
             })
         });
         let f = match seen {
@@ -688,7 +692,7 @@ impl Inodes {
         match self.union_for(parent) {
             Some(u) => {
                 let ps = self.stack(&u, parent)?;
-                let (f, upper_free) = u.lookup_in(&ps, name.bytes())?;
+                let (f, upper_free) = u.lookup_in(&ps, name.bytes(), true)?;
                 let Some(f) = f else {
                     return Ok(Peeked::Nothing { upper_free });
                 };
@@ -697,6 +701,7 @@ impl Inodes {
                     merged: Some((f.layer, f.stack)),
                     fd: f.fd,
                     st: f.st,
+                    btime: f.btime,
                 }))
             }
             None => {
@@ -713,6 +718,7 @@ impl Inodes {
                     st,
                     place: Place::Unmerged,
                     merged: None,
+                    btime: None,
                 }))
             }
         }

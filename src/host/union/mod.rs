@@ -135,6 +135,9 @@ pub struct Found {
     pub st: libc::stat,
     /// For a directory: every part of it.
     pub stack: Option<Stack>,
+    /// Its birth time (ns; 0 where the file system keeps none), when the lookup was asked
+    /// for it ([`Union::lookup_in`]).
+    pub btime: Option<i128>,
 }
 
 /// A staged mount's layers.
@@ -481,6 +484,24 @@ impl Union {
         }
     }
 
+    /// [`Union::child`] with the entry's birth time (0 where the file system keeps none),
+    /// from one `statx`.
+    #[allow(clippy::type_complexity)]
+    fn child_btime(
+        &self,
+        dir: BorrowedFd<'_>,
+        name: &Name,
+    ) -> io::Result<Option<(OwnedFd, libc::stat, Option<i128>)>> {
+        match sys::open_path(dir, name) {
+            Ok(fd) => {
+                let (st, btime) = sys::fstat_btime(fd.as_fd())?;
+                Ok(Some((fd, st, Some(btime.unwrap_or(0)))))
+            }
+            Err(e) if missing(&e) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
     /// The object at `path` of `layer`, walked from its root.
     fn walk(&self, layer: usize, path: &[u8]) -> io::Result<Option<(OwnedFd, libc::stat)>> {
         let mut cur = sys::reopen(
@@ -507,18 +528,25 @@ impl Union {
     /// Looks `name` up in the merged directory `parent`: the object shown, or `None`
     /// (absent or whited out).
     pub fn lookup(&self, parent: &Stack, name: &[u8]) -> io::Result<Option<Found>> {
-        self.lookup_in(parent, name).map(|(f, _)| f)
+        self.lookup_in(parent, name, false).map(|(f, _)| f)
     }
 
     /// [`Union::lookup`], and whether the upper holds nothing at all at the name (no
-    /// object, no whiteout): the finding a change of the name is noted on.
-    pub fn lookup_in(&self, parent: &Stack, name: &[u8]) -> io::Result<(Option<Found>, bool)> {
+    /// object, no whiteout): the finding a change of the name is noted on — with the
+    /// entry's birth time when `btime` (in the same `statx` that stats it; not for a
+    /// part walked from a layer's root through an absolute redirect).
+    pub fn lookup_in(
+        &self,
+        parent: &Stack,
+        name: &[u8],
+        btime: bool,
+    ) -> io::Result<(Option<Found>, bool)> {
         let mut upper_free = true;
         // A directory found through `parent` is as current as `parent` is: a change of
         // the parts made after `parent` was found makes both stale at once.
         let generation = parent.generation.min(self.generation());
         let mut look = Name::new(name)?;
-        let mut top: Option<(usize, Arc<OwnedFd>, libc::stat)> = None;
+        let mut top: Option<(usize, Arc<OwnedFd>, libc::stat, Option<i128>)> = None;
         let mut parts: Vec<Part> = Vec::new();
         let mut bottom = (0, 0);
         // A redirect to an absolute path: the layers below are walked from their roots.
@@ -535,17 +563,22 @@ impl Union {
                         continue;
                     }
                     let path = join(&p.path, look.bytes());
-                    (p.layer, path, self.child(p.fd.as_fd(), &look)?)
+                    let got = match btime {
+                        true => self.child_btime(p.fd.as_fd(), &look)?,
+                        false => self.child(p.fd.as_fd(), &look)?.map(|(f, s)| (f, s, None)),
+                    };
+                    (p.layer, path, got)
                 }
                 Some(path) => {
                     if next >= self.layers.len() {
                         break;
                     }
-                    (next, path.clone(), self.walk(next, path)?)
+                    let got = self.walk(next, path)?.map(|(f, s)| (f, s, None));
+                    (next, path.clone(), got)
                 }
             };
             next = layer + 1;
-            let Some((fd, st)) = got else { continue };
+            let Some((fd, st, bt)) = got else { continue };
             if layer == 0 {
                 upper_free = false;
             }
@@ -558,7 +591,7 @@ impl Union {
             }
             let fd = Arc::new(fd);
             if top.is_none() {
-                top = Some((layer, fd.clone(), st));
+                top = Some((layer, fd.clone(), st, bt));
                 if !is_dir {
                     break;
                 }
@@ -588,7 +621,7 @@ impl Union {
                 None => {}
             }
         }
-        let found = top.map(|(layer, fd, mut st)| {
+        let found = top.map(|(layer, fd, mut st, btime)| {
             let dir = kind(&st) == libc::S_IFDIR;
             if dir {
                 (st.st_dev, st.st_ino) = bottom;
@@ -602,6 +635,7 @@ impl Union {
                     generation,
                     walked: parent.walked || walked,
                 }),
+                btime,
             }
         });
         Ok((found, upper_free))
@@ -679,7 +713,7 @@ mod tests {
             .unwrap();
         let s = u.root_stack().unwrap();
         let look = |n: &[u8]| {
-            let (f, free) = u.lookup_in(&s, n).unwrap();
+            let (f, free) = u.lookup_in(&s, n, false).unwrap();
             (f.map(|f| f.layer), free)
         };
         assert_eq!(look(b"low"), (Some(1), true));
