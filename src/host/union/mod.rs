@@ -485,7 +485,9 @@ impl Union {
     }
 
     /// [`Union::child`] with the entry's birth time (0 where the file system keeps none),
-    /// from one `statx`.
+    /// from one `statx`; where `statx` fails (a seccomp filter that refuses it), as
+    /// [`Union::child`] does it, without a birth time (asked for again, and 0 on an
+    /// error, by the note, as before).
     #[allow(clippy::type_complexity)]
     fn child_btime(
         &self,
@@ -493,10 +495,13 @@ impl Union {
         name: &Name,
     ) -> io::Result<Option<(OwnedFd, libc::stat, Option<i128>)>> {
         match sys::open_path(dir, name) {
-            Ok(fd) => {
-                let (st, btime) = sys::fstat_btime(fd.as_fd())?;
-                Ok(Some((fd, st, Some(btime.unwrap_or(0)))))
-            }
+            Ok(fd) => match sys::fstat_btime(fd.as_fd()) {
+                Ok((st, btime)) => Ok(Some((fd, st, Some(btime.unwrap_or(0))))),
+                Err(_) => {
+                    let st = sys::fstat(fd.as_fd())?;
+                    Ok(Some((fd, st, None)))
+                }
+            },
             Err(e) if missing(&e) => Ok(None),
             Err(e) => Err(e),
         }
