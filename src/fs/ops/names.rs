@@ -23,6 +23,7 @@ use crate::host::inode::{Inodes, Place};
 use crate::host::path::join;
 use crate::host::roots::Fence;
 use crate::host::sys::{self, Name};
+use crate::host::union::NewName;
 use crate::policy::{Access, By, Need, Special, Verdict};
 
 impl Shared {
@@ -306,28 +307,7 @@ impl Shared {
         let untouched = matches!(&prepared, Ok((_, Some(n))) if n.is_fresh());
         let mut note = self.note_unless_fresh(&path, parent, name, untouched);
         let base = attr::host_open_flags(flags);
-        let (pfd, created) = match prepared {
-            Ok((pfd, new)) => {
-                let at = Inodes::new_at(&new, name);
-                let created = self.create_as_caller(ctx, &pfd, at, false, || {
-                    sys::openat(
-                        pfd.as_fd(),
-                        at,
-                        base | libc::O_CREAT | libc::O_EXCL,
-                        mode & 0o7777,
-                    )
-                });
-                let done = self
-                    .inodes
-                    .new_done(&pfd, name, new, created.is_ok(), false);
-                (pfd, placed(created, done))
-            }
-            // The merged view of a staged mount shows the name.
-            Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
-                (self.inodes.up_dir(parent)?, Err(Error(libc::EEXIST)))
-            }
-            Err(e) => return Err(e.into()),
-        };
+        let (pfd, created) = self.create_new(ctx, (parent, name), prepared, base, mode)?;
         let (file, existed) = match created {
             Ok(f) => (f, false),
             Err(Error(libc::EEXIST)) if fresh && !self.learning() => {
@@ -381,6 +361,43 @@ impl Shared {
             slots,
         };
         Ok((self.attr(ctx, ino, &st), opened))
+    }
+
+    /// The new file of a create, opened `O_CREAT|O_EXCL` (and the host flags `base`) as
+    /// the caller where the name's preparation (`prepared`: [`Inodes::new_name`]) says —
+    /// on a staged mount in the parent's upper part, under a temporary name put over a
+    /// whiteout once made. Returns the directory it is in and the open, `EEXIST` when the
+    /// name is taken (the merged view shows it, or the open finds it).
+    fn create_new(
+        &self,
+        ctx: &Ctx,
+        (parent, name): (u64, &Name),
+        prepared: io::Result<(Arc<OwnedFd>, Option<NewName>)>,
+        base: i32,
+        mode: u32,
+    ) -> Res<(Arc<OwnedFd>, Res<OwnedFd>)> {
+        match prepared {
+            Ok((pfd, new)) => {
+                let at = Inodes::new_at(&new, name);
+                let created = self.create_as_caller(ctx, &pfd, at, false, || {
+                    sys::openat(
+                        pfd.as_fd(),
+                        at,
+                        base | libc::O_CREAT | libc::O_EXCL,
+                        mode & 0o7777,
+                    )
+                });
+                let done = self
+                    .inodes
+                    .new_done(&pfd, name, new, created.is_ok(), false);
+                Ok((pfd, placed(created, done)))
+            }
+            // The merged view of a staged mount shows the name.
+            Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
+                Ok((self.inodes.up_dir(parent)?, Err(Error(libc::EEXIST))))
+            }
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// The existing-name half of a create without `O_EXCL`: opens `name` as the caller

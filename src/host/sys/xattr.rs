@@ -200,18 +200,7 @@ fn lset(
     p.push(b'/');
     p.extend_from_slice(entry.bytes());
     let p = CString::new(p).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
-    let n = xattr_name(name)?;
-    // SAFETY: NUL-terminated strings; value buffer with its length.
-    cvt(unsafe {
-        libc::lsetxattr(
-            p.as_ptr(),
-            n.as_ptr(),
-            value.as_ptr().cast(),
-            value.len(),
-            flags,
-        )
-    })
-    .map(drop)
+    set_path(libc::lsetxattr, &p, name, value, flags)
 }
 
 /// `removexattr` on the inode behind an `O_PATH` handle.
@@ -284,12 +273,29 @@ fn set(
     if let Some(d) = at {
         return set_at(d, &fd_name(fd), 0, name, value, flags);
     }
+    set_path(libc::setxattr, &proc_path(fd), name, value, flags)
+}
+
+/// The path form of a set: `call` is `setxattr` (following `/proc/self/fd/N` to the
+/// handle's inode) or `lsetxattr` (an entry by name, never followed).
+fn set_path(
+    call: unsafe extern "C" fn(
+        *const libc::c_char,
+        *const libc::c_char,
+        *const libc::c_void,
+        libc::size_t,
+        libc::c_int,
+    ) -> libc::c_int,
+    path: &std::ffi::CStr,
+    name: &[u8],
+    value: &[u8],
+    flags: i32,
+) -> io::Result<()> {
     let n = xattr_name(name)?;
-    let p = proc_path(fd);
     // SAFETY: NUL-terminated strings; value buffer with its length.
     cvt(unsafe {
-        libc::setxattr(
-            p.as_ptr(),
+        call(
+            path.as_ptr(),
             n.as_ptr(),
             value.as_ptr().cast(),
             value.len(),
