@@ -393,7 +393,8 @@ fn crash_at(
 }
 
 /// `rm a` dies once the whiteout is swapped in (the staged file is in DIR/work): `a` is
-/// deleted, SOURCE's never shows.
+/// deleted, SOURCE's never shows, and the next daemon deletes the removed file from
+/// DIR/work before it serves (a removal's leftover, `#fencefs-rm.PID.N`).
 #[test]
 fn a_crash_in_a_removal_leaves_the_name_deleted() {
     let (_m, dir, s) = crash_at(
@@ -404,9 +405,10 @@ fn a_crash_in_a_removal_leaves_the_name_deleted() {
         "rm a",
     );
     assert!(!s.mnt("a").exists(), "a deleted, not SOURCE's again");
+    let work = names_str(&dir.join("work")).unwrap();
     assert!(
-        names_str(&dir.join("work")).unwrap().len() == 1,
-        "the staged a in DIR/work"
+        !work.iter().any(|n| n.starts_with("#fencefs-rm.")),
+        "the removed a swept from DIR/work: {work:?}"
     );
 }
 
@@ -501,6 +503,53 @@ fn leftovers_of_new_names_are_swept_at_start() {
     shown.sort();
     assert_eq!(names_str(&s.mnt("sub")).unwrap(), shown);
     assert_host_unchanged(&src, &m.host(""), "a sweep");
+    drop(other);
+}
+
+/// What a crash leaves in DIR/work at a daemon's start: the union's own temporary entries
+/// whose PID is no live fencefs go — a file (a copy-up never renamed into place), a
+/// directory holding only whiteouts (a removed directory), an empty one — while a
+/// directory holding anything else (what a log line may have pointed a person to), an
+/// entry of a live fencefs's PID and any other name stay, untouched.
+#[test]
+fn leftovers_in_the_work_directory_are_swept_at_start() {
+    let (mut m, dir) = staged("atomic-work-sweep", WRITE, |src| {
+        put(&src.join("a"), b"a\n", 0o644)
+    });
+    m.sh("echo n > new").assert_ok("agent");
+    stop(&mut m);
+    let other = Mount::with("atomic-work-sweep-other", Some(WRITE), None, |_| {});
+    let work = dir.join("work");
+    // Above any pid_max: no process has it.
+    let dead = 4_194_305;
+    let copy = format!("#fencefs-up.{dead}.1");
+    let removed = format!("#fencefs-rm.{dead}.2");
+    let emptied = format!("#fencefs-empty.{dead}.3");
+    let kept = format!("#fencefs-rm.{dead}.4");
+    let live = format!("#fencefs-up.{}.5", other.pid());
+    put(&work.join(&copy), b"partial\n", 0o644);
+    fs::create_dir(work.join(&removed)).unwrap();
+    sh_in(&work.join(&removed), "mknod w1 c 0 0 && mknod w2 c 0 0").assert_ok("whiteouts");
+    fs::create_dir(work.join(&emptied)).unwrap();
+    put(&work.join(&kept).join("data"), b"the agent's\n", 0o644);
+    sh_in(&work.join(&kept), "mknod w c 0 0").assert_ok("a whiteout beside it");
+    put(&work.join(&live), b"in flight\n", 0o644);
+    put(&work.join("notes"), b"a person's\n", 0o644);
+    let s = Second::start(&m, &dir, &m.policy_path());
+    let left = names_str(&work).unwrap();
+    for gone in [&copy, &removed, &emptied] {
+        assert!(!left.contains(gone), "{gone} swept: {left:?}");
+    }
+    for stays in [&kept, &live, &"notes".to_string()] {
+        assert!(left.contains(stays), "{stays} kept: {left:?}");
+    }
+    assert_eq!(
+        fs::read(work.join(&kept).join("data")).unwrap(),
+        b"the agent's\n"
+    );
+    assert_eq!(names_str(&work.join(&kept)).unwrap(), ["data", "w"]);
+    assert_eq!(fs::read(work.join(&live)).unwrap(), b"in flight\n");
+    assert_eq!(fs::read(s.mnt("new")).unwrap(), b"n\n");
     drop(other);
 }
 

@@ -9,6 +9,14 @@
 //! Invariants: walked one `O_PATH|O_NOFOLLOW` step at a time from the upper's root
 //! (symlinks never followed); holds one directory's descriptors at a time (pending
 //! directories are kept as paths); nothing but such a leftover is deleted.
+//!
+//! And what a crash left in `DIR/work` (outside the view): an entry named exactly
+//! `#fencefs-{up,rm,empty,probe}.<PID>.<N>` whose PID is not a live fencefs — a copy-up
+//! never renamed into place (its SOURCE object is still there), a removed object not yet
+//! deleted, a directory swapped out before a rename, a probe's scratch file. A file goes;
+//! a directory only if it holds nothing but whiteouts (a removed directory's); one that
+//! holds anything else stays, with a warning — it is what a log line may have pointed a
+//! person to (a directory that could not be put back).
 
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -86,6 +94,75 @@ pub fn sweep_new_leftovers(upper: BorrowedFd<'_>) -> io::Result<usize> {
     Ok(swept)
 }
 
+/// The PID of a work directory's leftover `#fencefs-{up,rm,empty,probe}.PID.N`.
+fn work_leftover_pid(name: &[u8]) -> Option<u32> {
+    ["up", "rm", "empty", "probe"].iter().find_map(|k| {
+        let rest = name.strip_prefix(format!("#fencefs-{k}.").as_bytes())?;
+        leftover_pid(&[b"#fencefs-new.".as_slice(), rest].concat())
+    })
+}
+
+/// Deletes what a crash left in the work directory `work` (see the module header);
+/// returns how many entries went.
+pub fn sweep_work_leftovers(work: BorrowedFd<'_>) -> io::Result<usize> {
+    let proc_fd = sys::open_proc_self_fd()?;
+    let d = sys::reopen_dir(proc_fd.as_fd(), work)?;
+    let mut swept = 0;
+    for e in sys::read_dir(d.as_fd())? {
+        match work_leftover_pid(&e.name) {
+            Some(pid) if !live_fencefs(pid) => {}
+            _ => continue,
+        }
+        let name = Name::new(&e.name)?;
+        let shown = String::from_utf8_lossy(&e.name).into_owned();
+        let Ok(st) = sys::fstatat_nofollow(work, &name) else {
+            continue;
+        };
+        let r = if st.st_mode & libc::S_IFMT == libc::S_IFDIR {
+            remove_whiteouts_only(proc_fd.as_fd(), work, &name)
+        } else {
+            sys::unlinkat(work, &name, 0).map(|()| true)
+        };
+        match r {
+            Ok(true) => swept += 1,
+            Ok(false) => log::warn!(
+                "stage: the work directory's {shown}, left by a crash, holds more than                  whiteouts: it stays (look through it, then delete it)"
+            ),
+            Err(err) => {
+                log::warn!("stage: the work directory's {shown}, left by a crash, stays: {err}")
+            }
+        }
+    }
+    if swept > 0 {
+        log::warn!("stage: removed {swept} entries a crash left in the work directory");
+    }
+    Ok(swept)
+}
+
+/// Deletes directory `at/name` if it holds nothing but whiteouts (0/0 character
+/// devices), them first; `false` (nothing deleted) if it holds anything else.
+fn remove_whiteouts_only(
+    proc_fd: BorrowedFd<'_>,
+    at: BorrowedFd<'_>,
+    name: &Name,
+) -> io::Result<bool> {
+    let dir = sys::open_path(at, name)?;
+    let d = sys::reopen_dir(proc_fd, dir.as_fd())?;
+    let mut whiteouts = Vec::new();
+    for e in sys::read_dir(d.as_fd())? {
+        let n = Name::new(&e.name)?;
+        let st = sys::fstatat_nofollow(dir.as_fd(), &n)?;
+        if st.st_mode & libc::S_IFMT != libc::S_IFCHR || st.st_rdev != 0 {
+            return Ok(false);
+        }
+        whiteouts.push(n);
+    }
+    for w in &whiteouts {
+        sys::unlinkat(dir.as_fd(), w, 0)?;
+    }
+    sys::unlinkat(at, name, libc::AT_REMOVEDIR).map(|()| true)
+}
+
 /// The directory at relative `path` under `root` (`None`: not a directory any more).
 fn walk_dir(
     proc_fd: BorrowedFd<'_>,
@@ -113,7 +190,25 @@ fn walk_dir(
 
 #[cfg(test)]
 mod tests {
-    use super::leftover_pid;
+    use super::{leftover_pid, work_leftover_pid};
+
+    #[test]
+    fn a_work_leftover_is_one_of_the_unions_own_temporary_names() {
+        assert_eq!(work_leftover_pid(b"#fencefs-up.123.0"), Some(123));
+        assert_eq!(work_leftover_pid(b"#fencefs-rm.9.42"), Some(9));
+        assert_eq!(work_leftover_pid(b"#fencefs-empty.7.1"), Some(7));
+        assert_eq!(work_leftover_pid(b"#fencefs-probe.7.1"), Some(7));
+        for n in [
+            &b"#fencefs-new.1.2"[..],
+            b"#fencefs-up.1",
+            b"#fencefs-rm.1.2.3",
+            b"#fencefs-trash.1.2",
+            b"work",
+            b"index",
+        ] {
+            assert_eq!(work_leftover_pid(n), None, "{}", String::from_utf8_lossy(n));
+        }
+    }
 
     #[test]
     fn only_the_exact_pattern_is_a_leftover() {
