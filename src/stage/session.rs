@@ -43,16 +43,15 @@ pub fn start_union(
             dir.display()
         );
     }
+    let u = union_of(&area, source)?;
     // What a crash left in DIR/work (outside the view): only the union's own temporary
     // entries, a directory only if it holds nothing but whiteouts.
-    let work = crate::host::sys::open_root(&area.work());
-    if let Err(e) = work.and_then(|w| crate::host::union::sweep_work_leftovers(w.as_fd())) {
+    if let Err(e) = u.sweep_work_leftovers() {
         log::warn!(
             "stage '{}': looking for leftovers in the work directory: {e}",
             dir.display()
         );
     }
-    let u = union_of(&area, source)?;
     started(area, src);
     Ok(std::sync::Arc::new(u))
 }

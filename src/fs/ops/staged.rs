@@ -35,6 +35,12 @@ pub struct Noted {
 }
 
 impl Noted {
+    /// The record a whiteout the change leaves carries, if known before the change (see
+    /// [`Pending::whiteout_record`]).
+    pub fn whiteout_record(&self) -> Option<(Vec<u8>, Vec<u8>)> {
+        self.p.as_ref()?.whiteout_record()
+    }
+
     /// The same record for the entry a rename moved to `path` in directory `parent`.
     pub fn moved_to(&self, path: &[u8], parent: u64) -> Noted {
         Noted {
@@ -42,14 +48,6 @@ impl Noted {
             parent,
             bases: self.bases.clone(),
         }
-    }
-}
-
-impl Noted {
-    /// The record a whiteout the change leaves carries, if known before the change (see
-    /// [`Pending::whiteout_record`]).
-    pub fn whiteout_record(&self) -> Option<(Vec<u8>, Vec<u8>)> {
-        self.p.as_ref()?.whiteout_record()
     }
 }
 

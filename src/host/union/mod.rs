@@ -52,7 +52,7 @@ mod sweep;
 pub use change::NewName;
 pub use list::MergedEntry;
 pub use remove::{Label, Left};
-pub use sweep::{reserved, sweep_new_leftovers, sweep_work_leftovers};
+pub use sweep::{reserved, sweep_new_leftovers};
 
 /// Prefixes of overlayfs's markers.
 pub const TRUSTED: &[u8] = b"trusted.overlay.";

@@ -224,7 +224,7 @@ impl Union {
 
     /// Deletes directory `at/name` if it holds whiteouts only (`ENOTEMPTY` otherwise,
     /// before anything is deleted).
-    fn delete_dir(&self, at: BorrowedFd<'_>, name: &Name) -> io::Result<()> {
+    pub(super) fn delete_dir(&self, at: BorrowedFd<'_>, name: &Name) -> io::Result<()> {
         let d = sys::open_path(at, name)?;
         let whiteouts = self
             .only_whiteouts(d.as_fd())?

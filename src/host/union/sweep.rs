@@ -102,65 +102,45 @@ fn work_leftover_pid(name: &[u8]) -> Option<u32> {
     })
 }
 
-/// Deletes what a crash left in the work directory `work` (see the module header);
-/// returns how many entries went.
-pub fn sweep_work_leftovers(work: BorrowedFd<'_>) -> io::Result<usize> {
-    let proc_fd = sys::open_proc_self_fd()?;
-    let d = sys::reopen_dir(proc_fd.as_fd(), work)?;
-    let mut swept = 0;
-    for e in sys::read_dir(d.as_fd())? {
-        match work_leftover_pid(&e.name) {
-            Some(pid) if !live_fencefs(pid) => {}
-            _ => continue,
-        }
-        let name = Name::new(&e.name)?;
-        let shown = String::from_utf8_lossy(&e.name).into_owned();
-        let Ok(st) = sys::fstatat_nofollow(work, &name) else {
-            continue;
-        };
-        let r = if st.st_mode & libc::S_IFMT == libc::S_IFDIR {
-            remove_whiteouts_only(proc_fd.as_fd(), work, &name)
-        } else {
-            sys::unlinkat(work, &name, 0).map(|()| true)
-        };
-        match r {
-            Ok(true) => swept += 1,
-            Ok(false) => log::warn!(
-                "stage: the work directory's {shown}, left by a crash, holds more than                  whiteouts: it stays (look through it, then delete it)"
-            ),
-            Err(err) => {
-                log::warn!("stage: the work directory's {shown}, left by a crash, stays: {err}")
+impl super::Union {
+    /// Deletes what a crash left in `DIR/work` (see the module header) — a directory
+    /// through [`super::Union::delete_dir`], the removal's own deletion of a directory
+    /// of whiteouts; returns how many entries went. Called before the union serves.
+    pub fn sweep_work_leftovers(&self) -> io::Result<usize> {
+        let work = self.work()?;
+        let d = sys::reopen_dir(self.proc_fd.as_fd(), work)?;
+        let mut swept = 0;
+        for e in sys::read_dir(d.as_fd())? {
+            match work_leftover_pid(&e.name) {
+                Some(pid) if !live_fencefs(pid) => {}
+                _ => continue,
+            }
+            let name = Name::new(&e.name)?;
+            let shown = String::from_utf8_lossy(&e.name).into_owned();
+            let Ok(st) = sys::fstatat_nofollow(work, &name) else {
+                continue;
+            };
+            let r = if st.st_mode & libc::S_IFMT == libc::S_IFDIR {
+                self.delete_dir(work, &name)
+            } else {
+                sys::unlinkat(work, &name, 0)
+            };
+            match r {
+                Ok(()) => swept += 1,
+                Err(err) if err.raw_os_error() == Some(libc::ENOTEMPTY) => log::warn!(
+                    "stage: the work directory's {shown}, left by a crash, holds more than \
+                     whiteouts: it stays (look through it, then delete it)"
+                ),
+                Err(err) => {
+                    log::warn!("stage: the work directory's {shown}, left by a crash, stays: {err}")
+                }
             }
         }
-    }
-    if swept > 0 {
-        log::warn!("stage: removed {swept} entries a crash left in the work directory");
-    }
-    Ok(swept)
-}
-
-/// Deletes directory `at/name` if it holds nothing but whiteouts (0/0 character
-/// devices), them first; `false` (nothing deleted) if it holds anything else.
-fn remove_whiteouts_only(
-    proc_fd: BorrowedFd<'_>,
-    at: BorrowedFd<'_>,
-    name: &Name,
-) -> io::Result<bool> {
-    let dir = sys::open_path(at, name)?;
-    let d = sys::reopen_dir(proc_fd, dir.as_fd())?;
-    let mut whiteouts = Vec::new();
-    for e in sys::read_dir(d.as_fd())? {
-        let n = Name::new(&e.name)?;
-        let st = sys::fstatat_nofollow(dir.as_fd(), &n)?;
-        if st.st_mode & libc::S_IFMT != libc::S_IFCHR || st.st_rdev != 0 {
-            return Ok(false);
+        if swept > 0 {
+            log::warn!("stage: removed {swept} entries a crash left in the work directory");
         }
-        whiteouts.push(n);
+        Ok(swept)
     }
-    for w in &whiteouts {
-        sys::unlinkat(dir.as_fd(), w, 0)?;
-    }
-    sys::unlinkat(at, name, libc::AT_REMOVEDIR).map(|()| true)
 }
 
 /// The directory at relative `path` under `root` (`None`: not a directory any more).
