@@ -104,7 +104,7 @@ fn work_leftover_pid(name: &[u8]) -> Option<u32> {
 
 impl super::Union {
     /// Deletes what a crash left in `DIR/work` (see the module header) — a directory
-    /// through [`super::Union::delete_dir`], the removal's own deletion of a directory
+    /// through `delete_dir`, the removal's own deletion of a directory
     /// of whiteouts; returns how many entries went. Called before the union serves.
     pub fn sweep_work_leftovers(&self) -> io::Result<usize> {
         let work = self.work()?;
