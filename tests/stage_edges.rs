@@ -527,3 +527,58 @@ fn a_character_device_0_0_is_staged_reported_as_0_0_and_applied_as_one() {
     );
     assert_eq!(r.stdout, "0:3ffff\n", "{}", r.stderr);
 }
+
+/// A character device 0/0 the host holds, changed through a staged mount (`chmod`): its
+/// copy-up is a stand-in, not a 0/0 device in DIR/upper — which is a whiteout, so `status`
+/// listed the device deleted and `apply` would have deleted the host's device (before).
+/// The mount shows it changed, `status` lists a metadata change, `apply` gives SOURCE's
+/// device the new mode and keeps it 0/0.
+#[test]
+fn a_source_0_0_device_changed_through_the_mount_stays_a_device() {
+    let b = Mount::builder("stage-cdev0-up").policy(&format!("{WRITE}allow_devices = true\n"));
+    sh_in(
+        &b.host(""),
+        "mknod -m 644 dev c 0 0 && touch -d '2020-01-01' dev",
+    )
+    .assert_ok("the host's 0/0 device");
+    let dir = stage_dir(&b);
+    let sock = b.root().join("ctl.sock");
+    let m = b
+        .arg("--stage")
+        .arg(&dir)
+        .arg("--control")
+        .arg(&sock)
+        .start();
+    let before = snapshot(&m.host(""));
+    m.sh("chmod 600 dev").assert_ok("chmod through the mount");
+    assert_eq!(
+        dev_stat(&m.mnt(""), "dev"),
+        "dev character special file 0:0 600\n"
+    );
+    assert_host_unchanged(&before, &m.host(""), "the chmod is staged");
+    assert_eq!(
+        dev_stat(&dir.join("upper"), "dev"),
+        "dev character special file 0:3ffff 600\n",
+        "a stand-in in DIR, not a whiteout"
+    );
+    let st = run_fencefs(
+        ["stage".as_ref(), "status".as_ref(), sock.as_os_str()],
+        LIMIT,
+    );
+    st.assert_ok("status");
+    assert_eq!(st.stdout, "m dev\n");
+    run_fencefs(
+        ["stage".as_ref(), "apply".as_ref(), sock.as_os_str()],
+        LIMIT,
+    )
+    .assert_ok("apply");
+    assert_eq!(
+        dev_stat(&m.host(""), "dev"),
+        "dev character special file 0:0 600\n",
+        "SOURCE's device kept, with the new mode"
+    );
+    assert_eq!(
+        dev_stat(&m.mnt(""), "dev"),
+        "dev character special file 0:0 600\n"
+    );
+}

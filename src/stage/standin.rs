@@ -20,7 +20,7 @@ use crate::host::sys::{self, Name};
 
 /// The reserved device number of a stand-in: major 0, minor 0x3ffff (the largest minor
 /// every local file system stores, XFS's 18 bits included).
-pub const STAND_IN: u64 = libc::makedev(0, 0x3ffff);
+pub const STAND_IN: u64 = crate::host::union::STAND_IN;
 
 /// The label's name and value.
 pub const LABEL: &[u8] = b"trusted.fencefs.dev";

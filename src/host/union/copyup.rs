@@ -154,6 +154,11 @@ impl Union {
             }
             libc::S_IFDIR => sys::mkdirat(work, tmp, 0o700)?,
             libc::S_IFLNK => sys::symlinkat(&sys::readlink_fd(fd)?, work, tmp)?,
+            // SOURCE's 0/0 device: copied as its stand-in (a 0/0 copy would be a whiteout,
+            // and `apply` would delete the device the agent only changed).
+            libc::S_IFCHR if st.st_rdev == 0 => {
+                sys::mknodat(work, tmp, st.st_mode, super::STAND_IN)?
+            }
             _ => sys::mknodat(work, tmp, st.st_mode, st.st_rdev)?,
         }
         let new = sys::open_path(work, tmp)?;

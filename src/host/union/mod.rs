@@ -140,6 +140,12 @@ pub struct Found {
     pub btime: Option<i128>,
 }
 
+/// What a character device 0/0 of SOURCE is copied up as: 0/0 in any other layer is a
+/// whiteout, so the copy is a device with this reserved number instead (major 0, which no
+/// driver registers; minor 0x3ffff, the largest every local file system stores) — the
+/// stand-in `stage::standin` reads back as 0/0.
+pub const STAND_IN: u64 = libc::makedev(0, 0x3ffff);
+
 /// A staged mount's layers.
 pub struct Union {
     layers: Vec<OwnedFd>,
