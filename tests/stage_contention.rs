@@ -296,12 +296,12 @@ fn a_flood_past_one_uids_share_does_not_stall_anothers_requests_on_its_queue() {
     }
 }
 
-/// A removal whose lookup found SOURCE's file, and a copy-up of that name landing before
-/// the removal takes the union's names lock (made wide by the test-only pause
-/// `FENCEFS_FAULT_UNION_PAUSE=remove:MS`): the removal looks the name up again under the
-/// lock and removes the copy (before: its whiteout collided with the copy, `rm: File
-/// exists`). On `/dev/fuse`, whose session threads serve the open while the removal's
-/// thread pauses.
+/// A removal of SOURCE's file, and a copy-up of that name landing before the removal
+/// takes the union's names lock (made wide by the test-only pause
+/// `FENCEFS_FAULT_UNION_PAUSE=remove:MS`): the one-look removal's whiteout finds the name
+/// taken (EEXIST, nothing done), and the removal looks the name up again and removes the
+/// copy (before: its whiteout collided with the copy, `rm: File exists`). On `/dev/fuse`,
+/// whose session threads serve the open while the removal's thread pauses.
 #[test]
 fn a_removal_removes_the_copy_up_that_landed_after_its_lookup() {
     let b = Mount::builder("rm_race")
@@ -345,12 +345,12 @@ fn a_removal_removes_the_copy_up_that_landed_after_its_lookup() {
     assert_eq!(fs::read(m.host("f")).unwrap(), b"source\n");
 }
 
-/// The removal's look again under the names lock (`union::remove`) when the SOURCE entry
-/// it found changed meanwhile (the pause `remove:MS` holds it between its lookup and the
-/// lock): the host deleting the file makes it ENOENT, the host replacing it with a
-/// directory makes it ESTALE, on which the kernel looks the name up again and the unlink
-/// ends EISDIR, as on a local disk — and in both cases no whiteout is made and nothing of
-/// SOURCE or DIR/upper is changed by the removal.
+/// A removal of SOURCE's file that the host changed before the removal took the names
+/// lock (the pause `remove:MS` holds it there): the host deleting the file makes it
+/// ENOENT, the host replacing it with a directory EISDIR, as on a local disk (the one-look
+/// removal finds no file under the lock, and the removal the general way finds what
+/// stands there now) — and in both cases no whiteout is made and nothing of SOURCE or
+/// DIR/upper is changed by the removal.
 #[test]
 fn a_removal_whose_source_entry_changed_meanwhile_is_refused() {
     for (case, host_change, errno) in [
@@ -384,11 +384,11 @@ fn a_removal_whose_source_entry_changed_meanwhile_is_refused() {
 }
 
 /// The host replacing SOURCE's file with another file (`mv g f`: same kind, another
-/// inode) while a removal of it waits between its lookup and the names lock (the pause
-/// `remove:MS`): the removal goes through (the agent deleted what it saw), and its
-/// whiteout — made and given its record under the lock — names the file the agent saw,
-/// not the host's new one: `stage status` shows the deletion as a conflict and `apply`
-/// leaves the host's file alone.
+/// inode) after the agent looked it up, while the removal waits before the names lock
+/// (the pause `remove:MS`): the removal goes through (the agent deleted what it saw), and
+/// its whiteout — made and given its record under the lock — names the file the agent
+/// saw (the kernel's node for the name), not the host's new one it found there: `stage
+/// status` shows the deletion as a conflict and `apply` leaves the host's file alone.
 #[test]
 fn a_removal_records_the_file_it_saw_when_the_host_replaced_it_meanwhile() {
     let b = Mount::builder("rm_race_replaced")

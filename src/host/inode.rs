@@ -667,6 +667,13 @@ impl Inodes {
         self.drop_fds(removed);
     }
 
+    /// The host identity node `ino` was last seen as; `None` for an unknown id, or a node
+    /// whose identity is to be read again (the view under the mount was replaced).
+    pub fn key(&self, ino: u64) -> Option<Key> {
+        let t = self.table.lock();
+        t.nodes.get(&ino).filter(|n| !n.loose).map(|n| n.key)
+    }
+
     /// Finds the node currently known as `parent/name`, if any.
     pub fn child(&self, parent: u64, name: &[u8]) -> Option<u64> {
         let k: (u64, Box<[u8]>) = (parent, name.into());

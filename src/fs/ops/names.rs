@@ -559,34 +559,48 @@ impl Shared {
         let v = self.allow(ctx, op, &path, dir, Need::Write, Special::default())?;
         let known = self.inodes.child(parent, name.bytes());
         let pin = known.and_then(|i| self.pin_handle(i));
-        // A staged unlink notes the entry the merged view shows, and removes that finding
-        // (one lookup of the name, not two).
-        let seen = (!dir && self.bases.is_some())
-            .then(|| self.inodes.peek_entry(parent, name).ok())
-            .flatten();
-        let note = if dir {
-            None
-        } else {
-            self.note_peeked(&path, parent, true, seen.as_ref())
-        };
-        // A deletion's record, when known now, is set on its whiteout as it is made.
-        let rec = note.as_ref().and_then(|n| n.whiteout_record());
-        let label = rec.as_ref().map(|(n, v)| (n.as_slice(), v.as_slice()));
-        match self.inodes.remove_seen(parent, name, dir, seen, label) {
-            Ok(left) => self.noted_removal(note, left),
-            Err(e) => {
-                return Err(if dir {
-                    self.not_empty(ctx, op, &path, &v, parent, name, e)
-                } else {
-                    e.into()
-                });
-            }
+        // A staged unlink of SOURCE's file: one look, under the merged view's lock.
+        let done = !dir && self.remove_source_file(&path, parent, name, known)?;
+        if !done {
+            self.remove_shown(ctx, (op, &path, &v), parent, name, dir)?;
         }
         self.inodes.remove_alias(parent, name.bytes(), &path, pin);
         if !dir {
             self.provisional_gone(ctx, &path, true);
         }
         Ok(())
+    }
+
+    /// unlink / rmdir of what the merged view (or the host's directory) shows at `name`,
+    /// allowed as `v` for `op` on `path`. A staged unlink notes the entry shown, and
+    /// removes that finding (one lookup of the name, not two).
+    fn remove_shown(
+        &self,
+        ctx: &Ctx,
+        (op, path, v): (&'static str, &[u8], &Verdict),
+        parent: u64,
+        name: &Name,
+        dir: bool,
+    ) -> Res<()> {
+        let seen = (!dir && self.bases.is_some())
+            .then(|| self.inodes.peek_entry(parent, name).ok())
+            .flatten();
+        let note = if dir {
+            None
+        } else {
+            self.note_peeked(path, parent, true, seen.as_ref())
+        };
+        // A deletion's record, when known now, is set on its whiteout as it is made.
+        let rec = note.as_ref().and_then(|n| n.whiteout_record());
+        let label = rec.as_ref().map(|(n, v)| (n.as_slice(), v.as_slice()));
+        match self.inodes.remove_seen(parent, name, dir, seen, label) {
+            Ok(left) => {
+                self.noted_removal(note, left);
+                Ok(())
+            }
+            Err(e) if dir => Err(self.not_empty(ctx, op, path, v, parent, name, e)),
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// rename (with `RENAME_NOREPLACE` / `RENAME_EXCHANGE`): `write` on both names; a

@@ -151,6 +151,52 @@ impl Shared {
         })
     }
 
+    /// A staged unlink of SOURCE's file at `path` (`name` in `parent`; the kernel's node
+    /// for it: `known`) in one look under the merged view's lock
+    /// ([`Inodes::remove_below`](crate::host::inode::Inodes::remove_below)), noted with
+    /// what it hid — or, when the kernel's node for the name is another object (the host
+    /// replaced the file after the agent looked it up), with that node's identity: the
+    /// agent deleted what it saw, and the host's file there is a conflict for `apply`.
+    /// Whether it was that case (else nothing was changed or noted).
+    pub(super) fn remove_source_file(
+        &self,
+        path: &[u8],
+        parent: u64,
+        name: &Name,
+        known: Option<u64>,
+    ) -> Res<bool> {
+        let Some(b) = self.bases.as_ref() else {
+            return Ok(false);
+        };
+        let seen_as = known.and_then(|i| self.inodes.key(i));
+        let r = self.inodes.remove_below(parent, name, |st, btime| {
+            let seen = match seen_as {
+                Some((dev, ino)) if (dev, ino) != (st.st_dev, st.st_ino) => (ino, 0),
+                _ => (st.st_ino, btime),
+            };
+            let note = b
+                .before(
+                    path,
+                    || Some(seen),
+                    true,
+                    UpperDir::Parent(None),
+                    Below::Source,
+                )
+                .map(|p| Noted {
+                    p: Some(p),
+                    parent,
+                    bases: b.clone(),
+                });
+            let rec = note.as_ref().and_then(Noted::whiteout_record);
+            (note, rec)
+        })?;
+        let Some((left, note)) = r else {
+            return Ok(false);
+        };
+        self.noted_removal(note, left);
+        Ok(true)
+    }
+
     /// Before a change of node `ino` in place (a write open, setattr, xattrs, a link).
     pub(super) fn note_node(&self, ino: u64) -> Note {
         let b = self.bases.as_ref()?;

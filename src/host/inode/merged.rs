@@ -465,6 +465,24 @@ impl Inodes {
         self.remove_seen(parent, name, dir, None, None).map(|_| ())
     }
 
+    /// A staged unlink of SOURCE's non-directory `name` in `parent` in one look under the
+    /// union's names lock ([`Union::remove_below`], which calls `note` with what it hid):
+    /// `None` when that is not the case, nothing changed — the caller peeks and removes
+    /// the general way ([`Inodes::remove_seen`]).
+    pub fn remove_below<N>(
+        &self,
+        parent: u64,
+        name: &Name,
+        note: impl FnOnce(&libc::stat, i128) -> (N, Option<(Vec<u8>, Vec<u8>)>),
+    ) -> io::Result<Option<(Left, N)>> {
+        let Some(u) = self.union_for(parent) else {
+            return Ok(None);
+        };
+        let ps = self.stack(&u, parent)?;
+        crate::host::union::pause_point("remove");
+        u.remove_below(&ps, name, note)
+    }
+
     /// [`Inodes::remove_name`] of a name the same request looked up just before with
     /// [`Inodes::peek_entry`] (a staged unlink notes the entry first): the removal acts on that
     /// finding instead of looking the name up again — as it would on a second look a

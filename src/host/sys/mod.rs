@@ -26,7 +26,7 @@ pub use process::{
     raise_nofile_limit, set_umask, trim_heap, write_and_close,
 };
 pub use procs::{effective_caps, open_proc, pidfd_id, pidfd_open, pidfd_pids, proc_link};
-pub use statx::fstat_btime;
+pub use statx::{fstat_btime, fstatat_btime};
 /// Opens what the xattr calls hold (before serving: see [`xattr::prepare`]).
 pub use xattr::prepare as prepare_xattr;
 pub use xattr::{Xattr, getxattr_fd, listxattr_fd, lsetxattr_at, removexattr_fd, setxattr_fd};

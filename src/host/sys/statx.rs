@@ -1,7 +1,8 @@
 //! One `statx` for what `fstat` gives and the birth time: the staged mount's lookup that
 //! notes a change (`Union::lookup_in` asked for birth times) learns the entry's identity
 //! — inode and birth time, what a base record holds — in the call that stats it, instead
-//! of a second call.
+//! of a second call; a staged unlink of SOURCE's file learns it by name, under the
+//! union's names lock (`Union::remove_below`).
 //!
 //! Invariant: the `libc::stat` returned is field for field what `fstatat` returns for the
 //! same object (device numbers encoded as glibc's `makedev`, which is the kernel's
@@ -11,18 +12,33 @@
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd};
 
-use super::cvt;
+use std::ffi::CStr;
+
+use super::{Name, cvt};
 
 /// `fstat` of an `O_PATH` handle and its birth time in ns since the epoch (`None` where
 /// the file system keeps none).
 pub fn fstat_btime(fd: BorrowedFd<'_>) -> io::Result<(libc::stat, Option<i128>)> {
+    statx(fd, c"", libc::AT_EMPTY_PATH)
+}
+
+/// [`fstat_btime`] of entry `name` of directory `dir`, not followed if a symlink.
+pub fn fstatat_btime(dir: BorrowedFd<'_>, name: &Name) -> io::Result<(libc::stat, Option<i128>)> {
+    statx(dir, name.c(), 0)
+}
+
+fn statx(
+    at: BorrowedFd<'_>,
+    path: &CStr,
+    flags: libc::c_int,
+) -> io::Result<(libc::stat, Option<i128>)> {
     let mut sx = std::mem::MaybeUninit::<libc::statx>::zeroed();
-    // SAFETY: valid fd with an empty, NUL-terminated path; sx points to a writable statx.
+    // SAFETY: valid fd and NUL-terminated path; sx points to a writable statx.
     cvt(unsafe {
         libc::statx(
-            fd.as_raw_fd(),
-            c"".as_ptr(),
-            libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW,
+            at.as_raw_fd(),
+            path.as_ptr(),
+            flags | libc::AT_SYMLINK_NOFOLLOW,
             libc::STATX_BASIC_STATS | libc::STATX_BTIME,
             sx.as_mut_ptr(),
         )
@@ -115,6 +131,15 @@ mod tests {
             let want = super::super::fstat(fd.as_fd()).unwrap();
             let (got, btime) = fstat_btime(fd.as_fd()).unwrap();
             assert!(same(&want, &got), "{path:?}\n{want:?}\n{got:?}");
+            // By name in its directory: the same, a symlink not followed.
+            let at = super::super::open_root(path.parent().unwrap()).unwrap();
+            let n = name(path.file_name().unwrap().to_str().unwrap());
+            let (by_name, btime_by_name) = fstatat_btime(at.as_fd(), &n).unwrap();
+            assert!(
+                same(&want, &by_name),
+                "{path:?} by name\n{want:?}\n{by_name:?}"
+            );
+            assert_eq!(btime, btime_by_name, "{path:?} by name");
             // std's own statx, by path: the same birth time, or none.
             let created = std::fs::symlink_metadata(path).unwrap().created().ok();
             let ns = created.map(|t| {

@@ -16,7 +16,7 @@
 //! of its renames — so the test can show what a crash there leaves.
 //!
 //! With `FENCEFS_FAULT_UNION_PAUSE=STEP:MS` the daemon sleeps at that step instead (see
-//! [`pause_point`]: `remove`, between a removal's lookup and the names lock; `copy-up`,
+//! [`pause_point`]: `remove`, before a removal takes the names lock; `copy-up`,
 //! between a copy's data and the check that its source was not changed meanwhile;
 //! `copy-up-follow`, between a follower's wait for the copy in flight and its open of the
 //! copy by name), so a test can land a concurrent request in that window.

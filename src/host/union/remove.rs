@@ -6,9 +6,10 @@
 //! rename is first swapped with an empty opaque copy of itself.
 //!
 //! Invariants: a removal acts on what the merged view shows at the name under the names
-//! lock (a lower non-directory found before it is looked at again there — one `fstatat`
-//! of the layer below the upper, and the whiteout's `mknod` failing `EEXIST` if the upper
-//! gained the name — and anything else looked up again in full); the merged view changes
+//! lock (SOURCE's non-directory right below an upper part is looked at only there —
+//! `Union::remove_below`; a lower non-directory found before it is looked at again there —
+//! one `fstatat` of the layer below the upper, and the whiteout's `mknod` failing `EEXIST`
+//! if the upper gained the name — and anything else looked up again in full); the merged view changes
 //! in one step — a crash or a failure at any step
 //! shows either the name as it was or the name removed, never SOURCE's entry in between
 //! (what the agent deleted is never shown again) and never a directory emptied of its
@@ -131,6 +132,45 @@ impl Union {
             return Err(e);
         }
         Ok(left)
+    }
+
+    /// A removal of SOURCE's non-directory `name` from merged directory `parent` in one
+    /// look, under the names lock (a staged unlink's common case: `rm -rf` of a tree the
+    /// host holds): when the upper part of `parent` exists and the layer right below it is
+    /// SOURCE (no sealed layer between), the entry is stated there by name (`statx`, its
+    /// birth time with it) and hidden with one mknod — which fails `EEXIST`, and nothing
+    /// is done, if the upper holds anything at the name. `note` is given what was hidden
+    /// (attributes, birth time: 0 where none is kept) once the whiteout stands and returns
+    /// the caller's note of it with the label the whiteout gets at once. `None`: not that
+    /// case (a directory, nothing in SOURCE, something in the upper, no upper part yet):
+    /// nothing was changed and `note` was not called; the caller takes the general way.
+    pub fn remove_below<N>(
+        &self,
+        parent: &Stack,
+        name: &Name,
+        note: impl FnOnce(&libc::stat, i128) -> (N, Option<(Vec<u8>, Vec<u8>)>),
+    ) -> io::Result<Option<(Left, N)>> {
+        let [top, below, ..] = parent.parts.as_slice() else {
+            return Ok(None);
+        };
+        if top.layer != 0 || !self.is_source(below.layer) {
+            return Ok(None);
+        }
+        let up = top.fd.as_fd();
+        let _g = self.names.lock();
+        let (st, btime) = match sys::fstatat_btime(below.fd.as_fd(), name) {
+            Ok(x) if kind(&x.0) != libc::S_IFDIR => x,
+            _ => return Ok(None),
+        };
+        match self.whiteout(up, name) {
+            Ok(()) => {}
+            Err(e) if e.raw_os_error() == Some(libc::EEXIST) => return Ok(None),
+            Err(e) => return Err(e),
+        }
+        let (n, label) = note(&st, btime.unwrap_or(0));
+        let label = label.as_ref().map(|(k, v)| (k.as_slice(), v.as_slice()));
+        let labelled = self.label(up, name, label);
+        Ok(Some((Left::Whiteout { labelled }, n)))
     }
 
     /// A lower layer's non-directory `f`, found before the names lock was taken, hidden
