@@ -169,12 +169,20 @@ pub struct Layers {
     pub lower: Lower,
 }
 
-/// When the staged entry `dir/name` was made (ns), its birth time or else its ctime.
+/// When the staged entry `dir/name` was made (ns): its birth time or else its ctime —
+/// earlier if a replacement carried an older time over (a file's or directory's
+/// [`ssys::STAGED_AT`] mark, a whiteout's modification time: `host::union`'s staged
+/// times).
 fn staged_at(dir: &Node, name: &[u8], st: &libc::stat) -> i128 {
-    Name::new(name)
+    let t = Name::new(name)
         .ok()
-        .and_then(|n| ssys::btime_ns(dir.fd.as_fd(), &n).ok().flatten())
-        .unwrap_or(st.st_ctime as i128 * 1_000_000_000 + st.st_ctime_nsec as i128)
+        .and_then(|n| ssys::staged_ns(dir.fd.as_fd(), &n).ok().flatten())
+        .unwrap_or(ctime_ns(st));
+    if kind(st) == libc::S_IFCHR && st.st_rdev == 0 {
+        t.min(st.st_mtime as i128 * 1_000_000_000 + st.st_mtime_nsec as i128)
+    } else {
+        t
+    }
 }
 
 fn ctime_ns(st: &libc::stat) -> i128 {
@@ -187,8 +195,8 @@ fn ctime_ns(st: &libc::stat) -> i128 {
 /// made new, a stage older than the records): SOURCE's entry changed at or after `at`
 /// (`>=`: times tick coarsely, so a host edit in the copy-up's tick counts; that errs on
 /// the side of never overwriting a host edit).
-fn conflict(path: &[u8], u: &Node, l: Option<&Node>, at: i128) -> bool {
-    match base::of(u) {
+fn conflict(path: &[u8], rec: Option<base::Base>, l: Option<&Node>, at: i128) -> bool {
+    match rec {
         Some(b) => b.conflicts(
             path,
             l.map(|l| {
@@ -371,13 +379,16 @@ impl Layers {
             return Ok(Flow::Next);
         };
         let l = self.lower_at(dir.state.low.as_ref(), name)?;
-        let at = staged_at(up, name, &u.st);
+        let rec = base::of(&u);
+        // A record taken before the entry was made (a read, a deletion the entry took
+        // over) dates what the entry stands for.
+        let at = staged_at(up, name, &u.st).min(rec.as_ref().map_or(i128::MAX, |b| b.since));
         let p = join(path, name);
         // A SOURCE directory the staged entry deletes or replaces (a whiteout, a
         // file): what the host changed below it counts (its own ctime does not move).
         let gone_dir = l.as_ref().is_some_and(|l| kind(&l.st) == libc::S_IFDIR)
             && kind(&u.st) != libc::S_IFDIR;
-        let conflict = conflict(&p, &u, l.as_ref(), at)
+        let conflict = conflict(&p, rec, l.as_ref(), at)
             || (gone_dir
                 && match &l {
                     Some(l) => self.changed_since(l, at, &p)?,

@@ -124,7 +124,10 @@ impl Base {
         (kind(st) == libc::S_IFCHR && st.st_rdev == 0).then(|| Base {
             ino: 0,
             btime: 0,
-            since: ns(st.st_ctime, st.st_ctime_nsec),
+            // The whiteout's modification time: when what it stands for was staged, if
+            // older than the whiteout (a removed directory's, `host::union`'s staged
+            // times).
+            since: ns(st.st_ctime, st.st_ctime_nsec).min(ns(st.st_mtime, st.st_mtime_nsec)),
             path: path.into(),
         })
     }

@@ -40,8 +40,9 @@ pub fn try_lock(fd: BorrowedFd<'_>) -> io::Result<bool> {
 /// hidden through the mount and never compared or applied (`tree::OVL`).
 pub const STAGED_AT: &[u8] = b"trusted.overlay.fencefs.staged_at";
 
-/// [`STAGED_AT`]'s marker name, without the namespace (`tree::ovl` writes it).
-pub const STAGED: &[u8] = b"fencefs.staged_at";
+/// [`STAGED_AT`]'s marker name, without the namespace (`tree::ovl` writes it; the merged
+/// view carries it across replacements: `host::union::STAGED`).
+pub const STAGED: &[u8] = crate::host::union::STAGED;
 
 fn statx(dir: BorrowedFd<'_>, name: &[u8], flags: i32) -> io::Result<libc::statx> {
     let c = CString::new(name).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
@@ -76,6 +77,23 @@ pub fn btime_ns(dir: BorrowedFd<'_>, name: &Name) -> io::Result<Option<i128>> {
         return Ok(Some(t));
     }
     Ok(btime_of(&st))
+}
+
+/// When the staged entry `dir/name` was made, as far as its own attributes tell: its birth
+/// time, or an earlier [`STAGED_AT`] a regular file or directory carries (a sealed copy's,
+/// or a time the merged view carried over a replacement); `None` when the file system
+/// records no birth time and no mark is there.
+pub fn staged_ns(dir: BorrowedFd<'_>, name: &Name) -> io::Result<Option<i128>> {
+    let st = statx(dir, name.bytes(), 0)?;
+    let born = btime_of(&st);
+    if matches!(
+        st.stx_mode as u32 & libc::S_IFMT,
+        libc::S_IFREG | libc::S_IFDIR
+    ) && let Some(t) = staged_mark(dir, name)
+    {
+        return Ok(Some(born.map_or(t, |b| b.min(t))));
+    }
+    Ok(born)
 }
 
 /// When the staged file behind `fd` was made: its [`STAGED_AT`] mark, else its birth

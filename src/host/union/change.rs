@@ -21,7 +21,8 @@
 //! agent's new object under its temporary name) or a whiteout under such a name (hidden).
 
 use std::io;
-use std::os::fd::{AsFd, BorrowedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::Arc;
 
 use super::{Found, Stack, Union, crash_point, err, kind, temp_name};
 use crate::host::sys::{self, Name};
@@ -33,6 +34,9 @@ pub struct NewName {
     temp: Option<Name>,
     /// A lower layer holds this name: a new directory must be opaque.
     over_lower: bool,
+    /// The sealed layer's directory whose whiteout the new name goes over (none in the
+    /// upper): a new directory carries that whiteout's staged time (`staged.rs`).
+    sealed_whiteout: Option<Arc<OwnedFd>>,
 }
 
 impl NewName {
@@ -68,10 +72,14 @@ impl Union {
             None => false,
         };
         let mut over_lower = false;
+        let mut sealed_whiteout = None;
         for p in parent.parts.iter().filter(|p| p.layer > 0) {
             if let Some(whiteout) = self.entry_at(p.layer, p.fd.as_fd(), name)? {
                 if !over_whiteout && !whiteout {
                     return Err(err(libc::EEXIST));
+                }
+                if !over_whiteout && whiteout {
+                    sealed_whiteout = Some(p.fd.clone());
                 }
                 over_lower = true;
                 break;
@@ -80,6 +88,7 @@ impl Union {
         Ok(NewName {
             temp: (over_lower || over_whiteout).then(|| temp_name("new")),
             over_lower,
+            sealed_whiteout,
         })
     }
 
@@ -102,7 +111,7 @@ impl Union {
         }
         crash_point("new-made");
         let _g = self.names.lock();
-        let r = self.put_new(up, tmp, name, dir && n.over_lower, dir);
+        let r = self.put_new(up, tmp, name, n, dir);
         if r.is_err() {
             let flags = if dir { libc::AT_REMOVEDIR } else { 0 };
             if let Err(e) = sys::unlinkat(up, tmp, flags) {
@@ -115,18 +124,29 @@ impl Union {
         r
     }
 
-    /// Renames `up/tmp` to `up/name`: over a whiteout, or into the free name.
+    /// Renames `up/tmp` to `up/name`: over a whiteout, or into the free name. A directory
+    /// over a lower name is made opaque first, and carries the staged time of the
+    /// whiteout it goes over (`rm -rf d; mkdir d`: a host edit below `d` after the
+    /// removal stays a conflict).
     fn put_new(
         &self,
         up: BorrowedFd<'_>,
         tmp: &Name,
         name: &Name,
-        opaque: bool,
+        n: &NewName,
         dir: bool,
     ) -> io::Result<()> {
-        if opaque {
+        if dir && n.over_lower {
             let d = sys::open_path(up, tmp)?;
             self.set_marker(d.as_fd(), b"opaque", b"y")?;
+        }
+        if dir {
+            let replaced = match &n.sealed_whiteout {
+                Some(at) => self.whiteout_time(at.as_fd(), name)?,
+                None => self.whiteout_time(up, name)?,
+            };
+            let d = sys::open_path(up, tmp)?;
+            self.carry_staged(d.as_fd(), replaced)?;
         }
         if !self.upper_whiteout(up, name)? {
             return sys::renameat2(up, tmp, up, name, libc::RENAME_NOREPLACE);
@@ -239,6 +259,17 @@ impl Union {
             let d = up_dir()?;
             self.set_marker(d.as_fd(), b"opaque", b"y")?;
         }
+        // A directory moved onto a deleted name, or over a staged directory, stands for
+        // what that one stood for since its staged time.
+        if src_dir {
+            let replaced = match dst {
+                Some(d) if d.layer == 0 => Some(self.staged_time(d.fd.as_fd(), &d.st)),
+                Some(_) => None,
+                None => self.replaced_time(newparent, nup, newname)?,
+            };
+            let d = up_dir()?;
+            self.carry_staged(d.as_fd(), replaced)?;
+        }
         // A directory cannot replace the whiteout a deleted name left (ENOTDIR): it is
         // swapped with it, and the whiteout lands on the old name — kept there if a lower
         // layer shows that name, else deleted.
@@ -285,13 +316,18 @@ impl Union {
             return Err(err(libc::EXDEV));
         }
         let is_dir = |f: &Found| kind(&f.st) == libc::S_IFDIR;
+        // A directory moved onto a name a lower layer holds hides it (opaque), and stands
+        // for what the entry there stood for since its staged time.
+        let staged = |f: &Found| (f.layer == 0).then(|| self.staged_time(f.fd.as_fd(), &f.st));
         if is_dir(a) && self.lower_positive_any(newparent, newname)? {
             let d = sys::open_path(up, name)?;
             self.set_marker(d.as_fd(), b"opaque", b"y")?;
+            self.carry_staged(d.as_fd(), staged(b))?;
         }
         if is_dir(b) && self.lower_positive_any(parent, name)? {
             let d = sys::open_path(nup, newname)?;
             self.set_marker(d.as_fd(), b"opaque", b"y")?;
+            self.carry_staged(d.as_fd(), staged(a))?;
         }
         sys::renameat2(up, name, nup, newname, libc::RENAME_EXCHANGE)?;
         if is_dir(a) || is_dir(b) {

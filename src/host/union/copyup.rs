@@ -105,7 +105,15 @@ impl Union {
         );
         let tmp = temp_name("up");
         let work = self.work()?;
-        let made = self.make_copy(work, &tmp, fd, st, true);
+        let made = self.make_copy(work, &tmp, fd, st, true).and_then(|()| {
+            // A sealed layer's file or directory: the copy stands for it since it was
+            // staged (`staged.rs`), not since now.
+            if source || !matches!(kind(st), libc::S_IFREG | libc::S_IFDIR) {
+                return Ok(());
+            }
+            let new = sys::open_path(work, &tmp)?;
+            self.carry_staged(new.as_fd(), Some(self.staged_time(fd, st)))
+        });
         let res = made.and_then(|()| {
             super::pause_point("copy-up");
             unchanged(fd, st, source)?;

@@ -47,11 +47,13 @@ mod change;
 mod copyup;
 mod list;
 mod remove;
+mod staged;
 mod sweep;
 
 pub use change::NewName;
 pub use list::MergedEntry;
 pub use remove::{Label, Left};
+pub use staged::STAGED;
 pub use sweep::{reserved, sweep_new_leftovers};
 
 /// Prefixes of overlayfs's markers.

@@ -111,7 +111,10 @@ impl Union {
         // Taken before anything moves: once the entry is out, what follows must not fail
         // for want of it.
         let work = self.work()?;
-        let labelled = self.take_out(up, name, &tmp, lower.then_some(label))?;
+        // The whiteout left stands for what the removed entry stood for since it was
+        // staged (a directory: every deletion made in it).
+        let since = self.staged_time(f.fd.as_fd(), &f.st);
+        let labelled = self.take_out(up, name, &tmp, lower.then_some((label, since)))?;
         crash_point("removed");
         if dir && has_lower {
             self.bump();
@@ -212,23 +215,26 @@ impl Union {
     }
 
     /// Moves upper entry `up/name` to `DIR/work/tmp`, leaving a whiteout in its place if
-    /// `whiteout` is given (made in `DIR/work` with the label it holds, swapped in with
-    /// `RENAME_EXCHANGE`), else nothing. One rename: if it fails, nothing changed.
-    /// Returns whether the whiteout carries its label.
+    /// `whiteout` is given (made in `DIR/work` with the label it holds, dated at the
+    /// staged time it holds — `staged.rs` — and swapped in with `RENAME_EXCHANGE`), else
+    /// nothing. One rename: if it fails, nothing changed. Returns whether the whiteout
+    /// carries its label.
     fn take_out(
         &self,
         up: BorrowedFd<'_>,
         name: &Name,
         tmp: &Name,
-        whiteout: Option<Option<Label<'_>>>,
+        whiteout: Option<(Option<Label<'_>>, i128)>,
     ) -> io::Result<bool> {
         let work = self.work()?;
-        let Some(label) = whiteout else {
+        let Some((label, since)) = whiteout else {
             return sys::renameat2(up, name, work, tmp, libc::RENAME_NOREPLACE).map(|()| false);
         };
         self.whiteout(work, tmp)?;
         let labelled = self.label(work, tmp, label);
-        let r = sys::renameat2(work, tmp, up, name, libc::RENAME_EXCHANGE);
+        let r = self
+            .date_whiteout(work, tmp, since)
+            .and_then(|()| sys::renameat2(work, tmp, up, name, libc::RENAME_EXCHANGE));
         if r.is_err() {
             let _ = sys::unlinkat(work, tmp, 0);
         }

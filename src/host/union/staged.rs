@@ -1,0 +1,130 @@
+//! Staged times carried across replacements: when an entry of a layer above SOURCE was
+//! made, as the stage tools judge it — a host change below a path at or after that time
+//! is a conflict for `apply` (`stage::changes`, for entries that carry no base record:
+//! directories, whiteouts of directories, new files).
+//!
+//! A replacement makes a new entry stand for an older one: a directory removed (its
+//! whiteout stands for every deletion made inside it), a name made again over a whiteout
+//! (`rm -rf d; mkdir d`), a directory renamed or swapped onto a deleted name. The new
+//! entry's own birth time is later than the deletions it stands for, so a host edit made
+//! in between would pass as older than the agent's change and `apply` would delete it
+//! unasked. Each replacement therefore carries the older time over:
+//! - a directory or file gets the overlayfs-namespaced marker [`STAGED`] (decimal ns);
+//! - a whiteout, which cannot carry a `user.` xattr (an ordinary user's), gets the time
+//!   as its modification time (a whiteout's own times mean nothing else).
+//!
+//! Invariants: a carried time only ever moves an entry's staged time earlier (more host
+//! changes count as conflicts, never fewer); it is set on the new entry before the
+//! rename that puts it in place, and a time that cannot be set fails the change before
+//! anything moved; SOURCE is never marked.
+
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd};
+
+use super::{Stack, Union, kind};
+use crate::host::sys::{self, Name, SetTime};
+
+/// The marker (in the union's xattr namespace, `trusted.overlay.` or `user.overlay.`) that
+/// holds when a staged directory or file stands in for changes made since (ns since the
+/// epoch, decimal).
+pub const STAGED: &[u8] = b"fencefs.staged_at";
+
+fn ns(sec: i64, nsec: i64) -> i128 {
+    sec as i128 * 1_000_000_000 + nsec as i128
+}
+
+/// Whether `st` is a whiteout device (0/0).
+fn is_whiteout_dev(st: &libc::stat) -> bool {
+    kind(st) == libc::S_IFCHR && st.st_rdev == 0
+}
+
+impl Union {
+    /// When the staged entry behind `fd` (attributes `st`) was made, as the stage tools
+    /// judge it: the earliest of its [`STAGED`] marker, its birth time (else its ctime)
+    /// and, for a whiteout, its modification time.
+    pub(super) fn staged_time(&self, fd: BorrowedFd<'_>, st: &libc::stat) -> i128 {
+        let born = sys::fstat_btime(fd)
+            .ok()
+            .and_then(|(_, b)| b)
+            .unwrap_or_else(|| ns(st.st_ctime, st.st_ctime_nsec));
+        let mut t = born;
+        if is_whiteout_dev(st) {
+            t = t.min(ns(st.st_mtime, st.st_mtime_nsec));
+        } else if let Some(m) = self
+            .marker(fd, STAGED)
+            .and_then(|v| std::str::from_utf8(&v).ok()?.parse::<i128>().ok())
+        {
+            t = t.min(m);
+        }
+        t
+    }
+
+    /// The staged time of the whiteout or entry a new name replaces in merged directory
+    /// `parent` (upper part `up`): the upper's whiteout there, else the first sealed
+    /// layer's whiteout; `None` when no whiteout stands at the name.
+    pub(super) fn replaced_time(
+        &self,
+        parent: &Stack,
+        up: BorrowedFd<'_>,
+        name: &Name,
+    ) -> io::Result<Option<i128>> {
+        let layers = std::iter::once((0, up)).chain(
+            parent
+                .parts
+                .iter()
+                .filter(|p| p.layer > 0 && !self.is_source(p.layer))
+                .map(|p| (p.layer, p.fd.as_fd())),
+        );
+        for (layer, dir) in layers {
+            match self.entry_at(layer, dir, name)? {
+                Some(true) => return self.whiteout_time(dir, name),
+                Some(false) => return Ok(None),
+                None => {}
+            }
+        }
+        Ok(None)
+    }
+
+    /// The staged time of the whiteout `dir/name`, if a whiteout stands there.
+    pub(super) fn whiteout_time(
+        &self,
+        dir: BorrowedFd<'_>,
+        name: &Name,
+    ) -> io::Result<Option<i128>> {
+        let fd = match sys::open_path(dir, name) {
+            Ok(fd) => fd,
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let st = sys::fstat(fd.as_fd())?;
+        let whiteout = is_whiteout_dev(&st)
+            || (kind(&st) == libc::S_IFREG
+                && st.st_size == 0
+                && self.marker(fd.as_fd(), b"whiteout").is_some());
+        Ok(whiteout.then(|| self.staged_time(fd.as_fd(), &st)))
+    }
+
+    /// Marks the staged directory or file behind `fd` as standing for changes made since
+    /// `t`, when that is earlier than what it says now.
+    pub(super) fn carry_staged(&self, fd: BorrowedFd<'_>, t: Option<i128>) -> io::Result<()> {
+        let Some(t) = t else { return Ok(()) };
+        let st = sys::fstat(fd)?;
+        if t >= self.staged_time(fd, &st) {
+            return Ok(());
+        }
+        self.set_marker(fd, STAGED, t.to_string().as_bytes())
+    }
+
+    /// Dates the whiteout `dir/name` (just made, not yet in place) at `t`: its
+    /// modification time.
+    pub(super) fn date_whiteout(
+        &self,
+        dir: BorrowedFd<'_>,
+        name: &Name,
+        t: i128,
+    ) -> io::Result<()> {
+        let secs = t.div_euclid(1_000_000_000) as i64;
+        let nsec = t.rem_euclid(1_000_000_000) as i64;
+        sys::utimens_nofollow(dir, name, SetTime::Omit, SetTime::At(secs, nsec))
+    }
+}

@@ -1,0 +1,117 @@
+//! A replacement through a staged mount keeps the time of what it replaces: a host edit
+//! made after the agent deleted something stays a conflict when the agent then puts
+//! something else at that name, or removes the directory around it. Before, the new entry's
+//! own birth time was what `status`/`apply` judged the host's changes by, so the edit
+//! passed as older than the agent's change and `apply` deleted it.
+//!
+//! Each case: the agent deletes, the host edits what was deleted, the agent replaces (or
+//! removes the parent); `status` lists a conflict, `apply` refuses it, and the host's bytes
+//! stay. As root and as an ordinary user (whose whiteouts carry no xattrs: the time goes
+//! on as the whiteout's modification time).
+
+mod common;
+
+use std::fs;
+use std::path::Path;
+use std::time::Duration;
+
+use common::stage::*;
+use common::*;
+
+fn ctl(sock: &Path, args: &[&str]) -> Out {
+    let mut v: Vec<std::ffi::OsString> = vec!["stage".into(), args[0].into(), sock.into()];
+    v.extend(args[1..].iter().map(Into::into));
+    run_fencefs(v, LIMIT)
+}
+
+/// A moment later: file times tick coarsely.
+fn later() {
+    std::thread::sleep(Duration::from_millis(30));
+}
+
+const ORIG: &[u8] = b"orig\n";
+const HOST: &str = "host edit";
+
+fn replacements(who: Who) {
+    let (mut m, dir, sock) = staged_live_as(who, &format!("stage-replaced-{who:?}"), |src| {
+        for d in ["d", "e", "g", "k", "s"] {
+            put(&src.join(d).join("f"), ORIG, 0o644);
+        }
+        put(&src.join("h"), ORIG, 0o644);
+        for p in [
+            "d", "d/f", "e", "e/f", "g", "g/f", "k", "k/f", "s", "s/f", "h",
+        ] {
+            who.own(&src.join(p));
+        }
+    });
+    // The agent deletes; one turn is sealed in a checkpoint (s: a sealed layer's whiteout).
+    who.agent(&m, "rm -rf s").assert_ok("rm s");
+    ctl(&sock, &["checkpoint"]).assert_ok("checkpoint");
+    who.agent(&m, "rm -rf d g k && rm e/f h")
+        .assert_ok("agent deletes");
+    later();
+    // The host edits what the agent deleted.
+    for p in ["d/f", "e/f", "g/f", "k/f", "s/f", "h"] {
+        who.host(&m, &format!("echo '{HOST}' >> {p}"))
+            .assert_ok("host edit");
+    }
+    let source = snapshot(&m.host(""));
+    later();
+    // The agent puts something else there, or removes the directory around it.
+    who.agent(
+        &m,
+        "mkdir d && rmdir e && touch g && mkdir h && mkdir x && mv x k && mkdir s",
+    )
+    .assert_ok("agent replaces");
+    assert_host_unchanged(&source, &m.host(""), "staged replacements");
+    assert_eq!(
+        ctl(&sock, &["status"]).stdout,
+        "CD d/f\nCD e/\nCT g\nCT h/\nCD k/f\nCD s/f\n"
+    );
+    let a = ctl(&sock, &["apply"]);
+    a.assert_fail("the conflicts are refused");
+    for p in ["d/f", "e/f", "g/f", "k/f", "s/f", "h"] {
+        let want = [ORIG, format!("{HOST}\n").as_bytes()].concat();
+        assert_eq!(fs::read(m.host(p)).unwrap(), want, "{p}: {}", a.stdout);
+    }
+    stop(&mut m);
+    assert_eq!(
+        who.stage(&["status"], &dir).stdout,
+        "CD d/f\nCD e/\nCT g\nCT h/\nCD k/f\nCD s/f\n",
+        "offline, after the daemon stopped"
+    );
+}
+
+#[test]
+fn a_host_edit_after_a_deletion_stays_a_conflict_when_the_name_is_replaced() {
+    replacements(Who::Root);
+}
+
+#[test]
+fn a_host_edit_after_a_deletion_stays_a_conflict_when_the_name_is_replaced_as_a_user() {
+    replacements(Who::User);
+}
+
+/// A file the agent made, sealed in a checkpoint, then changed again (copied up from the
+/// sealed layer) after the host made a file of its own at that name: the copy stands for
+/// the agent's file since it was first staged, so the host's new file is a conflict (before:
+/// the copy's birth time was later than the host's file, and `apply` replaced it).
+#[test]
+fn a_copy_up_from_a_checkpoint_keeps_the_time_the_file_was_staged() {
+    let (mut m, dir, sock) = staged_live("stage-replaced-copy", |src| {
+        put(&src.join("keep"), ORIG, 0o644);
+    });
+    m.sh("echo agent > n").assert_ok("agent's new file");
+    ctl(&sock, &["checkpoint"]).assert_ok("checkpoint");
+    later();
+    fs::write(m.host("n"), b"the host's own n\n").unwrap();
+    later();
+    // Through the mount the agent's file still shows (its layer is above SOURCE).
+    m.sh("echo more >> n").assert_ok("agent appends");
+    assert_eq!(fs::read(m.mnt("n")).unwrap(), b"agent\nmore\n");
+    assert_eq!(ctl(&sock, &["status"]).stdout, "CM n\n");
+    ctl(&sock, &["apply"]).assert_fail("the conflict is refused");
+    assert_eq!(fs::read(m.host("n")).unwrap(), b"the host's own n\n");
+    stop(&mut m);
+    assert_eq!(stage(&["status"], &dir).stdout, "CM n\n");
+}
