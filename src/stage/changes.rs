@@ -169,22 +169,6 @@ pub struct Layers {
     pub lower: Lower,
 }
 
-/// When the staged entry `dir/name` was made (ns): its birth time or else its ctime —
-/// earlier if a replacement carried an older time over (a file's or directory's
-/// [`ssys::STAGED_AT`] mark, a whiteout's modification time: `host::union`'s staged
-/// times).
-fn staged_at(dir: &Node, name: &[u8], st: &libc::stat) -> i128 {
-    let t = Name::new(name)
-        .ok()
-        .and_then(|n| ssys::staged_ns(dir.fd.as_fd(), &n).ok().flatten())
-        .unwrap_or(ctime_ns(st));
-    if kind(st) == libc::S_IFCHR && st.st_rdev == 0 {
-        t.min(st.st_mtime as i128 * 1_000_000_000 + st.st_mtime_nsec as i128)
-    } else {
-        t
-    }
-}
-
 fn ctime_ns(st: &libc::stat) -> i128 {
     st.st_ctime as i128 * 1_000_000_000 + st.st_ctime_nsec as i128
 }
@@ -382,7 +366,8 @@ impl Layers {
         let rec = base::of(&u);
         // A record taken before the entry was made (a read, a deletion the entry took
         // over) dates what the entry stands for.
-        let at = staged_at(up, name, &u.st).min(rec.as_ref().map_or(i128::MAX, |b| b.since));
+        let at = ssys::staged_at(up.fd.as_fd(), name, &u.st)
+            .min(rec.as_ref().map_or(i128::MAX, |b| b.since));
         let p = join(path, name);
         // A SOURCE directory the staged entry deletes or replaces (a whiteout, a
         // file): what the host changed below it counts (its own ctime does not move).

@@ -96,6 +96,23 @@ pub fn staged_ns(dir: BorrowedFd<'_>, name: &Name) -> io::Result<Option<i128>> {
     Ok(born)
 }
 
+/// When the staged entry `dir/name` (attributes `st`) was made (ns): its birth time or
+/// else its ctime — earlier if a replacement carried an older time over (a file's or
+/// directory's [`STAGED_AT`] mark, a whiteout's modification time: `host::union`'s
+/// staged times).
+pub fn staged_at(dir: BorrowedFd<'_>, name: &[u8], st: &libc::stat) -> i128 {
+    let ns = |s: i64, n: i64| s as i128 * 1_000_000_000 + n as i128;
+    let t = Name::new(name)
+        .ok()
+        .and_then(|n| staged_ns(dir, &n).ok().flatten())
+        .unwrap_or(ns(st.st_ctime, st.st_ctime_nsec));
+    if st.st_mode & libc::S_IFMT == libc::S_IFCHR && st.st_rdev == 0 {
+        t.min(ns(st.st_mtime, st.st_mtime_nsec))
+    } else {
+        t
+    }
+}
+
 /// When the staged file behind `fd` was made: its [`STAGED_AT`] mark, else its birth
 /// time, else its ctime (what a copy of it is marked with).
 pub fn staged_at_fd(fd: BorrowedFd<'_>) -> io::Result<i128> {
