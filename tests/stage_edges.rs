@@ -538,9 +538,9 @@ fn a_source_0_0_device_changed_through_the_mount_stays_a_device() {
     let b = Mount::builder("stage-cdev0-up").policy(&format!("{WRITE}allow_devices = true\n"));
     sh_in(
         &b.host(""),
-        "mknod -m 644 dev c 0 0 && touch -d '2020-01-01' dev",
+        "mknod -m 644 dev c 0 0 && mknod -m 644 res c 0 262143 && touch -d '2020-01-01' dev res",
     )
-    .assert_ok("the host's 0/0 device");
+    .assert_ok("the host's 0/0 device, and one of the stand-in's number");
     let dir = stage_dir(&b);
     let sock = b.root().join("ctl.sock");
     let m = b
@@ -555,6 +555,12 @@ fn a_source_0_0_device_changed_through_the_mount_stays_a_device() {
         dev_stat(&m.mnt(""), "dev"),
         "dev character special file 0:0 600\n"
     );
+    // The host's device of the stand-in's number is not copied up (it would read back
+    // as 0/0): EPERM, nothing staged.
+    let r = m.sh("chmod 600 res");
+    r.assert_fail("chmod of the host's 0:0x3ffff device");
+    assert!(r.stderr.contains("Operation not permitted"), "{}", r.stderr);
+    assert!(fs::symlink_metadata(dir.join("upper/res")).is_err());
     assert_host_unchanged(&before, &m.host(""), "the chmod is staged");
     assert_eq!(
         dev_stat(&dir.join("upper"), "dev"),

@@ -74,7 +74,22 @@ impl Rec {
     }
 }
 
+/// The time a record taken now carries (the coarse clock file times come from): read
+/// before a change's look at what it changes, so a host edit during that look counts.
+pub fn record_time() -> i128 {
+    super::sys::coarse_now_ns()
+}
+
 impl Pending {
+    /// The same note, its record taken no later than `t` (a time read before the look at
+    /// the object it names: [`record_time`]).
+    pub fn no_later_than(mut self, t: i128) -> Pending {
+        if let Rec::Known(b) = &mut self.rec {
+            b.since = b.since.min(t);
+        }
+        self
+    }
+
     /// The record a whiteout left at this change's path carries, as (xattr name, value),
     /// when it is known already: the removal that makes the whiteout sets it in the same
     /// step (then [`Bases::after`] is not asked). `None` for the record of a staged entry

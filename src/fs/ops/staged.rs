@@ -169,6 +169,8 @@ impl Shared {
             return Ok(false);
         };
         let seen_as = known.and_then(|i| self.inodes.key(i));
+        // Read before the look under the lock: a host edit while it looks counts.
+        let t0 = base::record_time();
         let r = self.inodes.remove_below(parent, name, |st, btime| {
             let seen = match seen_as {
                 Some((dev, ino)) if (dev, ino) != (st.st_dev, st.st_ino) => (ino, 0),
@@ -183,7 +185,7 @@ impl Shared {
                     Below::Source,
                 )
                 .map(|p| Noted {
-                    p: Some(p),
+                    p: Some(p.no_later_than(t0)),
                     parent,
                     bases: b.clone(),
                 });

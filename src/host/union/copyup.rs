@@ -103,6 +103,11 @@ impl Union {
             String::from_utf8_lossy(name.bytes()),
             st.st_size
         );
+        // A device of the stand-in's number the host made: its copy would read back as
+        // 0/0 (`stage::standin`), as a caller's `mknod` of it is refused.
+        if source && kind(st) == libc::S_IFCHR && st.st_rdev == super::STAND_IN {
+            return Err(io::Error::from_raw_os_error(libc::EPERM));
+        }
         let tmp = temp_name("up");
         let work = self.work()?;
         let made = self.make_copy(work, &tmp, fd, st, true).and_then(|()| {
