@@ -87,7 +87,15 @@ impl Lines {
 /// Applies `list` (changes of `l`) to SOURCE; `dir` is the staging area (its intent log).
 /// `all`: `list` is every staged change (no PATH was given), so when none is refused the
 /// staged tree is dropped whole at the end (`unstage_all`) instead of path by path.
-pub fn apply(l: &Layers, list: &[Change], force: bool, dir: &Path, all: bool) -> Report {
+/// `listed`: when `list` was taken (a host change below a directory it deletes made since
+/// refuses that deletion: [`super::guard::below_changed`]).
+pub fn apply(
+    l: &Layers,
+    list: &[Change],
+    (force, all): (bool, bool),
+    dir: &Path,
+    listed: i128,
+) -> Report {
     let mut out = Lines { lines: Vec::new() };
     let mut order: Vec<&Change> = list.iter().collect();
     // Renames shallowest first; deletions deepest first.
@@ -192,10 +200,10 @@ pub fn apply(l: &Layers, list: &[Change], force: bool, dir: &Path, all: bool) ->
                 });
                 let mut links = Links::default();
                 for chunk in writes.chunks(BATCH) {
-                    write_batch(l, chunk, &mut out, pending.as_mut(), &mut links);
+                    write_batch(l, chunk, &mut out, (pending.as_mut(), listed), &mut links);
                 }
                 for chunk in dels.chunks(BATCH) {
-                    delete_batch(l, chunk, &mut out, pending.as_mut());
+                    delete_batch(l, chunk, &mut out, pending.as_mut(), listed);
                 }
                 if let Some(p) = pending {
                     unstage_all(l, dir, p, &mut out);
@@ -219,6 +227,9 @@ pub fn apply(l: &Layers, list: &[Change], force: bool, dir: &Path, all: bool) ->
 
 const CONFLICT: &str =
     "conflict (SOURCE changed after it was staged; --force applies the staged version)";
+
+const CHANGED_BELOW: &str =
+    "conflict (SOURCE changed below it while applying; --force applies the staged version)";
 
 /// The renames of cycles in `list` ([`super::cycles`]): each cycle goes on to `rest` as
 /// the files it writes (each over its path's SOURCE file, checked against the object its
@@ -373,7 +384,7 @@ fn write_batch<'a>(
     l: &Layers,
     chunk: &[&'a Change],
     out: &mut Lines,
-    pending: Option<&mut Pending<'a>>,
+    (pending, listed): (Option<&mut Pending<'a>>, i128),
     links: &mut Links,
 ) {
     let mut ready = Vec::new();
@@ -392,7 +403,7 @@ fn write_batch<'a>(
     }
     let mut placed = Vec::new();
     for r in ready {
-        match place(l, &r) {
+        match place(l, &r, listed) {
             Ok(()) => placed.push(r),
             Err(e) => {
                 drop_tmp(l, &r);
@@ -524,7 +535,7 @@ fn drop_tmp(l: &Layers, r: &Ready<'_>) {
 /// type change (a directory for a file, or a file for a directory: rename(2) replaces
 /// neither) is swapped out atomically with RENAME_EXCHANGE (the name never goes
 /// missing), then removed.
-fn place(l: &Layers, r: &Ready<'_>) -> io::Result<()> {
+fn place(l: &Layers, r: &Ready<'_>, listed: i128) -> io::Result<()> {
     let Some(t) = &r.tmp else {
         return Ok(());
     };
@@ -538,6 +549,13 @@ fn place(l: &Layers, r: &Ready<'_>) -> io::Result<()> {
                 return Err(io::Error::other("conflict (SOURCE changed while applying)"));
             }
             sys::renameat2(r.dir.as_fd(), t, r.dir.as_fd(), &n, libc::RENAME_EXCHANGE)?;
+            if new_dir || r.c.conflict {
+                return remove_tree(l.lower.source(), r.dir.as_fd(), t);
+            }
+            if super::guard::below_changed(l.lower.source(), r.dir.as_fd(), t, listed)? {
+                sys::renameat2(r.dir.as_fd(), t, r.dir.as_fd(), &n, libc::RENAME_EXCHANGE)?;
+                return Err(io::Error::other(CHANGED_BELOW));
+            }
             remove_tree(l.lower.source(), r.dir.as_fd(), t)
         }
         o => super::guard::replace(r.c, r.dir.as_fd(), t, &n, o.as_ref()),
@@ -551,10 +569,11 @@ fn delete_batch<'a>(
     chunk: &[&'a Change],
     out: &mut Lines,
     pending: Option<&mut Pending<'a>>,
+    listed: i128,
 ) {
     let mut done = Vec::new();
     for &c in chunk {
-        match delete_one(l, c) {
+        match delete_one(l, c, listed) {
             Ok(()) => done.push(c),
             Err(e) => out.refused(&status_line(c), e),
         }
@@ -565,7 +584,7 @@ fn delete_batch<'a>(
     }
 }
 
-fn delete_one(l: &Layers, c: &Change) -> io::Result<()> {
+fn delete_one(l: &Layers, c: &Change, listed: i128) -> io::Result<()> {
     let (parent, last) = split(&c.path);
     let dir = lower_dir(l, parent)?;
     let n = name(last)?;
@@ -578,6 +597,12 @@ fn delete_one(l: &Layers, c: &Change) -> io::Result<()> {
         if kind(&ln.st) == libc::S_IFDIR {
             let t = tmp_name(last, "delete")?;
             sys::renameat2(dir.as_fd(), &n, dir.as_fd(), &t, libc::RENAME_NOREPLACE)?;
+            if !c.conflict
+                && super::guard::below_changed(l.lower.source(), dir.as_fd(), &t, listed)?
+            {
+                sys::renameat2(dir.as_fd(), &t, dir.as_fd(), &n, libc::RENAME_NOREPLACE)?;
+                return Err(io::Error::other(CHANGED_BELOW));
+            }
             remove_tree(l.lower.source(), dir.as_fd(), &t)?;
         } else {
             sys::unlinkat(dir.as_fd(), &n, 0)?;

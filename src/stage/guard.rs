@@ -14,10 +14,10 @@
 //! names, and recovery removes it).
 
 use std::io;
-use std::os::fd::BorrowedFd;
+use std::os::fd::{AsFd, BorrowedFd};
 
 use super::changes::{Change, lower_ident};
-use super::tree::{Node, kind};
+use super::tree::{Layer, Node, kind};
 use crate::host::sys::{self, Name};
 
 fn changed() -> io::Error {
@@ -67,6 +67,39 @@ pub fn replace(
     }
 }
 
+/// Whether anything below SOURCE's directory `dir/t` — renamed there by `apply` to be
+/// deleted (or swapped out for a file) — changed (ctime) at or after `since`, the moment
+/// the change list was taken: a host edit made while the apply ran, below a directory
+/// whose own identity such an edit leaves as it was. Walked without recursion.
+pub fn below_changed(
+    source: &Layer,
+    dir: BorrowedFd<'_>,
+    t: &Name,
+    since: i128,
+) -> io::Result<bool> {
+    let fd = sys::open_path(dir, t)?;
+    let st = sys::fstat(fd.as_fd())?;
+    let mut todo = vec![Node::of(fd, st)];
+    while let Some(d) = todo.pop() {
+        for name in source.list(&d)? {
+            let Some(c) = source.child(&d, &name)? else {
+                continue;
+            };
+            if ctime_ns(&c.st) >= since {
+                return Ok(true);
+            }
+            if kind(&c.st) == libc::S_IFDIR {
+                todo.push(c);
+            }
+        }
+    }
+    Ok(false)
+}
+
+fn ctime_ns(st: &libc::stat) -> i128 {
+    st.st_ctime as i128 * 1_000_000_000 + st.st_ctime_nsec as i128
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -92,6 +125,28 @@ mod tests {
             replaces: None,
             moved_in: None,
         }
+    }
+
+    /// An edit deep below a directory apply is deleting, made after the change list was
+    /// taken, is seen once the directory is renamed aside (its own ctime moved with the
+    /// rename and is not what counts); an untouched tree is not.
+    #[test]
+    fn a_host_edit_below_a_directory_being_deleted_is_seen() {
+        let root = std::env::temp_dir().join(format!("fencefs-below-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        std::fs::create_dir_all(root.join("d/sub")).unwrap();
+        std::fs::write(root.join("d/sub/f"), b"old\n").unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let source = Layer::new(sys::open_root(&root).unwrap()).unwrap();
+        let dir = sys::open_root(&root).unwrap();
+        let since = crate::stage::sys::coarse_now_ns();
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        std::fs::rename(root.join("d"), root.join("t")).unwrap();
+        let t = Name::new(b"t").unwrap();
+        assert!(!below_changed(&source, dir.as_fd(), &t, since).unwrap());
+        std::fs::write(root.join("t/sub/f"), b"host\n").unwrap();
+        assert!(below_changed(&source, dir.as_fd(), &t, since).unwrap());
+        std::fs::remove_dir_all(&root).unwrap();
     }
 
     #[test]

@@ -319,6 +319,7 @@ fn whole(
     force: bool,
     held: &std::collections::HashSet<super::seal::Key>,
 ) -> Result<(Report, Vec<Change>), StageError> {
+    let listed = super::sys::coarse_now_ns();
     let list = l
         .changes()
         .map_err(StageError::op("reading the staged tree"))?;
@@ -332,7 +333,8 @@ fn whole(
         // The staged tree is dropped whole only when no file in it is open for writing:
         // a file copied up and not changed yet is no change, yet its writer's next bytes
         // go to its staged inode (dropped whole, they would be lost).
-        let mut r = apply::apply(l, &list, force, dir, kept.is_empty() && held.is_empty());
+        let all = kept.is_empty() && held.is_empty();
+        let mut r = apply::apply(l, &list, (force, all), dir, listed);
         r.refused += open.len();
         r.lines.extend(open);
         Ok((r, list))
@@ -393,6 +395,7 @@ fn hunks(
 ) -> Result<Report, StageError> {
     let mut report = Report::default();
     for a in args {
+        let listed = super::sys::coarse_now_ns();
         match partial::run(l, dir, apply, a, force) {
             partial::Outcome::Done(line) => report.lines.push(line),
             partial::Outcome::Refused(line) => {
@@ -400,7 +403,10 @@ fn hunks(
                 report.refused += 1;
             }
             partial::Outcome::Whole(c) if apply => {
-                merge(&mut report, apply::apply(l, &[*c], force, dir, false));
+                merge(
+                    &mut report,
+                    apply::apply(l, &[*c], (force, false), dir, listed),
+                );
             }
             partial::Outcome::Whole(c) => {
                 let list = l
