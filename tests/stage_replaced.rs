@@ -30,28 +30,36 @@ fn later() {
 }
 
 const ORIG: &[u8] = b"orig\n";
+/// SOURCE's directories, each holding `f`.
+const DIRS: [&str; 7] = ["d", "e", "g", "k", "s", "u", "w"];
+/// `status` after the replacements: every deletion the host edited after is a conflict.
+const STATUS: &str =
+    "CD d/f\nCD e/\nCT g\nCT h/\nCD k/f\nCD s/f\nCD u/\nCD w/\nA w.new/ (0 entries)\n";
+/// What stays after `apply`: the conflicts (the new `w.new/` went through).
+const CONFLICTS: &str = "CD d/f\nCD e/\nCT g\nCT h/\nCD k/f\nCD s/f\nCD u/\nCD w/\n";
+/// What the host edits after the agent deleted it.
+const EDITED: [&str; 8] = ["d/f", "e/f", "g/f", "k/f", "s/f", "u/f", "w/f", "h"];
 const HOST: &str = "host edit";
 
 fn replacements(who: Who) {
     let (mut m, dir, sock) = staged_live_as(who, &format!("stage-replaced-{who:?}"), |src| {
-        for d in ["d", "e", "g", "k", "s"] {
+        for d in DIRS {
             put(&src.join(d).join("f"), ORIG, 0o644);
+            who.own(&src.join(d));
+            who.own(&src.join(d).join("f"));
         }
         put(&src.join("h"), ORIG, 0o644);
-        for p in [
-            "d", "d/f", "e", "e/f", "g", "g/f", "k", "k/f", "s", "s/f", "h",
-        ] {
-            who.own(&src.join(p));
-        }
+        who.own(&src.join("h"));
     });
-    // The agent deletes; one turn is sealed in a checkpoint (s: a sealed layer's whiteout).
-    who.agent(&m, "rm -rf s").assert_ok("rm s");
+    // The agent deletes; one turn is sealed in a checkpoint (s, u: a sealed layer's
+    // whiteout, and a sealed directory holding one).
+    who.agent(&m, "rm -rf s && rm u/f").assert_ok("turn 1");
     ctl(&sock, &["checkpoint"]).assert_ok("checkpoint");
-    who.agent(&m, "rm -rf d g k && rm e/f h")
+    who.agent(&m, "rm -rf d g k w && rm e/f h")
         .assert_ok("agent deletes");
     later();
     // The host edits what the agent deleted.
-    for p in ["d/f", "e/f", "g/f", "k/f", "s/f", "h"] {
+    for p in EDITED {
         who.host(&m, &format!("echo '{HOST}' >> {p}"))
             .assert_ok("host edit");
     }
@@ -60,24 +68,22 @@ fn replacements(who: Who) {
     // The agent puts something else there, or removes the directory around it.
     who.agent(
         &m,
-        "mkdir d && rmdir e && touch g && mkdir h && mkdir x && mv x k && mkdir s",
+        "mkdir d && rmdir e && touch g && mkdir h && mkdir x && mv x k && mkdir s && rmdir u \
+         && mkdir w && mv w w.new",
     )
     .assert_ok("agent replaces");
     assert_host_unchanged(&source, &m.host(""), "staged replacements");
-    assert_eq!(
-        ctl(&sock, &["status"]).stdout,
-        "CD d/f\nCD e/\nCT g\nCT h/\nCD k/f\nCD s/f\n"
-    );
+    assert_eq!(ctl(&sock, &["status"]).stdout, STATUS);
     let a = ctl(&sock, &["apply"]);
     a.assert_fail("the conflicts are refused");
-    for p in ["d/f", "e/f", "g/f", "k/f", "s/f", "h"] {
+    for p in EDITED {
         let want = [ORIG, format!("{HOST}\n").as_bytes()].concat();
         assert_eq!(fs::read(m.host(p)).unwrap(), want, "{p}: {}", a.stdout);
     }
     stop(&mut m);
     assert_eq!(
         who.stage(&["status"], &dir).stdout,
-        "CD d/f\nCD e/\nCT g\nCT h/\nCD k/f\nCD s/f\n",
+        CONFLICTS,
         "offline, after the daemon stopped"
     );
 }

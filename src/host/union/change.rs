@@ -273,15 +273,21 @@ impl Union {
         // A directory cannot replace the whiteout a deleted name left (ENOTDIR): it is
         // swapped with it, and the whiteout lands on the old name — kept there if a lower
         // layer shows that name, else deleted.
+        // What the moved entry stood for since it was staged: the whiteout it leaves at
+        // its old name (if a lower layer shows that name) stands for it now.
+        let since = old_lower.then(|| self.staged_time(src.fd.as_fd(), &src.st));
         if src_dir && dst.is_none() && self.upper_whiteout(nup, newname)? {
             sys::renameat2(up, name, nup, newname, libc::RENAME_EXCHANGE)?;
             if !old_lower && let Err(e) = sys::unlinkat(up, name, 0) {
                 log::warn!("stage: deleting a replaced whiteout: {e}");
             }
-            Ok(())
         } else {
-            self.move_entry((up, name), (nup, newname), old_lower)
+            self.move_entry((up, name), (nup, newname), old_lower)?;
         }
+        if let Some(t) = since {
+            self.date_left(up, name, t);
+        }
+        Ok(())
     }
 
     /// `up/name` renamed to `nup/newname`, leaving a whiteout behind if `whiteout`

@@ -53,6 +53,7 @@ impl Union {
     ) -> io::Result<Left> {
         let _g = self.names.lock();
         if f.layer != 0
+            && self.is_source(f.layer)
             && kind(&f.st) != libc::S_IFDIR
             && let Some(left) = self.hide_found(parent, up, name, f, label)?
         {
@@ -81,11 +82,17 @@ impl Union {
                 return Err(err(libc::ENOTEMPTY));
             }
         }
-        if f.layer != 0 {
-            // Nothing of it in the upper, and a lower layer shows it: one mknod hides it.
+        if f.layer != 0 && self.is_source(f.layer) {
+            // Nothing of it in the upper, and SOURCE shows it: one mknod hides it.
             self.whiteout(up, name)?;
             let labelled = self.label(up, name, label);
             return Ok(Left::Whiteout { labelled });
+        }
+        if f.layer != 0 {
+            // A sealed layer's entry: its whiteout stands for what that entry stood for
+            // since it was staged (`staged.rs`), dated before it is put in place.
+            let since = self.staged_time(f.fd.as_fd(), &f.st);
+            return self.hide_dated(up, name, label, since);
         }
         let lower = self.lower_positive(parent, name)?;
         // A stack cached for a directory with lower parts (a process's cwd) must not
@@ -207,6 +214,29 @@ impl Union {
             Err(e) if e.raw_os_error() == Some(libc::EEXIST) => Ok(None),
             Err(e) => Err(e),
         }
+    }
+
+    /// Hides what a sealed layer shows at `name` with a whiteout made in `DIR/work`,
+    /// labelled, dated at `since` and renamed into the free name of the upper.
+    fn hide_dated(
+        &self,
+        up: BorrowedFd<'_>,
+        name: &Name,
+        label: Option<Label<'_>>,
+        since: i128,
+    ) -> io::Result<Left> {
+        let work = self.work()?;
+        let tmp = temp_name("rm");
+        self.whiteout(work, &tmp)?;
+        let labelled = self.label(work, &tmp, label);
+        let r = self
+            .date_whiteout(work, &tmp, since)
+            .and_then(|()| sys::renameat2(work, &tmp, up, name, libc::RENAME_NOREPLACE));
+        if let Err(e) = r {
+            let _ = sys::unlinkat(work, &tmp, 0);
+            return Err(e);
+        }
+        Ok(Left::Whiteout { labelled })
     }
 
     /// Sets `label` on the whiteout `dir/name` just made; whether it was set.

@@ -115,6 +115,24 @@ impl Union {
         self.set_marker(fd, STAGED, t.to_string().as_bytes())
     }
 
+    /// Dates the whiteout a rename left at `dir/name` (`RENAME_WHITEOUT`, or the deleted
+    /// name's whiteout swapped there) no later than `t`. Made by the rename itself, it
+    /// stood for a moment with its own time: a crash in between leaves it so (logged
+    /// failures likewise; the rename went through).
+    pub(super) fn date_left(&self, dir: BorrowedFd<'_>, name: &Name, t: i128) {
+        let r = self.whiteout_time(dir, name).and_then(|now| match now {
+            Some(now) if now <= t => Ok(()),
+            Some(_) => self.date_whiteout(dir, name, t),
+            None => Ok(()),
+        });
+        if let Err(e) = r {
+            log::error!(
+                "stage: dating the whiteout left at {}: {e}",
+                String::from_utf8_lossy(name.bytes())
+            );
+        }
+    }
+
     /// Dates the whiteout `dir/name` (just made, not yet in place) at `t`: its
     /// modification time.
     pub(super) fn date_whiteout(
