@@ -121,3 +121,65 @@ fn a_copy_up_from_a_checkpoint_keeps_the_time_the_file_was_staged() {
     stop(&mut m);
     assert_eq!(stage(&["status"], &dir).stdout, "CM n\n");
 }
+
+/// The other side: a removed directory's whiteout is dated at its earliest deletion, not
+/// at its copy-up. The agent changes `gen/a.go` (the directory is copied up then), the
+/// operator applies that change, and the agent later regenerates `gen` (`rm -rf gen &&
+/// mkdir gen`): SOURCE's `a.go`, changed by that apply after the copy-up but before the
+/// deletion, is no conflict (it was, while the whiteout took the directory's copy-up time).
+#[test]
+fn an_apply_between_the_copy_up_and_the_removal_is_no_conflict() {
+    let (mut m, dir, sock) = staged_live("stage-replaced-regen", |src| {
+        put(&src.join("gen/a.go"), ORIG, 0o644);
+        put(&src.join("gen/b.go"), ORIG, 0o644);
+    });
+    m.sh("echo agent >> gen/a.go").assert_ok("agent edits");
+    later();
+    ctl(&sock, &["apply", "gen/a.go"]).assert_ok("the operator applies gen/a.go");
+    assert_eq!(fs::read(m.host("gen/a.go")).unwrap(), b"orig\nagent\n");
+    later();
+    m.sh("rm -rf gen && mkdir gen && echo new > gen/c.go")
+        .assert_ok("agent regenerates");
+    assert_eq!(
+        ctl(&sock, &["status"]).stdout,
+        "D gen/a.go\nD gen/b.go\nA gen/c.go\n"
+    );
+    ctl(&sock, &["apply"]).assert_ok("apply");
+    assert!(!m.host("gen/a.go").exists() && !m.host("gen/b.go").exists());
+    assert_eq!(fs::read(m.host("gen/c.go")).unwrap(), b"new\n");
+    stop(&mut m);
+    assert_eq!(stage(&["status"], &dir).stdout, "");
+}
+
+/// A file the agent read, then changed, deleted and replaced by a directory: the host's
+/// edit made after the read (before the agent's change) stays a conflict — the file's
+/// record (taken at the read) dates its whiteout, and so the directory made over it.
+fn read_then_replaced(who: Who) {
+    let (mut m, dir, sock) = staged_live_as(who, &format!("stage-replaced-read-{who:?}"), |src| {
+        put(&src.join("f"), ORIG, 0o644);
+        who.own(&src.join("f"));
+    });
+    who.agent(&m, "cat f >/dev/null").assert_ok("agent reads");
+    later();
+    who.host(&m, &format!("echo '{HOST}' >> f"))
+        .assert_ok("host edit");
+    later();
+    who.agent(&m, "echo agent >> f && rm f && mkdir f")
+        .assert_ok("agent changes, deletes, replaces");
+    assert_eq!(ctl(&sock, &["status"]).stdout, "CT f/\n");
+    ctl(&sock, &["apply"]).assert_fail("the conflict is refused");
+    let want = [ORIG, format!("{HOST}\n").as_bytes()].concat();
+    assert_eq!(fs::read(m.host("f")).unwrap(), want);
+    stop(&mut m);
+    assert_eq!(who.stage(&["status"], &dir).stdout, "CT f/\n");
+}
+
+#[test]
+fn a_host_edit_after_the_agents_read_stays_a_conflict_through_a_replacement() {
+    read_then_replaced(Who::Root);
+}
+
+#[test]
+fn a_host_edit_after_the_agents_read_stays_a_conflict_through_a_replacement_as_a_user() {
+    read_then_replaced(Who::User);
+}

@@ -240,6 +240,12 @@ impl Base {
     }
 }
 
+/// The time of the record a value [`Base::encode`] made (`None` for anything else): what
+/// the merged view folds into a staged entry's staged time (`Union::reading_records`).
+pub fn since_of(v: &[u8]) -> Option<i128> {
+    Base::decode(v).map(|b| b.since)
+}
+
 /// The record on a staged entry, if it has one.
 pub fn read(fd: BorrowedFd<'_>) -> Option<Base> {
     let get = |n: &[u8]| match sys::getxattr_fd(fd, n, 4096) {

@@ -74,7 +74,9 @@ pub fn union_of(area: &Area, source: &OwnedFd) -> Result<Union, StageError> {
     layers.extend(sealed);
     layers.push(open(source).map_err(fail)?);
     let work = crate::host::sys::open_root(&area.work()).map_err(fail)?;
-    Union::new(layers, work, crate::host::union::prefix()).map_err(fail)
+    Union::new(layers, work, crate::host::union::prefix())
+        .map(|u| u.reading_records(super::record::since_of))
+        .map_err(fail)
 }
 
 /// What every start does before the merged view is built: DIR created or opened,

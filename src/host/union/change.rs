@@ -263,7 +263,8 @@ impl Union {
         // what that one stood for since its staged time.
         if src_dir {
             let replaced = match dst {
-                Some(d) if d.layer == 0 => Some(self.staged_time(d.fd.as_fd(), &d.st)),
+                // (A sealed layer's too: `mv -T x d` over a `d` a checkpoint emptied.)
+                Some(d) if !self.is_source(d.layer) => Some(self.staged_time(d.fd.as_fd(), &d.st)),
                 Some(_) => None,
                 None => self.replaced_time(newparent, nup, newname)?,
             };

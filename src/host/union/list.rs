@@ -27,6 +27,23 @@ impl Union {
 
     /// The same, each with its layer.
     pub fn read_dir_layers(&self, s: &Stack) -> io::Result<Vec<MergedEntry>> {
+        self.list_parts(s, None)
+    }
+
+    /// [`Union::read_dir`], and the oldest modification time of the whiteouts its parts
+    /// hold (`None`: none) — when the earliest deletion in it was made, as a whiteout is
+    /// dated (`staged.rs`).
+    pub(super) fn read_dir_dated(&self, s: &Stack) -> io::Result<(Vec<DirEntry>, Option<i128>)> {
+        let mut oldest = None;
+        let entries = self.list_parts(s, Some(&mut oldest))?;
+        Ok((entries.into_iter().map(|(e, _)| e).collect(), oldest))
+    }
+
+    fn list_parts(
+        &self,
+        s: &Stack,
+        mut oldest: Option<&mut Option<i128>>,
+    ) -> io::Result<Vec<MergedEntry>> {
         let mut seen: HashSet<Vec<u8>> = HashSet::new();
         let mut out = Vec::new();
         let n = s.parts.len();
@@ -41,7 +58,11 @@ impl Union {
                     && matches!(e.dtype, libc::DT_CHR | libc::DT_REG | libc::DT_UNKNOWN);
                 if maybe_whiteout {
                     let name = Name::new(&e.name)?;
-                    if self.entry_at(p.layer, p.fd.as_fd(), &name)? == Some(true) {
+                    if let Some((true, st)) = self.entry_stat(p.layer, p.fd.as_fd(), &name)? {
+                        if let Some(o) = oldest.as_deref_mut() {
+                            let t = st.st_mtime as i128 * 1_000_000_000 + st.st_mtime_nsec as i128;
+                            *o = Some(o.map_or(t, |x: i128| x.min(t)));
+                        }
                         if i + 1 < n {
                             seen.insert(e.name);
                         }

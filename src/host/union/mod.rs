@@ -173,7 +173,13 @@ pub struct Union {
     /// lower layer's root ([`Stack::walked`]): the kernel's listings and attributes of
     /// these are dropped on the host events the watch cannot place (bounded).
     walked: Mutex<std::collections::HashSet<u64>>,
+    /// Decodes the time of a staged entry's base record (`stage::record`'s format), when
+    /// the union is the daemon's ([`Union::reading_records`]).
+    record_since: Option<RecordSince>,
 }
+
+/// Decodes the time of a base record's value (`stage::record::since_of`).
+pub type RecordSince = fn(&[u8]) -> Option<i128>;
 
 /// Node ids [`Union::note_walked`] keeps at most (past it the oldest are not told apart:
 /// the set starts over).
@@ -314,7 +320,17 @@ impl Union {
             copies: AtomicU64::new(0),
             walked: Mutex::new(std::collections::HashSet::new()),
             frozen: std::sync::atomic::AtomicBool::new(false),
+            record_since: None,
         })
+    }
+
+    /// The same union, reading the time of the base record a staged entry carries (its
+    /// marker `fencefs-base`, decoded by `since`) into its staged time (`staged.rs`): a
+    /// record taken before the entry was made (a read, a deletion it took over) dates what
+    /// the entry stands for.
+    pub fn reading_records(mut self, since: RecordSince) -> Union {
+        self.record_since = Some(since);
+        self
     }
 
     /// Stops every change through this union (EROFS from then on): its upper may no
@@ -674,15 +690,25 @@ impl Union {
     /// and whether it is a whiteout: told by its attributes (one `fstatat`), an empty
     /// regular file of a staged layer also by its marker.
     fn entry_at(&self, layer: usize, dir: BorrowedFd<'_>, name: &Name) -> io::Result<Option<bool>> {
+        Ok(self.entry_stat(layer, dir, name)?.map(|(w, _)| w))
+    }
+
+    /// [`Union::entry_at`], with the entry's attributes.
+    fn entry_stat(
+        &self,
+        layer: usize,
+        dir: BorrowedFd<'_>,
+        name: &Name,
+    ) -> io::Result<Option<(bool, libc::stat)>> {
         let st = match sys::fstatat_nofollow(dir, name) {
             Ok(st) => st,
             Err(e) if missing(&e) => return Ok(None),
             Err(e) => return Err(e),
         };
         if self.is_source(layer) {
-            return Ok(Some(false));
+            return Ok(Some((false, st)));
         }
-        Ok(Some(match kind(&st) {
+        let whiteout = match kind(&st) {
             libc::S_IFCHR => st.st_rdev == 0,
             libc::S_IFREG if st.st_size == 0 => match sys::open_path(dir, name) {
                 Ok(fd) => self.is_whiteout(layer, fd.as_fd(), &st),
@@ -690,7 +716,8 @@ impl Union {
                 Err(e) => return Err(e),
             },
             _ => false,
-        }))
+        };
+        Ok(Some((whiteout, st)))
     }
 }
 

@@ -76,12 +76,20 @@ impl Union {
             f
         };
         let dir = kind(&f.st) == libc::S_IFDIR;
+        let mut oldest = None;
         if dir {
             let stack = f.stack.as_ref().ok_or_else(|| err(libc::EIO))?;
-            if !self.read_dir(stack)?.is_empty() {
+            let entries;
+            (entries, oldest) = self.read_dir_dated(stack)?;
+            if !entries.is_empty() {
                 return Err(err(libc::ENOTEMPTY));
             }
         }
+        // When what a whiteout left here stands for was staged (`staged.rs`).
+        let since = || match dir {
+            true => self.dir_since(f, oldest),
+            false => self.staged_time(f.fd.as_fd(), &f.st),
+        };
         if f.layer != 0 && self.is_source(f.layer) {
             // Nothing of it in the upper, and SOURCE shows it: one mknod hides it.
             self.whiteout(up, name)?;
@@ -91,8 +99,7 @@ impl Union {
         if f.layer != 0 {
             // A sealed layer's entry: its whiteout stands for what that entry stood for
             // since it was staged (`staged.rs`), dated before it is put in place.
-            let since = self.staged_time(f.fd.as_fd(), &f.st);
-            return self.hide_dated(up, name, label, since);
+            return self.hide_dated(up, name, label, since());
         }
         let lower = self.lower_positive(parent, name)?;
         // A stack cached for a directory with lower parts (a process's cwd) must not
@@ -120,8 +127,7 @@ impl Union {
         let work = self.work()?;
         // The whiteout left stands for what the removed entry stood for since it was
         // staged (a directory: every deletion made in it).
-        let since = self.staged_time(f.fd.as_fd(), &f.st);
-        let labelled = self.take_out(up, name, &tmp, lower.then_some((label, since)))?;
+        let labelled = self.take_out(up, name, &tmp, lower.then(|| (label, since())))?;
         crash_point("removed");
         if dir && has_lower {
             self.bump();

@@ -29,6 +29,9 @@ use crate::host::sys::{self, Name, SetTime};
 /// epoch, decimal).
 pub const STAGED: &[u8] = b"fencefs.staged_at";
 
+/// The marker a staged entry's base record is kept under (`stage::record::XATTR`).
+const RECORD: &[u8] = b"fencefs-base";
+
 fn ns(sec: i64, nsec: i64) -> i128 {
     sec as i128 * 1_000_000_000 + nsec as i128
 }
@@ -40,8 +43,9 @@ fn is_whiteout_dev(st: &libc::stat) -> bool {
 
 impl Union {
     /// When the staged entry behind `fd` (attributes `st`) was made, as the stage tools
-    /// judge it: the earliest of its [`STAGED`] marker, its birth time (else its ctime)
-    /// and, for a whiteout, its modification time.
+    /// judge it: the earliest of its [`STAGED`] marker, its birth time (else its ctime),
+    /// its base record's time (read when the union reads records) and, for a whiteout,
+    /// its modification time.
     pub(super) fn staged_time(&self, fd: BorrowedFd<'_>, st: &libc::stat) -> i128 {
         let born = sys::fstat_btime(fd)
             .ok()
@@ -50,13 +54,36 @@ impl Union {
         let mut t = born;
         if is_whiteout_dev(st) {
             t = t.min(ns(st.st_mtime, st.st_mtime_nsec));
-        } else if let Some(m) = self
-            .marker(fd, STAGED)
-            .and_then(|v| std::str::from_utf8(&v).ok()?.parse::<i128>().ok())
+        }
+        let [mark, record] = self.markers(fd, [STAGED, RECORD]);
+        if !is_whiteout_dev(st)
+            && let Some(m) = mark.and_then(|v| std::str::from_utf8(&v).ok()?.parse::<i128>().ok())
         {
             t = t.min(m);
         }
+        if let (Some(v), Some(since)) = (record, self.record_since)
+            && let Some(r) = since(&v)
+        {
+            t = t.min(r);
+        }
         t
+    }
+
+    /// When a merged-empty staged directory `f` stands for changes made since, for the
+    /// whiteout its removal leaves: its earliest deletion (`oldest`, the oldest whiteout
+    /// in its parts) or the time it was made over one (its [`STAGED`] marker), whichever
+    /// is older; with neither, its own staged time. (Not its copy-up: a host change made
+    /// between the agent's first change in it and its deletions was shown to the agent
+    /// before it deleted.)
+    pub(super) fn dir_since(&self, f: &super::Found, oldest: Option<i128>) -> i128 {
+        let mark = self
+            .marker(f.fd.as_fd(), STAGED)
+            .and_then(|v| std::str::from_utf8(&v).ok()?.parse::<i128>().ok());
+        match (oldest, mark) {
+            (Some(a), Some(b)) => a.min(b),
+            (Some(t), None) | (None, Some(t)) => t,
+            (None, None) => self.staged_time(f.fd.as_fd(), &f.st),
+        }
     }
 
     /// The staged time of the whiteout or entry a new name replaces in merged directory
