@@ -36,6 +36,14 @@ pub fn apply(l: &Layers, c: &Change, from: &[u8]) -> io::Result<Rest> {
     let src = dir(l, fp)?;
     let dst = dir(l, tp)?;
     let (fname, tname) = (Name::new(fl)?, Name::new(tl)?);
+    // Still the object the listing saw, ctime included (an in-place edit that keeps the
+    // size): the rename would carry the host's edit off under the staged bytes.
+    let before = l.lower.child(&src, fl)?;
+    if !c.conflict && before.map(|n| lower_ident(&n.st)) != c.lower_st {
+        return Err(io::Error::other(
+            "conflict (SOURCE changed while applying; --force applies the staged version)",
+        ));
+    }
     sys::renameat2(
         src.fd.as_fd(),
         &fname,
