@@ -88,7 +88,7 @@ impl Lines {
 /// `all`: `list` is every staged change (no PATH was given), so when none is refused the
 /// staged tree is dropped whole at the end (`unstage_all`) instead of path by path.
 /// `listed`: when `list` was taken (a host change below a directory it deletes made since
-/// refuses that deletion: [`super::guard::below_changed`]).
+/// refuses that deletion: `guard::below_changed`).
 pub fn apply(
     l: &Layers,
     list: &[Change],
