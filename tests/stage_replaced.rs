@@ -183,3 +183,32 @@ fn a_host_edit_after_the_agents_read_stays_a_conflict_through_a_replacement() {
 fn a_host_edit_after_the_agents_read_stays_a_conflict_through_a_replacement_as_a_user() {
     read_then_replaced(Who::User);
 }
+
+/// A read before a deletion dates the directory that deletion leaves behind (root: the
+/// whiteout carries the read's record and is dated at it): the agent reads `gen/b` and
+/// `d/f`, the host edits both, the agent deletes the directories (`rm -rf gen`; `d/f`
+/// written, deleted, and `d` replaced by a directory renamed over it, `mv -T x d`). Both
+/// stay conflicts (before: `D gen/` and `D d/f`, dated at the deletions, after the edits).
+#[test]
+fn a_read_before_a_deletion_dates_the_directory_it_leaves() {
+    let (mut m, dir, sock) = staged_live("stage-replaced-dirread", |src| {
+        put(&src.join("gen/b"), ORIG, 0o644);
+        put(&src.join("d/f"), ORIG, 0o644);
+    });
+    m.sh("echo x > gen/new && cat gen/b d/f >/dev/null")
+        .assert_ok("agent reads");
+    later();
+    for p in ["gen/b", "d/f"] {
+        fs::write(m.host(p), format!("{HOST}\n")).unwrap();
+    }
+    later();
+    m.sh("rm -rf gen && echo agent > d/f && rm d/f && mkdir x && mv -T x d")
+        .assert_ok("agent deletes");
+    assert_eq!(ctl(&sock, &["status"]).stdout, "CD d/f\nCD gen/\n");
+    ctl(&sock, &["apply"]).assert_fail("the conflicts are refused");
+    for p in ["gen/b", "d/f"] {
+        assert_eq!(fs::read(m.host(p)).unwrap(), format!("{HOST}\n").as_bytes());
+    }
+    stop(&mut m);
+    assert_eq!(stage(&["status"], &dir).stdout, "CD d/f\nCD gen/\n");
+}

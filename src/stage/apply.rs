@@ -228,9 +228,6 @@ pub fn apply(
 const CONFLICT: &str =
     "conflict (SOURCE changed after it was staged; --force applies the staged version)";
 
-const CHANGED_BELOW: &str =
-    "conflict (SOURCE changed below it while applying; --force applies the staged version)";
-
 /// The renames of cycles in `list` ([`super::cycles`]): each cycle goes on to `rest` as
 /// the files it writes (each over its path's SOURCE file, checked against the object its
 /// [`Change::replaces`] names; listed by its rename), or is refused whole — a conflict of
@@ -549,14 +546,29 @@ fn place(l: &Layers, r: &Ready<'_>, listed: i128) -> io::Result<()> {
                 return Err(io::Error::other("conflict (SOURCE changed while applying)"));
             }
             sys::renameat2(r.dir.as_fd(), t, r.dir.as_fd(), &n, libc::RENAME_EXCHANGE)?;
-            if new_dir || r.c.conflict {
+            // SOURCE's directory is at `t` now: gone over only when nothing below it
+            // changed since the listing (a failure to tell counts as a change).
+            let keep = !new_dir
+                && !r.c.conflict
+                && super::guard::below_changed(l.lower.source(), r.dir.as_fd(), t, listed)
+                    .unwrap_or(true);
+            if !keep {
                 return remove_tree(l.lower.source(), r.dir.as_fd(), t);
             }
-            if super::guard::below_changed(l.lower.source(), r.dir.as_fd(), t, listed)? {
-                sys::renameat2(r.dir.as_fd(), t, r.dir.as_fd(), &n, libc::RENAME_EXCHANGE)?;
-                return Err(io::Error::other(CHANGED_BELOW));
+            match sys::renameat2(r.dir.as_fd(), t, r.dir.as_fd(), &n, libc::RENAME_EXCHANGE) {
+                Ok(()) => Err(io::Error::other(super::guard::CHANGED_BELOW)),
+                Err(e) => {
+                    // The staged file stays in place (applied); the host's directory is
+                    // kept, never removed, under the temporary name.
+                    log::error!(
+                        "apply: {} changed below while applying and could not be put back \
+                         ({e}): it is kept as {}",
+                        String::from_utf8_lossy(&r.c.path),
+                        String::from_utf8_lossy(t.bytes())
+                    );
+                    Ok(())
+                }
             }
-            remove_tree(l.lower.source(), r.dir.as_fd(), t)
         }
         o => super::guard::replace(r.c, r.dir.as_fd(), t, &n, o.as_ref()),
     }
@@ -597,11 +609,12 @@ fn delete_one(l: &Layers, c: &Change, listed: i128) -> io::Result<()> {
         if kind(&ln.st) == libc::S_IFDIR {
             let t = tmp_name(last, "delete")?;
             sys::renameat2(dir.as_fd(), &n, dir.as_fd(), &t, libc::RENAME_NOREPLACE)?;
+            // A failure to tell counts as a change: the tree goes back, never removed.
             if !c.conflict
-                && super::guard::below_changed(l.lower.source(), dir.as_fd(), &t, listed)?
+                && super::guard::below_changed(l.lower.source(), dir.as_fd(), &t, listed)
+                    .unwrap_or(true)
             {
-                sys::renameat2(dir.as_fd(), &t, dir.as_fd(), &n, libc::RENAME_NOREPLACE)?;
-                return Err(io::Error::other(CHANGED_BELOW));
+                return Err(super::guard::put_back(dir.as_fd(), &t, &n));
             }
             remove_tree(l.lower.source(), dir.as_fd(), &t)?;
         } else {

@@ -18,6 +18,7 @@ use std::os::fd::{AsFd, BorrowedFd};
 
 use super::changes::{Change, lower_ident};
 use super::tree::{Layer, Node, kind};
+use super::walk::{Event, Flow, walk};
 use crate::host::sys::{self, Name};
 
 fn changed() -> io::Error {
@@ -67,10 +68,30 @@ pub fn replace(
     }
 }
 
-/// Whether anything below SOURCE's directory `dir/t` — renamed there by `apply` to be
+/// Why `apply` kept a directory it was to remove or replace ([`below_changed`]).
+pub const CHANGED_BELOW: &str =
+    "conflict (SOURCE changed below it while applying: kept; the next status lists it)";
+
+/// Puts SOURCE's directory that `apply` renamed aside to `dir/t` back at `dir/n`, something
+/// below it having changed: the refusal to report (naming where the tree is kept when it
+/// could not go back: never removed).
+pub fn put_back(dir: BorrowedFd<'_>, t: &Name, n: &Name) -> io::Error {
+    match sys::renameat2(dir, t, dir, n, libc::RENAME_NOREPLACE) {
+        Ok(()) => io::Error::other(CHANGED_BELOW),
+        Err(e) => io::Error::other(format!(
+            "{CHANGED_BELOW}; putting it back failed ({e}): it is kept as {}",
+            String::from_utf8_lossy(t.bytes())
+        )),
+    }
+}
+
+/// Whether a file below SOURCE's directory `dir/t` — renamed there by `apply` to be
 /// deleted (or swapped out for a file) — changed (ctime) at or after `since`, the moment
-/// the change list was taken: a host edit made while the apply ran, below a directory
-/// whose own identity such an edit leaves as it was. Walked without recursion.
+/// the change list was taken: a host edit or a new file made while the apply ran, below a
+/// directory whose own identity such an edit leaves as it was. Directories' own ctimes
+/// do not count (an entry renamed out of one by this very apply moves it; what a host
+/// change inside one leaves is a file). Walked one level's handle at a time
+/// (`stage::walk`).
 pub fn below_changed(
     source: &Layer,
     dir: BorrowedFd<'_>,
@@ -79,21 +100,17 @@ pub fn below_changed(
 ) -> io::Result<bool> {
     let fd = sys::open_path(dir, t)?;
     let st = sys::fstat(fd.as_fd())?;
-    let mut todo = vec![Node::of(fd, st)];
-    while let Some(d) = todo.pop() {
-        for name in source.list(&d)? {
-            let Some(c) = source.child(&d, &name)? else {
-                continue;
-            };
-            if ctime_ns(&c.st) >= since {
-                return Ok(true);
-            }
-            if kind(&c.st) == libc::S_IFDIR {
-                todo.push(c);
-            }
-        }
-    }
-    Ok(false)
+    let all_before = walk(source, Node::of(fd, st), b"", (), |ev| {
+        let Event::Entry { dir, name, .. } = ev else {
+            return Ok(Flow::Next);
+        };
+        Ok(match source.child(&dir.node, name)? {
+            Some(c) if kind(&c.st) == libc::S_IFDIR => Flow::Enter(c, ()),
+            Some(c) if ctime_ns(&c.st) >= since => Flow::Stop,
+            _ => Flow::Next,
+        })
+    })?;
+    Ok(!all_before)
 }
 
 fn ctime_ns(st: &libc::stat) -> i128 {

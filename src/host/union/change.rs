@@ -196,6 +196,8 @@ impl Union {
         let _g = self.names.lock();
         let src_dir = kind(&src.st) == libc::S_IFDIR;
         let mut swapped = None;
+        // The oldest deletion in a merged-empty directory the rename replaces.
+        let mut dst_oldest = None;
         if let Some(d) = dst {
             if noreplace {
                 return Err(err(libc::EEXIST));
@@ -206,7 +208,9 @@ impl Union {
                 (true, false) => return Err(err(libc::ENOTDIR)),
                 (true, true) => {
                     let s = d.stack.as_ref().ok_or_else(|| err(libc::EIO))?;
-                    if !self.read_dir(s)?.is_empty() {
+                    let entries;
+                    (entries, dst_oldest) = self.read_dir_dated(s)?;
+                    if !entries.is_empty() {
                         return Err(err(libc::ENOTEMPTY));
                     }
                     if d.layer == 0 {
@@ -219,7 +223,12 @@ impl Union {
         if swapped.is_some() {
             crash_point("emptied");
         }
-        let r = self.rename_in((parent, up, name), (newparent, nup, newname), src, dst);
+        let r = self.rename_in(
+            (parent, up, name),
+            (newparent, nup, newname),
+            src,
+            (dst, dst_oldest),
+        );
         if let Some(tmp) = swapped {
             self.after_replace(nup, newname, &tmp, r.is_ok());
         }
@@ -237,7 +246,7 @@ impl Union {
         (parent, up, name): (&Stack, BorrowedFd<'_>, &Name),
         (newparent, nup, newname): (&Stack, BorrowedFd<'_>, &Name),
         src: &Found,
-        dst: Option<&Found>,
+        (dst, dst_oldest): (Option<&Found>, Option<i128>),
     ) -> io::Result<()> {
         let src_dir = kind(&src.st) == libc::S_IFDIR;
         let redirect = match src.stack.as_ref() {
@@ -264,7 +273,7 @@ impl Union {
         if src_dir {
             let replaced = match dst {
                 // (A sealed layer's too: `mv -T x d` over a `d` a checkpoint emptied.)
-                Some(d) if !self.is_source(d.layer) => Some(self.staged_time(d.fd.as_fd(), &d.st)),
+                Some(d) if !self.is_source(d.layer) => Some(self.dir_since(d, dst_oldest)),
                 Some(_) => None,
                 None => self.replaced_time(newparent, nup, newname)?,
             };

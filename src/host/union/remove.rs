@@ -21,7 +21,7 @@
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd};
 
-use super::{Found, Stack, Union, crash_point, err, kind, temp_name};
+use super::{Found, Stack, Union, crash_point, err, kind, staged, temp_name};
 use crate::host::sys::{self, Name};
 
 /// An extended attribute (name, value) a whiteout made by [`Union::remove`] carries from
@@ -246,8 +246,19 @@ impl Union {
     }
 
     /// Sets `label` on the whiteout `dir/name` just made; whether it was set.
+    /// A record older than the whiteout (taken at the agent's read of what it deletes)
+    /// also dates it (`staged.rs`): what stands for the deletion later — the removed
+    /// directory's whiteout, a name made again — carries the read's time.
     fn label(&self, dir: BorrowedFd<'_>, name: &Name, label: Option<Label<'_>>) -> bool {
-        label.is_some_and(|(n, v)| sys::lsetxattr_at(dir, name, n, v, 0).is_ok())
+        let Some((n, v)) = label else { return false };
+        let set = sys::lsetxattr_at(dir, name, n, v, 0).is_ok();
+        if let Some(t) = self.record_since.and_then(|since| since(v))
+            && t < staged::now_ns() - staged::OLDER
+            && let Err(e) = self.date_whiteout(dir, name, t)
+        {
+            log::warn!("stage: dating a whiteout at its record: {e}");
+        }
+        set
     }
 
     /// Moves upper entry `up/name` to `DIR/work/tmp`, leaving a whiteout in its place if

@@ -13,10 +13,12 @@
 //! - a whiteout, which cannot carry a `user.` xattr (an ordinary user's), gets the time
 //!   as its modification time (a whiteout's own times mean nothing else).
 //!
-//! Invariants: a carried time only ever moves an entry's staged time earlier (more host
-//! changes count as conflicts, never fewer); it is set on the new entry before the
-//! rename that puts it in place, and a time that cannot be set fails the change before
-//! anything moved; SOURCE is never marked.
+//! Invariants: a carried time is never later than a deletion the entry stands for (a
+//! whiteout's own time, the record it carries, or — for a removed directory — the oldest
+//! whiteout in it or the time it was made over a deletion: its earliest deletion, not its
+//! copy-up); it is set on the new entry before the rename that puts it in place (the
+//! whiteout a rename leaves: right after it), and a time that cannot be set fails the
+//! change before anything moved; SOURCE is never marked.
 
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd};
@@ -31,6 +33,17 @@ pub const STAGED: &[u8] = b"fencefs.staged_at";
 
 /// The marker a staged entry's base record is kept under (`stage::record::XATTR`).
 const RECORD: &[u8] = b"fencefs-base";
+
+/// How much older than now a record must be to date a whiteout made now (the coarse clock
+/// records are taken on ticks a few milliseconds apart: a deletion's own record is not).
+pub(super) const OLDER: i128 = 10_000_000;
+
+/// Now, in ns since the epoch.
+pub(super) fn now_ns() -> i128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as i128)
+}
 
 fn ns(sec: i64, nsec: i64) -> i128 {
     sec as i128 * 1_000_000_000 + nsec as i128
