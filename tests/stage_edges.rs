@@ -541,14 +541,7 @@ fn a_source_0_0_device_changed_through_the_mount_stays_a_device() {
         "mknod -m 644 dev c 0 0 && mknod -m 644 res c 0 262143 && touch -d '2020-01-01' dev res",
     )
     .assert_ok("the host's 0/0 device, and one of the stand-in's number");
-    let dir = stage_dir(&b);
-    let sock = b.root().join("ctl.sock");
-    let m = b
-        .arg("--stage")
-        .arg(&dir)
-        .arg("--control")
-        .arg(&sock)
-        .start();
+    let (m, dir, sock) = start_staged_live(b);
     let before = snapshot(&m.host(""));
     m.sh("chmod 600 dev").assert_ok("chmod through the mount");
     assert_eq!(
