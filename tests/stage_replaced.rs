@@ -212,3 +212,22 @@ fn a_read_before_a_deletion_dates_the_directory_it_leaves() {
     stop(&mut m);
     assert_eq!(stage(&["status"], &dir).stdout, "CD d/f\nCD gen/\n");
 }
+
+/// apply's last look below a directory it removes does not count its own renames: the
+/// agent moves a directory out of a directory and deletes the rest (`mv d/a/sub e && rm -rf
+/// d`); apply renames `d/a/sub` first (which moves `d/a`'s ctime), then removes `d`.
+#[test]
+fn an_applys_own_rename_out_of_a_directory_does_not_stop_its_removal() {
+    let (mut m, dir, sock) = staged_live("stage-replaced-moveout", |src| {
+        put(&src.join("d/a/sub/x"), b"x\n", 0o644);
+        put(&src.join("d/a/z"), ORIG, 0o644);
+    });
+    later();
+    m.sh("mv d/a/sub e && rm -rf d").assert_ok("agent");
+    assert_eq!(ctl(&sock, &["status"]).stdout, "D d/\nR d/a/sub/ -> e/\n");
+    ctl(&sock, &["apply"]).assert_ok("apply");
+    assert_eq!(fs::read(m.host("e/x")).unwrap(), b"x\n");
+    assert!(!m.host("d").exists());
+    stop(&mut m);
+    assert_eq!(stage(&["status"], &dir).stdout, "");
+}

@@ -96,6 +96,7 @@ pub fn apply(
     dir: &Path,
     listed: i128,
 ) -> Report {
+    let mut since = super::guard::Since::new(listed);
     let mut out = Lines { lines: Vec::new() };
     let mut order: Vec<&Change> = list.iter().collect();
     // Renames shallowest first; deletions deepest first.
@@ -166,6 +167,7 @@ pub fn apply(
         if !c.dir {
             match super::moves::apply(l, c, &from) {
                 Ok(left) => {
+                    since.moved_out_of(l, &from);
                     out.applied(&line);
                     rest.extend(left);
                 }
@@ -178,6 +180,7 @@ pub fn apply(
         }
         match rename_one(l, c, &from) {
             Ok(()) => {
+                since.moved_out_of(l, &from);
                 moved.push((from, c.path.clone()));
                 out.applied(&line);
             }
@@ -200,10 +203,10 @@ pub fn apply(
                 });
                 let mut links = Links::default();
                 for chunk in writes.chunks(BATCH) {
-                    write_batch(l, chunk, &mut out, (pending.as_mut(), listed), &mut links);
+                    write_batch(l, chunk, &mut out, (pending.as_mut(), &since), &mut links);
                 }
                 for chunk in dels.chunks(BATCH) {
-                    delete_batch(l, chunk, &mut out, pending.as_mut(), listed);
+                    delete_batch(l, chunk, &mut out, pending.as_mut(), &since);
                 }
                 if let Some(p) = pending {
                     unstage_all(l, dir, p, &mut out);
@@ -381,7 +384,7 @@ fn write_batch<'a>(
     l: &Layers,
     chunk: &[&'a Change],
     out: &mut Lines,
-    (pending, listed): (Option<&mut Pending<'a>>, i128),
+    (pending, since): (Option<&mut Pending<'a>>, &super::guard::Since),
     links: &mut Links,
 ) {
     let mut ready = Vec::new();
@@ -400,7 +403,7 @@ fn write_batch<'a>(
     }
     let mut placed = Vec::new();
     for r in ready {
-        match place(l, &r, listed) {
+        match place(l, &r, since) {
             Ok(()) => placed.push(r),
             Err(e) => {
                 drop_tmp(l, &r);
@@ -532,7 +535,7 @@ fn drop_tmp(l: &Layers, r: &Ready<'_>) {
 /// type change (a directory for a file, or a file for a directory: rename(2) replaces
 /// neither) is swapped out atomically with RENAME_EXCHANGE (the name never goes
 /// missing), then removed.
-fn place(l: &Layers, r: &Ready<'_>, listed: i128) -> io::Result<()> {
+fn place(l: &Layers, r: &Ready<'_>, since: &super::guard::Since) -> io::Result<()> {
     let Some(t) = &r.tmp else {
         return Ok(());
     };
@@ -546,28 +549,21 @@ fn place(l: &Layers, r: &Ready<'_>, listed: i128) -> io::Result<()> {
                 return Err(io::Error::other("conflict (SOURCE changed while applying)"));
             }
             sys::renameat2(r.dir.as_fd(), t, r.dir.as_fd(), &n, libc::RENAME_EXCHANGE)?;
-            // SOURCE's directory is at `t` now: gone over only when nothing below it
-            // changed since the listing (a failure to tell counts as a change).
+            // SOURCE's old entry is at `t` now (a directory unless `new_dir`): gone
+            // only when nothing below it changed since the listing (a failure to tell
+            // counts as a change).
             let keep = !new_dir
                 && !r.c.conflict
-                && super::guard::below_changed(l.lower.source(), r.dir.as_fd(), t, listed)
+                && super::guard::below_changed(l.lower.source(), r.dir.as_fd(), t, since)
                     .unwrap_or(true);
             if !keep {
                 return remove_tree(l.lower.source(), r.dir.as_fd(), t);
             }
             match sys::renameat2(r.dir.as_fd(), t, r.dir.as_fd(), &n, libc::RENAME_EXCHANGE) {
                 Ok(()) => Err(io::Error::other(super::guard::CHANGED_BELOW)),
-                Err(e) => {
-                    // The staged file stays in place (applied); the host's directory is
-                    // kept, never removed, under the temporary name.
-                    log::error!(
-                        "apply: {} changed below while applying and could not be put back \
-                         ({e}): it is kept as {}",
-                        String::from_utf8_lossy(&r.c.path),
-                        String::from_utf8_lossy(t.bytes())
-                    );
-                    Ok(())
-                }
+                // The staged file stays in place (applied); the host's directory is kept,
+                // never removed, out of the temporary names' way.
+                Err(e) => super::guard::keep_aside(r.dir.as_fd(), t, &r.c.path, &e),
             }
         }
         o => super::guard::replace(r.c, r.dir.as_fd(), t, &n, o.as_ref()),
@@ -581,11 +577,11 @@ fn delete_batch<'a>(
     chunk: &[&'a Change],
     out: &mut Lines,
     pending: Option<&mut Pending<'a>>,
-    listed: i128,
+    since: &super::guard::Since,
 ) {
     let mut done = Vec::new();
     for &c in chunk {
-        match delete_one(l, c, listed) {
+        match delete_one(l, c, since) {
             Ok(()) => done.push(c),
             Err(e) => out.refused(&status_line(c), e),
         }
@@ -596,7 +592,7 @@ fn delete_batch<'a>(
     }
 }
 
-fn delete_one(l: &Layers, c: &Change, listed: i128) -> io::Result<()> {
+fn delete_one(l: &Layers, c: &Change, since: &super::guard::Since) -> io::Result<()> {
     let (parent, last) = split(&c.path);
     let dir = lower_dir(l, parent)?;
     let n = name(last)?;
@@ -611,7 +607,7 @@ fn delete_one(l: &Layers, c: &Change, listed: i128) -> io::Result<()> {
             sys::renameat2(dir.as_fd(), &n, dir.as_fd(), &t, libc::RENAME_NOREPLACE)?;
             // A failure to tell counts as a change: the tree goes back, never removed.
             if !c.conflict
-                && super::guard::below_changed(l.lower.source(), dir.as_fd(), &t, listed)
+                && super::guard::below_changed(l.lower.source(), dir.as_fd(), &t, since)
                     .unwrap_or(true)
             {
                 return Err(super::guard::put_back(dir.as_fd(), &t, &n));

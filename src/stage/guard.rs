@@ -16,8 +16,10 @@
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd};
 
-use super::changes::{Change, lower_ident};
-use super::tree::{Layer, Node, kind};
+use std::collections::HashSet;
+
+use super::changes::{Change, Layers, lower_ident};
+use super::tree::{Layer, Node, kind, split};
 use super::walk::{Event, Flow, walk};
 use crate::host::sys::{self, Name};
 
@@ -72,31 +74,85 @@ pub fn replace(
 pub const CHANGED_BELOW: &str =
     "conflict (SOURCE changed below it while applying: kept; the next status lists it)";
 
+/// What `apply` checks a directory it removes against ([`below_changed`]): when the change
+/// list was taken, and the SOURCE directories this apply itself renamed entries out of
+/// (their ctime moved with those renames: not a host change).
+pub struct Since {
+    listed: i128,
+    moved_from: HashSet<(u64, u64)>,
+}
+
+impl Since {
+    /// Checks against the change list taken at `listed`.
+    pub fn new(listed: i128) -> Since {
+        Since {
+            listed,
+            moved_from: HashSet::new(),
+        }
+    }
+
+    /// This apply renamed SOURCE's `from` away: its directory's ctime is the apply's.
+    pub fn moved_out_of(&mut self, l: &Layers, from: &[u8]) {
+        if let Ok(Some(d)) = l.lower.dir(split(from).0) {
+            self.moved_from.insert((d.st.st_dev, d.st.st_ino));
+        }
+    }
+
+    /// Whether `n`'s ctime says it changed after the listing (and not by this apply).
+    fn changed(&self, n: &Node) -> bool {
+        ctime_ns(&n.st) >= self.listed
+            && !(kind(&n.st) == libc::S_IFDIR
+                && self.moved_from.contains(&(n.st.st_dev, n.st.st_ino)))
+    }
+}
+
 /// Puts SOURCE's directory that `apply` renamed aside to `dir/t` back at `dir/n`, something
 /// below it having changed: the refusal to report (naming where the tree is kept when it
 /// could not go back: never removed).
 pub fn put_back(dir: BorrowedFd<'_>, t: &Name, n: &Name) -> io::Error {
     match sys::renameat2(dir, t, dir, n, libc::RENAME_NOREPLACE) {
         Ok(()) => io::Error::other(CHANGED_BELOW),
-        Err(e) => io::Error::other(format!(
-            "{CHANGED_BELOW}; putting it back failed ({e}): it is kept as {}",
-            String::from_utf8_lossy(t.bytes())
-        )),
+        Err(e) => {
+            let _ = keep_aside(dir, t, n.bytes(), &e);
+            io::Error::other(format!("{CHANGED_BELOW}; putting it back failed ({e})"))
+        }
     }
 }
 
-/// Whether a file below SOURCE's directory `dir/t` — renamed there by `apply` to be
-/// deleted (or swapped out for a file) — changed (ctime) at or after `since`, the moment
-/// the change list was taken: a host edit or a new file made while the apply ran, below a
-/// directory whose own identity such an edit leaves as it was. Directories' own ctimes
-/// do not count (an entry renamed out of one by this very apply moves it; what a host
-/// change inside one leaves is a file). Walked one level's handle at a time
+/// Moves what `apply` could not put back from its temporary name `dir/t` (which a later
+/// apply would take for its own and remove) to `.NAME.fencefs-kept-PID-NS`, and logs where
+/// the host's entry for `path` is kept.
+pub fn keep_aside(dir: BorrowedFd<'_>, t: &Name, path: &[u8], e: &io::Error) -> io::Result<()> {
+    let ns = crate::stage::sys::coarse_now_ns();
+    let last = split(path).1;
+    let tail = format!(".fencefs-kept-{}-{ns}", std::process::id());
+    let kept = [&b"."[..], last, tail.as_bytes()].concat();
+    let at = match Name::new(&kept)
+        .and_then(|k| sys::renameat2(dir, t, dir, &k, libc::RENAME_NOREPLACE))
+    {
+        Ok(()) => kept,
+        Err(_) => t.bytes().to_vec(),
+    };
+    log::error!(
+        "apply: {} changed below while applying and could not be put back ({e}): the host's \
+         entry is kept as {}",
+        String::from_utf8_lossy(path),
+        String::from_utf8_lossy(&at)
+    );
+    Ok(())
+}
+
+/// Whether anything below SOURCE's directory `dir/t` — renamed there by `apply` to be
+/// deleted (or swapped out for a file) — changed (ctime) since the change list was taken:
+/// a host edit, a new file or a directory moved in while the apply ran, below a directory
+/// whose own identity such a change leaves as it was (a directory this apply renamed an
+/// entry out of does not count by its own ctime). Walked one level's handle at a time
 /// (`stage::walk`).
 pub fn below_changed(
     source: &Layer,
     dir: BorrowedFd<'_>,
     t: &Name,
-    since: i128,
+    since: &Since,
 ) -> io::Result<bool> {
     let fd = sys::open_path(dir, t)?;
     let st = sys::fstat(fd.as_fd())?;
@@ -105,8 +161,8 @@ pub fn below_changed(
             return Ok(Flow::Next);
         };
         Ok(match source.child(&dir.node, name)? {
+            Some(c) if since.changed(&c) => Flow::Stop,
             Some(c) if kind(&c.st) == libc::S_IFDIR => Flow::Enter(c, ()),
-            Some(c) if ctime_ns(&c.st) >= since => Flow::Stop,
             _ => Flow::Next,
         })
     })?;
@@ -156,13 +212,26 @@ mod tests {
         std::thread::sleep(std::time::Duration::from_millis(20));
         let source = Layer::new(sys::open_root(&root).unwrap()).unwrap();
         let dir = sys::open_root(&root).unwrap();
-        let since = crate::stage::sys::coarse_now_ns();
+        let since = Since::new(crate::stage::sys::coarse_now_ns());
         std::thread::sleep(std::time::Duration::from_millis(20));
         std::fs::rename(root.join("d"), root.join("t")).unwrap();
         let t = Name::new(b"t").unwrap();
-        assert!(!below_changed(&source, dir.as_fd(), &t, since).unwrap());
+        assert!(!below_changed(&source, dir.as_fd(), &t, &since).unwrap());
+        // A directory moved in from elsewhere (its files keep their old ctimes).
+        std::fs::create_dir_all(root.join("other/x")).unwrap();
+        std::fs::write(root.join("other/x/old"), b"host's\n").unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let since = Since::new(crate::stage::sys::coarse_now_ns());
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        std::fs::rename(root.join("other/x"), root.join("t/sub/x")).unwrap();
+        assert!(below_changed(&source, dir.as_fd(), &t, &since).unwrap());
+        std::fs::remove_dir_all(root.join("t/sub/x")).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let since = Since::new(crate::stage::sys::coarse_now_ns());
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        assert!(!below_changed(&source, dir.as_fd(), &t, &since).unwrap());
         std::fs::write(root.join("t/sub/f"), b"host\n").unwrap();
-        assert!(below_changed(&source, dir.as_fd(), &t, since).unwrap());
+        assert!(below_changed(&source, dir.as_fd(), &t, &since).unwrap());
         std::fs::remove_dir_all(&root).unwrap();
     }
 

@@ -181,6 +181,11 @@ impl Union {
         name: &Name,
         t: i128,
     ) -> io::Result<()> {
+        // Never later than it says now (a label may have dated it at an older record).
+        let st = sys::fstatat_nofollow(dir, name)?;
+        if t >= ns(st.st_mtime, st.st_mtime_nsec) {
+            return Ok(());
+        }
         let secs = t.div_euclid(1_000_000_000) as i64;
         let nsec = t.rem_euclid(1_000_000_000) as i64;
         sys::utimens_nofollow(dir, name, SetTime::Omit, SetTime::At(secs, nsec))
