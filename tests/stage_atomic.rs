@@ -254,6 +254,45 @@ fn removing_a_directory_with_only_lower_entries_is_enotempty() {
     stop(&mut m);
 }
 
+/// `rm -rf` of host trees: each directory is decided (swapped out, seen to hold only
+/// whiteouts) before the agent is answered and its whiteouts are deleted off the request
+/// (`union/purge.rs`): the view shows the trees gone at once, SOURCE is untouched, the
+/// work directory empties soon after, and what still waits at a clean stop is deleted
+/// before the daemon exits — nothing left in DIR/work.
+#[test]
+fn removed_directories_leave_nothing_in_the_work_directory() {
+    let (mut m, dir) = staged("atomic-purge", WRITE, |src| {
+        for t in ["t", "u"] {
+            for d in 0..4 {
+                for f in 0..40 {
+                    put(&src.join(format!("{t}/d{d}/f{f}")), b"x\n", 0o644);
+                }
+            }
+        }
+    });
+    let before = snapshot(&m.host(""));
+    let temp = |n: &String| n.starts_with("#fencefs-");
+    m.sh("rm -rf t").assert_ok("rm -rf t");
+    assert!(!m.mnt("t").exists(), "t gone from the view");
+    let _ = assert_errno(fs::metadata(m.mnt("t/d0/f0")), libc::ENOENT, "t/d0/f0");
+    let emptied = eventually(Duration::from_secs(10), || {
+        !names_str(&dir.join("work")).unwrap().iter().any(temp)
+    });
+    assert!(
+        emptied,
+        "the work directory emptied: {:?}",
+        names_str(&dir.join("work"))
+    );
+    m.sh("mkdir t && ls -A t")
+        .assert_ok("a new t over the deleted one");
+    assert_eq!(names_str(&m.mnt("t")).unwrap(), Vec::<String>::new());
+    m.sh("rm -rf u").assert_ok("rm -rf u");
+    stop(&mut m);
+    let left = names_str(&dir.join("work")).unwrap();
+    assert!(!left.iter().any(temp), "nothing left in DIR/work: {left:?}");
+    assert_host_unchanged(&before, &m.host(""), "staged rm -rf");
+}
+
 /// The host replaces a file by rename (an editor's save) after the mount looked it up:
 /// a change through a descriptor opened before answers ESTALE (raw: a descriptor's call
 /// is not retried by the kernel) and stages nothing; a change by path is retried by the

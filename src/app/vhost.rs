@@ -186,6 +186,7 @@ fn signal_loop(sigs: SigSet, shared: Arc<Shared>, stop: Stop, files: Files) {
             std::thread::sleep(Duration::from_millis(20));
         }
         flush_audit(&shared);
+        crate::host::union::finish_deletions(std::time::Duration::from_secs(2));
         files.remove();
         std::process::exit(0);
     }

@@ -38,9 +38,11 @@ pub(super) fn teardown(state: &State, served: Served) -> Result<(), String> {
     }
 }
 
-/// The session is over: say so, refuse every held request, flush the audit.
+/// The session is over: say so, refuse every held request, flush the audit, let the
+/// removed directories waiting in the staging area's work directory go.
 pub(in crate::app) fn end_session(shared: &Shared) {
     SESSION_DONE.store(true, Ordering::SeqCst);
     shared.approvals.shutdown();
     flush_audit(shared);
+    crate::host::union::finish_deletions(std::time::Duration::from_secs(5));
 }

@@ -46,12 +46,14 @@ use super::sys::{self, Name, Xattr};
 mod change;
 mod copyup;
 mod list;
+mod purge;
 mod remove;
 mod staged;
 mod sweep;
 
 pub use change::NewName;
 pub use list::MergedEntry;
+pub use purge::finish as finish_deletions;
 pub use remove::{Label, Left};
 pub use staged::STAGED;
 pub use sweep::{reserved, sweep_new_leftovers};
@@ -176,6 +178,8 @@ pub struct Union {
     /// Decodes the time of a staged entry's base record (`stage::record`'s format), when
     /// the union is the daemon's ([`Union::reading_records`]).
     record_since: Option<RecordSince>,
+    /// Deletes removed directories' whiteouts off the requests' path (`purge.rs`).
+    purger: purge::Purger,
 }
 
 /// Decodes the time of a base record's value (`stage::record::since_of`).
@@ -321,6 +325,7 @@ impl Union {
             walked: Mutex::new(std::collections::HashSet::new()),
             frozen: std::sync::atomic::AtomicBool::new(false),
             record_since: None,
+            purger: purge::Purger::default(),
         })
     }
 

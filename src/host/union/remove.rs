@@ -19,9 +19,9 @@
 //! nothing can stand at the name between the two.
 
 use std::io;
-use std::os::fd::{AsFd, BorrowedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
-use super::{Found, Stack, Union, crash_point, err, kind, staged, temp_name};
+use super::{Found, Stack, Union, crash_point, err, kind, purge, staged, temp_name};
 use crate::host::sys::{self, Name};
 
 /// An extended attribute (name, value) a whiteout made by [`Union::remove`] carries from
@@ -142,10 +142,10 @@ impl Union {
             }
             return Ok(left);
         }
-        if let Err(e) = self.delete_dir(work, &tmp) {
+        if let Err(e) = self.discard_dir(work, tmp) {
             // Something was made in it meanwhile: it stays, with what it holds.
-            self.put_back(up, name, &tmp, lower.then_some(0));
-            return Err(e);
+            self.put_back(up, name, &e.1, lower.then_some(0));
+            return Err(e.0);
         }
         Ok(left)
     }
@@ -318,19 +318,28 @@ impl Union {
     /// Deletes directory `at/name` if it holds whiteouts only (`ENOTEMPTY` otherwise,
     /// before anything is deleted).
     pub(super) fn delete_dir(&self, at: BorrowedFd<'_>, name: &Name) -> io::Result<()> {
-        let d = sys::open_path(at, name)?;
-        let whiteouts = self
-            .only_whiteouts(d.as_fd())?
-            .ok_or_else(|| err(libc::ENOTEMPTY))?;
-        for w in &whiteouts {
-            sys::unlinkat(d.as_fd(), w, 0)?;
+        let (d, whiteouts) = self.of_whiteouts(at, name)?;
+        self.delete_whiteouts(at, name, d.as_fd(), &whiteouts)
+    }
+
+    /// Deletes whiteouts `whiteouts` of directory `d` (`at/name`), then the directory; if
+    /// that fails (something landed in it), the whiteouts are put back.
+    fn delete_whiteouts(
+        &self,
+        at: BorrowedFd<'_>,
+        name: &Name,
+        d: BorrowedFd<'_>,
+        whiteouts: &[Name],
+    ) -> io::Result<()> {
+        for w in whiteouts {
+            sys::unlinkat(d, w, 0)?;
         }
         let r = sys::unlinkat(at, name, libc::AT_REMOVEDIR);
         if r.is_err() {
             // Something landed in it after it was read: its whiteouts go back before the
             // caller puts it back, or SOURCE's entries would show through it again.
-            for w in &whiteouts {
-                match self.whiteout(d.as_fd(), w) {
+            for w in whiteouts {
+                match self.whiteout(d, w) {
                     Err(e) if e.raw_os_error() != Some(libc::EEXIST) => {
                         log::error!("stage: putting a whiteout back: {e}")
                     }
@@ -339,6 +348,33 @@ impl Union {
             }
         }
         r
+    }
+
+    /// Directory `at/name` open, with the whiteouts it holds (`ENOTEMPTY` if it holds
+    /// anything else).
+    fn of_whiteouts(&self, at: BorrowedFd<'_>, name: &Name) -> io::Result<(OwnedFd, Vec<Name>)> {
+        let d = sys::open_path(at, name)?;
+        let whiteouts = self
+            .only_whiteouts(d.as_fd())?
+            .ok_or_else(|| err(libc::ENOTEMPTY))?;
+        Ok((d, whiteouts))
+    }
+
+    /// [`Union::delete_dir`] of `DIR/work/tmp`, a directory out of the view, once it is
+    /// seen to hold whiteouts only: the deletion itself is left to the union's deleting
+    /// thread when it has room (`purge.rs`). On an error nothing was deleted (`tmp` given
+    /// back for the caller to put the directory back).
+    fn discard_dir(&self, work: BorrowedFd<'_>, tmp: Name) -> Result<(), (io::Error, Name)> {
+        let (dir, names) = match self.of_whiteouts(work, &tmp) {
+            Ok(x) => x,
+            Err(e) => return Err((e, tmp)),
+        };
+        match self.purger.later(work, purge::Job { tmp, dir, names }) {
+            Ok(()) => Ok(()),
+            Err(j) => self
+                .delete_whiteouts(work, &j.tmp, j.dir.as_fd(), &j.names)
+                .map_err(|e| (e, j.tmp)),
+        }
     }
 
     /// The whiteouts upper directory `dir` holds, if it holds nothing else (one read of
@@ -403,7 +439,11 @@ impl Union {
     ) {
         if !renamed {
             self.put_back(nup, newname, tmp, Some(libc::AT_REMOVEDIR));
-        } else if let Err(e) = self.work().and_then(|w| self.delete_dir(w, tmp)) {
+        } else if let Err((e, _)) = self
+            .work()
+            .map_err(|e| (e, tmp.clone()))
+            .and_then(|w| self.discard_dir(w, tmp.clone()))
+        {
             log::error!(
                 "stage: deleting a replaced directory from the work directory: {e}; it is \
                  there as {}",
