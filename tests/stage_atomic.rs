@@ -15,6 +15,7 @@ use std::ffi::CString;
 use std::fs;
 use std::io::Write;
 use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
@@ -291,6 +292,38 @@ fn removed_directories_leave_nothing_in_the_work_directory() {
     let left = names_str(&dir.join("work")).unwrap();
     assert!(!left.iter().any(temp), "nothing left in DIR/work: {left:?}");
     assert_host_unchanged(&before, &m.host(""), "staged rm -rf");
+}
+
+/// An unlink in a directory with nothing below the upper goes in one step
+/// (`Union::remove_upper_only`): the agent's own files and symlinks go and leave no
+/// whiteout; a whiteout left there (SOURCE's directory deleted on the host after the agent
+/// deleted a file in it) is not something shown: unlinking its name is ENOENT, and it
+/// stays.
+#[test]
+fn an_unlink_where_nothing_is_below_removes_only_what_is_shown() {
+    let (mut m, dir) = staged("atomic-upper-only", WRITE, |src| {
+        put(&src.join("d/f"), b"f\n", 0o644);
+        put(&src.join("d/g"), b"g\n", 0o644);
+    });
+    m.sh("mkdir n && echo a > n/a && ln -s a n/l && : > n/e && rm n/a n/l n/e")
+        .assert_ok("the agent's own files");
+    assert_eq!(
+        names_str(&dir.join("upper/n")).unwrap(),
+        Vec::<String>::new()
+    );
+    m.sh("rm d/f").assert_ok("rm d/f");
+    fs::remove_dir_all(m.host("d")).unwrap();
+    let w = dir.join("upper/d/f");
+    let before = fs::symlink_metadata(&w).expect("d/f's whiteout");
+    let _ = assert_errno(
+        unlink(&m.mnt("d/f")),
+        libc::ENOENT,
+        "unlink of a whiteout's name",
+    );
+    let after = fs::symlink_metadata(&w).expect("the whiteout stays");
+    assert_eq!(before.ino(), after.ino());
+    assert!(!m.host("d").exists(), "SOURCE's d stays gone");
+    stop(&mut m);
 }
 
 /// The host replaces a file by rename (an editor's save) after the mount looked it up:

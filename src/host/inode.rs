@@ -27,6 +27,7 @@ use parking_lot::{Mutex, RwLock};
 use super::path::join;
 use super::roots::Roots;
 use super::sys::{self, Name};
+use super::union::Probed;
 
 mod forget;
 mod handles;
@@ -509,7 +510,13 @@ impl Inodes {
             return Ok((sys::fstat(root.as_fd())?, Place::Unmerged));
         }
         if let Some(u) = self.union_for(parent) {
-            return match self.find(&u, parent, name.bytes())? {
+            let ps = self.stack(&u, parent)?;
+            match u.probe(&ps, name.bytes())? {
+                Probed::Shown(st, layer) => return Ok((st, merged::place(&u, layer))),
+                Probed::Nothing => return Err(enoent()),
+                Probed::Ask => {}
+            }
+            return match u.lookup(&ps, name.bytes())? {
                 Some(f) => Ok((f.st, merged::place(&u, f.layer))),
                 None => Err(enoent()),
             };

@@ -559,8 +559,11 @@ impl Shared {
         let v = self.allow(ctx, op, &path, dir, Need::Write, Special::default())?;
         let known = self.inodes.child(parent, name.bytes());
         let pin = known.and_then(|i| self.pin_handle(i));
-        // A staged unlink of SOURCE's file: one look, under the merged view's lock.
-        let done = !dir && self.remove_source_file(&path, parent, name, known)?;
+        // A staged unlink in a directory with nothing below the upper: no note, one
+        // look; of SOURCE's file: one look, under the merged view's lock.
+        let done = !dir
+            && (self.inodes.remove_upper_only(parent, name)?.is_some()
+                || self.remove_source_file(&path, parent, name, known)?);
         if !done {
             self.remove_shown(ctx, (op, &path, &v), parent, name, dir)?;
         }

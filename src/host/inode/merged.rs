@@ -483,6 +483,18 @@ impl Inodes {
         u.remove_below(&ps, name, note)
     }
 
+    /// An unlink of `name` from `parent` when the merged view's `parent` has no part
+    /// below the upper ([`Union::remove_upper_only`]): `None` when that is not the case,
+    /// nothing changed.
+    pub fn remove_upper_only(&self, parent: u64, name: &Name) -> io::Result<Option<Left>> {
+        let Some(u) = self.union_for(parent) else {
+            return Ok(None);
+        };
+        let ps = self.stack(&u, parent)?;
+        crate::host::union::pause_point("remove");
+        u.remove_upper_only(&ps, name)
+    }
+
     /// [`Inodes::remove_name`] of a name the same request looked up just before with
     /// [`Inodes::peek_entry`] (a staged unlink notes the entry first): the removal acts on that
     /// finding instead of looking the name up again — as it would on a second look a

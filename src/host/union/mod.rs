@@ -46,6 +46,7 @@ use super::sys::{self, Name, Xattr};
 mod change;
 mod copyup;
 mod list;
+mod probe;
 mod purge;
 mod remove;
 mod staged;
@@ -53,6 +54,7 @@ mod sweep;
 
 pub use change::NewName;
 pub use list::MergedEntry;
+pub use probe::Probed;
 pub use purge::finish as finish_deletions;
 pub use remove::{Label, Left};
 pub use staged::STAGED;

@@ -189,6 +189,34 @@ impl Union {
         Ok(Some((Left::Whiteout { labelled }, n)))
     }
 
+    /// A removal of the non-directory `name` from merged directory `parent` when `parent`
+    /// has no part below the upper (a directory the agent made, or made again over a
+    /// deleted one): nothing below can show through it, so the entry goes in one
+    /// `unlinkat`, after one `fstatat` under the names lock that it is an object — not
+    /// a whiteout, nor an empty file that could be one (those take the general way, as
+    /// does a directory). `None`: not that case, nothing done.
+    pub fn remove_upper_only(&self, parent: &Stack, name: &Name) -> io::Result<Option<Left>> {
+        let [top] = parent.parts.as_slice() else {
+            return Ok(None);
+        };
+        if top.layer != 0 {
+            return Ok(None);
+        }
+        self.writable()?;
+        let up = top.fd.as_fd();
+        let _g = self.names.lock();
+        match sys::fstatat_nofollow(up, name) {
+            Ok(st) => match kind(&st) {
+                libc::S_IFDIR => return Ok(None),
+                libc::S_IFCHR if st.st_rdev == 0 => return Ok(None),
+                libc::S_IFREG if st.st_size == 0 => return Ok(None),
+                _ => {}
+            },
+            Err(_) => return Ok(None),
+        }
+        sys::unlinkat(up, name, 0).map(|()| Some(Left::Nothing))
+    }
+
     /// A lower layer's non-directory `f`, found before the names lock was taken, hidden
     /// with one mknod when nothing changed at the name since (the common case): the
     /// upper still holds nothing there (the mknod fails `EEXIST` otherwise) and the layer
