@@ -483,7 +483,7 @@ pub(super) fn signal_loop(
                     log::warn!("files still open in the detached mount; closing the connection");
                 }
                 flush_audit(&shared);
-                crate::host::union::finish_deletions(Duration::from_secs(2));
+                crate::host::union::finish_deletions(Duration::from_millis(500));
                 remove_control(CONTROL_SOCKET.get().map(PathBuf::as_path));
                 log::logger().flush();
                 std::process::exit(0);

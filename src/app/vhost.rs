@@ -112,6 +112,7 @@ pub(super) fn vhost_user(v: VhostArgs) -> Result<(), String> {
     if let Some(out) = &state.learn_out {
         out.write_logged(&shared);
     }
+    crate::host::union::finish_deletions(std::time::Duration::from_secs(2));
     let _ = ended.send(());
     let _ = finisher.join();
     r
@@ -186,7 +187,7 @@ fn signal_loop(sigs: SigSet, shared: Arc<Shared>, stop: Stop, files: Files) {
             std::thread::sleep(Duration::from_millis(20));
         }
         flush_audit(&shared);
-        crate::host::union::finish_deletions(std::time::Duration::from_secs(2));
+        crate::host::union::finish_deletions(std::time::Duration::from_millis(500));
         files.remove();
         std::process::exit(0);
     }

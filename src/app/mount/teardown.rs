@@ -23,6 +23,8 @@ pub(super) fn teardown(state: &State, served: Served) -> Result<(), String> {
     if let Some(out) = &state.learn_out {
         out.write_logged(&state.shared);
     }
+    // The removed directories still waiting in the staging area's work directory.
+    crate::host::union::finish_deletions(std::time::Duration::from_secs(2));
     let _ = exit.ended.send(());
     let _ = exit.handle.join();
     match run {
@@ -38,11 +40,9 @@ pub(super) fn teardown(state: &State, served: Served) -> Result<(), String> {
     }
 }
 
-/// The session is over: say so, refuse every held request, flush the audit, let the
-/// removed directories waiting in the staging area's work directory go.
+/// The session is over: say so, refuse every held request, flush the audit.
 pub(in crate::app) fn end_session(shared: &Shared) {
     SESSION_DONE.store(true, Ordering::SeqCst);
     shared.approvals.shutdown();
     flush_audit(shared);
-    crate::host::union::finish_deletions(std::time::Duration::from_secs(5));
 }

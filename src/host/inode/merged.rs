@@ -491,7 +491,6 @@ impl Inodes {
             return Ok(None);
         };
         let ps = self.stack(&u, parent)?;
-        crate::host::union::pause_point("remove");
         u.remove_upper_only(&ps, name)
     }
 

@@ -204,6 +204,7 @@ impl Union {
         }
         self.writable()?;
         let up = top.fd.as_fd();
+        super::pause_point("remove");
         let _g = self.names.lock();
         match sys::fstatat_nofollow(up, name) {
             Ok(st) => match kind(&st) {
@@ -359,13 +360,14 @@ impl Union {
         d: BorrowedFd<'_>,
         whiteouts: &[Name],
     ) -> io::Result<()> {
-        for w in whiteouts {
-            sys::unlinkat(d, w, 0)?;
-        }
-        let r = sys::unlinkat(at, name, libc::AT_REMOVEDIR);
+        let r = whiteouts
+            .iter()
+            .try_for_each(|w| sys::unlinkat(d, w, 0))
+            .and_then(|()| sys::unlinkat(at, name, libc::AT_REMOVEDIR));
         if r.is_err() {
-            // Something landed in it after it was read: its whiteouts go back before the
-            // caller puts it back, or SOURCE's entries would show through it again.
+            // Something landed in it after it was read, or a whiteout could not go: its
+            // whiteouts go back before the caller puts it back, or SOURCE's entries would
+            // show through it again.
             for w in whiteouts {
                 match self.whiteout(d, w) {
                     Err(e) if e.raw_os_error() != Some(libc::EEXIST) => {
