@@ -231,3 +231,54 @@ fn an_applys_own_rename_out_of_a_directory_does_not_stop_its_removal() {
     stop(&mut m);
     assert_eq!(stage(&["status"], &dir).stdout, "");
 }
+
+/// An ordinary user's symlink or FIFO can carry no staged time (`user.*` xattrs are refused
+/// on them): put over a deletion whose SOURCE entry the host changed since — a file, or
+/// anything below a directory — it is refused (EPERM), nothing made, the deletion and the
+/// host's bytes kept (a conflict for `apply`); over one the host left alone it is made.
+#[test]
+fn a_symlink_over_a_deletion_the_host_changed_since_is_refused_as_a_user() {
+    let who = Who::User;
+    let (mut m, _dir, sock) = staged_live_as(who, "stage-replaced-uncarried", |src| {
+        for d in ["d", "e", "q"] {
+            put(&src.join(d).join("f"), ORIG, 0o644);
+            who.own(&src.join(d));
+            who.own(&src.join(d).join("f"));
+        }
+        put(&src.join("g"), ORIG, 0o644);
+        who.own(&src.join("g"));
+    });
+    who.agent(&m, "rm -rf d e q && rm g")
+        .assert_ok("agent deletes");
+    later();
+    for p in ["d/f", "g"] {
+        who.host(&m, &format!("echo '{HOST}' >> {p}"))
+            .assert_ok("host edit");
+    }
+    let source = snapshot(&m.host(""));
+    later();
+    for (script, what) in [
+        ("ln -s x d", "a symlink over d"),
+        ("mkfifo g", "a FIFO over g"),
+        ("ln -s x t && mv -T t d", "a symlink renamed over d"),
+    ] {
+        let o = who.agent(&m, script);
+        o.assert_fail(what);
+        assert!(o.stderr.contains("Operation not permitted"), "{what}: {}", o.stderr);
+    }
+    assert!(fs::symlink_metadata(m.mnt("d")).is_err(), "d stays deleted");
+    assert!(fs::symlink_metadata(m.mnt("g")).is_err(), "g stays deleted");
+    who.agent(&m, "ln -s x e && mkfifo q")
+        .assert_ok("over what the host left alone");
+    assert_host_unchanged(&source, &m.host(""), "refused replacements");
+    assert_eq!(
+        ctl(&sock, &["status"]).stdout,
+        "CD d/\nT e\nCD g\nT q\nA t\n"
+    );
+    ctl(&sock, &["apply"]).assert_fail("the conflicts are refused");
+    for p in ["d/f", "g"] {
+        let want = [ORIG, format!("{HOST}\n").as_bytes()].concat();
+        assert_eq!(fs::read(m.host(p)).unwrap(), want, "{p}");
+    }
+    stop(&mut m);
+}

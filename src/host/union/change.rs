@@ -37,6 +37,9 @@ pub struct NewName {
     /// The sealed layer's directory whose whiteout the new name goes over (none in the
     /// upper): a new directory carries that whiteout's staged time (`staged.rs`).
     sealed_whiteout: Option<Arc<OwnedFd>>,
+    /// SOURCE's part of the parent, if it has one: what a replacement that cannot carry
+    /// the deletion's time is checked against (`staged.rs`).
+    source: Option<Arc<OwnedFd>>,
 }
 
 impl NewName {
@@ -89,6 +92,7 @@ impl Union {
             temp: (over_lower || over_whiteout).then(|| temp_name("new")),
             over_lower,
             sealed_whiteout,
+            source: self.source_part(parent).map(|p| p.fd.clone()),
         })
     }
 
@@ -140,13 +144,16 @@ impl Union {
             let d = sys::open_path(up, tmp)?;
             self.set_marker(d.as_fd(), b"opaque", b"y")?;
         }
+        let replaced = || match &n.sealed_whiteout {
+            Some(at) => self.whiteout_time(at.as_fd(), name),
+            None => self.whiteout_time(up, name),
+        };
         if dir {
-            let replaced = match &n.sealed_whiteout {
-                Some(at) => self.whiteout_time(at.as_fd(), name)?,
-                None => self.whiteout_time(up, name)?,
-            };
             let d = sys::open_path(up, tmp)?;
-            self.carry_staged(d.as_fd(), replaced)?;
+            self.carry_staged(d.as_fd(), replaced()?)?;
+        } else if !self.can_carry(libc::S_IFLNK) {
+            let k = kind(&sys::fstatat_nofollow(up, tmp)?);
+            self.refuse_uncarried(k, replaced()?, n.source.as_deref(), name)?;
         }
         if !self.upper_whiteout(up, name)? {
             return sys::renameat2(up, tmp, up, name, libc::RENAME_NOREPLACE);
@@ -249,6 +256,11 @@ impl Union {
         (dst, dst_oldest): (Option<&Found>, Option<i128>),
     ) -> io::Result<()> {
         let src_dir = kind(&src.st) == libc::S_IFDIR;
+        if dst.is_none() && !self.can_carry(kind(&src.st)) {
+            let t = self.replaced_time(newparent, nup, newname)?;
+            let source = self.source_part(newparent).map(|p| &*p.fd);
+            self.refuse_uncarried(kind(&src.st), t, source, newname)?;
+        }
         let redirect = match src.stack.as_ref() {
             Some(s) if s.has_lower() => {
                 s.parts.iter().find(|p| p.layer > 0).map(|p| p.path.clone())

@@ -13,6 +13,15 @@
 //! - a whiteout, which cannot carry a `user.` xattr (an ordinary user's), gets the time
 //!   as its modification time (a whiteout's own times mean nothing else).
 //!
+//! - a symlink, FIFO, socket or device an ordinary user puts over a deletion can carry
+//!   nothing (`user.*` xattrs are refused on those; a whiteout's trick, its modification
+//!   time, would misdate an entry `tar` made): such a replacement is refused (`EPERM`) when
+//!   SOURCE's entry at that name — a directory: anything below it — changed at or after
+//!   the deletion's time ([`Union::refuse_uncarried`]), and otherwise goes with its own
+//!   time, which no host change then precedes unseen. The new entry exists before that
+//!   look, so a host change after the look is later than the entry: a conflict by its own
+//!   time. As root those entries carry the record like files.
+//!
 //! Invariants: a carried time is never later than a deletion the entry stands for (a
 //! whiteout's own time, the record it carries, or — for a removed directory — the oldest
 //! whiteout in it or the time it was made over a deletion: its earliest deletion, not its
@@ -23,7 +32,9 @@
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd};
 
-use super::{Stack, Union, kind};
+use std::os::fd::OwnedFd;
+
+use super::{Stack, Union, err, kind, missing};
 use crate::host::sys::{self, Name, SetTime};
 
 /// The marker (in the union's xattr namespace, `trusted.overlay.` or `user.overlay.`) that
@@ -33,6 +44,11 @@ pub const STAGED: &[u8] = b"fencefs.staged_at";
 
 /// The marker a staged entry's base record is kept under (`stage::record::XATTR`).
 const RECORD: &[u8] = b"fencefs-base";
+
+/// Entries a look at a SOURCE tree ([`Union::refuse_uncarried`]) reads, and directories
+/// deep it goes, at most: past either the tree counts as changed (the replacement is
+/// refused; nothing is lost by that).
+const MAX_LOOK: (usize, usize) = (100_000, 256);
 
 /// How much older than now a record must be to date a whiteout made now (the coarse clock
 /// records are taken on ticks a few milliseconds apart: a deletion's own record is not).
@@ -189,5 +205,78 @@ impl Union {
         let secs = t.div_euclid(1_000_000_000) as i64;
         let nsec = t.rem_euclid(1_000_000_000) as i64;
         sys::utimens_nofollow(dir, name, SetTime::Omit, SetTime::At(secs, nsec))
+    }
+
+    /// Whether an entry of kind `k` can carry a staged time: a directory or a file always
+    /// (a marker, a record); anything else only where the union writes `trusted.*`
+    /// (root): an ordinary user's `user.*` xattrs are refused on it.
+    pub(super) fn can_carry(&self, k: u32) -> bool {
+        matches!(k, libc::S_IFDIR | libc::S_IFREG) || !self.xa.starts_with(b"user.")
+    }
+
+    /// `EPERM` for an entry of kind `k`, made already, that is to go over a deletion dated
+    /// `t` (`None`: none) and cannot carry that time, when SOURCE's entry at `name` of
+    /// `source` (SOURCE's part of the parent, if it has one) changed at or after `t`
+    /// (module header).
+    pub(super) fn refuse_uncarried(
+        &self,
+        k: u32,
+        t: Option<i128>,
+        source: Option<&OwnedFd>,
+        name: &Name,
+    ) -> io::Result<()> {
+        let (Some(t), Some(src)) = (t, source) else {
+            return Ok(());
+        };
+        if self.can_carry(k) || !self.changed_since(src.as_fd(), name, t, 0, &mut 0)? {
+            return Ok(());
+        }
+        log::warn!(
+            "stage: {} was changed on the host after the agent deleted it; a symlink, FIFO \
+             or socket made there cannot keep that deletion's time (no root): refused \
+             (EPERM); apply or discard the deletion first",
+            String::from_utf8_lossy(name.bytes())
+        );
+        Err(err(libc::EPERM))
+    }
+
+    /// Whether `dir/name` (SOURCE's), or anything below it, changed at or after `t`
+    /// (`looked`: entries read so far; past [`MAX_LOOK`]: changed).
+    fn changed_since(
+        &self,
+        dir: BorrowedFd<'_>,
+        name: &Name,
+        t: i128,
+        depth: usize,
+        looked: &mut usize,
+    ) -> io::Result<bool> {
+        let st = match sys::fstatat_nofollow(dir, name) {
+            Ok(st) => st,
+            // Gone since it was listed: a change (at the top: nothing there to keep).
+            Err(e) if missing(&e) => return Ok(depth > 0),
+            Err(e) => return Err(e),
+        };
+        if ns(st.st_ctime, st.st_ctime_nsec) >= t {
+            return Ok(true);
+        }
+        if kind(&st) != libc::S_IFDIR {
+            return Ok(false);
+        }
+        if depth >= MAX_LOOK.1 {
+            return Ok(true);
+        }
+        let d = sys::open_path(dir, name)?;
+        let rd = sys::reopen_dir(self.proc_fd.as_fd(), d.as_fd())?;
+        let entries = sys::read_dir(rd.as_fd())?;
+        drop(rd);
+        for e in entries {
+            *looked += 1;
+            if *looked > MAX_LOOK.0
+                || self.changed_since(d.as_fd(), &Name::new(&e.name)?, t, depth + 1, looked)?
+            {
+                return Ok(true);
+            }
+        }
+        Ok(false)
     }
 }
