@@ -264,7 +264,11 @@ fn a_symlink_over_a_deletion_the_host_changed_since_is_refused_as_a_user() {
     ] {
         let o = who.agent(&m, script);
         o.assert_fail(what);
-        assert!(o.stderr.contains("Operation not permitted"), "{what}: {}", o.stderr);
+        assert!(
+            o.stderr.contains("Operation not permitted"),
+            "{what}: {}",
+            o.stderr
+        );
     }
     assert!(fs::symlink_metadata(m.mnt("d")).is_err(), "d stays deleted");
     assert!(fs::symlink_metadata(m.mnt("g")).is_err(), "g stays deleted");
@@ -281,4 +285,63 @@ fn a_symlink_over_a_deletion_the_host_changed_since_is_refused_as_a_user() {
         assert_eq!(fs::read(m.host(p)).unwrap(), want, "{p}");
     }
     stop(&mut m);
+}
+
+/// More replacements that must keep the deletion's time, as root and as an ordinary user
+/// (red team): a file made over a deletion sealed in a checkpoint (`rm g`, checkpoint,
+/// host edit, `echo new > g`); a hard link made over a deletion (`ln t h`); a file made in
+/// a directory made again over a deleted one (`rm -rf d; mkdir d; echo new > d/f`, the
+/// host having edited `d/f` in between: the opaque directory's time bounds what is below
+/// it); and a symlink renamed over a file that stands for a deletion (`rm k; touch k`,
+/// host edit, `mv -T t k`: refused, `EPERM`). Each stays a conflict; the host keeps its
+/// bytes.
+fn more_replacements(who: Who) {
+    let (mut m, _dir, sock) = staged_live_as(who, &format!("stage-replaced-more-{who:?}"), |src| {
+        for f in ["g", "h", "k", "d/f"] {
+            put(&src.join(f), ORIG, 0o644);
+        }
+        for f in ["g", "h", "k", "d", "d/f"] {
+            who.own(&src.join(f));
+        }
+    });
+    who.agent(&m, "rm g").assert_ok("turn 1");
+    ctl(&sock, &["checkpoint"]).assert_ok("checkpoint");
+    who.agent(&m, "rm h && rm -rf d && rm k && touch k")
+        .assert_ok("agent deletes");
+    later();
+    for p in ["g", "h", "k", "d/f"] {
+        who.host(&m, &format!("echo '{HOST}' >> {p}"))
+            .assert_ok("host edit");
+    }
+    let source = snapshot(&m.host(""));
+    later();
+    who.agent(
+        &m,
+        "echo new > g && echo t > t && ln t h && mkdir d && echo new > d/f && ln -s x s",
+    )
+    .assert_ok("agent replaces");
+    let o = who.agent(&m, "mv -T s k");
+    o.assert_fail("a symlink renamed over k");
+    assert!(o.stderr.contains("Operation not permitted"), "{}", o.stderr);
+    assert_host_unchanged(&source, &m.host(""), "staged replacements");
+    let status = ctl(&sock, &["status"]).stdout;
+    for want in ["CM g", "CM h", "CM d/f", "CM k"] {
+        assert!(status.lines().any(|l| l == want), "{want} in:\n{status}");
+    }
+    ctl(&sock, &["apply"]).assert_fail("the conflicts are refused");
+    for p in ["g", "h", "k", "d/f"] {
+        let want = [ORIG, format!("{HOST}\n").as_bytes()].concat();
+        assert_eq!(fs::read(m.host(p)).unwrap(), want, "{p}");
+    }
+    stop(&mut m);
+}
+
+#[test]
+fn more_replacements_keep_the_deletions_time() {
+    more_replacements(Who::Root);
+}
+
+#[test]
+fn more_replacements_keep_the_deletions_time_as_a_user() {
+    more_replacements(Who::User);
 }

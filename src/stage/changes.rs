@@ -192,11 +192,15 @@ fn conflict(path: &[u8], rec: Option<base::Base>, l: Option<&Node>, at: i128) ->
     }
 }
 
-/// The walk's state for a staged directory: its SOURCE counterpart, and whether it is
-/// or lies below an opaque directory.
+/// The walk's state for a staged directory: its SOURCE counterpart, whether it is or
+/// lies below an opaque directory, and the staged time of the oldest such one (`since`):
+/// an opaque directory replaced SOURCE's whole directory then (`rm -rf d; mkdir d`), so
+/// a host change below it after that time went unseen, whatever the agent made there
+/// later — every entry below it is judged no later than that.
 struct Counterpart {
     low: Option<Node>,
     under: bool,
+    since: Option<i128>,
 }
 
 impl Layers {
@@ -326,11 +330,12 @@ impl Layers {
         sources: &mut HashSet<Vec<u8>>,
     ) -> io::Result<()> {
         let under = self.upper.is_opaque(&root);
+        let since = under.then(|| ssys::dir_staged_at(&self.upper, &root));
         walk(
             &self.upper,
             root,
             b"",
-            Counterpart { low, under },
+            Counterpart { low, under, since },
             |ev| match ev {
                 Event::Entry { dir, path, name } => self.entry(dir, path, name, out, sources),
                 Event::Leave { dir, path, .. } => {
@@ -339,7 +344,8 @@ impl Layers {
                         && let Some(low) = dir.state.low.filter(|l| kind(&l.st) == libc::S_IFDIR)
                     {
                         let names = self.upper.list(&dir.node)?;
-                        let at = ssys::dir_staged_at(&self.upper, &dir.node);
+                        let at = ssys::dir_staged_at(&self.upper, &dir.node)
+                            .min(dir.state.since.unwrap_or(i128::MAX));
                         self.hidden_by_opaque(path, &low, &names, at, out)?;
                     }
                     Ok(Flow::Next)
@@ -367,7 +373,8 @@ impl Layers {
         // A record taken before the entry was made (a read, a deletion the entry took
         // over) dates what the entry stands for.
         let at = ssys::staged_at(up.fd.as_fd(), name, &u.st)
-            .min(rec.as_ref().map_or(i128::MAX, |b| b.since));
+            .min(rec.as_ref().map_or(i128::MAX, |b| b.since))
+            .min(dir.state.since.unwrap_or(i128::MAX));
         let p = join(path, name);
         // A SOURCE directory the staged entry deletes or replaces (a whiteout, a
         // file): what the host changed below it counts (its own ctime does not move).
@@ -401,13 +408,20 @@ impl Layers {
                 });
             }
         } else if kind(&u.st) == libc::S_IFDIR {
+            let opaque = self.upper.is_opaque(&u);
+            let since = match opaque {
+                true => Some(
+                    ssys::dir_staged_at(&self.upper, &u).min(dir.state.since.unwrap_or(i128::MAX)),
+                ),
+                false => dir.state.since,
+            };
             if let Some(o) = self.dir_entry(base, &u, l, out, sources)? {
-                let under = under || self.upper.is_opaque(&u);
                 return Ok(Flow::Enter(
                     u,
                     Counterpart {
                         low: Some(o),
-                        under,
+                        under: under || opaque,
+                        since,
                     },
                 ));
             }
@@ -659,7 +673,7 @@ impl Layers {
 
     /// Every staged entry below `d` at `path`, looked up: `f(its directory's path, name,
     /// entry)`, depth first; `f` returns [`Flow::Enter`] to walk into a directory.
-    fn each_below(
+    pub(super) fn each_below(
         &self,
         d: Node,
         path: &[u8],
@@ -682,47 +696,6 @@ impl Layers {
             Some(d) if kind(&d.st) == libc::S_IFDIR => self.lower.child(d, name),
             _ => Ok(None),
         }
-    }
-
-    /// The renamed directories below the staged directory `d` at `path` whose SOURCE
-    /// directory is still there (each one's old path and that directory): a new
-    /// directory holding such a rename (`mkdir q; mv w/a q/a`) cannot be copied into
-    /// SOURCE whole, as its staged tree has none of what the rename carried.
-    pub fn moved_in(&self, d: &Node, path: &[u8]) -> io::Result<Vec<(Vec<u8>, Node)>> {
-        let mut found = Vec::new();
-        self.each_below(d.try_clone()?, path, |path, name, c| {
-            if kind(&c.st) != libc::S_IFDIR {
-                return Ok(Flow::Next);
-            }
-            if let Some(r) = self.upper.redirect(&c) {
-                let from = redirect_path(&join(path, name), &r);
-                if let Some(o) = self.lower.dir(&from)? {
-                    found.push((from, o));
-                }
-            }
-            Ok(Flow::Enter(c, ()))
-        })?;
-        Ok(found)
-    }
-
-    /// The SOURCE files whose copies lie below the staged directory `d` at `path` (a file
-    /// the agent moved in: `mv w/b q/b`), as (inode, path) from their base records, and
-    /// whether some copy below has an overlayfs origin but no record (then which SOURCE
-    /// file it is cannot be told).
-    pub fn copies_in(&self, d: &Node, path: &[u8]) -> io::Result<Copies> {
-        let (mut found, mut unknown) = (Vec::new(), false);
-        self.each_below(d.try_clone()?, path, |_, _, c| {
-            match kind(&c.st) {
-                libc::S_IFDIR => return Ok(Flow::Enter(c, ())),
-                libc::S_IFREG => match base::of(&c) {
-                    Some(b) => found.push((b.ino, b.path)),
-                    None => unknown |= self.upper.xattr(&c, &super::tree::ovl(b"origin")).is_some(),
-                },
-                _ => {}
-            }
-            Ok(Flow::Next)
-        })?;
-        Ok((found, unknown))
     }
 
     /// Entries below staged directory `d` (whiteouts not counted). An entry that can be

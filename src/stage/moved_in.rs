@@ -12,7 +12,12 @@
 //! new directory holds a copy whose SOURCE file cannot be told (every file deletion then
 //! stays staged); when what a new directory holds cannot be read, it is refused.
 
-use super::changes::{Change, Kind, Layers};
+use std::io;
+
+use super::base;
+use super::changes::{Change, Copies, Kind, Layers, redirect_path};
+use super::tree::{Node, join, kind};
+use super::walk::Flow;
 
 /// A new directory (or one replacing a file) that holds a directory the agent moved in
 /// from SOURCE: its old path (the first one found, when the change was listed). Copied
@@ -93,5 +98,48 @@ impl KeptInNew {
             }
         }
         k
+    }
+}
+
+impl Layers {
+    /// The renamed directories below the staged directory `d` at `path` whose SOURCE
+    /// directory is still there (each one's old path and that directory): a new
+    /// directory holding such a rename (`mkdir q; mv w/a q/a`) cannot be copied into
+    /// SOURCE whole, as its staged tree has none of what the rename carried.
+    pub fn moved_in(&self, d: &Node, path: &[u8]) -> io::Result<Vec<(Vec<u8>, Node)>> {
+        let mut found = Vec::new();
+        self.each_below(d.try_clone()?, path, |path, name, c| {
+            if kind(&c.st) != libc::S_IFDIR {
+                return Ok(Flow::Next);
+            }
+            if let Some(r) = self.upper.redirect(&c) {
+                let from = redirect_path(&join(path, name), &r);
+                if let Some(o) = self.lower.dir(&from)? {
+                    found.push((from, o));
+                }
+            }
+            Ok(Flow::Enter(c, ()))
+        })?;
+        Ok(found)
+    }
+
+    /// The SOURCE files whose copies lie below the staged directory `d` at `path` (a file
+    /// the agent moved in: `mv w/b q/b`), as (inode, path) from their base records, and
+    /// whether some copy below has an overlayfs origin but no record (then which SOURCE
+    /// file it is cannot be told).
+    pub fn copies_in(&self, d: &Node, path: &[u8]) -> io::Result<Copies> {
+        let (mut found, mut unknown) = (Vec::new(), false);
+        self.each_below(d.try_clone()?, path, |_, _, c| {
+            match kind(&c.st) {
+                libc::S_IFDIR => return Ok(Flow::Enter(c, ())),
+                libc::S_IFREG => match base::of(&c) {
+                    Some(b) => found.push((b.ino, b.path)),
+                    None => unknown |= self.upper.xattr(&c, &super::tree::ovl(b"origin")).is_some(),
+                },
+                _ => {}
+            }
+            Ok(Flow::Next)
+        })?;
+        Ok((found, unknown))
     }
 }

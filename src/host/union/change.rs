@@ -148,11 +148,14 @@ impl Union {
             Some(at) => self.whiteout_time(at.as_fd(), name),
             None => self.whiteout_time(up, name),
         };
-        if dir {
+        let k = match dir {
+            true => libc::S_IFDIR,
+            false => kind(&sys::fstatat_nofollow(up, tmp)?),
+        };
+        if self.can_carry(k) {
             let d = sys::open_path(up, tmp)?;
             self.carry_staged(d.as_fd(), replaced()?)?;
-        } else if !self.can_carry(libc::S_IFLNK) {
-            let k = kind(&sys::fstatat_nofollow(up, tmp)?);
+        } else {
             self.refuse_uncarried(k, replaced()?, n.source.as_deref(), name)?;
         }
         if !self.upper_whiteout(up, name)? {
@@ -256,10 +259,21 @@ impl Union {
         (dst, dst_oldest): (Option<&Found>, Option<i128>),
     ) -> io::Result<()> {
         let src_dir = kind(&src.st) == libc::S_IFDIR;
-        if dst.is_none() && !self.can_carry(kind(&src.st)) {
-            let t = self.replaced_time(newparent, nup, newname)?;
-            let source = self.source_part(newparent).map(|p| &*p.fd);
-            self.refuse_uncarried(kind(&src.st), t, source, newname)?;
+        let old_lower = self.lower_positive(parent, name)?;
+        // What the moved entry stood for since it was staged, before it takes on what it
+        // replaces: the whiteout it leaves at its old name (if a lower layer shows that
+        // name) stands for it now.
+        let since = old_lower.then(|| self.staged_time(src.fd.as_fd(), &src.st));
+        if !src_dir {
+            // What the moved entry replaces stood for changes since its staged time (a
+            // deletion's whiteout, a staged entry): a file carries it, anything else that
+            // cannot is refused where SOURCE changed since (`staged.rs`).
+            let t = match dst {
+                Some(d) if !self.is_source(d.layer) => Some(self.staged_time(d.fd.as_fd(), &d.st)),
+                Some(_) => None,
+                None => self.replaced_time(newparent, nup, newname)?,
+            };
+            self.carry_or_refuse((up, name), kind(&src.st), t, newparent, newname)?;
         }
         let redirect = match src.stack.as_ref() {
             Some(s) if s.has_lower() => {
@@ -273,7 +287,6 @@ impl Union {
             self.set_marker(d.as_fd(), b"redirect", &[b"/".as_slice(), r].concat())?;
         }
         let new_lower = self.lower_positive_any(newparent, newname)?;
-        let old_lower = self.lower_positive(parent, name)?;
         // An upper-only directory moved over a name a lower layer holds hides what is
         // below it there.
         if src_dir && redirect.is_none() && new_lower {
@@ -295,9 +308,6 @@ impl Union {
         // A directory cannot replace the whiteout a deleted name left (ENOTDIR): it is
         // swapped with it, and the whiteout lands on the old name — kept there if a lower
         // layer shows that name, else deleted.
-        // What the moved entry stood for since it was staged: the whiteout it leaves at
-        // its old name (if a lower layer shows that name) stands for it now.
-        let since = old_lower.then(|| self.staged_time(src.fd.as_fd(), &src.st));
         if src_dir && dst.is_none() && self.upper_whiteout(nup, newname)? {
             sys::renameat2(up, name, nup, newname, libc::RENAME_EXCHANGE)?;
             if !old_lower && let Err(e) = sys::unlinkat(up, name, 0) {
@@ -346,21 +356,62 @@ impl Union {
         let is_dir = |f: &Found| kind(&f.st) == libc::S_IFDIR;
         // A directory moved onto a name a lower layer holds hides it (opaque), and stands
         // for what the entry there stood for since its staged time.
+        // (Both read before either is marked.)
         let staged = |f: &Found| (f.layer == 0).then(|| self.staged_time(f.fd.as_fd(), &f.st));
+        let (ta, tb) = (staged(a), staged(b));
+        // A non-directory takes the other's place: it stands for what that one stood for
+        // (both refusals checked first: a refusal changes nothing).
+        let sides = [
+            (a, (up, name), tb, newparent, newname),
+            (b, (nup, newname), ta, parent, name),
+        ];
+        for (f, _, t, at, at_name) in sides {
+            if !is_dir(f) && !self.can_carry(kind(&f.st)) {
+                let source = self.source_part(at).map(|p| &*p.fd);
+                self.refuse_uncarried(kind(&f.st), t, source, at_name)?;
+            }
+        }
+        for (f, here, t, at, at_name) in sides {
+            if !is_dir(f) && self.can_carry(kind(&f.st)) {
+                self.carry_or_refuse(here, kind(&f.st), t, at, at_name)?;
+            }
+        }
         if is_dir(a) && self.lower_positive_any(newparent, newname)? {
             let d = sys::open_path(up, name)?;
             self.set_marker(d.as_fd(), b"opaque", b"y")?;
-            self.carry_staged(d.as_fd(), staged(b))?;
+            self.carry_staged(d.as_fd(), tb)?;
         }
         if is_dir(b) && self.lower_positive_any(parent, name)? {
             let d = sys::open_path(nup, newname)?;
             self.set_marker(d.as_fd(), b"opaque", b"y")?;
-            self.carry_staged(d.as_fd(), staged(a))?;
+            self.carry_staged(d.as_fd(), ta)?;
         }
         sys::renameat2(up, name, nup, newname, libc::RENAME_EXCHANGE)?;
         if is_dir(a) || is_dir(b) {
             self.bump();
         }
         Ok(())
+    }
+
+    /// The staged non-directory `dir/name` (kind `k`) is to stand at `at_name` of merged
+    /// directory `at` for what stood there since `t`: a file carries `t`; anything else,
+    /// which cannot, is refused where SOURCE changed since (`staged.rs`).
+    fn carry_or_refuse(
+        &self,
+        (dir, name): (BorrowedFd<'_>, &Name),
+        k: u32,
+        t: Option<i128>,
+        at: &Stack,
+        at_name: &Name,
+    ) -> io::Result<()> {
+        if self.can_carry(k) {
+            if t.is_some() {
+                let f = sys::open_path(dir, name)?;
+                self.carry_staged(f.as_fd(), t)?;
+            }
+            return Ok(());
+        }
+        let source = self.source_part(at).map(|p| &*p.fd);
+        self.refuse_uncarried(k, t, source, at_name)
     }
 }

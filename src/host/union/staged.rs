@@ -13,14 +13,16 @@
 //! - a whiteout, which cannot carry a `user.` xattr (an ordinary user's), gets the time
 //!   as its modification time (a whiteout's own times mean nothing else).
 //!
-//! - a symlink, FIFO, socket or device an ordinary user puts over a deletion can carry
-//!   nothing (`user.*` xattrs are refused on those; a whiteout's trick, its modification
-//!   time, would misdate an entry `tar` made): such a replacement is refused (`EPERM`) when
-//!   SOURCE's entry at that name — a directory: anything below it — changed at or after
-//!   the deletion's time ([`Union::refuse_uncarried`]), and otherwise goes with its own
-//!   time, which no host change then precedes unseen. The new entry exists before that
-//!   look, so a host change after the look is later than the entry: a conflict by its own
-//!   time. As root those entries carry the record like files.
+//! - a file made, linked, renamed or exchanged onto a deletion or a staged entry gets the
+//!   marker too (a record alone is not enough: a deletion sealed in a checkpoint has none);
+//! - a symlink, FIFO, socket or device can carry nothing (the stage tools read the marker
+//!   on files and directories only, an ordinary user's `user.*` xattrs are refused on
+//!   those, and a whiteout's trick, its modification time, would misdate an entry `tar`
+//!   made): such a replacement is refused (`EPERM`) when SOURCE's entry at that name — a
+//!   directory: anything below it — changed at or after the time it would have to carry
+//!   ([`Union::refuse_uncarried`]), and otherwise goes with its own time, which no host
+//!   change then precedes unseen. The new entry exists before that look, so a host change
+//!   after the look is later than the entry: a conflict by its own time.
 //!
 //! Invariants: a carried time is never later than a deletion the entry stands for (a
 //! whiteout's own time, the record it carries, or — for a removed directory — the oldest
@@ -207,11 +209,11 @@ impl Union {
         sys::utimens_nofollow(dir, name, SetTime::Omit, SetTime::At(secs, nsec))
     }
 
-    /// Whether an entry of kind `k` can carry a staged time: a directory or a file always
-    /// (a marker, a record); anything else only where the union writes `trusted.*`
-    /// (root): an ordinary user's `user.*` xattrs are refused on it.
+    /// Whether an entry of kind `k` can carry a staged time: a directory or a file (the
+    /// [`STAGED`] marker, read by the stage tools for those two only); a symlink, FIFO,
+    /// socket or device cannot (an ordinary user's `user.*` xattrs are refused on them).
     pub(super) fn can_carry(&self, k: u32) -> bool {
-        matches!(k, libc::S_IFDIR | libc::S_IFREG) || !self.xa.starts_with(b"user.")
+        matches!(k, libc::S_IFDIR | libc::S_IFREG)
     }
 
     /// `EPERM` for an entry of kind `k`, made already, that is to go over a deletion dated
