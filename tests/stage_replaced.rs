@@ -345,3 +345,48 @@ fn more_replacements_keep_the_deletions_time() {
 fn more_replacements_keep_the_deletions_time_as_a_user() {
     more_replacements(Who::User);
 }
+
+/// A symlink the agent made over a deleted file, sealed in a checkpoint, then moved after
+/// the host edited the file: the move copies the symlink up, and the copy cannot carry the
+/// time the symlink was staged (a symlink holds no marker), so the whiteout left at `g`
+/// would be dated after the edit and `apply` would delete it. Refused (EPERM) instead; the
+/// conflict stays; a symlink the host did not change around moves.
+fn sealed_symlink_moved(who: Who) {
+    let (mut m, _dir, sock) =
+        staged_live_as(who, &format!("stage-replaced-sealed-{who:?}"), |src| {
+            for f in ["g", "k"] {
+                put(&src.join(f), ORIG, 0o644);
+                who.own(&src.join(f));
+            }
+        });
+    who.agent(&m, "rm g k && ln -s a g && ln -s b k")
+        .assert_ok("turn 1");
+    ctl(&sock, &["checkpoint"]).assert_ok("checkpoint");
+    later();
+    who.host(&m, &format!("echo '{HOST}' >> g"))
+        .assert_ok("host edit");
+    let source = snapshot(&m.host(""));
+    later();
+    let o = who.agent(&m, "mv g h");
+    o.assert_fail("moving the sealed symlink g");
+    assert!(o.stderr.contains("Operation not permitted"), "{}", o.stderr);
+    who.agent(&m, "mv k l")
+        .assert_ok("moving the sealed symlink k");
+    assert_host_unchanged(&source, &m.host(""), "staged moves");
+    let status = ctl(&sock, &["status"]).stdout;
+    assert!(status.lines().any(|l| l == "CT g"), "CT g in:\n{status}");
+    ctl(&sock, &["apply"]).assert_fail("the conflict is refused");
+    let want = [ORIG, format!("{HOST}\n").as_bytes()].concat();
+    assert_eq!(fs::read(m.host("g")).unwrap(), want);
+    stop(&mut m);
+}
+
+#[test]
+fn a_sealed_symlink_moved_after_a_host_edit_is_refused() {
+    sealed_symlink_moved(Who::Root);
+}
+
+#[test]
+fn a_sealed_symlink_moved_after_a_host_edit_is_refused_as_a_user() {
+    sealed_symlink_moved(Who::User);
+}

@@ -321,6 +321,7 @@ impl Inodes {
         (fd, st, layer): (BorrowedFd<'_>, &libc::stat, usize),
     ) -> io::Result<Arc<OwnedFd>> {
         let still = || self.still_shows(u, parent, name, st);
+        u.refuse_uncarried_copy(|| self.stack(u, parent), name, (fd, st, layer))?;
         let new = match u.copy_up(pup, name, (fd, st, layer), &still) {
             Ok(f) => f,
             Err(e) if e.raw_os_error() == Some(libc::EEXIST) => sys::open_path(pup, name)?,
@@ -383,6 +384,8 @@ impl Inodes {
         let name = Name::new(&name)?;
         if busy {
             let still = || self.still_shows(&u, parent, &name, &f.st);
+            let lower = (f.fd.as_fd(), &f.st, f.layer);
+            u.refuse_uncarried_copy(|| self.stack(&u, parent), &name, lower)?;
             match u.copy_up(pup.as_fd(), &name, (f.fd.as_fd(), &f.st, f.layer), &still) {
                 Ok(_) => {}
                 Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {}
@@ -409,6 +412,8 @@ impl Inodes {
         }
         let pup = self.up_dir_in(&u, parent)?;
         let still = || self.still_shows(&u, parent, name, &f.st);
+        let lower = (f.fd.as_fd(), &f.st, f.layer);
+        u.refuse_uncarried_copy(|| self.stack(&u, parent), name, lower)?;
         let new = match u.copy_up(pup.as_fd(), name, (f.fd.as_fd(), &f.st, f.layer), &still) {
             Ok(f) => f,
             Err(e) if e.raw_os_error() == Some(libc::EEXIST) => sys::open_path(pup.as_fd(), name)?,

@@ -281,4 +281,24 @@ impl Union {
         }
         Ok(false)
     }
+
+    /// Before a copy-up of `fd` (attributes `st`, in `layer`) to `name` of merged
+    /// directory `parent` (asked for only when needed): a sealed layer's symlink, FIFO, socket or device stands for
+    /// what it stood for since it was staged, which its copy cannot carry —
+    /// [`Union::refuse_uncarried`] with that time (a SOURCE entry, a file or a directory:
+    /// nothing to check).
+    pub fn refuse_uncarried_copy(
+        &self,
+        parent: impl FnOnce() -> io::Result<std::sync::Arc<Stack>>,
+        name: &Name,
+        (fd, st, layer): (BorrowedFd<'_>, &libc::stat, usize),
+    ) -> io::Result<()> {
+        if self.is_source(layer) || self.can_carry(kind(st)) {
+            return Ok(());
+        }
+        let t = Some(self.staged_time(fd, st));
+        let parent = parent()?;
+        let source = self.source_part(&parent).map(|p| &*p.fd);
+        self.refuse_uncarried(kind(st), t, source, name)
+    }
 }
