@@ -285,7 +285,7 @@ impl Union {
     /// Before a copy-up of `fd` (attributes `st`, in `layer`) to `name` of merged
     /// directory `parent` (asked for only when needed): a sealed layer's symlink, FIFO, socket or device stands for
     /// what it stood for since it was staged, which its copy cannot carry —
-    /// [`Union::refuse_uncarried`] with that time (a SOURCE entry, a file or a directory:
+    /// `Union::refuse_uncarried` with that time (a SOURCE entry, a file or a directory:
     /// nothing to check).
     pub fn refuse_uncarried_copy(
         &self,
