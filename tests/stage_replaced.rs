@@ -12,6 +12,7 @@
 mod common;
 
 use std::fs;
+use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::time::Duration;
 
@@ -320,12 +321,23 @@ fn more_replacements(who: Who) {
         "echo new > g && echo t > t && ln t h && mkdir d && echo new > d/f && ln -s x s",
     )
     .assert_ok("agent replaces");
+    // As root the symlink takes k's record (a conflict then); an ordinary user's cannot
+    // hold it: refused.
     let o = who.agent(&m, "mv -T s k");
-    o.assert_fail("a symlink renamed over k");
-    assert!(o.stderr.contains("Operation not permitted"), "{}", o.stderr);
+    let k = match who {
+        Who::Root => {
+            o.assert_ok("a symlink renamed over k");
+            "CT k"
+        }
+        Who::User => {
+            o.assert_fail("a symlink renamed over k");
+            assert!(o.stderr.contains("Operation not permitted"), "{}", o.stderr);
+            "CM k"
+        }
+    };
     assert_host_unchanged(&source, &m.host(""), "staged replacements");
     let status = ctl(&sock, &["status"]).stdout;
-    for want in ["CM g", "CM h", "CM d/f", "CM k"] {
+    for want in ["CM g", "CM h", "CM d/f", k] {
         assert!(status.lines().any(|l| l == want), "{want} in:\n{status}");
     }
     ctl(&sock, &["apply"]).assert_fail("the conflicts are refused");
@@ -367,14 +379,25 @@ fn sealed_symlink_moved(who: Who) {
         .assert_ok("host edit");
     let source = snapshot(&m.host(""));
     later();
+    // As root the copy takes the symlink's record (the move stays a conflict); an
+    // ordinary user's cannot: refused.
     let o = who.agent(&m, "mv g h");
-    o.assert_fail("moving the sealed symlink g");
-    assert!(o.stderr.contains("Operation not permitted"), "{}", o.stderr);
+    let g = match who {
+        Who::Root => {
+            o.assert_ok("moving the sealed symlink g");
+            "CR g -> h"
+        }
+        Who::User => {
+            o.assert_fail("moving the sealed symlink g");
+            assert!(o.stderr.contains("Operation not permitted"), "{}", o.stderr);
+            "CT g"
+        }
+    };
     who.agent(&m, "mv k l")
         .assert_ok("moving the sealed symlink k");
     assert_host_unchanged(&source, &m.host(""), "staged moves");
     let status = ctl(&sock, &["status"]).stdout;
-    assert!(status.lines().any(|l| l == "CT g"), "CT g in:\n{status}");
+    assert!(status.lines().any(|l| l == g), "{g} in:\n{status}");
     ctl(&sock, &["apply"]).assert_fail("the conflict is refused");
     let want = [ORIG, format!("{HOST}\n").as_bytes()].concat();
     assert_eq!(fs::read(m.host("g")).unwrap(), want);
@@ -389,4 +412,36 @@ fn a_sealed_symlink_moved_after_a_host_edit_is_refused() {
 #[test]
 fn a_sealed_symlink_moved_after_a_host_edit_is_refused_as_a_user() {
     sealed_symlink_moved(Who::User);
+}
+
+/// A read-only file made over a deletion (`umask 222`, `cp -p` of a read-only file) still
+/// carries the deletion's time, as root and as an ordinary user (whose daemon may not
+/// write an xattr on a file without write permission: it lends itself that permission on
+/// the new file, not yet in place, and gives it back).
+fn read_only_over_a_deletion(who: Who) {
+    let (mut m, _dir, sock) = staged_live_as(who, &format!("stage-replaced-ro-{who:?}"), |src| {
+        put(&src.join("f"), ORIG, 0o644);
+        who.own(&src.join("f"));
+    });
+    who.agent(&m, "rm f").assert_ok("agent deletes");
+    later();
+    who.host(&m, &format!("echo '{HOST}' >> f"))
+        .assert_ok("host edit");
+    later();
+    who.agent(&m, "umask 222 && echo new > f")
+        .assert_ok("a read-only file over the deletion");
+    let mode = fs::metadata(m.mnt("f")).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o444);
+    assert_eq!(ctl(&sock, &["status"]).stdout, "CM f\n");
+    stop(&mut m);
+}
+
+#[test]
+fn a_read_only_file_over_a_deletion_keeps_its_time() {
+    read_only_over_a_deletion(Who::Root);
+}
+
+#[test]
+fn a_read_only_file_over_a_deletion_keeps_its_time_as_a_user() {
+    read_only_over_a_deletion(Who::User);
 }

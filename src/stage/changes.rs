@@ -409,10 +409,13 @@ impl Layers {
             }
         } else if kind(&u.st) == libc::S_IFDIR {
             let opaque = self.upper.is_opaque(&u);
+            // (A directory moved in is compared with where it came from, which the agent
+            // saw until the move: the cap of the opaque directory around it ends there.)
             let since = match opaque {
                 true => Some(
                     ssys::dir_staged_at(&self.upper, &u).min(dir.state.since.unwrap_or(i128::MAX)),
                 ),
+                false if dir.state.since.is_some() && self.upper.redirect(&u).is_some() => None,
                 false => dir.state.since,
             };
             if let Some(o) = self.dir_entry(base, &u, l, out, sources)? {

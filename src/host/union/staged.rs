@@ -15,8 +15,8 @@
 //!
 //! - a file made, linked, renamed or exchanged onto a deletion or a staged entry gets the
 //!   marker too (a record alone is not enough: a deletion sealed in a checkpoint has none);
-//! - a symlink, FIFO, socket or device can carry nothing (the stage tools read the marker
-//!   on files and directories only, an ordinary user's `user.*` xattrs are refused on
+//! - as root a symlink, FIFO, socket or device takes the base record of what it replaces
+//!   (`trusted.*`); an ordinary user's can carry nothing (`user.*` xattrs are refused on
 //!   those, and a whiteout's trick, its modification time, would misdate an entry `tar`
 //!   made): such a replacement is refused (`EPERM`) when SOURCE's entry at that name — a
 //!   directory: anything below it — changed at or after the time it would have to carry
@@ -170,7 +170,24 @@ impl Union {
         if t >= self.staged_time(fd, &st) {
             return Ok(());
         }
-        self.set_marker(fd, STAGED, t.to_string().as_bytes())
+        let v = t.to_string();
+        match self.set_marker(fd, STAGED, v.as_bytes()) {
+            // A read-only file of an ordinary user's daemon (no CAP_DAC_OVERRIDE: a
+            // `user.*` xattr needs write permission): write permission lent for the
+            // marker, the mode given back (a new entry, not in the view yet, or one the
+            // names lock holds).
+            Err(e)
+                if e.raw_os_error() == Some(libc::EACCES)
+                    && kind(&st) == libc::S_IFREG
+                    && st.st_mode & 0o200 == 0 =>
+            {
+                let mode = st.st_mode & 0o7777;
+                sys::fchmod_fd(self.proc_fd.as_fd(), fd, mode | 0o200)?;
+                let r = self.set_marker(fd, STAGED, v.as_bytes());
+                r.and(sys::fchmod_fd(self.proc_fd.as_fd(), fd, mode))
+            }
+            r => r,
+        }
     }
 
     /// Dates the whiteout a rename left at `dir/name` (`RENAME_WHITEOUT`, or the deleted
@@ -210,10 +227,11 @@ impl Union {
     }
 
     /// Whether an entry of kind `k` can carry a staged time: a directory or a file (the
-    /// [`STAGED`] marker, read by the stage tools for those two only); a symlink, FIFO,
-    /// socket or device cannot (an ordinary user's `user.*` xattrs are refused on them).
+    /// [`STAGED`] marker); as root anything (a symlink, FIFO, socket or device takes the
+    /// base record of what it replaces, in `trusted.*`); for an ordinary user nothing
+    /// else (`user.*` xattrs are refused on those).
     pub(super) fn can_carry(&self, k: u32) -> bool {
-        matches!(k, libc::S_IFDIR | libc::S_IFREG)
+        matches!(k, libc::S_IFDIR | libc::S_IFREG) || !self.xa.starts_with(b"user.")
     }
 
     /// `EPERM` for an entry of kind `k`, made already, that is to go over a deletion dated
