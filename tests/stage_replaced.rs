@@ -42,6 +42,14 @@ const CONFLICTS: &str = "CD d/f\nCD e/\nCT g\nCT h/\nCD k/f\nCD s/f\nCD u/\nCD w
 const EDITED: [&str; 8] = ["d/f", "e/f", "g/f", "k/f", "s/f", "u/f", "w/f", "h"];
 const HOST: &str = "host edit";
 
+/// SOURCE's `paths` hold the original bytes and the host's edit, as the host left them.
+fn assert_host_kept(m: &Mount, paths: &[&str]) {
+    let want = [ORIG, format!("{HOST}\n").as_bytes()].concat();
+    for p in paths {
+        assert_eq!(fs::read(m.host(p)).unwrap(), want, "{p}");
+    }
+}
+
 fn replacements(who: Who) {
     let (mut m, dir, sock) = staged_live_as(who, &format!("stage-replaced-{who:?}"), |src| {
         for d in DIRS {
@@ -281,10 +289,7 @@ fn a_symlink_over_a_deletion_the_host_changed_since_is_refused_as_a_user() {
         "CD d/\nT e\nCD g\nT q\nA t\n"
     );
     ctl(&sock, &["apply"]).assert_fail("the conflicts are refused");
-    for p in ["d/f", "g"] {
-        let want = [ORIG, format!("{HOST}\n").as_bytes()].concat();
-        assert_eq!(fs::read(m.host(p)).unwrap(), want, "{p}");
-    }
+    assert_host_kept(&m, &["d/f", "g"]);
     stop(&mut m);
 }
 
@@ -341,10 +346,7 @@ fn more_replacements(who: Who) {
         assert!(status.lines().any(|l| l == want), "{want} in:\n{status}");
     }
     ctl(&sock, &["apply"]).assert_fail("the conflicts are refused");
-    for p in ["g", "h", "k", "d/f"] {
-        let want = [ORIG, format!("{HOST}\n").as_bytes()].concat();
-        assert_eq!(fs::read(m.host(p)).unwrap(), want, "{p}");
-    }
+    assert_host_kept(&m, &["g", "h", "k", "d/f"]);
     stop(&mut m);
 }
 
@@ -399,8 +401,7 @@ fn sealed_symlink_moved(who: Who) {
     let status = ctl(&sock, &["status"]).stdout;
     assert!(status.lines().any(|l| l == g), "{g} in:\n{status}");
     ctl(&sock, &["apply"]).assert_fail("the conflict is refused");
-    let want = [ORIG, format!("{HOST}\n").as_bytes()].concat();
-    assert_eq!(fs::read(m.host("g")).unwrap(), want);
+    assert_host_kept(&m, &["g"]);
     stop(&mut m);
 }
 
@@ -444,4 +445,50 @@ fn a_read_only_file_over_a_deletion_keeps_its_time() {
 #[test]
 fn a_read_only_file_over_a_deletion_keeps_its_time_as_a_user() {
     read_only_over_a_deletion(Who::User);
+}
+
+/// A symlink made over a deletion sealed in a checkpoint, after the host edited the file:
+/// no record passes from a sealed whiteout, so the symlink must carry the deletion's time
+/// itself — as root it does (its marker, read by the stage tools on every kind): `CT g`;
+/// an ordinary user's cannot: refused (`EPERM`), the deletion stays `CD g`.
+fn symlink_over_a_sealed_deletion(who: Who) {
+    let (mut m, _dir, sock) =
+        staged_live_as(who, &format!("stage-replaced-sealed-del-{who:?}"), |src| {
+            put(&src.join("g"), ORIG, 0o644);
+            who.own(&src.join("g"));
+        });
+    who.agent(&m, "rm g").assert_ok("turn 1");
+    ctl(&sock, &["checkpoint"]).assert_ok("checkpoint");
+    later();
+    who.host(&m, &format!("echo '{HOST}' >> g"))
+        .assert_ok("host edit");
+    let source = snapshot(&m.host(""));
+    later();
+    let o = who.agent(&m, "ln -s x g");
+    let want = match who {
+        Who::Root => {
+            o.assert_ok("a symlink over the sealed deletion");
+            "CT g\n"
+        }
+        Who::User => {
+            o.assert_fail("a symlink over the sealed deletion");
+            assert!(o.stderr.contains("Operation not permitted"), "{}", o.stderr);
+            "CD g\n"
+        }
+    };
+    assert_host_unchanged(&source, &m.host(""), "a symlink over a sealed deletion");
+    assert_eq!(ctl(&sock, &["status"]).stdout, want);
+    ctl(&sock, &["apply"]).assert_fail("the conflict is refused");
+    assert_host_kept(&m, &["g"]);
+    stop(&mut m);
+}
+
+#[test]
+fn a_symlink_over_a_sealed_deletion_keeps_its_time() {
+    symlink_over_a_sealed_deletion(Who::Root);
+}
+
+#[test]
+fn a_symlink_over_a_sealed_deletion_keeps_its_time_as_a_user() {
+    symlink_over_a_sealed_deletion(Who::User);
 }

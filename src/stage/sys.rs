@@ -80,17 +80,17 @@ pub fn btime_ns(dir: BorrowedFd<'_>, name: &Name) -> io::Result<Option<i128>> {
 }
 
 /// When the staged entry `dir/name` was made, as far as its own attributes tell: its birth
-/// time, or an earlier [`STAGED_AT`] a regular file or directory carries (a sealed copy's,
-/// or a time the merged view carried over a replacement); `None` when the file system
-/// records no birth time and no mark is there.
+/// time, or an earlier [`STAGED_AT`] it carries (a sealed copy's, or a time the merged view
+/// carried over a replacement: on a file or directory, and as root on a symlink, FIFO,
+/// socket or device too; a whiteout's is its modification time, [`staged_at`]); `None`
+/// when the file system records no birth time and no mark is there.
 pub fn staged_ns(dir: BorrowedFd<'_>, name: &Name) -> io::Result<Option<i128>> {
     let st = statx(dir, name.bytes(), 0)?;
     let born = btime_of(&st);
-    if matches!(
-        st.stx_mode as u32 & libc::S_IFMT,
-        libc::S_IFREG | libc::S_IFDIR
-    ) && let Some(t) = staged_mark(dir, name)
-    {
+    let whiteout = st.stx_mode as u32 & libc::S_IFMT == libc::S_IFCHR
+        && st.stx_rdev_major == 0
+        && st.stx_rdev_minor == 0;
+    if !whiteout && let Some(t) = staged_mark(dir, name) {
         return Ok(Some(born.map_or(t, |b| b.min(t))));
     }
     Ok(born)
@@ -137,7 +137,7 @@ pub fn dir_staged_at(l: &super::tree::Layer, n: &super::tree::Node) -> i128 {
         .unwrap_or(n.st.st_ctime as i128 * 1_000_000_000 + n.st.st_ctime_nsec as i128)
 }
 
-/// The [`STAGED_AT`] mark of the regular file `dir/name` (one `lgetxattr` through
+/// The [`STAGED_AT`] mark of the entry `dir/name` (one `lgetxattr` through
 /// `/proc/self/fd`, not following `name`).
 fn staged_mark(dir: BorrowedFd<'_>, name: &Name) -> Option<i128> {
     let mut p = format!("/proc/self/fd/{}/", dir.as_raw_fd()).into_bytes();

@@ -174,8 +174,9 @@ impl Union {
         match self.set_marker(fd, STAGED, v.as_bytes()) {
             // A read-only file of an ordinary user's daemon (no CAP_DAC_OVERRIDE: a
             // `user.*` xattr needs write permission): write permission lent for the
-            // marker, the mode given back (a new entry, not in the view yet, or one the
-            // names lock holds).
+            // marker, the mode given back. (A new entry is not in the view yet; a file
+            // renamed, exchanged or linked is, and a concurrent getattr may see `u+w`
+            // for that moment, or a chmod in it be undone: the agent's own race.)
             Err(e)
                 if e.raw_os_error() == Some(libc::EACCES)
                     && kind(&st) == libc::S_IFREG
