@@ -492,3 +492,34 @@ fn a_symlink_over_a_sealed_deletion_keeps_its_time() {
 fn a_symlink_over_a_sealed_deletion_keeps_its_time_as_a_user() {
     symlink_over_a_sealed_deletion(Who::User);
 }
+
+/// A change of a read-only SOURCE file (its copy-up: markers written on the copy) works as
+/// root and as an ordinary user, whose daemon cannot write an xattr on a read-only file
+/// (the copy gets its mode after its markers).
+fn read_only_copied_up(who: Who) {
+    let (mut m, _dir, sock) =
+        staged_live_as(who, &format!("stage-replaced-ro-up-{who:?}"), |src| {
+            put(&src.join("ro"), ORIG, 0o444);
+            who.own(&src.join("ro"));
+        });
+    who.agent(&m, "chmod 640 ro")
+        .assert_ok("chmod of a read-only file");
+    let mode = fs::metadata(m.mnt("ro")).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o640);
+    assert_eq!(
+        fs::metadata(m.host("ro")).unwrap().permissions().mode() & 0o777,
+        0o444
+    );
+    assert_eq!(ctl(&sock, &["status"]).stdout, "m ro\n");
+    stop(&mut m);
+}
+
+#[test]
+fn a_read_only_source_file_is_copied_up() {
+    read_only_copied_up(Who::Root);
+}
+
+#[test]
+fn a_read_only_source_file_is_copied_up_as_a_user() {
+    read_only_copied_up(Who::User);
+}

@@ -175,14 +175,13 @@ impl Union {
             _ => sys::mknodat(work, tmp, st.st_mode, st.st_rdev)?,
         }
         let new = sys::open_path(work, tmp)?;
-        // The owner, where the daemon may give it (as root); then the mode, which a chown
-        // may have cut its set-ID bits from.
+        // The owner, where the daemon may give it (as root); the xattrs and markers while
+        // the copy is still writable (an ordinary user's daemon may not write a `user.*`
+        // xattr on a read-only file); then the mode, which a chown may have cut its
+        // set-ID bits from.
         match sys::fchownat_nofollow(work, tmp, st.st_uid, st.st_gid) {
             Err(e) if e.raw_os_error() == Some(libc::EPERM) && sys::geteuid() != 0 => {}
             r => r?,
-        }
-        if k != libc::S_IFLNK {
-            sys::fchmod_fd(proc_fd, new.as_fd(), st.st_mode & 0o7777)?;
         }
         if matches!(k, libc::S_IFREG | libc::S_IFDIR) {
             copy_xattrs(fd, new.as_fd())?;
@@ -191,6 +190,9 @@ impl Union {
             if let Some(o) = origin.then(|| origin_of(fd)).flatten() {
                 self.set_marker(new.as_fd(), b"origin", &o)?;
             }
+        }
+        if k != libc::S_IFLNK {
+            sys::fchmod_fd(proc_fd, new.as_fd(), st.st_mode & 0o7777)?;
         }
         let at = SetTime::At(st.st_atime, st.st_atime_nsec);
         let mt = SetTime::At(st.st_mtime, st.st_mtime_nsec);
