@@ -60,7 +60,7 @@ impl Union {
                     let name = Name::new(&e.name)?;
                     if let Some((true, st)) = self.entry_stat(p.layer, p.fd.as_fd(), &name)? {
                         if let Some(o) = oldest.as_deref_mut() {
-                            let t = st.st_mtime as i128 * 1_000_000_000 + st.st_mtime_nsec as i128;
+                            let t = super::staged::ns(st.st_mtime, st.st_mtime_nsec);
                             *o = Some(o.map_or(t, |x: i128| x.min(t)));
                         }
                         if i + 1 < n {

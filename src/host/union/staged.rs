@@ -63,7 +63,7 @@ pub(super) fn now_ns() -> i128 {
         .map_or(0, |d| d.as_nanos() as i128)
 }
 
-fn ns(sec: i64, nsec: i64) -> i128 {
+pub(super) fn ns(sec: i64, nsec: i64) -> i128 {
     sec as i128 * 1_000_000_000 + nsec as i128
 }
 
@@ -195,13 +195,9 @@ impl Union {
     /// name's whiteout swapped there) no later than `t`. Made by the rename itself, it
     /// stood for a moment with its own time: a crash in between leaves it so (logged
     /// failures likewise; the rename went through).
+    /// (One `fstatat` of it: `date_whiteout` never dates later than it says.)
     pub(super) fn date_left(&self, dir: BorrowedFd<'_>, name: &Name, t: i128) {
-        let r = self.whiteout_time(dir, name).and_then(|now| match now {
-            Some(now) if now <= t => Ok(()),
-            Some(_) => self.date_whiteout(dir, name, t),
-            None => Ok(()),
-        });
-        if let Err(e) = r {
+        if let Err(e) = self.date_whiteout(dir, name, t) {
             log::error!(
                 "stage: dating the whiteout left at {}: {e}",
                 String::from_utf8_lossy(name.bytes())
@@ -217,9 +213,10 @@ impl Union {
         name: &Name,
         t: i128,
     ) -> io::Result<()> {
-        // Never later than it says now (a label may have dated it at an older record).
+        // Never later than it says now (a label may have dated it at an older record),
+        // and only a whiteout (a rename leaves one; nothing else is dated by its mtime).
         let st = sys::fstatat_nofollow(dir, name)?;
-        if t >= ns(st.st_mtime, st.st_mtime_nsec) {
+        if !is_whiteout_dev(&st) || t >= ns(st.st_mtime, st.st_mtime_nsec) {
             return Ok(());
         }
         let secs = t.div_euclid(1_000_000_000) as i64;
